@@ -1,0 +1,33 @@
+# Two doors for a newcomer: `make demo` and `make test`. Each installs what is missing first.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTHON ?= python3
+
+.PHONY: demo test install sysdeps clean
+
+# libfabric comes from Debian; the native transfer library is built against it.
+sysdeps:
+	@if ! dpkg -s libfabric-dev >/dev/null 2>&1; then \
+	  echo "installing libfabric-dev (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfabric-dev libfabric-bin; \
+	fi
+
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
+	$(MAKE) sysdeps
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
+	$(PY) -m pip install -q -e '.[engine,transfer,notebook,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/disaggsdk plan specs/tiny_local.yaml
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info disaggsdk/transfer/_fabric*.so

