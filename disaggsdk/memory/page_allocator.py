@@ -1,0 +1,141 @@
+"""Which KV pages belong to whom: a free list, per-owner page lists, pins and grant generations.
+
+Pure Python, no torch: the same allocator serves every rank of an instance (all ranks hold the
+same page ids), and the messenger uses it on the decode side to grant pages to remote writers.
+
+A *grant* records the pages an owner received and a generation number. Each page remembers the
+generation of its current grant, so a late write carrying an old generation can be recognised and
+dropped after the page was freed and handed to someone else (see shared/LESSONS.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from disaggsdk.errors import DisaggError
+
+
+class OutOfPagesError(DisaggError):
+    """Not enough free KV pages for a request."""
+
+
+class PageOwnershipError(DisaggError):
+    """A page operation names an owner or page that does not hold it."""
+
+
+@dataclass(frozen=True)
+class PageGrant:
+    """Pages granted to one owner in one allocation.
+
+    ``generation`` is unique per allocation call; ``PageAllocator.is_current`` tells whether the
+    pages still belong to this grant.
+    """
+
+    owner: str
+    page_ids: tuple[int, ...]
+    generation: int
+
+
+class PageAllocator:
+    """Free list over ``num_pages`` pages with per-owner bookkeeping.
+
+    Args:
+        num_pages: pages in the pool (ids 0 .. num_pages - 1).
+    """
+
+    def __init__(self, num_pages: int):
+        if num_pages < 1:
+            raise OutOfPagesError(f"a KV pool needs at least one page, got num_pages={num_pages}")
+        self.num_pages = num_pages
+        self._free_page_ids: deque[int] = deque(range(num_pages))
+        self._page_ids_of: dict[str, list[int]] = {}
+        self._generation_of_page = [0] * num_pages  # 0: never granted
+        self._pinned_owners: set[str] = set()
+        self._next_generation = 1
+
+    # queries
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free_page_ids)
+
+    def can_allocate(self, num_pages: int) -> bool:
+        """True when ``num_pages`` pages are free now."""
+        return num_pages <= len(self._free_page_ids)
+
+    def page_ids(self, owner: str) -> list[int]:
+        """The pages ``owner`` holds, in allocation order (a copy; empty when none)."""
+        return list(self._page_ids_of.get(owner, ()))
+
+    def owners(self) -> list[str]:
+        """Owners holding at least one page, in first-allocation order."""
+        return list(self._page_ids_of)
+
+    def is_pinned(self, owner: str) -> bool:
+        """True when ``owner``'s pages are non-evictable (remote writes may land in them)."""
+        return owner in self._pinned_owners
+
+    def is_current(self, grant: PageGrant) -> bool:
+        """True while every page of ``grant`` still belongs to that grant (not freed or reused)."""
+        held = set(self._page_ids_of.get(grant.owner, ()))
+        return all(
+            p in held and self._generation_of_page[p] == grant.generation for p in grant.page_ids
+        )
+
+    # allocate / free
+
+    def allocate(self, owner: str, num_pages: int, pinned: bool = False) -> PageGrant:
+        """Give ``num_pages`` more pages to ``owner`` (appended to its list).
+
+        Args:
+            owner: a request id.
+            num_pages: pages to add (0 gives an empty grant).
+            pinned: make the owner non-evictable until ``unpin``.
+        Returns:
+            The grant of the new pages.
+        Raises:
+            OutOfPagesError: fewer than ``num_pages`` pages are free; nothing is allocated.
+        """
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        if num_pages > len(self._free_page_ids):
+            raise OutOfPagesError(
+                f"{owner}: needs {num_pages} KV pages but {len(self._free_page_ids)} of "
+                f"{self.num_pages} are free; raise num_pages or lower max_num_seqs / prompt length"
+            )
+        generation = self._next_generation
+        self._next_generation += 1
+        new = [self._free_page_ids.popleft() for _ in range(num_pages)]
+        for p in new:
+            self._generation_of_page[p] = generation
+        self._page_ids_of.setdefault(owner, []).extend(new)
+        if pinned:
+            self._pinned_owners.add(owner)
+        return PageGrant(owner=owner, page_ids=tuple(new), generation=generation)
+
+    def free(self, owner: str) -> int:
+        """Return every page of ``owner`` to the free list and forget its pin.
+
+        Returns:
+            The number of pages freed (0 for an unknown owner, so a late or duplicate free is
+            harmless).
+        """
+        pages = self._page_ids_of.pop(owner, [])
+        self._pinned_owners.discard(owner)
+        self._free_page_ids.extend(pages)
+        return len(pages)
+
+    def pin(self, owner: str) -> None:
+        """Make ``owner``'s pages non-evictable.
+
+        Raises:
+            PageOwnershipError: the owner holds no pages.
+        """
+        if owner not in self._page_ids_of:
+            raise PageOwnershipError(f"{owner}: holds no KV pages, nothing to pin")
+        self._pinned_owners.add(owner)
+
+    def unpin(self, owner: str) -> None:
+        """Let ``owner``'s pages be evicted again (no-op when not pinned)."""
+        self._pinned_owners.discard(owner)
