@@ -1,0 +1,119 @@
+"""Model implementations: a registry by `ModelArch.family` and a factory that imports lazily.
+
+``build_model("qwen3-coder-tiny", tp)`` gives a seeded random tiny model; ``build_model(DIR, tp)``
+loads a Hugging Face checkpoint directory, each rank reading only its shard of every tensor.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_tp, kv_geometry
+from disaggsdk.errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+    from disaggsdk.engine.parallel import TensorParallel
+    from disaggsdk.models.arch import ModelArch
+
+# family -> "module:class"; modules are imported only when a model of that family is built.
+MODEL_CLASSES = {
+    "qwen3": "disaggsdk.engine.models.qwen3:Qwen3ForCausalLM",
+    "qwen3_moe": "disaggsdk.engine.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "deepseek_v3": "disaggsdk.engine.models.deepseek_v3:DeepseekV3ForCausalLM",
+}
+
+__all__ = ["CausalLM", "KVGeometry", "MODEL_CLASSES", "build_model", "kv_geometry", "model_class"]
+
+
+def model_class(family: str) -> type:
+    """The implementation class of a model family.
+
+    Raises:
+        ModelError: no implementation for ``family``.
+    """
+    try:
+        target = MODEL_CLASSES[family]
+    except KeyError:
+        raise ModelError(
+            f"no engine implementation for model family {family!r}; supported: {sorted(MODEL_CLASSES)}"
+        ) from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    """A torch dtype from a torch dtype or its name ("float32", "bfloat16", "float16").
+
+    Raises:
+        ModelError: an unknown dtype name.
+    """
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    try:
+        return names[str(dtype)]
+    except KeyError:
+        raise ModelError(f"unknown model dtype {dtype!r}; use one of {sorted(names)}") from None
+
+
+def build_model(
+    model: str,
+    tp: TensorParallel,
+    dtype: Any = "float32",
+    device: Any = "cpu",
+    seed: int = 0,
+) -> CausalLM:
+    """Build this rank's shard of a model, with weights.
+
+    Args:
+        model: a tiny catalog name (seeded random weights) or a Hugging Face checkpoint directory
+            (config.json + model.safetensors or model.safetensors.index.json).
+        tp: this rank's tensor-parallel context.
+        dtype: parameter dtype (torch dtype or name).
+        device: where the parameters live.
+        seed: seed of the random weights of a catalog model; every rank draws the same full
+            tensors and keeps its slice, so tp=1 and tp=2 build the same model.
+    Returns:
+        The model in eval mode, ``requires_grad`` off.
+    Raises:
+        ModelError: unknown model, unsupported architecture, a model that cannot be split over
+            ``tp.size``, a full-size catalog model without a checkpoint, or a checkpoint whose
+            tensors are missing or mis-shaped (the message names the tensor).
+    """
+    import torch
+
+    from disaggsdk.engine import weights
+    from disaggsdk.models import is_tiny, resolve_model
+    from disaggsdk.models.catalog import CATALOG
+
+    arch = resolve_model(model)
+    check_tp(arch, tp.size)
+    cls = model_class(arch.family)
+    torch_dtype = resolve_dtype(dtype)
+    with torch.device(device):
+        net = cls(arch, tp, torch_dtype)
+    if model in CATALOG:
+        if not is_tiny(model):
+            raise ModelError(
+                f"{model!r} is a full-size catalog model with no weights on this machine; pass its "
+                f"checkpoint directory, or use a tiny variant ({', '.join(n for n in CATALOG if is_tiny(n))})"
+            )
+        weights.init_random(net, seed=seed)
+    else:
+        weights.load_checkpoint(net, Path(model).expanduser())
+    net.eval()
+    net.requires_grad_(False)
+    return net
+
+
+def arch_of(model: str) -> ModelArch:
+    """The architecture of a model name or directory (no torch needed)."""
+    from disaggsdk.models import resolve_model
+
+    return resolve_model(model)

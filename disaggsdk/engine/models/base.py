@@ -1,0 +1,144 @@
+"""What a model is to the runtime: the `CausalLM` protocol and the KV geometry of one rank.
+
+The runtime never looks inside a model. It sizes the KV pool from `kv_geometry`, calls
+`forward` once per step with a `ForwardBatch` and an attention backend, and turns the hidden
+states it wants into logits with `compute_logits`. Nothing here imports torch, so the planner
+and the CLI can ask for the geometry without loading the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from disaggsdk.errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.parallel import TensorParallel
+    from disaggsdk.models.arch import ModelArch
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """Shape of the KV cache one rank keeps per token per layer.
+
+    GQA: each token stores K and V of ``num_kv_heads_local`` heads of ``head_dim`` values.
+    MLA: each token stores one latent of ``latent_dim = kv_lora_rank + qk_rope_head_dim`` values
+    (normalised compressed KV, then the rope key), identical on every rank; ``num_kv_heads_local``
+    is 1 and ``head_dim`` is the un-absorbed query/key dim (qk_nope + qk_rope) that sets the
+    softmax scale.
+    """
+
+    attention: Literal["gqa", "mla"]
+    num_layers: int
+    num_kv_heads_local: int
+    head_dim: int
+    latent_dim: int = 0  # MLA only
+    num_q_heads_local: int = 0
+    kv_lora_rank: int = 0  # MLA only: the first kv_lora_rank values of the latent
+    qk_rope_head_dim: int = 0  # MLA only: the last qk_rope_head_dim values of the latent
+
+    @property
+    def values_per_token_layer(self) -> int:
+        """Cache elements one token adds to one layer on this rank (K and V, or the latent)."""
+        if self.attention == "mla":
+            return self.latent_dim
+        return 2 * self.num_kv_heads_local * self.head_dim
+
+
+def check_tp(arch: ModelArch, tp_size: int) -> None:
+    """Check that ``arch`` can be split over ``tp_size`` ranks.
+
+    Raises:
+        ModelError: a head count or intermediate size does not divide (the message names it).
+    """
+    if tp_size < 1:
+        raise ModelError(f"tp must be at least 1, got {tp_size}")
+    problems = []
+    if arch.num_attention_heads % tp_size:
+        problems.append(f"num_attention_heads={arch.num_attention_heads}")
+    if arch.attention == "gqa":
+        kv = arch.num_kv_heads
+        if (tp_size <= kv and kv % tp_size) or (tp_size > kv and tp_size % kv):
+            problems.append(f"num_key_value_heads={kv} (tp must divide it or be a multiple of it)")
+    if arch.intermediate_size % tp_size:
+        problems.append(f"intermediate_size={arch.intermediate_size}")
+    if arch.moe_intermediate_size % tp_size:
+        problems.append(f"moe_intermediate_size={arch.moe_intermediate_size}")
+    if problems:
+        raise ModelError(
+            f"{arch.name} cannot be split over tp={tp_size}: {', '.join(problems)} is not divisible;"
+            f" choose a tp that divides these"
+        )
+
+
+def kv_geometry(arch: ModelArch, tp: TensorParallel) -> KVGeometry:
+    """The KV cache geometry of one rank of a ``tp.size``-way instance.
+
+    Args:
+        arch: the model's architecture.
+        tp: this rank's tensor-parallel context (only ``rank`` and ``size`` are read).
+    Returns:
+        The per-rank geometry; GQA KV heads are split (or replicated once tp exceeds them),
+        the MLA latent is replicated.
+    Raises:
+        ModelError: the model cannot be split over ``tp.size`` ranks.
+    """
+    check_tp(arch, tp.size)
+    num_q_heads_local = arch.num_attention_heads // tp.size
+    if arch.attention == "mla":
+        return KVGeometry(
+            attention="mla",
+            num_layers=arch.num_layers,
+            num_kv_heads_local=1,
+            head_dim=arch.qk_nope_head_dim + arch.qk_rope_head_dim,
+            latent_dim=arch.kv_lora_rank + arch.qk_rope_head_dim,
+            num_q_heads_local=num_q_heads_local,
+            kv_lora_rank=arch.kv_lora_rank,
+            qk_rope_head_dim=arch.qk_rope_head_dim,
+        )
+    start, stop = tp.kv_head_range(arch.num_kv_heads)
+    return KVGeometry(
+        attention="gqa",
+        num_layers=arch.num_layers,
+        num_kv_heads_local=stop - start,
+        head_dim=arch.head_dim,
+        num_q_heads_local=num_q_heads_local,
+    )
+
+
+class CausalLM(Protocol):
+    """A decoder-only model sharded over one tensor-parallel group (an ``nn.Module``).
+
+    ``forward`` runs ``arch.num_layers`` layers (an MTP layer, when the model has one, is kept
+    as ``model.mtp`` and not run) and calls ``batch.on_layer_done(layer_id)`` after each layer's
+    attention output projection and its all-reduce, on the head rank only.
+    """
+
+    arch: ModelArch
+    tp: TensorParallel
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Hidden states after the final norm.
+
+        Args:
+            batch: the step's tokens and paged-KV metadata.
+            attn: the attention backend, already ``plan``-ned for ``batch``.
+        Returns:
+            [num_tokens, hidden_size], the model's dtype.
+        """
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the full vocabulary, identical on every rank.
+
+        Args:
+            hidden: [n, hidden_size] rows of ``forward``'s output.
+        Returns:
+            [n, vocab_size], float32.
+        """
+        ...

@@ -1,0 +1,166 @@
+"""Model weights: where each checkpoint tensor goes, loading it from safetensors, random init.
+
+A model lists its `WeightSlot`s: one per checkpoint tensor, naming the tensor as Hugging Face
+stores it, its full shape, and the view of a parameter that receives this rank's slice. Loading
+from a directory and seeded random init walk the same list, so a tiny random model and a loaded
+checkpoint take one code path, and a tp=2 random model is the tp=1 model cut in two.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from disaggsdk.errors import ModelError
+
+INIT_STD = 0.02  # as transformers' `initializer_range` default for these families
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """One checkpoint tensor and where this rank keeps (its slice of) it."""
+
+    name: str  # checkpoint tensor name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    target: torch.Tensor  # a view of a parameter, shaped as the full tensor sliced on shard_dim
+    full_shape: tuple[int, ...]  # shape of the tensor in the checkpoint
+    shard_dim: int | None = None  # dimension this rank keeps a range of; None: replicated
+    shard: tuple[int, int] = (0, 0)  # [start, stop) along shard_dim
+    init: Literal["normal", "ones", "zeros"] = "normal"
+    # Slots of an optional group (e.g. "mtp") may be absent from a checkpoint, but only together.
+    optional_group: str | None = None
+
+    def local_shape(self) -> tuple[int, ...]:
+        """The shape of this rank's slice."""
+        if self.shard_dim is None:
+            return self.full_shape
+        shape = list(self.full_shape)
+        shape[self.shard_dim] = self.shard[1] - self.shard[0]
+        return tuple(shape)
+
+
+class HasWeightSlots(Protocol):
+    def weight_slots(self) -> Iterable[WeightSlot]: ...
+
+    def drop_optional(self, group: str) -> None: ...
+
+
+def _check_slot(slot: WeightSlot) -> None:
+    # A wrong slot is a bug in a model file, not a user error.
+    assert tuple(slot.target.shape) == slot.local_shape(), (
+        f"{slot.name}: target {tuple(slot.target.shape)} != local slice {slot.local_shape()}"
+    )
+
+
+def _slice(full_or_handle, slot: WeightSlot):
+    if slot.shard_dim is None:
+        return full_or_handle[:]
+    index = [slice(None)] * len(slot.full_shape)
+    index[slot.shard_dim] = slice(*slot.shard)
+    return full_or_handle[tuple(index)]
+
+
+def init_random(model: HasWeightSlots, seed: int = 0) -> None:
+    """Fill every slot with seeded random values (norm weights with ones).
+
+    Each tensor's generator is seeded from ``seed`` and the tensor's name, and the full tensor is
+    drawn before slicing, so every rank and every tp size see the same full model.
+    """
+    for slot in model.weight_slots():
+        _check_slot(slot)
+        if slot.init == "ones":
+            slot.target.fill_(1.0)
+            continue
+        if slot.init == "zeros":
+            slot.target.zero_()
+            continue
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(slot.name.encode()))
+        full = torch.randn(slot.full_shape, generator=gen, dtype=torch.float32) * INIT_STD
+        slot.target.copy_(_slice(full, slot))
+
+
+def checkpoint_files(directory: Path) -> dict[str, Path]:
+    """Map every tensor name of a checkpoint directory to the safetensors file holding it.
+
+    Raises:
+        ModelError: no model.safetensors nor model.safetensors.index.json, an unreadable index,
+            or an index naming a file that is not there.
+    """
+    index_path = directory / "model.safetensors.index.json"
+    single = directory / "model.safetensors"
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ModelError(f"{index_path} is not a safetensors index ({exc}); re-save the checkpoint") from None
+        files = {name: directory / file for name, file in weight_map.items()}
+        for path in sorted(set(files.values())):
+            if not path.is_file():
+                raise ModelError(f"{index_path} names shard {path.name!r}, which is missing from {directory}")
+        return files
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as handle:
+            return {name: single for name in handle.keys()}
+    raise ModelError(
+        f"{directory} has no model.safetensors or model.safetensors.index.json; "
+        f"save the model with save_pretrained (safetensors format)"
+    )
+
+
+def load_checkpoint(model: HasWeightSlots, directory: Path) -> None:
+    """Load this rank's slice of every slot from a Hugging Face safetensors checkpoint.
+
+    Tensors are read slice by slice (only this rank's range) and cast to the parameter's dtype.
+    Tensors the model does not use (e.g. rotary caches) are ignored.
+
+    Raises:
+        ModelError: a tensor is missing or has another shape than the config implies (the
+            message names the tensor and both shapes), or the files cannot be read.
+    """
+    from safetensors import safe_open
+
+    files = checkpoint_files(directory)
+    slots = list(model.weight_slots())
+    for group in sorted({s.optional_group for s in slots if s.optional_group}):
+        members = [s for s in slots if s.optional_group == group]
+        present = [s.name in files for s in members]
+        if not any(present):
+            model.drop_optional(group)
+            slots = [s for s in slots if s.optional_group != group]
+        elif not all(present):
+            missing = next(s.name for s in members if s.name not in files)
+            raise ModelError(
+                f"{directory}: checkpoint has part of the {group} weights but lacks tensor {missing!r}; "
+                f"provide all of them or none"
+            )
+    missing = [s for s in slots if s.name not in files]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelError(
+            f"{directory}: checkpoint lacks tensor {missing[0].name!r} of shape "
+            f"{list(missing[0].full_shape)}{more}; is the checkpoint complete and does config.json match it?"
+        )
+    handles = {}
+    try:
+        for slot in slots:
+            _check_slot(slot)
+            path = files[slot.name]
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt")
+            view = handles[path].get_slice(slot.name)
+            shape = tuple(view.get_shape())
+            if shape != slot.full_shape:
+                raise ModelError(
+                    f"{directory}: tensor {slot.name!r} has shape {list(shape)} in {path.name} but the "
+                    f"config implies {list(slot.full_shape)}; config.json and the weights disagree"
+                )
+            slot.target.copy_(_slice(view, slot))
+    finally:
+        handles.clear()
