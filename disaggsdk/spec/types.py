@@ -11,6 +11,8 @@ from typing import Literal
 
 import attrs
 
+from disaggsdk.spec.field_checks import check_fields, choice, port, positive, power_of_two
+
 Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
@@ -32,6 +34,15 @@ class Hardware:
     nics_per_node: int = 8
     nic_gbps: float = 400.0
 
+    def __attrs_post_init__(self) -> None:
+        check_fields(
+            self,
+            gpu=choice(GPU_KINDS),
+            gpus_per_node=positive,
+            nics_per_node=positive,
+            nic_gbps=positive,
+        )
+
 
 @attrs.frozen
 class Role:
@@ -44,6 +55,9 @@ class Role:
     replicas: int = 1
     tp: int = 1
     dp: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, replicas=positive, tp=positive, dp=positive)
 
     @property
     def ranks_per_instance(self) -> int:
@@ -58,12 +72,20 @@ class KV:
     page_size: int = 16  # tokens per page
     dtype: KVDtype = "bfloat16"
 
+    def __attrs_post_init__(self) -> None:
+        check_fields(
+            self, layout=choice(LAYOUTS), page_size=power_of_two, dtype=choice(KV_DTYPES)
+        )
+
 
 @attrs.frozen
 class Transport:
     """How KV pages travel. `auto` picks efa/verbs where present, else shm on one node."""
 
     provider: Provider = "auto"
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, provider=choice(PROVIDERS))
 
 
 @attrs.frozen
@@ -73,12 +95,14 @@ class Serve:
     host: str = "127.0.0.1"
     port: int = 8000
 
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, port=port)
+
 
 @attrs.frozen
 class Spec:
     """A whole disaggregated deployment. Load with `load_spec`, build with `Cluster`."""
 
-    name: str = "deployment"
     model: str = "qwen3-coder"
     device: Device = "cuda"
     seed: int = 0
@@ -88,3 +112,12 @@ class Spec:
     kv: KV = attrs.field(factory=KV)
     transport: Transport = attrs.field(factory=Transport)
     serve: Serve = attrs.field(factory=Serve)
+    name: str | None = None  # shown in plans and dashboards; the model name when unset
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, device=choice(DEVICES))
+
+    @property
+    def label(self) -> str:
+        """A human name for this deployment: `name`, or the model when no name was given."""
+        return self.name or self.model

@@ -1,0 +1,40 @@
+"""`disaggsdk validate SPEC...`: check spec files and print every problem with its YAML path."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from disaggsdk.errors import SpecError
+
+HELP = "Check deployment spec files; print every problem with its YAML path and the fix."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("specs", nargs="+", metavar="SPEC", help="YAML spec file(s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from disaggsdk.spec import load_spec
+
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    failed = False
+    for path in args.specs:
+        try:
+            spec = load_spec(path)
+        except SpecError as exc:
+            failed = True
+            err.print(f"[bold red]{path}: {len(exc.problems)} problem(s)[/]")
+            for problem in exc.problems:
+                err.print(f"  [red]error:[/] {problem}", soft_wrap=True)
+            continue
+        p, d = spec.prefill, spec.decode
+        out.print(
+            f"[green]{path}: valid[/] — {spec.label}: model {spec.model} on {spec.device}, "
+            f"{p.replicas} prefill x (tp={p.tp}, dp={p.dp}), {d.replicas} decode x (tp={d.tp}, dp={d.dp}), "
+            f"KV {spec.kv.layout} pages of {spec.kv.page_size} tokens ({spec.kv.dtype})",
+            soft_wrap=True,
+        )
+    return 2 if failed else 0

@@ -1,0 +1,25 @@
+"""Deployment specs: frozen attrs classes, YAML in/out, the fluent `Cluster`, validation."""
+
+from disaggsdk.spec.cluster import Cluster
+from disaggsdk.spec.convert import spec_from_dict, spec_to_dict
+from disaggsdk.spec.rules import check_spec, spec_problems
+from disaggsdk.spec.types import KV, Hardware, Role, Serve, Spec, Transport
+from disaggsdk.spec.yaml_io import load_spec, parse_spec_yaml, save_spec, spec_to_yaml
+
+__all__ = [
+    "KV",
+    "Cluster",
+    "Hardware",
+    "Role",
+    "Serve",
+    "Spec",
+    "Transport",
+    "check_spec",
+    "load_spec",
+    "parse_spec_yaml",
+    "save_spec",
+    "spec_from_dict",
+    "spec_problems",
+    "spec_to_dict",
+    "spec_to_yaml",
+]

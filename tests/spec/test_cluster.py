@@ -1,0 +1,51 @@
+"""The fluent builder: immutable steps, equality with the YAML spec, validation at the end."""
+
+from pathlib import Path
+
+import pytest
+
+from disaggsdk import Cluster, SpecError, load_spec
+from disaggsdk.spec import Role
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+def test_builder_equals_the_qwen3_coder_spec_file():
+    built = Cluster().prefill(tp=8).decoders(3, tp=8).model("qwen3-coder")
+    assert built.spec == load_spec(SPECS / "qwen3_coder.yaml")
+
+
+def test_every_call_returns_a_new_value():
+    base = Cluster().model("deepseek-r1")
+    wider = base.decoders(3, tp=8)
+    assert base.draft.decode == Role()
+    assert wider.draft.decode == Role(replicas=3, tp=8)
+    assert base.prefill(tp=8) == base.prefill(tp=8)  # re-running a cell gives an equal value
+
+
+def test_all_sections_are_reachable():
+    c = (Cluster().model("qwen3-coder-tiny").named("t").device("cpu").seed(7)
+         .hardware(gpu="cpu", gpus_per_node=4, nics_per_node=1, nic_gbps=100)
+         .kv(layout="NHD", page_size=32, dtype="float32").transport("tcp").serve(port=9000)
+         .prefills(2, tp=2).decode(dp=2))
+    s = c.spec
+    assert (s.name, s.seed, s.kv.layout, s.kv.page_size, s.transport.provider, s.serve.port) == ("t", 7, "NHD", 32, "tcp", 9000)
+    assert (s.prefill.replicas, s.prefill.tp, s.decode.dp) == (2, 2, 2)
+
+
+def test_yaml_round_trip_through_the_builder(tmp_path):
+    c = Cluster().prefill(tp=8).decoders(3, tp=4).model("qwen3-coder")
+    (tmp_path / "s.yaml").write_text(c.to_yaml())
+    assert Cluster.from_yaml(tmp_path / "s.yaml") == c
+
+
+def test_bad_values_fail_at_the_call_and_cross_rules_at_spec():
+    with pytest.raises(ValueError, match="tp: must be a positive number"):
+        Cluster().prefill(tp=0)
+    draft = Cluster().decoders(3, tp=5)  # fine until the model's heads are known
+    with pytest.raises(SpecError, match=r"\$\.decode\.tp: tp=5 does not divide the 96 query heads"):
+        draft.spec
+
+
+def test_html_repr_shows_the_yaml():
+    assert "qwen3-coder" in Cluster()._repr_html_()

@@ -1,0 +1,53 @@
+"""Cross-field rules: tp against the model's heads, instance size against the node, device kind."""
+
+import pytest
+
+from disaggsdk.errors import SpecError
+from disaggsdk.spec import Hardware, Role, Spec, check_spec, spec_problems
+
+
+def test_valid_specs_have_no_problems():
+    assert spec_problems(Spec(prefill=Role(tp=8), decode=Role(replicas=3, tp=8))) == []
+    assert spec_problems(Spec(model="deepseek-r1", decode=Role(tp=1, dp=8))) == []
+
+
+def test_tp_must_divide_the_query_heads():
+    (problem,) = spec_problems(Spec(model="deepseek-r1", decode=Role(tp=3)))
+    assert problem.startswith("$.decode.tp: tp=3 does not divide the 128 query heads of deepseek-r1")
+    assert "use one of 1, 2, 4, 8, 16, 32, 64, 128" in problem
+
+
+def test_gqa_tp_must_divide_or_be_a_multiple_of_kv_heads():
+    (problem,) = spec_problems(Spec(prefill=Role(tp=6)))
+    assert problem.startswith("$.prefill.tp: tp=6 neither divides nor is a multiple of the 8 KV heads")
+    assert spec_problems(Spec(prefill=Role(tp=16))) == []  # replicated heads, spans 2 nodes
+
+
+def test_instance_must_fit_a_node_or_span_whole_nodes():
+    (problem,) = spec_problems(Spec(model="deepseek-r1", decode=Role(tp=4, dp=3)))
+    assert problem.startswith("$.decode: an instance of tp*dp = 4*3 = 12 ranks does not fit a node of 8")
+
+
+def test_unknown_model_lists_the_catalog_and_suggests():
+    (problem,) = spec_problems(Spec(model="qwen3-codr"))
+    assert "$.model: unknown model 'qwen3-codr'; did you mean 'qwen3-coder'?" in problem
+    assert "deepseek-r1-tiny" in problem
+
+
+def test_device_and_hardware_must_agree():
+    problems = spec_problems(Spec(model="qwen3-tiny", device="cpu"))
+    assert problems == ["$.hardware.gpu: 'h200' with device 'cpu'; set $.hardware.gpu to 'cpu' "
+                        "(a CPU rank is one process) or $.device to 'cuda'"]
+    cpu = Hardware(gpu="cpu", gpus_per_node=4)
+    assert spec_problems(Spec(model="qwen3-tiny", device="cpu", hardware=cpu)) == []
+
+
+def test_check_spec_raises_with_every_problem():
+    with pytest.raises(SpecError) as info:
+        check_spec(Spec(prefill=Role(tp=5), decode=Role(tp=7)))
+    assert len(info.value.problems) == 4
+
+
+def test_construction_checks_single_values_immediately():
+    with pytest.raises(ValueError, match=r"Role.tp: must be a positive number, got 0"):
+        Role(tp=0)
