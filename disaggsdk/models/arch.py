@@ -110,6 +110,10 @@ def arch_from_hf_config(config: dict[str, Any], name: str) -> ModelArch:
             f"field 'architectures'; supported: {sorted(ARCHITECTURES)}"
         )
 
+    if "num_experts" not in config and "num_local_experts" in config:
+        # transformers 5's save_pretrained writes the Qwen3-MoE expert count under this name
+        config = {**config, "num_experts": config["num_local_experts"]}
+
     def need(key: str) -> Any:
         if key not in config:
             raise ModelError(f"{name}: config.json lacks field {key!r} required by {archs[0]}")
