@@ -1,0 +1,70 @@
+"""One request's state inside the engine, and what a step reports about it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from disaggsdk.engine.sampling import SamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    import torch
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # no KV yet (new, or preempted and waiting to be recomputed)
+    RUNNING = "running"  # holds pages; prefilling in chunks or decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """A request as the scheduler sees it.
+
+    Tokens are ``prompt_ids + output_ids``; the first ``num_computed_tokens`` of them have KV in
+    the request's pages. The next step computes some of the rest: a chunk of the prompt
+    (prefill) or the one newest token (decode).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "prefilled"
+    num_preemptions: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request.
+
+    ``hidden_state`` and ``logits`` are those of the last position computed this step, given when
+    the engine was asked to return them (the messenger's context payload after prefill).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    output_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    hidden_state: torch.Tensor | None = None  # [hidden_size], float32, CPU
+    logits: torch.Tensor | None = None  # [vocab_size], float32, CPU
