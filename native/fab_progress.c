@@ -1,0 +1,482 @@
+/*
+ * The progress thread and the calls that feed it.
+ *
+ * Callers (Python threads) validate and coalesce a batch, then append it to eng->pending under
+ * eng->lock and signal eng->wake. The progress thread moves pending work to its own post list,
+ * posts writes until the provider says -FI_EAGAIN (the rest waits for the next round: no caller
+ * ever spins), reads the completion queue, and turns completions into events. It never calls
+ * into Python.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fab_internal.h"
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int peer_known(struct fab_engine *eng, fi_addr_t peer)
+{
+    for (size_t i = 0; i < eng->num_peers; i++)
+        if (eng->peers[i] == peer)
+            return 1;
+    return 0;
+}
+
+/* callers */
+
+static int check_entry(uint64_t i, uint64_t off, uint64_t len, uint64_t region_len,
+                       const char *side)
+{
+    if (len == 0 || off > region_len || len > region_len - off) {
+        fab_set_error("write %llu: %s range [%llu, %llu) is outside the %s region of %llu bytes"
+                      "%s",
+                      (unsigned long long)i, side, (unsigned long long)off,
+                      (unsigned long long)(off + len), side, (unsigned long long)region_len,
+                      len == 0 ? " (zero-length writes are not allowed)" : "");
+        return -FI_EINVAL;
+    }
+    return 0;
+}
+
+int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_t src_handle,
+                      const fab_region_desc *dst, const uint64_t *src_off, const uint64_t *dst_off,
+                      const uint64_t *len, const uint32_t *imm, uint64_t n)
+{
+    pthread_mutex_lock(&eng->lock);
+    int ok = src_handle >= 1 && src_handle <= eng->num_mrs && eng->mrs[src_handle - 1].mr;
+    struct fab_mr_entry src = ok ? eng->mrs[src_handle - 1] : (struct fab_mr_entry){0};
+    int known = peer_known(eng, (fi_addr_t)peer);
+    pthread_mutex_unlock(&eng->lock);
+    if (!ok) {
+        fab_set_error("unknown source region handle %llu", (unsigned long long)src_handle);
+        return -FI_EINVAL;
+    }
+    if (!known) {
+        fab_set_error("unknown peer handle %llu: insert the peer's address first",
+                      (unsigned long long)peer);
+        return -FI_EINVAL;
+    }
+    if (dst->check != fab_desc_check(dst)) {
+        fab_set_error("the destination region descriptor fails its check (corrupted, or a field "
+                      "was changed): use the descriptor exactly as the target's register() made it");
+        return -FI_EINVAL;
+    }
+    if ((dst->mr_mode ^ eng->mr_mode) & FI_MR_VIRT_ADDR) {
+        fab_set_error("the destination region was registered with another provider (mr_mode %#llx, "
+                      "here %#llx): both ends must open the same provider",
+                      (unsigned long long)dst->mr_mode, (unsigned long long)eng->mr_mode);
+        return -FI_EINVAL;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        int rc = check_entry(i, src_off[i], len[i], src.len, "source");
+        if (!rc)
+            rc = check_entry(i, dst_off[i], len[i], dst->len, "destination");
+        if (rc)
+            return rc;
+    }
+
+    struct fab_batch *b = calloc(1, sizeof(*b));
+    struct fab_write *writes = n ? malloc(n * sizeof(*writes)) : NULL;
+    if (!b || (n && !writes)) {
+        free(b);
+        free(writes);
+        return -FI_ENOMEM;
+    }
+    /* coalesce runs contiguous on both sides with the same immediate */
+    uint64_t m = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        struct fab_write *w = m ? &writes[m - 1] : NULL;
+        if (w && eng->merge_counts && (uint32_t)w->data == imm[i] &&
+            w->src_off + w->len == src_off[i] && w->dst_off + w->len == dst_off[i] &&
+            w->len + len[i] <= eng->max_msg_bytes && (w->data >> 32) < 0xffffffffull) {
+            w->len += len[i];
+            w->data += 1ull << 32;
+            continue;
+        }
+        writes[m++] = (struct fab_write){src_off[i], dst_off[i], len[i],
+                                         (1ull << 32) | (uint64_t)imm[i]};
+    }
+    if (!eng->merge_counts)
+        for (uint64_t i = 0; i < m; i++)
+            writes[i].data &= 0xffffffffull; /* 4-byte CQ data: the immediate alone */
+    b->ops = m ? calloc(m, sizeof(struct fab_op)) : NULL;
+    if (m && !b->ops) {
+        free(b);
+        free(writes);
+        return -FI_ENOMEM;
+    }
+    b->id = batch_id;
+    b->peer = (fi_addr_t)peer;
+    b->src_handle = src_handle;
+    b->src_ptr = src.ptr;
+    b->src_desc = src.desc;
+    b->dst = *dst;
+    b->num_writes = m;
+    b->writes = writes;
+
+    pthread_mutex_lock(&eng->lock);
+    if (eng->stop) {
+        pthread_mutex_unlock(&eng->lock);
+        free(b->ops);
+        free(writes);
+        free(b);
+        fab_set_error("the transfer engine is closed");
+        return -FI_ESHUTDOWN;
+    }
+    eng->mrs[src_handle - 1].inflight_batches++;
+    eng->stats.writes_requested += n;
+    if (eng->pending_tail)
+        eng->pending_tail->next = b;
+    else
+        eng->pending_head = b;
+    eng->pending_tail = b;
+    pthread_cond_signal(&eng->wake);
+    pthread_mutex_unlock(&eng->lock);
+    return 0;
+}
+
+int fab_expect(fab_engine *eng, uint32_t imm, uint64_t count)
+{
+    pthread_mutex_lock(&eng->lock);
+    int rc = fab_imm_expect(eng, imm, count);
+    pthread_mutex_unlock(&eng->lock);
+    return rc;
+}
+
+int fab_cancel(fab_engine *eng, uint32_t imm)
+{
+    pthread_mutex_lock(&eng->lock);
+    fab_imm_cancel(eng, imm);
+    pthread_mutex_unlock(&eng->lock);
+    return 0;
+}
+
+int fab_send(fab_engine *eng, uint64_t send_id, uint64_t peer, const void *buf, uint64_t len)
+{
+    if (len > FAB_MAX_CONTROL_BYTES) {
+        fab_set_error("control message of %llu bytes exceeds the %u-byte limit",
+                      (unsigned long long)len, FAB_MAX_CONTROL_BYTES);
+        return -FI_EMSGSIZE;
+    }
+    struct fab_send *s = calloc(1, sizeof(*s) + (len ? len : 1));
+    if (!s)
+        return -FI_ENOMEM;
+    s->id = send_id;
+    s->peer = (fi_addr_t)peer;
+    s->len = len;
+    memcpy(s->buf, buf, len);
+    pthread_mutex_lock(&eng->lock);
+    int rc = 0;
+    if (!peer_known(eng, s->peer)) {
+        fab_set_error("unknown peer handle %llu: insert the peer's address first",
+                      (unsigned long long)peer);
+        rc = -FI_EINVAL;
+    } else if (eng->stop) {
+        fab_set_error("the transfer engine is closed");
+        rc = -FI_ESHUTDOWN;
+    } else {
+        if (eng->send_tail)
+            eng->send_tail->next = s;
+        else
+            eng->send_head = s;
+        eng->send_tail = s;
+        pthread_cond_signal(&eng->wake);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (rc)
+        free(s);
+    return rc;
+}
+
+int fab_wait_events(fab_engine *eng, fab_event *out, int max_events, int timeout_ms)
+{
+    return fab_events_wait(&eng->events, out, max_events, timeout_ms);
+}
+
+/* progress thread */
+
+int fab_post_recvs(struct fab_engine *eng)
+{
+    eng->recv_bufs = calloc(FAB_NUM_RECV_BUFS, FAB_MAX_CONTROL_BYTES);
+    if (!eng->recv_bufs)
+        return -FI_ENOMEM;
+    void *desc = NULL;
+    if (eng->mr_mode & FI_MR_LOCAL) {
+        int rc = fi_mr_reg(eng->domain, eng->recv_bufs,
+                           (size_t)FAB_NUM_RECV_BUFS * FAB_MAX_CONTROL_BYTES, FI_RECV, 0,
+                           eng->next_key++, 0, &eng->recv_mr, NULL);
+        if (rc)
+            return rc;
+        desc = fi_mr_desc(eng->recv_mr);
+    }
+    for (int i = 0; i < FAB_NUM_RECV_BUFS; i++) {
+        struct fab_op *op = &eng->recv_ops[i];
+        op->magic = FAB_OP_MAGIC;
+        op->kind = FAB_OP_RECV;
+        op->recv_slot = i;
+        int rc = fi_recv(eng->ep, eng->recv_bufs + (size_t)i * FAB_MAX_CONTROL_BYTES,
+                         FAB_MAX_CONTROL_BYTES, desc, FI_ADDR_UNSPEC, &op->ctx);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void repost_recv(struct fab_engine *eng, int slot)
+{
+    void *desc = eng->recv_mr ? fi_mr_desc(eng->recv_mr) : NULL;
+    int rc;
+    do {
+        rc = fi_recv(eng->ep, eng->recv_bufs + (size_t)slot * FAB_MAX_CONTROL_BYTES,
+                     FAB_MAX_CONTROL_BYTES, desc, FI_ADDR_UNSPEC, &eng->recv_ops[slot].ctx);
+        if (rc == -FI_EAGAIN)
+            fi_cq_read(eng->cq, NULL, 0); /* drive progress so a slot frees up */
+    } while (rc == -FI_EAGAIN);
+    if (rc)
+        fab_events_push(&eng->events, FAB_EV_ERROR, rc, 0, NULL, 0);
+}
+
+static void finish_batch(struct fab_engine *eng, struct fab_batch *b)
+{
+    pthread_mutex_lock(&eng->lock);
+    eng->mrs[b->src_handle - 1].inflight_batches--;
+    pthread_mutex_unlock(&eng->lock);
+    fab_events_push(&eng->events, FAB_EV_BATCH_DONE, b->status, b->id, NULL, 0);
+    free(b->ops);
+    free(b->writes);
+    free(b);
+}
+
+/* Posts what it can; returns 1 when the provider pushed back, so the caller polls the CQ. */
+static int post_writes(struct fab_engine *eng)
+{
+    while (eng->post_head) {
+        struct fab_batch *b = eng->post_head;
+        while (b->num_posted < b->num_writes && b->status == 0) {
+            struct fab_write *w = &b->writes[b->num_posted];
+            struct fab_op *op = &b->ops[b->num_posted];
+            op->magic = FAB_OP_MAGIC;
+            op->kind = FAB_OP_WRITE;
+            op->batch = b;
+            int rc = fi_writedata(eng->ep, b->src_ptr + w->src_off, w->len, b->src_desc, w->data,
+                                  b->peer, b->dst.addr_base + w->dst_off, b->dst.key, &op->ctx);
+            if (rc == -FI_EAGAIN) {
+                eng->stats.eagain++;
+                return 1;
+            }
+            if (rc) {
+                b->status = rc; /* the rest of the batch is not sent */
+                break;
+            }
+            b->num_posted++;
+            b->num_outstanding++;
+            eng->stats.writes_posted++;
+        }
+        eng->post_head = b->next;
+        if (!eng->post_head)
+            eng->post_tail = NULL;
+        b->next = NULL;
+        b->num_posted = b->num_writes; /* fully handed over (or abandoned after an error) */
+        if (b->num_outstanding == 0)
+            finish_batch(eng, b);
+    }
+    return 0;
+}
+
+static void post_sends(struct fab_engine *eng, struct fab_send **head)
+{
+    while (*head) {
+        struct fab_send *s = *head;
+        s->op.magic = FAB_OP_MAGIC;
+        s->op.kind = FAB_OP_SEND;
+        s->op.send = s;
+        void *desc = NULL;
+        int rc = 0;
+        if ((eng->mr_mode & FI_MR_LOCAL) && !s->mr) {
+            rc = fi_mr_reg(eng->domain, s->buf, s->len ? s->len : 1, FI_SEND, 0,
+                           __atomic_fetch_add(&eng->next_key, 1, __ATOMIC_RELAXED), 0, &s->mr,
+                           NULL);
+        }
+        if (!rc && s->mr)
+            desc = fi_mr_desc(s->mr);
+        if (!rc)
+            rc = fi_send(eng->ep, s->buf, s->len, desc, s->peer, &s->op.ctx);
+        if (rc == -FI_EAGAIN)
+            return; /* keep it at the head for the next round */
+        *head = s->next;
+        if (rc) {
+            fab_events_push(&eng->events, FAB_EV_SEND_DONE, rc, s->id, NULL, 0);
+            if (s->mr)
+                fi_close(&s->mr->fid);
+            free(s);
+        }
+    }
+}
+
+static int post_sends_and_writes(struct fab_engine *eng, struct fab_send **sends)
+{
+    int had_work = *sends || eng->post_head;
+    post_sends(eng, sends);
+    post_writes(eng);
+    return had_work;
+}
+
+static void complete_op(struct fab_engine *eng, struct fab_op *op, int status, uint64_t len)
+{
+    if (op->kind == FAB_OP_WRITE) {
+        struct fab_batch *b = op->batch;
+        if (status && b->status == 0)
+            b->status = status;
+        b->num_outstanding--;
+        if (b->num_outstanding == 0 && b->num_posted == b->num_writes)
+            finish_batch(eng, b);
+    } else if (op->kind == FAB_OP_SEND) {
+        struct fab_send *s = op->send;
+        fab_events_push(&eng->events, FAB_EV_SEND_DONE, status, s->id, NULL, 0);
+        if (s->mr)
+            fi_close(&s->mr->fid);
+        free(s);
+    } else if (op->kind == FAB_OP_RECV) {
+        if (status == 0) {
+            void *copy = malloc(len ? len : 1);
+            if (copy) {
+                memcpy(copy, eng->recv_bufs + (size_t)op->recv_slot * FAB_MAX_CONTROL_BYTES, len);
+                fab_events_push(&eng->events, FAB_EV_RECV, 0, 0, copy, len);
+            } else {
+                status = -FI_ENOMEM;
+            }
+        }
+        if (status) {
+            pthread_mutex_lock(&eng->lock);
+            eng->stats.recv_dropped++;
+            pthread_mutex_unlock(&eng->lock);
+        }
+        if (!eng->stop)
+            repost_recv(eng, op->recv_slot);
+    }
+}
+
+static int is_our_op(void *ctx)
+{
+    return ctx && ((struct fab_op *)ctx)->magic == FAB_OP_MAGIC;
+}
+
+/* Reads the CQ once; returns the number of entries handled. */
+static int poll_cq(struct fab_engine *eng)
+{
+    struct fi_cq_data_entry entries[64];
+    ssize_t n = fi_cq_read(eng->cq, entries, 64);
+    if (n > 0) {
+        for (ssize_t i = 0; i < n; i++) {
+            struct fi_cq_data_entry *e = &entries[i];
+            if (e->flags & FI_REMOTE_CQ_DATA) {
+                uint64_t weight = eng->merge_counts ? (e->data >> 32) : 1;
+                pthread_mutex_lock(&eng->lock);
+                fab_imm_add(eng, (uint32_t)e->data, weight ? weight : 1);
+                pthread_mutex_unlock(&eng->lock);
+            } else if (is_our_op(e->op_context)) {
+                complete_op(eng, e->op_context, 0, e->len);
+            }
+        }
+        return (int)n;
+    }
+    if (n == -FI_EAVAIL) {
+        struct fi_cq_err_entry err = {0};
+        if (fi_cq_readerr(eng->cq, &err, 0) > 0) {
+            pthread_mutex_lock(&eng->lock);
+            eng->stats.cq_errors++;
+            pthread_mutex_unlock(&eng->lock);
+            int status = -(err.err ? err.err : FI_EOTHER);
+            if (!(err.flags & FI_REMOTE_CQ_DATA) && is_our_op(err.op_context))
+                complete_op(eng, err.op_context, status, 0);
+            else /* a target-side error: not ours to fail a request with, but visible */
+                fab_events_push(&eng->events, FAB_EV_ERROR, status, err.prov_errno, NULL, 0);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void *fab_progress_main(void *arg)
+{
+    struct fab_engine *eng = arg;
+    struct fab_send *sends = NULL, **sends_tail = &sends;
+    uint64_t last_work = now_ns();
+    for (;;) {
+        pthread_mutex_lock(&eng->lock);
+        if (eng->stop) {
+            pthread_mutex_unlock(&eng->lock);
+            break;
+        }
+        int idle = !eng->pending_head && !eng->send_head && !eng->post_head && !sends;
+        if (idle && now_ns() - last_work > FAB_IDLE_SPIN_NS) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += FAB_IDLE_NAP_US * 1000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&eng->wake, &eng->lock, &ts);
+        }
+        /* take the submitted work; posting happens without the lock */
+        if (eng->pending_head) {
+            if (eng->post_tail)
+                eng->post_tail->next = eng->pending_head;
+            else
+                eng->post_head = eng->pending_head;
+            eng->post_tail = eng->pending_tail;
+            eng->pending_head = eng->pending_tail = NULL;
+        }
+        if (eng->send_head) {
+            *sends_tail = eng->send_head;
+            eng->send_head = eng->send_tail = NULL;
+        }
+        pthread_mutex_unlock(&eng->lock);
+
+        int work = post_sends_and_writes(eng, &sends);
+        sends_tail = &sends;
+        while (*sends_tail)
+            sends_tail = &(*sends_tail)->next;
+        int done = 0, n;
+        while ((n = poll_cq(eng)) > 0)
+            done += n;
+        if (work || done || eng->post_head || sends)
+            last_work = now_ns();
+    }
+    /* sends never posted are reported as cancelled */
+    while (sends) {
+        struct fab_send *s = sends;
+        sends = s->next;
+        fab_events_push(&eng->events, FAB_EV_SEND_DONE, -FI_ECANCELED, s->id, NULL, 0);
+        free(s);
+    }
+    return NULL;
+}
+
+/* After the endpoint is closed: free work that will never complete. */
+void fab_progress_drop_all(struct fab_engine *eng)
+{
+    struct fab_batch *lists[2] = {eng->post_head, eng->pending_head};
+    for (int i = 0; i < 2; i++)
+        while (lists[i]) {
+            struct fab_batch *b = lists[i];
+            lists[i] = b->next;
+            free(b->ops);
+            free(b->writes);
+            free(b);
+        }
+    eng->post_head = eng->post_tail = eng->pending_head = eng->pending_tail = NULL;
+    while (eng->send_head) {
+        struct fab_send *s = eng->send_head;
+        eng->send_head = s->next;
+        free(s);
+    }
+    eng->send_tail = NULL;
+}
