@@ -76,7 +76,7 @@ class Plan:
         layout = spec.kv.layout
         return {
             "schema_version": SCHEMA_VERSION,
-            "name": spec.name,
+            "name": spec.label,
             "model": {
                 "name": spec.model,
                 "attention": arch.attention,

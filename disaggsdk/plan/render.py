@@ -1,0 +1,165 @@
+"""Showing a plan: rich tables in a terminal, an HTML table in Jupyter.
+
+Both faces render the same rows, built once by `plan_tables`; nothing here computes the plan.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+from disaggsdk.plan.writes import expected_writes
+
+if TYPE_CHECKING:
+    from disaggsdk.plan.plan import Plan
+    from disaggsdk.plan.routes import Route, Transfer
+
+# (title, column headers, rows of cells)
+TableData = tuple[str, tuple[str, ...], list[tuple[str, ...]]]
+
+
+def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
+    """The plan as plain tables of strings: ranks, routes, and the transfers of each route shape.
+
+    Args:
+        plan: the plan to show.
+        num_tokens: prompt length for the expected-writes column.
+
+    Returns:
+        Tables in display order.
+    """
+    from disaggsdk.plan.plan import instance_page_shape
+
+    arch = plan.arch
+    ranks: list[tuple[str, ...]] = []
+    for inst in plan.instances:
+        for r in inst.ranks:
+            heads = r.kv_heads if isinstance(r.kv_heads, str) else f"[{r.kv_heads[0]}, {r.kv_heads[1]})"
+            ranks.append(
+                (
+                    inst.name if r.rank == 0 else "",
+                    str(r.index),
+                    str(r.dp_rank),
+                    str(r.tp_rank),
+                    str(r.node),
+                    str(r.gpu),
+                    str(r.nic),
+                    heads,
+                    "" if r.replica_set is None else str(r.replica_set),
+                )
+            )
+    bytes_per_token = {
+        inst.name: instance_page_shape(plan, inst).page_bytes
+        * arch.num_layers
+        // plan.spec.kv.page_size
+        for inst in plan.instances
+    }
+    layout = plan.spec.kv.layout
+    routes = []
+    for route in plan.routes:
+        writes = expected_writes(route, num_tokens, layout)
+        routes.append(
+            (
+                f"{route.prefill} → {route.decode}",
+                route.kind + (" (source per request)" if route.source_per_request else ""),
+                str(len(route.transfers)),
+                str(_per_page_layer(route, "HND")),
+                str(_per_page_layer(route, "NHD")),
+                f"{bytes_per_token[route.prefill]:,} → {bytes_per_token[route.decode]:,}",
+                f"{writes.total:,}",
+            )
+        )
+    if arch.attention == "mla":
+        kv_desc = f"latent {arch.kv_lora_rank + arch.qk_rope_head_dim} per token"
+    else:
+        kv_desc = f"{arch.num_kv_heads} KV heads x {arch.head_dim}"
+    tables: list[TableData] = [
+        (
+            f"{plan.spec.label}: {plan.spec.model} ({arch.attention.upper()}, {arch.num_layers} "
+            f"layers, {kv_desc}) on {plan.num_nodes} node(s)",
+            ("instance", "rank", "dp", "tp", "node", "gpu", "nic", "kv heads", "replica set"),
+            ranks,
+        ),
+        (
+            f"routes: writes per page per layer (whole dp group), KV bytes per token per rank, "
+            f"expected writes for {num_tokens} tokens ({layout}, page_size {plan.spec.kv.page_size})",
+            ("prefill → decode", "kind", "transfers", "HND", "NHD", "KV B/token/rank", "expected"),
+            routes,
+        ),
+    ]
+    seen = set()
+    for route in plan.routes:  # routes of equal shape differ only in replica choice: show one
+        key = (route.src.tp, route.dst.tp, route.replica_assignment)
+        if key in seen:
+            continue
+        seen.add(key)
+        tables.append(_transfers_table(route))
+    return tables
+
+
+def _per_page_layer(route: Route, layout: str) -> int:
+    return sum(t.page_runs(layout).count for t in route.transfers)
+
+
+def _transfers_table(route: Route) -> TableData:
+    rows = []
+    for dst_rank in range(route.dst.tp):
+        incoming = route.transfers_to(dst_rank)
+        sources = ", ".join(_source(route, t) for t in incoming)
+        rows.append(
+            (
+                str(dst_rank),
+                sources,
+                str(sum(t.hnd.count for t in incoming)),
+                str(sum(t.nhd.count for t in incoming)),
+            )
+        )
+    note = " — source replica set drawn per request" if route.source_per_request else ""
+    return (
+        f"transfers {route.prefill} → {route.decode} (tp {route.src.tp} → {route.dst.tp}){note}",
+        ("decode tp rank", "from prefill tp rank", "HND writes/page-layer", "NHD writes/page-layer"),
+        rows,
+    )
+
+
+def _source(route: Route, t: Transfer) -> str:
+    text = str(t.src_tp_rank)
+    if route.source_per_request:
+        src = route.src
+        shard = src.shard_of(t.src_tp_rank)
+        choices = [src.rank_of(shard, s) for s in range(src.num_replica_sets)]
+        text = f"one of {choices} per request"
+    if not isinstance(t.heads, str):
+        text += f" heads [{t.heads[0]}, {t.heads[1]})"
+    return text
+
+
+def plan_renderable(plan: Plan, num_tokens: int = 1024) -> Any:
+    """A rich renderable (a group of tables) for the plan."""
+    from rich.console import Group
+    from rich.table import Table
+
+    tables = []
+    for title, headers, rows in plan_tables(plan, num_tokens):
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for header in headers:
+            table.add_column(header)
+        for row in rows:
+            table.add_row(*row)
+        tables.append(table)
+    return Group(*tables)
+
+
+def plan_html(plan: Plan, num_tokens: int = 1024) -> str:
+    """The plan as HTML tables for Jupyter (no scripts, no external styles)."""
+    parts = []
+    for title, headers, rows in plan_tables(plan, num_tokens):
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+        )
+        parts.append(
+            f"<table><caption style='text-align:left'><b>{html.escape(title)}</b></caption>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        )
+    return "<div class='disaggsdk-plan'>" + "".join(parts) + "</div>"
