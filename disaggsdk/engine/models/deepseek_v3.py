@@ -1,0 +1,175 @@
+"""DeepSeek-V3 / R1: multi-head latent attention (MLA), MoE with shared experts and group-limited
+routing after ``first_k_dense_replace`` dense layers, and the MTP layer's weights.
+
+MLA runs in the absorbed form the KV cache needs: the cache keeps, per token, the normalised
+compressed KV (``kv_lora_rank``) and the rope key (``qk_rope_head_dim``). ``kv_b_proj`` splits per
+head into W_UK [qk_nope, kv_lora] and W_UV [v_head, kv_lora]; the query's nope part is taken
+through W_UK into the latent space, and the attention output (a mix of latents) comes back
+through W_UV. Tensor parallelism: heads split, the latent replicated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from disaggsdk.engine.models.layers.decoder import DecoderLayer, DecoderModel, Embedding
+from disaggsdk.engine.models.layers.linear import (
+    ColumnParallelLinear,
+    OutputPart,
+    RowParallelLinear,
+    replicated_linear,
+)
+from disaggsdk.engine.models.layers.mlp import GatedMLP
+from disaggsdk.engine.models.layers.moe import Experts, GroupLimitedRouter
+from disaggsdk.engine.models.layers.norm import RMSNorm
+from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters, softmax_scale_factor
+from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.errors import ModelError
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.models.arch import ModelArch
+
+MTP = "mtp"  # optional weight group: transformers' save_pretrained drops the MTP layer
+
+
+class MLAttention(nn.Module):
+    """MLA of one layer; returns this rank's partial o_proj output."""
+
+    def __init__(self, prefix: str, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
+                 rotary: RotaryEmbedding, sm_scale: float, group: str | None = None):
+        super().__init__()
+        config = arch.hf_config
+        if config.get("attention_bias"):
+            raise ModelError(f"{arch.name}: config.json field 'attention_bias' is true; the engine supports false")
+        h0, h1 = tp.shard(arch.num_attention_heads)
+        self.num_heads = h1 - h0
+        self.nope, self.rope, self.v_dim = arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.v_head_dim
+        self.kv_lora_rank = arch.kv_lora_rank
+        qk = self.nope + self.rope
+        eps = float(config.get("rms_norm_eps", 1e-6))
+        hidden = arch.hidden_size
+        if arch.q_lora_rank:
+            self.q_a_proj = replicated_linear(f"{prefix}q_a_proj.weight", hidden, arch.q_lora_rank, dtype, group)
+            self.q_a_layernorm = RMSNorm(f"{prefix}q_a_layernorm.weight", arch.q_lora_rank, eps, dtype, group)
+            q_in, q_name = arch.q_lora_rank, f"{prefix}q_b_proj.weight"
+        else:
+            self.q_a_proj = self.q_a_layernorm = None
+            q_in, q_name = hidden, f"{prefix}q_proj.weight"
+        self.q_proj = ColumnParallelLinear(
+            q_in, [OutputPart(q_name, arch.num_attention_heads * qk, (h0 * qk, h1 * qk))], dtype, group
+        )
+        self.kv_a_proj_with_mqa = replicated_linear(
+            f"{prefix}kv_a_proj_with_mqa.weight", hidden, self.kv_lora_rank + self.rope, dtype, group
+        )
+        self.kv_a_layernorm = RMSNorm(f"{prefix}kv_a_layernorm.weight", self.kv_lora_rank, eps, dtype, group)
+        kv_b = self.nope + self.v_dim
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank,
+            [OutputPart(f"{prefix}kv_b_proj.weight", arch.num_attention_heads * kv_b, (h0 * kv_b, h1 * kv_b))],
+            dtype, group,
+        )
+        self.o_proj = RowParallelLinear(
+            f"{prefix}o_proj.weight", arch.num_attention_heads * self.v_dim, (h0 * self.v_dim, h1 * self.v_dim),
+            hidden, dtype, group,
+        )
+        self.rotary = rotary
+        self.sm_scale = sm_scale
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
+                layer_id: int) -> torch.Tensor:
+        n, heads = x.shape[0], self.num_heads
+        q_in = x if self.q_a_proj is None else self.q_a_layernorm(self.q_a_proj(x))
+        q = self.q_proj(q_in).view(n, heads, self.nope + self.rope)
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(x)
+        kv_latent = self.kv_a_layernorm(compressed[:, : self.kv_lora_rank])  # [n, kv_lora_rank]
+        k_rope = compressed[:, None, self.kv_lora_rank :]  # [n, 1, qk_rope_head_dim]
+        q_rope = self.rotary.apply(q_rope, cos, sin)
+        k_rope = self.rotary.apply(k_rope, cos, sin)[:, 0]
+        w_kv = self.kv_b_proj.weight.view(heads, self.nope + self.v_dim, self.kv_lora_rank)
+        w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope :]  # [heads, nope|v, kv_lora_rank]
+        # q_latent[t, h] = q_nope[t, h] @ W_UK[h]: scores against the latent equal scores against k_nope
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, heads, kv_lora_rank]
+        out_latent = attn.run_mla(layer_id, q_latent, q_rope, kv_latent, k_rope, self.sm_scale)
+        out = torch.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [heads, n, v_head_dim]
+        return self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_dim))
+
+
+class DeepseekV3MoE(nn.Module):
+    """Routed experts plus shared experts; returns this rank's partial sum."""
+
+    def __init__(self, prefix: str, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
+                 group: str | None = None):
+        super().__init__()
+        self.gate = GroupLimitedRouter(f"{prefix}gate.", arch.hf_config, arch.hidden_size, group)
+        self.experts = Experts(f"{prefix}experts.", arch.num_experts, arch.hidden_size, arch.moe_intermediate_size,
+                               tp, dtype, group)
+        self.shared_experts = (
+            GatedMLP(f"{prefix}shared_experts.", arch.hidden_size,
+                     arch.moe_intermediate_size * arch.num_shared_experts, tp, dtype, group)
+            if arch.num_shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, ids, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class MTPLayer(nn.Module):
+    """The multi-token-prediction layer (checkpoint layer ``num_hidden_layers + i``), kept for
+    speculative decoding: h' = eh_proj([enorm(embed(next token)) | hnorm(h)]) through one decoder
+    layer, then shared_head.norm and shared_head.head give the draft logits. Not run by
+    ``forward``; its attention would use KV layer ``num_layers + i``."""
+
+    def __init__(self, index: int, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
+                 rotary: RotaryEmbedding, sm_scale: float, eps: float):
+        super().__init__()
+        layer_id = arch.num_layers + index
+        p = f"model.layers.{layer_id}."
+        hidden = arch.hidden_size
+        self.embed_tokens = Embedding(f"{p}embed_tokens.weight", arch.vocab_size, hidden, dtype, MTP)
+        self.enorm = RMSNorm(f"{p}enorm.weight", hidden, eps, dtype, MTP)
+        self.hnorm = RMSNorm(f"{p}hnorm.weight", hidden, eps, dtype, MTP)
+        self.eh_proj = replicated_linear(f"{p}eh_proj.weight", 2 * hidden, hidden, dtype, MTP)
+        self.block = DecoderLayer(
+            p, layer_id, MLAttention(f"{p}self_attn.", arch, tp, dtype, rotary, sm_scale, MTP),
+            DeepseekV3MoE(f"{p}mlp.", arch, tp, dtype, MTP), hidden, eps, tp, dtype, MTP,
+        )
+        self.shared_head_norm = RMSNorm(f"{p}shared_head.norm.weight", hidden, eps, dtype, MTP)
+        self.shared_head = Embedding(f"{p}shared_head.head.weight", arch.vocab_size, hidden, dtype, MTP)
+
+
+class DeepseekV3ForCausalLM(DecoderModel):
+    def __init__(self, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype):
+        super().__init__(arch, tp, dtype)
+        config = arch.hf_config
+        params = rope_parameters(config)
+        self.rotary = RotaryEmbedding(
+            arch.qk_rope_head_dim, params, int(config.get("max_position_embeddings", 4096)),
+            interleaved=bool(config.get("rope_interleave", True)),
+        )
+        sm_scale = (arch.qk_nope_head_dim + arch.qk_rope_head_dim) ** -0.5 * softmax_scale_factor(params)
+        for i in range(arch.num_layers):
+            prefix = f"model.layers.{i}."
+            if i >= arch.first_k_dense and arch.num_experts:
+                mlp: nn.Module = DeepseekV3MoE(f"{prefix}mlp.", arch, tp, dtype)
+            else:
+                mlp = GatedMLP(f"{prefix}mlp.", arch.hidden_size, arch.intermediate_size, tp, dtype)
+            attn = MLAttention(f"{prefix}self_attn.", arch, tp, dtype, self.rotary, sm_scale)
+            self.layers.append(DecoderLayer(prefix, i, attn, mlp, arch.hidden_size, self.eps, tp, dtype))
+        self.mtp: nn.ModuleList | None = nn.ModuleList(
+            MTPLayer(i, arch, tp, dtype, self.rotary, sm_scale, self.eps) for i in range(arch.num_mtp_layers)
+        ) or None
+
+    def drop_optional(self, group: str) -> None:
+        """A checkpoint without MTP weights (as transformers saves DeepSeek-V3) leaves ``mtp`` None."""
+        if group != MTP:
+            super().drop_optional(group)
+        self.mtp = None

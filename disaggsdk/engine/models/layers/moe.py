@@ -1,0 +1,153 @@
+"""Mixture of experts: routers (Qwen3-MoE softmax top-k, DeepSeek-V3 group-limited sigmoid) and
+the experts, each expert's intermediate dimension split over tensor-parallel ranks.
+
+Every rank routes every token (the router is replicated) and runs its slice of each chosen
+expert; the partial sums meet in the layer's one all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.engine.weights import WeightSlot
+from disaggsdk.errors import ModelError
+
+
+class Experts(nn.Module):
+    """``num_experts`` SwiGLU experts stored stacked, so one loop over the experts that received
+    tokens does the work (not a loop over tokens)."""
+
+    def __init__(self, prefix: str, num_experts: int, hidden_size: int, intermediate_size: int,
+                 tp: TensorParallel, dtype: torch.dtype, optional_group: str | None = None):
+        super().__init__()
+        self.prefix = prefix
+        self.num_experts = num_experts
+        self.intermediate_size = intermediate_size
+        self.rows = tp.shard(intermediate_size)
+        self.optional_group = optional_group
+        local = self.rows[1] - self.rows[0]
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * local, hidden_size, dtype=dtype), requires_grad=False)
+        # w13: [num_experts, 2 * local intermediate (gate | up), hidden_size]
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, local, dtype=dtype), requires_grad=False)
+        # w2: [num_experts, hidden_size, local intermediate]
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """Weighted sum of each token's experts (this rank's partial sum).
+
+        Args:
+            x: [num_tokens, hidden_size]
+            topk_ids: [num_tokens, top_k], int64 expert ids
+            topk_weights: [num_tokens, top_k], float32 routing weights
+        Returns:
+            [num_tokens, hidden_size]
+        """
+        out = torch.zeros_like(x)
+        flat_ids = topk_ids.reshape(-1)
+        order = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        token_of = order // topk_ids.shape[1]
+        weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
+        start = 0
+        # Experts in ascending order, tokens in ascending order within each: the same summation
+        # order as transformers, so float32 results match to the last bits where possible.
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of[start : start + count]
+            gate, up = F.linear(x[tokens], self.w13[expert]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.w2[expert])
+            out.index_add_(0, tokens, h * weight_of[start : start + count, None])
+            start += count
+        return out
+
+    def own_slots(self) -> Iterator[WeightSlot]:
+        full, local = self.intermediate_size, self.rows[1] - self.rows[0]
+        hidden = self.w13.shape[2]
+        shard = None if local == full else 0
+        for e in range(self.num_experts):
+            p = f"{self.prefix}{e}."
+            yield WeightSlot(f"{p}gate_proj.weight", self.w13.data[e, :local], (full, hidden), shard, self.rows,
+                             optional_group=self.optional_group)
+            yield WeightSlot(f"{p}up_proj.weight", self.w13.data[e, local:], (full, hidden), shard, self.rows,
+                             optional_group=self.optional_group)
+            yield WeightSlot(f"{p}down_proj.weight", self.w2.data[e], (hidden, full), None if shard is None else 1,
+                             self.rows, optional_group=self.optional_group)
+
+
+class SoftmaxTopKRouter(nn.Module):
+    """Qwen3-MoE: softmax over all experts, keep the top k, renormalise when norm_topk_prob."""
+
+    def __init__(self, name: str, num_experts: int, hidden_size: int, top_k: int, norm_topk_prob: bool,
+                 dtype: torch.dtype):
+        super().__init__()
+        self.name = name
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype), requires_grad=False)
+        # weight: [num_experts, hidden_size]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights [T, k] float32, topk_ids [T, k] int64) for x [T, hidden_size]."""
+        probs = torch.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        # transformers casts the weights to the model dtype before use
+        return weights.to(x.dtype).float(), ids
+
+    def own_slots(self) -> Iterator[WeightSlot]:
+        yield WeightSlot(self.name, self.weight.data, tuple(self.weight.shape))
+
+
+class GroupLimitedRouter(nn.Module):
+    """DeepSeek-V3 'noaux_tc': sigmoid scores; choose experts by score + e_score_correction_bias
+    among the ``topk_group`` groups whose two best biased scores sum highest; weight the chosen
+    experts by their unbiased scores (renormalised when norm_topk_prob) times
+    ``routed_scaling_factor``. Router weights stay float32 whatever the model dtype, as in
+    transformers."""
+
+    def __init__(self, prefix: str, config: dict[str, Any], hidden_size: int, optional_group: str | None = None):
+        super().__init__()
+        for field, want in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+            if config.get(field, want) != want:
+                raise ModelError(f"config.json field {field!r} is {config[field]!r}; the engine supports {want!r}")
+        self.prefix = prefix
+        self.optional_group = optional_group
+        self.num_experts = config["n_routed_experts"]
+        self.top_k = config["num_experts_per_tok"]
+        self.num_groups = config.get("n_group") or 1
+        self.topk_group = config.get("topk_group") or 1
+        self.norm_topk_prob = config.get("norm_topk_prob", True)
+        self.routed_scaling_factor = float(config.get("routed_scaling_factor", 1.0))
+        self.weight = nn.Parameter(torch.empty(self.num_experts, hidden_size), requires_grad=False)
+        # weight: [num_experts, hidden_size], float32
+        self.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts), requires_grad=False)
+        # e_score_correction_bias: [num_experts], float32
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights [T, k] float32, topk_ids [T, k] int64) for x [T, hidden_size]."""
+        scores = F.linear(x.float(), self.weight).sigmoid()
+        biased = scores + self.e_score_correction_bias
+        per_group = self.num_experts // self.num_groups
+        group_scores = biased.view(-1, self.num_groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_ids = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1.0)
+        expert_mask = group_mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(-1, self.num_experts)
+        biased = biased.masked_fill(expert_mask == 0, float("-inf"))
+        ids = torch.topk(biased, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scaling_factor, ids
+
+    def own_slots(self) -> Iterator[WeightSlot]:
+        g = self.optional_group
+        yield WeightSlot(f"{self.prefix}weight", self.weight.data, tuple(self.weight.shape), optional_group=g)
+        yield WeightSlot(f"{self.prefix}e_score_correction_bias", self.e_score_correction_bias.data,
+                         (self.num_experts,), init="zeros", optional_group=g)
