@@ -1,0 +1,50 @@
+"""`disaggsdk plan SPEC [--json] [--tokens N]`: show how a deployment shards and moves its KV."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "Show the plan of a spec: ranks on nodes/GPUs/NICs, KV sharding, transfer routes, write counts."
+
+
+def _token_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a prompt cannot have {value} tokens; use 0 or more")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="YAML spec file")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the plan as JSON (schema: docs/plan-json.md) instead of tables",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=_token_count,
+        default=1024,
+        metavar="N",
+        help="prompt length for the expected write counts (default: 1024)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from disaggsdk.plan import make_plan
+    from disaggsdk.plan.render import plan_renderable
+    from disaggsdk.spec import load_spec
+
+    plan = make_plan(load_spec(args.spec))
+    if args.json:
+        sys.stdout.write(json.dumps(plan.to_json(num_tokens=args.tokens), indent=2) + "\n")
+    else:
+        Console(highlight=False).print(plan_renderable(plan, num_tokens=args.tokens))
+    return 0
