@@ -48,6 +48,7 @@ int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_
                       const fab_region_desc *dst, const uint64_t *src_off, const uint64_t *dst_off,
                       const uint64_t *len, const uint32_t *imm, uint64_t n)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     pthread_mutex_lock(&eng->lock);
     int ok = src_handle >= 1 && src_handle <= eng->num_mrs && eng->mrs[src_handle - 1].mr;
     struct fab_mr_entry src = ok ? eng->mrs[src_handle - 1] : (struct fab_mr_entry){0};
@@ -143,6 +144,7 @@ int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_
 
 int fab_expect(fab_engine *eng, uint32_t imm, uint64_t count)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     pthread_mutex_lock(&eng->lock);
     int rc = fab_imm_expect(eng, imm, count);
     pthread_mutex_unlock(&eng->lock);
@@ -159,6 +161,7 @@ int fab_cancel(fab_engine *eng, uint32_t imm)
 
 int fab_send(fab_engine *eng, uint64_t send_id, uint64_t peer, const void *buf, uint64_t len)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     if (len > FAB_MAX_CONTROL_BYTES) {
         fab_set_error("control message of %llu bytes exceeds the %u-byte limit",
                       (unsigned long long)len, FAB_MAX_CONTROL_BYTES);

@@ -197,6 +197,7 @@ void fab_close(fab_engine *eng)
 
 int fab_address(fab_engine *eng, uint8_t *buf, size_t *len)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     int rc = fi_getname(&eng->ep->fid, buf, len);
     if (rc)
         fab_set_error("fi_getname failed: %s (buffer %zu bytes)", fi_strerror(-rc), *len);
@@ -205,6 +206,7 @@ int fab_address(fab_engine *eng, uint8_t *buf, size_t *len)
 
 int fab_insert_peer(fab_engine *eng, const uint8_t *addr, size_t len, uint64_t *peer_out)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     (void)len; /* the provider knows its address format's length */
     fi_addr_t fa = FI_ADDR_UNSPEC;
     pthread_mutex_lock(&eng->lock);
@@ -231,6 +233,7 @@ int fab_insert_peer(fab_engine *eng, const uint8_t *addr, size_t len, uint64_t *
 int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device,
                  uint64_t *handle_out, fab_region_desc *desc_out)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     if (!ptr || len == 0) {
         fab_set_error("cannot register an empty region (ptr %p, %llu bytes)", ptr,
                       (unsigned long long)len);
@@ -299,6 +302,7 @@ int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device
 
 int fab_deregister(fab_engine *eng, uint64_t handle)
 {
+    fab_set_error("%s", ""); /* no stale message from an earlier call */
     pthread_mutex_lock(&eng->lock);
     int rc = 0;
     if (handle == 0 || handle > eng->num_mrs || !eng->mrs[handle - 1].mr) {

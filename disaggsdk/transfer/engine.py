@@ -1,0 +1,249 @@
+"""TransferEngine: the typed Python face of fabric-lib (native/fabric.h).
+
+Lifecycle of an immediate counter (see native/fab_imm.c): `expect(imm, n)` returns a future that
+resolves once n write entries carrying imm have landed here, counting those that arrived before
+the call; `cancel(imm)` retires it without an event. Late or duplicate immediates are counted in
+`stats()["imm_late"]` and dropped, never raised.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from disaggsdk.transfer import completions as ev
+from disaggsdk.transfer._native import check, load_native
+from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor, WriteBatch
+from disaggsdk.transfer.errors import TransferError
+
+# Short names accepted for the providers that need a utility layer for RDM endpoints.
+PROVIDER_ALIASES = {"tcp": "tcp;ofi_rxm", "verbs": "verbs;ofi_rxm"}
+_ADDRESS_MAX_BYTES = 256
+
+
+class TransferEngine:
+    """One libfabric RDM endpoint with its progress thread and completion pump.
+
+    Args:
+        provider: "shm", "tcp" (= "tcp;ofi_rxm"), "verbs", "efa", or a full libfabric name.
+        domain: NIC / domain name ("mlx5_0", "eth0"), or None for the provider's first.
+        hmem: ask for device-memory (FI_HMEM) support, needed to register GPU memory.
+
+    Raises:
+        NativeLibraryMissing: the native library is not built or libfabric is missing.
+        TransferError: the provider cannot open an RDM endpoint with RMA writes.
+    """
+
+    def __init__(self, provider: str = "shm", domain: str | None = None, *, hmem: bool = False):
+        self._ffi, self._lib = ffi, lib = load_native()
+        self.provider = PROVIDER_ALIASES.get(provider, provider)
+        out = ffi.new("fab_engine **")
+        err = ffi.new("char[]", 512)
+        rc = lib.fab_open(self.provider.encode(), domain.encode() if domain else ffi.NULL,
+                          int(hmem), out, err, 512)
+        if rc < 0:
+            raise TransferError(f"cannot open a {self.provider!r} endpoint: "
+                                f"{ffi.string(err).decode(errors='replace')}")
+        self._engine = out[0]
+        self.domain = ffi.string(lib.fab_domain_name(self._engine)).decode()
+        self.mr_mode = int(lib.fab_mr_mode(self._engine))
+        self.max_control_bytes = int(lib.fab_max_control_bytes())
+        self._ids = itertools.count(1)
+        self._id_lock = threading.Lock()
+        self._closed = False
+        self._pump = ev.CompletionPump(ffi, lib, self._engine, f"fabric-{self.provider}")
+
+    # addresses
+
+    @property
+    def address(self) -> bytes:
+        """This endpoint's address: give it to peers so they can `add_peer` it."""
+        buf = self._ffi.new("uint8_t[]", _ADDRESS_MAX_BYTES)
+        size = self._ffi.new("size_t *", _ADDRESS_MAX_BYTES)
+        self._check(self._lib.fab_address(self._live(), buf, size), "reading the address")
+        return bytes(self._ffi.buffer(buf, size[0]))
+
+    def add_peer(self, address: bytes) -> Peer:
+        """Inserts a peer's address.
+
+        Returns:
+            The peer handle to pass to `submit` and `send`.
+
+        Raises:
+            TransferError: the address is not one of this provider's.
+        """
+        out = self._ffi.new("uint64_t *")
+        self._check(self._lib.fab_insert_peer(self._live(), address, len(address), out),
+                    "inserting a peer address")
+        return Peer(int(out[0]), bytes(address))
+
+    # memory
+
+    def register(self, buffer: Any) -> MemoryRegion:
+        """Registers a writable Python buffer (bytearray, mmap, memoryview, numpy array).
+
+        The buffer stays exported (an mmap cannot be closed) until `deregister`.
+
+        Raises:
+            TransferError: the buffer is read-only, empty or the provider refuses it.
+        """
+        try:
+            view = self._ffi.from_buffer(buffer, require_writable=True)
+        except (TypeError, ValueError) as exc:
+            raise TransferError(f"cannot register this buffer: {exc}; pass a writable "
+                                "buffer such as a bytearray or an mmap") from exc
+        address = int(self._ffi.cast("uintptr_t", view))
+        return self._register(address, len(view), 0, 0, keepalive=view)
+
+    def register_pointer(self, address: int, length_bytes: int, *, cuda_device: int | None = None,
+                         keepalive: Any = None) -> MemoryRegion:
+        """Registers raw memory (e.g. a cuMem mapping); the caller keeps it mapped meanwhile.
+
+        Args:
+            address: virtual address of the first byte.
+            length_bytes: region length.
+            cuda_device: CUDA device ordinal for device memory (needs hmem=True), None for host.
+            keepalive: any object that must live as long as the registration.
+
+        Raises:
+            TransferError: the provider refuses the registration.
+        """
+        iface = 0 if cuda_device is None else 1
+        return self._register(address, length_bytes, iface, cuda_device or 0, keepalive)
+
+    def _register(self, address: int, length_bytes: int, iface: int, device: int,
+                  keepalive: Any) -> MemoryRegion:
+        handle = self._ffi.new("uint64_t *")
+        desc = self._ffi.new("fab_region_desc *")
+        rc = self._lib.fab_register(self._live(), self._ffi.cast("void *", address),
+                                    length_bytes, iface, device, handle, desc)
+        self._check(rc, f"registering {length_bytes} bytes")
+        descriptor = RegionDescriptor(int(desc.addr_base), int(desc.key), int(desc.len),
+                                      int(desc.mr_mode), int(desc.check))
+        return MemoryRegion(int(handle[0]), address, length_bytes, descriptor, keepalive)
+
+    def deregister(self, region: MemoryRegion) -> None:
+        """Releases a registration. Raises TransferError while write batches from it are in flight."""
+        self._check(self._lib.fab_deregister(self._live(), region.handle), "deregistering")
+
+    # writes and counters
+
+    def submit(self, peer: Peer, batch: WriteBatch) -> Future:
+        """Submits a batch of writes; bounds and the descriptor's check are verified first.
+
+        Returns:
+            A future resolved when every write of the batch completed locally (the data is out
+            of the source buffer), or failed with TransferError carrying the provider's text.
+
+        Raises:
+            TransferError: an entry is out of either region's bounds, the descriptor is
+                corrupted or from another provider, or the peer is unknown. Nothing was sent.
+        """
+        ffi = self._ffi
+        d = batch.dst
+        dst = ffi.new("fab_region_desc *", (d.addr_base, d.key, d.length_bytes, d.mr_mode, d.check))
+        batch_id = self._next_id()
+        fut = self._pump.track(ev.EV_BATCH_DONE, batch_id)
+        rc = self._lib.fab_submit_writes(
+            self._live(), batch_id, peer.handle, batch.src.handle, dst,
+            ffi.from_buffer("uint64_t[]", batch.src_offsets),
+            ffi.from_buffer("uint64_t[]", batch.dst_offsets),
+            ffi.from_buffer("uint64_t[]", batch.lengths),
+            ffi.from_buffer("uint32_t[]", batch.imms), len(batch))
+        if rc < 0:
+            self._pump.forget(ev.EV_BATCH_DONE, batch_id)
+            self._check(rc, f"submitting {len(batch)} writes")
+        return fut
+
+    def expect(self, imm: int, count: int) -> Future:
+        """Future resolved once `count` write entries carrying `imm` have landed here.
+
+        Raises:
+            TransferError: imm is already expected (cancel it first).
+        """
+        fut = self._pump.track(ev.EV_IMM_DONE, imm)
+        rc = self._lib.fab_expect(self._live(), imm, count)
+        if rc < 0:
+            self._pump.forget(ev.EV_IMM_DONE, imm)
+            self._check(rc, f"expecting immediate {imm}")
+        return fut
+
+    def cancel(self, imm: int) -> None:
+        """Retires the counter of `imm` without an event; its future is cancelled."""
+        self._lib.fab_cancel(self._live(), imm)
+        fut = self._pump.forget(ev.EV_IMM_DONE, imm)
+        if fut is not None:
+            fut.cancel()
+
+    # control messages
+
+    def send(self, peer: Peer, data: bytes) -> Future:
+        """Sends a control message of at most `max_control_bytes`; the future resolves when sent.
+
+        Raises:
+            TransferError: the message is too large or the peer is unknown.
+        """
+        send_id = self._next_id()
+        fut = self._pump.track(ev.EV_SEND_DONE, send_id)
+        rc = self._lib.fab_send(self._live(), send_id, peer.handle, data, len(data))
+        if rc < 0:
+            self._pump.forget(ev.EV_SEND_DONE, send_id)
+            self._check(rc, f"sending {len(data)} bytes")
+        return fut
+
+    def recv(self, timeout_s: float | None = None) -> bytes:
+        """Returns the next control message.
+
+        Raises:
+            TransferError: none arrived within timeout_s.
+        """
+        import queue
+
+        try:
+            return self._pump.messages.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TransferError(f"no control message within {timeout_s} s") from None
+
+    # state
+
+    def stats(self) -> dict[str, int]:
+        """The native counters (writes posted/requested, immediates early/late, CQ errors...)."""
+        out = self._ffi.new("fab_stats *")
+        self._lib.fab_get_stats(self._live(), out)
+        fields = [name for name, _ in self._ffi.typeof("fab_stats").fields]
+        return {name: int(getattr(out, name)) for name in fields}
+
+    @property
+    def async_errors(self) -> list[str]:
+        """Provider errors that were not tied to one of our operations (e.g. target side)."""
+        return list(self._pump.async_errors)
+
+    def close(self) -> None:
+        """Stops the progress thread, fails unresolved futures and frees the endpoint."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.fab_shutdown(self._engine)
+        self._pump.stop()
+        self._lib.fab_close(self._engine)
+        self._engine = None
+
+    def __enter__(self) -> "TransferEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _live(self) -> Any:
+        if self._closed:
+            raise TransferError("the transfer engine is closed")
+        return self._engine
+
+    def _next_id(self) -> int:
+        with self._id_lock:
+            return next(self._ids)
+
+    def _check(self, rc: int, what: str) -> None:
+        check(self._lib, self._ffi, rc, what, self._engine)
