@@ -1,0 +1,66 @@
+"""Hooks the messenger uses to follow a step: a layer counter and the per-step chunk plan."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepChunkInfo:
+    """Which tokens of which request a step computes, and the pages they fill.
+
+    Tokens ``[start_pos, start_pos + num_tokens)`` land in ``page_ids`` (the request's pages in
+    order; token t sits in ``page_ids[t // page_size]`` at offset ``t % page_size``).
+    """
+
+    request_id: str
+    start_pos: int
+    num_tokens: int
+    page_ids: tuple[int, ...]
+    is_last_prefill_chunk: bool  # after this step the request's prefill is complete
+
+
+class LayerCounter:
+    """Layers completed by the running step, readable from another thread.
+
+    The model bumps it (through ``ForwardBatch.on_layer_done``) after each layer's attention
+    output projection; a polling thread reads ``(step_id, layers_done)`` or blocks in ``wait``.
+    Plain ints under a condition variable: cheap to bump, no queue to drain.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._step_id = 0
+        self._layers_done = 0
+
+    def begin_step(self) -> int:
+        """Start counting a new step; returns its id (1, 2, ...)."""
+        with self._cond:
+            self._step_id += 1
+            self._layers_done = 0
+            self._cond.notify_all()
+            return self._step_id
+
+    def on_layer_done(self, layer_id: int) -> None:
+        """The model's callback: layer ``layer_id`` of the current step is complete."""
+        with self._cond:
+            self._layers_done = layer_id + 1
+            self._cond.notify_all()
+
+    def read(self) -> tuple[int, int]:
+        """(step_id, layers_done) as of now."""
+        with self._cond:
+            return self._step_id, self._layers_done
+
+    def wait(self, step_id: int, layers_done: int, timeout_s: float | None = None) -> bool:
+        """Block until step ``step_id`` has ``layers_done`` layers (or a later step began).
+
+        Returns:
+            True when reached, False on timeout.
+        """
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._step_id > step_id or (self._step_id == step_id and self._layers_done >= layers_done),
+                timeout=timeout_s,
+            )

@@ -1,0 +1,315 @@
+"""The LLM engine: requests in, tokens out; `step()` is schedule, run, postprocess."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
+from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
+from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.engine.sampling import SamplingParams, new_generator, sample
+from disaggsdk.engine.scheduler import MODES, Mode, ScheduledChunk, Scheduler
+from disaggsdk.engine.sequence import Request, RequestOutput
+from disaggsdk.errors import DisaggError
+from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+
+
+class EngineError(DisaggError):
+    """A request or engine setting the engine cannot accept."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings. ``kv_dtype`` None means the model's dtype."""
+
+    tp: int = 1
+    layout: str = "HND"
+    page_size: int = 16
+    num_pages: int = 1024
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    mode: Mode = "mixed"
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_dtype: str | None = None
+    seed: int = 0
+    attention_backend: str | None = None  # None: flashinfer on CUDA when installed, else torch_ref
+    return_hidden_states: bool = False  # give hidden state + logits of each step's last position
+
+
+class LLMEngine:
+    """A paged-KV engine for one model instance (tp ranks; this process is rank 0).
+
+    Args:
+        model: a tiny catalog name or a Hugging Face checkpoint directory.
+        config: engine settings.
+        kv_buffer: optional external memory for rank 0's KV pool (``kv_pool_bytes`` long).
+    Raises:
+        EngineError: bad settings. ModelError: the model cannot be built.
+    """
+
+    def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None):
+        from disaggsdk.engine.models.base import check_tp
+        from disaggsdk.models import resolve_model
+
+        self.config = config = config or EngineConfig()
+        if config.mode not in MODES:
+            raise EngineError(f"unknown engine mode {config.mode!r}; use one of {MODES}")
+        if config.max_num_batched_tokens < 1 or config.page_size < 1 or config.num_pages < 1:
+            raise EngineError("max_num_batched_tokens, page_size and num_pages must all be >= 1")
+        self.arch = resolve_model(model)
+        check_tp(self.arch, config.tp)  # fail here, before any worker starts
+        runner_config = RunnerConfig(
+            model=model, num_pages=config.num_pages, page_size=config.page_size, layout=config.layout,
+            dtype=config.dtype, kv_dtype=config.kv_dtype or config.dtype, device=config.device,
+            seed=config.seed, attention_backend=config.attention_backend,
+        )
+        self._tp_group = None
+        if config.tp > 1:
+            from disaggsdk.engine.tp_group import TPGroup
+
+            self._tp_group = TPGroup(runner_config, config.tp)
+        try:
+            tp = self._tp_group.tp if self._tp_group else TensorParallel()
+            self.runner = ModelRunner(runner_config, tp, kv_buffer)
+        except BaseException:
+            self.close()
+            raise
+        self.allocator = PageAllocator(config.num_pages)
+        self.scheduler = Scheduler(
+            self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
+        )
+        self.layer_counter = LayerCounter()
+        # called before each step with the chunks it runs (the messenger streams their pages)
+        self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
+        self._seeds = itertools.count(config.seed * 1_000_003 + 1)
+
+    # lifecycle
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any. Idempotent."""
+        if self._tp_group is not None:
+            self._tp_group.close()
+            self._tp_group = None
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # what the messenger reads
+
+    @property
+    def kv_cache(self):  # -> KVCache
+        """Rank 0's KV cache (its ``buffer`` is the pool's memory)."""
+        return self.runner.kv_cache
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.allocator.num_free_pages
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # requests
+
+    def _check_new(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        if self.scheduler.find(request_id) is not None or self.allocator.page_ids(request_id):
+            raise EngineError(f"request id {request_id!r} is already in use; use a fresh id")
+        if not prompt_ids:
+            raise EngineError(f"{request_id}: empty prompt; give at least one token")
+        bad = [t for t in prompt_ids if not 0 <= t < self.arch.vocab_size]
+        if bad:
+            raise EngineError(f"{request_id}: token ids {bad[:5]} outside the vocabulary [0, {self.arch.vocab_size})")
+        max_len = self.config.num_pages * self.config.page_size
+        if len(prompt_ids) + params.max_tokens > max_len:
+            raise EngineError(
+                f"{request_id}: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the KV "
+                f"pool of {max_len} tokens; raise num_pages or lower max_tokens"
+            )
+
+    def _new_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+        gen = None if params.greedy else new_generator(params.seed, next(self._seeds))
+        return Request(request_id, list(prompt_ids), params, generator=gen)
+
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
+        """Queue a request to be prefilled (in chunks) and decoded.
+
+        Raises:
+            EngineError: the id is in use, the prompt is empty or too long, or this is a
+                decode_only engine (use `add_prefilled_request`).
+        """
+        params = params or SamplingParams()
+        if self.config.mode == "decode_only":
+            raise EngineError("a decode_only engine takes requests with their KV: use add_prefilled_request")
+        self._check_new(request_id, prompt_ids, params)
+        self.scheduler.add(self._new_request(request_id, prompt_ids, params))
+
+    def allocate_pages(self, request_id: str, num_tokens: int, pinned: bool = True) -> PageGrant:
+        """Grant pages for ``num_tokens`` tokens to ``request_id`` (before its KV is written remotely).
+
+        Raises:
+            OutOfPagesError: not enough free pages.
+        """
+        num_pages = -(-num_tokens // self.config.page_size)
+        return self.allocator.allocate(request_id, num_pages, pinned=pinned)
+
+    def add_prefilled_request(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> None:
+        """Admit a request whose KV for ``prompt_ids[:-1]`` is already in its pages.
+
+        The pages are those granted with `allocate_pages` (their pin is lifted now: nothing
+        writes to them any more). The last prompt token is run as the request's first decode token.
+
+        Raises:
+            EngineError: no pages granted, too few for the prompt, or the id is already running.
+        """
+        params = params or SamplingParams()
+        if self.scheduler.find(request_id) is not None:
+            raise EngineError(f"request id {request_id!r} is already in use; use a fresh id")
+        held = len(self.allocator.page_ids(request_id)) * self.config.page_size
+        if held < len(prompt_ids) - 1:
+            raise EngineError(
+                f"{request_id}: its pages hold {held} tokens but prompt[:-1] has {len(prompt_ids) - 1}; "
+                f"grant pages with allocate_pages(request_id, len(prompt) - 1) first"
+            )
+        req = self._new_request(request_id, prompt_ids, params)
+        req.num_computed_tokens = len(prompt_ids) - 1
+        self.allocator.unpin(request_id)
+        self.scheduler.add_running(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request and free its pages. Returns False when it was unknown (a late abort)."""
+        req = self.scheduler.find(request_id)
+        if req is None:
+            return self.allocator.free(request_id) > 0
+        self.scheduler.finish(req, "abort")
+        return True
+
+    def release(self, request_id: str) -> int:
+        """Free the pages a finished prefill_only request kept for the transfer. Returns their count."""
+        return self.allocator.free(request_id)
+
+    # one step
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and report every request touched.
+
+        Returns:
+            One `RequestOutput` per request that ran this step (finished ones included).
+        """
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return []
+        if self.on_step is not None:
+            self.on_step([self._chunk_info(c) for c in plan.chunks])
+        want_rows = [c.sample or self._ends_prefill(c) for c in plan.chunks]
+        items = [
+            BatchItem(c.token_ids, c.start_pos, c.page_ids, want_logits=w) for c, w in zip(plan.chunks, want_rows)
+        ]
+        self.layer_counter.begin_step()
+        batch = build_forward_batch(
+            items, self.config.page_size, self.runner.device, on_layer_done=self.layer_counter.on_layer_done
+        )
+        if self._tp_group is not None:
+            self._tp_group.broadcast(batch)
+        hidden, logits = self.runner.run(batch)
+        return self._postprocess(plan.chunks, want_rows, hidden, logits)
+
+    def _ends_prefill(self, chunk: ScheduledChunk) -> bool:
+        return chunk.start_pos + chunk.num_tokens == self.scheduler.target_tokens(chunk.request) and chunk.is_prefill
+
+    def _chunk_info(self, chunk: ScheduledChunk) -> StepChunkInfo:
+        return StepChunkInfo(
+            chunk.request.request_id, chunk.start_pos, chunk.num_tokens, chunk.page_ids, self._ends_prefill(chunk)
+        )
+
+    def _postprocess(
+        self, chunks: list[ScheduledChunk], want_rows: list[bool], hidden: torch.Tensor, logits: torch.Tensor
+    ) -> list[RequestOutput]:
+        row_of = list(itertools.accumulate(want_rows, initial=0))  # chunk i -> its logits row
+        sampled = [i for i, c in enumerate(chunks) if c.sample]
+        token_ids, logprobs = [], []
+        if sampled:
+            token_ids, logprobs = sample(
+                logits[[row_of[i] for i in sampled]],
+                [chunks[i].request.params for i in sampled],
+                [chunks[i].request.generator for i in sampled],
+            )
+        new_tokens = dict(zip(sampled, zip(token_ids, logprobs)))
+        outputs = []
+        for i, chunk in enumerate(chunks):
+            req = chunk.request
+            req.num_computed_tokens += chunk.num_tokens
+            out = RequestOutput(req.request_id, [], req.output_ids, False, num_computed_tokens=req.num_computed_tokens)
+            if want_rows[i] and self.config.return_hidden_states:
+                out.hidden_state = hidden[row_of[i]].float().cpu()
+                out.logits = logits[row_of[i]].cpu()
+            if i in new_tokens:
+                token, lp = new_tokens[i]
+                req.output_ids.append(token)
+                out.new_token_ids = [token]
+                if lp is not None:
+                    req.output_logprobs.append(lp)
+                    out.new_logprobs = [lp]
+                reason = self._stop_reason(req, token)
+                if reason:
+                    self.scheduler.finish(req, reason)
+            elif self.config.mode == "prefill_only" and req.num_computed_tokens >= self.scheduler.target_tokens(req):
+                self.scheduler.finish(req, "prefilled", keep_pages=True)
+            out.output_ids = list(req.output_ids)
+            out.finished, out.finish_reason = req.is_finished, req.finish_reason
+            outputs.append(out)
+        return outputs
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        eos = self.arch.hf_config.get("eos_token_id")
+        eos_ids = set(eos) if isinstance(eos, list) else ({eos} if eos is not None else set())
+        if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
+            return "stop"
+        if len(req.output_ids) >= p.max_tokens:
+            return "length"
+        return None
+
+    # offline use
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` to completion as one continuous batch.
+
+        Args:
+            prompts: token ids of each prompt.
+            params: one for all, or one per prompt.
+        Returns:
+            The final output of each prompt, in order (with ``output_logprobs`` in ``new_logprobs``).
+        """
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        base = f"gen-{next(self._seeds)}-"
+        ids = [f"{base}{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, params):
+            self.add_request(rid, prompt, p)
+        final: dict[str, RequestOutput] = {}
+        reqs = {rid: self.scheduler.find(rid) for rid in ids}
+        while any(rid not in final for rid in ids):
+            outputs = self.step()
+            if not outputs:
+                raise EngineError(
+                    "no request can be scheduled (the KV pool is too small for the waiting prompts); "
+                    "raise num_pages"
+                )
+            for out in outputs:
+                if out.finished and out.request_id in reqs:
+                    out.new_logprobs = list(reqs[out.request_id].output_logprobs)
+                    final[out.request_id] = out
+        return [final[rid] for rid in ids]

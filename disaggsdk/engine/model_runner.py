@@ -1,0 +1,69 @@
+"""One rank's model, KV cache and attention backend: run a `ForwardBatch`, return what is wanted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from disaggsdk.engine.attention import create_backend, default_backend
+from disaggsdk.engine.forward_batch import ForwardBatch
+from disaggsdk.engine.kv_cache import KVCache
+from disaggsdk.engine.models import build_model, kv_geometry
+from disaggsdk.engine.parallel import TensorParallel
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What a rank needs to build its part of the engine (picklable, sent to TP workers)."""
+
+    model: str
+    num_pages: int
+    page_size: int
+    layout: str = "HND"
+    dtype: str = "float32"
+    kv_dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    attention_backend: str | None = None
+
+
+class ModelRunner:
+    """Runs the model of one rank over its KV cache.
+
+    Args:
+        config: model, cache and backend settings.
+        tp: this rank's tensor-parallel context.
+        kv_buffer: optional external KV pool memory (see `KVCache`).
+    Raises:
+        ModelError, KVLayoutError, AttentionBackendError: the model, cache or backend cannot be built.
+    """
+
+    def __init__(self, config: RunnerConfig, tp: TensorParallel, kv_buffer: Any = None):
+        self.config = config
+        self.tp = tp
+        self.device = torch.device(config.device)
+        self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed)
+        geometry = kv_geometry(self.model.arch, tp)
+        self.kv_cache = KVCache(
+            geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer
+        )
+        self.attn = create_backend(config.attention_backend or default_backend(config.device), self.kv_cache)
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run one step.
+
+        Args:
+            batch: the step's batch (tensors on this rank's device).
+        Returns:
+            (hidden, logits): hidden states [num_logits, hidden_size] and float32 logits
+            [num_logits, vocab_size] of the rows in ``batch.logits_indices``.
+        """
+        self.attn.plan(batch)
+        hidden = self.model(batch, self.attn)
+        rows = hidden[batch.logits_indices]
+        if rows.shape[0] == 0:
+            return rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)
+        return rows, self.model.compute_logits(rows).float()

@@ -1,0 +1,153 @@
+"""Tensor parallelism across processes: rank 0 (the engine) spawns ranks 1..tp-1 and leads each step.
+
+Every rank loads its own shard and keeps its own KV cache with the same page ids. Rank 0
+schedules, then broadcasts the step's `ForwardBatch` over a gloo group; all ranks run the same
+forward (the model's all-reduces keep them in lockstep) and only rank 0 samples. Workers are
+daemon processes started with "spawn"; `close` stops them and, failing that, kills them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disaggsdk.engine.forward_batch import ForwardBatch
+from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
+from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.errors import DisaggError
+
+_RUN, _STOP = 1, 0
+_HEADER_LEN = 6
+
+
+class TensorParallelError(DisaggError):
+    """A tensor-parallel worker could not start or died."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tuple[TensorParallel, Any]:
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    # step metadata is small and lives on the CPU: a gloo group even when the model uses NCCL
+    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    return TensorParallel(rank=rank, size=size, group=dist.group.WORLD), control
+
+
+def _send_batch(batch: ForwardBatch | None, control: Any) -> None:
+    if batch is None:
+        dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER_LEN - 1)), src=0, group=control)
+        return
+    fields = [batch.input_ids, batch.positions, batch.qo_indptr, batch.kv_page_indptr,
+              batch.kv_page_indices, batch.kv_last_page_len, batch.kv_slot_ids, batch.logits_indices]
+    header = [_RUN, batch.num_tokens, batch.batch_size, int(batch.kv_page_indices.numel()),
+              int(batch.logits_indices.numel()), batch.page_size]
+    dist.broadcast(torch.tensor(header, dtype=torch.int64), src=0, group=control)
+    dist.broadcast(torch.cat([f.cpu().to(torch.int64) for f in fields]), src=0, group=control)
+
+
+def _recv_batch(control: Any, device: torch.device) -> ForwardBatch | None:
+    header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+    dist.broadcast(header, src=0, group=control)
+    cmd, n, b, p, lg, page_size = header.tolist()
+    if cmd == _STOP:
+        return None
+    sizes = [n, n, b + 1, b + 1, p, b, n, lg]
+    payload = torch.empty(sum(sizes), dtype=torch.int64)
+    dist.broadcast(payload, src=0, group=control)
+    parts = [x.to(device) for x in payload.split(sizes)]
+    i32 = torch.int32
+    return ForwardBatch(
+        input_ids=parts[0], positions=parts[1], qo_indptr=parts[2].to(i32), kv_page_indptr=parts[3].to(i32),
+        kv_page_indices=parts[4].to(i32), kv_last_page_len=parts[5].to(i32), kv_slot_ids=parts[6],
+        logits_indices=parts[7], page_size=page_size,
+    )
+
+
+def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: Any, timeout_s: float) -> None:
+    # ranks share the machine's cores: one thread each avoids oversubscribing them
+    torch.set_num_threads(1)
+    try:
+        tp, control = _init(rank, size, port, config.device, timeout_s)
+        runner = ModelRunner(config, tp)
+    except Exception as exc:  # reported to rank 0, which raises it as a typed error
+        ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
+        return
+    ready.send("ok")
+    while (batch := _recv_batch(control, runner.device)) is not None:
+        runner.run(batch)
+    dist.destroy_process_group()
+
+
+class TPGroup:
+    """Rank 0's handle on the tensor-parallel group: the workers, the process group, the broadcast.
+
+    Args:
+        config: what every rank builds.
+        size: tp, at least 2.
+        timeout_s: how long collectives and worker start-up may take before failing.
+    Raises:
+        TensorParallelError: a worker failed to start (its error is in the message).
+    """
+
+    def __init__(self, config: RunnerConfig, size: int, timeout_s: float = 120.0):
+        assert size >= 2
+        self.size = size
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self.procs: list[Any] = []
+        pipes = []
+        for rank in range(1, size):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(rank, size, port, config, child, timeout_s), daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            pipes.append(parent)
+        self._initialized = False
+        try:
+            self.tp, self._control = _init(0, size, port, config.device, timeout_s)
+            self._initialized = True
+            deadline = time.monotonic() + timeout_s
+            for rank, (proc, pipe) in enumerate(zip(self.procs, pipes), start=1):
+                while not pipe.poll(0.1):
+                    if not proc.is_alive() or time.monotonic() > deadline:
+                        raise TensorParallelError(f"tp rank {rank} died or hung while starting; see its stderr")
+                status = pipe.recv()
+                if status != "ok":
+                    raise TensorParallelError(f"tp worker failed to start: {status}")
+        except BaseException:
+            self.close()
+            raise
+
+    def broadcast(self, batch: ForwardBatch) -> None:
+        """Send this step's batch to every worker (they run it as rank 0 does)."""
+        _send_batch(batch, self._control)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the workers (politely, then by force) and leave the process group. Idempotent."""
+        if self._initialized:
+            try:
+                if all(p.is_alive() for p in self.procs):
+                    _send_batch(None, self._control)
+            finally:
+                dist.destroy_process_group()
+                self._initialized = False
+        for proc in self.procs:
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.procs = []
