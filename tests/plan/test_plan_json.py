@@ -75,3 +75,25 @@ def test_import_stays_light():
         "assert 'torch' not in sys.modules and 'cffi' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _keys(value, out):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out.add(key)
+            _keys(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _keys(item, out)
+    return out
+
+
+def test_every_json_field_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "plan-json.md").read_text()
+    keys = set()
+    for spec in (make_spec(8, 16, gpus_per_node=16), make_spec(8, 1, model="deepseek-r1", d_dp=8)):
+        _keys(make_plan(spec).to_json(), keys)
+    missing = sorted(k for k in keys - {"HND", "NHD"} if not any(f in doc for f in (f"`{k}`", f".{k}`", f"`{k}."))
+    assert not missing, f"document these fields in docs/plan-json.md: {missing}"
