@@ -95,5 +95,8 @@ def test_every_json_field_is_documented():
     keys = set()
     for spec in (make_spec(8, 16, gpus_per_node=16), make_spec(8, 1, model="deepseek-r1", d_dp=8)):
         _keys(make_plan(spec).to_json(), keys)
-    missing = sorted(k for k in keys - {"HND", "NHD"} if not any(f in doc for f in (f"`{k}`", f".{k}`", f"`{k}."))
+    forms = ("`{}`", ".{}`", "`{}.")
+    missing = sorted(
+        k for k in keys - {"HND", "NHD"} if not any(f.format(k) in doc for f in forms)
+    )
     assert not missing, f"document these fields in docs/plan-json.md: {missing}"
