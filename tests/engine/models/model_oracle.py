@@ -98,11 +98,12 @@ def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None) -
     )
 
 
-def hf_model(name: str, seed: int = 0):
-    """A float32 transformers model built from the catalog config ``name`` (random weights)."""
+def hf_model(name: str, seed: int = 0, **overrides):
+    """A float32 transformers model built from the catalog config ``name`` with ``overrides``
+    (random weights)."""
     import transformers
 
-    config = getattr(transformers, HF_CONFIG_CLASSES[name])(**catalog_config(name))
+    config = getattr(transformers, HF_CONFIG_CLASSES[name])(**{**catalog_config(name), **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Randomise what transformers initialises to constants, so the test exercises them.
@@ -116,8 +117,8 @@ def hf_model(name: str, seed: int = 0):
     return model.eval()
 
 
-def save_hf_model(name: str, directory: Path, seed: int = 0):
+def save_hf_model(name: str, directory: Path, seed: int = 0, **overrides):
     """Save a tiny transformers model to ``directory``; returns the model."""
-    model = hf_model(name, seed)
+    model = hf_model(name, seed, **overrides)
     model.save_pretrained(directory)
     return model
