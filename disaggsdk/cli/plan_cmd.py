@@ -6,14 +6,15 @@ import argparse
 import json
 import sys
 
-HELP = "Show the plan of a spec: ranks on nodes/GPUs/NICs, KV sharding, transfer routes, write counts."
+HELP = "Show a spec's plan: ranks on nodes/GPUs/NICs, KV sharding, transfer routes, write counts."
 
 
 def _token_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+        msg = f"expected a whole number of tokens, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"a prompt cannot have {value} tokens; use 0 or more")
     return value

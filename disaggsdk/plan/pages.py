@@ -37,7 +37,9 @@ class PageShape:
         return self.page_size * self.heads_local * self.head_bytes_per_token
 
 
-def page_shape(sharding: Sharding, page_size: int, head_dim: int, latent_dim: int, elem_bytes: int) -> PageShape:
+def page_shape(
+    sharding: Sharding, page_size: int, head_dim: int, latent_dim: int, elem_bytes: int
+) -> PageShape:
     """The page shape of a rank of ``sharding``.
 
     Args:

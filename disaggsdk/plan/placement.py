@@ -99,7 +99,8 @@ def place_instances(
         if size > gpn and size % gpn:
             raise SpecError(
                 f"$.{role_name}: an instance of tp*dp = {size} ranks is larger than a node of "
-                f"{gpn} GPUs but not a whole number of nodes; use a multiple of {gpn} or at most {gpn}"
+                f"{gpn} GPUs but not a whole number of nodes; use a multiple of {gpn} or at "
+                f"most {gpn}"
             )
         for index in range(role.replicas):
             if used and (size > gpn or used + size > gpn):

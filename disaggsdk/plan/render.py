@@ -34,7 +34,9 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
     ranks: list[tuple[str, ...]] = []
     for inst in plan.instances:
         for r in inst.ranks:
-            heads = r.kv_heads if isinstance(r.kv_heads, str) else f"[{r.kv_heads[0]}, {r.kv_heads[1]})"
+            heads = r.kv_heads
+            if not isinstance(heads, str):
+                heads = f"[{heads[0]}, {heads[1]})"
             ranks.append(
                 (
                     inst.name if r.rank == 0 else "",
@@ -82,7 +84,8 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
         ),
         (
             f"routes: writes per page per layer (whole dp group), KV bytes per token per rank, "
-            f"expected writes for {num_tokens} tokens ({layout}, page_size {plan.spec.kv.page_size})",
+            f"expected writes for {num_tokens} tokens "
+            f"({layout}, page_size {plan.spec.kv.page_size})",
             ("prefill → decode", "kind", "transfers", "HND", "NHD", "KV B/token/rank", "expected"),
             routes,
         ),
@@ -117,7 +120,8 @@ def _transfers_table(route: Route) -> TableData:
     note = " — source replica set drawn per request" if route.source_per_request else ""
     return (
         f"transfers {route.prefill} → {route.decode} (tp {route.src.tp} → {route.dst.tp}){note}",
-        ("decode tp rank", "from prefill tp rank", "HND writes/page-layer", "NHD writes/page-layer"),
+        ("decode tp rank", "from prefill tp rank", "HND writes/page-layer",
+         "NHD writes/page-layer"),
         rows,
     )
 

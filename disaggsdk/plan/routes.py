@@ -38,7 +38,7 @@ CONTEXT_DST_TP_RANK = 0  # head rank of the decode dp group
 
 @attrs.frozen
 class Transfer:
-    """One source rank writing one head slice of every page of every layer to one destination rank."""
+    """One source rank writing one head slice of every page of every layer to one dest rank."""
 
     src_tp_rank: int
     dst_tp_rank: int
@@ -47,7 +47,13 @@ class Transfer:
     nhd: PageRuns  # runs per page per layer when pages are NHD
 
     def page_runs(self, layout: str) -> PageRuns:
-        """The runs of one page of one layer under ``layout`` ("HND" or "NHD")."""
+        """The runs of one page of one layer under ``layout`` ("HND" or "NHD").
+
+        Raises:
+            ValueError: an unknown layout.
+        """
+        if layout not in ("HND", "NHD"):
+            raise ValueError(f"layout must be 'HND' or 'NHD', got {layout!r}")
         return self.hnd if layout == "HND" else self.nhd
 
     @property

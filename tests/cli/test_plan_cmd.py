@@ -18,7 +18,8 @@ def test_json_of_qwen3_coder_spec(capsys):
     assert data["schema_version"] == 1 and data["num_tokens"] == 33 and data["num_pages"] == 2
     assert len(data["routes"]) == 3
     for route in data["routes"]:
-        assert [(t["src_rank"], t["dst_rank"]) for t in route["transfers"]] == [(i, i) for i in range(8)]
+        pairs = [(t["src_rank"], t["dst_rank"]) for t in route["transfers"]]
+        assert pairs == [(i, i) for i in range(8)]
         assert {t["writes_per_page_layer"]["HND"] for t in route["transfers"]} == {1}
         assert route["expected_writes_total"] == 8 * 2 * 62 + 1
 

@@ -6,7 +6,9 @@ from disaggsdk.models import ModelArch
 from disaggsdk.spec.types import KV, Hardware, Role, Spec
 
 
-def tiny_arch(attention: str, num_kv_heads: int, head_dim: int, num_layers: int, latent: int = 6) -> ModelArch:
+def tiny_arch(
+    attention: str, num_kv_heads: int, head_dim: int, num_layers: int, latent: int = 6
+) -> ModelArch:
     """A made-up architecture with just the numbers the planner reads."""
     mla = attention == "mla"
     return ModelArch(
