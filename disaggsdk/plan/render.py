@@ -86,7 +86,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
             f"routes: writes per page per layer (whole dp group), KV bytes per token per rank, "
             f"expected writes for {num_tokens} tokens "
             f"({layout}, page_size {plan.spec.kv.page_size})",
-            ("prefill → decode", "kind", "transfers", "HND", "NHD", "KV B/token/rank", "expected"),
+            ("route", "kind", "transfers", "HND", "NHD", "KV B/token/rank", "expected"),
             routes,
         ),
     ]
@@ -119,9 +119,9 @@ def _transfers_table(route: Route) -> TableData:
         )
     note = " — source replica set drawn per request" if route.source_per_request else ""
     return (
-        f"transfers {route.prefill} → {route.decode} (tp {route.src.tp} → {route.dst.tp}){note}",
-        ("decode tp rank", "from prefill tp rank", "HND writes/page-layer",
-         "NHD writes/page-layer"),
+        f"transfers {route.prefill} → {route.decode} (tp {route.src.tp} → {route.dst.tp}), "
+        f"writes per page per layer{note}",
+        ("decode tp", "from prefill tp", "HND", "NHD"),
         rows,
     )
 
@@ -146,8 +146,8 @@ def plan_renderable(plan: Plan, num_tokens: int = 1024) -> Any:
     tables = []
     for title, headers, rows in plan_tables(plan, num_tokens):
         table = Table(title=title, title_justify="left", header_style="bold")
-        for header in headers:
-            table.add_column(header)
+        for i, header in enumerate(headers):
+            table.add_column(header, no_wrap=i == 0)
         for row in rows:
             table.add_row(*row)
         tables.append(table)
