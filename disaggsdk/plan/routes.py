@@ -163,13 +163,12 @@ def make_route(
     """
     src, dst = prefill.sharding, decode.sharding
     assert src.attention == dst.attention and src.num_kv_heads == dst.num_kv_heads
-    rng = random.Random(f"{seed}/{prefill.name}/{decode.name}")
     if src.is_replicated:
         # MLA: peer ranks pair up; keep that fixed rather than shuffled (rank i -> rank i).
         assignment = tuple(q % src.num_replica_sets for q in range(dst.num_replica_sets))
     else:
         p_sets = list(range(src.num_replica_sets))
-        rng.shuffle(p_sets)
+        random.Random(f"{seed}/{prefill.name}/{decode.name}").shuffle(p_sets)
         assignment = tuple(p_sets[q % len(p_sets)] for q in range(dst.num_replica_sets))
     transfers = []
     for dst_rank in range(dst.tp):
