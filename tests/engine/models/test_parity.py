@@ -117,3 +117,25 @@ def test_hf_helper_randomises_constants():
     norm = model.model.layers[0].input_layernorm.weight
     assert not torch.allclose(norm, torch.ones_like(norm))
     assert model.model.layers[1].mlp.gate.e_score_correction_bias.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("qwen3-tiny", {"tie_word_embeddings": True}),
+        ("qwen3-coder-tiny", {"mlp_only_layers": [0, 2], "norm_topk_prob": False}),
+        ("qwen3-coder-tiny", {"decoder_sparse_step": 2}),
+        ("deepseek-r1-tiny", {"q_lora_rank": None, "first_k_dense_replace": 0}),
+        ("deepseek-r1-tiny", {"rope_interleave": False, "n_shared_experts": 2, "norm_topk_prob": False}),
+        ("deepseek-r1-tiny", {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0}),
+    ],
+)
+def test_config_variants_match_transformers(tmp_path, name, overrides):
+    hf = save_hf_model(name, tmp_path, **overrides)
+    ours = build_model(str(tmp_path), TensorParallel())
+    assert {k: ours.arch.hf_config.get(k) for k in overrides} == overrides  # the variant reached us
+    prompts = random_prompts([13, 6], seed=5)
+    logits = run(ours, ContiguousAttention(), prompts, [0, 0])
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    torch.testing.assert_close(logits, ref, **TOL)
