@@ -54,25 +54,48 @@ class RequestTimeline:
         return (self.e2el_ms - self.ttft_ms) / (self.output_tokens - 1)
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    """Linear-interpolated percentile (numpy's default), 0.0 for no values."""
+def percentile(values: Sequence[float], p: float, weights: Sequence[float] | None = None) -> float:
+    """Percentile ``p`` (0..100) of ``values``; 0.0 for no values.
+
+    Unweighted: linear interpolation, as numpy's default. Weighted (each value counted
+    ``weights[i]`` times, as the simulator records one step's inter-token latency for every
+    request in the step): the smallest value whose cumulative weight reaches p%.
+    """
     if not values:
         return 0.0
-    xs = sorted(values)
-    rank = (len(xs) - 1) * p / 100.0
-    lo = int(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+    if weights is None:
+        xs = sorted(values)
+        rank = (len(xs) - 1) * p / 100.0
+        lo = int(rank)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+    pairs = sorted(zip(values, weights))
+    target = sum(weights) * p / 100.0
+    cumulative = 0.0
+    for value, weight in pairs:
+        cumulative += weight
+        if cumulative >= target:
+            return value
+    return pairs[-1][0]
 
 
-def _stats(name: str, values: Sequence[float], percentiles: Iterable[float]) -> dict[str, float]:
-    out = {
-        f"mean_{name}_ms": statistics.fmean(values) if values else 0.0,
-        f"median_{name}_ms": statistics.median(values) if values else 0.0,
-        f"std_{name}_ms": statistics.pstdev(values) if values else 0.0,
-    }
+def metric_stats(
+    name: str, values: Sequence[float], percentiles: Iterable[float], weights: Sequence[float] | None = None
+) -> dict[str, float]:
+    """``mean_/median_/std_/pNN_{name}_ms`` of ``values`` (optionally weighted)."""
+    if not values:
+        out = {f"mean_{name}_ms": 0.0, f"median_{name}_ms": 0.0, f"std_{name}_ms": 0.0}
+    elif weights is None:
+        out = {f"mean_{name}_ms": statistics.fmean(values), f"median_{name}_ms": statistics.median(values),
+               f"std_{name}_ms": statistics.pstdev(values)}
+    else:
+        total = sum(weights)
+        mean = sum(v * w for v, w in zip(values, weights)) / total
+        var = sum(w * (v - mean) ** 2 for v, w in zip(values, weights)) / total
+        out = {f"mean_{name}_ms": mean, f"median_{name}_ms": percentile(values, 50, weights),
+               f"std_{name}_ms": var ** 0.5}
     for p in percentiles:
-        out[f"p{p:g}_{name}_ms"] = percentile(values, p)
+        out[f"p{p:g}_{name}_ms"] = percentile(values, p, weights)
     return out
 
 
@@ -129,10 +152,15 @@ def summarize(
     }
     if slos_ms:
         result["request_goodput"] = sum(is_good(t, slos_ms) for t in done) / duration_s
-    result |= _stats("ttft", [t.ttft_ms for t in done], percentiles)
-    result |= _stats("tpot", tpots, percentiles)
-    result |= _stats("itl", [x for t in done for x in t.itls_ms], percentiles)
-    result |= _stats("e2el", [t.e2el_ms for t in done], percentiles)
-    # tokens/s seen by one request while decoding: the number disaggregation is judged by
-    result["mean_tokens_per_s_per_request"] = statistics.fmean(1e3 / x for x in tpots if x > 0) if tpots else 0.0
+    result |= metric_stats("ttft", [t.ttft_ms for t in done], percentiles)
+    result |= metric_stats("tpot", tpots, percentiles)
+    result |= metric_stats("itl", [x for t in done for x in t.itls_ms], percentiles)
+    result |= metric_stats("e2el", [t.e2el_ms for t in done], percentiles)
+    result["mean_tokens_per_s_per_request"] = tokens_per_s_per_request(tpots)
     return result
+
+
+def tokens_per_s_per_request(tpots_ms: Sequence[float]) -> float:
+    """Mean decode speed one request sees (1000 / TPOT): the number disaggregation is judged by."""
+    speeds = [1e3 / x for x in tpots_ms if x > 0]
+    return statistics.fmean(speeds) if speeds else 0.0

@@ -43,3 +43,15 @@ def test_bad_arguments_are_named():
         summarize([], 1.0, slos_ms={"latency": 1})
     with pytest.raises(ValueError, match="duration_s must be positive"):
         summarize([], 0.0)
+
+
+def test_weighted_percentile_counts_each_value_weight_times():
+    values, weights = [10.0, 20.0, 30.0], [1, 1, 8]
+    expanded = [10.0, 20.0] + [30.0] * 8
+    assert percentile(values, 50, weights) == 30.0
+    assert percentile(values, 10, weights) == 10.0
+    from disaggsdk.report.latency import metric_stats
+
+    weighted = metric_stats("itl", values, [99], weights)
+    assert weighted["mean_itl_ms"] == pytest.approx(sum(expanded) / len(expanded))
+    assert weighted["p99_itl_ms"] == 30.0

@@ -1,0 +1,79 @@
+"""Hardware profiles: the numbers a cost model needs about one kind of node, read from data files.
+
+Profiles live in ``disaggsdk/sim/profiles/*.yaml`` (h100, h200 from datasheets, cpu-local from
+`disaggsdk calibrate`); each carries its sources. A user may pass a path to their own file.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import attrs
+import yaml
+
+from disaggsdk.errors import SpecError
+
+
+@attrs.frozen
+class HardwareProfile:
+    """Rates of one device (a GPU, or one CPU rank) and of its node's links."""
+
+    name: str
+    hbm_gb_per_s: float  # memory bandwidth of one device, GB/s
+    bf16_tflops: float  # dense peak of one device
+    fp8_tflops: float
+    nvlink_gb_per_s: float  # per device, per direction
+    nics_per_node: int
+    nic_gbps: float  # per NIC, Gbit/s
+    memory_gb: float = 80.0
+    flops_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.75
+    nvlink_efficiency: float = 0.7
+    allreduce_latency_us: float = 8.0
+    step_overhead_ms: float = 2.0
+    kernel_overhead_us_per_layer: float = 25.0
+    transfer_write_overhead_us: float = 2.0
+    sources: dict[str, str] = attrs.field(factory=dict, eq=False)
+
+    def tflops(self, weight_dtype: str) -> float:
+        """Dense peak for matrix work in ``weight_dtype`` (fp8 or a 16/32-bit type)."""
+        return self.fp8_tflops if weight_dtype == "fp8" else self.bf16_tflops
+
+    @property
+    def nic_bytes_per_s(self) -> float:
+        return self.nic_gbps * 1e9 / 8
+
+
+def profile_names() -> list[str]:
+    """Profiles shipped with disaggsdk."""
+    folder = resources.files("disaggsdk.sim") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A shipped profile by name (``h200``) or a profile file by path.
+
+    Raises:
+        SpecError: unknown name, unreadable file, or a field missing / of the wrong kind.
+    """
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        text_source = path
+    else:
+        if str(name_or_path) not in profile_names():
+            raise SpecError(f"unknown hardware profile {str(name_or_path)!r}; use one of "
+                            f"{', '.join(profile_names())} or a path to a profile YAML file")
+        text_source = resources.files("disaggsdk.sim") / "profiles" / f"{name_or_path}.yaml"
+    try:
+        data = yaml.safe_load(text_source.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{name_or_path}: cannot read hardware profile: {exc}") from None
+    known = {f.name for f in attrs.fields(HardwareProfile)}
+    unknown = set(data or {}) - known
+    if unknown:
+        raise SpecError(f"{name_or_path}: unknown profile fields {sorted(unknown)}; valid: {sorted(known)}")
+    try:
+        return HardwareProfile(**data)
+    except TypeError as exc:
+        raise SpecError(f"{name_or_path}: {exc}") from None
