@@ -97,14 +97,18 @@ class SharedRegion:
         """
         if self.fd < 0:
             return
-        self.buffer.release()
+        in_use = SharedMemoryError("the shared region is still in use (a tensor view or a "
+                                   "transfer-engine registration): drop or deregister it "
+                                   "before close()")
         try:
-            self._mmap.close()
+            self.buffer.release()  # fails while views of self.buffer exist
+        except BufferError as exc:
+            raise in_use from exc
+        try:
+            self._mmap.close()  # fails while views of the mmap itself exist
         except BufferError as exc:
             self.buffer = memoryview(self._mmap)
-            raise SharedMemoryError("the shared region is still in use (a tensor view or a "
-                                    "transfer-engine registration): drop or deregister it "
-                                    "before close()") from exc
+            raise in_use from exc
         os.close(self.fd)
         self.fd = -1
 

@@ -125,8 +125,14 @@ class TransferEngine:
         return MemoryRegion(int(handle[0]), address, length_bytes, descriptor, keepalive)
 
     def deregister(self, region: MemoryRegion) -> None:
-        """Releases a registration. Raises TransferError while write batches from it are in flight."""
+        """Releases a registration and the buffer export `register` took.
+
+        Raises:
+            TransferError: write batches from the region are still in flight.
+        """
         self._check(self._lib.fab_deregister(self._live(), region.handle), "deregistering")
+        if isinstance(region.keepalive, self._ffi.CData):
+            self._ffi.release(region.keepalive)  # un-export the buffer: an mmap may close now
 
     # writes and counters
 
