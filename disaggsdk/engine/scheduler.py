@@ -75,6 +75,7 @@ class Scheduler:
         self.mode = mode
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0  # since start, for stats and tests
 
     # requests in and out
 
@@ -194,6 +195,7 @@ class Scheduler:
         self.running.remove(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         out.preempted_ids.append(req.request_id)
