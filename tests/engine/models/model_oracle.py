@@ -43,8 +43,8 @@ class ContiguousAttention:
     def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
         # scores: [heads, num_new, kv_len]; the new tokens are the last num_new of the KV
         num_new, kv_len = scores.shape[1], scores.shape[2]
-        q_pos = torch.arange(kv_len - num_new, kv_len)[:, None]
-        mask = torch.arange(kv_len)[None, :] > q_pos
+        q_pos = torch.arange(kv_len - num_new, kv_len, device=scores.device)[:, None]
+        mask = torch.arange(kv_len, device=scores.device)[None, :] > q_pos
         return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1, dtype=torch.float32)
 
     def run(self, layer_id, q, k, v, sm_scale):
@@ -71,7 +71,7 @@ class ContiguousAttention:
         return out
 
 
-def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None) -> ForwardBatch:
+def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None, device="cpu") -> ForwardBatch:
     """A ForwardBatch of several requests' new tokens; request i's first new token is at
     position ``starts[i]``. Page fields are filled with a trivial one-page-per-token layout
     (the oracle does not read them). Logits are wanted for each request's last token."""
@@ -84,7 +84,7 @@ def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None) -
     page_indptr = [0]
     for n in kv_lens:
         page_indptr.append(page_indptr[-1] + n)
-    return ForwardBatch(
+    batch = ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         qo_indptr=torch.tensor(qo, dtype=torch.int32),
@@ -96,6 +96,9 @@ def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None) -
         page_size=1,
         on_layer_done=on_layer_done,
     )
+    for field in ("input_ids", "positions", "logits_indices"):
+        setattr(batch, field, getattr(batch, field).to(device))
+    return batch
 
 
 def hf_model(name: str, seed: int = 0, **overrides):
