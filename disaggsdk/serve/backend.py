@@ -1,0 +1,73 @@
+"""The contract between the HTTP front end and whatever runs the engines.
+
+The OpenAI-compatible server, the benchmark and the live views talk to a `ServingBackend`; they
+never know whether tokens come from one in-process colocated engine or from a disaggregated
+deployment of many processes (`disaggsdk.launch`). Token streams are async iterators so one
+asyncio loop can serve many requests at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.sampling import SamplingParams, TokenLogprobs
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New tokens of one request, in order; the last event of a request has ``finished``."""
+
+    request_id: str
+    new_token_ids: Sequence[int]
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    new_logprobs: Sequence[TokenLogprobs] = ()
+    error: str | None = None  # set with finish_reason "error": what went wrong, for the client
+    instance: str = ""  # the decode (or mixed) instance that produced the tokens
+
+
+@dataclass
+class InstanceStats:
+    """A snapshot of one instance, for /metrics and the live views. Counters are cumulative."""
+
+    name: str
+    role: str  # "prefill" | "decode" | "mixed"
+    healthy: bool = True
+    running: int = 0
+    waiting: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+    transfer_bytes: int = 0
+    transfer_writes: int = 0
+    transfer_s: float = 0.0
+    exposed_transfer_s: float = 0.0
+    transfer_failures: int = 0
+    requests_retried: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class ServingBackend(Protocol):
+    """What serves tokens: one colocated engine in process, or a whole local deployment."""
+
+    model_name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with the model's tokenizer."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``."""
+
+    def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request (client gone); its pages are freed once no write can still land."""
+
+    def stats(self) -> list[InstanceStats]:
+        """One snapshot per instance."""
+
+    def close(self) -> None:
+        """Stop everything this backend started. Idempotent."""
