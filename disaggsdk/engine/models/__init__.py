@@ -112,9 +112,3 @@ def build_model(
     net.requires_grad_(False)
     return net
 
-
-def arch_of(model: str) -> ModelArch:
-    """The architecture of a model name or directory (no torch needed)."""
-    from disaggsdk.models import resolve_model
-
-    return resolve_model(model)
