@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "fab_internal.h"
@@ -452,6 +453,8 @@ void *fab_progress_main(void *arg)
             done += n;
         if (work || done || eng->post_head || sends)
             last_work = now_ns();
+        else
+            sched_yield(); /* spinning: let the peer's progress thread (often on this core) run */
     }
     /* sends never posted are reported as cancelled */
     while (sends) {
