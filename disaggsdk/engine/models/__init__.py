@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_tp, kv_geometry
+from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_supported, check_tp, kv_geometry
 from disaggsdk.errors import ModelError
 
 if TYPE_CHECKING:
@@ -82,7 +82,8 @@ def build_model(
     Returns:
         The model in eval mode, ``requires_grad`` off.
     Raises:
-        ModelError: unknown model, unsupported architecture, a model that cannot be split over
+        ModelError: unknown model, unsupported architecture or config field (e.g. a quantised
+            checkpoint), a model that cannot be split over
             ``tp.size``, a full-size catalog model without a checkpoint, or a checkpoint whose
             tensors are missing or mis-shaped (the message names the tensor).
     """
@@ -93,6 +94,7 @@ def build_model(
     from disaggsdk.models.catalog import CATALOG
 
     arch = resolve_model(model)
+    check_supported(arch)
     check_tp(arch, tp.size)
     cls = model_class(arch.family)
     if model in CATALOG and not is_tiny(model):

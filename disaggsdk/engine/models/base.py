@@ -76,6 +76,33 @@ def check_tp(arch: ModelArch, tp_size: int) -> None:
         )
 
 
+# config.json fields the engine does not implement, with the values it does; a checkpoint that
+# sets one otherwise would load and run, but compute something else than the model.
+SUPPORTED_VALUES = {
+    "hidden_act": ("silu",),
+    "attention_bias": (False, None),
+    "use_sliding_window": (False, None),
+    "quantization_config": (None,),
+}
+
+
+def check_supported(arch: ModelArch) -> None:
+    """Refuse config.json settings the engine would silently get wrong.
+
+    Raises:
+        ModelError: naming the first unsupported field and its value.
+    """
+    for field, allowed in SUPPORTED_VALUES.items():
+        value = arch.hf_config.get(field)
+        if value not in allowed:
+            shown = value.get("quant_method", value) if isinstance(value, dict) else value
+            raise ModelError(
+                f"{arch.name}: config.json field {field!r} is {shown!r}; the engine supports "
+                f"{' or '.join(repr(a) for a in allowed if a is not None) or 'only its absence'}"
+                f"{' (use an unquantised bf16/fp32 checkpoint)' if field == 'quantization_config' else ''}"
+            )
+
+
 def kv_geometry(arch: ModelArch, tp: TensorParallel) -> KVGeometry:
     """The KV cache geometry of one rank of a ``tp.size``-way instance.
 

@@ -27,7 +27,6 @@ from disaggsdk.engine.models.layers.moe import Experts, GroupLimitedRouter
 from disaggsdk.engine.models.layers.norm import RMSNorm
 from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters, softmax_scale_factor
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.errors import ModelError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
@@ -43,8 +42,6 @@ class MLAttention(nn.Module):
                  rotary: RotaryEmbedding, sm_scale: float, group: str | None = None):
         super().__init__()
         config = arch.hf_config
-        if config.get("attention_bias"):
-            raise ModelError(f"{arch.name}: config.json field 'attention_bias' is true; the engine supports false")
         h0, h1 = tp.shard(arch.num_attention_heads)
         self.num_heads = h1 - h0
         self.nope, self.rope, self.v_dim = arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.v_head_dim

@@ -18,7 +18,6 @@ from disaggsdk.engine.models.layers.mlp import GatedMLP
 from disaggsdk.engine.models.layers.norm import RMSNorm
 from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.errors import ModelError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
@@ -30,8 +29,6 @@ class Qwen3Attention(nn.Module):
 
     def __init__(self, prefix: str, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype):
         super().__init__()
-        if arch.hf_config.get("attention_bias"):
-            raise ModelError(f"{arch.name}: config.json field 'attention_bias' is true; the engine supports false")
         hd = arch.head_dim
         q_start, q_stop = tp.shard(arch.num_attention_heads)
         kv_start, kv_stop = tp.kv_head_range(arch.num_kv_heads)
