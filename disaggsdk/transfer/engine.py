@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -54,6 +55,8 @@ class TransferEngine:
         self._id_lock = threading.Lock()
         self._closed = False
         self._pump = ev.CompletionPump(ffi, lib, self._engine, f"fabric-{self.provider}")
+        # an engine dropped without close() (or alive at exit) still stops its threads
+        self._finalizer = weakref.finalize(self, _close_native, lib, self._engine, self._pump)
 
     # addresses
 
@@ -231,9 +234,7 @@ class TransferEngine:
         if self._closed:
             return
         self._closed = True
-        self._lib.fab_shutdown(self._engine)
-        self._pump.stop()
-        self._lib.fab_close(self._engine)
+        self._finalizer()
         self._engine = None
 
     def __enter__(self) -> "TransferEngine":
@@ -253,3 +254,10 @@ class TransferEngine:
 
     def _check(self, rc: int, what: str) -> None:
         check(self._lib, self._ffi, rc, what, self._engine)
+
+
+def _close_native(lib: Any, engine: Any, pump: ev.CompletionPump) -> None:
+    """Stops the progress thread and the pump, then frees the native engine."""
+    lib.fab_shutdown(engine)
+    pump.stop()
+    lib.fab_close(engine)
