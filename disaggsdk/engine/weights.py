@@ -45,6 +45,8 @@ class WeightSlot:
 
 
 class HasWeightSlots(Protocol):
+    """A model whose checkpoint tensors can be listed (see `DecoderModel.weight_slots`)."""
+
     def weight_slots(self) -> Iterable[WeightSlot]: ...
 
     def drop_optional(self, group: str) -> None: ...
@@ -70,6 +72,10 @@ def init_random(model: HasWeightSlots, seed: int = 0) -> None:
 
     Each tensor's generator is seeded from ``seed`` and the tensor's name, and the full tensor is
     drawn before slicing, so every rank and every tp size see the same full model.
+
+    Args:
+        model: the model to fill (this rank's shard).
+        seed: the model's seed; the same seed gives the same weights.
     """
     for slot in model.weight_slots():
         _check_slot(slot)
@@ -118,7 +124,13 @@ def load_checkpoint(model: HasWeightSlots, directory: Path) -> None:
     """Load this rank's slice of every slot from a Hugging Face safetensors checkpoint.
 
     Tensors are read slice by slice (only this rank's range) and cast to the parameter's dtype.
-    Tensors the model does not use (e.g. rotary caches) are ignored.
+    Tensors the model does not use (e.g. rotary caches) are ignored. An optional group wholly
+    absent from the checkpoint (DeepSeek's MTP layer, which transformers does not save) is
+    dropped from the model.
+
+    Args:
+        model: the model to fill (this rank's shard).
+        directory: the checkpoint directory.
 
     Raises:
         ModelError: a tensor is missing or has another shape than the config implies (the
