@@ -3,16 +3,18 @@
 from disaggsdk.spec.cluster import Cluster
 from disaggsdk.spec.convert import spec_from_dict, spec_to_dict
 from disaggsdk.spec.rules import check_spec, spec_problems
-from disaggsdk.spec.types import KV, Hardware, Role, Serve, Spec, Transport
+from disaggsdk.spec.types import KV, EngineSettings, Hardware, Role, Serve, Spec, TransferSettings, Transport
 from disaggsdk.spec.yaml_io import load_spec, parse_spec_yaml, save_spec, spec_to_yaml
 
 __all__ = [
     "KV",
     "Cluster",
+    "EngineSettings",
     "Hardware",
     "Role",
     "Serve",
     "Spec",
+    "TransferSettings",
     "Transport",
     "check_spec",
     "load_spec",

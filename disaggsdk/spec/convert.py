@@ -32,6 +32,12 @@ def _strict_int(value: Any, _type: type) -> int:
     return value
 
 
+def _strict_bool(value: Any, _type: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def _strict_float(value: Any, _type: type) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r} ({type(value).__name__})")
@@ -53,6 +59,7 @@ def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(float, _strict_float)
+    conv.register_structure_hook(bool, _strict_bool)
     conv.register_structure_hook(str, _strict_str)
     conv.register_structure_hook_func(
         lambda t: typing.get_origin(t) is typing.Literal, _literal_str

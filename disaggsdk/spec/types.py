@@ -89,6 +89,34 @@ class Transport:
 
 
 @attrs.frozen
+class TransferSettings:
+    """How the KV messenger moves a request's KV (YAML key `transfer`).
+
+    `streaming: false` is the ablation that sends every page after the forward pass instead of
+    layer by layer during it. A decode instance waits `deadline_s` for a request's KV before it
+    retries on another prefill instance (or prefills locally when none is left).
+    """
+
+    streaming: bool = True
+    deadline_s: float = 30.0
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, deadline_s=positive)
+
+
+@attrs.frozen
+class EngineSettings:
+    """Per-rank engine sizes (YAML key `engine`); the defaults suit tiny models on a CPU."""
+
+    num_pages: int = 1024  # KV pages per rank
+    max_num_batched_tokens: int = 2048  # token budget of one step (longer prompts are chunked)
+    max_num_seqs: int = 64  # requests holding pages at once
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self, num_pages=positive, max_num_batched_tokens=positive, max_num_seqs=positive)
+
+
+@attrs.frozen
 class Serve:
     """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
 
@@ -112,6 +140,8 @@ class Spec:
     kv: KV = attrs.field(factory=KV)
     transport: Transport = attrs.field(factory=Transport)
     serve: Serve = attrs.field(factory=Serve)
+    transfer: TransferSettings = attrs.field(factory=TransferSettings)
+    engine: EngineSettings = attrs.field(factory=EngineSettings)
     name: str | None = None  # shown in plans and dashboards; the model name when unset
 
     def __attrs_post_init__(self) -> None:
