@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "fab_internal.h"
 
@@ -70,9 +71,25 @@ static struct fi_info *make_hints(const char *provider, const char *domain, int 
                                   FI_MR_PROV_KEY | FI_MR_ENDPOINT | (want_hmem ? FI_MR_HMEM : 0);
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->fabric_attr->prov_name = strdup(provider);
-    if (domain && domain[0])
-        hints->domain_attr->name = strdup(domain);
+    (void)domain; /* matched in pick_domain: utility providers (ofi_rxm 1.17) ignore it here */
     return hints;
+}
+
+/* The first entry whose domain (NIC) name is `domain`, or the first entry for NULL. */
+static struct fi_info *pick_domain(struct fi_info *list, const char *domain, char *err,
+                                   size_t err_len)
+{
+    if (!domain || !domain[0])
+        return list;
+    size_t used = 0;
+    used += snprintf(err, err_len, "no domain named '%s'; this provider offers:", domain);
+    for (struct fi_info *i = list; i; i = i->next) {
+        if (i->domain_attr->name && strcmp(i->domain_attr->name, domain) == 0)
+            return i;
+        if (used < err_len && i->domain_attr->name && !strstr(err, i->domain_attr->name))
+            used += snprintf(err + used, err_len - used, " %s", i->domain_attr->name);
+    }
+    return NULL;
 }
 
 #define CHECK(call, what)                                                                      \
@@ -112,6 +129,21 @@ int fab_open(const char *provider, const char *domain, int want_hmem, fab_engine
                  "no libfabric provider '%s'%s%s offers RDM endpoints with RMA writes: %s",
                  provider, domain ? " on domain " : "", domain ? domain : "", fi_strerror(-rc));
         goto fail;
+    }
+    struct fi_info *chosen = pick_domain(eng->info, domain, err, err_len);
+    if (!chosen) {
+        rc = -FI_ENODEV;
+        goto fail;
+    }
+    if (chosen != eng->info) { /* keep only the chosen entry */
+        struct fi_info *one = fi_dupinfo(chosen);
+        fi_freeinfo(eng->info);
+        eng->info = one;
+        if (!one) {
+            snprintf(err, err_len, "out of memory");
+            rc = -FI_ENOMEM;
+            goto fail;
+        }
     }
     eng->mr_mode = (uint64_t)eng->info->domain_attr->mr_mode;
     eng->max_msg_bytes = eng->info->ep_attr->max_msg_size;
@@ -239,10 +271,17 @@ int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device
                       (unsigned long long)len);
         return -FI_EINVAL;
     }
-    pthread_mutex_lock(&eng->lock);
-    /* keys are ours to choose unless FI_MR_PROV_KEY: unique within the domain */
-    uint64_t key = eng->next_key++;
-    pthread_mutex_unlock(&eng->lock);
+    /* Keys are ours to choose unless FI_MR_PROV_KEY. Random, not sequential: with tcp a region
+     * is reachable by anyone who can reach the port and guess the key. */
+    uint64_t key = 0;
+    if (getrandom(&key, sizeof(key), 0) != sizeof(key)) {
+        pthread_mutex_lock(&eng->lock);
+        key = eng->next_key++;
+        pthread_mutex_unlock(&eng->lock);
+    }
+    size_t key_bytes = eng->info->domain_attr->mr_key_size;
+    if (key_bytes > 0 && key_bytes < sizeof(key))
+        key &= (1ull << (8 * key_bytes)) - 1;
 
     struct iovec iov = {.iov_base = ptr, .iov_len = len};
     struct fi_mr_attr attr = {

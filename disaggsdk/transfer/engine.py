@@ -29,7 +29,9 @@ class TransferEngine:
 
     Args:
         provider: "shm", "tcp" (= "tcp;ofi_rxm"), "verbs", "efa", or a full libfabric name.
-        domain: NIC / domain name ("mlx5_0", "eth0"), or None for the provider's first.
+        domain: NIC / domain name ("mlx5_0", "eth0", "lo"). None: "lo" for tcp (loopback
+            unless a NIC is named, so regions are not reachable from the network by default),
+            the provider's first domain otherwise.
         hmem: ask for device-memory (FI_HMEM) support, needed to register GPU memory.
 
     Raises:
@@ -40,6 +42,8 @@ class TransferEngine:
     def __init__(self, provider: str = "shm", domain: str | None = None, *, hmem: bool = False):
         self._ffi, self._lib = ffi, lib = load_native()
         self.provider = PROVIDER_ALIASES.get(provider, provider)
+        if domain is None and self.provider.startswith("tcp"):
+            domain = "lo"
         out = ffi.new("fab_engine **")
         err = ffi.new("char[]", 512)
         rc = lib.fab_open(self.provider.encode(), domain.encode() if domain else ffi.NULL,

@@ -52,7 +52,12 @@ def test_random_page_maps_land_byte_for_byte(target, page_map, sender_idx):
 
 
 def test_contiguous_pages_are_coalesced(target):
-    before = target.senders[0].call("write", [0], [0], 8, 1)[1]
+    # a tiny write just to read the sender's counters; wait until it landed (shm completes
+    # small writes locally before the target has applied them) so it cannot hit the map below
+    imm = next(_imms)
+    landed = target.engine.expect(imm, 1)
+    before = target.senders[0].call("write", [0], [0], 8, imm)[1]
+    landed.result(timeout=30)
     stats = _write_and_check(target, 0, 8192, list(range(64)), list(range(32, 96)))
     assert stats["writes_requested"] - before["writes_requested"] == 64
     assert stats["writes_posted"] - before["writes_posted"] == 1  # one write for 64 pages
