@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q -e '.[engine,transfer,notebook,dev]'
+	$(PY) -m pip install -q -e '.[engine,transfer,notebook,serve,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,68 @@
+"""uvicorn in a background thread, so the caller's thread stays free for live views and signals.
+
+Port 0 asks the OS for a free port; `url` reports the real one once the server listens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+from disaggsdk.errors import DisaggError
+
+START_TIMEOUT_S = 30.0
+
+
+class ServerStartError(DisaggError):
+    """The HTTP server did not come up (port in use, bad host)."""
+
+
+class HttpServer:
+    """An ASGI app served by uvicorn on its own thread and event loop.
+
+    Args:
+        app: the ASGI application.
+        host: interface to bind (127.0.0.1 unless asked otherwise).
+        port: TCP port; 0 picks a free one.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):  # noqa: ANN001 - any ASGI app
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="http-server", daemon=True)
+        self.host = host
+        self.port = port
+
+    def start(self) -> HttpServer:
+        """Start serving and wait until the socket listens.
+
+        Raises:
+            ServerStartError: it did not start within the timeout or exited at once.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(
+                    f"the HTTP server could not listen on {self.host}:{self.port} (in use?); "
+                    f"pick another port, or 0 for any free one"
+                )
+            time.sleep(0.01)
+        sockets = [s for server in self._server.servers for s in server.sockets]
+        self.port = sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        """Stop accepting, finish or cancel open requests, join the thread. Idempotent."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)

@@ -1,0 +1,215 @@
+"""One colocated engine in this process, behind the `ServingBackend` contract.
+
+`disaggsdk serve --model qwen3-coder-tiny` uses it: one `LLMEngine` in ``mixed`` mode steps in a
+background thread; requests reach it through a thread-safe queue and tokens go back to each
+caller's asyncio loop with ``loop.call_soon_threadsafe``. The engine is only ever touched by its
+own thread, so it needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from disaggsdk.errors import DisaggError
+from disaggsdk.serve.backend import InstanceStats, TokenEvent
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sequence import RequestOutput
+
+IDLE_WAIT_S = 0.05  # how long the idle engine thread blocks on its inbox before looking again
+
+
+class BackendClosedError(DisaggError):
+    """A request reached a backend that was closed or whose engine thread died."""
+
+
+@dataclass
+class _Subscriber:
+    """Where one request's events go: an asyncio queue on the caller's loop."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[TokenEvent]
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: Any  # SamplingParams
+    subscriber: _Subscriber
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class InProcessBackend:
+    """A single ``mixed`` engine stepping in a thread.
+
+    Args:
+        model: a tiny catalog name or a checkpoint directory.
+        config: engine settings (``mode`` is forced to ``mixed``).
+        name: the instance name shown in stats, /metrics and the live views.
+    Raises:
+        ModelError, EngineError: the engine cannot be built.
+    """
+
+    def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0"):
+        from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+        from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
+
+        self.model_name = model
+        self.name = name
+        self._tokenizer = load_tokenizer(model) or ByteTokenizer()
+        self._engine: LLMEngine = LLMEngine(model, replace(config or EngineConfig(), mode="mixed"))
+        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._subscribers: dict[str, _Subscriber] = {}  # engine thread only
+        self._stats = InstanceStats(name, "mixed", kv_pages_total=self._engine.config.num_pages)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+        self._thread.start()
+
+    # the ServingBackend contract
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._tokenizer.eos_token_ids)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._tokenizer.bos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no bos; the front end adds it)."""
+        return self._tokenizer.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` without special tokens."""
+        return self._tokenizer.decode(list(token_ids))
+
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens; a refused request yields one ``error`` event.
+
+        Raises:
+            BackendClosedError: the backend is closed.
+        """
+        if self._closed.is_set():
+            raise BackendClosedError("this backend is closed; start a new one")
+        sub = _Subscriber(asyncio.get_running_loop(), asyncio.Queue())
+        self._inbox.put(_Add(request_id, list(prompt_ids), params, sub))
+        finished = False
+        try:
+            while not finished:
+                event = await sub.events.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:  # the consumer went away (client disconnect): free the pages
+                self._inbox.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; a late abort of a finished request does nothing."""
+        self._inbox.put(_Abort(request_id))
+
+    def stats(self) -> list[InstanceStats]:
+        """A copy of the engine thread's latest snapshot."""
+        return [replace(self._stats, extra=dict(self._stats.extra))]
+
+    def close(self) -> None:
+        """Stop the engine thread (pending requests end with ``abort``) and the engine. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+        self._engine.close()
+
+    def __enter__(self) -> InProcessBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # the engine thread
+
+    def _run(self) -> None:
+        try:
+            while not self._closed.is_set():
+                if not self._drain_inbox(block=not self._engine.has_unfinished()):
+                    break
+                if self._engine.has_unfinished():
+                    self._dispatch(self._engine.step())
+                self._snapshot()
+        except Exception as exc:  # a crashed engine must not leave callers waiting forever
+            self._stats.healthy = False
+            self._fail_all(f"engine crashed: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._fail_all("server shutting down", reason="abort")
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply every queued command. Returns False when told to stop."""
+        while True:
+            try:
+                cmd = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            if cmd is None:
+                return False
+            if isinstance(cmd, _Abort):
+                if self._engine.abort(cmd.request_id):
+                    self._send(cmd.request_id, TokenEvent(cmd.request_id, [], True, "abort", instance=self.name))
+                continue
+            self._add(cmd)
+
+    def _add(self, cmd: _Add) -> None:
+        self._subscribers[cmd.request_id] = cmd.subscriber
+        try:
+            self._engine.add_request(cmd.request_id, cmd.prompt_ids, cmd.params)
+        except DisaggError as exc:
+            event = TokenEvent(cmd.request_id, [], True, "error", error=str(exc), instance=self.name)
+            self._send(cmd.request_id, event)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if not out.new_token_ids and not out.finished:
+                continue  # a prefill chunk that did not end the prompt
+            event = TokenEvent(
+                out.request_id, list(out.new_token_ids), out.finished, out.finish_reason,
+                new_logprobs=list(out.new_logprobs or ()), instance=self.name,
+            )
+            self._send(out.request_id, event)
+
+    def _send(self, request_id: str, event: TokenEvent) -> None:
+        sub = self._subscribers.get(request_id)
+        if sub is None:
+            return  # late event for a request already ended: normal, drop it
+        if event.finished:
+            del self._subscribers[request_id]
+        try:
+            sub.loop.call_soon_threadsafe(sub.events.put_nowait, event)
+        except RuntimeError:
+            pass  # the caller's loop is closed: nobody is listening any more
+
+    def _fail_all(self, error: str, reason: str = "error") -> None:
+        for request_id in list(self._subscribers):
+            self._engine.abort(request_id)
+            self._send(request_id, TokenEvent(request_id, [], True, reason, error=error, instance=self.name))
+
+    def _snapshot(self) -> None:
+        sched = self._engine.scheduler
+        self._stats.running = len(sched.running)
+        self._stats.waiting = len(sched.waiting)
+        self._stats.kv_pages_used = self._engine.config.num_pages - self._engine.num_free_pages
+        self._stats.extra = {"num_preemptions": float(sched.num_preemptions)}

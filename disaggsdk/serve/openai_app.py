@@ -1,0 +1,149 @@
+"""The OpenAI-compatible HTTP front end (FastAPI) over any `ServingBackend`.
+
+Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
+``stream_options.include_usage``, or whole answers), ``/v1/models``, ``/health``, ``/metrics``.
+With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from disaggsdk.serve import openai_response as resp
+from disaggsdk.serve.backend import ServingBackend
+from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_request import BadRequestError, parse_request
+from disaggsdk.serve.request_run import RequestRun
+
+DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) answer checks that its client is still there
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``backend``.
+
+    Args:
+        backend: what produces tokens.
+        metrics: where requests are accounted (its registry is what /metrics shows).
+        api_key: when set, ``/v1`` routes require ``Authorization: Bearer <api_key>``.
+    Returns:
+        the app, ready for uvicorn.
+    """
+    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None)
+    model = backend.model_name
+    bos = getattr(backend, "bos_token_id", None)
+
+    @app.exception_handler(BadRequestError)
+    async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.middleware("http")
+    async def _check_key(request: Request, call_next):  # noqa: ANN202 - starlette's signature
+        if api_key and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                err = BadRequestError("invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                      status=401, kind="authentication_error")
+                return JSONResponse(err.body(), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    def health() -> Response:
+        ok = all(s.healthy for s in metrics.stats())
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
+                                            "root": model}]}
+
+    async def serve(request: Request, chat: bool) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise BadRequestError("the request body is not valid JSON") from None
+        req = parse_request(body, chat, backend.encode, bos)
+        if isinstance(body, dict) and body.get("model") not in (None, model):
+            raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
+                                  status=404, kind="model_not_found")
+        prefix = "chatcmpl" if chat else "cmpl"
+        run = RequestRun(backend, metrics, f"{prefix}-{uuid.uuid4().hex}", req, model)
+        first = await run.start()
+        if req.stream:
+            return StreamingResponse(_stream(run, first), media_type="text/event-stream")
+        return await _whole(request, run, first)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    return app
+
+
+async def _stream(run: RequestRun, first) -> AsyncIterator[str]:  # noqa: ANN001 - a TokenEvent
+    """SSE chunks; starlette cancels this generator when the client goes away (-> abort)."""
+    async for piece in run.pieces(first):
+        yield _sse(resp.body(run.req.chat, run.request_id, run.created, run.model, [piece.choice], chunk=True))
+    if run.finish_reason == "error":
+        yield _sse(BadRequestError(run.error or "the request failed", status=500, kind="server_error").body())
+    if run.req.include_usage:
+        yield _sse(resp.body(run.req.chat, run.request_id, run.created, run.model, [], chunk=True,
+                             usage_=run.usage()))
+    yield _sse("[DONE]")
+
+
+async def _whole(request: Request, run: RequestRun, first) -> Response:  # noqa: ANN001 - a TokenEvent
+    """Collect the answer while watching for the client leaving (then abort the request)."""
+    token_ids: list[int] = []
+    logprobs: list[dict[str, Any]] = []
+
+    async def collect() -> None:
+        async for piece in run.pieces(first):
+            token_ids.extend(piece.choice.get("token_ids", ()))
+            if piece.choice["logprobs"]:
+                logprobs.append(piece.choice["logprobs"])
+
+    task = asyncio.ensure_future(collect())
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()  # run.pieces' cleanup aborts the request in the backend
+            await asyncio.gather(task, return_exceptions=True)
+            return Response(status_code=499)
+    task.result()
+    if run.finish_reason == "error":
+        err = BadRequestError(run.error or "the request failed", status=500, kind="server_error")
+        return JSONResponse(err.body(), status_code=500)
+    choice = resp.choice(run.req.chat, run.text, run.finish_reason, _merge_logprobs(logprobs, run.req.chat),
+                         token_ids if run.req.return_token_ids else None, delta=False)
+    return JSONResponse(resp.body(run.req.chat, run.request_id, run.created, run.model, [choice], chunk=False,
+                                  usage_=run.usage()))
+
+
+def _merge_logprobs(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
+    if not parts:
+        return None
+    if chat:
+        return {"content": [c for p in parts for c in p["content"]]}
+    return {key: [x for p in parts for x in p[key]] for key in ("tokens", "token_logprobs", "top_logprobs",
+                                                                "text_offset")}

@@ -1,0 +1,90 @@
+"""OpenAI response bodies (whole and streamed chunks) for completions and chat completions.
+
+Pure functions of what one request produced; the app decides when to send them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.sampling import TokenLogprobs
+
+Decode = Callable[[Sequence[int]], str]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_logprobs(lps: Sequence[TokenLogprobs], decode: Decode, text_offset: int) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object of some tokens.
+
+    Args:
+        lps: logprobs of each token, in order.
+        decode: token ids -> text.
+        text_offset: where the first token's text starts in the completion text.
+    """
+    tokens = [decode([lp.token_id]) for lp in lps]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{decode([t]): v for t, v in lp.top} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(lps: Sequence[TokenLogprobs], decode: Decode) -> dict[str, Any]:
+    """The chat ``logprobs`` object (``{"content": [...]}``) of some tokens."""
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        token = decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in lps]}
+
+
+def choice(
+    chat: bool, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None,
+    token_ids: Sequence[int] | None, delta: bool, first: bool = False,
+) -> dict[str, Any]:
+    """One ``choices[0]`` entry: a whole answer or a streamed delta.
+
+    Args:
+        chat: chat completions shape (``message``/``delta``) rather than ``text``.
+        text: the (new) text.
+        finish_reason: None until the last chunk.
+        logprobs: the logprobs object or None.
+        token_ids: the (new) token ids when the client asked for them (``return_token_ids``).
+        delta: a streamed chunk rather than the whole answer.
+        first: the first chat chunk, which carries the assistant role.
+    """
+    out: dict[str, Any] = {"index": 0}
+    if not chat:
+        out["text"] = text
+    elif delta:
+        out["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
+    else:
+        out["message"] = {"role": "assistant", "content": text}
+    out["logprobs"] = logprobs
+    out["finish_reason"] = finish_reason
+    if token_ids is not None:
+        out["token_ids"] = list(token_ids)
+    return out
+
+
+def body(chat: bool, request_id: str, created: int, model: str, choices: list[dict[str, Any]],
+         chunk: bool, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    """A whole response or one SSE chunk around ``choices``."""
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    out: dict[str, Any] = {"id": request_id, "object": kind, "created": created, "model": model, "choices": choices}
+    if usage_ is not None:
+        out["usage"] = usage_
+    return out

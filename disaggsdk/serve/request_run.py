@@ -1,0 +1,127 @@
+"""One request in flight at the front end: backend events -> text pieces, timeline, metrics.
+
+The app wraps a `RequestRun` in either a streamed (SSE) or a whole response; both share the
+token accounting here, so /metrics sees every request the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from disaggsdk.report.latency import RequestTimeline
+from disaggsdk.serve import openai_response as resp
+from disaggsdk.serve.backend import ServingBackend, TokenEvent
+from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_request import BadRequestError, ParsedRequest
+from disaggsdk.serve.text_stream import TextStream
+
+
+@dataclass
+class Piece:
+    """What one backend event became: new text and the choice entry to send for it."""
+
+    text: str
+    choice: dict[str, Any]
+    finished: bool
+
+
+@dataclass
+class RequestRun:
+    """Drives one request through the backend and accounts for it exactly once."""
+
+    backend: ServingBackend
+    metrics: ServerMetrics
+    request_id: str
+    req: ParsedRequest
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    timeline: RequestTimeline = field(init=False)
+    error: str | None = None
+    finish_reason: str | None = None
+    _instance: str = ""
+    _events: AsyncIterator[TokenEvent] | None = None
+    _text: TextStream | None = None
+    _first_chunk: bool = True
+    _recorded: bool = False
+
+    def __post_init__(self) -> None:
+        self.timeline = RequestTimeline(time.monotonic(), prompt_tokens=len(self.req.prompt_ids))
+        self._text = TextStream(self.backend.decode, self.req.stop)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self._text.token_ids)
+
+    @property
+    def text(self) -> str:
+        return self._text.sent_text
+
+    async def start(self) -> TokenEvent:
+        """Submit the request and wait for its first event.
+
+        Raises:
+            BadRequestError: the backend refused the request before producing a token.
+        """
+        self._events = aiter(self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params))
+        first = await anext(self._events)
+        if first.finish_reason == "error" and not first.new_token_ids:
+            self.error = first.error or "the request failed"
+            self.finish_reason = "error"
+            self.record()
+            raise BadRequestError(self.error, param=None)
+        return first
+
+    async def pieces(self, first: TokenEvent) -> AsyncIterator[Piece]:
+        """The request's output, one piece per backend event, starting with ``first``."""
+        event: TokenEvent | None = first
+        try:
+            while event is not None:
+                piece = self._take(event)
+                yield piece
+                if piece.finished:
+                    return
+                event = await anext(self._events, None)
+            self.error, self.finish_reason = "the backend ended the stream without finishing", "error"
+        finally:
+            if self.finish_reason is None or self._text.stopped:
+                # stopped on a stop string or the client went away: the backend must let go too
+                await self.backend.abort(self.request_id)
+                self.finish_reason = self.finish_reason or "abort"
+            await self._events.aclose()
+            self.record()
+
+    def _take(self, event: TokenEvent) -> Piece:
+        now = time.monotonic()
+        self._instance = event.instance or self._instance
+        tokens = list(event.new_token_ids)
+        self.timeline.token_times_s.extend([now] * len(tokens))
+        offset = len(self._text.sent_text)
+        text = self._text.add(tokens, final=event.finished)
+        finished = event.finished or self._text.stopped
+        if finished:
+            self.finish_reason = "stop" if self._text.stopped else event.finish_reason
+            self.error = event.error if event.finish_reason == "error" else None
+        logprobs = None
+        if self.req.logprobs is not None and event.new_logprobs:
+            lps = list(event.new_logprobs)
+            logprobs = (resp.chat_logprobs(lps, self.backend.decode) if self.req.chat
+                        else resp.completion_logprobs(lps, self.backend.decode, offset))
+        choice = resp.choice(
+            self.req.chat, text, self.finish_reason if finished else None, logprobs,
+            tokens if self.req.return_token_ids else None, delta=True, first=self._first_chunk,
+        )
+        self._first_chunk = False
+        return Piece(text, choice, finished)
+
+    def usage(self) -> dict[str, int]:
+        return resp.usage(len(self.req.prompt_ids), self.completion_tokens)
+
+    def record(self) -> None:
+        """Account the request in the metrics (once)."""
+        if not self._recorded:
+            self._recorded = True
+            self.timeline.error = self.error
+            self.metrics.record(self.timeline, self._instance, self.finish_reason)
