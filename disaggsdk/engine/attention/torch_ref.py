@@ -3,8 +3,8 @@
 It is the oracle the FlashInfer backend and the models are checked against, and the CPU engine's
 backend. `plan` turns the step's FlashInfer-style metadata into gather indices and masks once;
 `run` stores the new tokens' KV in the pages and attends with `scaled_dot_product_attention`:
-all one-token (decode) requests in one padded call, each prefill chunk in a call of its own (a
-padded call for mixed lengths would waste memory on [batch, max_q, max_kv] masks).
+all one-token (decode) requests in one padded call, prefill chunks grouped by length (a padded
+call for mixed lengths would waste memory on [batch, max_q, max_kv] masks).
 """
 
 from __future__ import annotations
@@ -22,13 +22,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Group:
-    """Requests attended in one SDPA call."""
+    """Requests attended in one SDPA call. KV is gathered a whole page at a time (one index per
+    page, not per token) and the padding past each request's length is masked out."""
 
     rows: torch.Tensor  # [B, max_q], int64, token rows of each request's queries (padded with 0)
     row_mask: torch.Tensor | None  # [B, max_q], bool, real query rows; None when none are padding
-    kv_page: torch.Tensor  # [B, max_kv], int64, page id of each KV position (padded with 0)
-    kv_offset: torch.Tensor  # [B, max_kv], int64, offset inside that page
-    attn_mask: torch.Tensor  # [B, 1, max_q, max_kv], bool, True where the query may attend
+    page_table: torch.Tensor  # [B, max_pages], int64, each request's pages (padded with page 0)
+    attn_mask: torch.Tensor  # [B, 1, max_q, max_pages * page_size], bool, True where q may attend
+
+
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sm_scale: float
+) -> torch.Tensor:
+    """One query per request, with grouped heads folded into the matmul (no K/V repeat).
+
+    Args:
+        q: [B, Hq, 1, D]; k: [B, Hkv, L, D]; v: [B, Hkv, L, Dv]; mask: [B, 1, 1, L], bool.
+    Returns:
+        [B, Hq, 1, Dv]
+    """
+    b, hq, _, d = q.shape
+    hkv = k.shape[1]
+    # q head h reads kv head h // (hq // hkv): the query heads of one kv head are adjacent
+    scores = torch.matmul(q.reshape(b, hkv, hq // hkv, d), k.transpose(-1, -2)) * sm_scale
+    scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+    out = torch.matmul(scores.softmax(-1), v)  # [B, Hkv, Hq / Hkv, Dv]
+    return out.reshape(b, hq, 1, v.shape[-1])
 
 
 class TorchRefBackend:
@@ -46,7 +65,7 @@ class TorchRefBackend:
         self._num_tokens = 0
 
     def plan(self, batch: ForwardBatch) -> None:
-        """Build gather indices and causal masks for every layer of this step."""
+        """Build page tables and causal masks for every layer of this step."""
         device = self.kv_cache.buffer.device
         page_size = batch.page_size
         slots = batch.kv_slot_ids.to(device=device, dtype=torch.int64)
@@ -56,7 +75,7 @@ class TorchRefBackend:
         qo = batch.qo_indptr.tolist()
         kv_indptr = batch.kv_page_indptr.tolist()
         last_len = batch.kv_last_page_len.tolist()
-        pages = batch.kv_page_indices.to(device=device, dtype=torch.int64)
+        pages = batch.kv_page_indices.tolist()
         decode, prefill = [], []
         for i in range(batch.batch_size):
             num_pages = kv_indptr[i + 1] - kv_indptr[i]
@@ -65,43 +84,63 @@ class TorchRefBackend:
             assert 0 < q_len <= kv_len, f"request {i}: {q_len} new tokens but KV length {kv_len}"
             req = (qo[i], q_len, pages[kv_indptr[i] : kv_indptr[i + 1]], kv_len)
             (decode if q_len == 1 else prefill).append(req)
+        # decodes in one call; prefill chunks of equal length together (no padding wasted)
+        by_len: dict[int, list] = {}
+        for req in prefill:
+            by_len.setdefault(req[1], []).append(req)
         self._groups = [self._group(reqs, page_size, device) for reqs in ([decode] if decode else [])]
-        self._groups += [self._group([req], page_size, device) for req in prefill]
+        self._groups += [self._group(reqs, page_size, device) for reqs in by_len.values()]
 
     @staticmethod
     def _group(reqs: list, page_size: int, device: torch.device) -> _Group:
         max_q = max(r[1] for r in reqs)
-        max_kv = max(r[3] for r in reqs)
+        max_pages = max(len(r[2]) for r in reqs)
         b = len(reqs)
-        rows = torch.zeros(b, max_q, dtype=torch.int64, device=device)
-        row_mask = torch.zeros(b, max_q, dtype=torch.bool, device=device)
-        kv_page = torch.zeros(b, max_kv, dtype=torch.int64, device=device)
-        kv_offset = torch.zeros(b, max_kv, dtype=torch.int64, device=device)
-        attn_mask = torch.zeros(b, 1, max_q, max_kv, dtype=torch.bool, device=device)
-        kv_pos = torch.arange(max_kv, device=device)
-        for j, (q_start, q_len, page_ids, kv_len) in enumerate(reqs):
-            rows[j, :q_len] = torch.arange(q_start, q_start + q_len, device=device)
-            row_mask[j, :q_len] = True
-            pos = torch.arange(kv_len, device=device)
-            kv_page[j, :kv_len] = page_ids[pos // page_size]
-            kv_offset[j, :kv_len] = pos % page_size
-            # query i sits at position kv_len - q_len + i and sees every key up to itself
-            q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
-            attn_mask[j, 0, :q_len] = kv_pos[None, :] <= q_pos[:, None]
-        all_rows = bool(row_mask.all())
-        return _Group(rows, None if all_rows else row_mask, kv_page, kv_offset, attn_mask)
+        rows, row_mask, page_table, kv_lens, q_lens = [], [], [], [], []
+        for q_start, q_len, page_ids, kv_len in reqs:
+            rows.append(list(range(q_start, q_start + q_len)) + [0] * (max_q - q_len))
+            row_mask.append([True] * q_len + [False] * (max_q - q_len))
+            page_table.append(page_ids + [0] * (max_pages - len(page_ids)))
+            kv_lens.append(kv_len)
+            q_lens.append(q_len)
+        kv_len_t = torch.tensor(kv_lens, device=device)[:, None, None]  # [B, 1, 1]
+        # query i of a request sits at position kv_len - q_len + i and sees every key up to itself
+        q_pos = kv_len_t - torch.tensor(q_lens, device=device)[:, None, None] + torch.arange(max_q, device=device)[None, :, None]
+        kv_pos = torch.arange(max_pages * page_size, device=device)[None, None, :]
+        attn_mask = ((kv_pos <= q_pos) & (kv_pos < kv_len_t)).unsqueeze(1)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        row_mask_t = torch.tensor(row_mask, dtype=torch.bool, device=device)
+        page_t = torch.tensor(page_table, dtype=torch.int64, device=device)
+        return _Group(rows_t, None if all(map(all, row_mask)) else row_mask_t, page_t, attn_mask)
+
+    def _gather(self, cache: torch.Tensor, page_table: torch.Tensor, token_major: bool) -> torch.Tensor:
+        """[B, H, max_pages * page_size, D] from pages stored [pages, H, P, D] or, token_major, [pages, P, H, D].
+
+        One copy: the index puts pages where a plain reshape (a view) can merge them with the
+        token dim.
+        """
+        b, n = page_table.shape
+        if token_major:  # [B, n, P, H, D] -> [B, n * P, H, D] (view) -> [B, H, n * P, D] (view)
+            g = cache[page_table]
+            return g.reshape(b, n * g.shape[2], g.shape[3], g.shape[4]).transpose(1, 2)
+        g = cache.transpose(0, 1)[:, page_table]  # [H, B, n, P, D], contiguous
+        return g.permute(1, 0, 2, 3, 4).reshape(b, g.shape[0], n * g.shape[3], g.shape[4])
 
     def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor, sm_scale: float
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
+        sm_scale: float,
     ) -> torch.Tensor:
-        """Attention of every group; keys/values are token-major caches [pages, page_size, H, D]."""
+        """Attention of every group over paged keys/values (layout given by ``token_major``)."""
         for g in self._groups:
             qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
-            kg = keys[g.kv_page, g.kv_offset].transpose(1, 2).to(q.dtype)  # [B, Hkv, max_kv, D]
-            vg = values[g.kv_page, g.kv_offset].transpose(1, 2).to(q.dtype)
-            og = F.scaled_dot_product_attention(
-                qg, kg, vg, attn_mask=g.attn_mask, scale=sm_scale, enable_gqa=kg.shape[1] != qg.shape[1]
-            ).transpose(1, 2)  # [B, max_q, Hq, Dv]
+            kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
+            vg = self._gather(values, g.page_table, token_major).to(q.dtype)
+            if qg.shape[2] == 1:
+                og = _decode_attention(qg, kg, vg, g.attn_mask, sm_scale).transpose(1, 2)
+            else:
+                og = F.scaled_dot_product_attention(
+                    qg, kg, vg, attn_mask=g.attn_mask, scale=sm_scale, enable_gqa=kg.shape[1] != qg.shape[1]
+                ).transpose(1, 2)  # [B, max_q, Hq, Dv]
             if g.row_mask is None:
                 out[g.rows.reshape(-1)] = og.reshape(-1, *og.shape[2:])
             else:
@@ -122,11 +161,12 @@ class TorchRefBackend:
             [num_tokens, num_q_heads_local, head_dim]
         """
         assert q.shape[0] == self._num_tokens, "run() called with a batch other than the planned one"
-        k_cache, v_cache = self.kv_cache.k_v_token_major(layer_id)
-        k_cache[self._new_page, self._new_offset] = k.to(k_cache.dtype)
-        v_cache[self._new_page, self._new_offset] = v.to(v_cache.dtype)
+        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
+        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
+        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        k_cache, v_cache = self.kv_cache.k_v(layer_id)  # the stored layout: gather whole pages
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
-        return self._attend(q, k_cache, v_cache, out, sm_scale)
+        return self._attend(q, k_cache, v_cache, self.kv_cache.layout == "NHD", out, sm_scale)
 
     def run_mla(
         self,
@@ -157,4 +197,4 @@ class TorchRefBackend:
         values = cache[..., :rank].unsqueeze(2)
         q = torch.cat([q_latent, q_rope], dim=-1)
         out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype, device=q.device)
-        return self._attend(q, keys, values, out, sm_scale)
+        return self._attend(q, keys, values, True, out, sm_scale)
