@@ -41,6 +41,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str | None = None  # None: flashinfer on CUDA when installed, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
+    kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
 
 
 class LLMEngine:
@@ -68,7 +69,7 @@ class LLMEngine:
         runner_config = RunnerConfig(
             model=model, num_pages=config.num_pages, page_size=config.page_size, layout=config.layout,
             dtype=config.dtype, kv_dtype=config.kv_dtype or config.dtype, device=config.device,
-            seed=config.seed, attention_backend=config.attention_backend,
+            seed=config.seed, attention_backend=config.attention_backend, kv_share_path=config.kv_share_path,
         )
         self._tp_group = None
         if config.tp > 1:

@@ -27,6 +27,7 @@ class RunnerConfig:
     device: str = "cpu"
     seed: int = 0
     attention_backend: str | None = None
+    kv_share_path: str | None = None  # tp workers: hand the KV pool to the head there (engine.shared_kv)
 
 
 class ModelRunner:

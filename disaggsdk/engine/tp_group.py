@@ -82,7 +82,13 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
     torch.set_num_threads(1)
     try:
         tp, control = _init(rank, size, port, config.device, timeout_s)
-        runner = ModelRunner(config, tp)
+        kv_region = None
+        if config.kv_share_path:  # the head's transfer engine registers this rank's pool too
+            from disaggsdk.engine.shared_kv import die_with_parent, share_pool
+
+            die_with_parent()
+            kv_region = share_pool(config, tp)
+        runner = ModelRunner(config, tp, kv_region.buffer if kv_region else None)
     except Exception as exc:  # reported to rank 0, which raises it as a typed error
         ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
         return

@@ -126,6 +126,28 @@ class PageAllocator:
         self._free_page_ids.extend(pages)
         return len(pages)
 
+    def rename(self, owner: str, new_owner: str) -> int:
+        """Hand every page of ``owner`` to ``new_owner`` (generations and pin kept).
+
+        The messenger parks a retried request's pages under a quarantine owner until no late
+        write can land in them, while the request itself gets fresh pages.
+
+        Returns:
+            The number of pages moved (0 for an unknown owner).
+        Raises:
+            PageOwnershipError: ``new_owner`` already holds pages.
+        """
+        if new_owner in self._page_ids_of:
+            raise PageOwnershipError(f"{new_owner}: already holds KV pages; pick an unused owner name")
+        pages = self._page_ids_of.pop(owner, None)
+        if pages is None:
+            return 0
+        self._page_ids_of[new_owner] = pages
+        if owner in self._pinned_owners:
+            self._pinned_owners.discard(owner)
+            self._pinned_owners.add(new_owner)
+        return len(pages)
+
     def pin(self, owner: str) -> None:
         """Make ``owner``'s pages non-evictable.
 
