@@ -14,9 +14,14 @@
 
 #define FAB_MAX_CONTROL_BYTES (64u * 1024u)
 #define FAB_NUM_RECV_BUFS 16
-/* After the last piece of work the progress thread keeps polling this long (ns), then naps
- * FAB_IDLE_NAP_US between polls: busy when traffic flows, nearly idle otherwise. */
-#define FAB_IDLE_SPIN_NS 2000000ull
+/* Backoff of the progress thread once nothing progressed (no post, no completion): poll flat
+ * out for FAB_SPIN_NS, then nap FAB_SHORT_NAP_US between polls until FAB_IDLE_NS, then
+ * FAB_IDLE_NAP_US. New work wakes it at once. On a shared 2-core machine a thread that spins
+ * while its peer process copies the data steals that copy's core; the short naps cost little
+ * latency next to a write of a megabyte and give the core back. */
+#define FAB_SPIN_NS 20000ull
+#define FAB_SHORT_NAP_US 20
+#define FAB_IDLE_NS 2000000ull
 #define FAB_IDLE_NAP_US 200
 #define FAB_OP_MAGIC 0xfab0c0deu
 #define FAB_IMM_BUCKETS 4096u

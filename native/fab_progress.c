@@ -1,5 +1,5 @@
 /*
- * The progress thread and the calls that feed it.
+ * The progress thread (callers feed it through fab_submit.c).
  *
  * Callers (Python threads) validate and coalesce a batch, then append it to eng->pending under
  * eng->lock and signal eng->wake. The progress thread moves pending work to its own post list,
@@ -19,188 +19,6 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int peer_known(struct fab_engine *eng, fi_addr_t peer)
-{
-    for (size_t i = 0; i < eng->num_peers; i++)
-        if (eng->peers[i] == peer)
-            return 1;
-    return 0;
-}
-
-/* callers */
-
-static int check_entry(uint64_t i, uint64_t off, uint64_t len, uint64_t region_len,
-                       const char *side)
-{
-    if (len == 0 || off > region_len || len > region_len - off) {
-        fab_set_error("write %llu: %s range [%llu, %llu) is outside the %s region of %llu bytes"
-                      "%s",
-                      (unsigned long long)i, side, (unsigned long long)off,
-                      (unsigned long long)(off + len), side, (unsigned long long)region_len,
-                      len == 0 ? " (zero-length writes are not allowed)" : "");
-        return -FI_EINVAL;
-    }
-    return 0;
-}
-
-int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_t src_handle,
-                      const fab_region_desc *dst, const uint64_t *src_off, const uint64_t *dst_off,
-                      const uint64_t *len, const uint32_t *imm, uint64_t n)
-{
-    fab_set_error("%s", ""); /* no stale message from an earlier call */
-    pthread_mutex_lock(&eng->lock);
-    int ok = src_handle >= 1 && src_handle <= eng->num_mrs && eng->mrs[src_handle - 1].mr;
-    struct fab_mr_entry src = ok ? eng->mrs[src_handle - 1] : (struct fab_mr_entry){0};
-    int known = peer_known(eng, (fi_addr_t)peer);
-    pthread_mutex_unlock(&eng->lock);
-    if (!ok) {
-        fab_set_error("unknown source region handle %llu", (unsigned long long)src_handle);
-        return -FI_EINVAL;
-    }
-    if (!known) {
-        fab_set_error("unknown peer handle %llu: insert the peer's address first",
-                      (unsigned long long)peer);
-        return -FI_EINVAL;
-    }
-    if (dst->check != fab_desc_check(dst)) {
-        fab_set_error("the destination region descriptor fails its check (corrupted, or a field "
-                      "was changed): use the descriptor exactly as the target's register() made it");
-        return -FI_EINVAL;
-    }
-    if ((dst->mr_mode ^ eng->mr_mode) & FI_MR_VIRT_ADDR) {
-        fab_set_error("the destination region was registered with another provider (mr_mode %#llx, "
-                      "here %#llx): both ends must open the same provider",
-                      (unsigned long long)dst->mr_mode, (unsigned long long)eng->mr_mode);
-        return -FI_EINVAL;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        int rc = check_entry(i, src_off[i], len[i], src.len, "source");
-        if (!rc)
-            rc = check_entry(i, dst_off[i], len[i], dst->len, "destination");
-        if (rc)
-            return rc;
-    }
-
-    struct fab_batch *b = calloc(1, sizeof(*b));
-    struct fab_write *writes = n ? malloc(n * sizeof(*writes)) : NULL;
-    if (!b || (n && !writes)) {
-        free(b);
-        free(writes);
-        return -FI_ENOMEM;
-    }
-    /* coalesce runs contiguous on both sides with the same immediate */
-    uint64_t m = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        struct fab_write *w = m ? &writes[m - 1] : NULL;
-        if (w && eng->merge_counts && (uint32_t)w->data == imm[i] &&
-            w->src_off + w->len == src_off[i] && w->dst_off + w->len == dst_off[i] &&
-            w->len + len[i] <= eng->max_msg_bytes && (w->data >> 32) < 0xffffffffull) {
-            w->len += len[i];
-            w->data += 1ull << 32;
-            continue;
-        }
-        writes[m++] = (struct fab_write){src_off[i], dst_off[i], len[i],
-                                         (1ull << 32) | (uint64_t)imm[i]};
-    }
-    if (!eng->merge_counts)
-        for (uint64_t i = 0; i < m; i++)
-            writes[i].data &= 0xffffffffull; /* 4-byte CQ data: the immediate alone */
-    b->ops = m ? calloc(m, sizeof(struct fab_op)) : NULL;
-    if (m && !b->ops) {
-        free(b);
-        free(writes);
-        return -FI_ENOMEM;
-    }
-    b->id = batch_id;
-    b->peer = (fi_addr_t)peer;
-    b->src_handle = src_handle;
-    b->src_ptr = src.ptr;
-    b->src_desc = src.desc;
-    b->dst = *dst;
-    b->num_writes = m;
-    b->writes = writes;
-
-    pthread_mutex_lock(&eng->lock);
-    if (eng->stop) {
-        pthread_mutex_unlock(&eng->lock);
-        free(b->ops);
-        free(writes);
-        free(b);
-        fab_set_error("the transfer engine is closed");
-        return -FI_ESHUTDOWN;
-    }
-    eng->mrs[src_handle - 1].inflight_batches++;
-    eng->stats.writes_requested += n;
-    if (eng->pending_tail)
-        eng->pending_tail->next = b;
-    else
-        eng->pending_head = b;
-    eng->pending_tail = b;
-    pthread_cond_signal(&eng->wake);
-    pthread_mutex_unlock(&eng->lock);
-    return 0;
-}
-
-int fab_expect(fab_engine *eng, uint32_t imm, uint64_t count)
-{
-    fab_set_error("%s", ""); /* no stale message from an earlier call */
-    pthread_mutex_lock(&eng->lock);
-    int rc = fab_imm_expect(eng, imm, count);
-    pthread_mutex_unlock(&eng->lock);
-    return rc;
-}
-
-int fab_cancel(fab_engine *eng, uint32_t imm)
-{
-    pthread_mutex_lock(&eng->lock);
-    fab_imm_cancel(eng, imm);
-    pthread_mutex_unlock(&eng->lock);
-    return 0;
-}
-
-int fab_send(fab_engine *eng, uint64_t send_id, uint64_t peer, const void *buf, uint64_t len)
-{
-    fab_set_error("%s", ""); /* no stale message from an earlier call */
-    if (len > FAB_MAX_CONTROL_BYTES) {
-        fab_set_error("control message of %llu bytes exceeds the %u-byte limit",
-                      (unsigned long long)len, FAB_MAX_CONTROL_BYTES);
-        return -FI_EMSGSIZE;
-    }
-    struct fab_send *s = calloc(1, sizeof(*s) + (len ? len : 1));
-    if (!s)
-        return -FI_ENOMEM;
-    s->id = send_id;
-    s->peer = (fi_addr_t)peer;
-    s->len = len;
-    memcpy(s->buf, buf, len);
-    pthread_mutex_lock(&eng->lock);
-    int rc = 0;
-    if (!peer_known(eng, s->peer)) {
-        fab_set_error("unknown peer handle %llu: insert the peer's address first",
-                      (unsigned long long)peer);
-        rc = -FI_EINVAL;
-    } else if (eng->stop) {
-        fab_set_error("the transfer engine is closed");
-        rc = -FI_ESHUTDOWN;
-    } else {
-        if (eng->send_tail)
-            eng->send_tail->next = s;
-        else
-            eng->send_head = s;
-        eng->send_tail = s;
-        pthread_cond_signal(&eng->wake);
-    }
-    pthread_mutex_unlock(&eng->lock);
-    if (rc)
-        free(s);
-    return rc;
-}
-
-int fab_wait_events(fab_engine *eng, fab_event *out, int max_events, int timeout_ms)
-{
-    return fab_events_wait(&eng->events, out, max_events, timeout_ms);
 }
 
 /* progress thread */
@@ -257,9 +75,10 @@ static void finish_batch(struct fab_engine *eng, struct fab_batch *b)
     free(b);
 }
 
-/* Posts what it can; returns 1 when the provider pushed back, so the caller polls the CQ. */
-static int post_writes(struct fab_engine *eng)
+/* Posts what it can (stops at -FI_EAGAIN); returns how many writes went out. */
+static uint64_t post_writes(struct fab_engine *eng)
 {
+    uint64_t posted = 0;
     while (eng->post_head) {
         struct fab_batch *b = eng->post_head;
         while (b->num_posted < b->num_writes && b->status == 0) {
@@ -272,7 +91,7 @@ static int post_writes(struct fab_engine *eng)
                                   b->peer, b->dst.addr_base + w->dst_off, b->dst.key, &op->ctx);
             if (rc == -FI_EAGAIN) {
                 eng->stats.eagain++;
-                return 1;
+                return posted;
             }
             if (rc) {
                 b->status = rc; /* the rest of the batch is not sent */
@@ -281,6 +100,7 @@ static int post_writes(struct fab_engine *eng)
             b->num_posted++;
             b->num_outstanding++;
             eng->stats.writes_posted++;
+            posted++;
         }
         eng->post_head = b->next;
         if (!eng->post_head)
@@ -289,12 +109,14 @@ static int post_writes(struct fab_engine *eng)
         b->num_posted = b->num_writes; /* fully handed over (or abandoned after an error) */
         if (b->num_outstanding == 0)
             finish_batch(eng, b);
+        posted++; /* a batch handed over counts as progress even when it was empty */
     }
-    return 0;
+    return posted;
 }
 
-static void post_sends(struct fab_engine *eng, struct fab_send **head)
+static uint64_t post_sends(struct fab_engine *eng, struct fab_send **head)
 {
+    uint64_t handled = 0;
     while (*head) {
         struct fab_send *s = *head;
         s->op.magic = FAB_OP_MAGIC;
@@ -312,8 +134,9 @@ static void post_sends(struct fab_engine *eng, struct fab_send **head)
         if (!rc)
             rc = fi_send(eng->ep, s->buf, s->len, desc, s->peer, &s->op.ctx);
         if (rc == -FI_EAGAIN)
-            return; /* keep it at the head for the next round */
+            return handled; /* keep it at the head for the next round */
         *head = s->next;
+        handled++;
         if (rc) {
             fab_events_push(&eng->events, FAB_EV_SEND_DONE, rc, s->id, NULL, 0);
             if (s->mr)
@@ -321,14 +144,13 @@ static void post_sends(struct fab_engine *eng, struct fab_send **head)
             free(s);
         }
     }
+    return handled;
 }
 
-static int post_sends_and_writes(struct fab_engine *eng, struct fab_send **sends)
+/* Returns how many operations went out: 0 when there was nothing or the provider pushed back. */
+static uint64_t post_sends_and_writes(struct fab_engine *eng, struct fab_send **sends)
 {
-    int had_work = *sends || eng->post_head;
-    post_sends(eng, sends);
-    post_writes(eng);
-    return had_work;
+    return post_sends(eng, sends) + post_writes(eng);
 }
 
 static void complete_op(struct fab_engine *eng, struct fab_op *op, int status, uint64_t len)
@@ -418,11 +240,15 @@ void *fab_progress_main(void *arg)
             pthread_mutex_unlock(&eng->lock);
             break;
         }
-        int idle = !eng->pending_head && !eng->send_head && !eng->post_head && !sends;
-        if (idle && now_ns() - last_work > FAB_IDLE_SPIN_NS) {
+        /* Nap once nothing progressed for a while: no work, or work the provider keeps
+         * refusing (a dead shm peer never drains its queue; retrying flat out burns a core). */
+        int fresh = eng->pending_head || eng->send_head;
+        uint64_t since = now_ns() - last_work;
+        if (!fresh && since > FAB_SPIN_NS) {
+            long nap_ns = (since > FAB_IDLE_NS ? FAB_IDLE_NAP_US : FAB_SHORT_NAP_US) * 1000L;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += FAB_IDLE_NAP_US * 1000L;
+            ts.tv_nsec += nap_ns;
             if (ts.tv_nsec >= 1000000000L) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
@@ -444,14 +270,14 @@ void *fab_progress_main(void *arg)
         }
         pthread_mutex_unlock(&eng->lock);
 
-        int work = post_sends_and_writes(eng, &sends);
+        uint64_t work = post_sends_and_writes(eng, &sends);
         sends_tail = &sends;
         while (*sends_tail)
             sends_tail = &(*sends_tail)->next;
         int done = 0, n;
         while ((n = poll_cq(eng)) > 0)
             done += n;
-        if (work || done || eng->post_head || sends)
+        if (work || done)
             last_work = now_ns();
         else
             sched_yield(); /* spinning: let the peer's progress thread (often on this core) run */
