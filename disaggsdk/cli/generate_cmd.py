@@ -55,9 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.engine.tokenizer import load_tokenizer
+    from disaggsdk.models import resolve_model
 
     if not args.prompt and not args.prompt_ids:
         raise GenerateArgsError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
+    resolve_model(args.model)  # an unknown name fails here with the catalog and the closest name
     tokenizer = load_tokenizer(args.model)
     if args.prompt and tokenizer is None:
         raise GenerateArgsError(f"{args.model} has no tokenizer here; pass --prompt-ids instead of --prompt")

@@ -1,0 +1,34 @@
+"""Tensor-parallel workers: same tokens as tp=1, gone after close, errors before any spawn."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.errors import ModelError  # noqa: E402
+
+PROMPTS = [[1, 2, 3, 4, 5], [7] * 11, [300, 20]]
+PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+@pytest.mark.slow
+def test_tp2_equals_tp1_and_workers_are_reaped():
+    with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=8)) as one:
+        want = [o.output_ids for o in one.generate(PROMPTS, PARAMS)]
+    engine = LLMEngine("deepseek-r1-tiny", EngineConfig(tp=2, page_size=4, num_pages=64, max_num_batched_tokens=8))
+    procs = list(engine._tp_group.procs)
+    try:
+        assert [o.output_ids for o in engine.generate(PROMPTS, PARAMS)] == want
+        assert engine.num_free_pages == 64
+    finally:
+        engine.close()
+    assert procs and all(not p.is_alive() for p in procs)
+    engine.close()  # idempotent
+
+
+def test_tp_that_does_not_divide_fails_before_spawning():
+    with pytest.raises(ModelError, match="tp=3"):
+        LLMEngine("qwen3-tiny", EngineConfig(tp=3))
