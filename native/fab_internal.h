@@ -104,6 +104,9 @@ struct fab_engine {
     struct fid_cq *cq;
     struct fid_ep *ep;
     uint64_t mr_mode, max_msg_bytes;
+    /* Coalesced writes grow up to this: max_msg_size unless env DISAGGSDK_FABRIC_MAX_MERGED_BYTES
+     * says less (a tuning knob for NICs; on shm/tcp here a 1 MiB cap measured no better). */
+    uint64_t max_merged_bytes;
     int merge_counts; /* cq_data_size >= 8: merged writes can carry their entry count */
 
     pthread_t thread;

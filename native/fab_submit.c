@@ -81,7 +81,7 @@ int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_
         struct fab_write *w = m ? &writes[m - 1] : NULL;
         if (w && eng->merge_counts && (uint32_t)w->data == imm[i] &&
             w->src_off + w->len == src_off[i] && w->dst_off + w->len == dst_off[i] &&
-            w->len + len[i] <= eng->max_msg_bytes && (w->data >> 32) < 0xffffffffull) {
+            w->len + len[i] <= eng->max_merged_bytes && (w->data >> 32) < 0xffffffffull) {
             w->len += len[i];
             w->data += 1ull << 32;
             continue;

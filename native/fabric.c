@@ -146,6 +146,10 @@ int fab_open(const char *provider, const char *domain, int want_hmem, fab_engine
     }
     eng->mr_mode = (uint64_t)eng->info->domain_attr->mr_mode;
     eng->max_msg_bytes = eng->info->ep_attr->max_msg_size;
+    const char *merge_env = getenv("DISAGGSDK_FABRIC_MAX_MERGED_BYTES");
+    eng->max_merged_bytes = merge_env ? strtoull(merge_env, NULL, 0) : 0;
+    if (eng->max_merged_bytes == 0 || eng->max_merged_bytes > eng->max_msg_bytes)
+        eng->max_merged_bytes = eng->max_msg_bytes;
     eng->merge_counts = eng->info->domain_attr->cq_data_size >= 8;
 
     CHECK(fi_fabric(eng->info->fabric_attr, &eng->fabric, NULL), "fi_fabric");
