@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="page maps to measure (default: %(default)s)")
     parser.add_argument("--region-mib", type=int, default=64, help="region size per side")
     parser.add_argument("--total-mib", type=int, default=256, help="bytes written per cell")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per cell; the median-bandwidth run is shown (noisy machines)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     sizes = [_size(s) for s in args.sizes.split(",")]
     cells = run_bench(args.provider, sizes, tuple(args.maps.split(",")),
-                      args.region_mib << 20, args.total_mib << 20)
+                      args.region_mib << 20, args.total_mib << 20, args.repeat)
     if args.json:
         print(json.dumps([attrs.asdict(c) for c in cells], indent=2))
         return 0
