@@ -20,6 +20,9 @@ COMMANDS = {
     "validate": "disaggsdk.cli.validate_cmd",
     "plan": "disaggsdk.cli.plan_cmd",
     "generate": "disaggsdk.cli.generate_cmd",
+    "serve": "disaggsdk.cli.serve_cmd",
+    "launch": "disaggsdk.cli.launch_cmd",
+    "bench": "disaggsdk.cli.bench_cmd",
     "transfer-bench": "disaggsdk.cli.transfer_bench_cmd",
 }
 

@@ -19,6 +19,7 @@ from disaggsdk.spec.yaml_io import load_spec, spec_to_yaml
 
 if TYPE_CHECKING:
     from disaggsdk.plan import Plan
+    from disaggsdk.serve.deployment import Deployment
 
 
 def _set(section: Any, **changes: Any) -> Any:
@@ -109,6 +110,21 @@ class Cluster:
         from disaggsdk.plan import make_plan
 
         return make_plan(self.spec)
+
+    def launch(self, **options: Any) -> Deployment:
+        """Start this deployment on this machine behind an OpenAI-compatible server.
+
+        Args:
+            options: `disaggsdk.serve.deployment.launch` options (``tiny``, ``colocated``,
+                ``port`` -- 0 picks a free one --, ``api_key``...).
+        Returns:
+            a running `Deployment` (a context manager; ``shutdown()`` stops every process).
+        Raises:
+            SpecError, HardwareError: the spec cannot run here (the message says what instead).
+        """
+        from disaggsdk.serve.deployment import launch
+
+        return launch(self.spec, **options)
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(spec_to_yaml(self.draft))}</pre>"

@@ -1,0 +1,144 @@
+"""`disaggsdk bench URL|SPEC`: load a server (or a deployment it launches) and report vLLM-style results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.serve.deployment import Deployment
+
+HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM field names."
+API_KEY_ENV = "DISAGGSDK_API_KEY"
+DEFAULT_OUTPUT_LEN = 64
+
+
+class BenchArgsError(DisaggError):
+    """Command-line arguments of `bench` that cannot be used."""
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load options, shared with ``disaggsdk launch --bench``."""
+    g = parser.add_argument_group("load")
+    g.add_argument("--num-prompts", type=int, default=50, help="requests to send")
+    g.add_argument("--qps", type=float, default=math.inf, help="mean arrival rate (Poisson); inf: all at once")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
+    g.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    g.add_argument("--input-len", type=int, default=256, help="prompt tokens (random dataset)")
+    g.add_argument("--output-len", type=int, default=None,
+                   help=f"output tokens (random dataset: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's when given)")
+    g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1-r)..len*(1+r)")
+    g.add_argument("--dataset", default=None, metavar="FILE", help="ShareGPT-format JSON instead of random prompts")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="SLOs for goodput (milliseconds)")
+    g.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    g.add_argument("--output", default=None, metavar="FILE", help="write the results as JSON to FILE")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of `bench`."""
+    parser.add_argument("target", help="server URL (http://host:port) or a spec file to launch")
+    parser.add_argument("--model", default=None, help="model to ask for (default: the server's first)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--tiny", action="store_true", help="SPEC: run with the tiny variant of its model on CPU")
+    parser.add_argument("--colocated", action="store_true", help="SPEC: benchmark the colocated layout instead")
+    parser.add_argument("--compare", action="store_true",
+                        help="SPEC: run the same load disaggregated and colocated (same CPU budget) side by side")
+    parser.add_argument("--no-live", action="store_true", help="SPEC: no live instance table, only a progress bar")
+    add_load_arguments(parser)
+
+
+def load_requests(args: argparse.Namespace, model: str | None) -> list[BenchRequest]:
+    """The benchmark's requests from the load options."""
+    from disaggsdk.bench.dataset import random_requests, sharegpt_requests
+
+    if args.dataset is None:
+        output_len = args.output_len or DEFAULT_OUTPUT_LEN
+        return random_requests(args.num_prompts, args.input_len, output_len, args.range_ratio, args.seed)
+    from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
+
+    tokenizer = (load_tokenizer(model) if model else None) or ByteTokenizer()
+    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    return sharegpt_requests(args.dataset, args.num_prompts, count, args.output_len, args.seed)
+
+
+def run_load(args: argparse.Namespace, console: Console, url: str, model: str | None, api_key: str | None,
+             deployment: Deployment | None = None, title: str = "benchmark") -> dict[str, Any]:
+    """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from disaggsdk.bench.serve_bench import LoadShape, bench, parse_slos, served_model
+    from disaggsdk.report.live import InstanceRow
+    from disaggsdk.report.live_table import LiveView, instance_table
+
+    model = model or served_model(url, api_key)
+    requests = load_requests(args, model)
+    shape = LoadShape(args.qps, args.burstiness, args.max_concurrency, args.seed)
+    progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console)
+    task = progress.add_task("requests", total=len(requests))
+
+    def render() -> Any:
+        if deployment is None or getattr(args, "no_live", False):
+            return progress
+        rows = deployment.metrics()["instances"]
+        return [progress, instance_table([InstanceRow(**r) for r in rows], title=deployment.name)]
+
+    with LiveView(render, console):
+        result = bench(url, requests, shape, model, api_key, parse_slos(args.slo),
+                       on_done=lambda _: progress.advance(task))
+    return result
+
+
+def report(args: argparse.Namespace, console: Console, results: list[tuple[str, dict[str, Any]]]) -> None:
+    """Print the summary table (and JSON where asked); write ``--output``."""
+    from disaggsdk.report.live_table import summary_table
+
+    doc: Any = results[0][1] if len(results) == 1 else {name: r for name, r in results}
+    if args.output:
+        Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.json:
+        Console(stderr=True).print(summary_table(results))
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        console.print(summary_table(results))
+        if args.output:
+            console.print(f"results written to {args.output}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Benchmark a URL, or launch a spec (once, or twice with --compare), load it and tear it down.
+
+    Returns:
+        0 on success.
+    Raises:
+        DisaggError: bad options, an unreachable server, or a spec that cannot be launched.
+    """
+    console = Console(stderr=args.json)
+    if args.target.startswith(("http://", "https://")):
+        if args.tiny or args.colocated or args.compare:
+            raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")
+        result = run_load(args, console, args.target.rstrip("/"), args.model, args.api_key)
+        report(args, console, [(args.target, result)])
+        return 0
+    from disaggsdk.cli.launch_cmd import launch_spec
+
+    layouts = [False, True] if args.compare else [args.colocated]
+    results = []
+    for colocated in layouts:
+        name = "colocated" if colocated else "disaggregated"
+        with launch_spec(args, console, colocated=colocated, port=0, pin=args.compare) as d:
+            results.append((name, run_load(args, console, d.url, d.model_name, d.api_key, d, title=name)))
+    report(args, console, results)
+    return 0

@@ -1,0 +1,114 @@
+"""`disaggsdk launch SPEC`: start a deployment on this machine and serve it until Ctrl-C / SIGTERM.
+
+With ``--bench`` it runs a benchmark with the live view instead, prints the summary and shuts down
+(what ``make demo`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from disaggsdk.cli.bench_cmd import API_KEY_ENV, add_load_arguments, report, run_load
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.deployment import Deployment
+
+HELP = "Launch a spec's processes on this machine behind an OpenAI-compatible server (live TTFT/TPS)."
+POLL_S = 0.25
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: shut down like on Ctrl-C."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of `launch`."""
+    parser.add_argument("target", metavar="SPEC", help="deployment spec (YAML)")
+    parser.add_argument("--tiny", action="store_true", help="same topology with the tiny variant of the model, on CPU")
+    parser.add_argument("--colocated", action="store_true",
+                        help="the comparison layout: mixed prefill+decode instances on the same CPU budget")
+    parser.add_argument("--host", default=None, help="interface to bind (default: the spec's serve.host)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
+    parser.add_argument("--no-live", action="store_true", help="no live instance table")
+    parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
+    add_load_arguments(parser)
+
+
+def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, port: int | None = None,
+                pin: bool = False) -> Deployment:
+    """Load ``args.target``, start it and say when it is ready.
+
+    Args:
+        colocated: launch the colocated twin of the spec.
+        port: overrides ``--port`` and the spec.
+        pin: pin each instance to its own CPU core (the comparison runs of ``bench --compare``).
+    Raises:
+        DisaggError: a bad spec, missing hardware, or a runtime that failed to start.
+    """
+    from disaggsdk.serve.deployment import launch
+    from disaggsdk.spec import load_spec
+
+    spec = load_spec(args.target)
+    layout = "colocated" if colocated else "disaggregated"
+    console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
+    start = time.monotonic()
+    options = {"cpu_affinity": "per-instance"} if pin else {}
+    if getattr(args, "log_dir", None):
+        options["log_dir"] = args.log_dir
+    d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
+               port=port if port is not None else getattr(args, "port", None), api_key=args.api_key, **options)
+    instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
+    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
+                  f"instances: {instances}", soft_wrap=True)
+    return d
+
+
+def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
+    """Serve until SIGINT or SIGTERM (with the live instance table unless ``live`` is False), then shut down."""
+    from disaggsdk.report.live import InstanceRow
+    from disaggsdk.report.live_table import LiveView, instance_table
+
+    def on_term(*_: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    console.print("serving; Ctrl-C to stop")
+    try:
+        if live:
+            render = lambda: instance_table([InstanceRow(**r) for r in d.metrics()["instances"]], title=d.url)  # noqa: E731
+            with LiveView(render, console):
+                while True:
+                    time.sleep(POLL_S)
+        else:
+            while True:
+                time.sleep(POLL_S)
+    except (KeyboardInterrupt, _Terminated):
+        console.print("shutting down ...")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        d.shutdown()
+    console.print("stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch, then serve until a signal, or benchmark and stop with ``--bench``.
+
+    Returns:
+        0 on a clean shutdown.
+    """
+    console = Console(stderr=args.json)
+    with launch_spec(args, console, colocated=args.colocated) as d:
+        if args.bench:
+            result = run_load(args, console, d.url, d.model_name, d.api_key, d, title=d.name)
+            report(args, console, [(d.name, result)])
+            return 0
+        serve_until_signal(d, console, live=not args.no_live)
+    return 0

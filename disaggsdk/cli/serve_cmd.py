@@ -1,0 +1,50 @@
+"""`disaggsdk serve --model M`: one colocated engine in this process behind the OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from rich.console import Console
+
+from disaggsdk.cli.bench_cmd import API_KEY_ENV
+
+HELP = "Serve one colocated engine (tiny catalog model or checkpoint) over the OpenAI-compatible API."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of `serve`."""
+    parser.add_argument("--model", required=True, help="tiny catalog name or Hugging Face checkpoint directory")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--num-pages", type=int, default=1024, help="KV pages")
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests holding pages at once")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--no-live", action="store_true", help="no live instance table")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the engine, serve until SIGINT/SIGTERM, shut down.
+
+    Returns:
+        0 on a clean shutdown.
+    """
+    from disaggsdk.cli.launch_cmd import serve_until_signal
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.serve.deployment import serve_model
+
+    console = Console()
+    config = EngineConfig(
+        num_pages=args.num_pages, page_size=args.page_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype,
+    )
+    start = time.monotonic()
+    d = serve_model(args.model, config, args.host, args.port, args.api_key)
+    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}")
+    serve_until_signal(d, console, live=not args.no_live)
+    return 0

@@ -1,0 +1,96 @@
+"""The Jupyter dashboard: an ipywidgets box with the instance table and the latency plot.
+
+It is updated from the kernel: `refresh()` once, or `start()` a thread that refreshes every
+``interval_s`` until `stop()`. Numbers come from `disaggsdk.report.live`; this file only renders.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from disaggsdk.report.live import InstanceRow, Served, instance_rows, latency_series
+from disaggsdk.report.svg_plot import latency_svg
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.backend import InstanceStats
+
+COLUMNS = ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting", "KV used",
+           "xfer GB/s")
+
+
+def rows_html(rows: Sequence[InstanceRow]) -> str:
+    """The instance rows as an HTML table."""
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+            r.name if r.healthy else f"{r.name} (down)", r.role, r.num_requests, num(r.ttft_p50_ms, ".1f"),
+            num(r.ttft_p99_ms, ".1f"), num(r.tokens_per_s_per_request, ".1f"), r.running, r.waiting,
+            f"{r.kv_usage:.0%}", num(r.transfer_gb_per_s, ".2f"),
+        )) + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Dashboard:
+    """Live view of a deployment in a notebook.
+
+    Args:
+        served: returns the recent finished requests (``ServerMetrics.recent``).
+        stats: returns the instance snapshots (``ServerMetrics.stats``).
+        title: shown on top.
+        interval_s: refresh period of `start`.
+    """
+
+    def __init__(self, served: Callable[[], Sequence[Served]], stats: Callable[[], Sequence[InstanceStats]],
+                 title: str = "deployment", interval_s: float = 1.0):
+        import ipywidgets as widgets
+
+        self._served, self._stats, self._title = served, stats, title
+        self.interval_s = interval_s
+        self.origin_s = time.monotonic()
+        self.table = widgets.HTML()
+        self.plot = widgets.HTML()
+        self.widget = widgets.VBox([widgets.HTML(f"<b>{html.escape(title)}</b>"), self.table, self.plot])
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refresh()
+
+    def refresh(self) -> list[InstanceRow]:
+        """Recompute and redraw now. Returns the rows shown."""
+        served, now = self._served(), time.monotonic()
+        rows = instance_rows(served, self._stats(), now)
+        self.table.value = rows_html(rows)
+        self.plot.value = latency_svg(latency_series(served, self.origin_s), title="TTFT and ITL over time (ms)")
+        return rows
+
+    def start(self) -> Dashboard:
+        """Refresh every ``interval_s`` on a background thread until `stop`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="dashboard", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.refresh()
+            except Exception:  # a deployment shutting down under the dashboard: stop quietly
+                return
+
+    def stop(self) -> None:
+        """Stop refreshing (the last picture stays). Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)

@@ -1,0 +1,84 @@
+"""The live per-instance table in the terminal (rich). Renders `disaggsdk.report.live` rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+
+from disaggsdk.report.live import InstanceRow
+
+REFRESH_PER_S = 2.0
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Table:
+    """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s."""
+    table = Table(title=title, title_justify="left")
+    for header in ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting",
+                   "KV used", "xfer GB/s"):
+        table.add_column(header, justify="left" if header in ("instance", "role") else "right")
+    for r in rows:
+        name = r.name if r.healthy else f"[red]{r.name} (down)[/]"
+        table.add_row(
+            name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".1f"), _num(r.ttft_p99_ms, ".1f"),
+            _num(r.tokens_per_s_per_request, ".1f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
+            _num(r.transfer_gb_per_s, ".2f"),
+        )
+    return table
+
+
+def summary_table(results: Sequence[tuple[str, dict[str, Any]]]) -> Table:
+    """Benchmark results side by side (one column per run), vLLM field names as row labels."""
+    table = Table(title="benchmark", title_justify="left")
+    table.add_column("metric")
+    for name, _ in results:
+        table.add_column(name, justify="right")
+    keys = ["completed", "failed", "duration", "request_throughput", "output_throughput", "request_goodput",
+            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+            "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "mean_tokens_per_s_per_request"]
+    for key in keys:
+        if not any(key in r for _, r in results):
+            continue
+        cells = [r.get(key) for _, r in results]
+        table.add_row(key, *("-" if c is None else f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells))
+    return table
+
+
+class LiveView:
+    """A rich Live display refreshed from ``render`` (call it inside ``with``).
+
+    Args:
+        render: builds the current renderable (table, progress bar...).
+        console: where to draw (stdout by default).
+    """
+
+    def __init__(self, render: Callable[[], RenderableType | Sequence[RenderableType]], console: Console | None = None):
+        self._render = render
+        self._console = console
+        self._live: Live | None = None
+
+    def _current(self) -> RenderableType:
+        out = self._render()
+        return Group(*out) if isinstance(out, (list, tuple)) else out
+
+    def __enter__(self) -> LiveView:
+        self._live = Live(self._current(), console=self._console, refresh_per_second=REFRESH_PER_S,
+                          get_renderable=self._current)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._live is not None
+        self._live.__exit__(*exc)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep while the display keeps refreshing itself."""
+        time.sleep(seconds)

@@ -1,0 +1,197 @@
+"""`Deployment`: a running backend behind the OpenAI-compatible server, as one Python object.
+
+    with Cluster.from_yaml("specs/tiny_local.yaml").launch(port=0) as d:
+        print(d.generate("def fib(n):"))
+        d.bench(num_prompts=20, qps=4, input_len=256, output_len=32)
+
+`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime`); `serve_model` one
+colocated engine in this process. Either way `shutdown` (or leaving the ``with``) stops the
+server and every process the backend started.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_app import build_app
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.report.dashboard import Dashboard
+    from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.spec.types import Spec
+
+
+def _stop(server: HttpServer, backend: ServingBackend) -> None:
+    # backend first: open streams end with "abort" at once instead of holding the server's shutdown
+    try:
+        backend.close()
+    finally:
+        server.stop()
+
+
+class Deployment:
+    """A backend served over HTTP. Use as a context manager, or call `shutdown`.
+
+    Args:
+        backend: what produces tokens (closed by `shutdown`).
+        host: interface to bind.
+        port: TCP port; 0 picks a free one (see `url`).
+        api_key: when set, clients must send ``Authorization: Bearer <api_key>``.
+        name: shown in the live views.
+    Raises:
+        ServerStartError: the port cannot be bound (the backend is closed then).
+    """
+
+    def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None, name: str = "deployment"):
+        self.backend = backend
+        self.name = name
+        self.api_key = api_key
+        self.server_metrics = ServerMetrics(backend.stats, backend.model_name)
+        self._server = HttpServer(build_app(backend, self.server_metrics, api_key), host, port)
+        try:
+            self._server.start()
+        except BaseException:
+            backend.close()
+            raise
+        # processes must not outlive the interpreter even if nobody calls shutdown
+        self._finalizer = weakref.finalize(self, _stop, self._server, backend)
+        self._dashboards: list[Dashboard] = []
+
+    @property
+    def url(self) -> str:
+        """Base URL of the OpenAI-compatible API (``{url}/v1/...``)."""
+        return self._server.url
+
+    @property
+    def model_name(self) -> str:
+        return self.backend.model_name
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 32, temperature: float = 0.0, **params: Any) -> str:
+        """Complete ``prompt`` through the HTTP endpoint (the same path a client takes).
+
+        Args:
+            prompt: text or token ids.
+            max_tokens: tokens to generate at most.
+            temperature: 0 is greedy.
+            params: any other completions field (``top_p``, ``seed``, ``stop``...).
+        Returns:
+            the completion text.
+        Raises:
+            httpx.HTTPStatusError: the server refused the request (its body says why).
+        """
+        body = {"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+        r = httpx.post(f"{self.url}/v1/completions", json=body | params, headers=self._headers(), timeout=None)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+
+    def bench(self, num_prompts: int = 32, qps: float = math.inf, input_len: int = 256, output_len: int = 32,
+              range_ratio: float = 0.0, burstiness: float = 1.0, max_concurrency: int | None = None,
+              slos_ms: dict[str, float] | None = None, seed: int = 0) -> dict[str, Any]:
+        """Run a benchmark against this deployment (random prompts).
+
+        Returns:
+            vLLM ``bench serve`` style results (`disaggsdk.bench.serve_bench.bench`).
+        """
+        from disaggsdk.bench.dataset import random_requests
+        from disaggsdk.bench.serve_bench import LoadShape, bench
+
+        requests = random_requests(num_prompts, input_len, output_len, range_ratio, seed)
+        shape = LoadShape(qps, burstiness, max_concurrency, seed)
+        return bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms)
+
+    def metrics(self, window_s: float = 30.0) -> dict[str, Any]:
+        """Live numbers: one row per instance (TTFT p50/p99, tokens/s per request, queues, KV, transfer).
+
+        Returns:
+            ``{"num_served": int, "instances": [dict per instance]}``.
+        """
+        from dataclasses import asdict
+
+        from disaggsdk.report.live import instance_rows
+
+        rows = instance_rows(self.server_metrics.recent(), self.backend.stats(), time.monotonic(), window_s)
+        return {"num_served": self.server_metrics.num_served, "instances": [asdict(r) for r in rows]}
+
+    def dashboard(self, start: bool = True, interval_s: float = 1.0) -> Dashboard:
+        """An ipywidgets dashboard of this deployment (display it in a notebook cell).
+
+        Args:
+            start: refresh it every ``interval_s`` in the background (until `shutdown`).
+        """
+        from disaggsdk.report.dashboard import Dashboard
+
+        dash = Dashboard(self.server_metrics.recent, self.backend.stats, self.name, interval_s)
+        self._dashboards.append(dash)
+        return dash.start() if start else dash
+
+    def shutdown(self) -> None:
+        """Stop the server and everything the backend started. Idempotent."""
+        for dash in self._dashboards:
+            dash.stop()
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        return f"<Deployment {self.name} {self.model_name} at {self.url} ({state})>"
+
+
+def serve_model(model: str, engine_config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
+                api_key: str | None = None) -> Deployment:
+    """One colocated engine in this process behind the server (`disaggsdk serve`).
+
+    Args:
+        model: a tiny catalog name or a checkpoint directory.
+        engine_config: engine settings.
+        host, port, api_key: see `Deployment`.
+    """
+    from disaggsdk.serve.inprocess_backend import InProcessBackend
+
+    backend = InProcessBackend(model, engine_config)
+    return Deployment(backend, host, port, api_key, name=f"{model} (colocated, in process)")
+
+
+def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | None = None,
+           port: int | None = None, api_key: str | None = None, **runtime_options: Any) -> Deployment:
+    """Start the processes of ``spec`` on this machine and serve them.
+
+    Args:
+        spec: a checked spec.
+        tiny: run the spec's topology with the tiny variant of its model (CPU).
+        colocated: the comparison layout: the same CPU budget as mixed prefill+decode instances.
+        host, port: override ``spec.serve``; port 0 picks a free one.
+        api_key: see `Deployment`.
+        runtime_options: passed to `disaggsdk.launch.LocalRuntime` (``cpu_affinity``, ``log_dir``).
+    Raises:
+        HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
+        LaunchUnavailableError: this build has no local runtime.
+    """
+    from disaggsdk.serve.hardware import check_hardware, local_runtime
+
+    check_hardware(spec, tiny)
+    runtime_cls = local_runtime()
+    backend = runtime_cls(spec, tiny=tiny, colocated=colocated, **runtime_options)
+    layout = "colocated" if colocated else "disaggregated"
+    return Deployment(backend, host or spec.serve.host, spec.serve.port if port is None else port, api_key,
+                      name=f"{spec.label} ({layout})")

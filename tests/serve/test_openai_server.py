@@ -1,0 +1,142 @@
+"""The OpenAI-compatible server against a real in-process engine: the official client, SSE,
+/metrics through the Prometheus parser, 400s naming the field, the API key, disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serve.conftest import SERVED_MODEL
+
+
+def families(url: str) -> dict:
+    text = httpx.get(f"{url}/metrics").text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def histogram_count(fams: dict, name: str) -> float:
+    return sum(s.value for s in fams[name].samples if s.name == f"{name}_count")
+
+
+def test_openai_client_streams_a_chat_completion(deployment):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model=SERVED_MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=12, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert content[0].choices[0].delta.role == "assistant"
+    assert content[-1].choices[0].finish_reason == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.completion_tokens == 12 and usage.prompt_tokens > 0
+    # the same request without streaming gives the same greedy text
+    whole = client.chat.completions.create(
+        model=SERVED_MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert whole.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in content)
+    assert whole.usage.completion_tokens == 12
+
+
+def test_metrics_parse_and_ttft_count_equals_requests_served(deployment):
+    before = histogram_count(families(deployment.url), "disaggsdk_time_to_first_token_seconds")
+    for i in range(3):
+        r = httpx.post(f"{deployment.url}/v1/completions",
+                       json={"prompt": f"req {i}", "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+    httpx.post(f"{deployment.url}/v1/completions", json={"prompt": "x", "max_tokens": 0})  # refused: not served
+    fams = families(deployment.url)
+    assert histogram_count(fams, "disaggsdk_time_to_first_token_seconds") == before + 3
+    for name in ("disaggsdk_inter_token_latency_seconds", "disaggsdk_time_per_output_token_seconds",
+                 "disaggsdk_e2e_request_latency_seconds"):
+        assert fams[name].type == "histogram"
+    gauges = {s.labels["instance"]: s.value for s in fams["disaggsdk_num_requests_running"].samples}
+    assert gauges == {"mixed-0": 0.0}
+    assert fams["disaggsdk_kv_pages_total"].samples[0].value == 256
+    assert "disaggsdk_kv_transfer_bytes" in fams and "disaggsdk_kv_transfer_failures" in fams
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_k": "3"}, "top_k"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "logprobs": 99}, "logprobs"),
+    ({"max_tokens": 3}, "prompt"),
+    ({"prompt": "x", "model": "gpt-9"}, "model"),
+])
+def test_bad_completion_requests_get_400_naming_the_field(deployment, body, param):
+    r = httpx.post(f"{deployment.url}/v1/completions", json=body)
+    assert r.status_code == (404 if param == "model" else 400)
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"]
+
+
+def test_bad_chat_requests_and_bad_json(deployment):
+    r = httpx.post(f"{deployment.url}/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+    r = httpx.post(f"{deployment.url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    # a prompt that cannot fit the KV pool is refused by the engine, before any token
+    r = httpx.post(f"{deployment.url}/v1/completions", json={"prompt": [1] * 10, "max_tokens": 5000})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+
+
+def test_stop_strings_logprobs_token_ids_and_models(deployment):
+    url = deployment.url
+    base = {"prompt": [256, 1, 2, 3], "max_tokens": 24, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    full = httpx.post(f"{url}/v1/completions", json=base).json()["choices"][0]
+    text = full["text"]
+    stop = next((text[i:i + 2] for i in range(2, len(text) - 2) if text[i:i + 2].isprintable()
+                 and text.find(text[i:i + 2]) == i), None)
+    if stop is not None:
+        cut = httpx.post(f"{url}/v1/completions", json=base | {"stop": [stop]}).json()["choices"][0]
+        assert cut["text"] == text[: text.index(stop)] and cut["finish_reason"] == "stop"
+    lp = httpx.post(f"{url}/v1/completions", json=base | {"logprobs": 2, "max_tokens": 5}).json()["choices"][0]
+    assert len(lp["logprobs"]["token_logprobs"]) == 5 == len(lp["token_ids"])
+    assert all(len(top) <= 2 for top in lp["logprobs"]["top_logprobs"])
+    assert lp["token_ids"] == full["token_ids"][:5]
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_client_disconnect_aborts_the_request(deployment):
+    url = deployment.url
+    body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+    # the engine drops the request and frees its pages soon after the client left
+    deadline = time.monotonic() + 5  # the full request would take >10 s
+    while time.monotonic() < deadline:
+        stats = deployment.backend.stats()[0]
+        if stats.running == 0 and stats.kv_pages_used == 0:
+            break
+        time.sleep(0.05)
+    assert stats.running == 0 and stats.kv_pages_used == 0
+
+
+def test_api_key_is_enforced_when_set():
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.serve.deployment import serve_model
+
+    with serve_model(SERVED_MODEL, EngineConfig(num_pages=64), port=0, api_key="s3cret") as d:
+        body = {"prompt": "x", "max_tokens": 2}
+        assert httpx.post(f"{d.url}/v1/completions", json=body).status_code == 401
+        wrong = httpx.post(f"{d.url}/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        ok = httpx.post(f"{d.url}/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert httpx.get(f"{d.url}/health").status_code == 200  # probes need no key
+        assert d.generate("hi", max_tokens=2) is not None  # the Deployment sends its own key
