@@ -1,0 +1,53 @@
+"""`--tiny`: run a GPU spec on a CPU with the tiny variant of its model and the same topology."""
+
+from __future__ import annotations
+
+import attrs
+
+from disaggsdk.errors import DisaggError
+from disaggsdk.models import TINY_VARIANT, is_tiny
+from disaggsdk.spec.types import Spec
+
+
+class LaunchError(DisaggError):
+    """A deployment that cannot be started as asked."""
+
+
+def tiny_spec(spec: Spec) -> Spec:
+    """The same instances, tp, dp and routes with the model's tiny variant, on the CPU.
+
+    KV moves in float32 (tokens compare with transformers exactly); "auto" transport becomes shm.
+
+    Raises:
+        LaunchError: the model has no tiny variant.
+    """
+    model = spec.model if is_tiny(spec.model) else TINY_VARIANT.get(spec.model)
+    if model is None:
+        raise LaunchError(f"{spec.model} has no tiny variant; tiny variants exist for {sorted(TINY_VARIANT)}")
+    provider = "shm" if spec.transport.provider in ("auto", "efa", "verbs") else spec.transport.provider
+    return attrs.evolve(
+        spec, model=model, device="cpu", hardware=attrs.evolve(spec.hardware, gpu="cpu"),
+        kv=attrs.evolve(spec.kv, dtype="float32"), transport=attrs.evolve(spec.transport, provider=provider),
+    )
+
+
+def check_runnable(spec: Spec) -> None:
+    """Refuse a GPU spec on a machine without CUDA, saying what to run instead.
+
+    Raises:
+        LaunchError: ``device: cuda`` and no CUDA device here.
+    """
+    if spec.device != "cuda":
+        return
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        ranks = sum(r.replicas * r.tp * r.dp for r in (spec.prefill, spec.decode))
+        raise LaunchError(
+            f"{spec.label} needs {ranks} CUDA GPUs ({spec.hardware.gpu}) and this machine has none; "
+            f"run it on the CPU with its tiny model: add --tiny (LocalRuntime(spec, tiny=True))"
+        )

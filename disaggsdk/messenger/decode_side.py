@@ -1,0 +1,299 @@
+"""The decode side of the handoff: grant pages, ask a prefill unit, count writes, admit, retry.
+
+Runs on the decode unit's main thread, next to the engine (which is not thread-safe); only the
+counter futures resolve on the transfer engine's pump thread. One request's life here
+(shared/DESIGN.md, "The KV messenger"): pinned pages for ``prompt[:-1]`` and a context slot are
+granted; the prefill unit with the fewest outstanding requests gets a `PrefillRequest`; an
+immediate counter waits for exactly the writes the route predicts; when it fires the context's
+shape is checked and the request joins decode scheduling with its last prompt token.
+
+Failure rules: a retried or aborted attempt's pages and slot are *quarantined* (renamed to a
+quarantine owner) until the old prefill unit confirms it drained its writes, or is known dead
+and a grace period passed; only then are they freed. A deadline, a rejection, a failure report
+or a dead peer all lead to a retry on another prefill unit, or to a local prefill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
+from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.plan.writes import expected_writes, num_prefill_pages
+
+DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
+
+
+@dataclass
+class _Handoff:
+    request_id: str
+    prompt_ids: list[int]
+    params: Any  # SamplingParams
+    attempt: int = 0
+    prefill: str | None = None
+    tried: set[str] = field(default_factory=set)
+    imm: int = 0
+    grant: Any = None  # PageGrant of the current attempt
+    slot: int = -1
+    counter: Future | None = None
+    fired_at: float = 0.0
+    send_future: Future | None = None
+    deadline: float = 0.0
+
+
+@dataclass
+class _Quarantine:
+    owner: str  # allocator owner holding the pages
+    slot: int
+    prefill: str
+    request_id: str
+    generation: int
+    release_at: float | None = None  # None: wait for the prefill unit's drain report
+
+
+class DecodeMessenger:
+    """Decode half of the messenger for one decode unit.
+
+    Args:
+        me: this unit.
+        engine: the unit's `LLMEngine` (mode "mixed" so a request can be prefilled locally).
+        transfer: the unit's `TransferEngine`.
+        plan: the deployment plan (routes, layout).
+        context_buffer: the registered context buffer ``[num_context_slots * context_slot_bytes]``.
+        secret: the deployment secret for control frames.
+        deadline_s: how long one attempt may take before it is retried.
+    """
+
+    def __init__(self, me: UnitInfo, engine: Any, transfer: Any, plan: Any, context_buffer: memoryview,
+                 secret: bytes, deadline_s: float):
+        self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
+        self.secret, self.deadline_s = secret, deadline_s
+        self.context_buffer = context_buffer
+        self.layout = plan.spec.kv.layout
+        self.page_size = engine.config.page_size
+        self._free_slots = list(range(me.num_context_slots))
+        self._prefills: dict[str, tuple[UnitInfo, Any]] = {}
+        self._down: dict[str, float] = {}
+        self._outstanding: dict[str, int] = {}
+        self._handoffs: dict[str, _Handoff] = {}
+        self._pending: deque[_Handoff] = deque()
+        self._quarantine: list[_Quarantine] = []
+        self._imms = itertools.count(1)
+        self.frames = FrameCounters()
+        self.totals = TransferTotals()
+        self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
+
+    # peers
+
+    def add_prefill(self, info: UnitInfo) -> None:
+        """Learn a prefill unit (address book from the launcher)."""
+        self._prefills[info.name] = (info, self.transfer.add_peer(info.address))
+        self._outstanding.setdefault(info.name, 0)
+
+    def peer_down(self, name: str, now: float | None = None) -> None:
+        """A prefill unit died: retry its requests now; its quarantined pages free after a grace."""
+        now = time.monotonic() if now is None else now
+        if name not in self._prefills or name in self._down:
+            return
+        self._down[name] = now
+        for q in self._quarantine:
+            if q.prefill == name and q.release_at is None:
+                q.release_at = now + DEAD_PEER_GRACE_S
+        for h in [h for h in self._handoffs.values() if h.prefill == name]:
+            self._retry(h, f"prefill unit {name} went down", drained=False, now=now)
+
+    # requests
+
+    def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+        """Start a request: it runs on the decode engine once its KV has arrived."""
+        prompt = list(prompt_ids)
+        if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
+            self.engine.add_prefilled_request(request_id, prompt, params)
+            return
+        self._pending.append(_Handoff(request_id, prompt, params))
+        self._start_pending(time.monotonic())
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request still waiting for its KV. Returns False when it is not handed off here."""
+        h = self._handoffs.pop(request_id, None)
+        if h is None:
+            for p in list(self._pending):
+                if p.request_id == request_id:
+                    self._pending.remove(p)
+                    return True
+            return False
+        self._end_attempt(h, drained=False, now=time.monotonic())
+        return True
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for pages or for their KV."""
+        return len(self._pending) + len(self._handoffs)
+
+    # the loop
+
+    def on_frame(self, frame: bytes) -> None:
+        """Handle one control frame from a prefill unit; bad frames are counted and dropped."""
+        try:
+            msg = pr.decode_message(frame, self.secret)
+        except pr.ProtocolError as exc:
+            self.frames.count(type(exc).__name__)
+            return
+        if not isinstance(msg, (pr.PrefillRejected, pr.PrefillFailed)):
+            self.frames.count("unexpected_kind")
+            return
+        now = time.monotonic()
+        for q in self._quarantine:
+            if q.request_id == msg.request_id and q.generation == msg.generation:
+                q.release_at = now  # the old attempt's writes are drained
+        h = self._handoffs.get(msg.request_id)
+        if h is None or h.grant is None or h.grant.generation != msg.generation:
+            self.frames.count("stale")  # a late report about an attempt already retried
+            return
+        self._retry(h, f"{h.prefill}: {msg.reason}", drained=True, now=now)
+
+    def poll(self, now: float | None = None) -> None:
+        """Admit requests whose counter fired, retry late or failed attempts, free quarantine."""
+        now = time.monotonic() if now is None else now
+        for h in list(self._handoffs.values()):
+            if h.counter is not None and h.counter.done() and not h.counter.cancelled():
+                if h.counter.exception() is None:
+                    self._admit(h)
+                else:
+                    self._retry(h, f"counter failed: {h.counter.exception()}", drained=False, now=now)
+            elif h.send_future is not None and h.send_future.done() and h.send_future.exception() is not None:
+                self._retry(h, f"cannot reach {h.prefill}: {h.send_future.exception()}", drained=True, now=now)
+            elif now > h.deadline:
+                self._retry(h, f"{h.prefill} missed the {self.deadline_s:g} s deadline", drained=False, now=now)
+        kept = []
+        for q in self._quarantine:
+            if q.release_at is not None and now >= q.release_at:
+                self.engine.allocator.free(q.owner)
+                if q.slot >= 0:
+                    self._free_slots.append(q.slot)
+            else:
+                kept.append(q)
+        self._quarantine = kept
+        self._start_pending(now)
+
+    def drain_quarantine(self) -> None:
+        """At shutdown: every peer is gone, nothing can land any more."""
+        for q in self._quarantine:
+            self.engine.allocator.free(q.owner)
+        self._quarantine = []
+
+    # internals
+
+    def _start_pending(self, now: float) -> None:
+        while self._pending:
+            h = self._pending[0]
+            pages = num_prefill_pages(len(h.prompt_ids), self.page_size)
+            if not self._free_slots or not self.engine.allocator.can_allocate(pages):
+                return  # wait for pages or slots to free up
+            self._pending.popleft()
+            self._send(h, now)
+
+    def _choose_prefill(self, h: _Handoff) -> str | None:
+        live = [n for n in self._prefills if n not in self._down and n not in h.tried]
+        return min(live, key=lambda n: (self._outstanding[n], n)) if live else None
+
+    def _send(self, h: _Handoff, now: float) -> None:
+        name = self._choose_prefill(h)
+        if name is None:
+            self._prefill_locally(h)
+            return
+        info, peer = self._prefills[name]
+        h.attempt += 1
+        h.prefill = name
+        h.grant = self.engine.allocate_pages(h.request_id, len(h.prompt_ids) - 1, pinned=True)
+        h.slot = self._free_slots.pop()
+        h.imm = self._next_imm()
+        h.fired_at = 0.0
+        slot_view = self._slot(h.slot)
+        clear_context(slot_view)
+        route = self.plan.route(info.instance, self.me.instance)
+        count = expected_writes(route, len(h.prompt_ids), self.layout).total
+        h.counter = self.transfer.expect(h.imm, count)
+        h.counter.add_done_callback(lambda _f, h=h: setattr(h, "fired_at", time.monotonic()))
+        spec = self.plan.spec
+        msg = pr.PrefillRequest(
+            request_id=h.request_id, decode_instance=f"{self.me.name}#{self.me.incarnation}",
+            generation=h.grant.generation, imm=h.imm, token_ids=h.prompt_ids, model=spec.model,
+            layout=self.layout, page_size=self.page_size, kv_dtype=spec.kv.dtype, decode_tp=len(self.me.pool_regions),
+            destinations=[pr.DestinationRank(r, region, list(h.grant.page_ids))
+                          for r, region in enumerate(self.me.pool_regions)],
+            context=pr.ContextSlot(self.me.context_region, h.slot * self.me.context_slot_bytes,
+                                   self.me.context_slot_bytes),
+        )
+        self._handoffs[h.request_id] = h
+        self._outstanding[name] += 1
+        h.deadline = now + self.deadline_s
+        h.send_future = self.transfer.send(peer, pr.encode_message(msg, self.secret))
+
+    def _admit(self, h: _Handoff) -> None:
+        del self._handoffs[h.request_id]
+        self._outstanding[h.prefill] -= 1
+        arch = self.engine.arch
+        assert self.engine.allocator.is_current(h.grant), "a granted page changed owner while pinned"
+        try:
+            payload = unpack_context(self._slot(h.slot), arch.hidden_size, arch.vocab_size)
+        except ContextShapeError as exc:
+            self.totals.failures += 1
+            self.engine.allocator.free(h.request_id)
+            self._free_slots.append(h.slot)
+            self.failed.append((h.request_id, str(exc)))
+            return
+        self._free_slots.append(h.slot)
+        exposed = max(0.0, (h.fired_at or time.monotonic()) - payload.forward_end_s)
+        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), exposed_s=exposed,
+                                        attempts=h.attempt))
+        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params)
+
+    def _end_attempt(self, h: _Handoff, drained: bool, now: float) -> None:
+        """Stop counting the current attempt and park its pages until no write can land."""
+        if h.prefill is None:
+            return
+        self.transfer.cancel(h.imm)
+        self._outstanding[h.prefill] -= 1
+        name = h.prefill
+        if name in self._down:
+            release_at = max(now, self._down[name] + DEAD_PEER_GRACE_S)
+        else:
+            release_at = now if drained else None
+            if not drained:
+                abort = pr.AbortPrefill(h.request_id, h.grant.generation)
+                self.transfer.send(self._prefills[name][1], pr.encode_message(abort, self.secret))
+        owner = f"{h.request_id}~{h.attempt}"
+        self.engine.allocator.rename(h.request_id, owner)
+        self._quarantine.append(_Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))
+        h.prefill, h.grant, h.slot, h.counter, h.send_future = None, None, -1, None, None
+
+    def _retry(self, h: _Handoff, reason: str, drained: bool, now: float) -> None:
+        self.totals.failures += 1
+        h.tried.add(h.prefill)
+        self._handoffs.pop(h.request_id, None)
+        self._end_attempt(h, drained, now)
+        self.totals.retries += 1
+        self._pending.appendleft(h)  # first in line for pages
+        self._start_pending(now)
+
+    def _prefill_locally(self, h: _Handoff) -> None:
+        self.totals.prefilled_locally += 1
+        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt,
+                                        prefilled_locally=True))
+        self.engine.add_request(h.request_id, h.prompt_ids, h.params)
+
+    def _slot(self, slot: int) -> memoryview:
+        size = self.me.context_slot_bytes
+        return self.context_buffer[slot * size : (slot + 1) * size]
+
+    def _next_imm(self) -> int:
+        return next(self._imms) % (1 << 32) or next(self._imms)

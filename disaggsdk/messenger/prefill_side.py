@@ -1,0 +1,350 @@
+"""The prefill side of the handoff: check a request, prefill it, stream its pages layer by layer.
+
+The engine's ``on_step`` hook (main thread, before the forward pass) says which chunk of which
+request runs and fills which pages; the pages a chunk completes (a partly filled page only when
+the prompt ends) are queued for a *streamer* thread, which waits on ``engine.layer_counter`` and
+submits each layer's writes as soon as that layer is done. With ``streaming=False`` (the
+ablation) the same writes go after the forward pass. After the last chunk the context (hidden
+state and logits of the last prefilled position) goes to the decode's context slot. The source
+pages are released once every write completed locally; a request that failed or was aborted is
+reported to the decode side only after its writes drained, so the decode side may then free the
+destination pages.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.context import context_bytes, pack_context
+from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
+from disaggsdk.plan.writes import num_prefill_pages
+
+
+@dataclass
+class _Job:
+    msg: pr.PrefillRequest
+    decode: str
+    peer: Any
+    transfers: tuple
+    dst_regions: list  # RegionDescriptor per decode tp rank
+    dst_geometry: PoolGeometry
+    context_dst: Any  # RegionDescriptor of the decode's context buffer
+    pages_queued: int = 0
+    inflight_steps: int = 0  # queued step work not yet submitted by the streamer
+    futures: list[Future] = field(default_factory=list)
+    context_sent: bool = False
+    failure: str | None = None  # set once: the job stops sending and reports after draining
+    aborted: bool = False
+    slot: int = -1
+    num_bytes: int = 0
+    num_writes: int = 0
+    first_submit_s: float = 0.0
+    last_done_s: float = 0.0
+
+
+class PrefillMessenger:
+    """Prefill half of the messenger for one prefill unit.
+
+    Args:
+        me: this unit.
+        engine: the unit's `LLMEngine`, mode "prefill_only" with ``return_hidden_states``.
+        transfer: the unit's `TransferEngine`.
+        plan: the deployment plan.
+        pool_regions: this unit's registered KV pool of each tp rank (`MemoryRegion`).
+        context_region: registered staging buffer for outgoing context payloads.
+        context_buffer: its bytes ``[num_context_slots * context_slot_bytes]``.
+        secret: the deployment secret.
+        streaming: send layer by layer during the forward pass (False: after it).
+    """
+
+    def __init__(self, me: UnitInfo, engine: Any, transfer: Any, plan: Any, pool_regions: list, context_region: Any,
+                 context_buffer: memoryview, secret: bytes, streaming: bool = True):
+        self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
+        self.pool_regions, self.context_region, self.context_buffer = pool_regions, context_region, context_buffer
+        self.secret, self.streaming = secret, streaming
+        spec, arch = plan.spec, engine.arch
+        self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, arch.num_layers
+        fmt = engine.kv_cache.fmt
+        self.src_geometry = PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
+        self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
+        self._free_slots = list(range(me.num_context_slots))
+        self._decodes: dict[str, tuple[UnitInfo, Any]] = {}
+        self._down: set[str] = set()  # decode units known dead: no reply goes to them
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()  # guards job fields the streamer touches
+        self._after_forward: list[list] = []  # the ablation's queued step work
+        self.frames = FrameCounters()
+        self.totals = TransferTotals()
+        self.rejected: dict[str, int] = {}
+        self._work: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._streamer = threading.Thread(target=self._stream, name=f"{me.name}-streamer", daemon=True)
+        self._streamer.start()
+        engine.on_step = self._on_step
+
+    def close(self) -> None:
+        """Stop the streamer thread."""
+        self._stop.set()
+        self._work.put(None)
+        self._streamer.join(10)
+
+    # peers
+
+    def add_decode(self, info: UnitInfo) -> None:
+        """Learn a decode unit (address book from the launcher)."""
+        self._decodes[f"{info.name}#{info.incarnation}"] = (info, self.transfer.add_peer(info.address))
+
+    def peer_down(self, name: str) -> None:
+        """A decode unit died: stop sending its requests (they drain, then free)."""
+        self._down.add(name)
+        with self._lock:
+            for job in self._jobs.values():
+                if job.decode.split("#")[0] == name:
+                    job.aborted = True
+                    job.failure = job.failure or f"decode unit {name} went down"
+
+    @property
+    def num_jobs(self) -> int:
+        return len(self._jobs)
+
+    # control frames
+
+    def on_frame(self, frame: bytes) -> None:
+        """Handle one control frame; a bad one is counted and dropped, a bad request rejected."""
+        try:
+            msg = pr.decode_message(frame, self.secret)
+        except pr.ProtocolError as exc:
+            self.frames.count(type(exc).__name__)
+            return
+        if isinstance(msg, pr.AbortPrefill):
+            job = self._jobs.get(msg.request_id)
+            if job is None or job.msg.generation != msg.generation:
+                self.frames.count("stale")
+                return
+            with self._lock:
+                job.aborted = True
+                job.failure = job.failure or "aborted"
+            return
+        if not isinstance(msg, pr.PrefillRequest):
+            self.frames.count("unexpected_kind")
+            return
+        problem = self._check(msg)
+        if problem is None:
+            problem = self._accept(msg)
+        if problem is not None:
+            self.rejected[problem.split(":")[0]] = self.rejected.get(problem.split(":")[0], 0) + 1
+            peer = self._decodes.get(msg.decode_instance)
+            if peer is not None:  # an unknown sender gets no answer (it may not be a peer at all)
+                reply = pr.PrefillRejected(msg.request_id, msg.generation, problem)
+                self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
+
+    def _check(self, msg: pr.PrefillRequest) -> str | None:
+        spec = self.plan.spec
+        decode = self._decodes.get(msg.decode_instance)
+        if decode is None:
+            return f"unknown_peer: {msg.decode_instance} is not a decode unit of this deployment"
+        info = decode[0]
+        mine = (spec.model, self.layout, self.page_size, spec.kv.dtype)
+        theirs = (msg.model, msg.layout, msg.page_size, msg.kv_dtype)
+        if mine != theirs:
+            return f"mismatch: (model, layout, page_size, kv_dtype) here {mine}, request says {theirs}"
+        if msg.request_id in self._jobs:
+            return f"duplicate: request {msg.request_id} is already being prefilled here"
+        if not 0 < msg.imm < (1 << 32) or len(msg.token_ids) < 2:
+            return "bad_request: imm must be 32-bit and non-zero, and the prompt at least 2 tokens"
+        if msg.decode_tp != len(info.pool_regions) or len(msg.destinations) != msg.decode_tp:
+            return f"mismatch: decode has tp={len(info.pool_regions)}, request names {len(msg.destinations)} ranks"
+        need = num_prefill_pages(len(msg.token_ids), self.page_size)
+        dst = self._dst_geometry(info)
+        for d in msg.destinations:
+            if not 0 <= d.tp_rank < len(info.pool_regions) or d.region != info.pool_regions[d.tp_rank]:
+                return f"bad_region: rank {d.tp_rank}'s region is not the pool that decode unit registered"
+            if len(d.page_ids) != need:
+                return f"bad_pages: {len(d.page_ids)} pages for {len(msg.token_ids)} tokens, need {need}"
+            if any(not 0 <= p < dst.num_pages for p in d.page_ids) or len(set(d.page_ids)) != len(d.page_ids):
+                return f"bad_pages: page ids outside [0, {dst.num_pages}) or repeated"
+        c = msg.context
+        if c is None or c.region != info.context_region or c.length_bytes != self.context_slot_bytes:
+            return "bad_context: the context slot is not the decode unit's buffer or has the wrong size"
+        if c.offset_bytes % info.context_slot_bytes or c.offset_bytes // info.context_slot_bytes >= info.num_context_slots:
+            return "bad_context: the context slot offset is outside the decode unit's buffer"
+        if not self._free_slots:
+            return "overloaded: no context staging slot free; retry elsewhere"
+        return None
+
+    def _dst_geometry(self, info: UnitInfo) -> PoolGeometry:
+        from disaggsdk.transfer import RegionDescriptor
+
+        page_bytes = self.plan.route(self.me.instance, info.instance).dst_shape.page_bytes
+        length = RegionDescriptor.from_bytes(info.pool_regions[0]).length_bytes
+        return PoolGeometry.of_region(self.num_layers, page_bytes, length)
+
+    def _accept(self, msg: pr.PrefillRequest) -> str | None:
+        from disaggsdk.engine.sampling import SamplingParams
+        from disaggsdk.errors import DisaggError
+        from disaggsdk.transfer import RegionDescriptor
+
+        info, peer = self._decodes[msg.decode_instance]
+        route = self.plan.route(self.me.instance, info.instance)
+        job = _Job(
+            msg=msg, decode=msg.decode_instance, peer=peer, transfers=route.transfers_for(msg.request_id),
+            dst_regions=[RegionDescriptor.from_bytes(r) for r in info.pool_regions],
+            dst_geometry=self._dst_geometry(info), context_dst=RegionDescriptor.from_bytes(info.context_region),
+        )
+        try:
+            self.engine.add_request(msg.request_id, msg.token_ids, SamplingParams(max_tokens=1))
+        except DisaggError as exc:
+            return f"engine: {exc}"
+        job.slot = self._free_slots.pop()
+        self._jobs[msg.request_id] = job
+        return None
+
+    # the step hooks
+
+    def _on_step(self, chunks: list) -> None:
+        step_id = self.engine.layer_counter.read()[0] + 1  # begin_step comes right after this hook
+        items = []
+        with self._lock:
+            for c in chunks:
+                job = self._jobs.get(c.request_id)
+                if job is None or job.aborted:
+                    continue
+                ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
+                if ready > job.pages_queued:
+                    items.append((job, job.pages_queued, ready, c.page_ids))
+                    job.pages_queued = ready
+                    job.inflight_steps += 1
+        if not items:
+            return
+        if self.streaming:
+            self._work.put((step_id, items))
+        else:
+            self._after_forward.append(items)
+
+    def after_step(self, outputs: list, forward_end_s: float) -> None:
+        """Call right after ``engine.step()``: ablation writes, then context of finished prefills."""
+        for items in self._after_forward:
+            for layer in range(self.num_layers):
+                self._submit_layer(items, layer)
+            self._finish_items(items)
+        self._after_forward = []
+        for out in outputs:
+            job = self._jobs.get(out.request_id)
+            if job is None or not out.finished:
+                continue
+            if out.finish_reason != "prefilled":
+                self._fail(job, f"engine ended the prefill with {out.finish_reason}")
+                continue
+            self._send_context(job, out, forward_end_s)
+
+    def _stream(self) -> None:
+        counter = self.engine.layer_counter
+        while not self._stop.is_set():
+            work = self._work.get()
+            if work is None:
+                return
+            step_id, items = work
+            for layer in range(self.num_layers):
+                while not counter.wait(step_id, layer + 1, timeout_s=0.5):
+                    if self._stop.is_set():
+                        return
+                self._submit_layer(items, layer)
+            self._finish_items(items)
+
+    def _finish_items(self, items: list) -> None:
+        with self._lock:
+            for job, *_ in items:
+                job.inflight_steps -= 1
+
+    def _submit_layer(self, items: list, layer_id: int) -> None:
+        from disaggsdk.transfer import WriteBatch
+
+        for job, first, stop, page_ids in items:
+            if job.aborted:
+                continue
+            try:
+                pairs = layer_writes(job.transfers, self.layout, layer_id, self.src_geometry, job.dst_geometry,
+                                     page_ids[first:stop], job.msg.destinations[0].page_ids[first:stop])
+                for w in pairs:
+                    batch = WriteBatch(self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
+                                       w.src_offsets, w.dst_offsets, w.lengths,
+                                       _imms(job.msg.imm, len(w)))
+                    self._track(job, self.transfer.submit(job.peer, batch), w.num_bytes, len(w))
+            except Exception as exc:  # a failed submit fails the request, never the unit
+                self._fail(job, f"submitting layer {layer_id}: {exc}")
+
+    def _send_context(self, job: _Job, out: Any, forward_end_s: float) -> None:
+        from disaggsdk.transfer import WriteBatch
+
+        size = self.context_slot_bytes
+        staging = self.context_buffer[job.slot * size : (job.slot + 1) * size]
+        try:
+            hidden, logits = out.hidden_state, out.logits
+            if hidden is None or logits is None:
+                raise ValueError("the engine returned no hidden state: build it with return_hidden_states=True")
+            pack_context(staging, hidden.tolist(), logits.tolist(), forward_end_s)
+            c = job.msg.context
+            batch = WriteBatch.of(self.context_region, job.context_dst, [job.slot * size], [c.offset_bytes], size,
+                                  job.msg.imm)
+            with self._lock:
+                if job.aborted:
+                    return
+            self._track(job, self.transfer.submit(job.peer, batch), size, 1)
+        except Exception as exc:
+            self._fail(job, f"sending the context: {exc}")
+            return
+        job.context_sent = True
+
+    def _track(self, job: _Job, fut: Future, num_bytes: int, num_writes: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            job.futures.append(fut)
+            job.num_bytes += num_bytes
+            job.num_writes += num_writes
+            job.first_submit_s = job.first_submit_s or now
+        fut.add_done_callback(lambda _f: setattr(job, "last_done_s", time.monotonic()))
+
+    def _fail(self, job: _Job, reason: str) -> None:
+        with self._lock:
+            job.aborted = True
+            job.failure = job.failure or reason
+
+    # completion
+
+    def poll(self) -> None:
+        """Release requests whose writes all completed; report failed ones once drained."""
+        for rid, job in list(self._jobs.items()):
+            with self._lock:
+                busy = job.inflight_steps > 0 or not all(f.done() for f in job.futures)
+                failed = next((f.exception() for f in job.futures if f.done() and f.exception()), None)
+                if failed is not None and not job.aborted:
+                    job.aborted, job.failure = True, f"write failed: {failed}"
+            if busy or not (job.context_sent or job.aborted):
+                continue
+            del self._jobs[rid]
+            self._free_slots.append(job.slot)
+            if job.aborted:
+                self.engine.abort(rid)  # frees the pages whether or not the prefill finished
+                self.totals.failures += 1
+                reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
+                if job.decode.split("#")[0] not in self._down:
+                    self.transfer.send(job.peer, pr.encode_message(reply, self.secret))
+                continue
+            self.engine.release(rid)
+            self.totals.add(RequestTransfer(rid, "prefill", len(job.msg.token_ids), bytes=job.num_bytes,
+                                            writes=job.num_writes,
+                                            transfer_s=max(0.0, job.last_done_s - job.first_submit_s)))
+
+
+def _imms(imm: int, n: int):
+    from array import array
+
+    return array("I", [imm]) * n

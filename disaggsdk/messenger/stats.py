@@ -1,0 +1,52 @@
+"""Transfer measurements: one record per request, cumulative counters per unit.
+
+Pure bookkeeping (no clocks read here): the messengers fill it, the launcher ships it to
+`InstanceStats`, the benchmark reads the per-request records.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+MAX_RECENT = 2048  # per-request records kept for the benchmark
+
+
+class RequestTransfer(msgspec.Struct, frozen=True):
+    """One request's handoff as measured on one side."""
+
+    request_id: str
+    side: str  # "prefill" | "decode"
+    num_tokens: int
+    bytes: int = 0  # prefill: bytes sent (context included)
+    writes: int = 0  # prefill: write entries sent
+    transfer_s: float = 0.0  # prefill: first write submitted -> last write completed locally
+    exposed_s: float = 0.0  # decode: prefill forward ended -> counter fired
+    attempts: int = 1  # decode: prefill attempts (1 = no retry)
+    prefilled_locally: bool = False
+
+
+@dataclass
+class TransferTotals:
+    """Cumulative counters of one unit's messenger."""
+
+    requests: int = 0
+    bytes: int = 0
+    writes: int = 0
+    transfer_s: float = 0.0
+    exposed_s: float = 0.0
+    failures: int = 0  # attempts that failed (deadline, peer down, rejected, transfer error)
+    retries: int = 0  # attempts re-sent to another prefill instance
+    prefilled_locally: int = 0
+    recent: deque[RequestTransfer] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
+
+    def add(self, record: RequestTransfer) -> None:
+        """Count one finished request."""
+        self.requests += 1
+        self.bytes += record.bytes
+        self.writes += record.writes
+        self.transfer_s += record.transfer_s
+        self.exposed_s += record.exposed_s
+        self.recent.append(record)
