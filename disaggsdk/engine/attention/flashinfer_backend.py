@@ -1,0 +1,158 @@
+"""FlashInfer paged attention (CUDA): the paged prefill and decode wrappers, and the MLA wrapper.
+
+Imported only through the attention registry, so `flashinfer` is needed only when this backend
+is chosen. KV stays in our pool: K and V are passed as the strided views of `KVCache.k_v` (HND or
+NHD), the MLA cache as the latent and rope slices of its ``[page_size][latent]`` pages.
+
+FlashInfer wants the softmax scale and head counts at plan time; our contract gives them to
+``run``. So ``plan`` keeps the step's metadata and the first ``run`` of the step plans the
+wrapper; every later layer reuses that plan (plan once per step, run once per layer).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from disaggsdk.engine.attention import AttentionBackendError
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.kv_cache import KVCache
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-k workspace
+
+
+def _import_flashinfer():
+    try:
+        import flashinfer
+    except ImportError as exc:
+        raise AttentionBackendError(
+            f"the flashinfer attention backend needs the flashinfer-python package ({exc}); "
+            f"install it on a CUDA machine, or use attention_backend='torch_ref'"
+        ) from None
+    return flashinfer
+
+
+class FlashInferBackend:
+    """Paged attention over one rank's `KVCache` with FlashInfer kernels.
+
+    Args:
+        kv_cache: the rank's cache, on a CUDA device.
+    Raises:
+        AttentionBackendError: no flashinfer, or a cache that is not on a CUDA device.
+    """
+
+    def __init__(self, kv_cache: KVCache):
+        flashinfer = _import_flashinfer()
+        device = kv_cache.buffer.device
+        if device.type != "cuda":
+            raise AttentionBackendError(
+                f"the flashinfer backend needs the KV cache on a CUDA device, not {device}; use torch_ref on CPU"
+            )
+        self.kv_cache = kv_cache
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        if kv_cache.fmt.attention == "mla":
+            self._mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
+        else:
+            self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_cache.layout)
+            self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_cache.layout)
+        self._batch: ForwardBatch | None = None
+        self._planned_key: tuple | None = None  # (num_q_heads, sm_scale, dtype) of the current plan
+        self._is_decode = False
+        self._new_page: torch.Tensor | None = None  # [num_tokens], int64
+        self._new_offset: torch.Tensor | None = None  # [num_tokens], int64
+
+    def plan(self, batch: ForwardBatch) -> None:
+        """Keep the step's metadata; the wrapper itself is planned at the step's first `run`."""
+        device = self.kv_cache.buffer.device
+        self._batch = batch
+        self._planned_key = None
+        qo = batch.qo_indptr
+        self._is_decode = int(qo[-1]) == batch.batch_size  # every request brings one token
+        slots = batch.kv_slot_ids.to(device=device, dtype=torch.int64)
+        self._new_page = slots // batch.page_size
+        self._new_offset = slots % batch.page_size
+        self._meta = {
+            name: getattr(batch, name).to(device=device, dtype=torch.int32)
+            for name in ("qo_indptr", "kv_page_indptr", "kv_page_indices", "kv_last_page_len")
+        }
+
+    def _plan_gqa(self, num_q_heads: int, sm_scale: float, dtype: torch.dtype) -> None:
+        key = (num_q_heads, sm_scale, dtype)
+        if key == self._planned_key:
+            return
+        g = self.kv_cache.geometry
+        m = self._meta
+        common = dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=self.kv_cache.dtype)
+        if self._is_decode:
+            self._decode.plan(
+                m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
+                g.num_kv_heads_local, g.head_dim, self._batch.page_size, **common,
+            )
+        else:
+            self._prefill.plan(
+                m["qo_indptr"], m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
+                g.num_kv_heads_local, g.head_dim, self._batch.page_size, causal=True, **common,
+            )
+        self._planned_key = key
+
+    def run(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
+    ) -> torch.Tensor:
+        """GQA attention of one layer (see `AttentionBackend.run`).
+
+        Args:
+            q: [num_tokens, num_q_heads_local, head_dim], fp16/bf16
+            k: [num_tokens, num_kv_heads_local, head_dim], new tokens
+            v: [num_tokens, num_kv_heads_local, head_dim], new tokens
+            sm_scale: softmax scale
+        Returns:
+            [num_tokens, num_q_heads_local, head_dim]
+        """
+        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
+        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
+        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        self._plan_gqa(q.shape[1], sm_scale, q.dtype)
+        paged = self.kv_cache.k_v(layer_id)  # strided K and V views in the pool's layout
+        wrapper = self._decode if self._is_decode else self._prefill
+        return wrapper.run(q.contiguous(), paged)
+
+    def run_mla(
+        self,
+        layer_id: int,
+        q_latent: torch.Tensor,
+        q_rope: torch.Tensor,
+        kv_latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """MLA attention of one layer in absorbed form (see `AttentionBackend.run_mla`).
+
+        Args:
+            q_latent: [num_tokens, num_heads_local, kv_lora_rank]
+            q_rope: [num_tokens, num_heads_local, qk_rope_head_dim]
+            kv_latent: [num_tokens, kv_lora_rank], new tokens
+            k_rope: [num_tokens, qk_rope_head_dim], new tokens
+            sm_scale: softmax scale of the un-absorbed head dim
+        Returns:
+            [num_tokens, num_heads_local, kv_lora_rank]
+        """
+        cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, kv_lora_rank + rope]
+        rank = kv_latent.shape[1]
+        cache[self._new_page, self._new_offset] = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype)
+        key = (q_latent.shape[1], sm_scale, q_latent.dtype)
+        if key != self._planned_key:
+            m = self._meta
+            page_size = self._batch.page_size
+            num_pages = m["kv_page_indptr"][1:] - m["kv_page_indptr"][:-1]
+            kv_len = (num_pages - 1) * page_size + m["kv_last_page_len"]
+            self._mla.plan(
+                m["qo_indptr"], m["kv_page_indptr"], m["kv_page_indices"], kv_len.to(torch.int32),
+                q_latent.shape[1], rank, k_rope.shape[1], page_size, True, sm_scale,
+                q_latent.dtype, self.kv_cache.dtype,
+            )
+            self._planned_key = key
+        # the latent and rope parts are adjacent slices of one page: no copy
+        return self._mla.run(q_latent.contiguous(), q_rope.contiguous(), cache[..., :rank], cache[..., rank:])
