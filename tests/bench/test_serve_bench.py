@@ -1,0 +1,99 @@
+"""The benchmark against a live server: vLLM field names, sane values; datasets; SLO parsing; CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from disaggsdk.bench.dataset import DatasetError, random_requests, sharegpt_requests
+from disaggsdk.bench.serve_bench import BenchError, LoadShape, bench, parse_slos
+
+VLLM_FIELDS = [
+    "duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "output_throughput", "total_token_throughput", "request_goodput", "input_lens", "output_lens", "ttfts", "itls",
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99")),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.serve.deployment import serve_model
+
+    with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=256), port=0, api_key="k") as d:
+        yield d
+
+
+def test_bench_against_a_live_server_has_vllm_fields_and_sane_values(server):
+    requests = random_requests(12, input_len=64, output_len=8, range_ratio=0.5, seed=1)
+    done = []
+    r = bench(server.url, requests, LoadShape(qps=30, seed=1), api_key="k", slos_ms={"ttft": 60_000},
+              on_done=done.append)
+    assert not [f for f in VLLM_FIELDS if f not in r]
+    assert r["completed"] == 12 and r["failed"] == 0 and len(done) == 12
+    assert r["output_lens"] == [q.output_len for q in requests]  # ignore_eos: exact lengths
+    # the server adds nothing to token-id prompts
+    assert r["input_lens"] == [q.prompt_len for q in requests]
+    assert r["total_output_tokens"] == sum(q.output_len for q in requests)
+    assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] <= r["mean_e2el_ms"] * 2
+    assert 0 < r["mean_itl_ms"] and r["mean_tpot_ms"] > 0
+    assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a 60 s TTFT SLO holds
+    assert r["model_id"] == "qwen3-coder-tiny" and r["request_rate"] == 30
+    json.dumps(r)  # the result is plain JSON
+
+
+def test_bench_reports_an_unreachable_or_refusing_server(server):
+    with pytest.raises(BenchError, match="API key"):
+        bench(server.url, random_requests(1, 4, 2), api_key="wrong")
+    with pytest.raises(BenchError, match="every request failed"):
+        bench(server.url, [random_requests(1, 4, 2)[0].__class__([1] * 8, 8, 100_000)], model="qwen3-coder-tiny",
+              api_key="k")
+
+
+def test_random_lengths_follow_the_range_ratio_and_the_seed():
+    reqs = random_requests(200, input_len=100, output_len=10, range_ratio=0.2, seed=3)
+    assert all(80 <= q.prompt_len <= 120 and len(q.prompt) == q.prompt_len for q in reqs)
+    assert all(8 <= q.output_len <= 12 for q in reqs)
+    assert len({q.prompt_len for q in reqs}) > 10
+    assert reqs == random_requests(200, input_len=100, output_len=10, range_ratio=0.2, seed=3)
+    with pytest.raises(DatasetError, match="range-ratio"):
+        random_requests(2, 10, 10, range_ratio=1.0)
+
+
+def test_sharegpt_file_gives_first_turn_prompts_and_reply_lengths(tmp_path):
+    convs = [{"conversations": [{"from": "human", "value": f"question number {i}?"},
+                                {"from": "gpt", "value": "an answer " * (i + 1)}]} for i in range(6)]
+    convs.append({"conversations": [{"from": "human", "value": "hi"}]})  # one turn: skipped
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(convs))
+    reqs = sharegpt_requests(path, 4, len, seed=0)
+    assert len(reqs) == 4
+    for q in reqs:
+        i = int(q.prompt.split()[-1].rstrip("?"))
+        assert q.prompt_len == len(q.prompt) and q.output_len == len("an answer " * (i + 1))
+    assert {q.output_len for q in sharegpt_requests(path, 3, len, output_len=7)} == {7}
+    with pytest.raises(DatasetError, match="usable"):
+        sharegpt_requests(path, 10, len)
+
+
+def test_slo_parsing_and_load_shape_checks():
+    assert parse_slos("ttft=500,tpot=50") == {"ttft": 500.0, "tpot": 50.0}
+    assert parse_slos(None) == {}
+    with pytest.raises(BenchError, match="ttft, tpot or e2el"):
+        parse_slos("itl=3")
+    with pytest.raises(BenchError):
+        LoadShape(qps=0)
+    assert math.isinf(LoadShape().qps)
+
+
+def test_bench_command_against_a_url_writes_vllm_json(server, run_cli, tmp_path):
+    out = tmp_path / "result.json"
+    p = run_cli("bench", server.url, "--num-prompts", "4", "--input-len", "16", "--output-len", "4", "--qps", "50",
+                "--api-key", "k", "--json", "--output", str(out), "--slo", "ttft=100000")
+    assert p.returncode == 0, p.stderr
+    printed = json.loads(p.stdout)
+    assert printed["completed"] == 4 and "p99_itl_ms" in printed and "request_goodput" in printed
+    assert json.loads(out.read_text())["total_output_tokens"] == 16
+    assert "mean_ttft_ms" in p.stderr  # the summary table goes to stderr with --json

@@ -1,0 +1,75 @@
+"""Live numbers are pure functions of timelines and snapshots; the table, plot and dashboard render them."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from disaggsdk.report.latency import RequestTimeline
+from disaggsdk.report.live import instance_rows, latency_series
+from disaggsdk.report.live_table import instance_table, summary_table
+from disaggsdk.report.svg_plot import latency_svg
+from disaggsdk.serve.backend import InstanceStats
+from disaggsdk.serve.metrics import ServedRequest
+
+
+def served(instance: str, sent: float, times: list[float], ended: float) -> ServedRequest:
+    return ServedRequest(instance, RequestTimeline(sent, times, prompt_tokens=4), "length", ended)
+
+
+STATS = [
+    InstanceStats("prefill-0", "prefill", transfer_bytes=2_000_000_000, transfer_s=0.5),
+    InstanceStats("decode-0", "decode", running=2, waiting=1, kv_pages_used=25, kv_pages_total=100),
+]
+
+
+def test_instance_rows_window_percentiles_speed_kv_and_transfer():
+    reqs = [
+        served("decode-0", 0.0, [0.1, 0.11, 0.12], ended=0.12),  # TTFT 100 ms, 10 ms per token
+        served("decode-0", 1.0, [1.3, 1.32, 1.34], ended=1.34),  # TTFT 300 ms, 20 ms per token
+        served("decode-0", -100.0, [-99.0], ended=-99.0),  # outside the window
+    ]
+    prefill, decode = instance_rows(reqs, STATS, now_s=2.0, window_s=30.0)
+    assert prefill.ttft_p50_ms is None and prefill.transfer_gb_per_s == pytest.approx(4.0)
+    assert decode.num_requests == 2
+    assert decode.ttft_p50_ms == pytest.approx(200.0) and decode.ttft_p99_ms == pytest.approx(298.0)
+    assert decode.tokens_per_s_per_request == pytest.approx((100 + 50) / 2)
+    assert (decode.running, decode.waiting, decode.kv_usage) == (2, 1, 0.25)
+    assert decode.transfer_gb_per_s is None
+
+
+def test_latency_series_puts_ttft_at_first_token_and_gaps_at_later_tokens():
+    s = latency_series([served("d", 10.0, [10.5, 10.6, 10.8], 10.8)], origin_s=10.0)
+    assert s.ttft == [(pytest.approx(0.5), pytest.approx(500.0))]
+    assert [round(x, 3) for x, _ in s.itl] == [0.6, 0.8] and [round(y) for _, y in s.itl] == [100, 200]
+
+
+def test_tables_and_plot_render():
+    rows = instance_rows([served("decode-0", 0.0, [0.1, 0.2], 0.2)], STATS, now_s=1.0)
+    console = Console(record=True, width=160)
+    console.print(instance_table(rows))
+    console.print(summary_table([("disaggregated", {"p99_itl_ms": 1.5, "completed": 3}),
+                                 ("colocated", {"p99_itl_ms": 4.0, "completed": 3})]))
+    text = console.export_text()
+    assert "decode-0" in text and "4.00" in text and "25%" in text
+    assert "p99_itl_ms" in text and "colocated" in text
+    svg = latency_svg(latency_series([served("d", 0.0, [0.1, 0.2, 0.3], 0.3)], 0.0), title="t")
+    assert svg.startswith("<svg") and svg.count("<circle") == 3
+    assert latency_svg(latency_series([], 0.0)).startswith("<svg")  # empty plot before any request
+
+
+def test_dashboard_refreshes_from_its_sources():
+    pytest.importorskip("ipywidgets")
+    from disaggsdk.report.dashboard import Dashboard
+
+    reqs: list[ServedRequest] = []
+    dash = Dashboard(lambda: reqs, lambda: STATS, title="demo", interval_s=0.01)
+    assert "decode-0" in dash.table.value
+    import time
+
+    now = time.monotonic()
+    reqs.append(served("decode-0", now - 0.2, [now - 0.1, now], now))
+    rows = dash.refresh()
+    assert rows[1].num_requests == 1 and "<circle" in dash.plot.value
+    dash.start()
+    dash.stop()

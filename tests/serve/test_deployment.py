@@ -1,0 +1,88 @@
+"""Deployment lifecycle: nothing left running after shutdown; the serve/launch commands end cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from disaggsdk.spec import load_spec
+from tests.conftest import ROOT
+
+
+def our_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith(("engine-", "http-server", "dashboard"))}
+
+
+def test_deployment_context_manager_leaves_nothing_running():
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.serve.deployment import serve_model
+
+    with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), port=0) as d:
+        url = d.url
+        dash = d.dashboard(interval_s=0.05)
+        assert d.generate([256, 5, 6], max_tokens=3, ignore_eos=True) is not None
+        m = d.metrics()
+        assert m["num_served"] == 1 and m["instances"][0]["name"] == "mixed-0"
+        rows = dash.refresh()
+        assert rows[0].num_requests == 1 and "<svg" in dash.plot.value
+        assert our_threads()
+    assert not d.alive and not our_threads()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=2)
+    d.shutdown()  # idempotent
+
+
+def test_gpu_spec_without_tiny_says_what_it_needs(run_cli):
+    p = run_cli("launch", "specs/r1_dp.yaml")
+    assert p.returncode == 2
+    assert "needs CUDA GPUs" in p.stderr and "--tiny" in p.stderr
+
+
+def test_check_hardware_passes_tiny_and_cpu_specs():
+    from disaggsdk.serve.hardware import HardwareError, check_hardware
+
+    gpu_spec = load_spec(ROOT / "specs/qwen3_coder.yaml")
+    check_hardware(gpu_spec, tiny=True, has_cuda=False)
+    check_hardware(gpu_spec, tiny=False, has_cuda=True)
+    check_hardware(load_spec(ROOT / "specs/tiny_local.yaml"), tiny=False, has_cuda=False)
+    with pytest.raises(HardwareError, match="simulate"):
+        check_hardware(gpu_spec, tiny=False, has_cuda=False)
+
+
+def test_serve_command_serves_until_sigterm_and_exits_cleanly():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disaggsdk.cli.main", "serve", "--model", "qwen3-coder-tiny", "--port", "0",
+         "--num-pages", "64", "--no-live"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        lines = []
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
+            url = found.group(1) if found else None
+        assert url, "".join(lines)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
