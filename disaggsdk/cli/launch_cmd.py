@@ -60,7 +60,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     layout = "colocated" if colocated else "disaggregated"
     console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
     start = time.monotonic()
-    options = {"cpu_affinity": "per-instance"} if pin else {}
+    options = {"cpu_affinity": "auto"} if pin else {}  # unit i on core i mod cores
     if getattr(args, "log_dir", None):
         options["log_dir"] = args.log_dir
     d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
