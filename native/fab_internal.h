@@ -24,6 +24,7 @@
 #define FAB_IDLE_NS 2000000ull
 #define FAB_IDLE_NAP_US 200
 #define FAB_OP_MAGIC 0xfab0c0deu
+#define FAB_MAX_BLOCKED_PEERS 16 /* peers skipped after -FI_EAGAIN within one posting round */
 #define FAB_IMM_BUCKETS 4096u
 #define FAB_MAX_RETIRED 8192u
 
@@ -53,7 +54,8 @@ struct fab_mr_entry {
 };
 
 struct fab_batch {
-    struct fab_batch *next;
+    struct fab_batch *next;                     /* pending / post list */
+    struct fab_batch *inflight_prev, *inflight_next; /* fully posted, completions outstanding */
     uint64_t id;
     fi_addr_t peer;
     uint64_t src_handle;
@@ -128,6 +130,7 @@ struct fab_engine {
 
     /* owned by the progress thread only */
     struct fab_batch *post_head, *post_tail;
+    struct fab_batch *inflight_head; /* freed by fab_close if their completions never come */
     uint8_t *recv_bufs;
     struct fid_mr *recv_mr;
     struct fab_op recv_ops[FAB_NUM_RECV_BUFS];

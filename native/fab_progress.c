@@ -64,24 +64,49 @@ static void repost_recv(struct fab_engine *eng, int slot)
         fab_events_push(&eng->events, FAB_EV_ERROR, rc, 0, NULL, 0);
 }
 
-static void finish_batch(struct fab_engine *eng, struct fab_batch *b)
+static void free_batch(struct fab_batch *b)
 {
-    pthread_mutex_lock(&eng->lock);
-    eng->mrs[b->src_handle - 1].inflight_batches--;
-    pthread_mutex_unlock(&eng->lock);
-    fab_events_push(&eng->events, FAB_EV_BATCH_DONE, b->status, b->id, NULL, 0);
     free(b->ops);
     free(b->writes);
     free(b);
 }
 
-/* Posts what it can (stops at -FI_EAGAIN); returns how many writes went out. */
+static void finish_batch(struct fab_engine *eng, struct fab_batch *b)
+{
+    if (b->inflight_prev)
+        b->inflight_prev->inflight_next = b->inflight_next;
+    else if (eng->inflight_head == b)
+        eng->inflight_head = b->inflight_next;
+    if (b->inflight_next)
+        b->inflight_next->inflight_prev = b->inflight_prev;
+    pthread_mutex_lock(&eng->lock);
+    eng->mrs[b->src_handle - 1].inflight_batches--;
+    pthread_mutex_unlock(&eng->lock);
+    fab_events_push(&eng->events, FAB_EV_BATCH_DONE, b->status, b->id, NULL, 0);
+    free_batch(b);
+}
+
+static int peer_in(const fi_addr_t *peers, int n, fi_addr_t peer)
+{
+    for (int i = 0; i < n; i++)
+        if (peers[i] == peer)
+            return 1;
+    return 0;
+}
+
+/* Posts what it can; returns how many writes went out. A peer whose write got -FI_EAGAIN is
+ * skipped for the rest of the round (its later batches keep their order), so one stuck peer,
+ * e.g. a dead shm process whose queue never drains, cannot hold back writes to the others. */
 static uint64_t post_writes(struct fab_engine *eng)
 {
     uint64_t posted = 0;
-    while (eng->post_head) {
-        struct fab_batch *b = eng->post_head;
-        while (b->num_posted < b->num_writes && b->status == 0) {
+    fi_addr_t blocked[FAB_MAX_BLOCKED_PEERS];
+    int num_blocked = 0;
+    struct fab_batch *prev = NULL, **link = &eng->post_head;
+    while (*link) {
+        struct fab_batch *b = *link;
+        int again = peer_in(blocked, num_blocked, b->peer);
+        while (!again && b->num_posted < b->num_writes && b->status == 0) {
             struct fab_write *w = &b->writes[b->num_posted];
             struct fab_op *op = &b->ops[b->num_posted];
             op->magic = FAB_OP_MAGIC;
@@ -91,7 +116,11 @@ static uint64_t post_writes(struct fab_engine *eng)
                                   b->peer, b->dst.addr_base + w->dst_off, b->dst.key, &op->ctx);
             if (rc == -FI_EAGAIN) {
                 eng->stats.eagain++;
-                return posted;
+                if (num_blocked == FAB_MAX_BLOCKED_PEERS)
+                    return posted; /* the provider is full everywhere: poll first */
+                blocked[num_blocked++] = b->peer;
+                again = 1;
+                break;
             }
             if (rc) {
                 b->status = rc; /* the rest of the batch is not sent */
@@ -102,13 +131,25 @@ static uint64_t post_writes(struct fab_engine *eng)
             eng->stats.writes_posted++;
             posted++;
         }
-        eng->post_head = b->next;
-        if (!eng->post_head)
-            eng->post_tail = NULL;
+        if (again) {
+            prev = b;
+            link = &b->next;
+            continue;
+        }
+        /* fully handed over (or abandoned after an error): unlink */
+        *link = b->next;
+        if (eng->post_tail == b)
+            eng->post_tail = prev;
         b->next = NULL;
-        b->num_posted = b->num_writes; /* fully handed over (or abandoned after an error) */
-        if (b->num_outstanding == 0)
+        b->num_posted = b->num_writes;
+        if (b->num_outstanding == 0) {
             finish_batch(eng, b);
+        } else {
+            b->inflight_next = eng->inflight_head;
+            if (eng->inflight_head)
+                eng->inflight_head->inflight_prev = b;
+            eng->inflight_head = b;
+        }
         posted++; /* a batch handed over counts as progress even when it was empty */
     }
     return posted;
@@ -300,10 +341,13 @@ void fab_progress_drop_all(struct fab_engine *eng)
         while (lists[i]) {
             struct fab_batch *b = lists[i];
             lists[i] = b->next;
-            free(b->ops);
-            free(b->writes);
-            free(b);
+            free_batch(b);
         }
+    while (eng->inflight_head) {
+        struct fab_batch *b = eng->inflight_head;
+        eng->inflight_head = b->inflight_next;
+        free_batch(b);
+    }
     eng->post_head = eng->post_tail = eng->pending_head = eng->pending_tail = NULL;
     while (eng->send_head) {
         struct fab_send *s = eng->send_head;
