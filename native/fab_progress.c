@@ -155,11 +155,20 @@ static uint64_t post_writes(struct fab_engine *eng)
     return posted;
 }
 
+/* Posts queued control messages; like writes, a peer that says -FI_EAGAIN is skipped for the
+ * round so the others' messages still go (each peer's messages keep their order). */
 static uint64_t post_sends(struct fab_engine *eng, struct fab_send **head)
 {
     uint64_t handled = 0;
-    while (*head) {
-        struct fab_send *s = *head;
+    fi_addr_t blocked[FAB_MAX_BLOCKED_PEERS];
+    int num_blocked = 0;
+    struct fab_send **link = head;
+    while (*link) {
+        struct fab_send *s = *link;
+        if (peer_in(blocked, num_blocked, s->peer)) {
+            link = &s->next;
+            continue;
+        }
         s->op.magic = FAB_OP_MAGIC;
         s->op.kind = FAB_OP_SEND;
         s->op.send = s;
@@ -174,9 +183,14 @@ static uint64_t post_sends(struct fab_engine *eng, struct fab_send **head)
             desc = fi_mr_desc(s->mr);
         if (!rc)
             rc = fi_send(eng->ep, s->buf, s->len, desc, s->peer, &s->op.ctx);
-        if (rc == -FI_EAGAIN)
-            return handled; /* keep it at the head for the next round */
-        *head = s->next;
+        if (rc == -FI_EAGAIN) {
+            if (num_blocked == FAB_MAX_BLOCKED_PEERS)
+                return handled;
+            blocked[num_blocked++] = s->peer;
+            link = &s->next;
+            continue;
+        }
+        *link = s->next;
         handled++;
         if (rc) {
             fab_events_push(&eng->events, FAB_EV_SEND_DONE, rc, s->id, NULL, 0);
