@@ -1,0 +1,66 @@
+"""A real disaggregated deployment (LocalRuntime: prefill and decode processes, KV over shm) behind
+the server: the openai client streams through it, /metrics counts it, the benchmark runs against
+it, and the Deployment leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from disaggsdk.spec import load_spec
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) processes whose parent is this test process.
+
+    multiprocessing's resource tracker is left out: Python starts one per parent with the first
+    spawned child and it ends with the parent, not with the children.
+    """
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z" and b"resource_tracker" not in cmdline:
+                out.add(int(entry))
+    return out
+
+
+def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
+    openai = pytest.importorskip("openai")
+    from disaggsdk.serve.deployment import launch
+
+    before = child_pids()
+    with launch(load_spec(ROOT / "specs/tiny_local.yaml"), port=0) as d:
+        assert len(child_pids() - before) >= 3  # one process per unit
+        client = openai.OpenAI(base_url=f"{d.url}/v1", api_key="unused")
+        stream = client.chat.completions.create(
+            model=d.model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        chunks = list(stream)
+        assert chunks[-1].usage.completion_tokens == 8
+        assert {c.choices[0].finish_reason for c in chunks if c.choices} >= {"length"}
+        result = d.bench(num_prompts=6, qps=20, input_len=64, output_len=8, seed=2)
+        assert result["completed"] == 6 and result["total_output_tokens"] == 48
+        text = httpx.get(f"{d.url}/metrics").text
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        ttft = fams["disaggsdk_time_to_first_token_seconds"]
+        count = sum(s.value for s in ttft.samples if s.name.endswith("_count"))
+        assert count == 7 == d.server_metrics.num_served
+        served_by = {s.labels["instance"] for s in ttft.samples if s.name.endswith("_count")}
+        assert served_by <= {"decode-0", "decode-1"}  # tokens come from decode instances only
+        roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
+        assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+    assert not (child_pids() - before)
