@@ -115,7 +115,7 @@ static uint64_t post_writes(struct fab_engine *eng)
             int rc = fi_writedata(eng->ep, b->src_ptr + w->src_off, w->len, b->src_desc, w->data,
                                   b->peer, b->dst.addr_base + w->dst_off, b->dst.key, &op->ctx);
             if (rc == -FI_EAGAIN) {
-                eng->stats.eagain++;
+                __atomic_add_fetch(&eng->stats.eagain, 1, __ATOMIC_RELAXED); /* read by fab_get_stats */
                 if (num_blocked == FAB_MAX_BLOCKED_PEERS)
                     return posted; /* the provider is full everywhere: poll first */
                 blocked[num_blocked++] = b->peer;
@@ -128,7 +128,7 @@ static uint64_t post_writes(struct fab_engine *eng)
             }
             b->num_posted++;
             b->num_outstanding++;
-            eng->stats.writes_posted++;
+            __atomic_add_fetch(&eng->stats.writes_posted, 1, __ATOMIC_RELAXED);
             posted++;
         }
         if (again) {
