@@ -24,17 +24,19 @@ class Params(msgspec.Struct, frozen=True, tag=True):
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     @classmethod
     def of(cls, p: Any) -> Params:
-        return cls(p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop_token_ids), p.ignore_eos)
+        return cls(p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop_token_ids), p.ignore_eos,
+                   p.logprobs)
 
     def sampling_params(self) -> Any:
         from disaggsdk.engine.sampling import SamplingParams
 
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, stop_token_ids=self.stop_token_ids,
-                              ignore_eos=self.ignore_eos)
+                              ignore_eos=self.ignore_eos, logprobs=self.logprobs)
 
 
 # parent -> unit
@@ -77,12 +79,19 @@ class Started(msgspec.Struct, frozen=True, tag=True):
     name: str
 
 
+class Logprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class Tokens(msgspec.Struct, frozen=True, tag=True):
     request_id: str
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[Logprob] = []
 
 
 class UnitStats(msgspec.Struct, frozen=True, tag=True):

@@ -210,8 +210,11 @@ class LocalRuntime:
 
     def _dispatch(self, u: _UnitHandle, msg: Any) -> None:
         if isinstance(msg, ch.Tokens):
-            event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, error=msg.error,
-                               instance=u.args.name)
+            from disaggsdk.engine.sampling import TokenLogprobs
+
+            logprobs = [TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top)) for lp in msg.logprobs]
+            event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, logprobs,
+                               error=msg.error, instance=u.args.name)
             with self._lock:
                 sink = self._sinks.get(msg.request_id)
                 if msg.finished:

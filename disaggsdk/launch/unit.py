@@ -246,8 +246,9 @@ class Unit:
     def _emit(self, outputs: list) -> None:
         for out in outputs:
             if out.new_token_ids or out.finished:
+                logprobs = [ch.Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.new_logprobs]
                 ch.send(self.conn, ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
-                                             out.finish_reason))
+                                             out.finish_reason, logprobs=logprobs))
 
     def _report_failures(self) -> None:
         failed = getattr(self.messenger, "failed", None)
