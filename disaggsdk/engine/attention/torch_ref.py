@@ -135,7 +135,8 @@ class TorchRefBackend:
             qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
             kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
             vg = self._gather(values, g.page_table, token_major).to(q.dtype)
-            if qg.shape[2] == 1:
+            if qg.shape[2] == 1 and kg.shape[1] == 1:
+                # MLA decode: SDPA would repeat the one latent "head" for every query head
                 og = _decode_attention(qg, kg, vg, g.attn_mask, sm_scale).transpose(1, 2)
             else:
                 og = F.scaled_dot_product_attention(
