@@ -13,6 +13,7 @@ from rich.table import Table
 from disaggsdk.report.live import InstanceRow
 
 REFRESH_PER_S = 2.0
+CAPTION = "TTFT in ms over the last 30 s; tok/s per request; run/wait: requests running/queued; KV: pages used"
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -21,15 +22,16 @@ def _num(value: float | None, fmt: str) -> str:
 
 def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Table:
     """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s."""
-    table = Table(title=title, title_justify="left")
-    for header in ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting",
-                   "KV used", "xfer GB/s"):
-        table.add_column(header, justify="left" if header in ("instance", "role") else "right")
+    # short headers so the table fits an 80-column terminal; the caption spells them out
+    table = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
+    for header in ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s"):
+        left = header in ("instance", "role")
+        table.add_column(header, justify="left" if left else "right", no_wrap=left)
     for r in rows:
         name = r.name if r.healthy else f"[red]{r.name} (down)[/]"
         table.add_row(
-            name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".1f"), _num(r.ttft_p99_ms, ".1f"),
-            _num(r.tokens_per_s_per_request, ".1f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
+            name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".0f"), _num(r.ttft_p99_ms, ".0f"),
+            _num(r.tokens_per_s_per_request, ".0f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
             _num(r.transfer_gb_per_s, ".2f"),
         )
     return table
@@ -78,6 +80,7 @@ class LiveView:
     def __exit__(self, *exc: object) -> None:
         assert self._live is not None
         self._live.__exit__(*exc)
+        self._live.console.line()  # what follows starts on a fresh line, also when not a terminal
 
     def wait(self, seconds: float) -> None:
         """Sleep while the display keeps refreshing itself."""
