@@ -58,6 +58,23 @@ def _log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
+def _remove_fabric_shm(pid: int) -> None:
+    """Remove the shm provider's files of a dead unit (named "<pid>:..." in /dev/shm).
+
+    libfabric unlinks them when an endpoint closes; a killed process never gets there.
+    """
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"{pid}:"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
 def _unit_names(plan: Any) -> list[tuple[str, Any]]:
     out = []
     for inst in plan.instances:
@@ -80,13 +97,14 @@ class LocalRuntime:
         provider: libfabric provider overriding the spec ("shm", "tcp").
         start_timeout_s: how long start-up may take.
         on_event: optional callback for start-up and failure lines (default: print to stderr).
+        secret: the control-frame secret (random when None).
     Raises:
         LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
     """
 
     def __init__(self, spec: Spec, tiny: bool = False, colocated: bool = False, cpu_affinity: Any = None,
                  log_dir: str | None = None, provider: str | None = None, start_timeout_s: float = 300.0,
-                 on_event: Callable[[str], None] | None = None):
+                 on_event: Callable[[str], None] | None = None, secret: bytes | None = None):
         from disaggsdk.plan import make_plan
         from disaggsdk.spec import spec_to_yaml
 
@@ -109,7 +127,8 @@ class LocalRuntime:
         self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
         provider = provider or self.spec.transport.provider
         provider = "shm" if provider == "auto" else provider
-        secret = secrets.token_bytes(32)  # per deployment: frames from anything else fail their MAC
+        # per deployment: frames from anything else fail their MAC (tests pass one to forge frames)
+        secret = secret or secrets.token_bytes(32)
         names = _unit_names(self.plan)
         affinity = self._affinity(cpu_affinity, len(names))
         spec_yaml = spec_to_yaml(self.spec)
@@ -235,6 +254,7 @@ class LocalRuntime:
             return
         u.healthy = False
         u.process.join(5)
+        _remove_fabric_shm(u.process.pid)
         report = (f"unit {u.args.name} ({u.args.role}) died with exit code {u.process.exitcode}"
                   f"{': ' + u.fatal if u.fatal else ''}; last lines of {u.args.log_path}:\n"
                   f"{_log_tail(u.args.log_path)}")
@@ -415,6 +435,8 @@ class LocalRuntime:
             if u.process.is_alive():
                 u.process.kill()
                 u.process.join(5)
+            if u.process.exitcode != 0:
+                _remove_fabric_shm(u.process.pid)
             u.conn.close()
         with self._lock:
             sinks, self._sinks = self._sinks, {}

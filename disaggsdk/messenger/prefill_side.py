@@ -48,6 +48,7 @@ class _Job:
     num_writes: int = 0
     first_submit_s: float = 0.0
     last_done_s: float = 0.0
+    forward_end_s: float = 0.0
 
 
 class PrefillMessenger:
@@ -284,6 +285,7 @@ class PrefillMessenger:
     def _send_context(self, job: _Job, out: Any, forward_end_s: float) -> None:
         from disaggsdk.transfer import WriteBatch
 
+        job.forward_end_s = forward_end_s
         size = self.context_slot_bytes
         staging = self.context_buffer[job.slot * size : (job.slot + 1) * size]
         try:
@@ -341,7 +343,8 @@ class PrefillMessenger:
             self.engine.release(rid)
             self.totals.add(RequestTransfer(rid, "prefill", len(job.msg.token_ids), bytes=job.num_bytes,
                                             writes=job.num_writes,
-                                            transfer_s=max(0.0, job.last_done_s - job.first_submit_s)))
+                                            transfer_s=max(0.0, job.last_done_s - job.first_submit_s),
+                                            lead_s=job.forward_end_s - job.first_submit_s))
 
 
 def _imms(imm: int, n: int):

@@ -24,6 +24,7 @@ class RequestTransfer(msgspec.Struct, frozen=True):
     writes: int = 0  # prefill: write entries sent
     transfer_s: float = 0.0  # prefill: first write submitted -> last write completed locally
     exposed_s: float = 0.0  # decode: prefill forward ended -> counter fired
+    lead_s: float = 0.0  # prefill: first write submitted -> forward ended (> 0: streamed during it)
     attempts: int = 1  # decode: prefill attempts (1 = no retry)
     prefilled_locally: bool = False
 

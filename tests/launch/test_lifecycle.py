@@ -1,0 +1,187 @@
+"""A running deployment under stress and faults (real processes over shm, tiny Qwen3-MoE).
+
+One runtime with two prefill units and one decode unit serves, in order: 100 requests (every
+page returns on both sides), forged and malformed control frames (counted, nothing lands),
+layer-streamed writes, a hung prefill (deadline, retry, quarantine freed after its drain
+report), a killed prefill mid-transfer (retry elsewhere, no leak), local prefill once no
+prefill is left, a crashed decode (reported with its log tail), and a clean close.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.launch.runtime import LocalRuntime  # noqa: E402
+from disaggsdk.messenger import protocol as pr  # noqa: E402
+from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+
+MODEL = "qwen3-coder-tiny"
+SECRET = b"lifecycle-test-secret-0123456789"
+DEADLINE_S = 3.0
+GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
+pytestmark = pytest.mark.slow
+
+
+def prompt(i: int, n: int) -> list[int]:
+    return [(i * 31 + j * 7) % 250 + 2 for j in range(n)]
+
+
+@pytest.fixture(scope="module")
+def env():
+    before = live_descendants()
+    shm_before = set(os.listdir("/dev/shm"))
+    spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64)
+    rt = LocalRuntime(spec, secret=SECRET, on_event=lambda _line: None)
+    reference = LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=512))
+    try:
+        yield rt, reference
+    finally:
+        rt.close()
+        reference.close()
+        assert live_descendants() <= before, "a unit or tp worker outlived close()"
+        assert set(os.listdir("/dev/shm")) <= shm_before, "shared memory left behind"
+
+
+def tokens(events) -> list[int]:
+    return [t for e in events for t in e.new_token_ids]
+
+
+def expect(reference, prompts, params=GREEDY) -> list[list[int]]:
+    return [o.output_ids for o in reference.generate(prompts, params)]
+
+
+def wait_all_free(rt, timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = rt.unit_stats()
+        if all(s.num_free_pages == s.num_pages for s in stats.values()) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
+
+
+def test_hundred_requests_return_every_page(env):
+    rt, reference = env
+    start = rt.unit_stats()
+    prompts = [prompt(i, 1 + (i * 13) % 40) for i in range(100)]
+    events = rt.generate_batch(prompts, GREEDY, timeout_s=240)
+    assert [tokens(ev) for ev in events] == expect(reference, prompts)
+    stats = wait_all_free(rt)
+    assert {n: s.num_free_pages for n, s in stats.items()} == {n: s.num_free_pages for n, s in start.items()}
+    assert {n: s.num_free_pages for n, s in stats.items()} == {n: s.num_pages for n, s in stats.items()}
+    assert sum(s.transfer_writes for s in stats.values() if s.role == "prefill") > 0
+    assert stats["decode-0"].transfer_failures == 0
+
+
+def test_streamed_writes_start_during_the_forward_pass(env):
+    rt, _ = env
+    rt.generate_batch([prompt(7, 41)], GREEDY)  # one 40-token chunk: 10 pages, within one step
+    records = [r for s in rt.unit_stats().values() if s.role == "prefill" for r in s.recent if r.num_tokens == 41]
+    assert records and records[-1].lead_s > 0, records  # first write went before the forward ended
+    assert records[-1].writes == 10 * 4 + 1  # pages x layers + context (identical sharding, HND)
+
+
+def test_bad_frames_are_counted_and_land_nothing(env):
+    from disaggsdk.transfer import TransferEngine
+
+    rt, reference = env
+    prefill, decode = rt.units["prefill-0"].info, rt.units["decode-0"].info
+    before = rt.unit_stats()
+    good = pr.PrefillRequest(
+        request_id="forged", decode_instance=f"{decode.name}#{decode.incarnation}", generation=1, imm=77,
+        token_ids=prompt(1, 9), model=rt.spec.model, layout="HND", page_size=4, kv_dtype="float32", decode_tp=1,
+        destinations=[pr.DestinationRank(0, decode.pool_regions[0], [0, 10**6])],
+        context=pr.ContextSlot(decode.context_region, 0, decode.context_slot_bytes),
+    )
+    frame = pr.encode_message(good, SECRET)
+    header = pr.HEADER.pack(pr.MAGIC, pr.PROTOCOL_VERSION + 1, good.KIND, 0, len(frame) - pr.HEADER.size - pr.MAC_BYTES)
+    import hashlib
+    import hmac
+
+    body = frame[pr.HEADER.size:-pr.MAC_BYTES]
+    future_version = header + body + hmac.new(SECRET, header + body, hashlib.sha256).digest()
+    with TransferEngine("shm") as te:
+        to_prefill, to_decode = te.add_peer(prefill.address), te.add_peer(decode.address)
+        for f in (b"junk", pr.encode_message(good, b"x" * 32), future_version, frame,
+                  pr.encode_message(pr.AbortPrefill("nobody", 3), SECRET)):
+            te.send(to_prefill, f).result(timeout=10)
+        te.send(to_decode, pr.encode_message(pr.PrefillFailed("nobody", 1, "x"), b"y" * 32)).result(timeout=10)
+        time.sleep(0.5)
+    after = rt.unit_stats()
+    p = after["prefill-0"]
+    assert p.rejected_frames == {"MalformedFrame": 1, "BadMac": 1, "UnknownVersion": 1, "stale": 1}
+    assert p.rejected_requests == {"bad_pages": 1}
+    assert after["decode-0"].rejected_frames.get("BadMac") == 1
+    assert after["decode-0"].rejected_frames.get("stale") == 1  # the PrefillRejected sent for "forged"
+    assert p.transfer_writes == before["prefill-0"].transfer_writes  # nothing was written
+    assert tokens(rt.generate_batch([prompt(2, 9)], GREEDY)[0]) == expect(reference, [prompt(2, 9)])[0]
+
+
+def test_hung_prefill_hits_the_deadline_and_retries(env):
+    rt, reference = env
+    stopped = rt.units["prefill-0"].process.pid
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        prompts = [prompt(40 + i, 20) for i in range(2)]
+        events = rt.generate_batch(prompts, GREEDY, timeout_s=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert [tokens(ev) for ev in events] == expect(reference, prompts)
+    assert elapsed < DEADLINE_S + 15
+    stats = wait_all_free(rt)  # the woken prefill drains, reports, and the quarantine frees
+    assert stats["decode-0"].requests_retried >= 1
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())
+
+
+def test_killed_prefill_mid_transfer_costs_a_retry_not_a_hang(env):
+    rt, reference = env
+    prompts = [prompt(60 + i, 150) for i in range(4)]  # 150 tokens over a 64-token budget: 3 chunks each
+    done = {}
+    t0 = time.monotonic()
+    for i, p in enumerate(prompts):
+        rt.submit(f"kill-{i}", p, GREEDY, lambda ev, i=i: done.setdefault(i, []).append(ev))
+    while rt.unit_stats()["prefill-1"].running == 0:
+        assert time.monotonic() - t0 < 30, "prefill-1 never started"
+        time.sleep(0.01)
+    rt.kill_unit("prefill-1")
+    while sum(1 for evs in done.values() if evs[-1].finished) < len(prompts):
+        assert time.monotonic() - t0 < DEADLINE_S + 60, "requests hung after a prefill died"
+        time.sleep(0.05)
+    assert [tokens(done[i]) for i in range(len(prompts))] == expect(reference, prompts)
+    assert any("prefill-1" in f and "last lines" in f for f in rt.failures)
+    stats = wait_all_free(rt)
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())
+
+
+def test_local_prefill_when_no_prefill_is_left(env):
+    rt, reference = env
+    rt.kill_unit("prefill-0")
+    while rt.units["prefill-0"].healthy:
+        time.sleep(0.05)
+    prompts = [prompt(80, 23), prompt(81, 5)]
+    events = rt.generate_batch(prompts, GREEDY, timeout_s=60)
+    assert [tokens(ev) for ev in events] == expect(reference, prompts)
+    stats = wait_all_free(rt)
+    assert stats["decode-0"].prefilled_locally >= 2
+    assert stats["decode-0"].num_free_pages == stats["decode-0"].num_pages
+
+
+def test_crashed_decode_is_reported_and_refused(env):
+    rt, _ = env
+    rt.kill_unit("decode-0")
+    while rt.units["decode-0"].healthy:
+        time.sleep(0.05)
+    assert any(f.startswith("unit decode-0 (decode) died") and "last lines" in f for f in rt.failures)
+    from disaggsdk.launch import LaunchError
+
+    with pytest.raises(LaunchError, match="no decode unit is healthy"):
+        rt.submit("after-crash", prompt(1, 3), GREEDY, lambda ev: None)
