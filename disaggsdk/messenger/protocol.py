@@ -86,7 +86,7 @@ class PrefillRequest(Message, frozen=True):
     decode_instance: str  # instance name + incarnation id: a restarted decode is a new peer
     generation: int  # grant generation of every page listed below
     imm: int  # 32-bit immediate data carried by every write of this request
-    token_ids: list[int]  # prompt[:-1]: the last prompt token is decoded on the decode side
+    token_ids: list[int]  # the whole prompt; prefill computes KV of token_ids[:-1], decode runs the last
     model: str
     layout: str
     page_size: int
