@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from disaggsdk.engine.scheduler import MODES, Mode, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
 from disaggsdk.errors import DisaggError
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.kv_cache import KVCache
 
 
 class EngineError(DisaggError):
@@ -108,7 +111,7 @@ class LLMEngine:
     # what the messenger reads
 
     @property
-    def kv_cache(self):  # -> KVCache
+    def kv_cache(self) -> KVCache:
         """Rank 0's KV cache (its ``buffer`` is the pool's memory)."""
         return self.runner.kv_cache
 
@@ -121,8 +124,10 @@ class LLMEngine:
 
     # requests
 
-    def _check_new(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        if self.scheduler.find(request_id) is not None or self.allocator.page_ids(request_id):
+    def _check_new(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, has_pages: bool = False
+    ) -> None:
+        if self.scheduler.find(request_id) is not None or (self.allocator.page_ids(request_id) and not has_pages):
             raise EngineError(f"request id {request_id!r} is already in use; use a fresh id")
         if not prompt_ids:
             raise EngineError(f"{request_id}: empty prompt; give at least one token")
@@ -174,8 +179,7 @@ class LLMEngine:
             EngineError: no pages granted, too few for the prompt, or the id is already running.
         """
         params = params or SamplingParams()
-        if self.scheduler.find(request_id) is not None:
-            raise EngineError(f"request id {request_id!r} is already in use; use a fresh id")
+        self._check_new(request_id, prompt_ids, params, has_pages=True)
         held = len(self.allocator.page_ids(request_id)) * self.config.page_size
         if held < len(prompt_ids) - 1:
             raise EngineError(
