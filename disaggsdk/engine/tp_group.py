@@ -139,7 +139,14 @@ class TPGroup:
             raise
 
     def broadcast(self, batch: ForwardBatch) -> None:
-        """Send this step's batch to every worker (they run it as rank 0 does)."""
+        """Send this step's batch to every worker (they run it as rank 0 does).
+
+        Raises:
+            TensorParallelError: a worker has died (a collective with it would hang until timeout).
+        """
+        dead = [rank for rank, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        if dead:
+            raise TensorParallelError(f"tp ranks {dead} have exited; close this engine and start a new one")
         _send_batch(batch, self._control)
 
     def close(self, timeout_s: float = 10.0) -> None:

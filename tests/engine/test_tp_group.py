@@ -32,3 +32,20 @@ def test_tp2_equals_tp1_and_workers_are_reaped():
 def test_tp_that_does_not_divide_fails_before_spawning():
     with pytest.raises(ModelError, match="tp=3"):
         LLMEngine("qwen3-tiny", EngineConfig(tp=3))
+
+
+@pytest.mark.slow
+def test_a_dead_worker_is_an_error_not_a_hang():
+    from disaggsdk.engine.tp_group import TensorParallelError
+
+    engine = LLMEngine("qwen3-tiny", EngineConfig(tp=2, page_size=4, num_pages=32))
+    procs = list(engine._tp_group.procs)
+    try:
+        procs[0].kill()
+        procs[0].join(10)
+        engine.add_request("a", [1, 2, 3], PARAMS)
+        with pytest.raises(TensorParallelError, match="exited"):
+            engine.step()
+    finally:
+        engine.close()
+    assert all(not p.is_alive() for p in procs)
