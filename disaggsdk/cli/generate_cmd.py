@@ -17,7 +17,10 @@ class GenerateArgsError(DisaggError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `generate`."""
-    parser.add_argument("--model", required=True, help="tiny catalog name or Hugging Face checkpoint directory")
+    parser.add_argument("--model", help="tiny catalog name or Hugging Face checkpoint directory")
+    parser.add_argument("--spec", help="a deployment spec: run its processes (prefill -> KV transfer -> decode)")
+    parser.add_argument("--tiny", action="store_true", help="with --spec: the spec's topology with its tiny model, on CPU")
+    parser.add_argument("--colocated", action="store_true", help="with --spec: every instance mixed, no KV transfer")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (processes)")
     parser.add_argument("--layout", choices=("HND", "NHD"), default="HND", help="KV page layout")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
@@ -59,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompt and not args.prompt_ids:
         raise GenerateArgsError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
+    if args.spec:
+        return _run_spec(args)
+    if not args.model:
+        raise GenerateArgsError("give --model NAME_OR_DIR, or --spec SPEC to run a deployment")
     resolve_model(args.model)  # an unknown name fails here with the catalog and the closest name
     tokenizer = load_tokenizer(args.model)
     if args.prompt and tokenizer is None:
@@ -93,4 +100,26 @@ def run(args: argparse.Namespace) -> int:
         for i, item in enumerate(results):
             shown = item.get("text", item["token_ids"])
             print(f"[{i}] {shown!r}  ({len(item['token_ids'])} tokens, {item['finish_reason']})")
+    return 0
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    """`generate --spec`: the spec's processes on this machine (disaggsdk.launch), then teardown."""
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.launch.offline import generate_with_spec
+    from disaggsdk.spec import load_spec
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, ignore_eos=args.ignore_eos,
+    )
+    result = generate_with_spec(load_spec(args.spec), [_parse_ids(p) for p in args.prompt_ids], params,
+                                texts=args.prompt, tiny=args.tiny, colocated=args.colocated)
+    if args.json:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for i, item in enumerate(result["outputs"]):
+            shown = item.get("text", item["token_ids"])
+            print(f"[{i}] {shown!r}  ({len(item['token_ids'])} tokens, {item['finish_reason']}, {item['instance']})")
     return 0
