@@ -45,10 +45,20 @@ class HardwareProfile:
         return self.nic_gbps * 1e9 / 8
 
 
+def _user_profile_path(name: str) -> Path:
+    from disaggsdk.sim.calibrate import user_profile_dir
+
+    return user_profile_dir() / f"{name}.yaml"
+
+
 def profile_names() -> list[str]:
-    """Profiles shipped with disaggsdk."""
+    """Profiles shipped with disaggsdk, then calibrated ones in the user's profile folder."""
+    from disaggsdk.sim.calibrate import user_profile_dir
+
     folder = resources.files("disaggsdk.sim") / "profiles"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    shipped = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    mine = sorted(p.stem for p in user_profile_dir().glob("*.yaml")) if user_profile_dir().is_dir() else []
+    return shipped + [m for m in mine if m not in shipped]
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
@@ -60,9 +70,12 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         text_source = path
+    elif _user_profile_path(str(name_or_path)).is_file():
+        text_source = _user_profile_path(str(name_or_path))
     else:
+        hint = " (run `disaggsdk calibrate` to measure this machine)" if str(name_or_path) == "cpu-local" else ""
         if str(name_or_path) not in profile_names():
-            raise SpecError(f"unknown hardware profile {str(name_or_path)!r}; use one of "
+            raise SpecError(f"unknown hardware profile {str(name_or_path)!r}{hint}; use one of "
                             f"{', '.join(profile_names())} or a path to a profile YAML file")
         text_source = resources.files("disaggsdk.sim") / "profiles" / f"{name_or_path}.yaml"
     try:

@@ -1,0 +1,143 @@
+"""Search prefill:decode ratios and TP/DP shapes for the most goodput per GPU under SLOs.
+
+A candidate is a *unit*: ``p`` prefill and ``d`` decode instances of given shapes (or one
+colocated instance). For each unit the simulator finds, by bisection, the highest request rate
+whose SLOs hold; goodput per GPU is that rate over the unit's GPUs. The best unit is scaled to
+the target rate within the GPU budget and emitted as a spec.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import attrs
+
+from disaggsdk.errors import SpecError
+from disaggsdk.models import ModelArch
+from disaggsdk.sim.simulator import SimConfig, Simulation
+from disaggsdk.sim.workload import Workload
+from disaggsdk.spec import Role, Spec, spec_problems
+
+SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el)_(p\d+(?:\.\d+)?|mean|median)_ms$")
+RATIOS = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 1))
+
+
+def parse_slos(text: str) -> dict[str, float]:
+    """``"ttft_p90_ms=500,itl_p99_ms=50"`` -> ``{"p90_ttft_ms": 500.0, "p99_itl_ms": 50.0}``.
+
+    Raises:
+        SpecError: a key not of the form METRIC_STAT_ms or a value that is not a positive number.
+    """
+    slos = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        m = SLO_KEY.match(key.strip())
+        if not m:
+            raise SpecError(f"--slo: {key!r} is not METRIC_STAT_ms with METRIC in ttft, tpot, itl, e2el "
+                            f"and STAT pNN, mean or median (e.g. ttft_p90_ms=500)")
+        try:
+            limit = float(value)
+        except ValueError:
+            limit = -1.0
+        if limit <= 0:
+            raise SpecError(f"--slo: {key} needs a positive number of milliseconds, got {value!r}")
+        slos[f"{m.group(2)}_{m.group(1)}_ms"] = limit
+    if not slos:
+        raise SpecError("--slo: give at least one SLO, e.g. ttft_p90_ms=500,itl_p99_ms=50")
+    return slos
+
+
+@attrs.frozen
+class Candidate:
+    """A deployable unit: ``prefills`` x prefill role + ``decodes`` x decode role, or colocated."""
+
+    prefill: Role
+    decode: Role
+    colocated: bool
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill.replicas * self.prefill.ranks_per_instance + self.decode.replicas * self.decode.ranks_per_instance
+
+    @property
+    def label(self) -> str:
+        def shape(r: Role) -> str:
+            return f"tp{r.tp}" + (f"xdp{r.dp}" if r.dp > 1 else "")
+        if self.colocated:
+            return f"colocated {self.prefill.replicas + self.decode.replicas}x{shape(self.decode)}"
+        return f"{self.prefill.replicas}P({shape(self.prefill)}):{self.decode.replicas}D({shape(self.decode)})"
+
+
+def candidate_units(base: Spec, arch: ModelArch) -> list[Candidate]:
+    """Units valid for the model on the base spec's nodes."""
+    g = base.hardware.gpus_per_node
+    shapes = [Role(tp=g), Role(tp=g // 2)] if g >= 2 else [Role(tp=g)]
+    if arch.attention == "mla" and g > 1:
+        shapes.append(Role(tp=1, dp=g))
+    def valid(role: Role) -> bool:
+        return not spec_problems(attrs.evolve(base, prefill=role, decode=role), arch)
+    shapes = [s for s in shapes if valid(s)]
+    # colocated: the same shape twice (a spec always has a prefill and a decode role; both mix)
+    out = [Candidate(attrs.evolve(s, replicas=1), attrs.evolve(s, replicas=1), True) for s in shapes]
+    for p_shape in [s for s in shapes if s.dp == 1]:
+        for d_shape in shapes:
+            for p, d in RATIOS:
+                out.append(Candidate(attrs.evolve(p_shape, replicas=p), attrs.evolve(d_shape, replicas=d), False))
+    return out
+
+
+def _meets(summary: dict[str, Any], slos: dict[str, float]) -> bool:
+    return summary["failed"] == 0 and all(summary[k] <= v for k, v in slos.items())
+
+
+def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, float], workload: Workload,
+             start_qps: float = 0.5, max_qps: float = 64.0, bisections: int = 4) -> float:
+    """Highest request rate whose SLOs hold (0 if even ``start_qps / 8`` fails).
+
+    Doubles from ``start_qps`` until a rate fails, then bisects (geometrically) that bracket
+    ``bisections`` times, so the answer is within a factor 2 ** (1 / 2 ** bisections).
+    """
+    percentiles = tuple(sorted({float(k.split("_")[0][1:]) for k in slos if k.startswith("p")} | {50.0, 99.0}))
+    config = attrs.evolve(config, colocated=colocated, percentiles=percentiles)
+
+    def ok(rate: float) -> bool:
+        reqs = attrs.evolve(workload, qps=rate).requests()
+        return bool(reqs) and _meets(Simulation(spec, config).run(reqs), slos)
+
+    lo = start_qps
+    while not ok(lo):
+        lo /= 2
+        if lo < start_qps / 8:
+            return 0.0
+    hi = lo * 2
+    while hi <= max_qps and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi > max_qps:
+        return lo
+    for _ in range(bisections):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def tune(base: Spec, arch: ModelArch, config: SimConfig, slos: dict[str, float], workload: Workload,
+         gpus: int, target_qps: float) -> list[dict[str, Any]]:
+    """Rank candidate units by goodput per GPU; each row says how many units the target needs.
+
+    Returns:
+        rows sorted best first: label, unit GPUs, max qps, goodput per GPU, units needed, GPUs
+        needed, whether it fits the budget, and the scaled spec.
+    """
+    rows = []
+    for cand in candidate_units(base, arch):
+        spec = attrs.evolve(base, prefill=cand.prefill, decode=cand.decode)
+        rate = max_rate(spec, config, cand.colocated, slos, workload)
+        units = math.ceil(target_qps / rate) if rate > 0 else 0
+        scaled = attrs.evolve(spec, prefill=attrs.evolve(cand.prefill, replicas=cand.prefill.replicas * max(units, 1)),
+                              decode=attrs.evolve(cand.decode, replicas=cand.decode.replicas * max(units, 1)))
+        rows.append({"label": cand.label, "colocated": cand.colocated, "unit_gpus": cand.gpus,
+                     "max_qps": rate, "goodput_per_gpu": rate / cand.gpus, "units": units,
+                     "gpus_needed": units * cand.gpus, "fits": 0 < units * cand.gpus <= gpus, "spec": scaled})
+    return sorted(rows, key=lambda r: (not r["fits"], -r["goodput_per_gpu"]))

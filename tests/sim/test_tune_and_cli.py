@@ -1,0 +1,68 @@
+"""`disaggsdk simulate` and `disaggsdk tune`: SLO parsing, ranking, spec output, CLI errors."""
+
+import json
+
+import pytest
+
+from disaggsdk.errors import SpecError
+from disaggsdk.models import resolve_model
+from disaggsdk.sim.hardware import load_profile
+from disaggsdk.sim.simulator import SimConfig
+from disaggsdk.sim.tune import candidate_units, max_rate, parse_slos
+from disaggsdk.sim.workload import Workload
+from disaggsdk.spec import Role, Spec, load_spec
+
+
+def test_parse_slos_maps_to_bench_field_names():
+    assert parse_slos("ttft_p90_ms=500, itl_p99_ms=50,tpot_mean_ms=20") == {
+        "p90_ttft_ms": 500.0, "p99_itl_ms": 50.0, "mean_tpot_ms": 20.0}
+    with pytest.raises(SpecError, match="METRIC_STAT_ms"):
+        parse_slos("latency=5")
+    with pytest.raises(SpecError, match="positive number"):
+        parse_slos("ttft_p90_ms=abc")
+
+
+def test_candidates_include_dp_decode_only_for_mla():
+    r1 = [c.label for c in candidate_units(Spec(model="deepseek-r1"), resolve_model("deepseek-r1"))]
+    qwen = [c.label for c in candidate_units(Spec(model="qwen3-coder"), resolve_model("qwen3-coder"))]
+    assert "1P(tp8):3D(tp8)" in r1 and any("dp8" in x for x in r1)
+    assert not any("dp8" in x for x in qwen) and "colocated 2xtp8" in qwen
+
+
+def test_a_stricter_slo_never_admits_more_load():
+    spec = Spec(model="deepseek-r1", prefill=Role(tp=8), decode=Role(tp=8, replicas=3))
+    config = SimConfig(load_profile("h200"), weight_dtype="fp8")
+    work = Workload(1.0, 20.0, 2048, 64, 0.5)
+    loose = max_rate(spec, config, False, {"p99_itl_ms": 40.0}, work)
+    strict = max_rate(spec, config, False, {"p99_itl_ms": 12.0}, work)
+    assert 0 < strict <= loose
+
+
+def test_simulate_cli_json_and_table(run_cli):
+    out = run_cli("simulate", "specs/r1_tp.yaml", "--qps", "1,2", "--duration-s", "20", "--compare", "--json")
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    assert [(r["qps"], r["mode"]) for r in runs] == [(1.0, "disaggregated"), (1.0, "colocated"),
+                                                     (2.0, "disaggregated"), (2.0, "colocated")]
+    assert all("p99_itl_ms" in r and "mean_ttft_ms" in r for r in runs)
+    table = run_cli("simulate", "specs/r1_dp.yaml", "--qps", "1", "--duration-s", "10")
+    assert table.returncode == 0 and "disagg" in table.stdout
+
+
+def test_simulate_cli_errors_exit_2(run_cli):
+    bad = run_cli("simulate", "specs/r1_tp.yaml", "--qps", "fast")
+    assert bad.returncode == 2 and "--qps" in bad.stderr and "Traceback" not in bad.stderr
+    missing = run_cli("simulate", "specs/tiny_local.yaml", "--profile", "nope")
+    assert missing.returncode == 2 and "unknown hardware profile 'nope'" in missing.stderr
+
+
+def test_tune_cli_writes_a_loadable_spec(run_cli, tmp_path):
+    out = tmp_path / "best.yaml"
+    result = run_cli("tune", "qwen3-coder", "--gpus", "32", "--slo", "ttft_p90_ms=2000,itl_p99_ms=60",
+                     "--qps", "2", "--input-len", "1024", "--output-len", "64", "--duration-s", "10",
+                     "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    ranking = json.loads(result.stdout)["ranking"]
+    assert ranking[0]["fits"] and ranking[0]["goodput_per_gpu"] >= max(r["goodput_per_gpu"] for r in ranking if r["fits"])
+    spec = load_spec(out)
+    assert spec.model == "qwen3-coder" and spec.name == "qwen3-coder-tuned"
