@@ -24,6 +24,9 @@ COMMANDS = {
     "launch": "disaggsdk.cli.launch_cmd",
     "bench": "disaggsdk.cli.bench_cmd",
     "transfer-bench": "disaggsdk.cli.transfer_bench_cmd",
+    "simulate": "disaggsdk.cli.simulate_cmd",
+    "tune": "disaggsdk.cli.tune_cmd",
+    "calibrate": "disaggsdk.cli.calibrate_cmd",
 }
 
 USER_ERROR_EXIT = 2
