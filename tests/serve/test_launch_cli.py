@@ -1,0 +1,95 @@
+"""`disaggsdk launch` and `disaggsdk bench SPEC` as real commands: ready, serve, SIGTERM, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``."""
+    parent_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parent_of[int(entry)] = int(fields[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parent_of.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_launch_serves_until_sigterm_and_leaves_no_orphan():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disaggsdk.cli.main", "launch", "specs/tiny_pd.yaml", "--port", "0", "--no-live"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    kids: set[int] = set()
+    try:
+        lines, url = [], None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"ready in .*(http://127\.0\.0\.1:\d+)/v1", line)
+            url = found.group(1) if found else None
+        assert url, "".join(lines)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        kids = descendants(proc.pid)
+        assert len(kids) >= 2  # the prefill and decode units (and their helpers)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "stopped" in out
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in kids if alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in kids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_bench_spec_launches_loads_and_tears_down(run_cli, tmp_path):
+    out = tmp_path / "bench.json"
+    p = run_cli("bench", "specs/tiny_pd.yaml", "--num-prompts", "4", "--input-len", "32", "--output-len", "4",
+                "--qps", "20", "--json", "--output", str(out), timeout_s=180)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert result["completed"] == 4 and result["total_output_tokens"] == 16
+    assert json.loads(out.read_text()) == result
+    assert "ready" in p.stderr
