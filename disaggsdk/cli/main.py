@@ -24,6 +24,7 @@ COMMANDS = {
     "launch": "disaggsdk.cli.launch_cmd",
     "bench": "disaggsdk.cli.bench_cmd",
     "transfer-bench": "disaggsdk.cli.transfer_bench_cmd",
+    "kv-bench": "disaggsdk.cli.kv_bench_cmd",
     "simulate": "disaggsdk.cli.simulate_cmd",
     "tune": "disaggsdk.cli.tune_cmd",
     "calibrate": "disaggsdk.cli.calibrate_cmd",

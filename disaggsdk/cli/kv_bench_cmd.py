@@ -1,0 +1,41 @@
+"""`disaggsdk kv-bench`: exposed KV transfer time with layer streaming vs. the ablation, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "Measure the exposed KV transfer time, layer-streamed vs. sent after the forward pass (JSON)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of `kv-bench`."""
+    parser.add_argument("spec", help="deployment spec (YAML)")
+    parser.add_argument("--tiny", action="store_true", help="a GPU spec's topology with its tiny model, on CPU")
+    parser.add_argument("--prompt-len", type=int, default=1024, help="tokens per prompt")
+    parser.add_argument("--requests", type=int, default=8, help="measured requests per mode (one at a time)")
+    parser.add_argument("--provider", default=None, help="libfabric provider overriding the spec (shm, tcp)")
+    parser.add_argument("--pin", action="store_true", help="pin each unit to one core (round robin)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run both modes and print one JSON document.
+
+    Returns:
+        0.
+    Raises:
+        DisaggError: the spec cannot be loaded or started.
+    """
+    from disaggsdk.launch.kv_bench import compare
+    from disaggsdk.launch.tiny import tiny_spec
+    from disaggsdk.spec import load_spec
+
+    spec = load_spec(args.spec)
+    if args.tiny:
+        spec = tiny_spec(spec)
+    result = compare(spec, args.prompt_len, args.requests, provider=args.provider,
+                     cpu_affinity="auto" if args.pin else None)
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0

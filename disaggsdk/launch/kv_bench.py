@@ -1,0 +1,87 @@
+"""Exposed KV transfer time: layer-streamed writes against the send-after-forward ablation.
+
+For each mode the spec's deployment starts on local processes; requests of ``prompt_len``
+tokens run one at a time (no queueing in the measurement), after a warm-up. Per request the
+decode side measures the *exposed* transfer time: from the end of prefill's forward pass (the
+timestamp prefill puts in the context payload) to the moment the decode's immediate counter
+fired. Both sides read CLOCK_MONOTONIC of one machine. Measurement only: `summarize` is pure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summarize(decode: Sequence[Any], prefill: Sequence[Any]) -> dict[str, float]:
+    """Statistics of per-request records (`RequestTransfer`) of one mode, times in ms.
+
+    Args:
+        decode: decode-side records (exposed_s).
+        prefill: prefill-side records (bytes, writes, transfer_s, lead_s).
+    Returns:
+        exposed mean/median/p99, transfer mean, mean lead (first write before the forward
+        ended), bytes and writes per request.
+    """
+    exposed = [r.exposed_s * 1e3 for r in decode]
+    return {
+        "requests": len(decode),
+        "mean_exposed_ms": statistics.fmean(exposed) if exposed else 0.0,
+        "median_exposed_ms": statistics.median(exposed) if exposed else 0.0,
+        "p99_exposed_ms": _percentile(exposed, 99),
+        "mean_transfer_ms": statistics.fmean([r.transfer_s * 1e3 for r in prefill]) if prefill else 0.0,
+        "mean_lead_ms": statistics.fmean([r.lead_s * 1e3 for r in prefill]) if prefill else 0.0,
+        "bytes_per_request": statistics.fmean([r.bytes for r in prefill]) if prefill else 0.0,
+        "writes_per_request": statistics.fmean([r.writes for r in prefill]) if prefill else 0.0,
+    }
+
+
+def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, provider: str | None = None,
+             cpu_affinity: Any = None, on_event: Any = None) -> dict[str, float]:
+    """Start the deployment with ``transfer.streaming = streaming`` and measure it.
+
+    Returns:
+        `summarize` of the measured requests.
+    """
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.launch.runtime import LocalRuntime
+
+    pages = -(-(prompt_len + 8) // spec.kv.page_size) + 2
+    spec = attrs.evolve(
+        spec, transfer=attrs.evolve(spec.transfer, streaming=streaming),
+        engine=attrs.evolve(spec.engine, num_pages=max(spec.engine.num_pages, 2 * pages),
+                            max_num_batched_tokens=max(spec.engine.max_num_batched_tokens, prompt_len)),
+    )
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    with LocalRuntime(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
+        vocab = 250
+        rt.generate_batch([[(7 * j) % vocab + 2 for j in range(prompt_len)]], params, prefix="warmup")
+        ids = []
+        for i in range(num_requests):
+            prompt = [(i * 13 + j * 7) % vocab + 2 for j in range(prompt_len)]
+            rt.generate_batch([prompt], params, prefix=f"kvbench{i}")
+            ids.append(f"kvbench{i}")
+        stats = rt.unit_stats()
+    decode = [r for s in stats.values() if s.role == "decode" for r in s.recent if r.request_id.startswith("kvbench")]
+    prefill = [r for s in stats.values() if s.role == "prefill" for r in s.recent if r.request_id.startswith("kvbench")]
+    return summarize(decode, prefill)
+
+
+def compare(spec: Any, prompt_len: int = 1024, num_requests: int = 8, **kwargs: Any) -> dict[str, Any]:
+    """Both modes and the ratio of their mean exposed times (streaming / ablation)."""
+    streaming = run_mode(spec, True, prompt_len, num_requests, **kwargs)
+    ablation = run_mode(spec, False, prompt_len, num_requests, **kwargs)
+    ratio = streaming["mean_exposed_ms"] / ablation["mean_exposed_ms"] if ablation["mean_exposed_ms"] else None
+    return {"model": spec.model, "prompt_len": prompt_len, "num_requests": num_requests,
+            "streaming": streaming, "ablation": ablation, "exposed_ratio": ratio}
