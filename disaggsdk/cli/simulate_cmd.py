@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
     parser.add_argument("--weight-dtype", help="fp8 or bfloat16 (default: fp8 for deepseek-r1, else bfloat16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="chunked-prefill budget per step")
+    parser.add_argument("--mtp-acceptance", type=float, default=0.0,
+                        help="MTP speculative decoding: accepted fraction of draft tokens (0 = off)")
     parser.add_argument("--no-streaming", action="store_true", help="ablation: send KV after the forward pass")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--colocated", action="store_true", help="simulate the same GPUs as colocated instances")
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     profile = load_profile(args.profile or default_profile_name(spec))
     config = SimConfig(profile, weight_dtype=args.weight_dtype or default_weight_dtype(spec.model),
-                       max_num_batched_tokens=args.max_num_batched_tokens, streaming=not args.no_streaming)
+                       max_num_batched_tokens=args.max_num_batched_tokens, streaming=not args.no_streaming,
+                       mtp_acceptance=args.mtp_acceptance)
     layouts = [False, True] if args.compare else [args.colocated]
     result = run_simulations(
         spec, config, layouts, rates=None if args.trace else _rates(args.qps), trace=args.trace,

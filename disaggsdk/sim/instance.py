@@ -11,6 +11,7 @@ step costs O(log n) whatever the batch size: 64 nodes for 10 minutes stay within
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +49,9 @@ class SimInstance:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     kv_capacity_tokens: int = 1 << 62
+    # speculative decoding with the MTP layer: each decode step verifies one draft token per
+    # sequence (two tokens of compute) and emits 1 + mtp_acceptance tokens on average
+    mtp_acceptance: float = 0.0
     on_prefill_done: Callable[[RequestRecord, float], None] | None = None
     busy_s: float = 0.0
     itl_ms: array = field(default_factory=lambda: array("d"))  # one entry per step
@@ -59,7 +63,7 @@ class SimInstance:
     _joining: list = field(default_factory=list)  # (record, context) joining at the next step
     _running: list = field(default_factory=list)  # heap of (finish_step, id, record, context0, join_step)
     _num_running: int = 0
-    _context_sum: int = 0
+    _context_sum: float = 0.0
     _reserved_tokens: int = 0
     _step: int = 0
     busy: bool = False
@@ -97,7 +101,8 @@ class SimInstance:
             self._admit_queue.popleft()
             self._reserved_tokens += need
             self._joining.append((record, context))
-        decode_tokens = self._num_running + len(self._joining)
+        decode_seqs = self._num_running + len(self._joining)
+        decode_tokens = decode_seqs * (2 if self.mtp_acceptance > 0 else 1)
         context_sum = self._context_sum + sum(c for _, c in self._joining)
         budget = self.max_num_batched_tokens - decode_tokens
         chunks, pairs, kv_tokens = [], float(context_sum), float(context_sum)
@@ -112,7 +117,7 @@ class SimInstance:
             kv_tokens += p.done_tokens + n
             budget -= n
         num_tokens = decode_tokens + sum(n for _, n in chunks)
-        dt = self.cost.step_time_s(num_tokens, decode_tokens + len(chunks), pairs, kv_tokens)
+        dt = self.cost.step_time_s(num_tokens, decode_seqs + len(chunks), pairs, kv_tokens)
         return dt, chunks
 
     def finish_step(self, chunks: list, dt: float, end_s: float) -> None:
@@ -121,13 +126,13 @@ class SimInstance:
         if self._num_running:
             self.itl_ms.append(dt * 1e3)
             self.itl_weight.append(self._num_running)
-        self._context_sum += self._num_running  # every running request's context grew by one
+        self._context_sum += self._num_running * self._tokens_per_step  # every context grew
         self._step += 1
         while self._running and self._running[0][0] <= self._step:
             _, _, record, context0, join_step = heapq.heappop(self._running)
             record.finish_s = end_s
             self._num_running -= 1
-            self._context_sum -= context0 + (self._step - join_step)
+            self._context_sum -= context0 + (self._step - join_step) * self._tokens_per_step
             self._reserved_tokens -= record.request.input_len + record.request.output_len
             self.finished.append(record)
         for record, context in self._joining:  # their first token came out of this step
@@ -146,13 +151,18 @@ class SimInstance:
             elif self.on_prefill_done is not None:
                 self.on_prefill_done(p.record, end_s)
 
+    @property
+    def _tokens_per_step(self) -> float:
+        return 1.0 + self.mtp_acceptance
+
     def _join(self, record: RequestRecord, context: int, remaining_tokens: int) -> None:
         if remaining_tokens <= 0:
             record.finish_s = record.first_token_s
             self._reserved_tokens -= record.request.input_len + record.request.output_len
             self.finished.append(record)
             return
-        heapq.heappush(self._running, (self._step + remaining_tokens, record.request.request_id,
+        steps = math.ceil(remaining_tokens / self._tokens_per_step)
+        heapq.heappush(self._running, (self._step + steps, record.request.request_id,
                                        record, context, self._step))
         self._num_running += 1
         self._context_sum += context

@@ -34,6 +34,9 @@ class SimConfig:
     max_num_seqs: int = 256
     streaming: bool = True  # layer-wise KV streaming (False: the ablation, all after the forward)
     colocated: bool = False  # every instance of the spec becomes a mixed prefill+decode instance
+    # MTP speculative decoding: fraction of draft tokens accepted (0 = off; DeepSeek-V3's
+    # report gives 85-90% for its MTP module). Applies to decode in both layouts.
+    mtp_acceptance: float = 0.0
     percentiles: tuple[float, ...] = (50, 90, 99)
 
 
@@ -73,7 +76,7 @@ class Simulation:
                              weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
                            self.config.max_num_seqs * dp, cost.kv_capacity_tokens(),
-                           on_prefill_done=self._prefill_done)
+                           on_prefill_done=self._prefill_done, mtp_acceptance=self.config.mtp_acceptance)
 
     # events
     def _push(self, time_s: float, handler, *args) -> None:

@@ -123,15 +123,17 @@ def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, flo
 
 
 def tune(base: Spec, arch: ModelArch, config: SimConfig, slos: dict[str, float], workload: Workload,
-         gpus: int, target_qps: float) -> list[dict[str, Any]]:
+         gpus: int, target_qps: float, candidates: list[Candidate] | None = None) -> list[dict[str, Any]]:
     """Rank candidate units by goodput per GPU; each row says how many units the target needs.
 
+    Args:
+        candidates: units to try (default: every `candidate_units` of the model).
     Returns:
         rows sorted best first: label, unit GPUs, max qps, goodput per GPU, units needed, GPUs
         needed, whether it fits the budget, and the scaled spec.
     """
     rows = []
-    for cand in candidate_units(base, arch):
+    for cand in candidates if candidates is not None else candidate_units(base, arch):
         spec = attrs.evolve(base, prefill=cand.prefill, decode=cand.decode)
         rate = max_rate(spec, config, cand.colocated, slos, workload)
         units = math.ceil(target_qps / rate) if rate > 0 else 0

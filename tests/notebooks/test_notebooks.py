@@ -26,3 +26,12 @@ def test_quickstart_runs_and_shows_the_plans_as_html():
     html = [o for o in outs if o.output_type == "execute_result" and "text/html" in o.data]
     assert len(html) >= 2  # the tp=8 plan and the tp=4 plan
     assert "decode-0" in html[0].data["text/html"]
+
+
+def test_simulate_notebook_compares_layouts_and_names_its_disagreements():
+    nb = execute("simulate.ipynb")
+    outs = outputs_of(nb)
+    assert not [o for o in outs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
+    assert "best:" in text and "1P:3D > 90 tok/s at ~1 QPS/decode node (MTP)" in text
+    assert sum(1 for o in outs if o.output_type == "display_data" and "image/png" in o.data) == 2

@@ -75,3 +75,11 @@ def test_trace_files(tmp_path):
     path.write_text('{"arrival_s": 1.5}\n')
     with pytest.raises(WorkloadError, match=r"t\.jsonl:1:"):
         load_trace(path)
+
+
+def test_mtp_speculation_speeds_decode_by_about_its_acceptance():
+    reqs = [SimRequest(0, 0.0, 1025, 401)]
+    plain = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8")).run(reqs)
+    mtp = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", mtp_acceptance=0.8)).run(reqs)
+    speedup = mtp["mean_tokens_per_s_per_request"] / plain["mean_tokens_per_s_per_request"]
+    assert 1.6 < speedup < 1.8  # 1.8 tokens a step, each step verifying two tokens costs a little more
