@@ -28,14 +28,16 @@ def run(args: argparse.Namespace) -> int:
         DisaggError: the spec cannot be loaded or started.
     """
     from disaggsdk.launch.kv_bench import compare
+    from disaggsdk.launch.signals import sigterm_unwinds
     from disaggsdk.launch.tiny import tiny_spec
     from disaggsdk.spec import load_spec
 
     spec = load_spec(args.spec)
     if args.tiny:
         spec = tiny_spec(spec)
-    result = compare(spec, args.prompt_len, args.requests, provider=args.provider,
-                     cpu_affinity="auto" if args.pin else None)
+    with sigterm_unwinds():
+        result = compare(spec, args.prompt_len, args.requests, provider=args.provider,
+                         cpu_affinity="auto" if args.pin else None)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

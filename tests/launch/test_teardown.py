@@ -1,0 +1,82 @@
+"""SIGTERM / SIGINT on a running deployment leave no process and no shared memory; colocated
+mode with one core per unit serves the same tokens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.launch.runtime import LocalRuntime  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+from tests.launch._helpers import child_pids, make_spec  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Which of ``pids`` still run (orphans are re-parented, so look them up by pid)."""
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _fabric_shm_of(pids: set[int]) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.split(":")[0].isdigit() and int(n.split(":")[0]) in pids]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_generation_leaves_nothing_behind(sig):
+    # a long generation, so the signal arrives while every unit is up and busy
+    argv = [sys.executable, "-m", "disaggsdk.cli.main", "generate", "--spec", "specs/tiny_local.yaml",
+            "--prompt-ids", ",".join(["7"] * 40), "--max-tokens", "2000", "--ignore-eos"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        ready = ""
+        while "ready:" not in ready:  # the runtime prints one line once every unit started
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            ready += proc.stderr.readline()
+        time.sleep(0.5)
+        seen = child_pids() - {proc.pid}
+        assert len(seen) >= 3 and _fabric_shm_of(seen)
+        proc.send_signal(sig)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.5)
+    assert not _alive(seen), "a unit or tp worker outlived its launcher"
+    assert not _fabric_shm_of(seen), "shared memory left behind"
+
+
+def test_colocated_pinned_units_serve_the_same_tokens():
+    spec = make_spec("qwen3-coder-tiny", decode_replicas=1)
+    prompts = [[5, 6, 7, 8, 9], [11] * 19]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    cores = sorted(os.sched_getaffinity(0))
+    with LocalRuntime(spec, colocated=True, cpu_affinity="auto", on_event=lambda _l: None) as rt:
+        assert {u.args.role for u in rt.units.values()} == {"mixed"}
+        for i, u in enumerate(rt.units.values()):
+            assert os.sched_getaffinity(u.process.pid) == {cores[i % len(cores)]}
+        got = [[t for e in ev for t in e.new_token_ids] for ev in rt.generate_batch(prompts, params)]
+        stats = rt.stats()
+    with LLMEngine("qwen3-coder-tiny", EngineConfig(page_size=4, num_pages=64)) as engine:
+        assert got == [o.output_ids for o in engine.generate(prompts, params)]
+    assert all(s.role == "mixed" and s.transfer_bytes == 0 for s in stats)
