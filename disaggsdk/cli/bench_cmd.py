@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM field names."
 API_KEY_ENV = "DISAGGSDK_API_KEY"
 DEFAULT_OUTPUT_LEN = 64
+RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")  # printed for --compare
 
 
 class BenchArgsError(DisaggError):
@@ -115,6 +116,10 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
         console.print(summary_table(results))
         if args.output:
             console.print(f"results written to {args.output}")
+    if len(results) == 2:
+        (name_a, a), (name_b, b) = results
+        ratios = ", ".join(f"{key} {a[key] / b[key]:.2f}" for key in RATIO_KEYS if b.get(key))
+        Console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
 
 
 def run(args: argparse.Namespace) -> int:

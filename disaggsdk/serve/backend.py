@@ -55,7 +55,7 @@ class ServingBackend(Protocol):
     model_name: str
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with the model's tokenizer."""
+        """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``."""

@@ -79,17 +79,9 @@ class InProcessBackend:
 
     # the ServingBackend contract
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(self._tokenizer.eos_token_ids)
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._tokenizer.bos_token_id
-
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no bos; the front end adds it)."""
-        return self._tokenizer.encode(text)
+        """Token ids of ``text`` as a prompt (BOS first where the model has one)."""
+        return self._tokenizer.encode(text, add_bos=True)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` without special tokens."""

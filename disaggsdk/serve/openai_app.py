@@ -43,7 +43,6 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     """
     app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None)
     model = backend.model_name
-    bos = getattr(backend, "bos_token_id", None)
 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
@@ -78,7 +77,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             body = await request.json()
         except ValueError:
             raise BadRequestError("the request body is not valid JSON") from None
-        req = parse_request(body, chat, backend.encode, bos)
+        req = parse_request(body, chat, backend.encode)
         if isinstance(body, dict) and body.get("model") not in (None, model):
             raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
                                   status=404, kind="model_not_found")

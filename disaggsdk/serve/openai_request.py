@@ -76,13 +76,12 @@ def _token_ids(value: Any, name: str) -> list[int]:
     return list(value)
 
 
-def _completion_prompt(body: dict[str, Any], encode: Callable[[str], list[int]], bos: int | None) -> list[int]:
+def _completion_prompt(body: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        ids = encode(prompt)
-        return [bos, *ids] if bos is not None else ids
+        return encode(prompt)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         raise BadRequestError("batched prompts are not supported; send one prompt per request", param="prompt")
     if isinstance(prompt, list):
@@ -131,16 +130,13 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return n
 
 
-def parse_request(
-    body: Any, chat: bool, encode: Callable[[str], list[int]], bos: int | None = None
-) -> ParsedRequest:
+def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> ParsedRequest:
     """Validate an OpenAI completions (``chat=False``) or chat completions body.
 
     Args:
         body: the decoded JSON body.
         chat: chat completions (``messages``) rather than completions (``prompt``).
-        encode: text -> token ids of the served model.
-        bos: the begin-of-sequence id put before text prompts, if the model has one.
+        encode: text -> prompt token ids of the served model (BOS included where it has one).
     Returns:
         the parsed request.
     Raises:
@@ -157,11 +153,11 @@ def parse_request(
             raise BadRequestError(f"'{name}' is not supported; leave it at 0", param=name)
     if chat:
         text = render_chat(body.get("messages"))
-        prompt_ids = ([bos] if bos is not None else []) + encode(text)
+        prompt_ids = encode(text)
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         default_max = DEFAULT_CHAT_MAX_TOKENS
     else:
-        prompt_ids = _completion_prompt(body, encode, bos)
+        prompt_ids = _completion_prompt(body, encode)
         max_name, default_max = "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
     if not prompt_ids:
         raise BadRequestError("the prompt is empty", param="messages" if chat else "prompt")
