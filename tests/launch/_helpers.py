@@ -78,8 +78,8 @@ def make_spec(model: str, prefill_tp: int = 1, decode_tp: int = 1, decode_dp: in
     )
 
 
-def child_pids() -> set[int]:
-    """Every descendant process of this one (from /proc)."""
+def child_pids(root: int | None = None) -> set[int]:
+    """Every descendant process of ``root`` (this process when None), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -90,7 +90,7 @@ def child_pids() -> set[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [os.getpid()]
+    out, todo = set(), [root or os.getpid()]
     while todo:
         for c in children.get(todo.pop(), []):
             out.add(c)
