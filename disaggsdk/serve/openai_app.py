@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -48,15 +48,14 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    @app.middleware("http")
-    async def _check_key(request: Request, call_next):  # noqa: ANN202 - starlette's signature
-        if api_key and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                err = BadRequestError("invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                      status=401, kind="authentication_error")
-                return JSONResponse(err.body(), status_code=401)
-        return await call_next(request)
+    # a dependency, not an HTTP middleware: starlette's BaseHTTPMiddleware re-streams every SSE chunk
+    async def check_key(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        if api_key and not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise BadRequestError("invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                  status=401, kind="authentication_error")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
     @app.get("/health")
     def health() -> Response:
@@ -67,7 +66,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
                                             "root": model}]}
@@ -88,14 +87,15 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             return StreamingResponse(_stream(run, first), media_type="text/event-stream")
         return await _whole(request, run, first)
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def completions(request: Request) -> Response:
         return await serve(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, chat=True)
 
+    app.include_router(v1)
     return app
 
 

@@ -15,6 +15,10 @@ REPLACEMENT_CHAR = "\ufffd"
 class TextStream:
     """The text of one request's output, released in safe pieces.
 
+    Decoding is incremental (vLLM's prefix/read offsets): each step decodes only the tokens since
+    the last complete piece plus the piece before it, for context (BPE spaces), instead of the
+    whole output again.
+
     Args:
         decode: token ids -> text of the served model.
         stop: stop strings (may be empty).
@@ -27,6 +31,9 @@ class TextStream:
         self.token_ids: list[int] = []
         self.sent_text = ""
         self.stopped = False  # a stop string was found; the request should end
+        self._text = ""  # complete text of token_ids[:_read_offset]
+        self._prefix_offset = 0  # decoding starts here: the previous piece, for context
+        self._read_offset = 0  # tokens before this are in _text
 
     def add(self, token_ids: Sequence[int], final: bool = False) -> str:
         """Take new tokens; return the text now safe to send (possibly "").
@@ -38,7 +45,8 @@ class TextStream:
         if self.stopped:
             return ""
         self.token_ids.extend(token_ids)
-        text = self._decode(self.token_ids)
+        self._advance(final)
+        text = self._text
         # a stop string may straddle what was sent and what is new: search from before the cut
         start = max(0, len(self.sent_text) - self._holdback)
         hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
@@ -46,15 +54,18 @@ class TextStream:
             self.stopped = True
             return self._release(text[: min(hits)])
         if not final:
-            safe = len(text)
-            while safe > 0 and text[safe - 1] == REPLACEMENT_CHAR:
-                safe -= 1
-            text = text[: max(len(self.sent_text), safe - self._holdback)]
+            text = text[: max(len(self.sent_text), len(text) - self._holdback)]
         return self._release(text)
 
+    def _advance(self, final: bool) -> None:
+        context = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
+        window = self._decode(self.token_ids[self._prefix_offset:])
+        # a trailing partial UTF-8 character (U+FFFD) waits for its next bytes, unless nothing more comes
+        if len(window) > len(context) and (final or not window.endswith(REPLACEMENT_CHAR)):
+            self._text += window[len(context):]
+            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+
     def _release(self, text: str) -> str:
-        # decoding more tokens never rewrites released text for byte-level and BPE decoders alike
-        # except at a held-back replacement char, which is why those are never released early
         new = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
         self.sent_text += new
         return new

@@ -41,3 +41,10 @@ def test_streamed_text_equals_the_whole_text_up_to_the_first_stop(text, stop, pe
     expected = text[: text.find(stop)] if stop and stop in text else text
     assert out == expected
     assert s.stopped == bool(stop and stop in text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(0, 258), max_size=40), per=st.integers(1, 3))
+def test_incremental_decoding_of_any_bytes_equals_decoding_the_whole_output(ids, per):
+    s = TextStream(TOK.decode)
+    assert feed(s, ids, per) == TOK.decode(ids)
