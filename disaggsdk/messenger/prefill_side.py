@@ -218,6 +218,8 @@ class PrefillMessenger:
                 job = self._jobs.get(c.request_id)
                 if job is None or job.aborted:
                     continue
+                # writes read these pages until they drain: never let the scheduler evict them
+                self.engine.allocator.pin(c.request_id)
                 ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
                 if ready > job.pages_queued:
                     items.append((job, job.pages_queued, ready, c.page_ids))

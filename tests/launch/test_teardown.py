@@ -80,3 +80,24 @@ def test_colocated_pinned_units_serve_the_same_tokens():
     with LLMEngine("qwen3-coder-tiny", EngineConfig(page_size=4, num_pages=64)) as engine:
         assert got == [o.output_ids for o in engine.generate(prompts, params)]
     assert all(s.role == "mixed" and s.transfer_bytes == 0 for s in stats)
+
+
+def test_a_dead_tp_worker_brings_its_unit_down_and_the_rest_serves():
+    spec = make_spec("qwen3-coder-tiny", decode_tp=2, decode_replicas=2)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    with LocalRuntime(spec, on_event=lambda _l: None) as rt:
+        workers = child_pids(rt.units["decode-0"].process.pid)
+        assert workers, "decode-0 should have a tp worker"
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        outcomes = []
+        while rt.units["decode-0"].healthy:  # its next step finds the dead rank and the unit exits
+            assert time.monotonic() < deadline, "decode-0 never noticed its dead tp worker"
+            outcomes += rt.generate_batch([[5, 6, 7, 8, 9]], params, timeout_s=60)
+        assert any("decode-0" in f and "last lines" in f for f in rt.failures)
+        assert any(ev[-1].finish_reason == "error" for ev in outcomes)
+        events = rt.generate_batch([[5, 6, 7, 8, 9], [9, 8, 7]], params, timeout_s=60)
+        assert all(ev[-1].finish_reason == "length" and ev[-1].instance == "decode-1" for ev in events)
+        stats = rt.unit_stats()
+        assert set(stats) == {"prefill-0", "decode-1"}
