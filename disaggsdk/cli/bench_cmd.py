@@ -42,6 +42,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset", default=None, metavar="FILE", help="ShareGPT-format JSON instead of random prompts")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="SLOs for goodput (milliseconds)")
+    g.add_argument("--metric-percentiles", default="50,90,99", metavar="P,P", help="percentiles to report, e.g. 99,99.9")
     g.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     g.add_argument("--output", default=None, metavar="FILE", help="write the results as JSON to FILE")
 
@@ -97,8 +98,18 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
 
     with LiveView(render, console):
         result = bench(url, requests, shape, model, api_key, parse_slos(args.slo),
-                       on_done=lambda _: progress.advance(task))
+                       on_done=lambda _: progress.advance(task), percentiles=_percentiles(args.metric_percentiles))
     return result
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0 < p <= 100 for p in values):
+        raise BenchArgsError(f"--metric-percentiles {text!r}: give numbers in (0, 100], e.g. 50,99,99.9")
+    return values
 
 
 def report(args: argparse.Namespace, console: Console, results: list[tuple[str, dict[str, Any]]]) -> None:
