@@ -47,7 +47,10 @@ def env():
         rt.close()
         reference.close()
         assert live_descendants() <= before, "a unit or tp worker outlived close()"
-        assert set(os.listdir("/dev/shm")) <= shm_before, "shared memory left behind"
+        # other suites may create shm files meanwhile: look at those named after our units' pids
+        pids = {str(u.process.pid) for u in rt.units.values()}
+        left = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.split(":")[0] in pids}
+        assert not left, f"shared memory left behind: {left}"
 
 
 def tokens(events) -> list[int]:
@@ -124,6 +127,42 @@ def test_bad_frames_are_counted_and_land_nothing(env):
     assert tokens(rt.generate_batch([prompt(2, 9)], GREEDY)[0]) == expect(reference, [prompt(2, 9)])[0]
 
 
+def test_async_stream_and_abort_in_handoff_and_in_decode(env):
+    import asyncio
+
+    rt, reference = env
+    long_prompt = prompt(90, 150)
+
+    async def scenario():
+        # abort while the KV is still on its way (prefill units frozen): the decode side
+        # quarantines the pages until the woken prefill has drained and said so
+        frozen = [rt.units[n].process.pid for n in ("prefill-0", "prefill-1")]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            handoff = rt.generate("abort-early", long_prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+            task = asyncio.ensure_future(handoff.__anext__())
+            await asyncio.sleep(0.2)
+            await rt.abort("abort-early")
+            early = await task
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        # abort mid-decode: tokens streamed so far are the greedy ones
+        stream = rt.generate("abort-late", prompt(91, 9), SamplingParams(max_tokens=300, ignore_eos=True))
+        first = await stream.__anext__()
+        await rt.abort("abort-late")
+        rest = [ev async for ev in stream]
+        return early, first, rest
+
+    early, first, rest = asyncio.run(scenario())
+    assert early.finished and early.finish_reason == "abort" and not early.new_token_ids
+    assert first.new_token_ids == expect(reference, [prompt(91, 9)], SamplingParams(max_tokens=1))[0]
+    assert rest[-1].finish_reason == "abort" and len(rest) < 299
+    stats = wait_all_free(rt)
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())
+
+
 def test_hung_prefill_hits_the_deadline_and_retries(env):
     rt, reference = env
     stopped = rt.units["prefill-0"].process.pid
@@ -154,7 +193,7 @@ def test_killed_prefill_mid_transfer_costs_a_retry_not_a_hang(env):
         time.sleep(0.01)
     rt.kill_unit("prefill-1")
     while sum(1 for evs in done.values() if evs[-1].finished) < len(prompts):
-        assert time.monotonic() - t0 < DEADLINE_S + 60, "requests hung after a prefill died"
+        assert time.monotonic() - t0 < DEADLINE_S + 30, "requests hung after a prefill died"
         time.sleep(0.05)
     assert [tokens(done[i]) for i in range(len(prompts))] == expect(reference, prompts)
     assert any("prefill-1" in f and "last lines" in f for f in rt.failures)
