@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,8 +47,9 @@ def summary_table(results: Sequence[tuple[str, dict[str, Any]]]) -> Table:
     keys = ["completed", "failed", "duration", "request_throughput", "output_throughput", "request_goodput",
             "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
             "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "mean_tokens_per_s_per_request"]
-    # any extra percentiles asked for (p99.9...) follow the fixed rows
-    keys += sorted({k for _, r in results for k in r if k.startswith("p") and k.endswith("_ms") and k not in keys})
+    # extra TTFT/ITL percentiles asked for (p99.9...) follow the fixed rows
+    keys += sorted({k for _, r in results for k in r if re.fullmatch(r"p[\d.]+_(ttft|itl)_ms", k)} - set(keys)
+                   - {f"p{p}_{m}_ms" for p in (50, 90) for m in ("ttft", "itl")})
     for key in keys:
         if not any(key in r for _, r in results):
             continue
