@@ -17,6 +17,9 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+# fields that change what the answer means: refused rather than silently ignored
+UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "best_of", "suffix")
+HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
 
 
 class BadRequestError(DisaggError):
@@ -148,6 +151,9 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> 
         raise BadRequestError("only n=1 is supported; send several requests instead", param="n")
     if body.get("echo"):
         raise BadRequestError("'echo' is not supported", param="echo")
+    for name in UNSUPPORTED_FIELDS:
+        if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] == 1):
+            raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
     for name in ("presence_penalty", "frequency_penalty"):
         if _typed(body, name, (int, float), 0, "a number"):
             raise BadRequestError(f"'{name}' is not supported; leave it at 0", param=name)

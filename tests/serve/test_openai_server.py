@@ -73,6 +73,7 @@ def test_metrics_parse_and_ttft_count_equals_requests_served(deployment):
     ({"prompt": "x", "logprobs": 99}, "logprobs"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "model": "gpt-9"}, "model"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_bad_completion_requests_get_400_naming_the_field(deployment, body, param):
     r = httpx.post(f"{deployment.url}/v1/completions", json=body)
