@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.admission import LocalFormat, check_request
 from disaggsdk.messenger.context import context_bytes, pack_context
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
-from disaggsdk.plan.writes import num_prefill_pages
 
 
 @dataclass
@@ -76,6 +76,7 @@ class PrefillMessenger:
         fmt = engine.kv_cache.fmt
         self.src_geometry = PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
         self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
+        self.local_format = LocalFormat(spec.model, self.layout, self.page_size, spec.kv.dtype, self.context_slot_bytes)
         self._free_slots = list(range(me.num_context_slots))
         self._decodes: dict[str, tuple[UnitInfo, Any]] = {}
         self._down: set[str] = set()  # decode units known dead: no reply goes to them
@@ -148,38 +149,15 @@ class PrefillMessenger:
                 self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
 
     def _check(self, msg: pr.PrefillRequest) -> str | None:
-        spec = self.plan.spec
         decode = self._decodes.get(msg.decode_instance)
-        if decode is None:
-            return f"unknown_peer: {msg.decode_instance} is not a decode unit of this deployment"
-        info = decode[0]
-        mine = (spec.model, self.layout, self.page_size, spec.kv.dtype)
-        theirs = (msg.model, msg.layout, msg.page_size, msg.kv_dtype)
-        if mine != theirs:
-            return f"mismatch: (model, layout, page_size, kv_dtype) here {mine}, request says {theirs}"
-        if msg.request_id in self._jobs:
-            return f"duplicate: request {msg.request_id} is already being prefilled here"
-        if not 0 < msg.imm < (1 << 32) or len(msg.token_ids) < 2:
-            return "bad_request: imm must be 32-bit and non-zero, and the prompt at least 2 tokens"
-        if msg.decode_tp != len(info.pool_regions) or len(msg.destinations) != msg.decode_tp:
-            return f"mismatch: decode has tp={len(info.pool_regions)}, request names {len(msg.destinations)} ranks"
-        need = num_prefill_pages(len(msg.token_ids), self.page_size)
-        dst = self._dst_geometry(info)
-        for d in msg.destinations:
-            if not 0 <= d.tp_rank < len(info.pool_regions) or d.region != info.pool_regions[d.tp_rank]:
-                return f"bad_region: rank {d.tp_rank}'s region is not the pool that decode unit registered"
-            if len(d.page_ids) != need:
-                return f"bad_pages: {len(d.page_ids)} pages for {len(msg.token_ids)} tokens, need {need}"
-            if any(not 0 <= p < dst.num_pages for p in d.page_ids) or len(set(d.page_ids)) != len(d.page_ids):
-                return f"bad_pages: page ids outside [0, {dst.num_pages}) or repeated"
-        c = msg.context
-        if c is None or c.region != info.context_region or c.length_bytes != self.context_slot_bytes:
-            return "bad_context: the context slot is not the decode unit's buffer or has the wrong size"
-        if c.offset_bytes % info.context_slot_bytes or c.offset_bytes // info.context_slot_bytes >= info.num_context_slots:
-            return "bad_context: the context slot offset is outside the decode unit's buffer"
-        if not self._free_slots:
-            return "overloaded: no context staging slot free; retry elsewhere"
-        return None
+        info = decode[0] if decode else None
+        num_pages = self._dst_geometry(info).num_pages if info else 0
+        problem = check_request(msg, info, num_pages, self.local_format)
+        if problem is None and msg.request_id in self._jobs:
+            problem = f"duplicate: request {msg.request_id} is already being prefilled here"
+        if problem is None and not self._free_slots:
+            problem = "overloaded: no context staging slot free; retry elsewhere"
+        return problem
 
     def _dst_geometry(self, info: UnitInfo) -> PoolGeometry:
         from disaggsdk.transfer import RegionDescriptor

@@ -1,0 +1,62 @@
+"""A prefill unit refuses every request that does not match the decode unit's registration."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.admission import LocalFormat, check_request
+from disaggsdk.messenger.peers import UnitInfo
+
+LOCAL = LocalFormat("m", "HND", 4, "float32", 100)
+DECODE = UnitInfo("decode-0", "decode-0", "decode", "abc", b"addr", [b"pool0", b"pool1"], b"ctx", 100, 8)
+
+
+def request(**changes) -> pr.PrefillRequest:
+    good = pr.PrefillRequest(
+        request_id="r", decode_instance="decode-0#abc", generation=3, imm=9, token_ids=list(range(10)), model="m",
+        layout="HND", page_size=4, kv_dtype="float32", decode_tp=2,
+        destinations=[pr.DestinationRank(0, b"pool0", [1, 2, 3]), pr.DestinationRank(1, b"pool1", [1, 2, 3])],
+        context=pr.ContextSlot(b"ctx", 200, 100),
+    )
+    return msgspec.structs.replace(good, **changes)
+
+
+def test_a_matching_request_passes():
+    assert check_request(request(), DECODE, 16, LOCAL) is None
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"model": "other"}, "mismatch"),
+    ({"page_size": 8}, "mismatch"),
+    ({"decode_tp": 1}, "mismatch"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 2, 3])]}, "mismatch"),
+    ({"imm": 0}, "bad_request"),
+    ({"imm": 1 << 32}, "bad_request"),
+    ({"token_ids": [5]}, "bad_request"),
+    ({"destinations": [pr.DestinationRank(0, b"pool1", [1, 2, 3]), pr.DestinationRank(1, b"pool1", [1, 2, 3])]},
+     "bad_region"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 2, 99]), pr.DestinationRank(1, b"pool1", [1, 2, 99])]},
+     "bad_pages"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 2, -1]), pr.DestinationRank(1, b"pool1", [1, 2, -1])]},
+     "bad_pages"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 1, 2]), pr.DestinationRank(1, b"pool1", [1, 1, 2])]},
+     "bad_pages"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 2]), pr.DestinationRank(1, b"pool1", [1, 2])]},
+     "bad_pages"),
+    ({"destinations": [pr.DestinationRank(0, b"pool0", [1, 2, 3]), pr.DestinationRank(1, b"pool1", [4, 5, 6])]},
+     "bad_pages"),
+    ({"context": None}, "bad_context"),
+    ({"context": pr.ContextSlot(b"pool0", 200, 100)}, "bad_context"),
+    ({"context": pr.ContextSlot(b"ctx", 200, 64)}, "bad_context"),
+    ({"context": pr.ContextSlot(b"ctx", 800, 100)}, "bad_context"),
+    ({"context": pr.ContextSlot(b"ctx", 150, 100)}, "bad_context"),
+])
+def test_each_mismatch_is_named(changes, reason):
+    problem = check_request(request(**changes), DECODE, 16, LOCAL)
+    assert problem is not None and problem.split(":")[0] == reason, problem
+
+
+def test_an_unknown_sender_is_not_a_peer():
+    assert check_request(request(), None, 0, LOCAL).startswith("unknown_peer")
