@@ -53,6 +53,8 @@ class ServingBackend(Protocol):
     """What serves tokens: one colocated engine in process, or a whole local deployment."""
 
     model_name: str
+    # optional: ``supports_logprobs = True`` when TokenEvents carry ``new_logprobs`` on request;
+    # the server refuses logprobs requests (400) to backends without it.
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one."""

@@ -62,6 +62,8 @@ class InProcessBackend:
         ModelError, EngineError: the engine cannot be built.
     """
 
+    supports_logprobs = True
+
     def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0"):
         from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
         from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer

@@ -77,6 +77,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         except ValueError:
             raise BadRequestError("the request body is not valid JSON") from None
         req = parse_request(body, chat, backend.encode)
+        if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
+            name = "top_logprobs" if chat and req.logprobs else "logprobs"
+            raise BadRequestError(f"'{name}': this deployment does not return logprobs; leave it out", param=name)
         if isinstance(body, dict) and body.get("model") not in (None, model):
             raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
                                   status=404, kind="model_not_found")

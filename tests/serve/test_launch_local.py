@@ -61,6 +61,8 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         assert count == 7 == d.server_metrics.num_served
         served_by = {s.labels["instance"] for s in ttft.samples if s.name.endswith("_count")}
         assert served_by <= {"decode-0", "decode-1"}  # tokens come from decode instances only
+        refused = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "logprobs": 1})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprobs"
         roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
         assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
     assert not (child_pids() - before)
