@@ -24,63 +24,23 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from typing import Any
 
 from disaggsdk.launch import channel as ch
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.unit import UnitArgs, unit_main
+from disaggsdk.launch.units import (
+    UnitHandle,
+    core_sets,
+    log_tail,
+    remove_fabric_shm,
+    start_units,
+    stop_units,
+    unit_names,
+)
 from disaggsdk.serve.backend import InstanceStats, TokenEvent
 from disaggsdk.spec.types import Spec
-
-LOG_TAIL_LINES = 30
-
-
-@dataclass
-class _UnitHandle:
-    args: UnitArgs
-    process: Any
-    conn: Any
-    info: Any = None
-    healthy: bool = True
-    started: bool = False
-    in_flight: set[str] = field(default_factory=set)
-    fatal: str | None = None
-    exit_report: str | None = None
-
-
-def _log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _remove_fabric_shm(pid: int) -> None:
-    """Remove the shm provider's files of a dead unit (named "<pid>:..." in /dev/shm).
-
-    libfabric unlinks them when an endpoint closes; a killed process never gets there.
-    """
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(f"{pid}:"):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-
-
-def _unit_names(plan: Any) -> list[tuple[str, Any]]:
-    out = []
-    for inst in plan.instances:
-        for dp in range(inst.dp):
-            out.append((inst.name if inst.dp == 1 else f"{inst.name}.dp{dp}", inst))
-    return out
 
 
 class LocalRuntime:
@@ -129,11 +89,11 @@ class LocalRuntime:
         provider = "shm" if provider == "auto" else provider
         # per deployment: frames from anything else fail their MAC (tests pass one to forge frames)
         secret = secret or secrets.token_bytes(32)
-        names = _unit_names(self.plan)
-        affinity = self._affinity(cpu_affinity, len(names))
+        names = unit_names(self.plan)
+        affinity = core_sets(cpu_affinity, len(names))
         spec_yaml = spec_to_yaml(self.spec)
         ctx = mp.get_context("spawn")
-        self.units: dict[str, _UnitHandle] = {}
+        self.units: dict[str, UnitHandle] = {}
         self._tokenizer = None
         atexit.register(self.close)
         try:
@@ -145,8 +105,8 @@ class LocalRuntime:
                 proc = ctx.Process(target=unit_main, args=(args, child), name=f"disaggsdk-{name}")
                 proc.start()
                 child.close()
-                self.units[name] = _UnitHandle(args, proc, parent)
-            self._start(start_timeout_s)
+                self.units[name] = UnitHandle(args, proc, parent)
+            start_units(self.units, start_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -154,48 +114,6 @@ class LocalRuntime:
         self._reader.start()
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
         self._say(f"ready: {len(self.units)} units over {provider}: {roles}; logs in {self.log_dir}")
-
-    @staticmethod
-    def _affinity(cpu_affinity: Any, n: int) -> list[tuple[int, ...] | None]:
-        if cpu_affinity is None:
-            return [None] * n
-        if cpu_affinity == "auto":
-            cores = sorted(os.sched_getaffinity(0))
-            return [(cores[i % len(cores)],) for i in range(n)]
-        if len(cpu_affinity) != n:
-            raise LaunchError(f"cpu_affinity lists {len(cpu_affinity)} core sets for {n} units; give one per unit")
-        return [tuple(c) for c in cpu_affinity]
-
-    # start-up
-
-    def _start(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for want in (ch.Ready, ch.Started):
-            for name, u in self.units.items():
-                msg = self._startup_reply(u, deadline)
-                if not isinstance(msg, want):
-                    raise LaunchError(f"unit {name} sent {type(msg).__name__} while starting, expected {want.__name__}")
-                if isinstance(msg, ch.Ready):
-                    u.info = msg.info
-                else:
-                    u.started = True
-            if want is ch.Ready:
-                peers = ch.Peers([u.info for u in self.units.values()])
-                for u in self.units.values():
-                    ch.send(u.conn, peers)
-
-    def _startup_reply(self, u: _UnitHandle, deadline: float) -> Any:
-        while not u.conn.poll(0.1):
-            if not u.process.is_alive() or time.monotonic() > deadline:
-                what = "died" if not u.process.is_alive() else "did not start in time"
-                raise LaunchError(f"unit {u.args.name} {what}; last lines of {u.args.log_path}:\n"
-                                  f"{_log_tail(u.args.log_path)}")
-        msg = ch.recv_from_unit(u.conn)
-        if isinstance(msg, ch.Fatal):
-            u.process.join(10)
-            raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"
-                              f"last lines of {u.args.log_path}:\n{_log_tail(u.args.log_path)}")
-        return msg
 
     # the reader thread
 
@@ -227,7 +145,7 @@ class LocalRuntime:
                             break
                     self._unit_died(u)
 
-    def _dispatch(self, u: _UnitHandle, msg: Any) -> None:
+    def _dispatch(self, u: UnitHandle, msg: Any) -> None:
         if isinstance(msg, ch.Tokens):
             from disaggsdk.engine.sampling import TokenLogprobs
 
@@ -249,15 +167,15 @@ class LocalRuntime:
         elif isinstance(msg, ch.Fatal):
             u.fatal = msg.message
 
-    def _unit_died(self, u: _UnitHandle) -> None:
+    def _unit_died(self, u: UnitHandle) -> None:
         if self._closed or not u.healthy:
             return
         u.healthy = False
         u.process.join(5)
-        _remove_fabric_shm(u.process.pid)
+        remove_fabric_shm(u.process.pid)
         report = (f"unit {u.args.name} ({u.args.role}) died with exit code {u.process.exitcode}"
                   f"{': ' + u.fatal if u.fatal else ''}; last lines of {u.args.log_path}:\n"
-                  f"{_log_tail(u.args.log_path)}")
+                  f"{log_tail(u.args.log_path)}")
         u.exit_report = report
         self.failures.append(report)
         self._say(report)
@@ -424,20 +342,7 @@ class LocalRuntime:
         if self._closed:
             return
         self._closed = True
-        for u in getattr(self, "units", {}).values():
-            if u.process.is_alive():
-                try:
-                    ch.send(u.conn, ch.Shutdown())
-                except OSError:
-                    pass
-        for u in getattr(self, "units", {}).values():
-            u.process.join(15)
-            if u.process.is_alive():
-                u.process.kill()
-                u.process.join(5)
-            if u.process.exitcode != 0:
-                _remove_fabric_shm(u.process.pid)
-            u.conn.close()
+        stop_units(getattr(self, "units", {}))
         with self._lock:
             sinks, self._sinks = self._sinks, {}
         for rid, sink in sinks.items():

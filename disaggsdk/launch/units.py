@@ -1,0 +1,137 @@
+"""The unit processes of a local deployment: naming, spawning, the start-up handshake, cleanup.
+
+`LocalRuntime` owns the handles; this module holds what is about processes rather than requests.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from disaggsdk.launch import channel as ch
+from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.unit import UnitArgs
+
+LOG_TAIL_LINES = 30
+
+
+@dataclass
+class UnitHandle:
+    """The launcher's view of one unit process."""
+
+    args: UnitArgs
+    process: Any
+    conn: Any  # the launcher's end of the unit's pipe
+    info: Any = None  # UnitInfo, once Ready
+    healthy: bool = True
+    started: bool = False
+    in_flight: set[str] = field(default_factory=set)  # request ids routed here, not finished
+    fatal: str | None = None
+    exit_report: str | None = None
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a unit's log."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def remove_fabric_shm(pid: int) -> None:
+    """Remove the shm provider's files of a dead unit (named "<pid>:..." in /dev/shm).
+
+    libfabric unlinks them when an endpoint closes; a killed process never gets there.
+    """
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"{pid}:"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+def unit_names(plan: Any) -> list[tuple[str, Any]]:
+    """(unit name, instance) for every unit of a plan: one per instance, or per dp group."""
+    out = []
+    for inst in plan.instances:
+        for dp in range(inst.dp):
+            out.append((inst.name if inst.dp == 1 else f"{inst.name}.dp{dp}", inst))
+    return out
+
+
+def core_sets(cpu_affinity: Any, n: int) -> list[tuple[int, ...] | None]:
+    """The cores of each of ``n`` units: None, "auto" (round robin, one core each) or explicit.
+
+    Raises:
+        LaunchError: an explicit list of the wrong length.
+    """
+    if cpu_affinity is None:
+        return [None] * n
+    if cpu_affinity == "auto":
+        cores = sorted(os.sched_getaffinity(0))
+        return [(cores[i % len(cores)],) for i in range(n)]
+    if len(cpu_affinity) != n:
+        raise LaunchError(f"cpu_affinity lists {len(cpu_affinity)} core sets for {n} units; give one per unit")
+    return [tuple(c) for c in cpu_affinity]
+
+
+def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:
+    """Wait for every unit's Ready, give all of them the address book, wait for every Started.
+
+    Raises:
+        LaunchError: a unit died, failed or took too long (with its log tail).
+    """
+    deadline = time.monotonic() + timeout_s
+    for want in (ch.Ready, ch.Started):
+        for name, u in units.items():
+            msg = _startup_reply(u, deadline)
+            if not isinstance(msg, want):
+                raise LaunchError(f"unit {name} sent {type(msg).__name__} while starting, expected {want.__name__}")
+            if isinstance(msg, ch.Ready):
+                u.info = msg.info
+            else:
+                u.started = True
+        if want is ch.Ready:
+            peers = ch.Peers([u.info for u in units.values()])
+            for u in units.values():
+                ch.send(u.conn, peers)
+
+
+def _startup_reply(u: UnitHandle, deadline: float) -> Any:
+    while not u.conn.poll(0.1):
+        if not u.process.is_alive() or time.monotonic() > deadline:
+            what = "died" if not u.process.is_alive() else "did not start in time"
+            raise LaunchError(f"unit {u.args.name} {what}; last lines of {u.args.log_path}:\n"
+                              f"{log_tail(u.args.log_path)}")
+    msg = ch.recv_from_unit(u.conn)
+    if isinstance(msg, ch.Fatal):
+        u.process.join(10)
+        raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"
+                          f"last lines of {u.args.log_path}:\n{log_tail(u.args.log_path)}")
+    return msg
+
+
+def stop_units(units: dict[str, UnitHandle], timeout_s: float = 15.0) -> None:
+    """Ask every live unit to stop, wait, kill what is left, clean up after the killed ones."""
+    for u in units.values():
+        if u.process.is_alive():
+            try:
+                ch.send(u.conn, ch.Shutdown())
+            except OSError:
+                pass
+    for u in units.values():
+        u.process.join(timeout_s)
+        if u.process.is_alive():
+            u.process.kill()
+            u.process.join(5)
+        if u.process.exitcode != 0:
+            remove_fabric_shm(u.process.pid)
+        u.conn.close()
