@@ -80,6 +80,16 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, req: BenchReque
     return t
 
 
+def arrival_gaps_s(shape: LoadShape, n: int) -> list[float]:
+    """Seconds to wait after each of ``n`` sends: gamma gaps with mean ``1 / qps`` and shape
+    ``burstiness`` (1: exponential, a Poisson process); all zero for an infinite rate."""
+    if math.isinf(shape.qps):
+        return [0.0] * n
+    rng = random.Random(shape.seed)
+    gaps = [rng.gammavariate(shape.burstiness, 1.0 / (shape.qps * shape.burstiness)) for _ in range(n - 1)]
+    return gaps + [0.0]  # nothing to wait for after the last send
+
+
 async def run_load(
     url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
     temperature: float = 0.0, on_done: OnDone | None = None,
@@ -89,7 +99,6 @@ async def run_load(
     Returns:
         (timelines in request order, duration in seconds from the first send to the last answer).
     """
-    rng = random.Random(shape.seed)
     limit = asyncio.Semaphore(shape.max_concurrency or len(requests))
     limits = httpx.Limits(max_connections=len(requests) + 1, max_keepalive_connections=len(requests) + 1)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as client:
@@ -103,10 +112,10 @@ async def run_load(
 
         start = time.monotonic()
         tasks = []
-        for i, req in enumerate(requests):
+        for req, gap_s in zip(requests, arrival_gaps_s(shape, len(requests))):
             tasks.append(asyncio.create_task(one(req)))
-            if i + 1 < len(requests) and not math.isinf(shape.qps):
-                await asyncio.sleep(rng.gammavariate(shape.burstiness, 1.0 / (shape.qps * shape.burstiness)))
+            if gap_s > 0:
+                await asyncio.sleep(gap_s)
         timelines = list(await asyncio.gather(*tasks))
     return timelines, time.monotonic() - start
 

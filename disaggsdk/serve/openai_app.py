@@ -58,9 +58,14 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
     @app.get("/health")
-    def health() -> Response:
-        ok = all(s.healthy for s in metrics.stats())
-        return Response(status_code=200 if ok else 503)
+    def health() -> JSONResponse:
+        # serving goes on while any decode (or mixed) instance is up: a lost prefill instance
+        # costs retries or local prefills, not availability; the body says what is down
+        stats = metrics.stats()
+        serving = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
+        status = "ok" if all(s.healthy for s in stats) else "degraded" if serving else "down"
+        body = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/metrics")
     def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread

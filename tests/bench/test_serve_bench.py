@@ -97,3 +97,17 @@ def test_bench_command_against_a_url_writes_vllm_json(server, run_cli, tmp_path)
     assert printed["completed"] == 4 and "p99_itl_ms" in printed and "request_goodput" in printed
     assert json.loads(out.read_text())["total_output_tokens"] == 16
     assert "mean_ttft_ms" in p.stderr  # the summary table goes to stderr with --json
+
+
+def test_arrival_gaps_have_the_rate_and_burstiness_asked_for():
+    from statistics import fmean, pstdev
+
+    from disaggsdk.bench.serve_bench import arrival_gaps_s
+
+    assert arrival_gaps_s(LoadShape(), 5) == [0.0] * 5
+    poisson = arrival_gaps_s(LoadShape(qps=4, seed=1), 4001)[:-1]
+    assert fmean(poisson) == pytest.approx(0.25, rel=0.05)
+    assert pstdev(poisson) / fmean(poisson) == pytest.approx(1.0, rel=0.1)  # exponential gaps
+    bursty = arrival_gaps_s(LoadShape(qps=4, burstiness=0.25, seed=1), 4001)[:-1]
+    assert fmean(bursty) == pytest.approx(0.25, rel=0.1)
+    assert pstdev(bursty) / fmean(bursty) == pytest.approx(2.0, rel=0.15)  # CV = 1 / sqrt(shape)

@@ -108,7 +108,8 @@ def test_stop_strings_logprobs_token_ids_and_models(deployment):
     assert lp["token_ids"] == full["token_ids"][:5]
     models = httpx.get(f"{url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [SERVED_MODEL]
-    assert httpx.get(f"{url}/health").status_code == 200
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok", "instances": {"mixed-0": "up"}}
 
 
 def test_client_disconnect_aborts_the_request(deployment):
