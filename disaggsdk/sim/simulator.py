@@ -37,6 +37,9 @@ class SimConfig:
     # MTP speculative decoding: fraction of draft tokens accepted (0 = off; DeepSeek-V3's
     # report gives 85-90% for its MTP module). Applies to decode in both layouts.
     mtp_acceptance: float = 0.0
+    # CPU deployments: instances share this many cores (None: every instance owns its devices).
+    # A step started while k instances are busy runs max(1, k / cores) times slower.
+    shared_cores: int | None = None
     percentiles: tuple[float, ...] = (50, 90, 99)
 
 
@@ -53,6 +56,7 @@ class Simulation:
         self.arch = arch or resolve_model(spec.model)
         self.plan = make_plan(spec, self.arch)
         self._events: list = []
+        self._num_busy = 0  # instances with a step in flight
         self._seq = itertools.count()
         self._decode_of: dict[int, SimInstance] = {}
         self._prefill_of: dict[int, SimInstance] = {}
@@ -89,10 +93,14 @@ class Simulation:
         if dt <= 0:
             return
         inst.busy = True
+        self._num_busy += 1
+        if self.config.shared_cores:
+            dt *= max(1.0, self._num_busy / self.config.shared_cores)
         self._push(now_s + dt, self._step_done, inst, chunks, dt)
 
     def _step_done(self, now_s: float, inst: SimInstance, chunks: list, dt: float) -> None:
         inst.busy = False
+        self._num_busy -= 1
         inst.finish_step(chunks, dt, now_s)
         self._kick(inst, now_s)
 

@@ -83,3 +83,11 @@ def test_mtp_speculation_speeds_decode_by_about_its_acceptance():
     mtp = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", mtp_acceptance=0.8)).run(reqs)
     speedup = mtp["mean_tokens_per_s_per_request"] / plain["mean_tokens_per_s_per_request"]
     assert 1.6 < speedup < 1.8  # 1.8 tokens a step, each step verifying two tokens costs a little more
+
+
+def test_instances_sharing_cores_slow_each_other_down():
+    two = [SimRequest(0, 0.0, 1000, 1), SimRequest(1, 0.0, 1000, 1)]
+    own = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=True)).run(two)
+    shared = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=True, shared_cores=1)).run(two)
+    # the second step starts while the first runs: it takes twice as long on one shared core
+    assert shared["mean_ttft_ms"] == pytest.approx(1.5 * own["mean_ttft_ms"])
