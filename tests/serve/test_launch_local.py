@@ -5,6 +5,7 @@ it, and the Deployment leaves no process behind."""
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -65,4 +66,13 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprobs"
         roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
         assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+        # a dead prefill unit: still serving (decode retries or prefills locally), and /health says so
+        d.backend.kill_unit("prefill-0")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and httpx.get(f"{d.url}/health").json()["status"] == "ok":
+            time.sleep(0.1)
+        health = httpx.get(f"{d.url}/health")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.json()["instances"]["prefill-0"] == "down"
+        assert not next(r for r in d.metrics()["instances"] if r["name"] == "prefill-0")["healthy"]
     assert not (child_pids() - before)
