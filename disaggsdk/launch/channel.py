@@ -61,7 +61,8 @@ class PeerDown(msgspec.Struct, frozen=True, tag=True):
 
 
 class GetStats(msgspec.Struct, frozen=True, tag=True):
-    seq: int
+    seq: int  # 0: a refresh nobody waits for
+    with_recent: bool = False  # include the per-request records (large; the benchmark wants them)
 
 
 class Shutdown(msgspec.Struct, frozen=True, tag=True):

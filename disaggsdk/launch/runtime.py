@@ -78,7 +78,7 @@ class LocalRuntime:
         self._lock = threading.Lock()
         self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
         self._stats_seq = itertools.count(1)
-        self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}
+        self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}  # only for seqs unit_stats waits on
         self._stats_cond = threading.Condition(self._lock)
         self._last_stats: dict[str, ch.UnitStats] = {}
         self.failures: list[str] = []  # one report per unit that died
@@ -112,6 +112,7 @@ class LocalRuntime:
             raise
         self._reader = threading.Thread(target=self._read_loop, name="disaggsdk-runtime-reader", daemon=True)
         self._reader.start()
+        self.unit_stats()  # so stats() has a first snapshot to give
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
         self._say(f"ready: {len(self.units)} units over {provider}: {roles}; logs in {self.log_dir}")
 
@@ -162,7 +163,8 @@ class LocalRuntime:
         elif isinstance(msg, ch.UnitStats):
             with self._stats_cond:
                 self._last_stats[msg.name] = msg
-                self._stats_replies.setdefault(msg.seq, {})[msg.name] = msg
+                if msg.seq in self._stats_replies:
+                    self._stats_replies[msg.seq][msg.name] = msg
                 self._stats_cond.notify_all()
         elif isinstance(msg, ch.Fatal):
             u.fatal = msg.message
@@ -295,8 +297,10 @@ class LocalRuntime:
         """A fresh snapshot from every healthy unit (blocks until they answer)."""
         seq = next(self._stats_seq)
         asked = [u for u in self.units.values() if u.healthy]
+        with self._lock:
+            self._stats_replies[seq] = {}
         for u in asked:
-            ch.send(u.conn, ch.GetStats(seq))
+            ch.send(u.conn, ch.GetStats(seq, with_recent=True))
         deadline = time.monotonic() + timeout_s
         with self._stats_cond:
             while True:
@@ -308,15 +312,13 @@ class LocalRuntime:
 
     def stats(self) -> list[InstanceStats]:
         """The latest snapshot of every unit (asks for a fresh one without waiting for it)."""
-        seq = next(self._stats_seq)
         for u in self.units.values():
             if u.healthy:
                 try:
-                    ch.send(u.conn, ch.GetStats(seq))
+                    ch.send(u.conn, ch.GetStats(0))
                 except OSError:
                     pass
         with self._lock:
-            self._stats_replies.pop(seq - 1, None)
             last = dict(self._last_stats)
         out = []
         for name, u in self.units.items():

@@ -228,7 +228,7 @@ class Unit:
             if self.messenger is not None:
                 self.messenger.peer_down(msg.name)
         elif isinstance(msg, ch.GetStats):
-            ch.send(self.conn, self._stats(msg.seq))
+            ch.send(self.conn, self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
 
@@ -256,7 +256,7 @@ class Unit:
             rid, message = failed.pop()
             ch.send(self.conn, ch.Tokens(rid, [], True, "error", message))
 
-    def _stats(self, seq: int) -> Any:
+    def _stats(self, seq: int, with_recent: bool) -> Any:
         e, m = self.engine, self.messenger
         totals = m.totals if m is not None else None
         waiting = len(e.scheduler.waiting) + (m.num_waiting if hasattr(m, "num_waiting") else 0)
@@ -269,7 +269,7 @@ class Unit:
             prefilled_locally=totals.prefilled_locally if totals else 0,
             rejected_frames=dict(m.frames.by_reason) if m is not None else {},
             rejected_requests=dict(getattr(m, "rejected", {})),
-            recent=list(totals.recent) if totals else [],
+            recent=list(totals.recent) if totals and with_recent else [],
         )
 
     def close(self) -> None:

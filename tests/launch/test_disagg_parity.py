@@ -1,8 +1,9 @@
 """Disaggregated runs (real processes, shm and tcp;ofi_rxm) give the tokens of the colocated
 engine and of transformers, for tiny Qwen3-MoE and DeepSeek-V3 checkpoints made with transformers.
 
-Cases cover the route kinds: identical (1,1), reconstruct (2,1), split (1,2), (2,2), and MLA with
-a data-parallel decode of 2 ranks; 8 concurrent requests of mixed lengths; a step budget of 12
+Cases cover the route kinds: identical (1,1), reconstruct (2,1), split (1,2), (2,2), MLA from one
+rank to two and rank to rank, and MLA with a data-parallel decode of 2 ranks (the writer rotates
+per request); 8 concurrent requests of mixed lengths; a step budget of 12
 tokens so longer prompts prefill in chunks; one case with the streaming ablation.
 """
 
@@ -26,7 +27,8 @@ CASES = [
     ("qwen3-coder-tiny", 2, 1, 1, "tcp", True),
     ("qwen3-coder-tiny", 1, 2, 1, "shm", False),
     ("qwen3-coder-tiny", 2, 2, 1, "tcp", True),
-    ("deepseek-r1-tiny", 2, 2, 1, "shm", True),
+    ("deepseek-r1-tiny", 1, 2, 1, "shm", True),
+    ("deepseek-r1-tiny", 2, 2, 1, "tcp", True),
     ("deepseek-r1-tiny", 2, 1, 2, "tcp", True),
 ]
 
