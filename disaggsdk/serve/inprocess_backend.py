@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 IDLE_WAIT_S = 0.05  # how long the idle engine thread blocks on its inbox before looking again
 
 
-class BackendClosedError(DisaggError):
-    """A request reached a backend that was closed or whose engine thread died."""
-
-
 @dataclass
 class _Subscriber:
     """Where one request's events go: an asyncio queue on the caller's loop."""
@@ -92,13 +88,11 @@ class InProcessBackend:
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncIterator[TokenEvent]:
-        """Stream the request's tokens; a refused request yields one ``error`` event.
-
-        Raises:
-            BackendClosedError: the backend is closed.
-        """
+        """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event."""
         if self._closed.is_set():
-            raise BackendClosedError("this backend is closed; start a new one")
+            yield TokenEvent(request_id, [], True, "error", error="this backend is closed; start a new one",
+                             instance=self.name)
+            return
         sub = _Subscriber(asyncio.get_running_loop(), asyncio.Queue())
         self._inbox.put(_Add(request_id, list(prompt_ids), params, sub))
         finished = False
@@ -124,6 +118,7 @@ class InProcessBackend:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._stats.healthy = False
         self._inbox.put(None)
         self._thread.join(timeout=30)
         self._engine.close()

@@ -63,7 +63,8 @@ class RequestRun:
         """Submit the request and wait for its first event.
 
         Raises:
-            BadRequestError: the backend refused the request before producing a token.
+            BadRequestError: the backend refused the request before producing a token (400), or
+                no instance that produces tokens is up (503).
         """
         self._events = aiter(self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params))
         first = await anext(self._events)
@@ -71,6 +72,8 @@ class RequestRun:
             self.error = first.error or "the request failed"
             self.finish_reason = "error"
             self.record()
+            if not any(s.healthy for s in self.backend.stats() if s.role in ("decode", "mixed")):
+                raise BadRequestError(f"no serving instance is up: {self.error}", status=503, kind="server_error")
             raise BadRequestError(self.error, param=None)
         return first
 

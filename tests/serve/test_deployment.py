@@ -86,3 +86,15 @@ def test_serve_command_serves_until_sigterm_and_exits_cleanly():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_requests_to_a_stopped_backend_get_503_and_health_says_down():
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.serve.deployment import serve_model
+
+    with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=16), port=0) as d:
+        d.backend.close()  # the engine is gone, the server still answers
+        r = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and "no serving instance" in r.json()["error"]["message"]
+        health = httpx.get(f"{d.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "down"
