@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="SPEC: run with the tiny variant of its model on CPU")
     parser.add_argument("--colocated", action="store_true", help="SPEC: benchmark the colocated layout instead")
     parser.add_argument("--compare", action="store_true",
-                        help="SPEC: run the same load disaggregated and colocated (same CPU budget) side by side")
+                        help="SPEC: the same load disaggregated, then colocated (every instance mixed), each unit "
+                             "pinned to one core (unit i on core i mod cores): the same CPU budget, side by side")
     parser.add_argument("--no-live", action="store_true", help="SPEC: no live instance table, only a progress bar")
     add_load_arguments(parser)
 
