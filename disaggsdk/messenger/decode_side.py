@@ -30,6 +30,7 @@ from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
+DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
 
 
 @dataclass
@@ -151,12 +152,13 @@ class DecodeMessenger:
             self.frames.count("unexpected_kind")
             return
         now = time.monotonic()
-        for q in self._quarantine:
-            if q.request_id == msg.request_id and q.generation == msg.generation:
-                q.release_at = now  # the old attempt's writes are drained
+        drained = [q for q in self._quarantine if q.request_id == msg.request_id and q.generation == msg.generation]
+        for q in drained:  # the old attempt's writes completed at the sender; let them land
+            q.release_at = now + DRAIN_GRACE_S
         h = self._handoffs.get(msg.request_id)
         if h is None or h.grant is None or h.grant.generation != msg.generation:
-            self.frames.count("stale")  # a late report about an attempt already retried
+            if not drained:
+                self.frames.count("stale")  # a report about an attempt that is long gone
             return
         self._retry(h, f"{h.prefill}: {msg.reason}", drained=True, now=now)
 
@@ -267,11 +269,11 @@ class DecodeMessenger:
         if name in self._down:
             release_at = max(now, self._down[name] + DEAD_PEER_GRACE_S)
         else:
-            release_at = now if drained else None
+            release_at = now + DRAIN_GRACE_S if drained else None
             if not drained:
-                abort = pr.AbortPrefill(h.request_id, h.grant.generation)
+                abort = pr.AbortPrefill(h.request_id, h.grant.generation, f"{self.me.name}#{self.me.incarnation}")
                 self.transfer.send(self._prefills[name][1], pr.encode_message(abort, self.secret))
-        owner = f"{h.request_id}~{h.attempt}"
+        owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
         self.engine.allocator.rename(h.request_id, owner)
         self._quarantine.append(_Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))
         h.prefill, h.grant, h.slot, h.counter, h.send_future = None, None, -1, None, None

@@ -128,7 +128,17 @@ class PrefillMessenger:
             return
         if isinstance(msg, pr.AbortPrefill):
             job = self._jobs.get(msg.request_id)
-            if job is None or job.msg.generation != msg.generation:
+            if job is None:
+                # nothing of it is in flight here (done or never started): say so, the decode side
+                # waits for this before it frees the pages
+                peer = self._decodes.get(msg.decode_instance)
+                if peer is None or msg.decode_instance.split("#")[0] in self._down:
+                    self.frames.count("stale")
+                    return
+                reply = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
+                self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
+                return
+            if job.msg.generation != msg.generation:
                 self.frames.count("stale")
                 return
             with self._lock:

@@ -115,11 +115,16 @@ class PrefillFailed(Message, frozen=True):
 
 
 class AbortPrefill(Message, frozen=True):
-    """Decode -> prefill: stop work on a request (client cancelled, deadline passed)."""
+    """Decode -> prefill: stop work on a request (client cancelled, deadline passed).
+
+    Prefill answers with `PrefillFailed` once nothing of that attempt is in flight any more
+    (also when it never had the request): only then may decode free the pages.
+    """
 
     KIND: ClassVar[int] = 4
     request_id: str
     generation: int
+    decode_instance: str = ""  # who to answer (as in PrefillRequest)
 
 
 class Hello(Message, frozen=True):
