@@ -32,10 +32,14 @@ def tiny_spec(spec: Spec) -> Spec:
 
 
 def check_runnable(spec: Spec) -> None:
-    """Refuse a GPU spec on a machine without CUDA, saying what to run instead.
+    """Refuse a GPU spec, saying what to run instead.
+
+    Without CUDA the spec needs hardware this machine lacks; with CUDA it still cannot run here
+    yet: units share their KV pools as host memfd regions, and the cuMem path
+    (`disaggsdk.memory.cuda_vmm`) is not wired into them.
 
     Raises:
-        LaunchError: ``device: cuda`` and no CUDA device here.
+        LaunchError: ``device: cuda``.
     """
     if spec.device != "cuda":
         return
@@ -51,3 +55,7 @@ def check_runnable(spec: Spec) -> None:
             f"{spec.label} needs {ranks} CUDA GPUs ({spec.hardware.gpu}) and this machine has none; "
             f"run it on the CPU with its tiny model: add --tiny (LocalRuntime(spec, tiny=True))"
         )
+    raise LaunchError(
+        f"{spec.label}: the local runtime runs CPU units only for now (KV pools are host memfd regions, "
+        f"CUDA pools are not wired in); add --tiny to run the same topology on the CPU"
+    )
