@@ -193,6 +193,21 @@ def bench(
     return result
 
 
+def median_run(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the median (the upper one for an even count), with every run's
+    value of ``key`` added as ``repeat_<key>`` (in run order) when there are several.
+
+    Raises:
+        ValueError: no runs.
+    """
+    if not runs:
+        raise ValueError("median_run needs at least one run")
+    chosen = dict(sorted(runs, key=lambda r: r[key])[len(runs) // 2])
+    if len(runs) > 1:
+        chosen[f"repeat_{key}"] = [r[key] for r in runs]
+    return chosen
+
+
 def parse_slos(text: str | None) -> dict[str, float]:
     """``"ttft=500,tpot=50"`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds).
 

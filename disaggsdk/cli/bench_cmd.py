@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM field names."
 API_KEY_ENV = "DISAGGSDK_API_KEY"
 DEFAULT_OUTPUT_LEN = 64
+REPEAT_KEY = "p99_itl_ms"  # --repeat reports the run with the median of this
 RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")  # printed for --compare
 
 
@@ -58,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SPEC: the same load disaggregated, then colocated (every instance mixed), each unit "
                              "pinned to one core (unit i on core i mod cores): the same CPU budget, side by side")
     parser.add_argument("--no-live", action="store_true", help="SPEC: no live instance table, only a progress bar")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help=f"SPEC: run each layout N times (alternating) and report the run with the median "
+                             f"{REPEAT_KEY}, for noisy machines")
     add_load_arguments(parser)
 
 
@@ -151,11 +155,22 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from disaggsdk.cli.launch_cmd import launch_spec
 
+    from disaggsdk.bench.serve_bench import median_run
+
+    if args.repeat < 1:
+        raise BenchArgsError(f"--repeat must be >= 1, got {args.repeat}")
     layouts = [False, True] if args.compare else [args.colocated]
-    results = []
-    for colocated in layouts:
-        name = "colocated" if colocated else "disaggregated"
-        with launch_spec(args, console, colocated=colocated, port=0, pin=args.compare) as d:
-            results.append((name, run_load(args, console, d.url, d.model_name, d.api_key, d, title=name)))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for i in range(args.repeat):  # layouts alternate, so a noisy minute hurts both alike
+        for colocated in layouts:
+            name = "colocated" if colocated else "disaggregated"
+            title = f"{name} {i + 1}/{args.repeat}" if args.repeat > 1 else name
+            with launch_spec(args, console, colocated=colocated, port=0, pin=args.compare) as d:
+                runs.setdefault(name, []).append(run_load(args, console, d.url, d.model_name, d.api_key, d, title))
+    results = [(name, median_run(rs, REPEAT_KEY)) for name, rs in runs.items()]
+    if args.repeat > 1:
+        for name, rs in runs.items():
+            values = ", ".join(f"{r[REPEAT_KEY]:.1f}" for r in rs)
+            console.print(f"{name}: {REPEAT_KEY} of each run: {values}; reporting the median run")
     report(args, console, results)
     return 0

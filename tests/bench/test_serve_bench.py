@@ -111,3 +111,14 @@ def test_arrival_gaps_have_the_rate_and_burstiness_asked_for():
     bursty = arrival_gaps_s(LoadShape(qps=4, burstiness=0.25, seed=1), 4001)[:-1]
     assert fmean(bursty) == pytest.approx(0.25, rel=0.1)
     assert pstdev(bursty) / fmean(bursty) == pytest.approx(2.0, rel=0.15)  # CV = 1 / sqrt(shape)
+
+
+def test_median_run_picks_a_real_run_and_lists_all():
+    from disaggsdk.bench.serve_bench import median_run
+
+    runs = [{"p99_itl_ms": v, "id": i} for i, v in enumerate([30.0, 10.0, 20.0])]
+    chosen = median_run(runs, "p99_itl_ms")
+    assert chosen["id"] == 2 and chosen["repeat_p99_itl_ms"] == [30.0, 10.0, 20.0]
+    assert median_run(runs[:1], "p99_itl_ms") == runs[0]
+    with pytest.raises(ValueError):
+        median_run([], "p99_itl_ms")
