@@ -21,6 +21,7 @@ from typing import Any
 from disaggsdk.launch import channel as ch
 
 IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its parent pipe between polls
+BUSY_WAIT_S = 0.0005  # the same while only transfers are in flight (no step to run)
 
 
 @dataclass(frozen=True)
@@ -172,8 +173,13 @@ class Unit:
     def run(self) -> None:
         engine = self.engine
         while not self.stopping:
-            busy = engine.has_unfinished() or (self.messenger is not None and self._messenger_busy())
-            self._drain_parent(0.0 if busy else IDLE_WAIT_S)
+            if engine.has_unfinished():
+                wait_s = 0.0
+            elif self.messenger is not None and self._messenger_busy():
+                wait_s = BUSY_WAIT_S  # transfers in flight: poll often, but leave the core to others
+            else:
+                wait_s = IDLE_WAIT_S
+            self._drain_parent(wait_s)
             self._drain_frames()
             if self.messenger is not None:
                 self.messenger.poll()
