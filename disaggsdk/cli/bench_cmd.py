@@ -1,4 +1,11 @@
-"""`disaggsdk bench URL|SPEC`: load a server (or a deployment it launches) and report vLLM-style results."""
+"""`disaggsdk bench URL|SPEC`: load a server (or a deployment it launches) and report vLLM-style results.
+
+The disaggregation comparison on a 2-core machine (prefill and decode each pinned to one core
+against two colocated instances each pinned to one core; run it on an otherwise idle machine):
+
+    disaggsdk bench specs/tiny_pd.yaml --compare --repeat 3 --input-len 1024 --output-len 128 \
+        --num-prompts 40 --qps 1.5 --metric-percentiles 50,99,99.9
+"""
 
 from __future__ import annotations
 
