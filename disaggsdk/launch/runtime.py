@@ -53,7 +53,8 @@ class LocalRuntime:
             baseline disaggregation is compared with.
         cpu_affinity: None; "auto" (unit i on core i mod cores); or one list of cores per unit
             in start order (prefill units first).
-        log_dir: where unit logs go (a fresh temporary directory when None; kept after close).
+        log_dir: where unit logs go. When None, a temporary directory that close() removes
+            unless a unit failed (then its logs are kept for the report).
         provider: libfabric provider overriding the spec ("shm", "tcp").
         start_timeout_s: how long start-up may take.
         on_event: optional callback for start-up and failure lines (default: print to stderr).
@@ -82,6 +83,7 @@ class LocalRuntime:
         self._stats_cond = threading.Condition(self._lock)
         self._last_stats: dict[str, ch.UnitStats] = {}
         self.failures: list[str] = []  # one report per unit that died
+        self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="disaggsdk-logs-")
         os.makedirs(self.log_dir, exist_ok=True)
         self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
@@ -108,6 +110,7 @@ class LocalRuntime:
                 self.units[name] = UnitHandle(args, proc, parent)
             start_units(self.units, start_timeout_s)
         except BaseException:
+            self._own_log_dir = False  # a failed start keeps its logs: the error names them
             self.close()
             raise
         self._reader = threading.Thread(target=self._read_loop, name="disaggsdk-runtime-reader", daemon=True)
@@ -350,6 +353,8 @@ class LocalRuntime:
         for rid, sink in sinks.items():
             sink(TokenEvent(rid, [], True, "error", error="the runtime was closed"))
         shutil.rmtree(self._work_dir, ignore_errors=True)
+        if self._own_log_dir and not self.failures and not any(u.fatal for u in getattr(self, "units", {}).values()):
+            shutil.rmtree(self.log_dir, ignore_errors=True)
         atexit.unregister(self.close)
 
     def __enter__(self) -> LocalRuntime:

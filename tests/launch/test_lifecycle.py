@@ -35,11 +35,11 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def env():
+def env(tmp_path_factory):
     before = live_descendants()
     shm_before = set(os.listdir("/dev/shm"))
     spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64)
-    rt = LocalRuntime(spec, secret=SECRET, on_event=lambda _line: None)
+    rt = LocalRuntime(spec, secret=SECRET, on_event=lambda _line: None, log_dir=str(tmp_path_factory.mktemp("logs")))
     reference = LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=512))
     try:
         yield rt, reference
