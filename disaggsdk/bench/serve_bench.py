@@ -183,7 +183,9 @@ def bench(
         "burstiness": shape.burstiness, "max_concurrency": shape.max_concurrency,
     }
     result |= summarize(timelines, duration_s, percentiles, slos_ms)
+    first_send = min(t.sent_s for t in timelines)
     result |= {
+        "send_times_s": [t.sent_s - first_send for t in timelines],  # a trace for `disaggsdk simulate`
         "input_lens": [t.prompt_tokens for t in timelines],
         "output_lens": [t.output_tokens for t in timelines],
         "ttfts": [t.ttft_ms / 1e3 if t.ok else 0.0 for t in timelines],

@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--colocated", action="store_true", help="simulate the same GPUs as colocated instances")
     mode.add_argument("--compare", action="store_true", help="simulate both layouts side by side")
+    parser.add_argument("--validate", action="store_true",
+                        help="launch the spec and its colocated twin for real, bench them at --qps, "
+                             "replay the same requests in the simulator (cpu-local profile) and compare")
+    parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate with --validate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -51,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     profile = load_profile(args.profile or default_profile_name(spec))
+    if args.validate:
+        return _validate(args, spec, profile)
     config = SimConfig(profile, weight_dtype=args.weight_dtype or default_weight_dtype(spec.model),
                        max_num_batched_tokens=args.max_num_batched_tokens, streaming=not args.no_streaming,
                        mtp_acceptance=args.mtp_acceptance)
@@ -70,3 +76,31 @@ def run(args: argparse.Namespace) -> int:
 
     Console().print(runs_table(result))
     return 0
+
+
+def _validate(args: argparse.Namespace, spec, profile) -> int:
+    from disaggsdk.errors import SpecError
+    from disaggsdk.sim.validate import TOLERANCE, validate
+
+    if spec.device != "cpu":
+        raise SpecError(f"--validate runs the spec on this machine: use a CPU spec such as specs/tiny_local.yaml, "
+                        f"not a {spec.device} one")
+    rows = validate(spec, profile, _rates(args.qps), args.num_prompts, args.input_len, args.output_len,
+                    args.range_ratio, args.seed)
+    if args.json:
+        json.dump({"profile": profile.name, "tolerance": TOLERANCE, "rows": rows}, sys.stdout, indent=2)
+        print()
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"simulated ({profile.name}) vs measured: {spec.label}, tolerance ±{TOLERANCE:.0%}")
+        for col in ("layout", "qps", "TTFT meas ms", "TTFT sim ms", "err", "TPOT meas ms", "TPOT sim ms", "err", "ok"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for r in rows:
+            t, p = r["mean_ttft_ms"], r["mean_tpot_ms"]
+            table.add_row(r["layout"], f"{r['qps']:g}", f"{t['measured']:.1f}", f"{t['simulated']:.1f}",
+                          f"{t['error']:+.0%}", f"{p['measured']:.2f}", f"{p['simulated']:.2f}", f"{p['error']:+.0%}",
+                          "yes" if r["within_tolerance"] else "no")
+        Console().print(table)
+    return 0 if all(r["within_tolerance"] for r in rows) else 1

@@ -44,12 +44,15 @@ class StepSample:
 
 def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1, 4, 16),
                 decode_contexts=(64, 512), decode_steps: int = 8, page_size: int = 16,
-                repeats: int = 3) -> list[StepSample]:
+                repeats: int = 3, threads: int = 1) -> list[StepSample]:
     """Time the local engine (tp=1, float32, mixed mode) on a grid of prefills and decode steps.
 
     Each sample is the median of ``repeats`` prefills or ``decode_steps`` decode steps, so one
-    step slowed by another process does not skew the fit. Run it on a quiet machine.
+    step slowed by another process does not skew the fit. Run it on a quiet machine. ``threads``
+    is torch's thread count: 1, as each deployed unit runs (`disaggsdk.launch`).
     """
+    import torch
+
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
     from disaggsdk.engine.sampling import SamplingParams
 
@@ -59,17 +62,20 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
                                            max_num_batched_tokens=max(prefill_lens), max_num_seqs=64))
     ids = itertools.count()
     samples = []
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         engine.generate([[1] * 64], SamplingParams(max_tokens=4))  # warm-up: first-call costs stay out
         for n in prefill_lens:
             times = []
-            for _ in range(repeats):  # median of repeats: one step may be hit by a neighbour's burst
+            for _ in range(repeats + 1):  # median of repeats: one step may be hit by a neighbour's burst
                 engine.add_request(f"p{next(ids)}", [7] * n, SamplingParams(max_tokens=1, ignore_eos=True))
                 start = time.perf_counter()
                 engine.step()
                 times.append(time.perf_counter() - start)
                 while engine.has_unfinished():
                     engine.step()
+            times = times[1:]  # the first run of a shape pays for allocations
             samples.append(StepSample(n, 1, prefill_context_pairs(n, 0), n, statistics.median(times)))
         for batch, context in itertools.product(decode_batches, decode_contexts):
             params = SamplingParams(max_tokens=decode_steps + 2, ignore_eos=True)
@@ -88,6 +94,7 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
                 engine.step()
     finally:
         engine.close()
+        torch.set_num_threads(threads_before)
     return samples
 
 

@@ -1,0 +1,63 @@
+"""Check the simulator against real runs on this machine: same spec, same arrivals, same lengths.
+
+Each layout (the spec as written, and its colocated twin) is launched for real, loaded by the
+benchmark at each rate, and the very requests the benchmark sent (their send times, prompt and
+output lengths) are replayed in the simulator on the calibrated ``cpu-local`` profile, with the
+instances sharing this machine's cores. Mean TTFT and mean TPOT are compared.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from disaggsdk.sim.hardware import HardwareProfile
+from disaggsdk.sim.simulator import SimConfig, Simulation
+from disaggsdk.sim.workload import SimRequest
+from disaggsdk.spec import Spec
+
+TOLERANCE = 0.15
+
+
+def trace_of(bench_result: dict[str, Any]) -> list[SimRequest]:
+    """The requests a benchmark sent that finished, as a simulator trace."""
+    rows = zip(bench_result["send_times_s"], bench_result["input_lens"], bench_result["output_lens"],
+               bench_result["errors"])
+    return [SimRequest(i, sent, n_in, n_out) for i, (sent, n_in, n_out, err) in enumerate(rows) if not err and n_out > 0]
+
+
+def simulate_like(spec: Spec, profile: HardwareProfile, colocated: bool, requests: list[SimRequest]) -> dict[str, Any]:
+    """Simulate ``requests`` on ``spec`` with the engine settings the real run used."""
+    config = SimConfig(profile, weight_dtype="float32", colocated=colocated,
+                       max_num_batched_tokens=spec.engine.max_num_batched_tokens,
+                       max_num_seqs=spec.engine.max_num_seqs, streaming=spec.transfer.streaming,
+                       shared_cores=os.cpu_count() or 1)
+    return Simulation(spec, config).run(requests)
+
+
+def compare_row(layout: str, qps: float, measured: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """Measured vs simulated mean TTFT and TPOT, with relative errors and the verdict."""
+    row: dict[str, Any] = {"layout": layout, "qps": qps}
+    for metric in ("mean_ttft_ms", "mean_tpot_ms"):
+        m, s = measured[metric], simulated[metric]
+        row[metric] = {"measured": m, "simulated": s, "error": (s - m) / m if m else float("inf")}
+    row["within_tolerance"] = all(abs(row[k]["error"]) <= TOLERANCE for k in ("mean_ttft_ms", "mean_tpot_ms"))
+    return row
+
+
+def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,
+             input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0) -> list[dict[str, Any]]:
+    """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate)."""
+    from disaggsdk.serve.deployment import launch
+
+    rows = []
+    for colocated in (False, True):
+        layout = "colocated" if colocated else "disaggregated"
+        with launch(spec, colocated=colocated, port=0) as deployment:
+            deployment.bench(num_prompts=4, qps=float("inf"), input_len=input_len, output_len=4, seed=seed + 99)
+            for qps in rates:
+                measured = deployment.bench(num_prompts=num_prompts, qps=qps, input_len=input_len,
+                                            output_len=output_len, range_ratio=range_ratio, seed=seed)
+                simulated = simulate_like(spec, profile, colocated, trace_of(measured))
+                rows.append(compare_row(layout, qps, measured, simulated))
+    return rows
