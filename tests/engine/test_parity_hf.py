@@ -18,31 +18,13 @@ transformers = pytest.importorskip("transformers")
 from disaggsdk.cli.main import main as cli_main  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.models import catalog_config  # noqa: E402
+from tests.hf_checkpoints import HF_CONFIG, hf_model  # noqa: E402
 
-HF_CONFIG = {"qwen3-tiny": "Qwen3Config", "qwen3-coder-tiny": "Qwen3MoeConfig", "deepseek-r1-tiny": "DeepseekV3Config"}
 PROMPT_LENGTHS = (1, 3, 5, 8, 13, 17, 24, 31, 40, 57)
 MAX_TOKENS = 10
 TOP = 5
 # (tp, layout, page_size, max_num_batched_tokens): budgets 7 and 11 cut every longer prompt into chunks
 CASES = [(1, "HND", 16, 2048), (1, "NHD", 4, 7), (2, "HND", 4, 11), (2, "NHD", 16, 2048)]
-
-
-def hf_model(name: str):
-    config = getattr(transformers, HF_CONFIG[name])(**catalog_config(name))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # larger weights than HF's 0.02 init, so greedy choices are not near-uniform
-        for pname, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-            elif pname.endswith("norm.weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-        for pname, buf in model.named_buffers():
-            if pname.endswith("e_score_correction_bias"):
-                buf.copy_(torch.rand_like(buf) * 0.1)
-    model.generation_config.eos_token_id = None
-    return model
 
 
 @pytest.fixture(scope="module", params=sorted(HF_CONFIG))

@@ -7,32 +7,9 @@ import os
 import attrs
 
 from disaggsdk.spec import load_spec
+from tests.hf_checkpoints import hf_model  # noqa: F401  (re-exported for the launch tests)
 
-HF_CONFIG = {"qwen3-coder-tiny": "Qwen3MoeConfig", "deepseek-r1-tiny": "DeepseekV3Config"}
 TOP = 5
-
-
-def hf_model(name: str):
-    """A tiny random transformers model of a catalog family, weights spread so greedy picks are clear."""
-    import torch
-    import transformers
-
-    from disaggsdk.models import catalog_config
-
-    config = getattr(transformers, HF_CONFIG[name])(**catalog_config(name))
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-            elif pname.endswith("norm.weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-        for pname, buf in model.named_buffers():
-            if pname.endswith("e_score_correction_bias"):
-                buf.copy_(torch.rand_like(buf) * 0.1)
-    model.generation_config.eos_token_id = None
-    return model
 
 
 def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[list[list[int]]]]:
