@@ -94,13 +94,15 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"simulated ({profile.name}) vs measured: {spec.label}, tolerance ±{TOLERANCE:.0%}")
-        for col in ("layout", "qps", "TTFT meas ms", "TTFT sim ms", "err", "TPOT meas ms", "TPOT sim ms", "err", "ok"):
+        table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}: {spec.label}")
+        for col in ("layout", "qps", "TTFT run", "TTFT sim", "error", "TPOT run", "TPOT sim", "error",
+                    f"within {TOLERANCE:.0%}"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in rows:
             t, p = r["mean_ttft_ms"], r["mean_tpot_ms"]
-            table.add_row(r["layout"], f"{r['qps']:g}", f"{t['measured']:.1f}", f"{t['simulated']:.1f}",
-                          f"{t['error']:+.0%}", f"{p['measured']:.2f}", f"{p['simulated']:.2f}", f"{p['error']:+.0%}",
+            table.add_row("disagg" if r["layout"] == "disaggregated" else "coloc", f"{r['qps']:g}",
+                          f"{t['measured']:.1f}", f"{t['simulated']:.1f}", f"{t['error']:+.0%}",
+                          f"{p['measured']:.2f}", f"{p['simulated']:.2f}", f"{p['error']:+.0%}",
                           "yes" if r["within_tolerance"] else "no")
         Console().print(table)
     return 0 if all(r["within_tolerance"] for r in rows) else 1

@@ -34,6 +34,9 @@ class HardwareProfile:
     step_overhead_ms: float = 2.0
     kernel_overhead_us_per_layer: float = 25.0
     transfer_write_overhead_us: float = 2.0
+    # serving stack (fitted by `disaggsdk calibrate --deployment`; 0 for datasheet profiles):
+    request_overhead_ms: float = 0.0  # front end + routing, before a request reaches an instance
+    handoff_overhead_ms: float = 0.0  # disaggregated only: control messages, polling, admission
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def tflops(self, weight_dtype: str) -> float:

@@ -105,6 +105,13 @@ class Simulation:
         self._kick(inst, now_s)
 
     def _arrive(self, now_s: float, record: RequestRecord) -> None:
+        delay_s = self.config.profile.request_overhead_ms * 1e-3
+        if delay_s > 0:
+            self._push(now_s + delay_s, self._route, record)
+        else:
+            self._route(now_s, record)
+
+    def _route(self, now_s: float, record: RequestRecord) -> None:
         decode = min(self.decode, key=lambda i: i.outstanding)
         if self.config.colocated:
             decode.admit_prefill(record)
@@ -124,7 +131,8 @@ class Simulation:
         exposed = cost.exposed_s(tokens, self.config.streaming)
         if self.config.streaming:  # writes cannot run ahead of the layers that produce them
             exposed = max(exposed, cost.total_s(tokens) - (now_s - record.prefill_start_s))
-        self._push(now_s + exposed, self._transfer_done, decode, record)
+        handoff_s = self.config.profile.handoff_overhead_ms * 1e-3
+        self._push(now_s + exposed + handoff_s, self._transfer_done, decode, record)
 
     def _transfer_done(self, now_s: float, decode: SimInstance, record: RequestRecord) -> None:
         decode.admit_decode(record)

@@ -1,0 +1,41 @@
+"""Validation against real runs: traces from bench results, comparison rows, and one real run."""
+
+import pytest
+
+from disaggsdk.models import resolve_model
+from disaggsdk.sim.calibrate import fit_profile, fit_serving_overheads, time_engine
+from disaggsdk.sim.validate import compare_row, trace_of, validate
+from disaggsdk.spec import load_spec
+
+
+def test_trace_keeps_the_requests_that_finished():
+    bench = {"send_times_s": [0.0, 0.5, 0.9], "input_lens": [10, 20, 30], "output_lens": [4, 0, 6],
+             "errors": ["", "HTTP 500", ""]}
+    trace = trace_of(bench)
+    assert [(r.arrival_s, r.input_len, r.output_len) for r in trace] == [(0.0, 10, 4), (0.9, 30, 6)]
+
+
+def test_compare_row_errors_and_verdict():
+    row = compare_row("colocated", 2.0, {"mean_ttft_ms": 100.0, "mean_tpot_ms": 10.0},
+                      {"mean_ttft_ms": 110.0, "mean_tpot_ms": 8.0})
+    assert row["mean_ttft_ms"]["error"] == pytest.approx(0.10)
+    assert row["mean_tpot_ms"]["error"] == pytest.approx(-0.20)
+    assert row["within_tolerance"] is False
+
+
+@pytest.mark.slow
+def test_calibrate_a_deployment_then_validate_it():
+    """Real processes: fit the serving overheads, then compare both layouts at one load."""
+    spec = load_spec("specs/tiny_local.yaml")
+    arch = resolve_model(spec.model)
+    engine_only, _ = fit_profile(arch, time_engine(spec.model, prefill_lens=(64, 256), decode_batches=(1, 4),
+                                                   decode_contexts=(128,), decode_steps=4, repeats=1))
+    profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8)
+    assert profile.request_overhead_ms >= 0 and profile.handoff_overhead_ms >= 0
+    assert profile.step_overhead_ms >= engine_only.step_overhead_ms
+    assert set(measured) == {"disaggregated", "colocated"}
+    rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8)
+    assert [(r["layout"], r["qps"]) for r in rows] == [("disaggregated", 4.0), ("colocated", 4.0)]
+    for r in rows:  # the verdict depends on the machine's load; the numbers must be real
+        assert r["mean_ttft_ms"]["measured"] > 0 and r["mean_ttft_ms"]["simulated"] > 0
+        assert r["mean_tpot_ms"]["measured"] > 0 and r["mean_tpot_ms"]["simulated"] > 0
