@@ -1,10 +1,11 @@
 """Disaggregated runs (real processes, shm and tcp;ofi_rxm) give the tokens of the colocated
 engine and of transformers, for tiny Qwen3-MoE and DeepSeek-V3 checkpoints made with transformers.
 
-Cases cover the route kinds: identical (1,1), reconstruct (2,1), split (1,2), (2,2), MLA from one
-rank to two and rank to rank, and MLA with a data-parallel decode of 2 ranks (the writer rotates
-per request); 8 concurrent requests of mixed lengths; a step budget of 12
-tokens so longer prompts prefill in chunks; one case with the streaming ablation.
+Cases cover the route kinds for both families on both providers: identical (1,1), reconstruct
+(2,1, with NHD pages for Qwen3-MoE: a write per token per head slice), split (1,2), (2,2), MLA
+rank to rank and one to two, and MLA with a data-parallel decode of 2 ranks (the writer rotates per
+request); 8 concurrent requests of mixed lengths; a step budget of 12 tokens so longer prompts
+prefill in chunks; one case with the streaming ablation.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from tests.launch._helpers import TOP, check_against_hf, hf_greedy, hf_model, li
 
 PROMPT_LENGTHS = (1, 2, 5, 9, 17, 23, 30, 41)
 MAX_TOKENS = 6
-# (model, prefill tp, decode tp, decode dp, provider, streaming); "tcp" is "tcp;ofi_rxm"
-CASES = [
-    ("qwen3-coder-tiny", 1, 1, 1, "shm", True),
-    ("qwen3-coder-tiny", 2, 1, 1, "tcp", True),  # with NHD pages: a write per token per head slice
+# (model, prefill tp, decode tp, decode dp, provider, streaming); "tcp" is "tcp;ofi_rxm".
+# The whole matrix of the issue: both families x both providers x (1,1), (2,1), (1,2), (2,2);
+# then the streaming ablation, and MLA with a data-parallel decode of 2 ranks on both providers.
+TP_PAIRS = ((1, 1), (2, 1), (1, 2), (2, 2))
+CASES = [(model, ptp, dtp, 1, provider, True)
+         for model in ("qwen3-coder-tiny", "deepseek-r1-tiny") for provider in ("shm", "tcp") for ptp, dtp in TP_PAIRS]
+CASES += [
     ("qwen3-coder-tiny", 1, 2, 1, "shm", False),
-    ("qwen3-coder-tiny", 2, 2, 1, "tcp", True),
-    ("deepseek-r1-tiny", 1, 2, 1, "shm", True),
-    ("deepseek-r1-tiny", 2, 2, 1, "tcp", True),
+    ("deepseek-r1-tiny", 2, 1, 2, "shm", True),
     ("deepseek-r1-tiny", 2, 1, 2, "tcp", True),
 ]
 
