@@ -95,8 +95,7 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
         from rich.table import Table
 
         table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}: {spec.label}")
-        for col in ("layout", "qps", "TTFT run", "TTFT sim", "error", "TPOT run", "TPOT sim", "error",
-                    f"within {TOLERANCE:.0%}"):
+        for col in ("layout", "qps", "TTFT", "sim", "err", "TPOT", "sim", "err", f"±{TOLERANCE:.0%}"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in rows:
             t, p = r["mean_ttft_ms"], r["mean_tpot_ms"]

@@ -147,11 +147,12 @@ def save_profile(profile: HardwareProfile, path: Path) -> Path:
     return path
 
 
-def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 12, input_len: int = 256,
-                          output_len: int = 32) -> tuple[HardwareProfile, dict[str, Any]]:
+def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24, input_len: int = 256,
+                          output_len: int = 32, arrival_qps: float = 2.0) -> tuple[HardwareProfile, dict[str, Any]]:
     """Add what the serving stack costs beyond the engine, measured on a real deployment of ``spec``.
 
-    Both layouts are launched and sent requests one at a time (no queueing, no batching), so what
+    Both layouts are launched and sent requests one at a time (Poisson arrivals at ``arrival_qps``,
+    at most one in flight: no queueing, no batching), so what
     the engine-only simulation misses is overhead, not dynamics: extra time per decode step goes to
     ``step_overhead_ms``, the colocated TTFT gap to ``request_overhead_ms`` (front end and routing),
     and the further gap of the disaggregated layout to ``handoff_overhead_ms``.
@@ -160,26 +161,30 @@ def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 12
         (the profile with the three fields set, the measurements behind them)
     """
     from disaggsdk.serve.deployment import launch
-    from disaggsdk.sim.validate import simulate_like, trace_of
+    from disaggsdk.sim.validate import bench_in_subprocess, simulate_like, trace_of
 
     measured = {}
     for colocated in (False, True):
         with launch(spec, colocated=colocated, port=0) as deployment:
-            deployment.bench(num_prompts=4, qps=math.inf, input_len=input_len, output_len=4, seed=99)  # warm-up
-            measured[colocated] = deployment.bench(num_prompts=num_requests, qps=math.inf, max_concurrency=1,
-                                                   input_len=input_len, output_len=output_len, seed=0)
+            bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
+            # one at a time, arriving at an idle deployment as light traffic does (not back to back:
+            # a deployment kept hot answers faster than one woken by each request)
+            measured[colocated] = bench_in_subprocess(deployment.url, arrival_qps, num_requests, input_len,
+                                                      output_len, max_concurrency=1)
 
     def simulated(p: HardwareProfile) -> dict[bool, dict[str, Any]]:
         return {c: simulate_like(spec, p, c, trace_of(measured[c])) for c in (False, True)}
 
-    sim = simulated(profile)
-    step_extra_ms = max(0.0, statistics.fmean(measured[c]["mean_tpot_ms"] - sim[c]["mean_tpot_ms"] for c in (False, True)))
+    sim = simulated(profile)  # medians below: robust to the odd request slowed by a neighbour
+    step_extra_ms = max(0.0, statistics.fmean(measured[c]["median_tpot_ms"] - sim[c]["median_tpot_ms"]
+                                              for c in (False, True)))
     profile = attrs.evolve(profile, step_overhead_ms=profile.step_overhead_ms + step_extra_ms)
     sim = simulated(profile)
-    request_ms = max(0.0, measured[True]["mean_ttft_ms"] - sim[True]["mean_ttft_ms"])
-    handoff_ms = max(0.0, measured[False]["mean_ttft_ms"] - sim[False]["mean_ttft_ms"] - request_ms)
+    request_ms = max(0.0, measured[True]["median_ttft_ms"] - sim[True]["median_ttft_ms"])
+    handoff_ms = max(0.0, measured[False]["median_ttft_ms"] - sim[False]["median_ttft_ms"] - request_ms)
     sources = dict(profile.sources, serving=f"fitted on {num_requests} sequential requests to {spec.label}, each layout")
     profile = attrs.evolve(profile, request_overhead_ms=request_ms, handoff_overhead_ms=handoff_ms, sources=sources)
-    report = {("colocated" if c else "disaggregated"): {"mean_ttft_ms": measured[c]["mean_ttft_ms"],
-                                                        "mean_tpot_ms": measured[c]["mean_tpot_ms"]} for c in (False, True)}
+    report = {("colocated" if c else "disaggregated"): {"median_ttft_ms": measured[c]["median_ttft_ms"],
+                                                        "median_tpot_ms": measured[c]["median_tpot_ms"]}
+              for c in (False, True)}
     return profile, report

@@ -8,7 +8,12 @@ instances sharing this machine's cores. Mean TTFT and mean TPOT are compared.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from disaggsdk.sim.hardware import HardwareProfile
@@ -45,6 +50,24 @@ def compare_row(layout: str, qps: float, measured: dict[str, Any], simulated: di
     return row
 
 
+def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, output_len: int,
+                        range_ratio: float = 0.0, seed: int = 0, max_concurrency: int | None = None) -> dict[str, Any]:
+    """Run `disaggsdk bench URL` as its own process and return its JSON result.
+
+    A separate process, as a real client would be: a benchmark loop sharing the server's process
+    would also share its interpreter lock and blur the very latencies being measured.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--qps", str(qps), "--num-prompts",
+               str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len), "--range-ratio",
+               str(range_ratio), "--seed", str(seed), "--output", str(out)]
+        if max_concurrency:
+            cmd += ["--max-concurrency", str(max_concurrency)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800)
+        return json.loads(out.read_text())
+
+
 def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,
              input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0) -> list[dict[str, Any]]:
     """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate)."""
@@ -54,10 +77,10 @@ def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_promp
     for colocated in (False, True):
         layout = "colocated" if colocated else "disaggregated"
         with launch(spec, colocated=colocated, port=0) as deployment:
-            deployment.bench(num_prompts=4, qps=float("inf"), input_len=input_len, output_len=4, seed=seed + 99)
+            bench_in_subprocess(deployment.url, float("inf"), 4, input_len, 4, seed=seed + 99)  # warm-up
             for qps in rates:
-                measured = deployment.bench(num_prompts=num_prompts, qps=qps, input_len=input_len,
-                                            output_len=output_len, range_ratio=range_ratio, seed=seed)
+                measured = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
+                                               range_ratio, seed)
                 simulated = simulate_like(spec, profile, colocated, trace_of(measured))
                 rows.append(compare_row(layout, qps, measured, simulated))
     return rows
