@@ -34,12 +34,12 @@ from disaggsdk.launch.units import (
     UnitHandle,
     core_sets,
     log_tail,
-    remove_fabric_shm,
     start_units,
     stop_units,
     unit_names,
 )
 from disaggsdk.serve.backend import InstanceStats, TokenEvent
+from disaggsdk.transfer.shm_files import remove_fabric_shm
 from disaggsdk.spec.types import Spec
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from disaggsdk.launch import channel as ch
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.launch.unit import UnitArgs
+from disaggsdk.transfer.shm_files import remove_fabric_shm
 
 LOG_TAIL_LINES = 30
 
@@ -39,23 +40,6 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def remove_fabric_shm(pid: int) -> None:
-    """Remove the shm provider's files of a dead unit (named "<pid>:..." in /dev/shm).
-
-    libfabric unlinks them when an endpoint closes; a killed process never gets there.
-    """
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(f"{pid}:"):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
 
 
 def unit_names(plan: Any) -> list[tuple[str, Any]]:

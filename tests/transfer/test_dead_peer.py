@@ -59,6 +59,9 @@ def test_dead_peer_does_not_block_live_peer(provider):
         if doomed.is_alive():
             doomed.kill()
             doomed.join(5)
+        from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+        remove_fabric_shm(doomed.pid)  # killed before closing its endpoint: its shm file stays
         for eng in (engine, live):
             if eng is not None:
                 eng.close()  # must not hang on the writes that never complete
