@@ -10,33 +10,9 @@ from typing import Any, Union
 
 import msgspec
 
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
-
-
-class Params(msgspec.Struct, frozen=True, tag=True):
-    """`SamplingParams` on the wire."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-
-    @classmethod
-    def of(cls, p: Any) -> Params:
-        return cls(p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, tuple(p.stop_token_ids), p.ignore_eos,
-                   p.logprobs)
-
-    def sampling_params(self) -> Any:
-        from disaggsdk.engine.sampling import SamplingParams
-
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, stop_token_ids=self.stop_token_ids,
-                              ignore_eos=self.ignore_eos, logprobs=self.logprobs)
 
 
 # parent -> unit
@@ -49,7 +25,7 @@ class Peers(msgspec.Struct, frozen=True, tag=True):
 class Generate(msgspec.Struct, frozen=True, tag=True):
     request_id: str
     prompt_ids: list[int]
-    params: Params
+    params: SamplingParams  # a plain dataclass: msgspec encodes it and re-runs its checks on decode
 
 
 class Abort(msgspec.Struct, frozen=True, tag=True):

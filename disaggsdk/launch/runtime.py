@@ -238,7 +238,7 @@ class LocalRuntime:
             u = min(serving, key=lambda s: (len(s.in_flight), s.args.name))
             u.in_flight.add(request_id)
             self._sinks[request_id] = sink
-        ch.send(u.conn, ch.Generate(request_id, list(prompt_ids), ch.Params.of(params)))
+        ch.send(u.conn, ch.Generate(request_id, list(prompt_ids), params))
         return u.args.name
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> AsyncIterator[TokenEvent]:

@@ -218,7 +218,7 @@ class Unit:
 
         if isinstance(msg, ch.Generate):
             try:
-                params = msg.params.sampling_params()
+                params = msg.params
                 self._check_prompt(msg.request_id, msg.prompt_ids, params)
                 if self.args.role == "decode":
                     self.messenger.submit(msg.request_id, msg.prompt_ids, params)
