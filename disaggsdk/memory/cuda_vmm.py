@@ -49,6 +49,13 @@ def _check(driver: Any, result: Any, call: str) -> Any:
     return values[0] if len(values) == 1 else tuple(values) or None
 
 
+def _granularity(driver: Any, prop: Any) -> int:
+    """The smallest size and alignment cuMemCreate / cuMemMap accept for ``prop``."""
+    return _check(driver, driver.cuMemGetAllocationGranularity(
+        prop, driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "cuMemGetAllocationGranularity")
+
+
 def _prop(driver: Any, device: int) -> Any:
     prop = driver.CUmemAllocationProp()
     prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -128,9 +135,7 @@ class CudaSharedAllocation(_CudaMapped):
         driver = load_driver()
         _use_device(driver, device)
         prop = _prop(driver, device)
-        gran = _check(driver, driver.cuMemGetAllocationGranularity(
-            prop, driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-            "cuMemGetAllocationGranularity")
+        gran = _granularity(driver, prop)
         size = -(-size_bytes // gran) * gran
         handle = _check(driver, driver.cuMemCreate(size, prop, 0), "cuMemCreate")
         try:
@@ -161,9 +166,7 @@ class CudaSharedMapping(_CudaMapped):
             driver = load_driver()
             _use_device(driver, device)
             prop = _prop(driver, device)
-            gran = _check(driver, driver.cuMemGetAllocationGranularity(
-                prop, driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                "cuMemGetAllocationGranularity")
+            gran = _granularity(driver, prop)
             handle = _check(driver, driver.cuMemImportFromShareableHandle(
                 fd, driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                 "cuMemImportFromShareableHandle")
