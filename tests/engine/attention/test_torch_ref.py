@@ -37,13 +37,15 @@ def dense(q, k, v, q_pos, scale):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run_step(cache, backend_name, reqs, pages, qs, ks, vs, mla=False, rank=0):
+def run_step(cache, backend_name, reqs, pages, qs, ks, vs, mla=False, rank=0, gather_budget_bytes=None):
     """Write each request's cached prefix, then run its new tokens through the backend."""
     items = []
     for (cached, new), page_ids in zip(reqs, pages):
         items.append(BatchItem(token_ids=[0] * new, start_pos=cached, page_ids=page_ids))
     # prefix KV goes in through a first step of the backend itself (it is the writer)
     backend = create_backend(backend_name, cache)
+    if gather_budget_bytes is not None:
+        backend.gather_budget_bytes = gather_budget_bytes
     pre = [(i, c) for i, (c, _) in enumerate(reqs) if c > 0]
     if pre:
         batch = build_forward_batch([BatchItem([0] * c, 0, pages[i]) for i, c in pre], PAGE_SIZE)
@@ -66,7 +68,29 @@ def run_step(cache, backend_name, reqs, pages, qs, ks, vs, mla=False, rank=0):
         out = backend.run(0, torch.cat([q[s] for q, s in zip(qs, new)]),
                           torch.cat([k[s] for k, s in zip(ks, new)]),
                           torch.cat([v[s] for v, s in zip(vs, new)]), 0.3)
+    run_step.last_backend = backend
     return out
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_decodes_split_into_cache_sized_calls_match_one_call(layout):
+    """A gather budget smaller than one request puts every decode in its own call: same output."""
+    rng = torch.Generator().manual_seed(2)
+    hq, hkv, d = 4, 2, 8
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=hkv, head_dim=d)
+    reqs = [(3, 1), (8, 1), (13, 1), (1, 1)]
+    lens = [c + n for c, n in reqs]
+    qs, ks, vs = ([torch.randn(n, h, d, generator=rng) for n in lens] for h in (hq, hkv, hkv))
+    pages = pages_for(rng, 32, lens)
+    outs = {}
+    for budget in (1, 1 << 30):
+        outs[budget] = run_step(KVCache(geo, 32, PAGE_SIZE, layout), "torch_ref", reqs, pages, qs, ks, vs,
+                                gather_budget_bytes=budget)
+        assert len(run_step.last_backend._groups) == (len(reqs) if budget == 1 else 1)
+    torch.testing.assert_close(outs[1], outs[1 << 30], rtol=1e-6, atol=1e-6)
+    for i, (cached, _) in enumerate(reqs):
+        torch.testing.assert_close(outs[1][i : i + 1], dense(qs[i][cached:], ks[i], vs[i], [cached], 0.3),
+                                   rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
