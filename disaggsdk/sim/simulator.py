@@ -38,7 +38,7 @@ class SimConfig:
     # report gives 85-90% for its MTP module). Applies to decode in both layouts.
     mtp_acceptance: float = 0.0
     # CPU deployments: instances share this many cores (None: every instance owns its devices).
-    # A step started while k instances are busy runs max(1, k / cores) times slower.
+    # Steps in flight share them fairly: with k running, each advances at min(1, cores / k).
     shared_cores: int | None = None
     percentiles: tuple[float, ...] = (50, 90, 99)
 
@@ -57,6 +57,9 @@ class Simulation:
         self.plan = make_plan(spec, self.arch)
         self._events: list = []
         self._num_busy = 0  # instances with a step in flight
+        # shared cores: name -> [solo seconds of work left, start_s, chunks, version]
+        self._sharing: dict[str, list] = {}
+        self._shared_since_s = 0.0
         self._seq = itertools.count()
         self._decode_of: dict[int, SimInstance] = {}
         self._prefill_of: dict[int, SimInstance] = {}
@@ -67,6 +70,7 @@ class Simulation:
             mode = "mixed" if config.colocated else inst.role
             sim = self._make_instance(inst.name, mode, role.tp, role.dp)
             (self.prefill if inst.role == "prefill" and not config.colocated else self.decode).append(sim)
+        self._instance = {i.name: i for i in self.prefill + self.decode}
         self._transfer = {}
         if not config.colocated:
             for p in self.prefill:
@@ -94,15 +98,47 @@ class Simulation:
             return
         inst.busy = True
         self._num_busy += 1
-        if self.config.shared_cores:
-            dt *= max(1.0, self._num_busy / self.config.shared_cores)
-        self._push(now_s + dt, self._step_done, inst, chunks, dt)
+        if not self.config.shared_cores:
+            self._push(now_s + dt, self._step_done, inst, chunks, now_s, 0)
+            return
+        self._share_cores(now_s)
+        self._sharing[inst.name] = [dt, now_s, chunks, 0]
+        self._reschedule_shared(now_s)
 
-    def _step_done(self, now_s: float, inst: SimInstance, chunks: list, dt: float) -> None:
+    def _step_done(self, now_s: float, inst: SimInstance, chunks: list, start_s: float, version: int) -> None:
+        if self.config.shared_cores:
+            state = self._sharing.get(inst.name)
+            if state is None or state[3] != version:
+                return  # a rescheduled completion: the core share changed since
+            self._share_cores(now_s)
+            del self._sharing[inst.name]
         inst.busy = False
         self._num_busy -= 1
-        inst.finish_step(chunks, dt, now_s)
+        inst.finish_step(chunks, now_s - start_s, now_s)
+        if self.config.shared_cores:
+            self._reschedule_shared(now_s)
         self._kick(inst, now_s)
+
+    # CPU deployments: steps in flight share the cores like threads under Linux's fair scheduler
+    # (processor sharing): with k steps running on c cores each advances at min(1, c / k) of its
+    # solo speed, and the rate changes whenever a step starts or ends -- also for steps already
+    # running, which a rate fixed at a step's start would miss.
+    def _core_share(self) -> float:
+        return min(1.0, self.config.shared_cores / max(1, len(self._sharing)))
+
+    def _share_cores(self, now_s: float) -> None:
+        """Charge the work done since the last change at the share that held meanwhile."""
+        rate = self._core_share()
+        for state in self._sharing.values():
+            state[0] -= (now_s - self._shared_since_s) * rate
+        self._shared_since_s = now_s
+
+    def _reschedule_shared(self, now_s: float) -> None:
+        rate = self._core_share()
+        for name, state in self._sharing.items():
+            state[3] += 1
+            inst = self._instance[name]
+            self._push(now_s + max(0.0, state[0]) / rate, self._step_done, inst, state[2], state[1], state[3])
 
     def _arrive(self, now_s: float, record: RequestRecord) -> None:
         delay_s = self.config.profile.request_overhead_ms * 1e-3
