@@ -3,8 +3,9 @@
 It is the oracle the FlashInfer backend and the models are checked against, and the CPU engine's
 backend. `plan` turns the step's FlashInfer-style metadata into gather indices and masks once;
 `run` stores the new tokens' KV in the pages and attends with `scaled_dot_product_attention`:
-all one-token (decode) requests in one padded call, prefill chunks grouped by length (a padded
-call for mixed lengths would waste memory on [batch, max_q, max_kv] masks).
+one-token (decode) requests in padded calls of about a cache's worth of gathered KV each,
+prefill chunks grouped by length (a padded call for mixed lengths would waste memory on
+[batch, max_q, max_kv] masks).
 """
 
 from __future__ import annotations
