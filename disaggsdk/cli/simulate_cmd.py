@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="launch the spec and its colocated twin for real, bench them at --qps, "
                              "replay the same requests in the simulator (cpu-local profile) and compare")
     parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate with --validate")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="with --validate: runs per rate; rows compare medians (noisy machines)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -85,8 +87,10 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
     if spec.device != "cpu":
         raise SpecError(f"--validate runs the spec on this machine: use a CPU spec such as specs/tiny_local.yaml, "
                         f"not a {spec.device} one")
+    if args.repeat < 1:
+        raise SpecError(f"--repeat: expected a count of at least 1, got {args.repeat}")
     rows = validate(spec, profile, _rates(args.qps), args.num_prompts, args.input_len, args.output_len,
-                    args.range_ratio, args.seed)
+                    args.range_ratio, args.seed, repeat=args.repeat)
     if args.json:
         json.dump({"profile": profile.name, "tolerance": TOLERANCE, "rows": rows}, sys.stdout, indent=2)
         print()
@@ -94,7 +98,8 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}: {spec.label}")
+        medians = f", medians of {args.repeat} runs" if args.repeat > 1 else ""
+        table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}{medians}: {spec.label}")
         for col in ("layout", "qps", "TTFT", "sim", "err", "TPOT", "sim", "err", f"±{TOLERANCE:.0%}"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in rows:

@@ -69,18 +69,33 @@ def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, 
 
 
 def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,
-             input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0) -> list[dict[str, Any]]:
-    """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate)."""
+             input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0,
+             repeat: int = 1) -> list[dict[str, Any]]:
+    """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate).
+
+    With ``repeat`` > 1 every rate is run that many times (round-robin over the rates, so a slow
+    minute of a shared machine does not land on one rate) and each row compares the medians of
+    the measured and of the simulated means; ``runs`` keeps every run's pair.
+    """
+    import statistics
+
     from disaggsdk.serve.deployment import launch
 
     rows = []
     for colocated in (False, True):
         layout = "colocated" if colocated else "disaggregated"
+        runs: dict[float, list[tuple[dict[str, Any], dict[str, Any]]]] = {qps: [] for qps in rates}
         with launch(spec, colocated=colocated, port=0) as deployment:
             bench_in_subprocess(deployment.url, float("inf"), 4, input_len, 4, seed=seed + 99)  # warm-up
-            for qps in rates:
-                measured = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
-                                               range_ratio, seed)
-                simulated = simulate_like(spec, profile, colocated, trace_of(measured))
-                rows.append(compare_row(layout, qps, measured, simulated))
+            for _ in range(max(1, repeat)):
+                for qps in rates:
+                    measured = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
+                                                   range_ratio, seed)
+                    runs[qps].append((measured, simulate_like(spec, profile, colocated, trace_of(measured))))
+        for qps, pairs in runs.items():
+            medians = [{k: statistics.median(side[k] for side in sides) for k in ("mean_ttft_ms", "mean_tpot_ms")}
+                       for sides in zip(*pairs)]
+            row = compare_row(layout, qps, *medians)
+            row["runs"] = [{k: [m[k], s[k]] for k in ("mean_ttft_ms", "mean_tpot_ms")} for m, s in pairs]
+            rows.append(row)
     return rows

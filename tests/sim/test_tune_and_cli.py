@@ -54,6 +54,8 @@ def test_simulate_cli_errors_exit_2(run_cli):
     assert bad.returncode == 2 and "--qps" in bad.stderr and "Traceback" not in bad.stderr
     missing = run_cli("simulate", "specs/tiny_local.yaml", "--profile", "nope")
     assert missing.returncode == 2 and "unknown hardware profile 'nope'" in missing.stderr
+    no_runs = run_cli("simulate", "specs/tiny_local.yaml", "--profile", "h200", "--validate", "--repeat", "0")
+    assert no_runs.returncode == 2 and "--repeat" in no_runs.stderr and "Traceback" not in no_runs.stderr
 
 
 def test_tune_cli_writes_a_loadable_spec(run_cli, tmp_path):

@@ -34,8 +34,12 @@ def test_calibrate_a_deployment_then_validate_it():
     assert profile.request_overhead_ms >= 0 and profile.handoff_overhead_ms >= 0
     assert profile.step_overhead_ms >= engine_only.step_overhead_ms
     assert set(measured) == {"disaggregated", "colocated"}
-    rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8)
+    rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8, repeat=2)
     assert [(r["layout"], r["qps"]) for r in rows] == [("disaggregated", 4.0), ("colocated", 4.0)]
     for r in rows:  # the verdict depends on the machine's load; the numbers must be real
         assert r["mean_ttft_ms"]["measured"] > 0 and r["mean_ttft_ms"]["simulated"] > 0
         assert r["mean_tpot_ms"]["measured"] > 0 and r["mean_tpot_ms"]["simulated"] > 0
+        assert len(r["runs"]) == 2  # the row holds the medians of both runs (of two: their mean)
+        for metric in ("mean_ttft_ms", "mean_tpot_ms"):
+            for side, i in (("measured", 0), ("simulated", 1)):
+                assert r[metric][side] == pytest.approx(sum(run[metric][i] for run in r["runs"]) / 2)
