@@ -63,9 +63,16 @@ struct fab_batch {
     void *src_desc;
     fab_region_desc dst;
     uint64_t num_writes, num_posted, num_outstanding;
+    uint8_t *direct; /* the target region mapped here: copy, then signal (fab_attach_direct) */
     int status;
     struct fab_write *writes;
     struct fab_op *ops;
+};
+
+/* A destination region this process has mapped (same host): see fab_attach_direct. */
+struct fab_direct {
+    uint64_t addr_base, key, len;
+    uint8_t *ptr;
 };
 
 struct fab_send {
@@ -120,6 +127,8 @@ struct fab_engine {
     struct fab_send *send_head, *send_tail;
     struct fab_mr_entry *mrs;
     size_t num_mrs;
+    struct fab_direct *directs;
+    size_t num_directs;
     uint64_t next_key;
     fi_addr_t *peers;
     size_t num_peers;

@@ -94,6 +94,31 @@ static int peer_in(const fi_addr_t *peers, int n, fi_addr_t peer)
     return 0;
 }
 
+/* A direct batch, the first time the progress thread sees it: copy every write into the mapped
+ * target region, then turn the writes into signals -- one zero-length write per run of one
+ * immediate, carrying the run's entry count -- so the target counts exactly as for real writes.
+ * The signals are posted after the copies, and shm's queue hand-off orders them after the data. */
+static void copy_direct(struct fab_engine *eng, struct fab_batch *b)
+{
+    uint64_t m = 0, entries = 0;
+    for (uint64_t i = 0; i < b->num_writes; i++) {
+        struct fab_write w = b->writes[i];
+        memcpy(b->direct + w.dst_off, b->src_ptr + w.src_off, w.len);
+        uint64_t count = w.data >> 32;
+        entries += count;
+        struct fab_write *run = m ? &b->writes[m - 1] : NULL;
+        if (run && (uint32_t)run->data == (uint32_t)w.data &&
+            (run->data >> 32) + count <= 0xffffffffull) {
+            run->data += count << 32;
+            continue;
+        }
+        b->writes[m++] = (struct fab_write){w.src_off, w.dst_off, 0, w.data};
+    }
+    b->num_writes = m;
+    b->direct = NULL; /* copied: from here on an ordinary batch of signals */
+    __atomic_add_fetch(&eng->stats.writes_direct, entries, __ATOMIC_RELAXED);
+}
+
 /* Posts what it can; returns how many writes went out. A peer whose write got -FI_EAGAIN is
  * skipped for the rest of the round (its later batches keep their order), so one stuck peer,
  * e.g. a dead shm process whose queue never drains, cannot hold back writes to the others. */
@@ -106,6 +131,8 @@ static uint64_t post_writes(struct fab_engine *eng)
     while (*link) {
         struct fab_batch *b = *link;
         int again = peer_in(blocked, num_blocked, b->peer);
+        if (b->direct && !again)
+            copy_direct(eng, b);
         while (!again && b->num_posted < b->num_writes && b->status == 0) {
             struct fab_write *w = &b->writes[b->num_posted];
             struct fab_op *op = &b->ops[b->num_posted];

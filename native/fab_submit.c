@@ -108,6 +108,11 @@ int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_
     b->writes = writes;
 
     pthread_mutex_lock(&eng->lock);
+    for (size_t i = 0; i < eng->num_directs && eng->merge_counts; i++) {
+        struct fab_direct *d = &eng->directs[i];
+        if (d->addr_base == dst->addr_base && d->key == dst->key && d->len == dst->len)
+            b->direct = d->ptr;
+    }
     if (eng->stop) {
         pthread_mutex_unlock(&eng->lock);
         free(b->ops);
@@ -188,3 +193,31 @@ int fab_wait_events(fab_engine *eng, fab_event *out, int max_events, int timeout
     return fab_events_wait(&eng->events, out, max_events, timeout_ms);
 }
 
+
+int fab_attach_direct(fab_engine *eng, const fab_region_desc *dst, void *mapped)
+{
+    fab_set_error("%s", "");
+    if (!mapped) {
+        fab_set_error("no mapping given for the direct region");
+        return -FI_EINVAL;
+    }
+    if (dst->check != fab_desc_check(dst)) {
+        fab_set_error("the destination region descriptor fails its check: use it exactly as the "
+                      "target's register() made it");
+        return -FI_EINVAL;
+    }
+    if (!eng->merge_counts) {
+        fab_set_error("direct writes need 8 bytes of CQ data (entry counts); this provider has less");
+        return -FI_EOPNOTSUPP;
+    }
+    pthread_mutex_lock(&eng->lock);
+    struct fab_direct *ds = realloc(eng->directs, (eng->num_directs + 1) * sizeof(*ds));
+    if (!ds) {
+        pthread_mutex_unlock(&eng->lock);
+        return -FI_ENOMEM;
+    }
+    eng->directs = ds;
+    ds[eng->num_directs++] = (struct fab_direct){dst->addr_base, dst->key, dst->len, mapped};
+    pthread_mutex_unlock(&eng->lock);
+    return 0;
+}

@@ -211,6 +211,7 @@ void fab_close(fab_engine *eng)
         if (eng->mrs[i].mr)
             fi_close(&eng->mrs[i].mr->fid);
     free(eng->mrs);
+    free(eng->directs); /* the mappings themselves belong to the caller */
     free(eng->peers);
     if (eng->av)
         fi_close(&eng->av->fid);

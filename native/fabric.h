@@ -56,6 +56,7 @@ typedef struct {
     uint64_t imm_early;           /* immediates counted before their expect() */
     uint64_t cq_errors;           /* error completions read from the CQ */
     uint64_t recv_dropped;        /* control messages lost (truncated or failed) */
+    uint64_t writes_direct;       /* entries copied straight into a mapped same-host region */
 } fab_stats;
 
 /* Engine lifecycle. provider: "shm", "tcp;ofi_rxm", "verbs;ofi_rxm", "efa", ...
@@ -88,6 +89,13 @@ int fab_deregister(fab_engine *eng, uint64_t handle);
 int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_t src_handle,
                       const fab_region_desc *dst, const uint64_t *src_off, const uint64_t *dst_off,
                       const uint64_t *len, const uint32_t *imm, uint64_t n);
+
+/* Same-host direct writes. `mapped` is this process's mapping of the whole region `dst`
+ * describes (the target's shared memory, mapped by the caller, who keeps it mapped until
+ * fab_close). From then on the progress thread copies batches for `dst` with memcpy and sends
+ * each run of one immediate as a single zero-length write carrying its entry count, so the
+ * target's counters see exactly what they would have (no kernel copy on the target's core). */
+int fab_attach_direct(fab_engine *eng, const fab_region_desc *dst, void *mapped);
 
 /* Immediate counters: FAB_EV_IMM_DONE(id = imm) once `count` entries carrying imm have
  * landed, counting those that landed before this call. Later arrivals are counted and dropped. */

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region-mib", type=int, default=64, help="region size per side")
     parser.add_argument("--total-mib", type=int, default=256, help="bytes written per cell")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per cell; the median-bandwidth run is shown (noisy machines)")
+                        help="runs per cell; the run of median ratio to memcpy is shown (noisy machines)")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="shm: send every byte through libfabric's shm provider (its kernel copy), not the "
+                             "same-host path that maps the target's shared memory and copies with memcpy")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -39,11 +42,15 @@ def run(args: argparse.Namespace) -> int:
 
     sizes = [_size(s) for s in args.sizes.split(",")]
     cells = run_bench(args.provider, sizes, tuple(args.maps.split(",")),
-                      args.region_mib << 20, args.total_mib << 20, args.repeat)
+                      args.region_mib << 20, args.total_mib << 20, args.repeat, direct=not args.no_direct)
     if args.json:
         print(json.dumps([attrs.asdict(c) for c in cells], indent=2))
         return 0
-    table = Table(title=f"paged writes, provider {cells[0].provider if cells else args.provider}")
+    path = {"direct": "same-host memcpy, immediates via libfabric", "fabric": "all bytes via libfabric"}
+    title = f"paged writes, provider {cells[0].provider if cells else args.provider}"
+    if cells:
+        title += f" ({', '.join(sorted({path[c.path] for c in cells}))})"
+    table = Table(title=title)
     for col in ("write", "map", "writes", "posted", "GB/s", "writes/s", "p50 ms", "p99 ms",
                 "memcpy GB/s", "vs memcpy"):
         table.add_column(col, justify="right")

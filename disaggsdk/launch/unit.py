@@ -125,7 +125,8 @@ class Unit:
             self.collector.close()
             self.collector = None
         self.transfer = TransferEngine(args.provider)
-        self.registrations = [self.transfer.register(r.buffer) for r in self.regions]
+        # pools are memfds: prefill units on this machine map them and copy with memcpy
+        self.registrations = [self.transfer.register(r.buffer, shared_fd=r.fd) for r in self.regions]
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)
         self.context = bytearray(slot_bytes * args.num_context_slots)
         self.context_mr = self.transfer.register(self.context)

@@ -27,6 +27,7 @@ class BenchCell:
     """One measured (write size, page map) combination."""
 
     provider: str
+    path: str  # "direct" (same-host memcpy + immediates over the provider) or "fabric"
     page_map: str  # "contiguous" or "random"
     write_bytes: int  # bytes per write entry (one page)
     num_writes: int  # entries submitted (before coalescing)
@@ -37,18 +38,18 @@ class BenchCell:
     writes_per_s: float
     latency_p50_ms: float  # batch submit -> local completion
     latency_p99_ms: float
-    memcpy_gb_per_s: float  # the same runs copied in memory in this process, median of 3
+    memcpy_gb_per_s: float  # the same runs copied in this process, median of 3 around the transfer
     ratio: float  # gb_per_s / memcpy_gb_per_s
 
 
-def _target_main(provider: str, region_bytes: int, conn: Any) -> None:
+def _target_main(provider: str, region_bytes: int, conn: Any, direct: bool = True) -> None:
     """The receiving process: one region, an immediate counter per cell."""
     from disaggsdk.memory.shared_memory import SharedRegion
     from disaggsdk.transfer.engine import TransferEngine
 
     with TransferEngine(provider) as engine, SharedRegion.create(region_bytes, "bench-dst") as dst:
         dst.buffer[:] = bytes(region_bytes)  # fault the pages in before measuring
-        region = engine.register(dst.buffer)
+        region = engine.register(dst.buffer, shared_fd=dst.fd if direct else None)
         conn.send((engine.address, region.descriptor.to_bytes()))
         while True:
             cmd = conn.recv()
@@ -111,10 +112,16 @@ def run_cell(engine: Any, peer: Any, src_region: Any, dst_desc: Any, conn: Any, 
                for i in range(0, num_pages, per_batch)]
     num_batches = max(1, total_bytes // (per_batch * page_bytes))
     num_writes = sum(len(batches[b % len(batches)]) for b in range(num_batches))
+    moved = num_writes * page_bytes
+    runs = _runs(src_pages, dst_pages, page_bytes)
+    # the reference brackets the transfer (once before, twice after, median): this machine's
+    # memory bandwidth drifts by half from one minute to the next, and a ratio against a copy
+    # timed minutes apart measures the drift
+    refs = [memcpy_gb_per_s(*copy_bufs, runs, moved)]
     conn.send(("expect", imm, num_writes))
     if conn.recv() != "ready":
         raise TransferError("the benchmark target did not answer")
-    posted_before = engine.stats()["writes_posted"]
+    before = engine.stats()
     latencies: list[float] = []
     in_flight: list[Any] = []
 
@@ -134,26 +141,28 @@ def run_cell(engine: Any, peer: Any, src_region: Any, dst_desc: Any, conn: Any, 
     if conn.recv() != "landed":
         raise TransferError("the benchmark target did not confirm delivery")
     elapsed = time.perf_counter() - start
-    moved = num_writes * page_bytes
-    runs = _runs(src_pages, dst_pages, page_bytes)
-    # the median of three damps a noisy neighbour without favouring either side much
-    ref = statistics.median(memcpy_gb_per_s(*copy_bufs, runs, moved) for _ in range(3))
+    ref = statistics.median(refs + [memcpy_gb_per_s(*copy_bufs, runs, moved) for _ in range(2)])
     lat = sorted(latencies)
     gbps = moved / elapsed / 1e9
-    return BenchCell(provider, kind, page_bytes, num_writes,
-                     engine.stats()["writes_posted"] - posted_before, moved, elapsed, gbps,
+    after = engine.stats()
+    path = "direct" if after["writes_direct"] > before["writes_direct"] else "fabric"
+    return BenchCell(provider, path, kind, page_bytes, num_writes,
+                     after["writes_posted"] - before["writes_posted"], moved, elapsed, gbps,
                      num_writes / elapsed, statistics.median(lat) * 1e3,
                      lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3, ref, gbps / ref)
 
 
 def run_bench(provider: str, sizes: list[int], page_maps: tuple[str, ...] = ("contiguous", "random"),
               region_bytes: int = 64 << 20, total_bytes: int = 256 << 20,
-              repeat: int = 1) -> list[BenchCell]:
+              repeat: int = 1, direct: bool = True) -> list[BenchCell]:
     """Starts a target process and measures every (size, page map) cell.
 
     Args:
-        repeat: measure each cell this many times and keep the run of median bandwidth
-            (noisy machines); memcpy is the median of three runs within each.
+        direct: let shm writes take the same-host path (the target's region is shared memory,
+            mapped here and copied with memcpy; only immediates go through libfabric). False
+            measures libfabric's own shm transport.
+        repeat: measure each cell this many times and keep the run of median ratio to memcpy
+            (noisy machines); memcpy is the median of three copies around each run.
 
     Raises:
         TransferError: the provider cannot be opened or a transfer fails.
@@ -164,13 +173,13 @@ def run_bench(provider: str, sizes: list[int], page_maps: tuple[str, ...] = ("co
 
     ctx = multiprocessing.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    target = ctx.Process(target=_target_main, args=(provider, region_bytes, child_conn),
+    target = ctx.Process(target=_target_main, args=(provider, region_bytes, child_conn, direct),
                          daemon=True)
     target.start()
     child_conn.close()
     cells: list[BenchCell] = []
     try:
-        with TransferEngine(provider) as engine, \
+        with TransferEngine(provider, direct=direct) as engine, \
                 SharedRegion.create(region_bytes, "bench-src") as src, \
                 SharedRegion.create(region_bytes, "bench-copy") as copy_dst:
             src.buffer[:] = random.Random(1).randbytes(region_bytes)
@@ -190,7 +199,7 @@ def run_bench(provider: str, sizes: list[int], page_maps: tuple[str, ...] = ("co
                         runs.append(run_cell(engine, peer, src_region, dst_desc, conn, provider,
                                              kind, size, region_bytes, total_bytes, imm,
                                              (src.buffer, copy_dst.buffer)))
-                    cells.append(sorted(runs, key=lambda c: c.gb_per_s)[len(runs) // 2])
+                    cells.append(sorted(runs, key=lambda c: c.ratio)[len(runs) // 2])
             conn.send(("quit",))
             engine.deregister(src_region)
         target.join(30)

@@ -9,11 +9,13 @@ from typing import Any, Sequence
 import attrs
 
 from disaggsdk.transfer.errors import TransferError
+from disaggsdk.transfer.same_host import SameHostShare
 
-# magic, version, then the fields of fab_region_desc (native/fabric.h)
+# magic, version, the fields of fab_region_desc (native/fabric.h), then the same-host block
+# (all zeros when the region cannot be mapped by a peer; see same_host.py)
 _REGION_FORMAT = struct.Struct("<4sH2x5Q")
 _REGION_MAGIC = b"DKRD"
-_REGION_VERSION = 1
+_REGION_VERSION = 2
 
 
 @attrs.frozen
@@ -29,11 +31,18 @@ class RegionDescriptor:
     length_bytes: int
     mr_mode: int
     check: int  # computed by the target's library; the initiator refuses a mismatch
+    same_host: SameHostShare | None = None  # where a peer on this machine can map the region
 
     def to_bytes(self) -> bytes:
-        """Returns the 48-byte wire form."""
+        """Returns the wire form (`wire_bytes()` long)."""
+        share = self.same_host.to_bytes() if self.same_host else SameHostShare.empty_bytes()
         return _REGION_FORMAT.pack(_REGION_MAGIC, _REGION_VERSION, self.addr_base, self.key,
-                                   self.length_bytes, self.mr_mode, self.check)
+                                   self.length_bytes, self.mr_mode, self.check) + share
+
+    @staticmethod
+    def wire_bytes() -> int:
+        """Length of `to_bytes()`."""
+        return _REGION_FORMAT.size + len(SameHostShare.empty_bytes())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "RegionDescriptor":
@@ -42,15 +51,15 @@ class RegionDescriptor:
         Raises:
             TransferError: wrong size, magic or version.
         """
-        if len(data) != _REGION_FORMAT.size:
-            raise TransferError(f"a region descriptor is {_REGION_FORMAT.size} bytes, got "
+        if len(data) != cls.wire_bytes():
+            raise TransferError(f"a region descriptor is {cls.wire_bytes()} bytes, got "
                                 f"{len(data)}: pass RegionDescriptor.to_bytes() output unchanged")
-        magic, version, *fields = _REGION_FORMAT.unpack(data)
+        magic, version, *fields = _REGION_FORMAT.unpack(data[:_REGION_FORMAT.size])
         if magic != _REGION_MAGIC or version != _REGION_VERSION:
             raise TransferError(f"not a version-{_REGION_VERSION} region descriptor "
                                 f"(magic {magic!r}, version {version}): peers run different "
                                 "disaggsdk versions?")
-        return cls(*fields)
+        return cls(*fields, same_host=SameHostShare.from_bytes(data[_REGION_FORMAT.size:]))
 
 
 @attrs.frozen

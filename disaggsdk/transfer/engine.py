@@ -27,10 +27,12 @@ import weakref
 from concurrent.futures import Future
 from typing import Any
 
+import attrs
 from disaggsdk.transfer import completions as ev
 from disaggsdk.transfer._native import check, load_native
 from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor, WriteBatch
 from disaggsdk.transfer.errors import TransferError
+from disaggsdk.transfer.same_host import PeerMapping, SameHostShare
 
 # Short names accepted for the providers that need a utility layer for RDM endpoints.
 PROVIDER_ALIASES = {"tcp": "tcp;ofi_rxm", "verbs": "verbs;ofi_rxm"}
@@ -46,15 +48,22 @@ class TransferEngine:
             unless a NIC is named, so regions are not reachable from the network by default),
             the provider's first domain otherwise.
         hmem: ask for device-memory (FI_HMEM) support, needed to register GPU memory.
+        direct: with shm, copy into target regions that were registered with ``shared_fd`` by
+            mapping them here (see same_host.py): ~memcpy speed, and the copy runs on the
+            initiator's core rather than the target's. False: every byte through libfabric.
 
     Raises:
         NativeLibraryMissing: the native library is not built or libfabric is missing.
         TransferError: the provider cannot open an RDM endpoint with RMA writes.
     """
 
-    def __init__(self, provider: str = "shm", domain: str | None = None, *, hmem: bool = False):
+    def __init__(self, provider: str = "shm", domain: str | None = None, *, hmem: bool = False,
+                 direct: bool = True):
         self._ffi, self._lib = ffi, lib = load_native()
         self.provider = PROVIDER_ALIASES.get(provider, provider)
+        # only shm is same-host by construction; tcp may be told to use loopback for tests
+        self.direct = direct and self.provider == "shm"
+        self._mappings: dict[tuple[int, int], PeerMapping | None] = {}  # (addr_base, key) -> map
         if domain is None and self.provider.startswith("tcp"):
             domain = "lo"
         out = ffi.new("fab_engine **")
@@ -68,12 +77,13 @@ class TransferEngine:
         self.domain = ffi.string(lib.fab_domain_name(self._engine)).decode()
         self.mr_mode = int(lib.fab_mr_mode(self._engine))
         self.max_control_bytes = int(lib.fab_max_control_bytes())
+        self.direct_failures: list[str] = []  # why a same-host region went through libfabric
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._closed = False
         self._pump = ev.CompletionPump(ffi, lib, self._engine, f"fabric-{self.provider}")
         # an engine dropped without close() (or alive at exit) still stops its threads
-        self._finalizer = weakref.finalize(self, _close_native, lib, self._engine, self._pump)
+        self._finalizer = weakref.finalize(self, _close_native, lib, self._engine, self._pump, self._mappings)
 
     # addresses
 
@@ -101,10 +111,14 @@ class TransferEngine:
 
     # memory
 
-    def register(self, buffer: Any) -> MemoryRegion:
+    def register(self, buffer: Any, *, shared_fd: int | None = None, shared_offset: int = 0) -> MemoryRegion:
         """Registers a writable Python buffer (bytearray, mmap, memoryview, numpy array).
 
         The buffer stays exported (an mmap cannot be closed) until `deregister`.
+
+        Args:
+            shared_fd: the shared-memory file (memfd) the buffer maps, from byte ``shared_offset``:
+                peers on this machine may then map it and write with memcpy (``direct``).
 
         Raises:
             TransferError: the buffer is read-only, empty or the provider refuses it.
@@ -115,7 +129,11 @@ class TransferEngine:
             raise TransferError(f"cannot register this buffer: {exc}; pass a writable "
                                 "buffer such as a bytearray or an mmap") from exc
         address = int(self._ffi.cast("uintptr_t", view))
-        return self._register(address, len(view), 0, 0, keepalive=view)
+        region = self._register(address, len(view), 0, 0, keepalive=view)
+        if shared_fd is None:
+            return region
+        share = SameHostShare.of_fd(shared_fd, shared_offset)
+        return attrs.evolve(region, descriptor=attrs.evolve(region.descriptor, same_host=share))
 
     def register_pointer(self, address: int, length_bytes: int, *, cuda_device: int | None = None,
                          keepalive: Any = None) -> MemoryRegion:
@@ -170,6 +188,8 @@ class TransferEngine:
         ffi = self._ffi
         d = batch.dst
         dst = ffi.new("fab_region_desc *", (d.addr_base, d.key, d.length_bytes, d.mr_mode, d.check))
+        if self.direct and d.same_host is not None and (d.addr_base, d.key) not in self._mappings:
+            self._attach_direct(d, dst)
         batch_id = self._next_id()
         fut = self._pump.track(ev.EV_BATCH_DONE, batch_id)
         rc = self._lib.fab_submit_writes(
@@ -182,6 +202,22 @@ class TransferEngine:
             self._pump.forget(ev.EV_BATCH_DONE, batch_id)
             self._check(rc, f"submitting {len(batch)} writes")
         return fut
+
+    def _attach_direct(self, d: RegionDescriptor, native_desc: Any) -> None:
+        """Map a same-host target region once; on any failure fall back to libfabric for it."""
+        try:
+            mapping = PeerMapping(d.same_host, d.length_bytes)
+        except TransferError as exc:
+            self.direct_failures.append(str(exc))
+            self._mappings[d.addr_base, d.key] = None
+            return
+        rc = self._lib.fab_attach_direct(self._live(), native_desc, self._ffi.cast("void *", mapping.address))
+        if rc < 0:
+            mapping.close()
+            self._mappings[d.addr_base, d.key] = None
+            self.direct_failures.append(self._ffi.string(self._lib.fab_last_error(self._engine)).decode())
+            return
+        self._mappings[d.addr_base, d.key] = mapping
 
     def expect(self, imm: int, count: int) -> Future:
         """Future resolved once `count` write entries carrying `imm` have landed here.
@@ -273,8 +309,11 @@ class TransferEngine:
         check(self._lib, self._ffi, rc, what, self._engine)
 
 
-def _close_native(lib: Any, engine: Any, pump: ev.CompletionPump) -> None:
-    """Stops the progress thread and the pump, then frees the native engine."""
+def _close_native(lib: Any, engine: Any, pump: ev.CompletionPump, mappings: dict) -> None:
+    """Stops the progress thread and the pump, frees the native engine, unmaps peers' regions."""
     lib.fab_shutdown(engine)
     pump.stop()
     lib.fab_close(engine)
+    for mapping in mappings.values():
+        if mapping is not None:
+            mapping.close()

@@ -9,7 +9,9 @@ import pytest
 
 from tests.transfer._peers import SRC_BYTES, sender_main
 
-PROVIDERS = ["shm", "tcp"]
+# "shm-direct": shm with the target's pool registered as shared memory, so same-host senders
+# map it and copy with memcpy (disaggsdk/transfer/same_host.py); only the immediates go via shm
+PROVIDERS = ["shm", "shm-direct", "tcp"]
 DST_BYTES = 1 << 20
 NUM_SENDERS = 2
 
@@ -20,6 +22,7 @@ class Sender:
     def __init__(self, ctx, provider: str):
         from disaggsdk.memory.fd_passing import recv_region
 
+        provider = provider.removesuffix("-direct")
         self.conn, child_conn = ctx.Pipe()
         self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process = ctx.Process(target=sender_main, args=(provider, child_conn, child_sock),
@@ -60,10 +63,11 @@ class Target:
         from disaggsdk.memory.shared_memory import SharedRegion
         from disaggsdk.transfer import TransferEngine
 
-        self.provider = provider
-        self.engine = TransferEngine(provider)
+        self.direct = provider.endswith("-direct")
+        self.provider = provider.removesuffix("-direct")  # the libfabric provider
+        self.engine = TransferEngine(self.provider)
         self.pool = SharedRegion.create(DST_BYTES, "test-dst")
-        self.region = self.engine.register(self.pool.buffer)
+        self.region = self.engine.register(self.pool.buffer, shared_fd=self.pool.fd if self.direct else None)
         self.senders: list[Sender] = []
         self.peers = []
 

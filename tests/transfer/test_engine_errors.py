@@ -45,7 +45,7 @@ def test_descriptor_of_another_provider_is_refused(target):
 def test_descriptor_bytes_round_trip_and_garbage():
     d = RegionDescriptor(1 << 40, 5, 1 << 20, 16, 123)
     assert RegionDescriptor.from_bytes(d.to_bytes()) == d
-    with pytest.raises(TransferError, match="48 bytes"):
+    with pytest.raises(TransferError, match="112 bytes"):
         RegionDescriptor.from_bytes(d.to_bytes()[:-1])
     with pytest.raises(TransferError, match="magic"):
         RegionDescriptor.from_bytes(b"X" + d.to_bytes()[1:])

@@ -61,3 +61,5 @@ def test_contiguous_pages_are_coalesced(target):
     stats = _write_and_check(target, 0, 8192, list(range(64)), list(range(32, 96)))
     assert stats["writes_requested"] - before["writes_requested"] == 64
     assert stats["writes_posted"] - before["writes_posted"] == 1  # one write for 64 pages
+    # the direct path copied all 64 itself and sent one zero-length write with the count of 64
+    assert stats["writes_direct"] - before["writes_direct"] == (64 if target.direct else 0)
