@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=8, help="measured requests per mode (one at a time)")
     parser.add_argument("--provider", default=None, help="libfabric provider overriding the spec (shm, tcp)")
     parser.add_argument("--pin", action="store_true", help="pin each unit to one core (round robin)")
+    parser.add_argument("--no-same-host-copy", action="store_true",
+                        help="shm: every byte through libfabric (transport.same_host_copy: false)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.tiny:
         spec = tiny_spec(spec)
+    if args.no_same_host_copy:
+        import attrs
+
+        spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
     with sigterm_unwinds():
         result = compare(spec, args.prompt_len, args.requests, provider=args.provider,
                          cpu_affinity="auto" if args.pin else None)

@@ -124,7 +124,7 @@ class Unit:
             self.regions += [workers[r] for r in range(1, tp)]
             self.collector.close()
             self.collector = None
-        self.transfer = TransferEngine(args.provider)
+        self.transfer = TransferEngine(args.provider, direct=spec.transport.same_host_copy)
         # pools are memfds: prefill units on this machine map them and copy with memcpy
         self.registrations = [self.transfer.register(r.buffer, shared_fd=r.fd) for r in self.regions]
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)

@@ -78,9 +78,10 @@ class Cluster:
         kv = _set(self.draft.kv, layout=layout, page_size=page_size, dtype=dtype)
         return Cluster(attrs.evolve(self.draft, kv=kv))
 
-    def transport(self, provider: str) -> Cluster:
-        """``auto``, ``shm``, ``tcp``, ``efa`` or ``verbs``."""
-        return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider)))
+    def transport(self, provider: str, same_host_copy: bool | None = None) -> Cluster:
+        """``auto``, ``shm``, ``tcp``, ``efa`` or ``verbs``; ``same_host_copy`` see `Transport`."""
+        return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
+                                                               same_host_copy=same_host_copy)))
 
     def serve(self, host: str | None = None, port: int | None = None) -> Cluster:
         """Where the OpenAI-compatible endpoint listens."""

@@ -80,9 +80,16 @@ class KV:
 
 @attrs.frozen
 class Transport:
-    """How KV pages travel. `auto` picks efa/verbs where present, else shm on one node."""
+    """How KV pages travel. `auto` picks efa/verbs where present, else shm on one node.
+
+    `same_host_copy` (shm only): prefill units map the decode units' KV pools (shared memory) and
+    copy pages with memcpy on the prefill's core; the immediates that count them still go through
+    libfabric. False sends every byte through libfabric's shm provider, whose kernel copy runs on
+    the decode's core at ~0.3-0.6x memcpy (native/README.md).
+    """
 
     provider: Provider = "auto"
+    same_host_copy: bool = True
 
     def __attrs_post_init__(self) -> None:
         check_fields(self, provider=choice(PROVIDERS))

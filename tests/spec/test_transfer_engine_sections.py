@@ -18,8 +18,19 @@ def test_defaults_and_round_trip():
     assert spec_from_dict({}).transfer.streaming is True
 
 
+def test_same_host_copy_is_on_by_default_and_can_be_turned_off():
+    from disaggsdk.spec import Cluster
+
+    assert spec_from_dict({}).transport.same_host_copy is True
+    off = spec_from_dict({"transport": {"provider": "shm", "same_host_copy": False}})
+    assert off.transport.same_host_copy is False and parse_spec_yaml(spec_to_yaml(off)) == off
+    built = Cluster().transport("shm", same_host_copy=False).draft.transport
+    assert built == off.transport
+
+
 @pytest.mark.parametrize("data,path", [
     ({"transfer": {"streaming": 1}}, "$.transfer.streaming"),
+    ({"transport": {"same_host_copy": "yes"}}, "$.transport.same_host_copy"),
     ({"transfer": {"deadline_s": 0}}, "$.transfer.deadline_s"),
     ({"engine": {"num_pages": 0}}, "$.engine.num_pages"),
     ({"engine": {"max_num_seq": 4}}, "$.engine"),
