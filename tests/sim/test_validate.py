@@ -30,7 +30,8 @@ def test_calibrate_a_deployment_then_validate_it():
     arch = resolve_model(spec.model)
     engine_only, _ = fit_profile(arch, time_engine(spec.model, prefill_lens=(64, 256), decode_batches=(1, 4),
                                                    decode_contexts=(128,), decode_steps=4, repeats=1))
-    profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8)
+    profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8,
+                                              repeats=2)
     assert profile.request_overhead_ms >= 0 and profile.handoff_overhead_ms >= 0
     assert profile.step_overhead_ms >= engine_only.step_overhead_ms
     assert set(measured) == {"disaggregated", "colocated"}
