@@ -56,8 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script. Returns the process exit code."""
     args = build_parser().parse_args(argv)
+    from disaggsdk.launch.signals import sigterm_unwinds
+
     try:
-        return int(args.run(args) or 0)
+        # every command may own processes (bench SPEC, simulate --validate, calibrate --deployment):
+        # SIGTERM unwinds like Ctrl-C, so their `with` blocks stop units and remove shared memory
+        with sigterm_unwinds():
+            return int(args.run(args) or 0)
     except DisaggError as exc:
         err = Console(stderr=True, highlight=False)
         for line in str(exc).splitlines():

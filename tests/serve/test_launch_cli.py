@@ -93,3 +93,49 @@ def test_bench_spec_launches_loads_and_tears_down(run_cli, tmp_path):
     assert result["completed"] == 4 and result["total_output_tokens"] == 16
     assert json.loads(out.read_text()) == result
     assert "ready" in p.stderr
+
+
+def test_sigterm_during_bench_of_a_spec_stops_units_and_removes_shared_memory():
+    """Commands that own a deployment (here `bench SPEC`) unwind on SIGTERM like on Ctrl-C."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disaggsdk.cli.main", "bench", "specs/tiny_pd.yaml", "--num-prompts", "500",
+         "--qps", "5", "--input-len", "32", "--output-len", "8", "--no-live"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    kids: set[int] = set()
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "ready in" in line:
+                break
+        assert any("ready in" in line for line in lines), "".join(lines)
+        time.sleep(1.0)  # load is flowing: writes in flight
+        kids = descendants(proc.pid)
+        assert len(kids) >= 2
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out
+        assert "Traceback" not in out, out
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in kids if alive(p)]
+        # libfabric shm names its files after the owning pid: none of the units' is left
+        left = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"{p}:") for p in kids)]
+        assert not left, left
+    finally:
+        from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in kids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+            remove_fabric_shm(p)  # a failed run must not leave the units' files behind either
