@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="profile path (default: the user profile folder, found by name)")
     parser.add_argument("--deployment", metavar="SPEC",
                         help="also launch this CPU spec (e.g. specs/tiny_local.yaml) and fit the serving stack's "
-                             "overheads (per step, per request, per disaggregated handoff)")
+                             "overheads (per step, per messenger step, per request, per disaggregated handoff)")
     parser.add_argument("--json", action="store_true", help="print the samples, fit and path as JSON")
 
 
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(table)
     console.print(f"matrix rate {profile.bf16_tflops * 1e3:.1f} GFLOP/s, memory {profile.hbm_gb_per_s:.1f} GB/s, "
-                  f"per step {profile.step_overhead_ms:.2f} ms, per request {profile.request_overhead_ms:.1f} ms, "
+                  f"per step {profile.step_overhead_ms:.2f} ms (+{profile.messenger_step_overhead_ms:.2f} with a "
+                  f"messenger), per request {profile.request_overhead_ms:.1f} ms, "
                   f"per handoff {profile.handoff_overhead_ms:.1f} ms -> {path}")
     return 0

@@ -37,6 +37,9 @@ class HardwareProfile:
     # serving stack (fitted by `disaggsdk calibrate --deployment`; 0 for datasheet profiles):
     request_overhead_ms: float = 0.0  # front end + routing, before a request reaches an instance
     handoff_overhead_ms: float = 0.0  # disaggregated only: control messages, polling, admission
+    # disaggregated only: what a unit's loop adds to each step when it also runs a KV messenger
+    # (frames, counter events, transfer polling) -- colocated units do not pay it
+    messenger_step_overhead_ms: float = 0.0
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def tflops(self, weight_dtype: str) -> float:

@@ -53,6 +53,7 @@ class SimInstance:
     # sequence (two tokens of compute) and emits 1 + mtp_acceptance tokens on average
     mtp_acceptance: float = 0.0
     on_prefill_done: Callable[[RequestRecord, float], None] | None = None
+    extra_step_s: float = 0.0  # added to every step (a disaggregated unit's messenger work)
     busy_s: float = 0.0
     itl_ms: array = field(default_factory=lambda: array("d"))  # one entry per step
     itl_weight: array = field(default_factory=lambda: array("d"))  # requests that got a token then
@@ -117,7 +118,7 @@ class SimInstance:
             kv_tokens += p.done_tokens + n
             budget -= n
         num_tokens = decode_tokens + sum(n for _, n in chunks)
-        dt = self.cost.step_time_s(num_tokens, decode_seqs + len(chunks), pairs, kv_tokens)
+        dt = self.cost.step_time_s(num_tokens, decode_seqs + len(chunks), pairs, kv_tokens) + self.extra_step_s
         return dt, chunks
 
     def finish_step(self, chunks: list, dt: float, end_s: float) -> None:

@@ -82,9 +82,11 @@ class Simulation:
     def _make_instance(self, name: str, mode: str, tp: int, dp: int) -> SimInstance:
         cost = StepCostModel(self.arch, self.config.profile, tp=tp, dp=dp,
                              weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
+        extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
                            self.config.max_num_seqs * dp, cost.kv_capacity_tokens(),
-                           on_prefill_done=self._prefill_done, mtp_acceptance=self.config.mtp_acceptance)
+                           on_prefill_done=self._prefill_done, mtp_acceptance=self.config.mtp_acceptance,
+                           extra_step_s=extra_s)
 
     # events
     def _push(self, time_s: float, handler, *args) -> None:

@@ -99,3 +99,15 @@ def test_instances_sharing_cores_slow_each_other_down():
     assert shared["p99_ttft_ms"] == pytest.approx(1.5 * alone["mean_ttft_ms"])
     two_cores = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=True, shared_cores=2)).run(two)
     assert two_cores["p99_ttft_ms"] == pytest.approx(alone["mean_ttft_ms"])
+
+
+def test_messenger_step_overhead_slows_disaggregated_units_only():
+    import attrs
+
+    reqs = [SimRequest(i, i * 2.0, 1000, 50) for i in range(3)]  # one at a time: no batching effects
+    slow = attrs.evolve(H200, messenger_step_overhead_ms=5.0)
+    for colocated in (False, True):
+        base = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=colocated)).run(reqs)
+        more = Simulation(R1_TP, SimConfig(slow, weight_dtype="fp8", colocated=colocated)).run(reqs)
+        expected_ms = 0.0 if colocated else 5.0
+        assert more["mean_tpot_ms"] - base["mean_tpot_ms"] == pytest.approx(expected_ms, abs=1e-6)
