@@ -45,6 +45,27 @@ def alive(pid: int) -> bool:
         return False
 
 
+def still_alive(pids: set[int], wait_s: float = 10) -> list[int]:
+    """The pids still running after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def reap(proc: subprocess.Popen, kids: set[int]) -> None:
+    """Kill what a failed test left running, and the units' libfabric shm files."""
+    from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for p in kids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+        remove_fabric_shm(p)
+
+
 def test_launch_serves_until_sigterm_and_leaves_no_orphan():
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     proc = subprocess.Popen(
@@ -71,17 +92,9 @@ def test_launch_serves_until_sigterm_and_leaves_no_orphan():
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert "stopped" in out
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in kids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p for p in kids if alive(p)]
+        assert not still_alive(kids)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for p in kids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+        reap(proc, kids)
 
 
 def test_bench_spec_launches_loads_and_tears_down(run_cli, tmp_path):
@@ -122,20 +135,9 @@ def test_sigterm_during_bench_of_a_spec_stops_units_and_removes_shared_memory():
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 143, out
         assert "Traceback" not in out, out
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in kids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p for p in kids if alive(p)]
+        assert not still_alive(kids)
         # libfabric shm names its files after the owning pid: none of the units' is left
         left = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"{p}:") for p in kids)]
         assert not left, left
     finally:
-        from disaggsdk.transfer.shm_files import remove_fabric_shm
-
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for p in kids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
-            remove_fabric_shm(p)  # a failed run must not leave the units' files behind either
+        reap(proc, kids)
