@@ -78,6 +78,7 @@ class TransferEngine:
         self.mr_mode = int(lib.fab_mr_mode(self._engine))
         self.max_control_bytes = int(lib.fab_max_control_bytes())
         self.direct_failures: list[str] = []  # why a same-host region went through libfabric
+        self._direct_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._closed = False
@@ -189,7 +190,9 @@ class TransferEngine:
         d = batch.dst
         dst = ffi.new("fab_region_desc *", (d.addr_base, d.key, d.length_bytes, d.mr_mode, d.check))
         if self.direct and d.same_host is not None and (d.addr_base, d.key) not in self._mappings:
-            self._attach_direct(d, dst)
+            with self._direct_lock:  # submitting threads race for the first batch to a region
+                if (d.addr_base, d.key) not in self._mappings:
+                    self._attach_direct(d, dst)
         batch_id = self._next_id()
         fut = self._pump.track(ev.EV_BATCH_DONE, batch_id)
         rc = self._lib.fab_submit_writes(
