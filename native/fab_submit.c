@@ -108,7 +108,7 @@ int fab_submit_writes(fab_engine *eng, uint64_t batch_id, uint64_t peer, uint64_
     b->writes = writes;
 
     pthread_mutex_lock(&eng->lock);
-    for (size_t i = 0; i < eng->num_directs && eng->merge_counts; i++) {
+    for (size_t i = 0; i < eng->num_directs; i++) { /* only attached where merge_counts holds */
         struct fab_direct *d = &eng->directs[i];
         if (d->addr_base == dst->addr_base && d->key == dst->key && d->len == dst->len)
             b->direct = d->ptr;

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import attrs
+
 from disaggsdk.transfer import completions as ev
 from disaggsdk.transfer._native import check, load_native
 from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor, WriteBatch
@@ -214,11 +215,13 @@ class TransferEngine:
             self.direct_failures.append(str(exc))
             self._mappings[d.addr_base, d.key] = None
             return
-        rc = self._lib.fab_attach_direct(self._live(), native_desc, self._ffi.cast("void *", mapping.address))
-        if rc < 0:
+        try:
+            self._check(self._lib.fab_attach_direct(self._live(), native_desc, self._ffi.cast("void *", mapping.address)),
+                        "attaching a same-host region")
+        except TransferError as exc:
             mapping.close()
             self._mappings[d.addr_base, d.key] = None
-            self.direct_failures.append(self._ffi.string(self._lib.fab_last_error(self._engine)).decode())
+            self.direct_failures.append(str(exc))
             return
         self._mappings[d.addr_base, d.key] = mapping
 
