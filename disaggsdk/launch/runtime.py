@@ -34,6 +34,7 @@ from disaggsdk.launch.units import (
     UnitHandle,
     core_sets,
     log_tail,
+    process_tree_cpu_s,
     start_units,
     stop_units,
     unit_names,
@@ -337,6 +338,10 @@ class LocalRuntime:
                        "rejected_frames": float(sum(s.rejected_frames.values()) if s else 0)},
             ))
         return out
+
+    def unit_cpu_s(self) -> dict[str, float]:
+        """CPU seconds each live unit (with its tp workers) has used so far, by unit name."""
+        return {name: process_tree_cpu_s(u.process.pid) for name, u in self.units.items() if u.process.is_alive()}
 
     def kill_unit(self, name: str) -> None:
         """SIGKILL one unit (fault-injection for tests and demos); its death is handled as a crash."""

@@ -119,3 +119,30 @@ def stop_units(units: dict[str, UnitHandle], timeout_s: float = 15.0) -> None:
         if u.process.exitcode != 0:
             remove_fabric_shm(u.process.pid)
         u.conn.close()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a unit and its tp workers), from /proc."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        try:
+            for task in os.listdir(f"/proc/{pids[i]}/task"):
+                with open(f"/proc/{pids[i]}/task/{task}/children") as f:
+                    pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass  # gone meanwhile
+        i += 1
+    return pids
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants (Linux /proc)."""
+    total_ticks = 0
+    for p in _process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    return total_ticks / os.sysconf("SC_CLK_TCK")

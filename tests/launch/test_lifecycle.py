@@ -73,8 +73,12 @@ def wait_all_free(rt, timeout_s: float = 10.0) -> dict:
 def test_hundred_requests_return_every_page(env):
     rt, reference = env
     start = rt.unit_stats()
+    cpu_before_s = rt.unit_cpu_s()
     prompts = [prompt(i, 1 + (i * 13) % 40) for i in range(100)]
     events = rt.generate_batch(prompts, GREEDY, timeout_s=240)
+    cpu_after_s = rt.unit_cpu_s()
+    assert set(cpu_after_s) == set(rt.units)
+    assert all(cpu_after_s[n] > cpu_before_s[n] for n in ("prefill-0", "decode-0"))  # both worked
     assert [tokens(ev) for ev in events] == expect(reference, prompts)
     stats = wait_all_free(rt)
     assert {n: s.num_free_pages for n, s in stats.items()} == {n: s.num_free_pages for n, s in start.items()}
