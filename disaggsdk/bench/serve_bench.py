@@ -154,7 +154,9 @@ def bench(
         on_done: called (on the benchmark's thread) as each request ends, for progress bars.
         percentiles: which percentiles to report.
     Returns:
-        the summary fields plus the run's settings and per-request lists (seconds, as vLLM).
+        the summary fields plus the run's settings, per-request lists (seconds, as vLLM) and
+        ``client_cpu_s``, the CPU time of this process during the load: the client's alone when it
+        has a process of its own, as `disaggsdk bench` has.
     Raises:
         BenchError: the server is unreachable or every request failed.
     """
@@ -169,8 +171,10 @@ def bench(
             box["exc"] = exc
 
     thread = threading.Thread(target=work, name="bench-load")
+    cpu_before_s = time.process_time()
     thread.start()
     thread.join()
+    client_cpu_s = time.process_time() - cpu_before_s  # what this client cost the machine it ran on
     if "exc" in box:
         raise box["exc"]
     timelines, duration_s = box["out"]
@@ -191,6 +195,7 @@ def bench(
         "ttfts": [t.ttft_ms / 1e3 if t.ok else 0.0 for t in timelines],
         "itls": [[x / 1e3 for x in t.itls_ms] if t.ok else [] for t in timelines],
         "errors": [t.error or "" for t in timelines],
+        "client_cpu_s": client_cpu_s,
     }
     return result
 

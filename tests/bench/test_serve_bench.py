@@ -41,6 +41,7 @@ def test_bench_against_a_live_server_has_vllm_fields_and_sane_values(server):
     assert 0 < r["mean_itl_ms"] and r["mean_tpot_ms"] > 0
     assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a 60 s TTFT SLO holds
     assert r["model_id"] == "qwen3-coder-tiny" and r["request_rate"] == 30
+    assert r["client_cpu_s"] > 0  # this process's CPU time during the load (the test server's too)
     json.dumps(r)  # the result is plain JSON
 
 
