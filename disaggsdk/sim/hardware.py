@@ -40,6 +40,16 @@ class HardwareProfile:
     # disaggregated only: what a unit's loop adds to each step when it also runs a KV messenger
     # (frames, counter events, transfer polling) -- colocated units do not pay it
     messenger_step_overhead_ms: float = 0.0
+    # CPU machines, where everything shares the cores (measured by `disaggsdk calibrate
+    # --deployment` from the processes' CPU time; 0 for datasheet profiles, whose front end and
+    # clients run elsewhere): CPU time the server (router + HTTP front end) and a benchmark client
+    # spend per output token and per request, and the cores an idle unit burns polling
+    frontend_cpu_ms_per_token: float = 0.0
+    frontend_cpu_ms_per_request: float = 0.0
+    client_cpu_ms_per_token: float = 0.0
+    client_cpu_ms_per_request: float = 0.0
+    idle_unit_cores: float = 0.0  # a colocated (mixed) unit
+    idle_messenger_unit_cores: float = 0.0  # a prefill or decode unit, whose messenger polls too
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def tflops(self, weight_dtype: str) -> float:

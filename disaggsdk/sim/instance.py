@@ -33,6 +33,15 @@ class RequestRecord:
 
 
 @dataclass
+class StepTokens:
+    """What one step gave to clients: how many tokens, whose first token, whose last."""
+
+    num_tokens: int = 0
+    first: list[RequestRecord] = field(default_factory=list)
+    finished: list[RequestRecord] = field(default_factory=list)
+
+
+@dataclass
 class _Prefill:
     record: RequestRecord
     done_tokens: int = 0  # tokens already prefilled
@@ -54,6 +63,9 @@ class SimInstance:
     mtp_acceptance: float = 0.0
     on_prefill_done: Callable[[RequestRecord, float], None] | None = None
     extra_step_s: float = 0.0  # added to every step (a disaggregated unit's messenger work)
+    # decode mode: requests routed here whose prefill or KV transfer is still under way (the real
+    # router counts them as in flight from the moment it picks this instance)
+    num_incoming: int = 0
     busy_s: float = 0.0
     itl_ms: array = field(default_factory=lambda: array("d"))  # one entry per step
     itl_weight: array = field(default_factory=lambda: array("d"))  # requests that got a token then
@@ -81,8 +93,9 @@ class SimInstance:
 
     @property
     def outstanding(self) -> int:
-        """Requests here not finished: the router's measure of work."""
-        return len(self._prefills) + len(self._admit_queue) + len(self._joining) + self._num_running
+        """Requests here not finished (or on their way here): the router's measure of work."""
+        return (self.num_incoming + len(self._prefills) + len(self._admit_queue) + len(self._joining)
+                + self._num_running)
 
     @property
     def outstanding_prefill_tokens(self) -> int:
@@ -121,9 +134,15 @@ class SimInstance:
         dt = self.cost.step_time_s(num_tokens, decode_seqs + len(chunks), pairs, kv_tokens) + self.extra_step_s
         return dt, chunks
 
-    def finish_step(self, chunks: list, dt: float, end_s: float) -> None:
-        """Apply a step that ended at ``end_s``: tokens out, prefills advanced, finishes recorded."""
+    def finish_step(self, chunks: list, dt: float, end_s: float) -> StepTokens:
+        """Apply a step that ended at ``end_s``: tokens out, prefills advanced, finishes recorded.
+
+        Returns:
+            the tokens the step gave to clients (first tokens included).
+        """
         self.busy_s += dt
+        finished_before = len(self.finished)
+        out = StepTokens(round(self._num_running * self._tokens_per_step) + len(self._joining))
         if self._num_running:
             self.itl_ms.append(dt * 1e3)
             self.itl_weight.append(self._num_running)
@@ -138,6 +157,7 @@ class SimInstance:
             self.finished.append(record)
         for record, context in self._joining:  # their first token came out of this step
             record.first_token_s = end_s
+            out.first.append(record)
             self._join(record, context + 1, record.request.output_len - 1)
         self._joining.clear()
         for p, n in chunks:
@@ -147,10 +167,14 @@ class SimInstance:
             p.record.prefill_done_s = end_s
             if self.mode == "mixed":
                 p.record.first_token_s = end_s
+                out.num_tokens += 1
+                out.first.append(p.record)
                 self._reserved_tokens += p.record.request.input_len + p.record.request.output_len
                 self._join(p.record, p.record.request.input_len + 1, p.record.request.output_len - 1)
             elif self.on_prefill_done is not None:
                 self.on_prefill_done(p.record, end_s)
+        out.finished = self.finished[finished_before:]
+        return out
 
     @property
     def _tokens_per_step(self) -> float:

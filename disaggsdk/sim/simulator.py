@@ -19,7 +19,9 @@ from disaggsdk.plan import make_plan
 from disaggsdk.report.latency import metric_stats, tokens_per_s_per_request
 from disaggsdk.sim.cost_model import StepCostModel, transfer_cost_from_route
 from disaggsdk.sim.hardware import HardwareProfile
-from disaggsdk.sim.instance import RequestRecord, SimInstance
+from disaggsdk.sim.front_end import FrontEnd
+from disaggsdk.sim.instance import RequestRecord, SimInstance, StepTokens
+from disaggsdk.sim.shared_cores import SharedCores
 from disaggsdk.sim.workload import SimRequest
 from disaggsdk.spec import Spec
 
@@ -37,9 +39,12 @@ class SimConfig:
     # MTP speculative decoding: fraction of draft tokens accepted (0 = off; DeepSeek-V3's
     # report gives 85-90% for its MTP module). Applies to decode in both layouts.
     mtp_acceptance: float = 0.0
-    # CPU deployments: instances share this many cores (None: every instance owns its devices).
-    # Steps in flight share them fairly: with k running, each advances at min(1, cores / k).
+    # CPU deployments: instances share this many cores (None: every instance owns its devices)
+    # with idle units' polling and the server process every request and token passes through,
+    # as processor sharing (`SharedCores`, `FrontEnd`)
     shared_cores: int | None = None
+    # the benchmark client runs on those cores too (validation on this machine)
+    client_shares_cores: bool = False
     percentiles: tuple[float, ...] = (50, 90, 99)
 
 
@@ -56,10 +61,9 @@ class Simulation:
         self.arch = arch or resolve_model(spec.model)
         self.plan = make_plan(spec, self.arch)
         self._events: list = []
-        self._num_busy = 0  # instances with a step in flight
-        # shared cores: name -> [solo seconds of work left, start_s, chunks, version]
-        self._sharing: dict[str, list] = {}
-        self._shared_since_s = 0.0
+        self._cores = SharedCores(config.shared_cores) if config.shared_cores else None
+        self._front = FrontEnd(self._cores, self._reschedule_shared) if self._cores is not None else None
+        self._steps_in_flight: dict[str, tuple[list, float]] = {}  # shared cores: name -> (chunks, start_s)
         self._seq = itertools.count()
         self._decode_of: dict[int, SimInstance] = {}
         self._prefill_of: dict[int, SimInstance] = {}
@@ -99,50 +103,72 @@ class Simulation:
         if dt <= 0:
             return
         inst.busy = True
-        self._num_busy += 1
-        if not self.config.shared_cores:
-            self._push(now_s + dt, self._step_done, inst, chunks, now_s, 0)
+        if self._cores is None:
+            self._push(now_s + dt, self._step_done, inst, chunks, now_s)
             return
-        self._share_cores(now_s)
-        self._sharing[inst.name] = [dt, now_s, chunks, 0]
+        self._steps_in_flight[inst.name] = (chunks, now_s)
+        self._cores.add_work(("step", inst.name), dt, now_s)
         self._reschedule_shared(now_s)
 
-    def _step_done(self, now_s: float, inst: SimInstance, chunks: list, start_s: float, version: int) -> None:
-        if self.config.shared_cores:
-            state = self._sharing.get(inst.name)
-            if state is None or state[3] != version:
-                return  # a rescheduled completion: the core share changed since
-            self._share_cores(now_s)
-            del self._sharing[inst.name]
+    def _step_done(self, now_s: float, inst: SimInstance, chunks: list, start_s: float) -> None:
         inst.busy = False
-        self._num_busy -= 1
-        inst.finish_step(chunks, now_s - start_s, now_s)
-        if self.config.shared_cores:
-            self._reschedule_shared(now_s)
+        tokens = inst.finish_step(chunks, now_s - start_s, now_s)
+        if self._front is not None and tokens.num_tokens:
+            self._deliver(tokens, now_s)
         self._kick(inst, now_s)
+        if self._cores is not None and not inst.busy:
+            self._reschedule_shared(now_s)  # it went idle: the background changed
 
-    # CPU deployments: steps in flight share the cores like threads under Linux's fair scheduler
-    # (processor sharing): with k steps running on c cores each advances at min(1, c / k) of its
-    # solo speed, and the rate changes whenever a step starts or ends -- also for steps already
-    # running, which a rate fixed at a step's start would miss.
-    def _core_share(self) -> float:
-        return min(1.0, self.config.shared_cores / max(1, len(self._sharing)))
-
-    def _share_cores(self, now_s: float) -> None:
-        """Charge the work done since the last change at the share that held meanwhile."""
-        rate = self._core_share()
-        for state in self._sharing.values():
-            state[0] -= (now_s - self._shared_since_s) * rate
-        self._shared_since_s = now_s
-
+    # CPU deployments: steps, the front end's work and idle units' polling share the cores
+    # (`SharedCores`); every change re-times every job in flight.
     def _reschedule_shared(self, now_s: float) -> None:
-        rate = self._core_share()
-        for name, state in self._sharing.items():
-            state[3] += 1
-            inst = self._instance[name]
-            self._push(now_s + max(0.0, state[0]) / rate, self._step_done, inst, state[2], state[1], state[3])
+        profile = self.config.profile
+        idle_cores = sum(profile.idle_messenger_unit_cores if i.mode != "mixed" else profile.idle_unit_cores
+                         for i in self._instance.values() if not i.busy)
+        self._cores.set_background(idle_cores, now_s)
+        for time_s, key, version in self._cores.completions(now_s):
+            self._push(time_s, self._shared_job_done, key, version)
+
+    def _shared_job_done(self, now_s: float, key: tuple[str, str], version: int) -> None:
+        if not self._cores.is_current(key, version):
+            return  # a rescheduled completion: the core share changed since
+        self._cores.finish(key, now_s)
+        kind, name = key
+        if kind == "step":
+            chunks, start_s = self._steps_in_flight.pop(name)
+            self._step_done(now_s, self._instance[name], chunks, start_s)
+        else:
+            self._front.job_done(name, now_s)
+
+    # CPU deployments: requests and tokens also pass through the server and the client (`FrontEnd`);
+    # a request's first and last token count when the client has them
+    def _deliver(self, tokens: StepTokens, now_s: float) -> None:
+        p = self.config.profile
+        hops = [("server", tokens.num_tokens * p.frontend_cpu_ms_per_token * 1e-3)]
+        if self.config.client_shares_cores:
+            hops.append(("client", tokens.num_tokens * p.client_cpu_ms_per_token * 1e-3))
+
+        def delivered(at_s: float) -> None:
+            for record in tokens.first:
+                record.first_token_s = at_s
+            for record in tokens.finished:
+                record.finish_s = at_s
+        self._front.submit(hops, delivered, now_s)
+
+    def _receive(self, now_s: float, record: RequestRecord) -> None:
+        p = self.config.profile
+        hops = [("server", p.frontend_cpu_ms_per_request * 1e-3)]
+        if self.config.client_shares_cores:
+            hops.insert(0, ("client", p.client_cpu_ms_per_request * 1e-3))
+        self._front.submit(hops, lambda at_s: self._after_front_end(at_s, record), now_s)
 
     def _arrive(self, now_s: float, record: RequestRecord) -> None:
+        if self._front is not None:
+            self._receive(now_s, record)
+        else:
+            self._after_front_end(now_s, record)
+
+    def _after_front_end(self, now_s: float, record: RequestRecord) -> None:
         delay_s = self.config.profile.request_overhead_ms * 1e-3
         if delay_s > 0:
             self._push(now_s + delay_s, self._route, record)
@@ -157,6 +183,7 @@ class Simulation:
             return
         prefill = min(self.prefill, key=lambda i: i.outstanding_prefill_tokens)
         self._decode_of[record.request.request_id] = decode
+        decode.num_incoming += 1
         self._prefill_of[record.request.request_id] = prefill
         prefill.admit_prefill(record)
         self._kick(prefill, now_s)
@@ -173,6 +200,7 @@ class Simulation:
         self._push(now_s + exposed + handoff_s, self._transfer_done, decode, record)
 
     def _transfer_done(self, now_s: float, decode: SimInstance, record: RequestRecord) -> None:
+        decode.num_incoming -= 1
         decode.admit_decode(record)
         self._kick(decode, now_s)
 

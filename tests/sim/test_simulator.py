@@ -111,3 +111,64 @@ def test_messenger_step_overhead_slows_disaggregated_units_only():
         more = Simulation(R1_TP, SimConfig(slow, weight_dtype="fp8", colocated=colocated)).run(reqs)
         expected_ms = 0.0 if colocated else 5.0
         assert more["mean_tpot_ms"] - base["mean_tpot_ms"] == pytest.approx(expected_ms, abs=1e-6)
+
+
+def test_shared_cores_do_all_the_work_and_no_less():
+    """On one shared core with work always waiting, the last request ends after exactly the sum of
+    the steps' solo durations: a stale completion event must never end a step early."""
+    from disaggsdk.sim.instance import SimInstance
+
+    planned = []
+    plan_step = SimInstance.plan_step
+
+    def recording(self, now_s):
+        dt, chunks = plan_step(self, now_s)
+        planned.append(dt)
+        return dt, chunks
+
+    reqs = [SimRequest(i, 0.0, 500 + 100 * i, 20 + 5 * i) for i in range(6)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SimInstance, "plan_step", recording)
+        result = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=True, shared_cores=1)).run(reqs)
+    assert result["duration"] == pytest.approx(sum(planned))
+
+
+def test_the_router_counts_requests_still_prefilling_for_their_decode_instance():
+    """Two requests at once go to two decode instances, as the real router sends them."""
+    spec = load_spec("specs/tiny_local.yaml")  # one prefill, two decode instances
+    two = [SimRequest(0, 0.0, 256, 8), SimRequest(1, 0.0, 256, 8)]
+    result = Simulation(spec, SimConfig(load_profile("h100"))).run(two)
+    assert result["utilisation"]["decode-0"] > 0 and result["utilisation"]["decode-1"] > 0
+
+
+def test_front_end_cpu_delays_tokens_and_congests_under_load():
+    import attrs
+
+    spec = load_spec("specs/tiny_local.yaml")
+    cpu = attrs.evolve(load_profile("h100"), frontend_cpu_ms_per_request=10.0, frontend_cpu_ms_per_token=0.0)
+    one = [SimRequest(0, 0.0, 256, 8)]
+    base = Simulation(spec, SimConfig(load_profile("h100"), colocated=True, shared_cores=2)).run(one)
+    slow = Simulation(spec, SimConfig(cpu, colocated=True, shared_cores=2)).run(one)
+    assert slow["mean_ttft_ms"] - base["mean_ttft_ms"] == pytest.approx(10.0)  # read by the server first
+    assert slow["mean_tpot_ms"] == pytest.approx(base["mean_tpot_ms"])
+    # tokens: a server that needs more CPU per token than a decode step takes falls behind, and
+    # the client sees tokens at the server's pace, not the engine's
+    step_ms = base["mean_tpot_ms"]
+    per_token = attrs.evolve(load_profile("h100"), frontend_cpu_ms_per_token=2 * step_ms)
+    behind = Simulation(spec, SimConfig(per_token, colocated=True, shared_cores=4)).run(one)
+    assert behind["mean_tpot_ms"] == pytest.approx(2 * step_ms, rel=0.01)
+    client = Simulation(spec, SimConfig(per_token, colocated=True, shared_cores=4, client_shares_cores=True)).run(one)
+    assert client["mean_tpot_ms"] == pytest.approx(behind["mean_tpot_ms"])  # the client costs nothing here
+    no_cores = Simulation(spec, SimConfig(per_token, colocated=True)).run(one)
+    assert no_cores["mean_tpot_ms"] == pytest.approx(step_ms)  # a GPU cluster's front end runs elsewhere
+
+
+def test_idle_units_polling_slow_the_busy_ones():
+    import attrs
+
+    spec = load_spec("specs/tiny_local.yaml")
+    one = [SimRequest(0, 0.0, 256, 8)]
+    base = Simulation(spec, SimConfig(load_profile("h100"), colocated=True, shared_cores=1)).run(one)
+    polling = attrs.evolve(load_profile("h100"), idle_unit_cores=0.25)  # two idle units: half a core
+    busy = Simulation(spec, SimConfig(polling, colocated=True, shared_cores=1)).run(one)
+    assert busy["mean_e2el_ms"] == pytest.approx(1.5 * base["mean_e2el_ms"])
