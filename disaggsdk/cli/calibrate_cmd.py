@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deployment", metavar="SPEC",
                         help="also launch this CPU spec (e.g. specs/tiny_local.yaml) and fit the serving stack's "
                              "overheads (per step, per messenger step, per request, per disaggregated handoff)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="time the engine grid this many times, each sample the median (default 5, ~30 s)")
     parser.add_argument("--json", action="store_true", help="print the samples, fit and path as JSON")
 
 
@@ -24,19 +26,27 @@ def run(args: argparse.Namespace) -> int:
 
     import attrs
 
+    from disaggsdk.errors import SpecError
     from disaggsdk.models import resolve_model
-    from disaggsdk.sim.calibrate import fit_profile, save_profile, time_engine, user_profile_dir
+    from disaggsdk.sim.calibrate import calibrate_engine, save_profile, user_profile_dir
     from disaggsdk.sim.cost_model import StepCostModel
+    from disaggsdk.sim.speed_monitor import SpeedMonitor
 
+    if args.rounds < 1:
+        raise SpecError(f"--rounds: expected a count of at least 1, got {args.rounds}")
     arch = resolve_model(args.model)
-    samples = time_engine(args.model)
-    profile, rms = fit_profile(arch, samples, name=args.name)
-    serving = None
+    spec = None
     if args.deployment:
-        from disaggsdk.sim.calibrate import fit_serving_overheads
         from disaggsdk.spec import load_spec
 
-        profile, serving = fit_serving_overheads(load_spec(args.deployment), profile)
+        spec = load_spec(args.deployment)  # a bad spec fails before minutes of timing
+    serving = None
+    with SpeedMonitor() as monitor:  # runs through both fits: the serving turns are brought back to the engine's speed
+        profile, rms, samples = calibrate_engine(args.model, monitor, name=args.name, rounds=args.rounds)
+        if spec is not None:
+            from disaggsdk.sim.calibrate_serving import fit_serving_overheads
+
+            profile, serving = fit_serving_overheads(spec, profile, monitor=monitor)
     path = save_profile(profile, Path(args.out) if args.out else user_profile_dir() / f"{args.name}.yaml")
     cost = StepCostModel(arch, profile, weight_dtype="float32", kv_dtype="float32")
     rows = [dict(attrs.asdict(s), predicted_s=cost.step_time_s(s.num_tokens, s.num_sequences, s.context_pairs,
@@ -59,5 +69,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"matrix rate {profile.bf16_tflops * 1e3:.1f} GFLOP/s, memory {profile.hbm_gb_per_s:.1f} GB/s, "
                   f"per step {profile.step_overhead_ms:.2f} ms (+{profile.messenger_step_overhead_ms:.2f} with a "
                   f"messenger), per request {profile.request_overhead_ms:.1f} ms, "
-                  f"per handoff {profile.handoff_overhead_ms:.1f} ms -> {path}")
+                  f"per handoff {profile.handoff_overhead_ms:.1f} ms; front end {profile.frontend_cpu_ms_per_token:.2f} "
+                  f"ms CPU per token, client {profile.client_cpu_ms_per_token:.2f}; speed monitor {profile.monitor_prefill_cpu_ms:.1f} "
+                  f"ms prefill, {profile.monitor_decode_step_cpu_ms:.2f} ms decode step -> {path}")
     return 0

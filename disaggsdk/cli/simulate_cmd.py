@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate with --validate")
     parser.add_argument("--repeat", type=int, default=1,
                         help="with --validate: runs per rate; rows compare medians (noisy machines)")
+    parser.add_argument("--no-speed-correction", action="store_true",
+                        help="with --validate: simulate on the profile as calibrated, not re-timed to the speed "
+                             "the speed monitor saw during each run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -90,7 +93,7 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
     if args.repeat < 1:
         raise SpecError(f"--repeat: expected a count of at least 1, got {args.repeat}")
     rows = validate(spec, profile, _rates(args.qps), args.num_prompts, args.input_len, args.output_len,
-                    args.range_ratio, args.seed, repeat=args.repeat)
+                    args.range_ratio, args.seed, repeat=args.repeat, correct_speed=not args.no_speed_correction)
     if args.json:
         json.dump({"profile": profile.name, "tolerance": TOLERANCE, "rows": rows}, sys.stdout, indent=2)
         print()
@@ -100,13 +103,21 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
 
         medians = f", medians of {args.repeat} runs" if args.repeat > 1 else ""
         table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}{medians}: {spec.label}")
-        for col in ("layout", "qps", "TTFT", "sim", "err", "TPOT", "sim", "err", f"±{TOLERANCE:.0%}"):
+        for col in ("layout", "qps", "slower", "TTFT", "sim", "err", "TPOT", "sim", "err", f"±{TOLERANCE:.0%}"):
             table.add_column(col, justify="right", no_wrap=True)
         for r in rows:
             t, p = r["mean_ttft_ms"], r["mean_tpot_ms"]
             table.add_row("disagg" if r["layout"] == "disaggregated" else "coloc", f"{r['qps']:g}",
+                          f"{r['decode_speed_factor']:.2f}/{r['prefill_speed_factor']:.2f}",
                           f"{t['measured']:.1f}", f"{t['simulated']:.1f}", f"{t['error']:+.0%}",
                           f"{p['measured']:.2f}", f"{p['simulated']:.2f}", f"{p['error']:+.0%}",
                           "yes" if r["within_tolerance"] else "no")
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        if rows and rows[0]["speed_corrected"]:
+            console.print("slower: the speed monitor's decode step / prefill CPU time during the runs over its time "
+                          "at calibration (medians of the runs); each run is simulated re-timed to its own (--json "
+                          "also has every run simulated as calibrated; --no-speed-correction compares with that).")
+        elif not args.no_speed_correction:
+            console.print("this profile records no calibration speed (monitor_*): rerun `disaggsdk calibrate` to correct for drift")
     return 0 if all(r["within_tolerance"] for r in rows) else 1

@@ -4,7 +4,8 @@ The engine runs prefills of several lengths and decode steps at several batch si
 contexts; each step's wall time is paired with the FLOPs, bytes and sequences the cost model
 counts for it, and the profile's rates (matrix rate, memory bandwidth, fixed per-step time) are
 fitted to minimise the relative error. The result is written as ``cpu-local.yaml`` in the user's
-profile folder, where `load_profile("cpu-local")` finds it.
+profile folder, where `load_profile("cpu-local")` finds it. What a deployment adds on top is
+fitted by `disaggsdk.sim.calibrate_serving`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 import attrs
 import yaml
 
-from disaggsdk.models import ModelArch
+from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 from disaggsdk.sim.hardware import HardwareProfile
+from disaggsdk.sim.speed_monitor import SpeedMonitor
 
 
 def user_profile_dir() -> Path:
@@ -44,12 +46,14 @@ class StepSample:
 
 def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1, 4, 16),
                 decode_contexts=(64, 512), decode_steps: int = 8, page_size: int = 16,
-                repeats: int = 3, threads: int = 1) -> list[StepSample]:
+                repeats: int = 3, threads: int = 1, rounds: int = 1) -> list[StepSample]:
     """Time the local engine (tp=1, float32, mixed mode) on a grid of prefills and decode steps.
 
     Each sample is the median of ``repeats`` prefills or ``decode_steps`` decode steps, so one
     step slowed by another process does not skew the fit. Run it on a quiet machine. ``threads``
-    is torch's thread count: 1, as each deployed unit runs (`disaggsdk.launch`).
+    is torch's thread count: 1, as each deployed unit runs (`disaggsdk.launch`). With ``rounds`` >
+    1 the whole grid is timed that many times and each sample is the median over the rounds: one
+    pass takes about 6 s on the development VM, shorter than that VM's swings of speed.
     """
     import torch
 
@@ -61,11 +65,9 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
     engine = LLMEngine(model, EngineConfig(page_size=page_size, num_pages=num_pages,
                                            max_num_batched_tokens=max(prefill_lens), max_num_seqs=64))
     ids = itertools.count()
-    samples = []
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        engine.generate([[1] * 64], SamplingParams(max_tokens=4))  # warm-up: first-call costs stay out
+
+    def one_round() -> list[StepSample]:
+        samples = []
         for n in prefill_lens:
             times = []
             for _ in range(repeats + 1):  # median of repeats: one step may be hit by a neighbour's burst
@@ -92,10 +94,17 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
             samples.append(StepSample(batch, batch, batch * length, batch * length, statistics.median(times)))
             while engine.has_unfinished():
                 engine.step()
+        return samples
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        engine.generate([[1] * 64], SamplingParams(max_tokens=4))  # warm-up: first-call costs stay out
+        passes = [one_round() for _ in range(max(1, rounds))]
     finally:
         engine.close()
         torch.set_num_threads(threads_before)
-    return samples
+    return [attrs.evolve(same[0], seconds=statistics.median(s.seconds for s in same)) for same in zip(*passes)]
 
 
 def _relative_error(profile: HardwareProfile, arch: ModelArch, samples: list[StepSample]) -> float:
@@ -136,6 +145,26 @@ def fit_profile(arch: ModelArch, samples: list[StepSample], name: str = "cpu-loc
     return best[1], math.sqrt(best[0])
 
 
+def calibrate_engine(model: str, monitor: SpeedMonitor | None = None, name: str = "cpu-local",
+                     **grid: Any) -> tuple[HardwareProfile, float, list[StepSample]]:
+    """Time the engine (`time_engine`, ``grid`` its keywords) and fit a profile to the samples.
+
+    Args:
+        monitor: a running `SpeedMonitor`; the profile then records the machine's speed during the
+            timing (``monitor_*``), which lets validation follow a drifting VM (`retimed`).
+    Returns:
+        (profile, RMS relative error of the fit, the samples)
+    """
+    start_s = time.monotonic()
+    samples = time_engine(model, **grid)
+    profile, rms = fit_profile(resolve_model(model), samples, name=name)
+    speed = monitor.speed_since(start_s) if monitor is not None else None
+    if speed is not None:
+        profile = attrs.evolve(profile, monitor_prefill_cpu_ms=speed.prefill_cpu_ms,
+                               monitor_decode_step_cpu_ms=speed.decode_step_cpu_ms)
+    return profile, rms, samples
+
+
 def save_profile(profile: HardwareProfile, path: Path) -> Path:
     """Write ``profile`` as YAML (the format `load_profile` reads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,67 +174,3 @@ def save_profile(profile: HardwareProfile, path: Path) -> Path:
             data[key] = float(f"{value:.6g}")
     path.write_text("# Written by `disaggsdk calibrate`; fitted to this machine.\n" + yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24, input_len: int = 256,
-                          output_len: int = 32, arrival_qps: float = 2.0,
-                          repeats: int = 3) -> tuple[HardwareProfile, dict[str, Any]]:
-    """Add what the serving stack costs beyond the engine, measured on a real deployment of ``spec``.
-
-    Both layouts are launched and sent requests one at a time (Poisson arrivals at ``arrival_qps``,
-    at most one in flight: no queueing, no batching), so what
-    the engine-only simulation misses is overhead, not dynamics: the colocated layout's extra time
-    per decode step goes to ``step_overhead_ms`` and the disaggregated layout's further extra to
-    ``messenger_step_overhead_ms`` (one figure for both left simulated TPOT 9-16% low for the
-    disaggregated layout and 4-8% high for the colocated one), the colocated TTFT gap to ``request_overhead_ms`` (front end and
-    routing), and the further gap of the disaggregated layout to ``handoff_overhead_ms``. The layouts take
-    turns ``repeats`` times and each figure is the median over the turns: on a shared VM a single
-    pass moved the fitted request overhead between 0 and 12 ms from one run to the next.
-
-    Returns:
-        (the profile with the three fields set, the measurements behind them)
-    """
-    from disaggsdk.serve.deployment import launch
-    from disaggsdk.sim.validate import bench_in_subprocess, simulate_like, trace_of
-
-    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
-    for _ in range(max(1, repeats)):
-        for colocated in (False, True):
-            with launch(spec, colocated=colocated, port=0) as deployment:
-                bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
-                # one at a time, arriving at an idle deployment as light traffic does (not back to
-                # back: a deployment kept hot answers faster than one woken by each request)
-                runs[colocated].append(bench_in_subprocess(deployment.url, arrival_qps, num_requests, input_len,
-                                                           output_len, max_concurrency=1))
-
-    # Means, as `simulate --validate` and the acceptance compare means: a median fit left out the
-    # slow requests a shared machine always has and put the simulator 10-16% low on mean TPOT.
-    def median_run(colocated: bool) -> dict[str, Any]:
-        """The turn whose mean TTFT is the median one (its trace replays in the simulator)."""
-        ordered = sorted(runs[colocated], key=lambda r: r["mean_ttft_ms"])
-        return ordered[len(ordered) // 2]
-
-    measured = {c: median_run(c) for c in (False, True)}
-    for c in (False, True):  # TPOT: the median over turns, whichever turn it came from
-        measured[c] = dict(measured[c], mean_tpot_ms=statistics.median(r["mean_tpot_ms"] for r in runs[c]))
-
-    def simulated(p: HardwareProfile) -> dict[bool, dict[str, Any]]:
-        return {c: simulate_like(spec, p, c, trace_of(measured[c])) for c in (False, True)}
-
-    sim = simulated(profile)
-    # per step: what every unit's loop adds (colocated), then what a messenger adds on top
-    step_extra_ms = max(0.0, measured[True]["mean_tpot_ms"] - sim[True]["mean_tpot_ms"])
-    profile = attrs.evolve(profile, step_overhead_ms=profile.step_overhead_ms + step_extra_ms)
-    sim = simulated(profile)
-    messenger_ms = max(0.0, measured[False]["mean_tpot_ms"] - sim[False]["mean_tpot_ms"])
-    profile = attrs.evolve(profile, messenger_step_overhead_ms=messenger_ms)
-    sim = simulated(profile)
-    request_ms = max(0.0, measured[True]["mean_ttft_ms"] - sim[True]["mean_ttft_ms"])
-    handoff_ms = max(0.0, measured[False]["mean_ttft_ms"] - sim[False]["mean_ttft_ms"] - request_ms)
-    sources = dict(profile.sources, serving=f"fitted on {max(1, repeats)} x {num_requests} sequential requests "
-                                            f"to {spec.label}, each layout")
-    profile = attrs.evolve(profile, request_overhead_ms=request_ms, handoff_overhead_ms=handoff_ms, sources=sources)
-    report = {("colocated" if c else "disaggregated"): {"mean_ttft_ms": measured[c]["mean_ttft_ms"],
-                                                        "mean_tpot_ms": measured[c]["mean_tpot_ms"]}
-              for c in (False, True)}
-    return profile, report

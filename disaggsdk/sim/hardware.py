@@ -50,6 +50,10 @@ class HardwareProfile:
     client_cpu_ms_per_request: float = 0.0
     idle_unit_cores: float = 0.0  # a colocated (mixed) unit
     idle_messenger_unit_cores: float = 0.0  # a prefill or decode unit, whose messenger polls too
+    # the machine's speed the fit holds for: `SpeedMonitor` medians during calibration's engine
+    # timing (0: not recorded), so that `disaggsdk.sim.speed_monitor.retimed` can follow a drifting VM
+    monitor_prefill_cpu_ms: float = 0.0
+    monitor_decode_step_cpu_ms: float = 0.0
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def tflops(self, weight_dtype: str) -> float:
@@ -59,6 +63,29 @@ class HardwareProfile:
     @property
     def nic_bytes_per_s(self) -> float:
         return self.nic_gbps * 1e9 / 8
+
+    def slowed_by(self, factor: float, matrix_factor: float | None = None) -> HardwareProfile:
+        """The same machine running ``factor`` times slower (< 1: faster): every rate divided by it,
+        every time and every CPU cost multiplied by it, the matrix rate by ``matrix_factor`` when
+        given (matrix work and interpreter overhead need not slow down alike). Used to re-time a
+        calibrated profile to the speed probed at another minute of a drifting VM.
+
+        Raises:
+            ValueError: a factor is not a positive number.
+        """
+        matrix_factor = factor if matrix_factor is None else matrix_factor
+        if not (factor > 0 and matrix_factor > 0):
+            raise ValueError(f"speed factors must be positive, got {factor} and {matrix_factor}")
+        rates = ("hbm_gb_per_s", "nvlink_gb_per_s", "nic_gbps")
+        times = ("allreduce_latency_us", "step_overhead_ms", "kernel_overhead_us_per_layer",
+                 "transfer_write_overhead_us", "request_overhead_ms", "handoff_overhead_ms",
+                 "messenger_step_overhead_ms", "frontend_cpu_ms_per_token", "frontend_cpu_ms_per_request",
+                 "client_cpu_ms_per_token", "client_cpu_ms_per_request", "idle_unit_cores",
+                 "idle_messenger_unit_cores", "monitor_decode_step_cpu_ms")
+        changes = {f: getattr(self, f) / factor for f in rates} | {f: getattr(self, f) * factor for f in times}
+        changes |= {"bf16_tflops": self.bf16_tflops / matrix_factor, "fp8_tflops": self.fp8_tflops / matrix_factor,
+                    "monitor_prefill_cpu_ms": self.monitor_prefill_cpu_ms * matrix_factor}
+        return attrs.evolve(self, **changes)
 
 
 def _user_profile_path(name: str) -> Path:

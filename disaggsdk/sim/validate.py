@@ -3,7 +3,14 @@
 Each layout (the spec as written, and its colocated twin) is launched for real, loaded by the
 benchmark at each rate, and the very requests the benchmark sent (their send times, prompt and
 output lengths) are replayed in the simulator on the calibrated ``cpu-local`` profile, with the
-instances sharing this machine's cores. Mean TTFT and mean TPOT are compared.
+instances, the front end and the benchmark client sharing this machine's cores. Mean TTFT and
+mean TPOT are compared.
+
+A shared VM's speed drifts by 10-25% between the calibration and the validation minutes later, and
+between one run and the next, so a `SpeedMonitor` samples the machine's speed all along and each
+run is simulated on the profile re-timed (`retimed`) to the speed of its own window. The
+simulation at the calibration's speed is kept beside it. The monitor times fixed engine work in
+CPU time: it never sees the latencies being compared.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +44,7 @@ def simulate_like(spec: Spec, profile: HardwareProfile, colocated: bool, request
     config = SimConfig(profile, weight_dtype="float32", colocated=colocated,
                        max_num_batched_tokens=spec.engine.max_num_batched_tokens,
                        max_num_seqs=spec.engine.max_num_seqs, streaming=spec.transfer.streaming,
-                       shared_cores=os.cpu_count() or 1)
+                       shared_cores=len(os.sched_getaffinity(0)), client_shares_cores=True)
     return Simulation(spec, config).run(requests)
 
 
@@ -70,32 +78,56 @@ def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, 
 
 def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,
              input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0,
-             repeat: int = 1) -> list[dict[str, Any]]:
+             repeat: int = 1, correct_speed: bool = True) -> list[dict[str, Any]]:
     """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate).
 
     With ``repeat`` > 1 every rate is run that many times (round-robin over the rates, so a slow
     minute of a shared machine does not land on one rate) and each row compares the medians of
-    the measured and of the simulated means; ``runs`` keeps every run's pair.
+    the measured and of the simulated means; ``runs`` keeps every run's numbers.
+
+    Args:
+        correct_speed: simulate each run at the speed the monitor saw during it (needs the
+            profile's ``monitor_*`` figures); False compares with the profile as calibrated.
+    Returns:
+        rows with measured / simulated / simulated_as_calibrated means, the relative error, the
+        verdict, and the median speed factors of its runs (over calibration; > 1 is slower).
     """
     import statistics
 
     from disaggsdk.serve.deployment import launch
+    from disaggsdk.sim.speed_monitor import SpeedMonitor, has_speed, retimed, speed_factors
 
+    metrics = ("mean_ttft_ms", "mean_tpot_ms")
+    corrected = correct_speed and has_speed(profile)
     rows = []
-    for colocated in (False, True):
-        layout = "colocated" if colocated else "disaggregated"
-        runs: dict[float, list[tuple[dict[str, Any], dict[str, Any]]]] = {qps: [] for qps in rates}
-        with launch(spec, colocated=colocated, port=0) as deployment:
-            bench_in_subprocess(deployment.url, float("inf"), 4, input_len, 4, seed=seed + 99)  # warm-up
-            for _ in range(max(1, repeat)):
-                for qps in rates:
-                    measured = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
-                                                   range_ratio, seed)
-                    runs[qps].append((measured, simulate_like(spec, profile, colocated, trace_of(measured))))
-        for qps, pairs in runs.items():
-            medians = [{k: statistics.median(side[k] for side in sides) for k in ("mean_ttft_ms", "mean_tpot_ms")}
-                       for sides in zip(*pairs)]
-            row = compare_row(layout, qps, *medians)
-            row["runs"] = [{k: [m[k], s[k]] for k in ("mean_ttft_ms", "mean_tpot_ms")} for m, s in pairs]
-            rows.append(row)
+    with SpeedMonitor() as monitor:
+        for colocated in (False, True):
+            layout = "colocated" if colocated else "disaggregated"
+            runs: dict[float, list[dict[str, Any]]] = {qps: [] for qps in rates}
+            with launch(spec, colocated=colocated, port=0) as deployment:
+                bench_in_subprocess(deployment.url, float("inf"), 4, input_len, 4, seed=seed + 99)  # warm-up
+                for _ in range(max(1, repeat)):
+                    for qps in rates:
+                        start_s = time.monotonic()
+                        bench = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
+                                                    range_ratio, seed)
+                        speed = monitor.speed_since(start_s)
+                        at_speed = retimed(profile, speed) if corrected and speed is not None else profile
+                        decode_factor, prefill_factor = speed_factors(profile, speed) if speed else (1.0, 1.0)
+                        sims = {"simulated": simulate_like(spec, at_speed, colocated, trace_of(bench)),
+                                "simulated_as_calibrated": simulate_like(spec, profile, colocated, trace_of(bench))}
+                        runs[qps].append({"decode_speed_factor": decode_factor, "prefill_speed_factor": prefill_factor}
+                                         | {k: {"measured": bench[k]} | {side: sim[k] for side, sim in sims.items()}
+                                            for k in metrics})
+            for qps, qps_runs in runs.items():
+                median = {side: {k: statistics.median(r[k][side] for r in qps_runs) for k in metrics}
+                          for side in ("measured", "simulated", "simulated_as_calibrated")}
+                row = compare_row(layout, qps, median["measured"], median["simulated"])
+                row["speed_corrected"] = corrected
+                for factor in ("decode_speed_factor", "prefill_speed_factor"):
+                    row[factor] = statistics.median(r[factor] for r in qps_runs)
+                for k in metrics:
+                    row[k]["simulated_as_calibrated"] = median["simulated_as_calibrated"][k]
+                row["runs"] = qps_runs
+                rows.append(row)
     return rows

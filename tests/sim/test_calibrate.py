@@ -42,3 +42,24 @@ def test_missing_cpu_profile_says_to_calibrate(tmp_path, monkeypatch):
 
     with pytest.raises(SpecError, match="run `disaggsdk calibrate`"):
         load_profile("cpu-local")
+
+
+def test_rounds_take_the_median_of_whole_grids():
+    samples = time_engine("qwen3-tiny", prefill_lens=(16,), decode_batches=(1,), decode_contexts=(16,),
+                          decode_steps=2, repeats=1, rounds=3)
+    assert [(s.num_tokens, s.num_sequences) for s in samples] == [(16, 1), (1, 1)]
+    assert all(s.seconds > 0 for s in samples)
+
+
+def test_cpu_time_splits_into_per_token_and_per_request_costs():
+    from disaggsdk.sim.calibrate_serving import _per_token_and_request
+
+    # 10 requests: 2 ms each plus 0.5 ms a token; 320 tokens in the long run, 10 in the short one
+    long_s, short_s = (10 * 2 + 320 * 0.5) * 1e-3, (10 * 2 + 10 * 0.5) * 1e-3
+    assert _per_token_and_request(long_s, 320, short_s, 10, 10) == pytest.approx((0.5, 2.0))
+    assert _per_token_and_request(0.001, 320, 0.002, 10, 10)[0] == 0.0  # noise never goes negative
+
+
+def test_calibrate_rejects_a_bad_round_count(run_cli):
+    result = run_cli("calibrate", "--rounds", "0")
+    assert result.returncode == 2 and "--rounds" in result.stderr and "Traceback" not in result.stderr

@@ -2,8 +2,9 @@
 
 import pytest
 
-from disaggsdk.models import resolve_model
-from disaggsdk.sim.calibrate import fit_profile, fit_serving_overheads, time_engine
+from disaggsdk.sim.calibrate import calibrate_engine
+from disaggsdk.sim.calibrate_serving import fit_serving_overheads
+from disaggsdk.sim.speed_monitor import SpeedMonitor, has_speed
 from disaggsdk.sim.validate import compare_row, trace_of, validate
 from disaggsdk.spec import load_spec
 
@@ -27,11 +28,12 @@ def test_compare_row_errors_and_verdict():
 def test_calibrate_a_deployment_then_validate_it():
     """Real processes: fit the serving overheads, then compare both layouts at one load."""
     spec = load_spec("specs/tiny_local.yaml")
-    arch = resolve_model(spec.model)
-    engine_only, _ = fit_profile(arch, time_engine(spec.model, prefill_lens=(64, 256), decode_batches=(1, 4),
-                                                   decode_contexts=(128,), decode_steps=4, repeats=1))
-    profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8,
-                                              repeats=2)
+    with SpeedMonitor() as monitor:
+        engine_only, _, _ = calibrate_engine(spec.model, monitor, prefill_lens=(64, 256), decode_batches=(1, 4),
+                                             decode_contexts=(128,), decode_steps=4, repeats=1, rounds=2)
+        assert has_speed(engine_only)  # the speed the fit holds for is recorded
+        profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8,
+                                                  repeats=2, monitor=monitor)
     assert profile.request_overhead_ms >= 0 and profile.handoff_overhead_ms >= 0
     assert profile.step_overhead_ms >= engine_only.step_overhead_ms
     assert set(measured) == {"disaggregated", "colocated"}
@@ -42,5 +44,7 @@ def test_calibrate_a_deployment_then_validate_it():
         assert r["mean_tpot_ms"]["measured"] > 0 and r["mean_tpot_ms"]["simulated"] > 0
         assert len(r["runs"]) == 2  # the row holds the medians of both runs (of two: their mean)
         for metric in ("mean_ttft_ms", "mean_tpot_ms"):
-            for side, i in (("measured", 0), ("simulated", 1)):
-                assert r[metric][side] == pytest.approx(sum(run[metric][i] for run in r["runs"]) / 2)
+            for side in ("measured", "simulated", "simulated_as_calibrated"):
+                assert r[metric][side] == pytest.approx(sum(run[metric][side] for run in r["runs"]) / 2)
+        assert r["speed_corrected"] is True  # the monitor saw both runs: each simulated at its own speed
+        assert r["decode_speed_factor"] > 0 and r["prefill_speed_factor"] > 0

@@ -1,0 +1,159 @@
+"""Fit what the serving stack adds beyond the engine, on a real deployment of a CPU spec.
+
+`disaggsdk calibrate` fits the engine's rates on isolated steps; this module launches a spec and
+its colocated twin and measures the rest, in two kinds:
+
+* **CPU costs**, read from the processes' CPU time (never fitted to latencies): what the server
+  (router + HTTP front end, this process) and the benchmark client spend per output token and per
+  request, and what an idle unit burns polling. On a machine where everything shares the cores
+  they slow the units down under load (`SharedCores`).
+* **Latency overheads**, the gap between measured and simulated TTFT / TPOT of requests sent one
+  at a time (no queueing, no batching: what the engine-only simulation misses is overhead, not
+  dynamics): the colocated TPOT gap per step (``step_overhead_ms``), the disaggregated layout's
+  further TPOT gap (``messenger_step_overhead_ms``), the colocated TTFT gap
+  (``request_overhead_ms``) and the disaggregated layout's further TTFT gap
+  (``handoff_overhead_ms``).
+
+The layouts take turns ``repeats`` times and every figure is a median over turns: on a shared VM a
+single pass moved the fitted request overhead between 0 and 12 ms from one run to the next. A
+`SpeedMonitor` runs all along: each turn is simulated at the speed it ran at, and what it measured
+is brought back to the speed of the engine timing (the profile's ``monitor_*`` figures) before
+the medians are taken.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import statistics
+import time
+from typing import Any
+
+import attrs
+
+from disaggsdk.sim.hardware import HardwareProfile
+from disaggsdk.sim.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
+
+
+@attrs.frozen
+class ServingTurn:
+    """One layout's measurements in one calibration turn, at the speed it ran (``speed``)."""
+
+    colocated: bool
+    speed: MachineSpeed | None  # the monitor's medians over the turn (None: no monitor)
+    bench: dict  # `disaggsdk bench` result of the sequential requests (its trace replays)
+    server_cpu_ms_per_token: float
+    server_cpu_ms_per_request: float
+    client_cpu_ms_per_token: float
+    client_cpu_ms_per_request: float
+    idle_unit_cores: float  # mean over the deployment's units
+
+
+def _per_token_and_request(long_cpu_s: float, long_tokens: int, short_cpu_s: float, short_tokens: int,
+                           num_requests: int) -> tuple[float, float]:
+    """Split CPU time into (ms per token, ms per request) from two runs of the same requests."""
+    per_token_s = max(0.0, (long_cpu_s - short_cpu_s) / max(1, long_tokens - short_tokens))
+    per_request_s = max(0.0, (short_cpu_s - per_token_s * short_tokens) / num_requests)
+    return per_token_s * 1e3, per_request_s * 1e3
+
+
+def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_requests: int, input_len: int,
+                 output_len: int, arrival_qps: float) -> ServingTurn:
+    """Launch one layout, measure its idle units, then send requests one at a time."""
+    from disaggsdk.serve.deployment import launch
+    from disaggsdk.sim.validate import bench_in_subprocess
+
+    with launch(spec, colocated=colocated, port=0) as deployment:
+        bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
+        units_before, wall_before = deployment.backend.unit_cpu_s(), time.monotonic()
+        time.sleep(IDLE_WINDOW_S)
+        units_after, idle_wall_s = deployment.backend.unit_cpu_s(), time.monotonic() - wall_before
+        idle_cores = statistics.fmean((units_after[n] - units_before[n]) / idle_wall_s for n in units_after)
+
+        # one at a time, arriving at an idle deployment as light traffic does (not back to back: a
+        # deployment kept hot answers faster than one woken by each request)
+        server_before, start_s = _self_cpu_s(), time.monotonic()
+        long = bench_in_subprocess(deployment.url, arrival_qps, num_requests, input_len, output_len,
+                                   max_concurrency=1)
+        server_long_s = _self_cpu_s() - server_before
+        server_before = _self_cpu_s()  # the same requests with one output token: the per-request part
+        short = bench_in_subprocess(deployment.url, math.inf, num_requests, input_len, 1, max_concurrency=1)
+        server_short_s = _self_cpu_s() - server_before
+        speed = monitor.speed_since(start_s) if monitor is not None else None
+
+    long_tokens, short_tokens = sum(long["output_lens"]), sum(short["output_lens"])
+    server = _per_token_and_request(server_long_s, long_tokens, server_short_s, short_tokens, num_requests)
+    client = _per_token_and_request(long["client_cpu_s"], long_tokens, short["client_cpu_s"], short_tokens,
+                                    num_requests)
+    return ServingTurn(colocated, speed, long, *server, *client, idle_cores)
+
+
+def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24, input_len: int = 256,
+                          output_len: int = 32, arrival_qps: float = 2.0, repeats: int = 3,
+                          monitor: SpeedMonitor | None = None) -> tuple[HardwareProfile, dict[str, Any]]:
+    """Add what the serving stack costs beyond the engine, measured on a real deployment of ``spec``.
+
+    Args:
+        profile: the engine calibration; with its ``monitor_*`` speed, turns are brought back to it.
+        monitor: the `SpeedMonitor` running since the engine timing (None: no speed correction).
+    Returns:
+        (the profile with the serving fields set, the measurements behind them)
+    """
+    from disaggsdk.sim.validate import simulate_like, trace_of
+
+    turns = [measure_turn(spec, colocated, monitor, num_requests, input_len, output_len, arrival_qps)
+             for _ in range(max(1, repeats)) for colocated in (False, True)]
+
+    def factor(t: ServingTurn) -> float:
+        """How much slower than the engine timing the machine ran during ``t`` (its decode steps)."""
+        return speed_factors(profile, t.speed)[0] if t.speed is not None else 1.0
+
+    def at_turn_speed(p: HardwareProfile, t: ServingTurn) -> HardwareProfile:
+        return retimed(p, t.speed) if t.speed is not None else p
+
+    def median_of(values) -> float:
+        return statistics.median(list(values))
+
+    # CPU costs first (the latency fits below simulate with them), at the engine timing's speed
+    profile = attrs.evolve(
+        profile,
+        frontend_cpu_ms_per_token=median_of(t.server_cpu_ms_per_token / factor(t) for t in turns),
+        frontend_cpu_ms_per_request=median_of(t.server_cpu_ms_per_request / factor(t) for t in turns),
+        client_cpu_ms_per_token=median_of(t.client_cpu_ms_per_token / factor(t) for t in turns),
+        client_cpu_ms_per_request=median_of(t.client_cpu_ms_per_request / factor(t) for t in turns),
+        idle_unit_cores=median_of(t.idle_unit_cores / factor(t) for t in turns if t.colocated),
+        idle_messenger_unit_cores=median_of(t.idle_unit_cores / factor(t) for t in turns if not t.colocated),
+    )
+
+    def gap_ms(p: HardwareProfile, colocated: bool, metric: str) -> float:
+        """Median over the layout's turns of measured minus simulated, each at its turn's speed, then
+        brought back to the engine timing's speed."""
+        return median_of(
+            (t.bench[metric] - simulate_like(spec, at_turn_speed(p, t), colocated, trace_of(t.bench))[metric])
+            / factor(t) for t in turns if t.colocated == colocated)
+
+    # per step: what every unit's loop adds (colocated), then what a messenger adds on top
+    profile = attrs.evolve(profile, step_overhead_ms=profile.step_overhead_ms
+                           + max(0.0, gap_ms(profile, True, "mean_tpot_ms")))
+    profile = attrs.evolve(profile, messenger_step_overhead_ms=max(0.0, gap_ms(profile, False, "mean_tpot_ms")))
+    profile = attrs.evolve(profile, request_overhead_ms=max(0.0, gap_ms(profile, True, "mean_ttft_ms")))
+    profile = attrs.evolve(profile, handoff_overhead_ms=max(0.0, gap_ms(profile, False, "mean_ttft_ms")))
+    sources = dict(profile.sources, serving=f"fitted on {max(1, repeats)} x {num_requests} sequential requests "
+                                            f"to {spec.label}, each layout; CPU costs from the processes' CPU time")
+    profile = attrs.evolve(profile, sources=sources)
+    report: dict[str, Any] = {
+        ("colocated" if c else "disaggregated"): {
+            metric: median_of(t.bench[metric] for t in turns if t.colocated == c)
+            for metric in ("mean_ttft_ms", "mean_tpot_ms")
+        } | {"speed_factors": [factor(t) for t in turns if t.colocated == c]}
+        for c in (False, True)
+    }
+    return profile, report
