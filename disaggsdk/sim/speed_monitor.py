@@ -16,6 +16,11 @@ Over a run's window the medians give a `MachineSpeed`; calibration records the s
 holds for (the ``monitor_*`` fields of `HardwareProfile`) and validation re-times the profile to
 the speed of each run (`retimed`). The monitor never sees the latencies being validated.
 
+It also sees what a deployment's load does to the speed of each instruction, which processor
+sharing does not charge: with units, server and client all running, the monitor's steps cost
+10-21% more CPU time than during calibration's engine timing (two calibrate + validate cycles on
+the 2-core VM), a slowdown that held for every run of a validation.
+
 Measured on the 2-core development VM: over 40-request runs the monitor's decode step and the
 deployed units' own batch-1 decode steps (CPU time) kept a ratio of 1.13-1.27 while both moved by
 40% between runs.
