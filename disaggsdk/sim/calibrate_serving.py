@@ -24,7 +24,6 @@ the medians are taken.
 from __future__ import annotations
 
 import math
-import resource
 import statistics
 import time
 from typing import Any
@@ -33,11 +32,6 @@ import attrs
 
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
-
-
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
@@ -80,13 +74,13 @@ def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_reques
 
         # one at a time, arriving at an idle deployment as light traffic does (not back to back: a
         # deployment kept hot answers faster than one woken by each request)
-        server_before, start_s = _self_cpu_s(), time.monotonic()
+        server_before, start_s = time.process_time(), time.monotonic()
         long = bench_in_subprocess(deployment.url, arrival_qps, num_requests, input_len, output_len,
                                    max_concurrency=1)
-        server_long_s = _self_cpu_s() - server_before
-        server_before = _self_cpu_s()  # the same requests with one output token: the per-request part
+        server_long_s = time.process_time() - server_before
+        server_before = time.process_time()  # the same requests with one output token: the per-request part
         short = bench_in_subprocess(deployment.url, math.inf, num_requests, input_len, 1, max_concurrency=1)
-        server_short_s = _self_cpu_s() - server_before
+        server_short_s = time.process_time() - server_before
         speed = monitor.speed_since(start_s) if monitor is not None else None
 
     long_tokens, short_tokens = sum(long["output_lens"]), sum(short["output_lens"])
@@ -114,10 +108,7 @@ def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24
 
     def factor(t: ServingTurn) -> float:
         """How much slower than the engine timing the machine ran during ``t`` (its decode steps)."""
-        return speed_factors(profile, t.speed)[0] if t.speed is not None else 1.0
-
-    def at_turn_speed(p: HardwareProfile, t: ServingTurn) -> HardwareProfile:
-        return retimed(p, t.speed) if t.speed is not None else p
+        return speed_factors(profile, t.speed)[0]
 
     def median_of(values) -> float:
         return statistics.median(list(values))
@@ -137,7 +128,7 @@ def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24
         """Median over the layout's turns of measured minus simulated, each at its turn's speed, then
         brought back to the engine timing's speed."""
         return median_of(
-            (t.bench[metric] - simulate_like(spec, at_turn_speed(p, t), colocated, trace_of(t.bench))[metric])
+            (t.bench[metric] - simulate_like(spec, retimed(p, t.speed), colocated, trace_of(t.bench))[metric])
             / factor(t) for t in turns if t.colocated == colocated)
 
     # per step: what every unit's loop adds (colocated), then what a messenger adds on top

@@ -65,22 +65,23 @@ def has_speed(profile: HardwareProfile) -> bool:
     return profile.monitor_prefill_cpu_ms > 0 and profile.monitor_decode_step_cpu_ms > 0
 
 
-def speed_factors(profile: HardwareProfile, now: MachineSpeed) -> tuple[float, float]:
+def speed_factors(profile: HardwareProfile, now: MachineSpeed | None) -> tuple[float, float]:
     """(decode-step factor, prefill factor): how much slower than at calibration (> 1: slower).
 
-    Both are 1 for a profile that records no speed.
+    Both are 1 for a profile that records no speed, or when ``now`` is unknown (None).
     """
-    if not has_speed(profile):
+    if now is None or not has_speed(profile):
         return 1.0, 1.0
     return (now.decode_step_cpu_ms / profile.monitor_decode_step_cpu_ms,
             now.prefill_cpu_ms / profile.monitor_prefill_cpu_ms)
 
 
-def retimed(profile: HardwareProfile, now: MachineSpeed) -> HardwareProfile:
+def retimed(profile: HardwareProfile, now: MachineSpeed | None) -> HardwareProfile:
     """``profile`` re-timed from its calibration's speed to the speed ``now``.
 
     The matrix rate follows the prefill; every other rate, time and CPU cost follows the decode
-    step (see `MachineSpeed`). A profile that records no speed is returned as it is.
+    step (see `MachineSpeed`). A profile that records no speed, or an unknown ``now`` (None), is
+    returned as it is.
     """
     decode_factor, prefill_factor = speed_factors(profile, now)
     return profile.slowed_by(decode_factor, matrix_factor=prefill_factor)

@@ -112,8 +112,8 @@ def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_promp
                         bench = bench_in_subprocess(deployment.url, qps, num_prompts, input_len, output_len,
                                                     range_ratio, seed)
                         speed = monitor.speed_since(start_s)
-                        at_speed = retimed(profile, speed) if corrected and speed is not None else profile
-                        decode_factor, prefill_factor = speed_factors(profile, speed) if speed else (1.0, 1.0)
+                        at_speed = retimed(profile, speed) if corrected else profile
+                        decode_factor, prefill_factor = speed_factors(profile, speed)
                         sims = {"simulated": simulate_like(spec, at_speed, colocated, trace_of(bench)),
                                 "simulated_as_calibrated": simulate_like(spec, profile, colocated, trace_of(bench))}
                         runs[qps].append({"decode_speed_factor": decode_factor, "prefill_speed_factor": prefill_factor}

@@ -36,6 +36,7 @@ def test_retimed_follows_the_speed_the_monitor_saw():
     assert again.bf16_tflops == pytest.approx(H100.bf16_tflops / 1.5)
     assert speed_factors(again, now) == pytest.approx((1.0, 1.0))  # re-timed to now, now is its speed
     assert not has_speed(H100) and retimed(H100, now) == H100  # no calibration speed: left as it is
+    assert retimed(CALIBRATED, None) == CALIBRATED and speed_factors(CALIBRATED, None) == (1.0, 1.0)  # unknown now
 
 
 @pytest.mark.slow
