@@ -14,7 +14,7 @@ __all__ = ["Cluster", "DisaggError", "ModelError", "Spec", "SpecError", "load_sp
 def __getattr__(name: str):
     # Lazy so that `import disaggsdk` never pays for the spec converter before it is used.
     if name in ("Cluster",):
-        from disaggsdk.spec.cluster import Cluster
+        from disaggsdk.face.cluster import Cluster
 
         return Cluster
     if name in ("Spec", "load_spec"):

@@ -23,7 +23,7 @@ from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
-    from disaggsdk.serve.deployment import Deployment
+    from disaggsdk.face.deployment import Deployment
 
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM field names."
 API_KEY_ENV = "DISAGGSDK_API_KEY"

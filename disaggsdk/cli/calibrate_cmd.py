@@ -28,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
 
     from disaggsdk.errors import SpecError
     from disaggsdk.models import resolve_model
-    from disaggsdk.sim.calibrate import calibrate_engine, save_profile, user_profile_dir
+    from disaggsdk.calibrate.engine_profile import calibrate_engine, save_profile
+    from disaggsdk.sim.hardware import user_profile_dir
     from disaggsdk.sim.cost_model import StepCostModel
-    from disaggsdk.sim.speed_monitor import SpeedMonitor
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
 
     if args.rounds < 1:
         raise SpecError(f"--rounds: expected a count of at least 1, got {args.rounds}")
@@ -44,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     with SpeedMonitor() as monitor:  # runs through both fits: the serving turns are brought back to the engine's speed
         profile, rms, samples = calibrate_engine(args.model, monitor, name=args.name, rounds=args.rounds)
         if spec is not None:
-            from disaggsdk.sim.calibrate_serving import fit_serving_overheads
+            from disaggsdk.calibrate.serving import fit_serving_overheads
+            from disaggsdk.face.deployment import launch
 
-            profile, serving = fit_serving_overheads(spec, profile, monitor=monitor)
+            profile, serving = fit_serving_overheads(spec, profile, monitor=monitor, launch=launch)
     path = save_profile(profile, Path(args.out) if args.out else user_profile_dir() / f"{args.name}.yaml")
     cost = StepCostModel(arch, profile, weight_dtype="float32", kv_dtype="float32")
     rows = [dict(attrs.asdict(s), predicted_s=cost.step_time_s(s.num_tokens, s.num_sequences, s.context_pairs,

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         DisaggError: the spec cannot be loaded or started.
     """
-    from disaggsdk.launch.kv_bench import compare
+    from disaggsdk.bench.kv_bench import compare
     from disaggsdk.launch.signals import sigterm_unwinds
     from disaggsdk.launch.tiny import tiny_spec
     from disaggsdk.spec import load_spec

@@ -17,7 +17,7 @@ from rich.console import Console
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, add_load_arguments, report, run_load
 
 if TYPE_CHECKING:
-    from disaggsdk.serve.deployment import Deployment
+    from disaggsdk.face.deployment import Deployment
 
 HELP = "Launch a spec's processes on this machine behind an OpenAI-compatible server (live TTFT/TPS)."
 POLL_S = 0.25
@@ -53,7 +53,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     Raises:
         DisaggError: a bad spec, missing hardware, or a runtime that failed to start.
     """
-    from disaggsdk.serve.deployment import launch
+    from disaggsdk.face.deployment import launch
     from disaggsdk.spec import load_spec
 
     spec = load_spec(args.target)

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from disaggsdk.cli.launch_cmd import serve_until_signal
     from disaggsdk.engine.llm_engine import EngineConfig
-    from disaggsdk.serve.deployment import serve_model
+    from disaggsdk.face.deployment import serve_model
 
     console = Console()
     config = EngineConfig(

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace, spec, profile) -> int:
     from disaggsdk.errors import SpecError
-    from disaggsdk.sim.validate import TOLERANCE, validate
+    from disaggsdk.calibrate.validate import TOLERANCE, validate
+    from disaggsdk.face.deployment import launch
 
     if spec.device != "cpu":
         raise SpecError(f"--validate runs the spec on this machine: use a CPU spec such as specs/tiny_local.yaml, "
@@ -93,7 +94,8 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
     if args.repeat < 1:
         raise SpecError(f"--repeat: expected a count of at least 1, got {args.repeat}")
     rows = validate(spec, profile, _rates(args.qps), args.num_prompts, args.input_len, args.output_len,
-                    args.range_ratio, args.seed, repeat=args.repeat, correct_speed=not args.no_speed_correction)
+                    args.range_ratio, args.seed, repeat=args.repeat, correct_speed=not args.no_speed_correction,
+                    launch=launch)
     if args.json:
         json.dump({"profile": profile.name, "tolerance": TOLERANCE, "rows": rows}, sys.stdout, indent=2)
         print()

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from disaggsdk.transfer.bench import run_bench
+    from disaggsdk.bench.transfer_bench import run_bench
 
     sizes = [_size(s) for s in args.sizes.split(",")]
     cells = run_bench(args.provider, sizes, tuple(args.maps.split(",")),

@@ -84,7 +84,8 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
         tp, control = _init(rank, size, port, config.device, timeout_s)
         kv_region = None
         if config.kv_share_path:  # the head's transfer engine registers this rank's pool too
-            from disaggsdk.engine.shared_kv import die_with_parent, share_pool
+            from disaggsdk.engine.shared_kv import share_pool
+            from disaggsdk.memory.pool_handover import die_with_parent
 
             die_with_parent()
             kv_region = share_pool(config, tp)

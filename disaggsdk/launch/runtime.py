@@ -39,7 +39,8 @@ from disaggsdk.launch.units import (
     stop_units,
     unit_names,
 )
-from disaggsdk.serve.backend import InstanceStats, TokenEvent
+from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.serve.backend import TokenEvent
 from disaggsdk.transfer.shm_files import remove_fabric_shm
 from disaggsdk.spec.types import Spec
 

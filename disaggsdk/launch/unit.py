@@ -42,7 +42,7 @@ class UnitArgs:
 
 def unit_main(args: UnitArgs, conn: Any) -> None:
     """Entry point of a unit process."""
-    from disaggsdk.engine.shared_kv import die_with_parent
+    from disaggsdk.memory.pool_handover import die_with_parent
 
     die_with_parent()
     log_fd = os.open(args.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -110,7 +110,7 @@ class Unit:
             ch.send(conn, ch.Ready(self._info(b"", [], b"", 0)))
             self._await_peers()
             return
-        from disaggsdk.launch.pool_collector import PoolCollector
+        from disaggsdk.memory.pool_handover import PoolCollector
         from disaggsdk.messenger.context import context_bytes
         from disaggsdk.transfer import TransferEngine
 

@@ -16,7 +16,7 @@ from disaggsdk.report.live import InstanceRow, Served, instance_rows, latency_se
 from disaggsdk.report.svg_plot import latency_svg
 
 if TYPE_CHECKING:
-    from disaggsdk.serve.backend import InstanceStats
+    from disaggsdk.report.instance_stats import InstanceStats
 
 COLUMNS = ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting", "KV used",
            "xfer GB/s")

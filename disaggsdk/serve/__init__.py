@@ -1,4 +1,4 @@
-"""The OpenAI-compatible front end over a `ServingBackend`, its metrics, and `Deployment`.
+"""The router over a `Runtime`, the OpenAI-compatible front end over a `ServingBackend`, metrics.
 
-Nothing is imported here: `disaggsdk.serve.deployment` (FastAPI, uvicorn, the engine) loads on use.
+Nothing is imported here: FastAPI, uvicorn and the engine load on use.
 """

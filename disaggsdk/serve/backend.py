@@ -9,11 +9,12 @@ asyncio loop can serve many requests at once.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.sampling import SamplingParams, TokenLogprobs
+    from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
+    from disaggsdk.report.instance_stats import InstanceStats
 
 
 @dataclass(frozen=True)
@@ -27,26 +28,6 @@ class TokenEvent:
     new_logprobs: Sequence[TokenLogprobs] = ()
     error: str | None = None  # set with finish_reason "error": what went wrong, for the client
     instance: str = ""  # the decode (or mixed) instance that produced the tokens
-
-
-@dataclass
-class InstanceStats:
-    """A snapshot of one instance, for /metrics and the live views. Counters are cumulative."""
-
-    name: str
-    role: str  # "prefill" | "decode" | "mixed"
-    healthy: bool = True
-    running: int = 0
-    waiting: int = 0
-    kv_pages_used: int = 0
-    kv_pages_total: int = 0
-    transfer_bytes: int = 0
-    transfer_writes: int = 0
-    transfer_s: float = 0.0
-    exposed_transfer_s: float = 0.0
-    transfer_failures: int = 0
-    requests_retried: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class ServingBackend(Protocol):

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.serve.backend import InstanceStats, TokenEvent
+from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.serve.backend import TokenEvent
 
 if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from disaggsdk.report.latency import RequestTimeline
-from disaggsdk.serve.backend import InstanceStats
+from disaggsdk.report.instance_stats import InstanceStats
 
 PREFIX = "disaggsdk"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

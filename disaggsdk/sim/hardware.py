@@ -6,6 +6,7 @@ Profiles live in ``disaggsdk/sim/profiles/*.yaml`` (h100, h200 from datasheets, 
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -51,7 +52,7 @@ class HardwareProfile:
     idle_unit_cores: float = 0.0  # a colocated (mixed) unit
     idle_messenger_unit_cores: float = 0.0  # a prefill or decode unit, whose messenger polls too
     # the machine's speed the fit holds for: `SpeedMonitor` medians during calibration's engine
-    # timing (0: not recorded), so that `disaggsdk.sim.speed_monitor.retimed` can follow a drifting VM
+    # timing (0: not recorded), so that `disaggsdk.calibrate.speed_monitor.retimed` can follow a drifting VM
     monitor_prefill_cpu_ms: float = 0.0
     monitor_decode_step_cpu_ms: float = 0.0
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
@@ -88,15 +89,18 @@ class HardwareProfile:
         return attrs.evolve(self, **changes)
 
 
-def _user_profile_path(name: str) -> Path:
-    from disaggsdk.sim.calibrate import user_profile_dir
+def user_profile_dir() -> Path:
+    """Where calibrated profiles live: ``$DISAGGSDK_HOME/profiles`` (default ~/.cache/disaggsdk)."""
+    home = os.environ.get("DISAGGSDK_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "disaggsdk")
+    return Path(home) / "profiles"
 
+
+def _user_profile_path(name: str) -> Path:
     return user_profile_dir() / f"{name}.yaml"
 
 
 def profile_names() -> list[str]:
     """Profiles shipped with disaggsdk, then calibrated ones in the user's profile folder."""
-    from disaggsdk.sim.calibrate import user_profile_dir
 
     folder = resources.files("disaggsdk.sim") / "profiles"
     shipped = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))

@@ -1,6 +1,5 @@
-"""Deployment specs: frozen attrs classes, YAML in/out, the fluent `Cluster`, validation."""
+"""Deployment specs: frozen attrs classes, YAML in/out, validation (data only; the fluent `Cluster` is in `disaggsdk.face`)."""
 
-from disaggsdk.spec.cluster import Cluster
 from disaggsdk.spec.convert import spec_from_dict, spec_to_dict
 from disaggsdk.spec.rules import check_spec, spec_problems
 from disaggsdk.spec.types import KV, EngineSettings, Hardware, Role, Serve, Spec, TransferSettings, Transport
@@ -8,7 +7,6 @@ from disaggsdk.spec.yaml_io import load_spec, parse_spec_yaml, save_spec, spec_t
 
 __all__ = [
     "KV",
-    "Cluster",
     "EngineSettings",
     "Hardware",
     "Role",

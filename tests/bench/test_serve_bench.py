@@ -20,7 +20,7 @@ VLLM_FIELDS = [
 @pytest.fixture(scope="module")
 def server():
     from disaggsdk.engine.llm_engine import EngineConfig
-    from disaggsdk.serve.deployment import serve_model
+    from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=256), port=0, api_key="k") as d:
         yield d

@@ -9,7 +9,7 @@ from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.report.live import instance_rows, latency_series
 from disaggsdk.report.live_table import instance_table, summary_table
 from disaggsdk.report.svg_plot import latency_svg
-from disaggsdk.serve.backend import InstanceStats
+from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.metrics import ServedRequest
 
 

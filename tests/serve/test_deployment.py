@@ -23,7 +23,7 @@ def our_threads() -> set[str]:
 
 def test_deployment_context_manager_leaves_nothing_running():
     from disaggsdk.engine.llm_engine import EngineConfig
-    from disaggsdk.serve.deployment import serve_model
+    from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), port=0) as d:
         url = d.url
@@ -47,7 +47,7 @@ def test_gpu_spec_without_tiny_says_what_it_needs(run_cli):
 
 
 def test_check_hardware_passes_tiny_and_cpu_specs():
-    from disaggsdk.serve.hardware import HardwareError, check_hardware
+    from disaggsdk.face.preflight import HardwareError, check_hardware
 
     gpu_spec = load_spec(ROOT / "specs/qwen3_coder.yaml")
     check_hardware(gpu_spec, tiny=True, has_cuda=False)
@@ -90,7 +90,7 @@ def test_serve_command_serves_until_sigterm_and_exits_cleanly():
 
 def test_requests_to_a_stopped_backend_get_503_and_health_says_down():
     from disaggsdk.engine.llm_engine import EngineConfig
-    from disaggsdk.serve.deployment import serve_model
+    from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=16), port=0) as d:
         d.backend.close()  # the engine is gone, the server still answers

@@ -40,7 +40,7 @@ def child_pids() -> set[int]:
 
 def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
     openai = pytest.importorskip("openai")
-    from disaggsdk.serve.deployment import launch
+    from disaggsdk.face.deployment import launch
 
     before = child_pids()
     with launch(load_spec(ROOT / "specs/tiny_local.yaml"), port=0) as d:

@@ -19,7 +19,7 @@ def test_defaults_and_round_trip():
 
 
 def test_same_host_copy_is_on_by_default_and_can_be_turned_off():
-    from disaggsdk.spec import Cluster
+    from disaggsdk import Cluster
 
     assert spec_from_dict({}).transport.same_host_copy is True
     off = spec_from_dict({"transport": {"provider": "shm", "same_host_copy": False}})

@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 from disaggsdk.models import resolve_model
-from disaggsdk.sim.calibrate import StepSample, fit_profile, save_profile, time_engine
+from disaggsdk.calibrate.engine_profile import StepSample, fit_profile, save_profile, time_engine
 from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 from disaggsdk.sim.hardware import load_profile
 
@@ -52,7 +52,7 @@ def test_rounds_take_the_median_of_whole_grids():
 
 
 def test_cpu_time_splits_into_per_token_and_per_request_costs():
-    from disaggsdk.sim.calibrate_serving import _per_token_and_request
+    from disaggsdk.calibrate.serving import _per_token_and_request
 
     # 10 requests: 2 ms each plus 0.5 ms a token; 320 tokens in the long run, 10 in the short one
     long_s, short_s = (10 * 2 + 320 * 0.5) * 1e-3, (10 * 2 + 10 * 0.5) * 1e-3

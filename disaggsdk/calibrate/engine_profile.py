@@ -5,14 +5,13 @@ contexts; each step's wall time is paired with the FLOPs, bytes and sequences th
 counts for it, and the profile's rates (matrix rate, memory bandwidth, fixed per-step time) are
 fitted to minimise the relative error. The result is written as ``cpu-local.yaml`` in the user's
 profile folder, where `load_profile("cpu-local")` finds it. What a deployment adds on top is
-fitted by `disaggsdk.sim.calibrate_serving`.
+fitted by `disaggsdk.calibrate.serving`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -24,13 +23,7 @@ import yaml
 from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 from disaggsdk.sim.hardware import HardwareProfile
-from disaggsdk.sim.speed_monitor import SpeedMonitor
-
-
-def user_profile_dir() -> Path:
-    """Where calibrated profiles live: ``$DISAGGSDK_HOME/profiles`` (default ~/.cache/disaggsdk)."""
-    home = os.environ.get("DISAGGSDK_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "disaggsdk")
-    return Path(home) / "profiles"
+from disaggsdk.calibrate.speed_monitor import SpeedMonitor
 
 
 @attrs.frozen

@@ -103,7 +103,7 @@ class SpeedMonitor:
         self._reader: threading.Thread | None = None
 
     def __enter__(self) -> SpeedMonitor:
-        self._process = subprocess.Popen([sys.executable, "-m", "disaggsdk.sim.speed_monitor"],
+        self._process = subprocess.Popen([sys.executable, "-m", "disaggsdk.calibrate.speed_monitor"],
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._reader = threading.Thread(target=self._read, name="speed-monitor", daemon=True)
         self._reader.start()

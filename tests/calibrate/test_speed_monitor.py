@@ -7,7 +7,7 @@ import attrs
 import pytest
 
 from disaggsdk.sim.hardware import load_profile
-from disaggsdk.sim.speed_monitor import MachineSpeed, SpeedMonitor, has_speed, retimed, speed_factors
+from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, has_speed, retimed, speed_factors
 
 H100 = load_profile("h100")
 CALIBRATED = attrs.evolve(H100, monitor_prefill_cpu_ms=30.0, monitor_decode_step_cpu_ms=8.0,

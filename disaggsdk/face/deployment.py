@@ -187,7 +187,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
         LaunchUnavailableError: this build has no local runtime.
     """
-    from disaggsdk.serve.hardware import check_hardware, local_runtime
+    from disaggsdk.face.preflight import check_hardware, local_runtime
 
     check_hardware(spec, tiny)
     runtime_cls = local_runtime()

@@ -2,10 +2,11 @@
 
 import pytest
 
-from disaggsdk.sim.calibrate import calibrate_engine
-from disaggsdk.sim.calibrate_serving import fit_serving_overheads
-from disaggsdk.sim.speed_monitor import SpeedMonitor, has_speed
-from disaggsdk.sim.validate import compare_row, trace_of, validate
+from disaggsdk.calibrate.engine_profile import calibrate_engine
+from disaggsdk.calibrate.serving import fit_serving_overheads
+from disaggsdk.calibrate.speed_monitor import SpeedMonitor, has_speed
+from disaggsdk.calibrate.validate import compare_row, trace_of, validate
+from disaggsdk.face.deployment import launch
 from disaggsdk.spec import load_spec
 
 
@@ -33,11 +34,17 @@ def test_calibrate_a_deployment_then_validate_it():
                                              decode_contexts=(128,), decode_steps=4, repeats=1, rounds=2)
         assert has_speed(engine_only)  # the speed the fit holds for is recorded
         profile, measured = fit_serving_overheads(spec, engine_only, num_requests=3, input_len=128, output_len=8,
-                                                  repeats=2, monitor=monitor)
-    assert profile.request_overhead_ms >= 0 and profile.handoff_overhead_ms >= 0
-    assert profile.step_overhead_ms >= engine_only.step_overhead_ms
+                                                  repeats=2, monitor=monitor, launch=launch)
+    # measured, never fitted: the server and the client really spent CPU on every token and request
+    assert profile.frontend_cpu_ms_per_token > 0 and profile.client_cpu_ms_per_request > 0
+    assert profile.idle_unit_cores > 0 and profile.idle_messenger_unit_cores > 0
+    assert "serving" in profile.sources and "serving" not in engine_only.sources
     assert set(measured) == {"disaggregated", "colocated"}
-    rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8, repeat=2)
+    for layout in measured.values():  # real runs: real latencies, one speed factor per turn
+        assert layout["mean_ttft_ms"] > 0 and layout["mean_tpot_ms"] > 0
+        assert len(layout["speed_factors"]) == 2 and all(f > 0 for f in layout["speed_factors"])
+    rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8, repeat=2,
+                    launch=launch)
     assert [(r["layout"], r["qps"]) for r in rows] == [("disaggregated", 4.0), ("colocated", 4.0)]
     for r in rows:  # the verdict depends on the machine's load; the numbers must be real
         assert r["mean_ttft_ms"]["measured"] > 0 and r["mean_ttft_ms"]["simulated"] > 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from disaggsdk.launch.kv_bench import summarize
+from disaggsdk.bench.kv_bench import summarize
 from disaggsdk.messenger.stats import RequestTransfer
 
 

@@ -1,19 +1,58 @@
-"""The head's side of shared KV pools: accept each tp worker's memfd over a Unix socket.
+"""The shared-KV-pool hand-over: tp workers send their memfd pools to the instance head.
 
-Started before the engine spawns its workers (they connect while the engine waits for them);
-`wait` returns every rank's mapped `SharedRegion`. See `disaggsdk.engine.shared_kv`.
+One transfer engine on the head process registers every rank's pool (shared/DESIGN.md, "Shared
+KV memory"). A worker connects to the head's Unix socket, sends its tp rank (4 bytes) and then
+the fd (SCM_RIGHTS), and waits for a one-byte ack (`send_pool`). The head's `PoolCollector` is
+started before the engine spawns its workers; `wait` returns every rank's mapped `SharedRegion`.
+`die_with_parent` keeps every rank from outliving its launcher.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
+import struct
 import threading
 import time
 
-from disaggsdk.engine.shared_kv import RANK_HEADER, SharedKVError
-from disaggsdk.memory.fd_passing import recv_region
+from disaggsdk.errors import DisaggError
+from disaggsdk.memory.fd_passing import recv_region, send_region
 from disaggsdk.memory.shared_memory import SharedRegion
+
+RANK_HEADER = struct.Struct("<I")
+_PR_SET_PDEATHSIG = 1
+
+
+class SharedKVError(DisaggError):
+    """A worker could not hand its KV pool to the instance head."""
+
+
+def send_pool(path: str, rank: int, region: SharedRegion, timeout_s: float = 60.0) -> None:
+    """Hand ``region`` (tp rank ``rank``'s pool) to the head listening at ``path``; wait for its ack.
+
+    Raises:
+        SharedKVError: the head is not listening or went away.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+            sock.sendall(RANK_HEADER.pack(rank))
+            send_region(sock, region)
+            sock.recv(1)  # the head's ack: it has mapped the region
+    except OSError as exc:
+        raise SharedKVError(f"tp rank {rank}: cannot hand the KV pool to the head at {path}: {exc}") from exc
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies, so no rank outlives its launcher."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's close() still stops every process
 
 
 class PoolCollector:

@@ -22,12 +22,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import SimRequest
 from disaggsdk.spec import Spec
+
+
+class Launcher(Protocol):
+    """Starts a deployment: ``launch(spec, colocated=..., port=0)`` as `disaggsdk.face.deployment.launch`.
+
+    The result is a context manager with ``url`` and ``backend.unit_cpu_s()``.
+    """
+
+    def __call__(self, spec: Spec, *, colocated: bool, port: int) -> Any: ...
 
 TOLERANCE = 0.15
 
@@ -78,7 +87,7 @@ def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, 
 
 def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,
              input_len: int = 256, output_len: int = 32, range_ratio: float = 0.5, seed: int = 0,
-             repeat: int = 1, correct_speed: bool = True) -> list[dict[str, Any]]:
+             repeat: int = 1, correct_speed: bool = True, *, launch: Launcher) -> list[dict[str, Any]]:
     """Launch, load and simulate each layout at each rate; one comparison row per (layout, rate).
 
     With ``repeat`` > 1 every rate is run that many times (round-robin over the rates, so a slow
@@ -86,6 +95,8 @@ def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_promp
     the measured and of the simulated means; ``runs`` keeps every run's numbers.
 
     Args:
+        launch: starts a deployment of ``spec`` (`disaggsdk.face.deployment.launch`; the face hands
+            it in, so this layer never imports the one above it).
         correct_speed: simulate each run at the speed the monitor saw during it (needs the
             profile's ``monitor_*`` figures); False compares with the profile as calibrated.
     Returns:
@@ -94,8 +105,7 @@ def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_promp
     """
     import statistics
 
-    from disaggsdk.serve.deployment import launch
-    from disaggsdk.sim.speed_monitor import SpeedMonitor, has_speed, retimed, speed_factors
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor, has_speed, retimed, speed_factors
 
     metrics = ("mean_ttft_ms", "mean_tpot_ms")
     corrected = correct_speed and has_speed(profile)

@@ -26,12 +26,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from disaggsdk.sim.hardware import HardwareProfile
-from disaggsdk.sim.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
+
+if TYPE_CHECKING:
+    from disaggsdk.calibrate.validate import Launcher
+from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
 
 
 IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
@@ -60,10 +63,9 @@ def _per_token_and_request(long_cpu_s: float, long_tokens: int, short_cpu_s: flo
 
 
 def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_requests: int, input_len: int,
-                 output_len: int, arrival_qps: float) -> ServingTurn:
+                 output_len: int, arrival_qps: float, *, launch: Launcher) -> ServingTurn:
     """Launch one layout, measure its idle units, then send requests one at a time."""
-    from disaggsdk.serve.deployment import launch
-    from disaggsdk.sim.validate import bench_in_subprocess
+    from disaggsdk.calibrate.validate import bench_in_subprocess
 
     with launch(spec, colocated=colocated, port=0) as deployment:
         bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
@@ -92,18 +94,20 @@ def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_reques
 
 def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24, input_len: int = 256,
                           output_len: int = 32, arrival_qps: float = 2.0, repeats: int = 3,
-                          monitor: SpeedMonitor | None = None) -> tuple[HardwareProfile, dict[str, Any]]:
+                          monitor: SpeedMonitor | None = None, *,
+                          launch: Launcher) -> tuple[HardwareProfile, dict[str, Any]]:
     """Add what the serving stack costs beyond the engine, measured on a real deployment of ``spec``.
 
     Args:
         profile: the engine calibration; with its ``monitor_*`` speed, turns are brought back to it.
         monitor: the `SpeedMonitor` running since the engine timing (None: no speed correction).
+        launch: starts a deployment (`disaggsdk.face.deployment.launch`, handed in by the face).
     Returns:
         (the profile with the serving fields set, the measurements behind them)
     """
-    from disaggsdk.sim.validate import simulate_like, trace_of
+    from disaggsdk.calibrate.validate import simulate_like, trace_of
 
-    turns = [measure_turn(spec, colocated, monitor, num_requests, input_len, output_len, arrival_qps)
+    turns = [measure_turn(spec, colocated, monitor, num_requests, input_len, output_len, arrival_qps, launch=launch)
              for _ in range(max(1, repeats)) for colocated in (False, True)]
 
     def factor(t: ServingTurn) -> float:

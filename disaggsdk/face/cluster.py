@@ -19,7 +19,7 @@ from disaggsdk.spec.yaml_io import load_spec, spec_to_yaml
 
 if TYPE_CHECKING:
     from disaggsdk.plan import Plan
-    from disaggsdk.serve.deployment import Deployment
+    from disaggsdk.face.deployment import Deployment
 
 
 def _set(section: Any, **changes: Any) -> Any:
@@ -116,14 +116,14 @@ class Cluster:
         """Start this deployment on this machine behind an OpenAI-compatible server.
 
         Args:
-            options: `disaggsdk.serve.deployment.launch` options (``tiny``, ``colocated``,
+            options: `disaggsdk.face.deployment.launch` options (``tiny``, ``colocated``,
                 ``port`` -- 0 picks a free one --, ``api_key``...).
         Returns:
             a running `Deployment` (a context manager; ``shutdown()`` stops every process).
         Raises:
             SpecError, HardwareError: the spec cannot run here (the message says what instead).
         """
-        from disaggsdk.serve.deployment import launch
+        from disaggsdk.face.deployment import launch
 
         return launch(self.spec, **options)
 

@@ -1,0 +1,29 @@
+"""What one instance reports about itself: the measured record /metrics and the live views read.
+
+A plain record, filled by whoever runs the instance (the in-process backend, the router over a
+`Runtime`); report only reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class InstanceStats:
+    """A snapshot of one instance, for /metrics and the live views. Counters are cumulative."""
+
+    name: str
+    role: str  # "prefill" | "decode" | "mixed"
+    healthy: bool = True
+    running: int = 0
+    waiting: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+    transfer_bytes: int = 0
+    transfer_writes: int = 0
+    transfer_s: float = 0.0
+    exposed_transfer_s: float = 0.0
+    transfer_failures: int = 0
+    requests_retried: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
