@@ -6,9 +6,21 @@ runs its checks again on decode); the sampler itself lives in `disaggsdk.engine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 from disaggsdk.errors import DisaggError
+
+# The smallest temperature the sampler accepts, other than 0 (greedy). Dividing logits by less
+# lets a logit gap of a few units reach float32's overflow (3.4e38) and turns a row into
+# inf/nan; at 1e-2 a float32 logit (|x| < 3.4e38) minus its row max, divided by it, stays finite
+# in almost every row, and the sampler handles the rest. vLLM clamps small temperatures the same
+# way (to 0.01 internally); we refuse them instead, so a client never gets silent greedy.
+MIN_TEMPERATURE = 1e-2
+# int32 for counts and token ids, int64 for seeds: what every channel (msgspec, torch) can carry.
+MAX_INT32 = 2**31 - 1
+MAX_SEED = 2**63 - 1
 
 
 class SamplingError(DisaggError):
@@ -19,7 +31,8 @@ class SamplingError(DisaggError):
 class SamplingParams:
     """How to pick each next token of one request.
 
-    ``temperature == 0`` is greedy. ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    ``temperature == 0`` is greedy; any other temperature must be in ``[MIN_TEMPERATURE, inf)``.
+    ``top_k == 0`` and ``top_p == 1`` switch those filters off.
     ``seed`` makes a sampled request reproducible on its own, whatever else is in the batch.
     ``logprobs = N`` returns the chosen token's logprob and the N most likely tokens' (from the
     unfiltered distribution, as vLLM does).
@@ -35,23 +48,66 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.max_tokens < 1:
-            problems.append(f"max_tokens={self.max_tokens} must be >= 1")
-        if self.temperature < 0:
-            problems.append(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            problems.append(f"top_k={self.top_k} must be >= 0 (0 switches it off)")
-        if self.logprobs is not None and self.logprobs < 0:
-            problems.append(f"logprobs={self.logprobs} must be >= 0")
+        problems = [p for p in (*_check_floats(self), *_check_ints(self)) if p]
         if problems:
             raise SamplingError("bad sampling parameters: " + "; ".join(problems))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _finite(name: str, value: object) -> str | None:
+    """A problem when ``value`` is not a finite real number (NaN, inf, a string, an int past float)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return f"{name}={value!r} must be a number"
+    try:
+        if math.isfinite(float(value)):
+            return None
+    except OverflowError:  # an int too large for a float
+        pass
+    return f"{name}={value!r} must be a finite number"
+
+
+def _check_floats(p: SamplingParams) -> list[str | None]:
+    problems = [_finite("temperature", p.temperature), _finite("top_p", p.top_p)]
+    if problems[0] is None:
+        t = p.temperature
+        if t < 0 or 0 < t < MIN_TEMPERATURE:
+            problems.append(f"temperature={t!r} must be 0 (greedy) or >= {MIN_TEMPERATURE} (MIN_TEMPERATURE)")
+    if problems[1] is None and not 0 < p.top_p <= 1:
+        problems.append(f"top_p={p.top_p!r} must be in (0, 1]")
+    return problems
+
+
+def _bounded(name: str, value: object, low: int, high: int, note: str = "") -> str | None:
+    """A problem when ``value`` is not an int in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        return f"{name}={value!r} must be an integer"
+    if not low <= value <= high:
+        return f"{name}={value!r} must be in [{low}, {high}]{note}"
+    return None
+
+
+def _check_ints(p: SamplingParams) -> list[str | None]:
+    problems = [
+        _bounded("max_tokens", p.max_tokens, 1, MAX_INT32),
+        _bounded("top_k", p.top_k, 0, MAX_INT32, " (0 switches it off)"),
+    ]
+    if p.seed is not None:
+        problems.append(_bounded("seed", p.seed, 0, MAX_SEED))
+    if p.logprobs is not None:
+        problems.append(_bounded("logprobs", p.logprobs, 0, MAX_INT32))
+    if not isinstance(p.ignore_eos, bool):
+        problems.append(f"ignore_eos={p.ignore_eos!r} must be true or false")
+    if not isinstance(p.stop_token_ids, (tuple, list)):
+        problems.append(f"stop_token_ids={p.stop_token_ids!r} must be a tuple of token ids")
+    else:
+        bad = [t for t in p.stop_token_ids if _bounded("stop_token_ids", t, 0, MAX_INT32)]
+        if bad:
+            problems.append(f"stop_token_ids={tuple(p.stop_token_ids)!r}: {bad[0]!r} is not a token id in "
+                            f"[0, {MAX_INT32}]")
+    return problems
 
 
 @dataclass(frozen=True)
