@@ -15,29 +15,73 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_request import BadRequestError, parse_request
+from disaggsdk.serve.openai_request import BadRequestError, decode_body, parse_request
 from disaggsdk.serve.request_run import RequestRun
 
 DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) answer checks that its client is still there
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 
 
 def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None) -> FastAPI:
+def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse(BadRequestError(message, param, status, kind).body(), status_code=status, headers=headers)
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The request body, read in chunks and refused as soon as it passes ``max_body_bytes``
+    (uvicorn reads and drops the rest, so the client still gets the answer).
+
+    Raises:
+        BadRequestError: 415 when it is declared as something other than JSON, 413 when too large,
+            499 when the client left while sending it.
+    """
+    declared = request.headers.get("content-type")
+    media_type = (declared or "application/json").split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise BadRequestError(f"Content-Type {declared!r} is not supported: send JSON with "
+                              f"'Content-Type: application/json'", status=415)
+    too_large = BadRequestError(f"the request body is larger than {max_body_bytes} bytes; send a shorter prompt",
+                                status=413)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_body_bytes:
+        raise too_large
+    chunks, num_bytes = [], 0
+    try:
+        async for chunk in request.stream():
+            num_bytes += len(chunk)
+            if num_bytes > max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise BadRequestError("the client went away while sending the body", status=499) from None
+    return b"".join(chunks)
+
+
+def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI application serving ``backend``.
+
+    Every error, the framework's included (unknown route, wrong method, a crash), answers an
+    OpenAI error object ``{"error": {"message", "type", "param", "code"}}``.
 
     Args:
         backend: what produces tokens.
         metrics: where requests are accounted (its registry is what /metrics shows).
         api_key: when set, ``/v1`` routes require ``Authorization: Bearer <api_key>``.
+        max_body_bytes: larger request bodies get a 413 before they are parsed.
     Returns:
         the app, ready for uvicorn.
     """
@@ -47,6 +91,27 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
+        message = {
+            404: f"no route {where}; this server has /v1/completions, /v1/chat/completions, /v1/models, "
+                 f"/health and /metrics",
+            405: f"{where} is not allowed; use {(exc.headers or {}).get('Allow', 'another method')}",
+        }.get(exc.status_code, f"{where}: {exc.detail}")
+        return _error(exc.status_code, message, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = next(iter(exc.errors()), {})
+        param = ".".join(str(key) for key in first.get("loc", ())[1:]) or None
+        return _error(400, f"{param or 'the request'}: {first.get('msg', 'invalid')}", param)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # starlette sends this, then re-raises so the server logs the traceback
+        return _error(500, f"the server failed on this request ({type(exc).__name__}); it is logged")
 
     # a dependency, not an HTTP middleware: starlette's BaseHTTPMiddleware re-streams every SSE chunk
     async def check_key(request: Request) -> None:
@@ -77,10 +142,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
                                             "root": model}]}
 
     async def serve(request: Request, chat: bool) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise BadRequestError("the request body is not valid JSON") from None
+        body = decode_body(await read_body(request, max_body_bytes))
         req = parse_request(body, chat, backend.encode)
         if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
             name = "top_logprobs" if chat and req.logprobs else "logprobs"

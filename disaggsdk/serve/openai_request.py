@@ -1,25 +1,33 @@
 """OpenAI request bodies -> what the backend needs, with 400 errors that name the field.
 
 Validation is by hand rather than with pydantic models so each message says exactly which
-field is wrong and what would be accepted, in OpenAI's error shape.
+field is wrong and what would be accepted, in OpenAI's error shape. Everything the sampler and
+the engine will see is checked here, at the edge: a NaN temperature or an integer past int64
+must be a 400 for one client, never a crashed decode unit or an OverflowError for everyone.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disaggsdk.engine.sampling import SamplingError, SamplingParams
+from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
 from disaggsdk.errors import DisaggError
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+MAX_JSON_DEPTH = 64  # a chat body nests 4 levels; deeper is an attack on the parser, not a request
+MAX_INT_DIGITS = 100  # the widest field (seed, int64) has 19 digits; longer literals are refused unparsed
 # fields that change what the answer means: refused rather than silently ignored
 UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs valid ones, so any left is lone
 
 
 class BadRequestError(DisaggError):
@@ -50,14 +58,129 @@ class ParsedRequest:
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
 
 
+# the JSON document
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > MAX_INT_DIGITS:
+        raise BadRequestError(f"the body holds an integer of {len(literal)} digits; no field takes more than 19")
+    return int(literal)
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body (UTF-8). NaN, Infinity and 1e400 decode to floats here;
+    `parse_request` refuses them, naming the field.
+
+    Raises:
+        BadRequestError: not UTF-8, not JSON, nested too deeply, or an absurdly long integer.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequestError(f"the request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON") from None
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except RecursionError:  # the C scanner counts its depth; far past MAX_JSON_DEPTH anyway
+        raise BadRequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+def _path(keys: tuple[Any, ...]) -> str | None:
+    out = ""
+    for key in keys:
+        out += f"[{key}]" if isinstance(key, int) else f".{key}" if out else str(key)
+    return out or None
+
+
+def _show(value: Any) -> str:
+    """``value`` for a message: short, and never a 4,000-digit integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        if value.bit_length() > 10_000:  # str() of it would raise past 4,300 digits
+            return f"a {value.bit_length()}-bit integer"
+        digits = str(value)
+        return f"{digits[:8]}...{digits[-4:]} ({len(digits.lstrip('-'))} digits)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_json_tree(body: Any) -> None:
+    """Refuse what no field may hold, wherever it is: nesting past `MAX_JSON_DEPTH`, a lone UTF-16
+    surrogate in a string or key (tokenizers and UTF-8 encoders raise on it), a NaN or infinite number.
+
+    Raises:
+        BadRequestError: naming the path of the first bad value (``messages[0].content``).
+    """
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(body, ())]
+    while stack:
+        value, keys = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _LONE_SURROGATE.search(value):
+                raise BadRequestError(f"'{_path(keys)}' holds a lone UTF-16 surrogate; send valid Unicode text",
+                                      param=_path(keys))
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise BadRequestError(f"'{_path(keys)}' must be a finite number, got {value}", param=_path(keys))
+        elif isinstance(value, (list, dict)):
+            if len(keys) >= MAX_JSON_DEPTH:
+                raise BadRequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+                                      param=_path(keys[:1]))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and not key.isascii() and _LONE_SURROGATE.search(key):
+                    raise BadRequestError("a key holds a lone UTF-16 surrogate; send valid Unicode text",
+                                          param=_path(keys))
+                if isinstance(item, (str, float, list, dict)):
+                    stack.append((item, (*keys, key)))
+
+
+# fields
+
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
     # bool is an int in Python; a JSON true is never a valid number here
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise BadRequestError(f"'{name}' must be {what}, got {value!r}", param=name)
+        raise BadRequestError(f"'{name}' must be {what}, got {_show(value)}", param=name)
     return value
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int, default: Any, note: str = "") -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"'{name}' must be an integer in [{low}, {high}]{note}, got {_show(value)}", param=name)
+    if not low <= value <= high:
+        raise BadRequestError(f"'{name}' must be in [{low}, {high}]{note}, got {_show(value)}", param=name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = _typed(body, name, (int, float), default, "a number")
+    try:
+        value = float(value)  # an integer past float's range raises
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise BadRequestError(f"'{name}' must be a finite number, got {_show(body[name])}", param=name)
+    return value
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    t = _number(body, "temperature", 1.0)
+    if t != 0 and not t >= MIN_TEMPERATURE:
+        # below MIN_TEMPERATURE, logits / t overflows float32 and the sampler would see inf/NaN
+        raise BadRequestError(f"'temperature' must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t!r}",
+                              param="temperature")
+    return t
+
+
+def _top_p(body: dict[str, Any]) -> float:
+    top_p = _number(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise BadRequestError(f"'top_p' must be in (0, 1], got {top_p!r}", param="top_p")
+    return top_p
 
 
 def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
@@ -76,6 +199,9 @@ def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
 def _token_ids(value: Any, name: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise BadRequestError(f"'{name}' must be a list of integer token ids", param=name)
+    bad = next((t for t in value if not 0 <= t <= MAX_INT32), None)
+    if bad is not None:  # the engine checks against the vocabulary; this keeps them int32 on the way
+        raise BadRequestError(f"'{name}': token ids must be in [0, {MAX_INT32}], got {_show(bad)}", param=name)
     return list(value)
 
 
@@ -123,30 +249,11 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     if chat:
         if not _typed(body, "logprobs", (bool,), False, "a boolean"):
             return None
-        n = _typed(body, "top_logprobs", (int,), 0, "an integer")
-        name = "top_logprobs"
-    else:
-        n = _typed(body, "logprobs", (int,), None, "an integer")
-        name = "logprobs"
-    if n is not None and not 0 <= n <= MAX_LOGPROBS:
-        raise BadRequestError(f"'{name}' must be between 0 and {MAX_LOGPROBS}, got {n}", param=name)
-    return n
+        return _integer(body, "top_logprobs", 0, MAX_LOGPROBS, 0)
+    return _integer(body, "logprobs", 0, MAX_LOGPROBS, None)
 
 
-def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> ParsedRequest:
-    """Validate an OpenAI completions (``chat=False``) or chat completions body.
-
-    Args:
-        body: the decoded JSON body.
-        chat: chat completions (``messages``) rather than completions (``prompt``).
-        encode: text -> prompt token ids of the served model (BOS included where it has one).
-    Returns:
-        the parsed request.
-    Raises:
-        BadRequestError: naming the first bad field.
-    """
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
+def _refuse_unsupported(body: dict[str, Any]) -> None:
     if _typed(body, "n", (int,), 1, "an integer") != 1:
         raise BadRequestError("only n=1 is supported; send several requests instead", param="n")
     if body.get("echo"):
@@ -155,11 +262,28 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> 
         if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] == 1):
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
     for name in ("presence_penalty", "frequency_penalty"):
-        if _typed(body, name, (int, float), 0, "a number"):
+        if _number(body, name, 0.0):
             raise BadRequestError(f"'{name}' is not supported; leave it at 0", param=name)
+
+
+def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> ParsedRequest:
+    """Validate an OpenAI completions (``chat=False``) or chat completions body.
+
+    Args:
+        body: the decoded JSON body (`decode_body`).
+        chat: chat completions (``messages``) rather than completions (``prompt``).
+        encode: text -> prompt token ids of the served model (BOS included where it has one).
+    Returns:
+        the parsed request.
+    Raises:
+        BadRequestError: naming the first bad field and what it accepts.
+    """
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    check_json_tree(body)
+    _refuse_unsupported(body)
     if chat:
-        text = render_chat(body.get("messages"))
-        prompt_ids = encode(text)
+        prompt_ids = encode(render_chat(body.get("messages")))
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         default_max = DEFAULT_CHAT_MAX_TOKENS
     else:
@@ -167,27 +291,30 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> 
         max_name, default_max = "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
     if not prompt_ids:
         raise BadRequestError("the prompt is empty", param="messages" if chat else "prompt")
-    max_tokens = _typed(body, max_name, (int,), default_max, "an integer")
-    top_k = _typed(body, "top_k", (int,), 0, "an integer")
+    top_k = _integer(body, "top_k", -1, MAX_INT32, 0, " (0 or -1 switch it off)")
     fields = {
-        "max_tokens": (max_name, max_tokens),
-        "temperature": ("temperature", _typed(body, "temperature", (int, float), 1.0, "a number")),
-        "top_p": ("top_p", _typed(body, "top_p", (int, float), 1.0, "a number")),
+        "max_tokens": (max_name, _integer(body, max_name, 1, MAX_INT32, default_max)),
+        "temperature": ("temperature", _temperature(body)),
+        "top_p": ("top_p", _top_p(body)),
         "top_k": ("top_k", 0 if top_k == -1 else top_k),  # vLLM spells "off" as -1
-        "seed": ("seed", _typed(body, "seed", (int,), None, "an integer")),
+        "seed": ("seed", _integer(body, "seed", 0, MAX_SEED, None)),
         "stop_token_ids": ("stop_token_ids", tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids"))),
         "ignore_eos": ("ignore_eos", _typed(body, "ignore_eos", (bool,), False, "a boolean")),
     }
     logprobs = _logprobs(body, chat)
-    try:
+    try:  # SamplingParams checks again: what reaches a unit is valid however it was built
         params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs)
     except SamplingError as exc:
         bad = next((field for k, (field, _) in fields.items() if f"{k}=" in str(exc)), None)
         raise BadRequestError(str(exc), param=bad) from None
     options = _typed(body, "stream_options", (dict,), {}, "an object")
     stream = _typed(body, "stream", (bool,), False, "a boolean")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise BadRequestError(f"'stream_options.include_usage' must be a boolean, got {_show(include_usage)}",
+                              param="stream_options.include_usage")
     return ParsedRequest(
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,
-        include_usage=bool(options.get("include_usage")) and stream, logprobs=logprobs,
+        include_usage=bool(include_usage) and stream, logprobs=logprobs,
         return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"),
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.sampling import TokenLogprobs
+    from disaggsdk.engine.sampling_params import TokenLogprobs
 
 Decode = Callable[[Sequence[int]], str]
 
