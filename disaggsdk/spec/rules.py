@@ -2,72 +2,129 @@
 
 Single values are checked when spec objects are built (`field_checks`); these rules need the
 model's architecture and see the whole spec. All problems are collected, none is swallowed.
+Each `Rule` declares the YAML keys it checks, so docs/spec.md can say which rule checks a key.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
+import attrs
+
 from disaggsdk.errors import ModelError, SpecError
 from disaggsdk.models import ModelArch, resolve_model
-from disaggsdk.spec.types import Role, Spec
+from disaggsdk.spec.types import Spec
+
+ROLES = ("prefill", "decode")
+
+
+@attrs.frozen
+class Rule:
+    """One cross-field check and the YAML keys it reads.
+
+    Attributes:
+        keys: the YAML paths it checks (``$.decode.tp``); its problems name one of them.
+        find: every problem of a spec, each "<yaml path>: <what to fix>"; the empty list when fine.
+    """
+
+    keys: tuple[str, ...]
+    find: Callable[[Spec, ModelArch], list[str]]
+
+    @property
+    def name(self) -> str:
+        return self.find.__name__
+
+    @property
+    def summary(self) -> str:
+        """The first line of the rule's docstring: what it requires."""
+        return inspect.getdoc(self.find).splitlines()[0] if self.find.__doc__ else self.name
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _role_problems(role_name: str, role: Role, arch: ModelArch, spec: Spec) -> list[str]:
-    problems = []
-    path = f"$.{role_name}"
+def tp_divides_query_heads(spec: Spec, arch: ModelArch) -> list[str]:
+    """`tp` divides the model's query heads, so every rank holds whole heads."""
     heads = arch.num_attention_heads
-    if heads % role.tp:
-        problems.append(
-            f"{path}.tp: tp={role.tp} does not divide the {heads} query heads of {arch.name}; "
-            f"use one of {', '.join(map(str, _divisors(heads)))}"
-        )
+    return [
+        f"$.{name}.tp: tp={role.tp} does not divide the {heads} query heads of {arch.name}; "
+        f"use one of {', '.join(map(str, _divisors(heads)))}"
+        for name, role in ((n, getattr(spec, n)) for n in ROLES)
+        if heads % role.tp
+    ]
+
+
+def tp_splits_kv_heads(spec: Spec, arch: ModelArch) -> list[str]:
+    """With GQA, `tp` divides or is a multiple of the KV heads, so they split or replicate evenly."""
     kv_heads = arch.num_kv_heads
-    if arch.attention == "gqa" and kv_heads % role.tp and role.tp % kv_heads:
-        problems.append(
-            f"{path}.tp: tp={role.tp} neither divides nor is a multiple of the {kv_heads} KV heads "
-            f"of {arch.name}, so KV heads cannot be split or replicated evenly; use a divisor or "
-            f"multiple of {kv_heads}"
-        )
-    ranks = role.tp * role.dp
+    if arch.attention != "gqa":
+        return []
+    return [
+        f"$.{name}.tp: tp={role.tp} neither divides nor is a multiple of the {kv_heads} KV heads "
+        f"of {arch.name}, so KV heads cannot be split or replicated evenly; use a divisor or "
+        f"multiple of {kv_heads}"
+        for name, role in ((n, getattr(spec, n)) for n in ROLES)
+        if kv_heads % role.tp and role.tp % kv_heads
+    ]
+
+
+def instance_fits_nodes(spec: Spec, arch: ModelArch) -> list[str]:
+    """An instance's tp*dp ranks fit one node or span whole nodes."""
     per_node = spec.hardware.gpus_per_node
-    if ranks > per_node and ranks % per_node:
-        problems.append(
-            f"{path}: an instance of tp*dp = {role.tp}*{role.dp} = {ranks} ranks does not fit a "
-            f"node of {per_node} GPUs and does not span whole nodes; use at most {per_node} ranks "
-            f"or a multiple of {per_node} ($.hardware.gpus_per_node)"
-        )
+    problems = []
+    for name in ROLES:
+        role = getattr(spec, name)
+        ranks = role.tp * role.dp
+        if ranks > per_node and ranks % per_node:
+            problems.append(
+                f"$.{name}: an instance of tp*dp = {role.tp}*{role.dp} = {ranks} ranks does not fit a "
+                f"node of {per_node} GPUs and does not span whole nodes; use at most {per_node} ranks "
+                f"or a multiple of {per_node} ($.hardware.gpus_per_node)"
+            )
     return problems
+
+
+def device_matches_hardware(spec: Spec, arch: ModelArch) -> list[str]:
+    """`device: cpu` goes with `hardware.gpu: cpu`, and `device: cuda` with a GPU kind."""
+    if spec.device == "cuda" and spec.hardware.gpu == "cpu":
+        return ["$.device: device 'cuda' on hardware.gpu 'cpu'; set $.device to 'cpu' or "
+                "$.hardware.gpu to h100/h200"]
+    if spec.device == "cpu" and spec.hardware.gpu != "cpu":
+        return [f"$.hardware.gpu: {spec.hardware.gpu!r} with device 'cpu'; set $.hardware.gpu to "
+                f"'cpu' (a CPU rank is one process) or $.device to 'cuda'"]
+    return []
+
+
+def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
+    """The RDMA providers (efa, verbs) are for GPU deployments; a CPU one uses shm or tcp."""
+    if spec.transport.provider in ("efa", "verbs") and spec.device == "cpu":
+        return [f"$.transport.provider: {spec.transport.provider!r} needs RDMA NICs; on a CPU "
+                f"deployment use shm (one machine) or tcp"]
+    return []
+
+
+# `model` is checked first, by resolving it: every other rule needs its architecture.
+MODEL_KEYS = ("$.model",)
+RULES: tuple[Rule, ...] = (
+    Rule(("$.prefill.tp", "$.decode.tp"), tp_divides_query_heads),
+    Rule(("$.prefill.tp", "$.decode.tp"), tp_splits_kv_heads),
+    Rule(("$.prefill.tp", "$.prefill.dp", "$.decode.tp", "$.decode.dp", "$.hardware.gpus_per_node"),
+         instance_fits_nodes),
+    Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
+    Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
+)
 
 
 def spec_problems(spec: Spec, arch: ModelArch | None = None) -> list[str]:
     """Every cross-field problem of ``spec``, each as "<yaml path>: <what to fix>"."""
-    problems: list[str] = []
     if arch is None:
         try:
             arch = resolve_model(spec.model)
         except ModelError as exc:
             return [f"$.model: {exc}"]
-    for role_name in ("prefill", "decode"):
-        problems += _role_problems(role_name, getattr(spec, role_name), arch, spec)
-    if spec.device == "cuda" and spec.hardware.gpu == "cpu":
-        problems.append(
-            "$.device: device 'cuda' on hardware.gpu 'cpu'; set $.device to 'cpu' or "
-            "$.hardware.gpu to h100/h200"
-        )
-    if spec.device == "cpu" and spec.hardware.gpu != "cpu":
-        problems.append(
-            f"$.hardware.gpu: {spec.hardware.gpu!r} with device 'cpu'; set $.hardware.gpu to "
-            f"'cpu' (a CPU rank is one process) or $.device to 'cuda'"
-        )
-    if spec.transport.provider in ("efa", "verbs") and spec.device == "cpu":
-        problems.append(
-            f"$.transport.provider: {spec.transport.provider!r} needs RDMA NICs; on a CPU "
-            f"deployment use shm (one machine) or tcp"
-        )
-    return problems
+    return [problem for rule in RULES for problem in rule.find(spec, arch)]
 
 
 def check_spec(spec: Spec, arch: ModelArch | None = None) -> Spec:

@@ -1,8 +1,10 @@
 """The deployment spec: frozen attrs classes whose field names are the YAML keys.
 
 One name per concept across YAML key, keyword argument and attribute (`tp`, `dp`, `replicas`,
-`page_size`, `layout`). Field validators check single values; rules that tie fields together
-(tp against the model's heads, instances against node size) live in `spec.rules`.
+`page_size`, `layout`). Each field says what it does and which single-value check it has in its
+metadata (`field_checks.about`); `spec.reference` turns that into docs/spec.md and the JSON
+Schema. Rules that tie fields together (tp against the model's heads, instances against node
+size) live in `spec.rules`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import check_fields, choice, port, positive, power_of_two
+from disaggsdk.spec.field_checks import about, check_fields, choice, port, positive, power_of_two
 
 Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
@@ -29,35 +31,45 @@ GPU_KINDS = ("h100", "h200", "cpu")
 class Hardware:
     """What one node offers. On `gpu: cpu` a "gpu" is a CPU rank (one process)."""
 
-    gpu: str = "h200"
-    gpus_per_node: int = 8
-    nics_per_node: int = 8
-    nic_gbps: float = 400.0
+    gpu: str = attrs.field(
+        default="h200",
+        metadata=about("The accelerator of every node; `cpu` makes each rank one CPU process.", choice(GPU_KINDS)),
+    )
+    gpus_per_node: int = attrs.field(
+        default=8,
+        metadata=about("GPUs (on `gpu: cpu`, rank processes) per node; an instance fits one node "
+                       "or spans whole nodes.", positive),
+    )
+    nics_per_node: int = attrs.field(
+        default=8, metadata=about("RDMA NICs per node; KV pages leave a node through these.", positive)
+    )
+    nic_gbps: float = attrs.field(
+        default=400.0, metadata=about("Line rate of one NIC in Gb/s; the planner and simulator time "
+                                      "KV transfers with it.", positive)
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(
-            self,
-            gpu=choice(GPU_KINDS),
-            gpus_per_node=positive,
-            nics_per_node=positive,
-            nic_gbps=positive,
-        )
+        check_fields(self)
 
 
 @attrs.frozen
 class Role:
-    """One role (prefill or decode): `replicas` instances of `tp` x `dp` ranks each.
+    """One role (prefill or decode): `replicas` instances of `tp` x `dp` ranks each."""
 
-    `tp` ranks split attention heads and MLP/experts; `dp` data-parallel attention ranks each hold
-    their own requests' KV (each dp rank is a group of `tp` ranks).
-    """
-
-    replicas: int = 1
-    tp: int = 1
-    dp: int = 1
+    replicas: int = attrs.field(default=1, metadata=about("Instances of this role.", positive))
+    tp: int = attrs.field(
+        default=1,
+        metadata=about("Tensor-parallel ranks of one dp group; they split the attention heads and "
+                       "the MLP/experts.", positive),
+    )
+    dp: int = attrs.field(
+        default=1,
+        metadata=about("Data-parallel attention ranks of one instance; each holds its own requests' "
+                       "KV and is a group of `tp` ranks.", positive),
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, replicas=positive, tp=positive, dp=positive)
+        check_fields(self)
 
     @property
     def ranks_per_instance(self) -> int:
@@ -68,91 +80,124 @@ class Role:
 class KV:
     """KV cache format, shared by prefill and decode (checked again at the handshake)."""
 
-    layout: Layout = "HND"
-    page_size: int = 16  # tokens per page
-    dtype: KVDtype = "bfloat16"
+    layout: Layout = attrs.field(
+        default="HND",
+        metadata=about("Order of one page's axes: `HND` is heads, tokens, head dim; `NHD` is tokens "
+                       "first.", choice(LAYOUTS)),
+    )
+    page_size: int = attrs.field(default=16, metadata=about("Tokens per KV page.", power_of_two))
+    dtype: KVDtype = attrs.field(
+        default="bfloat16",
+        metadata=about("Element type of the KV cache; CPU runs use `float32` to match transformers "
+                       "exactly.", choice(KV_DTYPES)),
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(
-            self, layout=choice(LAYOUTS), page_size=power_of_two, dtype=choice(KV_DTYPES)
-        )
+        check_fields(self)
 
 
 @attrs.frozen
 class Transport:
-    """How KV pages travel. `auto` picks efa/verbs where present, else shm on one node.
+    """How KV pages travel between prefill and decode."""
 
-    `same_host_copy` (shm only): prefill units map the decode units' KV pools (shared memory) and
-    copy pages with memcpy on the prefill's core; the immediates that count them still go through
-    libfabric. False sends every byte through libfabric's shm provider, whose kernel copy runs on
-    the decode's core at ~0.3-0.6x memcpy (native/README.md).
-    """
-
-    provider: Provider = "auto"
-    same_host_copy: bool = True
+    provider: Provider = attrs.field(
+        default="auto",
+        metadata=about("The libfabric provider; `auto` picks efa/verbs where present, else shm on "
+                       "one node.", choice(PROVIDERS)),
+    )
+    same_host_copy: bool = attrs.field(
+        default=True,
+        metadata=about(
+            "shm only: prefill units map the decode units' KV pools and copy pages with memcpy on "
+            "the prefill's core (the immediates that count them still go through libfabric). "
+            "false sends every byte through libfabric's shm provider, whose kernel copy runs on "
+            "the decode's core at ~0.3-0.6x memcpy (native/README.md)."
+        ),
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, provider=choice(PROVIDERS))
+        check_fields(self)
 
 
 @attrs.frozen
 class TransferSettings:
-    """How the KV messenger moves a request's KV (YAML key `transfer`).
+    """How the KV messenger moves a request's KV."""
 
-    `streaming: false` is the ablation that sends every page after the forward pass instead of
-    layer by layer during it. A decode instance waits `deadline_s` for a request's KV before it
-    retries on another prefill instance (or prefills locally when none is left).
-    """
-
-    streaming: bool = True
-    deadline_s: float = 30.0
+    streaming: bool = attrs.field(
+        default=True,
+        metadata=about("Send pages layer by layer during the forward pass; false is the ablation "
+                       "that sends every page after it."),
+    )
+    deadline_s: float = attrs.field(
+        default=30.0,
+        metadata=about("Seconds a decode instance waits for a request's KV before it retries on "
+                       "another prefill instance (or prefills locally when none is left).", positive),
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, deadline_s=positive)
+        check_fields(self)
 
 
 @attrs.frozen
 class EngineSettings:
-    """Per-rank engine sizes (YAML key `engine`); the defaults suit tiny models on a CPU."""
+    """Per-rank engine sizes; the defaults suit tiny models on a CPU."""
 
-    num_pages: int = 1024  # KV pages per rank
-    max_num_batched_tokens: int = 2048  # token budget of one step (longer prompts are chunked)
-    max_num_seqs: int = 64  # requests holding pages at once
+    num_pages: int = attrs.field(default=1024, metadata=about("KV pages per rank.", positive))
+    max_num_batched_tokens: int = attrs.field(
+        default=2048,
+        metadata=about("Token budget of one engine step; longer prompts are prefilled in chunks.", positive),
+    )
+    max_num_seqs: int = attrs.field(
+        default=64, metadata=about("Requests holding KV pages at once, per rank.", positive)
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, num_pages=positive, max_num_batched_tokens=positive, max_num_seqs=positive)
+        check_fields(self)
 
 
 @attrs.frozen
 class Serve:
     """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
+    port: int = attrs.field(default=8000, metadata=about("TCP port of the front end; 0 picks a free one.", port))
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, port=port)
+        check_fields(self)
 
 
 @attrs.frozen
 class Spec:
     """A whole disaggregated deployment. Load with `load_spec`, build with `Cluster`."""
 
-    model: str = "qwen3-coder"
-    device: Device = "cuda"
-    seed: int = 0
-    hardware: Hardware = attrs.field(factory=Hardware)
-    prefill: Role = attrs.field(factory=Role)
-    decode: Role = attrs.field(factory=Role)
-    kv: KV = attrs.field(factory=KV)
-    transport: Transport = attrs.field(factory=Transport)
-    serve: Serve = attrs.field(factory=Serve)
-    transfer: TransferSettings = attrs.field(factory=TransferSettings)
-    engine: EngineSettings = attrs.field(factory=EngineSettings)
-    name: str | None = None  # shown in plans and dashboards; the model name when unset
+    model: str = attrs.field(
+        default="qwen3-coder",
+        metadata=about("A catalog model name (`-tiny` ones run on a CPU) or a local checkpoint "
+                       "directory with a config.json."),
+    )
+    device: Device = attrs.field(
+        default="cuda",
+        metadata=about("Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).",
+                       choice(DEVICES)),
+    )
+    seed: int = attrs.field(default=0, metadata=about("Seeds the random weights of tiny models, sampling without a request seed, "
+                                                 "and the per-request choice of prefill source ranks."))
+    hardware: Hardware = attrs.field(factory=Hardware, metadata=about("The nodes."))
+    prefill: Role = attrs.field(factory=Role, metadata=about("The prefill instances."))
+    decode: Role = attrs.field(factory=Role, metadata=about("The decode instances."))
+    kv: KV = attrs.field(factory=KV, metadata=about("The KV cache format."))
+    transport: Transport = attrs.field(factory=Transport, metadata=about("How KV pages travel."))
+    serve: Serve = attrs.field(factory=Serve, metadata=about("The OpenAI-compatible front end."))
+    transfer: TransferSettings = attrs.field(
+        factory=TransferSettings, metadata=about("How the KV messenger moves a request's KV.")
+    )
+    engine: EngineSettings = attrs.field(factory=EngineSettings, metadata=about("Per-rank engine sizes."))
+    name: str | None = attrs.field(
+        default=None, metadata=about("Shown in plans and dashboards; the model name when unset.")
+    )
 
     def __attrs_post_init__(self) -> None:
-        check_fields(self, device=choice(DEVICES))
+        check_fields(self)
 
     @property
     def label(self) -> str:

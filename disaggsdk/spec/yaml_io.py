@@ -12,30 +12,47 @@ from disaggsdk.spec.rules import check_spec
 from disaggsdk.spec.types import Spec
 
 
-def parse_spec_yaml(text: str, source: str = "<string>") -> Spec:
+# The smallest spec that runs here: one prefill and one decode process of a tiny model on a
+# 2-core CPU, KV over shared memory (specs/tiny_pd.yaml spells out the rest).
+CPU_STARTER_SPEC = """\
+model: qwen3-coder-tiny
+device: cpu
+hardware: {gpu: cpu, gpus_per_node: 2}
+kv: {dtype: float32}
+transport: {provider: shm}
+"""
+
+
+def parse_spec_yaml(text: str, source: str | None = None) -> Spec:
     """Parse and fully validate a spec from YAML text.
 
     Args:
         text: the YAML document.
-        source: where it came from, used in messages.
+        source: the file it came from; when given, every message starts with it.
     Raises:
         SpecError: YAML syntax errors (with line and column), an empty document, and every
-            type, value and cross-field problem (with its YAML path).
+            type, value and cross-field problem (with its YAML path, after the file).
     """
+    where = source or "<string>"
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{where}: YAML syntax error: {problem}; fix the indentation or quoting") from None
+        raise SpecError(f"{at}: YAML syntax error: {problem}; fix the indentation or quoting") from None
     if data is None:
+        lines = ", ".join(f"`{line}`" for line in CPU_STARTER_SPEC.splitlines())
         raise SpecError(
-            f"{source}: the spec is empty; write at least `model: qwen3-coder-tiny` "
-            f"(see specs/tiny_local.yaml)"
+            f"{where}: the spec is empty; write at least {lines}, one per line: one prefill and "
+            f"one decode process on this machine's CPU (specs/tiny_pd.yaml spells out the rest)"
         )
-    spec = spec_from_dict(data)
-    return check_spec(spec)
+    try:
+        return check_spec(spec_from_dict(data))
+    except SpecError as exc:
+        if source is None:
+            raise
+        raise SpecError([f"{source}: {problem}" for problem in exc.problems]) from None
 
 
 def load_spec(path: str | Path) -> Spec:
