@@ -55,7 +55,7 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
         `summarize` of the measured requests.
     """
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.serve.local import serve_locally
 
     pages = -(-(prompt_len + 8) // spec.kv.page_size) + 2
     spec = attrs.evolve(
@@ -64,7 +64,7 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
                             max_num_batched_tokens=max(spec.engine.max_num_batched_tokens, prompt_len)),
     )
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    with LocalRuntime(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
+    with serve_locally(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
         vocab = 250
         rt.generate_batch([[(7 * j) % vocab + 2 for j in range(prompt_len)]], params, prefix="warmup")
         ids = []

@@ -69,9 +69,9 @@ def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_reques
 
     with launch(spec, colocated=colocated, port=0) as deployment:
         bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
-        units_before, wall_before = deployment.backend.unit_cpu_s(), time.monotonic()
+        units_before, wall_before = deployment.backend.runtime.unit_cpu_s(), time.monotonic()
         time.sleep(IDLE_WINDOW_S)
-        units_after, idle_wall_s = deployment.backend.unit_cpu_s(), time.monotonic() - wall_before
+        units_after, idle_wall_s = deployment.backend.runtime.unit_cpu_s(), time.monotonic() - wall_before
         idle_cores = statistics.fmean((units_after[n] - units_before[n]) / idle_wall_s for n in units_after)
 
         # one at a time, arriving at an idle deployment as light traffic does (not back to back: a

@@ -33,7 +33,7 @@ from disaggsdk.spec import Spec
 class Launcher(Protocol):
     """Starts a deployment: ``launch(spec, colocated=..., port=0)`` as `disaggsdk.face.deployment.launch`.
 
-    The result is a context manager with ``url`` and ``backend.unit_cpu_s()``.
+    The result is a context manager with ``url`` and ``backend.runtime.unit_cpu_s()``.
     """
 
     def __call__(self, spec: Spec, *, colocated: bool, port: int) -> Any: ...

@@ -4,7 +4,7 @@
         print(d.generate("def fib(n):"))
         d.bench(num_prompts=20, qps=4, input_len=256, output_len=32)
 
-`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime`); `serve_model` one
+`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a `serve.router.Router`); `serve_model` one
 colocated engine in this process. Either way `shutdown` (or leaving the ``with``) stops the
 server and every process the backend started.
 """
@@ -190,8 +190,8 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     from disaggsdk.face.preflight import check_hardware, local_runtime
 
     check_hardware(spec, tiny)
-    runtime_cls = local_runtime()
-    backend = runtime_cls(spec, tiny=tiny, colocated=colocated, **runtime_options)
+    serve_locally = local_runtime()
+    backend = serve_locally(spec, tiny=tiny, colocated=colocated, **runtime_options)
     layout = "colocated" if colocated else "disaggregated"
     return Deployment(backend, host or spec.serve.host, spec.serve.port if port is None else port, api_key,
                       name=f"{spec.label} ({layout})")

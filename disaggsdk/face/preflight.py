@@ -62,13 +62,14 @@ def check_hardware(spec: Spec, tiny: bool, has_cuda: bool | None = None) -> None
 
 
 def local_runtime() -> Any:
-    """The `LocalRuntime` class of `disaggsdk.launch`.
+    """`disaggsdk.serve.local.serve_locally`: starts a spec's units here and routes to them.
 
     Raises:
-        LaunchUnavailableError: it is not part of this installation.
+        LaunchUnavailableError: the local runtime is not part of this installation.
     """
     try:
-        from disaggsdk.launch import LocalRuntime
+        from disaggsdk.launch import LocalRuntime  # noqa: F401 - the part a trimmed build lacks
+        from disaggsdk.serve.local import serve_locally
     except ImportError as exc:
         if not (exc.name or "").startswith("disaggsdk.launch") and "LocalRuntime" not in str(exc):
             raise
@@ -76,4 +77,4 @@ def local_runtime() -> Any:
             "this build has no local runtime (disaggsdk.launch.LocalRuntime), so a spec cannot be launched yet; "
             "serve one colocated engine instead: `disaggsdk serve --model qwen3-coder-tiny`"
         ) from None
-    return LocalRuntime
+    return serve_locally

@@ -1,13 +1,13 @@
 """The unit processes of a local deployment: naming, spawning, the start-up handshake, cleanup.
 
-`LocalRuntime` owns the handles; this module holds what is about processes rather than requests.
+`LocalRuntime` owns the handles; this module holds the steps it takes on them.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from disaggsdk.launch import channel as ch
@@ -28,7 +28,6 @@ class UnitHandle:
     info: Any = None  # UnitInfo, once Ready
     healthy: bool = True
     started: bool = False
-    in_flight: set[str] = field(default_factory=set)  # request ids routed here, not finished
     fatal: str | None = None
     exit_report: str | None = None
 

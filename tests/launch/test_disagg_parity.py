@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.launch.runtime import LocalRuntime  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.launch._helpers import TOP, check_against_hf, hf_greedy, hf_model, live_descendants, make_spec  # noqa: E402
 
 PROMPT_LENGTHS = (1, 2, 5, 9, 17, 23, 30, 41)
@@ -64,7 +64,7 @@ def test_disaggregated_tokens_equal_colocated_and_transformers(references, model
     spec = make_spec(directory, ptp, dtp, ddp, provider, streaming=streaming, layout=layout)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
     before = live_descendants()
-    with LocalRuntime(spec, on_event=lambda _line: None) as rt:
+    with serve_locally(spec, on_event=lambda _line: None) as rt:
         events = rt.generate_batch(prompts, params, timeout_s=120)
         stats = rt.unit_stats()
     assert live_descendants() <= before, "a unit or tp worker outlived close()"

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.launch.runtime import LocalRuntime  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
 from disaggsdk.messenger import protocol as pr  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
@@ -39,7 +39,7 @@ def env(tmp_path_factory):
     before = live_descendants()
     shm_before = set(os.listdir("/dev/shm"))
     spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64)
-    rt = LocalRuntime(spec, secret=SECRET, on_event=lambda _line: None, log_dir=str(tmp_path_factory.mktemp("logs")))
+    rt = serve_locally(spec, secret=SECRET, on_event=lambda _line: None, log_dir=str(tmp_path_factory.mktemp("logs")))
     reference = LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=512))
     try:
         yield rt, reference
@@ -48,7 +48,7 @@ def env(tmp_path_factory):
         reference.close()
         assert live_descendants() <= before, "a unit or tp worker outlived close()"
         # other suites may create shm files meanwhile: look at those named after our units' pids
-        pids = {str(u.process.pid) for u in rt.units.values()}
+        pids = {str(u.process.pid) for u in rt.runtime.units.values()}
         left = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.split(":")[0] in pids}
         assert not left, f"shared memory left behind: {left}"
 
@@ -73,11 +73,11 @@ def wait_all_free(rt, timeout_s: float = 10.0) -> dict:
 def test_hundred_requests_return_every_page(env):
     rt, reference = env
     start = rt.unit_stats()
-    cpu_before_s = rt.unit_cpu_s()
+    cpu_before_s = rt.runtime.unit_cpu_s()
     prompts = [prompt(i, 1 + (i * 13) % 40) for i in range(100)]
     events = rt.generate_batch(prompts, GREEDY, timeout_s=240)
-    cpu_after_s = rt.unit_cpu_s()
-    assert set(cpu_after_s) == set(rt.units)
+    cpu_after_s = rt.runtime.unit_cpu_s()
+    assert set(cpu_after_s) == set(rt.runtime.units)
     assert all(cpu_after_s[n] > cpu_before_s[n] for n in ("prefill-0", "decode-0"))  # both worked
     assert [tokens(ev) for ev in events] == expect(reference, prompts)
     stats = wait_all_free(rt)
@@ -99,7 +99,7 @@ def test_bad_frames_are_counted_and_land_nothing(env):
     from disaggsdk.transfer import TransferEngine
 
     rt, reference = env
-    prefill, decode = rt.units["prefill-0"].info, rt.units["decode-0"].info
+    prefill, decode = rt.runtime.units["prefill-0"].info, rt.runtime.units["decode-0"].info
     before = rt.unit_stats()
     good = pr.PrefillRequest(
         request_id="forged", decode_instance=f"{decode.name}#{decode.incarnation}", generation=1, imm=77,
@@ -140,7 +140,7 @@ def test_async_stream_and_abort_in_handoff_and_in_decode(env):
     async def scenario():
         # abort while the KV is still on its way (prefill units frozen): the decode side
         # quarantines the pages until the woken prefill has drained and said so
-        frozen = [rt.units[n].process.pid for n in ("prefill-0", "prefill-1")]
+        frozen = [rt.runtime.units[n].process.pid for n in ("prefill-0", "prefill-1")]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -169,7 +169,7 @@ def test_async_stream_and_abort_in_handoff_and_in_decode(env):
 
 def test_hung_prefill_hits_the_deadline_and_retries(env):
     rt, reference = env
-    stopped = rt.units["prefill-0"].process.pid
+    stopped = rt.runtime.units["prefill-0"].process.pid
     os.kill(stopped, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
@@ -195,20 +195,20 @@ def test_killed_prefill_mid_transfer_costs_a_retry_not_a_hang(env):
     while rt.unit_stats()["prefill-1"].running == 0:
         assert time.monotonic() - t0 < 30, "prefill-1 never started"
         time.sleep(0.01)
-    rt.kill_unit("prefill-1")
+    rt.runtime.kill_unit("prefill-1")
     while sum(1 for evs in done.values() if evs[-1].finished) < len(prompts):
         assert time.monotonic() - t0 < DEADLINE_S + 30, "requests hung after a prefill died"
         time.sleep(0.05)
     assert [tokens(done[i]) for i in range(len(prompts))] == expect(reference, prompts)
-    assert any("prefill-1" in f and "last lines" in f for f in rt.failures)
+    assert any("prefill-1" in f and "last lines" in f for f in rt.runtime.failures)
     stats = wait_all_free(rt)
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
 
 
 def test_local_prefill_when_no_prefill_is_left(env):
     rt, reference = env
-    rt.kill_unit("prefill-0")
-    while rt.units["prefill-0"].healthy:
+    rt.runtime.kill_unit("prefill-0")
+    while rt.runtime.units["prefill-0"].healthy:
         time.sleep(0.05)
     prompts = [prompt(80, 23), prompt(81, 5)]
     events = rt.generate_batch(prompts, GREEDY, timeout_s=60)
@@ -220,10 +220,10 @@ def test_local_prefill_when_no_prefill_is_left(env):
 
 def test_crashed_decode_is_reported_and_refused(env):
     rt, _ = env
-    rt.kill_unit("decode-0")
-    while rt.units["decode-0"].healthy:
+    rt.runtime.kill_unit("decode-0")
+    while rt.runtime.units["decode-0"].healthy:
         time.sleep(0.05)
-    assert any(f.startswith("unit decode-0 (decode) died") and "last lines" in f for f in rt.failures)
+    assert any(f.startswith("unit decode-0 (decode) died") and "last lines" in f for f in rt.runtime.failures)
     from disaggsdk.launch import LaunchError
 
     with pytest.raises(LaunchError, match="no decode unit is healthy"):

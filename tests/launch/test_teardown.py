@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.launch.runtime import LocalRuntime  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.launch._helpers import child_pids, make_spec  # noqa: E402
 
@@ -71,9 +71,9 @@ def test_colocated_pinned_units_serve_the_same_tokens():
     prompts = [[5, 6, 7, 8, 9], [11] * 19]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     cores = sorted(os.sched_getaffinity(0))
-    with LocalRuntime(spec, colocated=True, cpu_affinity="auto", on_event=lambda _l: None) as rt:
-        assert {u.args.role for u in rt.units.values()} == {"mixed"}
-        for i, u in enumerate(rt.units.values()):
+    with serve_locally(spec, colocated=True, cpu_affinity="auto", on_event=lambda _l: None) as rt:
+        assert {u.args.role for u in rt.runtime.units.values()} == {"mixed"}
+        for i, u in enumerate(rt.runtime.units.values()):
             assert os.sched_getaffinity(u.process.pid) == {cores[i % len(cores)]}
         got = [[t for e in ev for t in e.new_token_ids] for ev in rt.generate_batch(prompts, params)]
         stats = rt.stats()
@@ -85,17 +85,17 @@ def test_colocated_pinned_units_serve_the_same_tokens():
 def test_a_dead_tp_worker_brings_its_unit_down_and_the_rest_serves(tmp_path):
     spec = make_spec("qwen3-coder-tiny", decode_tp=2, decode_replicas=2)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
-    with LocalRuntime(spec, on_event=lambda _l: None, log_dir=str(tmp_path)) as rt:
-        workers = child_pids(rt.units["decode-0"].process.pid)
+    with serve_locally(spec, on_event=lambda _l: None, log_dir=str(tmp_path)) as rt:
+        workers = child_pids(rt.runtime.units["decode-0"].process.pid)
         assert workers, "decode-0 should have a tp worker"
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         outcomes = []
-        while rt.units["decode-0"].healthy:  # its next step finds the dead rank and the unit exits
+        while rt.runtime.units["decode-0"].healthy:  # its next step finds the dead rank and the unit exits
             assert time.monotonic() < deadline, "decode-0 never noticed its dead tp worker"
             outcomes += rt.generate_batch([[5, 6, 7, 8, 9]], params, timeout_s=60)
-        assert any("decode-0" in f and "last lines" in f for f in rt.failures)
+        assert any("decode-0" in f and "last lines" in f for f in rt.runtime.failures)
         assert any(ev[-1].finish_reason == "error" for ev in outcomes)
         events = rt.generate_batch([[5, 6, 7, 8, 9], [9, 8, 7]], params, timeout_s=60)
         assert all(ev[-1].finish_reason == "length" and ev[-1].instance == "decode-1" for ev in events)

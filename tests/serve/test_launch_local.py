@@ -62,12 +62,15 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         assert count == 7 == d.server_metrics.num_served
         served_by = {s.labels["instance"] for s in ttft.samples if s.name.endswith("_count")}
         assert served_by <= {"decode-0", "decode-1"}  # tokens come from decode instances only
-        refused = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "logprobs": 1})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == "logprobs"
+        # logprobs come back from the decode units through the router
+        body = {"prompt": "x", "logprobs": 2, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        lp = httpx.post(f"{d.url}/v1/completions", json=body).json()["choices"][0]["logprobs"]
+        assert len(lp["token_logprobs"]) == 4 and all(1 <= len(top) <= 2 for top in lp["top_logprobs"])  # text keys may collide
+        assert all(v <= 0.0 for v in lp["token_logprobs"])
         roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
         assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
         # a dead prefill unit: still serving (decode retries or prefills locally), and /health says so
-        d.backend.kill_unit("prefill-0")
+        d.backend.runtime.kill_unit("prefill-0")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and httpx.get(f"{d.url}/health").json()["status"] == "ok":
             time.sleep(0.1)

@@ -34,16 +34,16 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
         LaunchError: the deployment cannot start, or a request fails.
     """
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.serve.local import serve_locally
 
     params = params or SamplingParams()
-    with LocalRuntime(spec, tiny=tiny, colocated=colocated, provider=provider, on_event=on_event) as rt:
+    with serve_locally(spec, tiny=tiny, colocated=colocated, provider=provider, on_event=on_event) as rt:
         all_prompts = [rt.encode(t) for t in texts] + [list(p) for p in (prompts or [])]
         if not all_prompts:
             raise LaunchError("give at least one prompt")
         events = rt.generate_batch(all_prompts, params, timeout_s=timeout_s, prefix="gen")
         stats = rt.unit_stats()
-        tokenizer = _tokenizer_or_none(rt)
+        tokenizer = rt.tokenizer_or_none()
         outputs = []
         for prompt, evs in zip(all_prompts, events):
             token_ids = [t for e in evs for t in e.new_token_ids]
@@ -60,11 +60,5 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
                    "failures": s.transfer_failures, "retried": s.requests_retried}
             for name, s in stats.items()
         }
-        return {"model": rt.spec.model, "units": sorted(rt.units), "outputs": outputs, "transfer": transfer}
+        return {"model": rt.spec.model, "units": sorted(rt.runtime.units), "outputs": outputs, "transfer": transfer}
 
-
-def _tokenizer_or_none(rt: Any) -> Any:
-    try:
-        return rt._tok()
-    except LaunchError:
-        return None

@@ -1,0 +1,41 @@
+"""The Runtime seam: what the router (`disaggsdk.serve.router`) needs of whatever runs the units.
+
+A runtime starts the units of a plan, carries typed messages to them (`launch.channel`), hands
+back what they say, tells who died, and stops them. It knows processes, never requests: which
+unit serves a request, what a token means and what a client is owed live in the router. Today's
+implementation is `LocalRuntime` (one process per unit on this machine); a runtime for many
+machines implements the same few methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+# on_message(unit name, one `launch.channel` unit -> runtime message), from the runtime's reader
+MessageListener = Callable[[str, Any], None]
+# on_unit_down(unit name, report): the unit died; the report says how, with its log tail
+DownListener = Callable[[str, str], None]
+
+
+class Runtime(Protocol):
+    """The units of one deployment, started and supervised."""
+
+    spec: Any  # the `Spec` the units run (after `tiny_spec` where asked)
+    model_name: str
+    failures: list[str]  # one report per unit that died
+
+    def unit_roles(self) -> dict[str, str]:
+        """Every unit's role by name ("prefill" | "decode" | "mixed"), in start order."""
+
+    def is_healthy(self, unit: str) -> bool:
+        """Whether ``unit`` is alive and has not been reported down."""
+
+    def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
+        """Start delivering the units' messages and deaths (once; from one reader thread)."""
+
+    def send(self, unit: str, message: Any) -> bool:
+        """Send one message to ``unit``; False when it is down (the message is dropped)."""
+
+    def close(self) -> None:
+        """Stop every unit and leave nothing behind. Idempotent."""

@@ -1,0 +1,32 @@
+"""`serve_locally`: a spec's units as local processes, served by a `Router` — one call.
+
+What `disaggsdk launch`, `disaggsdk generate --spec`, the benchmarks and the tests start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disaggsdk.serve.router import Router
+
+
+def serve_locally(spec: Any, **runtime_options: Any) -> Router:
+    """Start ``spec``'s units with `disaggsdk.launch.LocalRuntime` and route requests to them.
+
+    Args:
+        spec: a checked `Spec`.
+        runtime_options: `LocalRuntime`'s keyword arguments (``tiny``, ``colocated``,
+            ``cpu_affinity``, ``log_dir``, ``provider``, ``secret``, ...).
+    Returns:
+        The router (a `ServingBackend`); closing it stops every unit.
+    Raises:
+        LaunchError: the units could not start (with the failing unit's log tail).
+    """
+    from disaggsdk.launch.runtime import LocalRuntime
+
+    runtime = LocalRuntime(spec, **runtime_options)
+    try:
+        return Router(runtime)
+    except BaseException:
+        runtime.close()
+        raise

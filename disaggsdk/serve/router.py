@@ -1,0 +1,254 @@
+"""The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events.
+
+Requests go to the healthy decode (or, colocated, mixed) unit with the fewest requests in flight;
+the unit's `Tokens` messages become `TokenEvent`s for the request's sink. When a unit dies, the
+requests it held end with an error event at once (the client can retry) and its gauges go. Stats
+are asked of every unit and gathered here, so a snapshot is the router's view, not the runtime's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from disaggsdk.launch import channel as ch
+from disaggsdk.launch.runtime_api import Runtime
+from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.serve.backend import TokenEvent
+
+SERVING_ROLES = ("decode", "mixed")
+
+
+class Router:
+    """Serve a runtime's units as one `ServingBackend`.
+
+    Args:
+        runtime: started units (`disaggsdk.launch.LocalRuntime` or another `Runtime`); the router
+            owns it from now on and closes it in `close()`.
+    """
+
+    supports_logprobs = True
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.spec = runtime.spec
+        self.model_name = runtime.model_name
+        self._roles = runtime.unit_roles()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
+        self._in_flight: dict[str, set[str]] = {name: set() for name in self._roles}
+        self._seq = itertools.count(1)
+        self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}  # only for seqs unit_stats waits on
+        self._stats_cond = threading.Condition(self._lock)
+        self._last_stats: dict[str, ch.UnitStats] = {}
+        self._tokenizer = None
+        runtime.listen(self._on_message, self._on_unit_down)
+        self.unit_stats()  # so stats() has a first snapshot to give
+
+    # messages from the runtime's reader thread
+
+    def _on_message(self, unit: str, msg: Any) -> None:
+        if isinstance(msg, ch.Tokens):
+            from disaggsdk.engine.sampling_params import TokenLogprobs
+
+            logprobs = [TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top)) for lp in msg.logprobs]
+            event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, logprobs,
+                               error=msg.error, instance=unit)
+            with self._lock:
+                sink = self._sinks.get(msg.request_id)
+                if msg.finished:
+                    self._in_flight[unit].discard(msg.request_id)
+                    self._sinks.pop(msg.request_id, None)
+            if sink is not None:
+                sink(event)
+        elif isinstance(msg, ch.UnitStats):
+            with self._stats_cond:
+                self._last_stats[msg.name] = msg
+                if msg.seq in self._stats_replies:
+                    self._stats_replies[msg.seq][msg.name] = msg
+                self._stats_cond.notify_all()
+
+    def _on_unit_down(self, unit: str, _report: str) -> None:
+        with self._lock:
+            lost = [(rid, self._sinks.pop(rid, None)) for rid in self._in_flight[unit]]
+            self._in_flight[unit].clear()
+            self._last_stats.pop(unit, None)  # a dead unit's gauges go with it
+        for rid, sink in lost:
+            if sink is not None:
+                sink(TokenEvent(rid, [], True, "error", error=f"unit {unit} died; retry the request", instance=unit))
+        with self._stats_cond:
+            self._stats_cond.notify_all()
+
+    # ServingBackend
+
+    def _tok(self) -> Any:
+        if self._tokenizer is None:
+            from disaggsdk.engine.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.spec.model)
+            if self._tokenizer is None:
+                raise LaunchError(f"{self.spec.model} has no tokenizer; send token ids")
+        return self._tokenizer
+
+    def tokenizer_or_none(self) -> Any:
+        """The model's tokenizer, or None when the model has none."""
+        try:
+            return self._tok()
+        except LaunchError:
+            return None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with BOS) under the model's tokenizer."""
+        return self._tok().encode(text, add_bos=True)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``."""
+        return self._tok().decode(list(token_ids))
+
+    def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+               sink: Callable[[TokenEvent], None]) -> str:
+        """Send a request to the least busy serving unit; ``sink`` gets its events (reader thread).
+
+        Returns:
+            The unit's name.
+        Raises:
+            LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
+        """
+        with self._lock:
+            if self._closed:
+                raise LaunchError("the runtime is closed; start a new one")
+            if request_id in self._sinks:
+                raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
+            serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
+            if not serving:
+                raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
+            unit = min(serving, key=lambda n: (len(self._in_flight[n]), n))
+            self._in_flight[unit].add(request_id)
+            self._sinks[request_id] = sink
+        if not self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params)):
+            self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
+        return unit
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> AsyncIterator[TokenEvent]:
+        """Stream a request's tokens (errors arrive as a final event with finish_reason "error")."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        try:
+            self.submit(request_id, prompt_ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        except LaunchError as exc:
+            yield TokenEvent(request_id, [], True, "error", error=str(exc))
+            return
+        while True:
+            ev = await events.get()
+            yield ev
+            if ev.finished:
+                return
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its pages are freed by its unit once no write can land."""
+        self.abort_sync(request_id)
+
+    def abort_sync(self, request_id: str) -> None:
+        """`abort` for callers without an event loop."""
+        with self._lock:
+            owner = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
+        if owner is not None:
+            self.runtime.send(owner, ch.Abort(request_id))
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, timeout_s: float = 300.0,
+                       prefix: str = "batch") -> list[list[TokenEvent]]:
+        """Run prompts concurrently to completion; returns every request's events in order.
+
+        Args:
+            params: one `SamplingParams` for all prompts, or one per prompt.
+        Raises:
+            LaunchError: a request did not finish within ``timeout_s``.
+        """
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        done: queue.Queue = queue.Queue()
+        events: dict[str, list[TokenEvent]] = {}
+        ids = [f"{prefix}-{next(self._seq)}-{i}" for i in range(len(prompts))]
+
+        def sink_for(rid: str) -> Callable[[TokenEvent], None]:
+            def sink(ev: TokenEvent) -> None:
+                events.setdefault(rid, []).append(ev)
+                if ev.finished:
+                    done.put(rid)
+            return sink
+
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.submit(rid, prompt, p, sink_for(rid))
+        deadline = time.monotonic() + timeout_s
+        finished = set()
+        while len(finished) < len(ids):
+            try:
+                finished.add(done.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise LaunchError(f"{len(ids) - len(finished)} requests did not finish in {timeout_s} s") from None
+        return [events[rid] for rid in ids]
+
+    def unit_stats(self, timeout_s: float = 10.0) -> dict[str, ch.UnitStats]:
+        """A fresh snapshot from every healthy unit (blocks until they answer or ``timeout_s``)."""
+        seq = next(self._seq)
+        with self._lock:
+            self._stats_replies[seq] = {}
+        asked = [n for n in self._roles if self.runtime.send(n, ch.GetStats(seq, with_recent=True))]
+        deadline = time.monotonic() + timeout_s
+        with self._stats_cond:
+            while True:
+                got = self._stats_replies.get(seq, {})
+                want = {n for n in asked if self.runtime.is_healthy(n)}
+                if want <= set(got) or time.monotonic() > deadline:
+                    return dict(self._stats_replies.pop(seq, {}))
+                self._stats_cond.wait(0.1)
+
+    def stats(self) -> list[InstanceStats]:
+        """The latest snapshot of every unit (asks for a fresh one without waiting for it)."""
+        for name in self._roles:
+            self.runtime.send(name, ch.GetStats(0))
+        with self._lock:
+            last = dict(self._last_stats)
+        return [_instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
+                for name, role in self._roles.items()]
+
+    def close(self) -> None:
+        """Close the runtime; requests still in flight end with an error event. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.runtime.close()
+        with self._lock:
+            sinks, self._sinks = self._sinks, {}
+        for rid, sink in sinks.items():
+            sink(TokenEvent(rid, [], True, "error", error="the runtime was closed"))
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) -> InstanceStats:
+    """One unit's gauges; zeros for a unit without a snapshot (not answered yet, or dead)."""
+    if s is None:
+        return InstanceStats(name=name, role=role, healthy=healthy, running=0, waiting=0, kv_pages_used=0,
+                             kv_pages_total=0, transfer_bytes=0, transfer_writes=0, transfer_s=0.0,
+                             exposed_transfer_s=0.0, transfer_failures=0, requests_retried=0,
+                             extra={"prefilled_locally": 0.0, "rejected_frames": 0.0})
+    return InstanceStats(
+        name=name, role=role, healthy=healthy, running=s.running, waiting=s.waiting,
+        kv_pages_used=s.num_pages - s.num_free_pages, kv_pages_total=s.num_pages,
+        transfer_bytes=s.transfer_bytes, transfer_writes=s.transfer_writes, transfer_s=s.transfer_s,
+        exposed_transfer_s=s.exposed_transfer_s, transfer_failures=s.transfer_failures,
+        requests_retried=s.requests_retried,
+        extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values()))},
+    )

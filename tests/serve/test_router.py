@@ -1,0 +1,104 @@
+"""The router against a fake `Runtime`: least-busy routing, events, unit deaths, stats (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from disaggsdk.launch import channel as ch
+from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.serve.router import Router
+
+
+class FakeRuntime:
+    """Records what the router sends; the test plays the units' side through the listeners."""
+
+    model_name = "fake"
+    spec = None
+
+    def __init__(self, roles: dict[str, str]):
+        self.roles = roles
+        self.healthy = dict.fromkeys(roles, True)
+        self.sent: list[tuple[str, object]] = []
+        self.failures: list[str] = []
+        self.closed = False
+
+    def unit_roles(self):
+        return dict(self.roles)
+
+    def is_healthy(self, unit):
+        return self.healthy[unit]
+
+    def listen(self, on_message, on_unit_down):
+        self.on_message, self.on_unit_down = on_message, on_unit_down
+
+    def send(self, unit, message):
+        if not self.healthy[unit]:
+            return False
+        self.sent.append((unit, message))
+        if isinstance(message, ch.GetStats) and message.seq:  # answer at once, like a unit between steps
+            self.on_message(unit, stats(unit, self.roles[unit], message.seq))
+        return True
+
+    def close(self):
+        self.closed = True
+
+    def die(self, unit):
+        self.healthy[unit] = False
+        self.on_unit_down(unit, f"unit {unit} died")
+
+
+def stats(name: str, role: str, seq: int, used: int = 0) -> ch.UnitStats:
+    return ch.UnitStats(seq=seq, name=name, role=role, running=0, waiting=0, num_free_pages=10 - used,
+                        num_pages=10, transfer_bytes=0, transfer_writes=0, transfer_s=0.0, exposed_transfer_s=0.0,
+                        transfer_failures=0, requests_retried=0, prefilled_locally=0, rejected_frames={},
+                        rejected_requests={}, recent=[])
+
+
+@pytest.fixture
+def fake():
+    rt = FakeRuntime({"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"})
+    return rt, Router(rt)
+
+
+def test_requests_go_to_the_least_busy_decode_unit_and_tokens_reach_their_sink(fake):
+    rt, router = fake
+    events = {}
+    units = [router.submit(f"r{i}", [1, 2, 3], None, lambda ev: events.setdefault(ev.request_id, []).append(ev))
+             for i in range(4)]
+    assert units == ["decode-0", "decode-1", "decode-0", "decode-1"]  # never the prefill unit
+    rt.on_message("decode-0", ch.Tokens("r0", [7, 8]))
+    rt.on_message("decode-0", ch.Tokens("r0", [9], finished=True, finish_reason="length"))
+    assert [t for ev in events["r0"] for t in ev.new_token_ids] == [7, 8, 9]
+    assert events["r0"][-1].instance == "decode-0" and events["r0"][-1].finished
+    assert router.submit("r4", [1], None, lambda ev: None) == "decode-0"  # r0 finished: decode-0 has fewer
+    with pytest.raises(LaunchError, match="in flight"):
+        router.submit("r1", [1], None, lambda ev: None)
+
+
+def test_a_dead_unit_ends_its_requests_with_a_retryable_error_and_loses_its_gauges(fake):
+    rt, router = fake
+    rt.on_message("decode-0", stats("decode-0", "decode", 0, used=4))
+    assert next(s for s in router.stats() if s.name == "decode-0").kv_pages_used == 4
+    events = []
+    router.submit("a", [1], None, events.append)
+    rt.die("decode-0")
+    assert events[-1].finished and events[-1].finish_reason == "error" and "retry" in events[-1].error
+    dead = next(s for s in router.stats() if s.name == "decode-0")
+    assert not dead.healthy and dead.kv_pages_used == 0
+    assert router.submit("b", [1], None, lambda ev: None) == "decode-1"
+    rt.die("decode-1")
+    with pytest.raises(LaunchError, match="no decode unit is healthy"):
+        router.submit("c", [1], None, lambda ev: None)
+
+
+def test_unit_stats_gathers_every_healthy_unit_and_close_ends_what_is_in_flight(fake):
+    rt, router = fake
+    assert set(router.unit_stats()) == {"prefill-0", "decode-0", "decode-1"}
+    events = []
+    router.submit("x", [1], None, events.append)
+    router.abort_sync("x")
+    assert rt.sent[-1] == ("decode-0", ch.Abort("x"))
+    router.close()
+    assert rt.closed and events[-1].finish_reason == "error"
+    with pytest.raises(LaunchError, match="closed"):
+        router.submit("y", [1], None, lambda ev: None)
