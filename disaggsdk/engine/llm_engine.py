@@ -1,50 +1,30 @@
-"""The LLM engine: requests in, tokens out; `step()` is schedule, run, postprocess."""
+"""The LLM engine: requests in, tokens out; `step()` is schedule, run, postprocess.
+
+Its settings are `EngineConfig` (engine/config.py), also importable from here.
+"""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+__all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 
 import torch
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+from disaggsdk.engine.config import EngineConfig, EngineError
 from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.sampling import SamplingParams, new_generator, sample
-from disaggsdk.engine.scheduler import MODES, Mode, ScheduledChunk, Scheduler
+from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
-from disaggsdk.errors import DisaggError
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache
-
-
-class EngineError(DisaggError):
-    """A request or engine setting the engine cannot accept."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings. ``kv_dtype`` None means the model's dtype."""
-
-    tp: int = 1
-    layout: str = "HND"
-    page_size: int = 16
-    num_pages: int = 1024
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    mode: Mode = "mixed"
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_dtype: str | None = None
-    seed: int = 0
-    attention_backend: str | None = None  # None: flashinfer on CUDA when installed, else torch_ref
-    return_hidden_states: bool = False  # give hidden state + logits of each step's last position
-    kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
 
 
 class LLMEngine:

@@ -19,45 +19,18 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
+from disaggsdk.messenger.handoff import Handoff, Quarantine
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
 DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
-
-
-@dataclass
-class _Handoff:
-    request_id: str
-    prompt_ids: list[int]
-    params: Any  # SamplingParams
-    attempt: int = 0
-    prefill: str | None = None
-    tried: set[str] = field(default_factory=set)
-    imm: int = 0
-    grant: Any = None  # PageGrant of the current attempt
-    slot: int = -1
-    counter: Future | None = None
-    fired_at: float = 0.0
-    send_future: Future | None = None
-    deadline: float = 0.0
-
-
-@dataclass
-class _Quarantine:
-    owner: str  # allocator owner holding the pages
-    slot: int
-    prefill: str
-    request_id: str
-    generation: int
-    release_at: float | None = None  # None: wait for the prefill unit's drain report
 
 
 class DecodeMessenger:
@@ -73,7 +46,7 @@ class DecodeMessenger:
         deadline_s: how long one attempt may take before it is retried.
     """
 
-    def __init__(self, me: UnitInfo, engine: Any, transfer: Any, plan: Any, context_buffer: memoryview,
+    def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Any, context_buffer: memoryview,
                  secret: bytes, deadline_s: float):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.secret, self.deadline_s = secret, deadline_s
@@ -84,15 +57,26 @@ class DecodeMessenger:
         self._prefills: dict[str, tuple[UnitInfo, Any]] = {}
         self._down: dict[str, float] = {}
         self._outstanding: dict[str, int] = {}
-        self._handoffs: dict[str, _Handoff] = {}
-        self._pending: deque[_Handoff] = deque()
-        self._quarantine: list[_Quarantine] = []
+        self._handoffs: dict[str, Handoff] = {}
+        self._pending: deque[Handoff] = deque()
+        self._quarantine: list[Quarantine] = []
         self._imms = itertools.count(1)
         self.frames = FrameCounters()
         self.totals = TransferTotals()
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
+        self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
+
+    def close(self) -> None:
+        """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""
+        self.drain_quarantine()
 
     # peers
+
+    def add_peers(self, units: Sequence[UnitInfo]) -> None:
+        """Learn the deployment's prefill units (address book from the launcher)."""
+        for info in units:
+            if info.role == "prefill":
+                self.add_prefill(info)
 
     def add_prefill(self, info: UnitInfo) -> None:
         """Learn a prefill unit (address book from the launcher)."""
@@ -119,7 +103,7 @@ class DecodeMessenger:
         if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
             self.engine.add_prefilled_request(request_id, prompt, params)
             return
-        self._pending.append(_Handoff(request_id, prompt, params))
+        self._pending.append(Handoff(request_id, prompt, params))
         self._start_pending(time.monotonic())
 
     def abort(self, request_id: str) -> bool:
@@ -138,6 +122,11 @@ class DecodeMessenger:
     def num_waiting(self) -> int:
         """Requests waiting for pages or for their KV."""
         return len(self._pending) + len(self._handoffs)
+
+    @property
+    def busy(self) -> bool:
+        """Whether requests wait for their KV (their counters and deadlines need polling)."""
+        return self.num_waiting > 0
 
     # the loop
 
@@ -203,11 +192,11 @@ class DecodeMessenger:
             self._pending.popleft()
             self._send(h, now)
 
-    def _choose_prefill(self, h: _Handoff) -> str | None:
+    def _choose_prefill(self, h: Handoff) -> str | None:
         live = [n for n in self._prefills if n not in self._down and n not in h.tried]
         return min(live, key=lambda n: (self._outstanding[n], n)) if live else None
 
-    def _send(self, h: _Handoff, now: float) -> None:
+    def _send(self, h: Handoff, now: float) -> None:
         name = self._choose_prefill(h)
         if name is None:
             self._prefill_locally(h)
@@ -227,7 +216,7 @@ class DecodeMessenger:
         h.counter.add_done_callback(lambda _f, h=h: setattr(h, "fired_at", time.monotonic()))
         spec = self.plan.spec
         msg = pr.PrefillRequest(
-            request_id=h.request_id, decode_instance=f"{self.me.name}#{self.me.incarnation}",
+            request_id=h.request_id, decode_instance=str(self.me.peer_id),
             generation=h.grant.generation, imm=h.imm, token_ids=h.prompt_ids, model=spec.model,
             layout=self.layout, page_size=self.page_size, kv_dtype=spec.kv.dtype, decode_tp=len(self.me.pool_regions),
             destinations=[pr.DestinationRank(r, region, list(h.grant.page_ids))
@@ -240,7 +229,7 @@ class DecodeMessenger:
         h.deadline = now + self.deadline_s
         h.send_future = self.transfer.send(peer, pr.encode_message(msg, self.secret))
 
-    def _admit(self, h: _Handoff) -> None:
+    def _admit(self, h: Handoff) -> None:
         del self._handoffs[h.request_id]
         self._outstanding[h.prefill] -= 1
         arch = self.engine.arch
@@ -259,7 +248,7 @@ class DecodeMessenger:
                                         attempts=h.attempt))
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params)
 
-    def _end_attempt(self, h: _Handoff, drained: bool, now: float) -> None:
+    def _end_attempt(self, h: Handoff, drained: bool, now: float) -> None:
         """Stop counting the current attempt and park its pages until no write can land."""
         if h.prefill is None:
             return
@@ -271,14 +260,14 @@ class DecodeMessenger:
         else:
             release_at = now + DRAIN_GRACE_S if drained else None
             if not drained:
-                abort = pr.AbortPrefill(h.request_id, h.grant.generation, f"{self.me.name}#{self.me.incarnation}")
+                abort = pr.AbortPrefill(h.request_id, h.grant.generation, str(self.me.peer_id))
                 self.transfer.send(self._prefills[name][1], pr.encode_message(abort, self.secret))
         owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
         self.engine.allocator.rename(h.request_id, owner)
-        self._quarantine.append(_Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))
+        self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))
         h.prefill, h.grant, h.slot, h.counter, h.send_future = None, None, -1, None, None
 
-    def _retry(self, h: _Handoff, reason: str, drained: bool, now: float) -> None:
+    def _retry(self, h: Handoff, reason: str, drained: bool, now: float) -> None:
         self.totals.failures += 1
         h.tried.add(h.prefill)
         self._handoffs.pop(h.request_id, None)
@@ -287,7 +276,7 @@ class DecodeMessenger:
         self._pending.appendleft(h)  # first in line for pages
         self._start_pending(now)
 
-    def _prefill_locally(self, h: _Handoff) -> None:
+    def _prefill_locally(self, h: Handoff) -> None:
         self.totals.prefilled_locally += 1
         self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt,
                                         prefilled_locally=True))

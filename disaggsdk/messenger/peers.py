@@ -8,7 +8,33 @@ is ever unpickled (msgspec, typed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
+
+PEER_ID_SEPARATOR = "#"
+
+
+@dataclass(frozen=True)
+class PeerId:
+    """A unit *incarnation*: its name and the id drawn when its process started.
+
+    A restarted unit has the same name and a new incarnation, so it is a new peer: frames and
+    grants of the old process never match it. On the wire it is ``"name#incarnation"`` (`str`);
+    `parse` is the one place that reads it back.
+    """
+
+    name: str
+    incarnation: str
+
+    def __str__(self) -> str:
+        return f"{self.name}{PEER_ID_SEPARATOR}{self.incarnation}"
+
+    @classmethod
+    def parse(cls, text: str) -> PeerId:
+        """The `PeerId` written as ``text``; a text without the separator is a name with no incarnation."""
+        name, sep, incarnation = text.rpartition(PEER_ID_SEPARATOR)
+        return cls(name, incarnation) if sep else cls(text, "")
 
 
 class UnitInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -23,6 +49,11 @@ class UnitInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     context_region: bytes  # serialized descriptor of the context buffer (decode: slots to write into)
     context_slot_bytes: int
     num_context_slots: int
+
+    @property
+    def peer_id(self) -> PeerId:
+        """This incarnation of the unit."""
+        return PeerId(self.name, self.incarnation)
 
 
 class FrameCounters:

@@ -2,8 +2,8 @@
 
 The engine's ``on_step`` hook (main thread, before the forward pass) says which chunk of which
 request runs and fills which pages; the pages a chunk completes (a partly filled page only when
-the prompt ends) are queued for a *streamer* thread, which waits on ``engine.layer_counter`` and
-submits each layer's writes as soon as that layer is done. With ``streaming=False`` (the
+the prompt ends) are queued for the `LayerStreamer` (messenger/streamer.py), whose thread waits
+on ``engine.layer_counter`` and submits each layer's writes as soon as that layer is done. With ``streaming=False`` (the
 ablation) the same writes go after the forward pass. After the last chunk the context (hidden
 state and logits of the last prefilled position) goes to the decode's context slot. The source
 pages are released once every write completed locally; a request that failed or was aborted is
@@ -13,42 +13,23 @@ destination pages.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.messenger import protocol as pr
-from disaggsdk.messenger.admission import LocalFormat, check_request
+from disaggsdk.messenger.admission import LocalFormat, Rejection, RejectReason, check_request
 from disaggsdk.messenger.context import context_bytes, pack_context
-from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
+from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
+from disaggsdk.messenger.ports import PrefillEngine, Transport
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
 
-
-@dataclass
-class _Job:
-    msg: pr.PrefillRequest
-    decode: str
-    peer: Any
-    transfers: tuple
-    dst_regions: list  # RegionDescriptor per decode tp rank
-    dst_geometry: PoolGeometry
-    context_dst: Any  # RegionDescriptor of the decode's context buffer
-    pages_queued: int = 0
-    inflight_steps: int = 0  # queued step work not yet submitted by the streamer
-    futures: list[Future] = field(default_factory=list)
-    context_sent: bool = False
-    failure: str | None = None  # set once: the job stops sending and reports after draining
-    aborted: bool = False
-    slot: int = -1
-    num_bytes: int = 0
-    num_writes: int = 0
-    first_submit_s: float = 0.0
-    last_done_s: float = 0.0
-    forward_end_s: float = 0.0
+__all__ = ["ContextStaging", "PrefillMessenger"]
 
 
 class PrefillMessenger:
@@ -56,20 +37,20 @@ class PrefillMessenger:
 
     Args:
         me: this unit.
-        engine: the unit's `LLMEngine`, mode "prefill_only" with ``return_hidden_states``.
-        transfer: the unit's `TransferEngine`.
+        engine: the unit's engine, mode "prefill_only" with ``return_hidden_states``.
+        transfer: the unit's transfer engine.
         plan: the deployment plan.
-        pool_regions: this unit's registered KV pool of each tp rank (`MemoryRegion`).
-        context_region: registered staging buffer for outgoing context payloads.
-        context_buffer: its bytes ``[num_context_slots * context_slot_bytes]``.
+        pool_regions: this unit's registered KV pool of each tp rank (`MemoryRegion`), in tp order.
+        staging: the registered buffer outgoing context payloads are staged in.
         secret: the deployment secret.
         streaming: send layer by layer during the forward pass (False: after it).
     """
 
-    def __init__(self, me: UnitInfo, engine: Any, transfer: Any, plan: Any, pool_regions: list, context_region: Any,
-                 context_buffer: memoryview, secret: bytes, streaming: bool = True):
+    def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Any,
+                 pool_regions: Sequence[Any], staging: ContextStaging, secret: bytes, streaming: bool = True):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
-        self.pool_regions, self.context_region, self.context_buffer = pool_regions, context_region, context_buffer
+        self.pool_regions = list(pool_regions)
+        self.context_region, self.context_buffer = staging.region, staging.buffer
         self.secret, self.streaming = secret, streaming
         spec, arch = plan.spec, engine.arch
         self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, arch.num_layers
@@ -78,44 +59,49 @@ class PrefillMessenger:
         self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
         self.local_format = LocalFormat(spec.model, self.layout, self.page_size, spec.kv.dtype, self.context_slot_bytes)
         self._free_slots = list(range(me.num_context_slots))
-        self._decodes: dict[str, tuple[UnitInfo, Any]] = {}
+        self._decodes: dict[PeerId, tuple[UnitInfo, Any]] = {}
         self._down: set[str] = set()  # decode units known dead: no reply goes to them
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, PrefillJob] = {}
         self._lock = threading.Lock()  # guards job fields the streamer touches
         self._after_forward: list[list] = []  # the ablation's queued step work
         self.frames = FrameCounters()
         self.totals = TransferTotals()
         self.rejected: dict[str, int] = {}
-        self._work: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
-        self._streamer = threading.Thread(target=self._stream, name=f"{me.name}-streamer", daemon=True)
-        self._streamer.start()
+        self.failed: list[tuple[str, str]] = []  # prefill failures go to the decode side, never here
+        self._streamer = LayerStreamer(engine.layer_counter, self.num_layers, self._submit_layer,
+                                       self._finish_items, name=f"{me.name}-streamer")
         engine.on_step = self._on_step
 
     def close(self) -> None:
         """Stop the streamer thread."""
-        self._stop.set()
-        self._work.put(None)
-        self._streamer.join(10)
+        self._streamer.close()
 
     # peers
 
-    def add_decode(self, info: UnitInfo) -> None:
-        """Learn a decode unit (address book from the launcher)."""
-        self._decodes[f"{info.name}#{info.incarnation}"] = (info, self.transfer.add_peer(info.address))
+    def add_peers(self, units: Sequence[UnitInfo]) -> None:
+        """Learn the deployment's decode units (address book from the launcher)."""
+        for info in units:
+            if info.role == "decode":
+                self._decodes[info.peer_id] = (info, self.transfer.add_peer(info.address))
 
     def peer_down(self, name: str) -> None:
         """A decode unit died: stop sending its requests (they drain, then free)."""
         self._down.add(name)
         with self._lock:
             for job in self._jobs.values():
-                if job.decode.split("#")[0] == name:
+                if job.decode.name == name:
                     job.aborted = True
                     job.failure = job.failure or f"decode unit {name} went down"
 
     @property
-    def num_jobs(self) -> int:
-        return len(self._jobs)
+    def busy(self) -> bool:
+        """Whether prefills or their writes are in flight."""
+        return bool(self._jobs)
+
+    @property
+    def num_waiting(self) -> int:
+        """Always 0: a prefill request goes to the engine as soon as it is accepted."""
+        return 0
 
     # control frames
 
@@ -131,8 +117,9 @@ class PrefillMessenger:
             if job is None:
                 # nothing of it is in flight here (done or never started): say so, the decode side
                 # waits for this before it frees the pages
-                peer = self._decodes.get(msg.decode_instance)
-                if peer is None or msg.decode_instance.split("#")[0] in self._down:
+                sender = PeerId.parse(msg.decode_instance)
+                peer = self._decodes.get(sender)
+                if peer is None or sender.name in self._down:
                     self.frames.count("stale")
                     return
                 reply = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
@@ -152,46 +139,35 @@ class PrefillMessenger:
         if problem is None:
             problem = self._accept(msg)
         if problem is not None:
-            self.rejected[problem.split(":")[0]] = self.rejected.get(problem.split(":")[0], 0) + 1
-            peer = self._decodes.get(msg.decode_instance)
+            key = problem.reason.value
+            self.rejected[key] = self.rejected.get(key, 0) + 1
+            peer = self._decodes.get(PeerId.parse(msg.decode_instance))
             if peer is not None:  # an unknown sender gets no answer (it may not be a peer at all)
-                reply = pr.PrefillRejected(msg.request_id, msg.generation, problem)
+                reply = pr.PrefillRejected(msg.request_id, msg.generation, str(problem))
                 self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
 
-    def _check(self, msg: pr.PrefillRequest) -> str | None:
-        decode = self._decodes.get(msg.decode_instance)
+    def _check(self, msg: pr.PrefillRequest) -> Rejection | None:
+        decode = self._decodes.get(PeerId.parse(msg.decode_instance))
         info = decode[0] if decode else None
-        num_pages = self._dst_geometry(info).num_pages if info else 0
+        num_pages = dst_geometry(self.plan, self.me.instance, info, self.num_layers).num_pages if info else 0
         problem = check_request(msg, info, num_pages, self.local_format)
         if problem is None and msg.request_id in self._jobs:
-            problem = f"duplicate: request {msg.request_id} is already being prefilled here"
+            problem = Rejection(RejectReason.DUPLICATE, f"request {msg.request_id} is already being prefilled here")
         if problem is None and not self._free_slots:
-            problem = "overloaded: no context staging slot free; retry elsewhere"
+            problem = Rejection(RejectReason.OVERLOADED, "no context staging slot free; retry elsewhere")
         return problem
 
-    def _dst_geometry(self, info: UnitInfo) -> PoolGeometry:
-        from disaggsdk.transfer import RegionDescriptor
-
-        page_bytes = self.plan.route(self.me.instance, info.instance).dst_shape.page_bytes
-        length = RegionDescriptor.from_bytes(info.pool_regions[0]).length_bytes
-        return PoolGeometry.of_region(self.num_layers, page_bytes, length)
-
-    def _accept(self, msg: pr.PrefillRequest) -> str | None:
+    def _accept(self, msg: pr.PrefillRequest) -> Rejection | None:
         from disaggsdk.engine.sampling import SamplingParams
         from disaggsdk.errors import DisaggError
-        from disaggsdk.transfer import RegionDescriptor
 
-        info, peer = self._decodes[msg.decode_instance]
-        route = self.plan.route(self.me.instance, info.instance)
-        job = _Job(
-            msg=msg, decode=msg.decode_instance, peer=peer, transfers=route.transfers_for(msg.request_id),
-            dst_regions=[RegionDescriptor.from_bytes(r) for r in info.pool_regions],
-            dst_geometry=self._dst_geometry(info), context_dst=RegionDescriptor.from_bytes(info.context_region),
-        )
+        sender = PeerId.parse(msg.decode_instance)
+        info, peer = self._decodes[sender]
+        job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers)
         try:
             self.engine.add_request(msg.request_id, msg.token_ids, SamplingParams(max_tokens=1))
         except DisaggError as exc:
-            return f"engine: {exc}"
+            return Rejection(RejectReason.ENGINE, str(exc))
         job.slot = self._free_slots.pop()
         self._jobs[msg.request_id] = job
         return None
@@ -216,7 +192,7 @@ class PrefillMessenger:
         if not items:
             return
         if self.streaming:
-            self._work.put((step_id, items))
+            self._streamer.put(StepWork(step_id, items))
         else:
             self._after_forward.append(items)
 
@@ -236,20 +212,6 @@ class PrefillMessenger:
                 continue
             self._send_context(job, out, forward_end_s)
 
-    def _stream(self) -> None:
-        counter = self.engine.layer_counter
-        while not self._stop.is_set():
-            work = self._work.get()
-            if work is None:
-                return
-            step_id, items = work
-            for layer in range(self.num_layers):
-                while not counter.wait(step_id, layer + 1, timeout_s=0.5):
-                    if self._stop.is_set():
-                        return
-                self._submit_layer(items, layer)
-            self._finish_items(items)
-
     def _finish_items(self, items: list) -> None:
         with self._lock:
             for job, *_ in items:
@@ -267,12 +229,12 @@ class PrefillMessenger:
                 for w in pairs:
                     batch = WriteBatch(self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
                                        w.src_offsets, w.dst_offsets, w.lengths,
-                                       _imms(job.msg.imm, len(w)))
+                                       imms(job.msg.imm, len(w)))
                     self._track(job, self.transfer.submit(job.peer, batch), w.num_bytes, len(w))
             except Exception as exc:  # a failed submit fails the request, never the unit
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
 
-    def _send_context(self, job: _Job, out: Any, forward_end_s: float) -> None:
+    def _send_context(self, job: PrefillJob, out: Any, forward_end_s: float) -> None:
         from disaggsdk.transfer import WriteBatch
 
         job.forward_end_s = forward_end_s
@@ -295,7 +257,7 @@ class PrefillMessenger:
             return
         job.context_sent = True
 
-    def _track(self, job: _Job, fut: Future, num_bytes: int, num_writes: int) -> None:
+    def _track(self, job: PrefillJob, fut: Future, num_bytes: int, num_writes: int) -> None:
         now = time.monotonic()
         with self._lock:
             job.futures.append(fut)
@@ -304,7 +266,7 @@ class PrefillMessenger:
             job.first_submit_s = job.first_submit_s or now
         fut.add_done_callback(lambda _f: setattr(job, "last_done_s", time.monotonic()))
 
-    def _fail(self, job: _Job, reason: str) -> None:
+    def _fail(self, job: PrefillJob, reason: str) -> None:
         with self._lock:
             job.aborted = True
             job.failure = job.failure or reason
@@ -327,7 +289,7 @@ class PrefillMessenger:
                 self.engine.abort(rid)  # frees the pages whether or not the prefill finished
                 self.totals.failures += 1
                 reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
-                if job.decode.split("#")[0] not in self._down:
+                if job.decode.name not in self._down:
                     self.transfer.send(job.peer, pr.encode_message(reply, self.secret))
                 continue
             self.engine.release(rid)
@@ -336,8 +298,3 @@ class PrefillMessenger:
                                             transfer_s=max(0.0, job.last_done_s - job.first_submit_s),
                                             lead_s=job.forward_end_s - job.first_submit_s))
 
-
-def _imms(imm: int, n: int):
-    from array import array
-
-    return array("I", [imm]) * n

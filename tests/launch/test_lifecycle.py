@@ -102,7 +102,7 @@ def test_bad_frames_are_counted_and_land_nothing(env):
     prefill, decode = rt.runtime.units["prefill-0"].info, rt.runtime.units["decode-0"].info
     before = rt.unit_stats()
     good = pr.PrefillRequest(
-        request_id="forged", decode_instance=f"{decode.name}#{decode.incarnation}", generation=1, imm=77,
+        request_id="forged", decode_instance=str(decode.peer_id), generation=1, imm=77,
         token_ids=prompt(1, 9), model=rt.spec.model, layout="HND", page_size=4, kv_dtype="float32", decode_tp=1,
         destinations=[pr.DestinationRank(0, decode.pool_regions[0], [0, 10**6])],
         context=pr.ContextSlot(decode.context_region, 0, decode.context_slot_bytes),

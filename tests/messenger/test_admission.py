@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from disaggsdk.messenger import protocol as pr
-from disaggsdk.messenger.admission import LocalFormat, check_request
+from disaggsdk.messenger.admission import LocalFormat, RejectReason, check_request
 from disaggsdk.messenger.peers import UnitInfo
 
 LOCAL = LocalFormat("m", "HND", 4, "float32", 100)
@@ -55,8 +55,18 @@ def test_a_matching_request_passes():
 ])
 def test_each_mismatch_is_named(changes, reason):
     problem = check_request(request(**changes), DECODE, 16, LOCAL)
-    assert problem is not None and problem.split(":")[0] == reason, problem
+    assert problem is not None and problem.reason.value == reason, problem
+    assert str(problem).startswith(f"{reason}: ") and problem.detail  # the wire form names it too
 
 
 def test_an_unknown_sender_is_not_a_peer():
-    assert check_request(request(), None, 0, LOCAL).startswith("unknown_peer")
+    assert check_request(request(), None, 0, LOCAL).reason is RejectReason.UNKNOWN_PEER
+
+
+def test_a_peer_id_reads_back_what_it_wrote():
+    from disaggsdk.messenger.peers import PeerId
+
+    peer = PeerId("decode-0.dp1", "a1b2c3")
+    assert str(peer) == "decode-0.dp1#a1b2c3" and PeerId.parse(str(peer)) == peer
+    assert PeerId.parse("decode-0") == PeerId("decode-0", "")  # no incarnation: matches no live peer
+    assert DECODE.peer_id == PeerId(DECODE.name, DECODE.incarnation)

@@ -1,0 +1,58 @@
+"""Engine settings (`EngineConfig`) and the one path from a deployment spec to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from disaggsdk.engine.scheduler import Mode
+from disaggsdk.errors import DisaggError
+
+# what each unit role runs: a decode unit is "mixed" so it can prefill locally when no prefill
+# unit is left; a prefill unit never samples and returns the hidden state for decode's context
+MODE_OF_ROLE: dict[str, Mode] = {"prefill": "prefill_only", "decode": "mixed", "mixed": "mixed"}
+
+
+class EngineError(DisaggError):
+    """A request or engine setting the engine cannot accept."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings. ``kv_dtype`` None means the model's dtype."""
+
+    tp: int = 1
+    layout: str = "HND"
+    page_size: int = 16
+    num_pages: int = 1024
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    mode: Mode = "mixed"
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_dtype: str | None = None
+    seed: int = 0
+    attention_backend: str | None = None  # None: flashinfer on CUDA when installed, else torch_ref
+    return_hidden_states: bool = False  # give hidden state + logits of each step's last position
+    kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
+        """The settings of one unit of ``spec``: an instance (or dp group) of ``tp`` ranks in ``role``.
+
+        Args:
+            spec: the deployment `Spec` (its kv, engine, device and seed sections).
+            tp: the unit's tensor-parallel ranks.
+            role: "prefill", "decode" or "mixed".
+            kv_share_path: where tp workers hand their KV pool over (units whose pools are shared).
+        Raises:
+            EngineError: an unknown role.
+        """
+        if role not in MODE_OF_ROLE:
+            raise EngineError(f"unknown unit role {role!r}; use one of {sorted(MODE_OF_ROLE)}")
+        return cls(
+            tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=spec.engine.num_pages,
+            max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
+            mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
+            return_hidden_states=role == "prefill", kv_share_path=kv_share_path,
+        )

@@ -1,0 +1,105 @@
+"""What the messenger needs of the engine, of the transport, and what a unit needs of a messenger.
+
+The messenger is written against these protocols, not against `LLMEngine` and `TransferEngine`:
+the engine knows no network (DESIGN.md), and tests drive both sides with small fakes
+(tests/messenger). `disaggsdk.engine.LLMEngine` and `disaggsdk.transfer.TransferEngine` satisfy
+them; nothing here imports either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.stats import TransferTotals
+
+
+class Transport(Protocol):
+    """The unit's transfer engine (`disaggsdk.transfer.TransferEngine`)."""
+
+    def add_peer(self, address: bytes) -> Any:
+        """A handle for the endpoint at ``address``."""
+
+    def send(self, peer: Any, frame: bytes) -> Future:
+        """Send one control frame."""
+
+    def submit(self, peer: Any, batch: Any) -> Future:
+        """Post a `WriteBatch` of one-sided writes; the future resolves when all completed locally."""
+
+    def expect(self, imm: int, count: int) -> Future:
+        """A future that resolves once ``count`` writes carrying immediate ``imm`` arrived."""
+
+    def cancel(self, imm: int) -> None:
+        """Stop waiting for writes carrying ``imm``."""
+
+
+class PrefillEngine(Protocol):
+    """The prefill unit's engine: mode "prefill_only", hidden states returned."""
+
+    arch: Any  # ModelArch: num_layers, hidden_size, vocab_size
+    config: Any  # EngineConfig: page_size
+    kv_cache: Any  # its ``fmt`` gives the pool geometry the writes read
+    allocator: Any  # PageAllocator: ``pin(request_id)`` keeps pages until their writes drained
+    layer_counter: Any  # LayerCounter: what the streamer waits on
+    on_step: Callable[[list], None] | None  # called before each forward pass with its chunks
+
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+        """Queue a prompt for prefill."""
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request and free its pages."""
+
+    def release(self, request_id: str) -> None:
+        """Free a finished prefill's pages once its writes completed."""
+
+
+class DecodeEngine(Protocol):
+    """The decode unit's engine: mode "mixed", so a request can also be prefilled locally."""
+
+    arch: Any
+    config: Any
+    allocator: Any
+
+    def allocate_pages(self, request_id: str, num_tokens: int, pinned: bool = True) -> Any:
+        """Pages for ``num_tokens`` tokens of a request whose KV arrives from elsewhere."""
+
+    def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+        """Start decoding a request whose prompt KV is in its pages."""
+
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+        """Prefill and decode a request here (no prefill unit could)."""
+
+
+class Messenger(Protocol):
+    """What a unit's loop asks of its messenger, on either side."""
+
+    me: UnitInfo
+    frames: FrameCounters  # control frames dropped, by reason
+    totals: TransferTotals
+    rejected: dict[str, int]  # requests refused, by `RejectReason` value
+    failed: list[tuple[str, str]]  # (request_id, message) of requests to end with an error
+
+    @property
+    def busy(self) -> bool:
+        """Whether work is in flight that the loop must poll for soon."""
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests held here that the engine does not know yet."""
+
+    def add_peers(self, units: Sequence[UnitInfo]) -> None:
+        """Learn the other units of the deployment (the ones of the other role matter)."""
+
+    def on_frame(self, frame: bytes) -> None:
+        """Handle one control frame; a bad one is counted and dropped."""
+
+    def poll(self) -> None:
+        """Advance: completions, deadlines, releases."""
+
+    def peer_down(self, name: str) -> None:
+        """A unit of the other role died."""
+
+    def close(self) -> None:
+        """Stop threads; free what may be freed."""

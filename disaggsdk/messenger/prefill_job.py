@@ -1,0 +1,76 @@
+"""One prefill job's state, and the staging buffer its context goes out of (prefill side)."""
+
+from __future__ import annotations
+
+from array import array
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.peers import PeerId, UnitInfo
+from disaggsdk.messenger.write_plan import PoolGeometry
+
+
+@dataclass(frozen=True)
+class ContextStaging:
+    """The registered buffer outgoing context payloads are staged in, one slot per request.
+
+    Attributes:
+        region: its `MemoryRegion` (writes read from it).
+        buffer: its bytes, ``num_context_slots * context_slot_bytes``.
+    """
+
+    region: Any
+    buffer: memoryview
+
+
+@dataclass
+class PrefillJob:
+    """One accepted request on the prefill side: where its pages go, and how far they got."""
+
+    msg: pr.PrefillRequest
+    decode: PeerId
+    peer: Any
+    transfers: tuple
+    dst_regions: list  # RegionDescriptor per decode tp rank
+    dst_geometry: PoolGeometry
+    context_dst: Any  # RegionDescriptor of the decode's context buffer
+    pages_queued: int = 0
+    inflight_steps: int = 0  # queued step work not yet submitted by the streamer
+    futures: list[Future] = field(default_factory=list)
+    context_sent: bool = False
+    failure: str | None = None  # set once: the job stops sending and reports after draining
+    aborted: bool = False
+    slot: int = -1
+    num_bytes: int = 0
+    num_writes: int = 0
+    first_submit_s: float = 0.0
+    last_done_s: float = 0.0
+    forward_end_s: float = 0.0
+
+    @classmethod
+    def for_request(cls, msg: pr.PrefillRequest, sender: PeerId, info: UnitInfo, peer: Any, plan: Any,
+                    src_instance: str, num_layers: int) -> PrefillJob:
+        """A new job for an admitted request from decode unit ``info`` (``peer``: its endpoint)."""
+        from disaggsdk.transfer import RegionDescriptor
+
+        route = plan.route(src_instance, info.instance)
+        return cls(msg=msg, decode=sender, peer=peer, transfers=route.transfers_for(msg.request_id),
+                   dst_regions=[RegionDescriptor.from_bytes(r) for r in info.pool_regions],
+                   dst_geometry=dst_geometry(plan, src_instance, info, num_layers),
+                   context_dst=RegionDescriptor.from_bytes(info.context_region))
+
+
+def dst_geometry(plan: Any, src_instance: str, info: UnitInfo, num_layers: int) -> PoolGeometry:
+    """The geometry of decode unit ``info``'s pool, from the route's page size and its region length."""
+    from disaggsdk.transfer import RegionDescriptor
+
+    page_bytes = plan.route(src_instance, info.instance).dst_shape.page_bytes
+    length = RegionDescriptor.from_bytes(info.pool_regions[0]).length_bytes
+    return PoolGeometry.of_region(num_layers, page_bytes, length)
+
+
+def imms(imm: int, n: int) -> array:
+    """``n`` copies of immediate ``imm``: one per write of a batch (u32, as the native side reads them)."""
+    return array("I", [imm]) * n
