@@ -26,6 +26,7 @@ class UnitParts:
     messenger: Messenger | None = None
     transfer: Any = None  # TransferEngine
     regions: list[Any] = field(default_factory=list)  # SharedRegion of each tp rank's KV pool
+    registrations: list[Any] = field(default_factory=list)  # MemoryRegion of each pool and the context
     context: bytearray | None = None  # the context slots (decode: written into; prefill: staged in)
 
     def submit(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
@@ -48,7 +49,15 @@ class UnitParts:
         if self.engine is not None:
             self.engine.close()
         if self.transfer is not None:
-            self.transfer.close()  # its registrations go with the endpoint
+            # release each buffer export while the buffers are certainly alive: left to the
+            # garbage collector at exit, a view could be released after its mmap is gone
+            for registration in self.registrations:
+                try:
+                    self.transfer.deregister(registration)
+                except Exception:  # noqa: BLE001 - writes still in flight: the endpoint's close frees it
+                    pass
+            self.registrations = []
+            self.transfer.close()
             self.transfer = None
 
 
@@ -148,9 +157,11 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
         parts.transfer = TransferEngine(args.provider, direct=spec.transport.same_host_copy)
         # pools are memfds: prefill units on this machine map them and copy with memcpy
         registrations = [parts.transfer.register(r.buffer, shared_fd=r.fd) for r in parts.regions]
+        parts.registrations = list(registrations)
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)
         parts.context = bytearray(slot_bytes * args.num_context_slots)
         context_mr = parts.transfer.register(parts.context)
+        parts.registrations = [*registrations, context_mr]
         parts.info = unit_info(args, parts.transfer.address, [m.descriptor.to_bytes() for m in registrations],
                                context_mr.descriptor.to_bytes(), slot_bytes)
     except BaseException:
