@@ -1,5 +1,6 @@
 """Spec files: every shipped spec loads, validates and round-trips; bad files fail clearly."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,30 @@ def test_empty_and_missing_files(tmp_path):
         load_spec(tmp_path / "empty.yaml")
     with pytest.raises(SpecError, match="spec file not found"):
         load_spec(tmp_path / "missing.yaml")
+
+
+def test_rule_and_field_errors_name_the_file_before_the_yaml_path(tmp_path):
+    (tmp_path / "x.yaml").write_text("model: deepseek-r1\ndecode: {tp: 3}\nkv: {layout: HDN}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "x.yaml")
+    assert info.value.problems == [f"{tmp_path / 'x.yaml'}: $.kv.layout: 'HDN' is not valid; use one of HND, NHD"]
+    (tmp_path / "x.yaml").write_text("model: deepseek-r1\ndecode: {tp: 3}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "x.yaml")
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{tmp_path / 'x.yaml'}: $.decode.tp: tp=3 does not divide the 128 query heads")
+    with pytest.raises(SpecError, match=r"^specs/x\.yaml: \$\.decode\.tp: tp=3 "):
+        parse_spec_yaml("model: deepseek-r1\ndecode: {tp: 3}\n", source="specs/x.yaml")
+
+
+def test_the_empty_spec_hint_is_a_spec_that_runs_on_this_cpu():
+    with pytest.raises(SpecError) as info:
+        parse_spec_yaml("", source="empty.yaml")
+    (message,) = info.value.problems
+    suggested = "\n".join(re.findall(r"`([^`]+)`", message))  # the lines, one per line, as it says
+    spec = parse_spec_yaml(suggested)
+    assert (spec.device, spec.hardware.gpu, spec.transport.provider) == ("cpu", "cpu", "shm")
+    assert spec.model.endswith("-tiny")
+    # one process per rank: the suggestion must fit the 2 cores of the development machine
+    ranks = sum(r.replicas * r.ranks_per_instance for r in (spec.prefill, spec.decode))
+    assert ranks <= spec.hardware.gpus_per_node == 2

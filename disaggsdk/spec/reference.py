@@ -1,0 +1,270 @@
+"""The spec reference (docs/spec.md) and JSON Schema (docs/spec.schema.json), generated from the classes.
+
+Both are read off the attrs classes of `spec.types` (each field's type, default and `about`
+metadata) and the `Rule` table of `spec.rules`, so neither can describe a key the loader does not
+know. tests/spec/test_reference.py fails when the committed files differ from what this module
+produces; regenerate them with ``python -m disaggsdk.spec.reference --write`` from the repository
+root. Imports no torch: it runs wherever a spec can be validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from disaggsdk.models import resolve_model
+from disaggsdk.spec.rules import MODEL_KEYS, RULES, Rule
+from disaggsdk.spec.types import Spec
+
+REGENERATE = "python -m disaggsdk.spec.reference --write"
+MARKDOWN_NAME = "spec.md"
+SCHEMA_NAME = "spec.schema.json"
+# draft-07: the newest draft yaml-language-server (VS Code, Neovim, Helix) understands fully.
+SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
+# `$.model` is not checked by a `Rule` but by resolving it before any rule runs (rules.MODEL_KEYS).
+MODEL_CHECK = resolve_model.__name__
+MODEL_CHECK_SUMMARY = ("`model` is a catalog name or a checkpoint directory with a config.json; "
+                       "every other rule needs its architecture.")
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+
+
+@attrs.frozen
+class Key:
+    """One YAML key of the spec: where it is and the attrs field that defines it.
+
+    Attributes:
+        path: its YAML path (``$.decode.tp``), as errors and `Rule.keys` spell it.
+        field: the attrs field; its metadata holds the doc and the single-value check.
+        hint: the field's resolved type (``int``, ``Literal["HND", "NHD"]``, an attrs class).
+    """
+
+    path: str
+    field: attrs.Attribute
+    hint: Any
+
+    @property
+    def doc(self) -> str:
+        return self.field.metadata.get("doc", "")
+
+    @property
+    def is_section(self) -> bool:
+        """True when the key holds a mapping of keys (an attrs class) rather than one value."""
+        return attrs.has(self.hint)
+
+
+@attrs.frozen
+class Section:
+    """The keys written directly under one mapping of the spec (``$`` or ``$.kv``).
+
+    Attributes:
+        path: the mapping's YAML path.
+        cls: the attrs class it is loaded into.
+        doc: what the mapping is (its key's doc, then the class docstring).
+        keys: its keys in declaration order, sections included.
+    """
+
+    path: str
+    cls: type
+    doc: str
+    keys: tuple[Key, ...]
+
+
+def spec_sections(root: type = Spec, path: str = "$", doc: str = "") -> list[Section]:
+    """Every mapping of the spec, ``root`` first, each followed by the sections under it.
+
+    Args:
+        root: an attrs class; ``Spec`` for the deployment spec.
+        path: the YAML path of ``root``.
+        doc: what ``root`` is, shown before its docstring.
+    """
+    hints = typing.get_type_hints(root)
+    keys = tuple(Key(f"{path}.{f.name}", f, hints[f.name]) for f in attrs.fields(root))
+    class_doc = inspect.getdoc(root) or ""
+    sections = [Section(path, root, _join_docs(doc, class_doc), keys)]
+    for key in keys:
+        if key.is_section:
+            sections += spec_sections(key.hint, key.path, key.doc)
+    return sections
+
+
+def _join_docs(key_doc: str, class_doc: str) -> str:
+    # "How KV pages travel." then "How KV pages travel between prefill and decode." says it twice.
+    def norm(text: str) -> str:
+        return text.lower().rstrip(".").removeprefix("the ")
+
+    if not key_doc or norm(class_doc).startswith(norm(key_doc)):
+        return class_doc
+    return f"{key_doc} {class_doc}"
+
+
+def check_name_of(key: Key) -> str | None:
+    """The name of ``key``'s single-value check ("positive"), or None when it has none."""
+    check = key.field.metadata.get("check")
+    return check.name if check is not None else None
+
+
+def rules_reading(key: Key, rules: Sequence[Rule] = RULES) -> list[str]:
+    """The names of the cross-field rules that check ``key`` (those whose `Rule.keys` hold its path)."""
+    names = [MODEL_CHECK] if key.path in MODEL_KEYS else []
+    return names + [rule.name for rule in rules if key.path in rule.keys]
+
+
+# Markdown
+
+
+def _type_text(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(f"`{choice}`" for choice in typing.get_args(hint))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(arg) for arg in typing.get_args(hint))
+    if attrs.has(hint):
+        return "mapping"
+    return _JSON_TYPES[hint]
+
+
+def _default_text(key: Key) -> str:
+    default = key.field.default
+    if key.is_section:
+        return f"see `{key.path}`"
+    if isinstance(default, bool) or default is None:
+        return f"`{json.dumps(default)}`"
+    return f"`{default}`"
+
+
+def _cell(text: str) -> str:
+    # A literal `|` would end the table cell early.
+    return text.replace("|", "\\|")
+
+
+def _checks_text(key: Key, rules: Sequence[Rule]) -> str:
+    # Rule names are code (`tp_divides_query_heads`); a check's name is words ("one of HND, NHD").
+    check = check_name_of(key)
+    names = ([check] if check else []) + [f"`{name}`" for name in rules_reading(key, rules)]
+    return "; ".join(names) or "-"
+
+
+def _section_markdown(section: Section, rules: Sequence[Rule]) -> list[str]:
+    lines = [f"## `{section.path}`", "", section.doc, ""]
+    lines += ["| key | type | default | what it does | checked by |", "|---|---|---|---|---|"]
+    for key in section.keys:
+        checks = _checks_text(key, rules)
+        cells = (f"`{key.path}`", _type_text(key.hint), _default_text(key), key.doc, checks)
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return lines + [""]
+
+
+def render_markdown(root: type = Spec, rules: Sequence[Rule] = RULES) -> str:
+    """docs/spec.md: a table of keys per section, then what each rule requires.
+
+    Args:
+        root: the spec class to describe.
+        rules: the cross-field rules whose names fill the "checked by" column.
+    Returns:
+        The Markdown text, ending in a newline.
+    """
+    lines = [
+        "# Spec reference",
+        "",
+        f"<!-- Generated from disaggsdk/spec/types.py and rules.py by `{REGENERATE}`; do not edit. -->",
+        "",
+        "Every key a deployment spec (YAML, or `Cluster(...).spec`) may hold. Errors name keys by "
+        "these paths (`$.decode.tp`). \"Checked by\" names the key's own check, run as the spec is "
+        f"built, and the cross-field rules that read it (listed at the end). `{SCHEMA_NAME}` holds "
+        "the same keys for editors: start a YAML file with "
+        f"`# yaml-language-server: $schema=../docs/{SCHEMA_NAME}` (path relative to the file).",
+        "",
+    ]
+    for section in spec_sections(root):
+        lines += _section_markdown(section, rules)
+    lines += ["## Rules", "", "Checks across keys, run after every key is valid on its own.", ""]
+    lines += ["| rule | requires | keys |", "|---|---|---|"]
+    rows = [(MODEL_CHECK, MODEL_CHECK_SUMMARY, MODEL_KEYS)] + [(r.name, r.summary, r.keys) for r in rules]
+    for name, summary, keys in rows:
+        cells = (f"`{name}`", summary, ", ".join(f"`{k}`" for k in keys))
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# JSON Schema
+
+
+def _value_schema(hint: Any) -> dict[str, Any]:
+    if typing.get_origin(hint) is typing.Literal:
+        return {"type": "string", "enum": list(typing.get_args(hint))}
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return {"type": [_JSON_TYPES[arg] for arg in typing.get_args(hint)]}
+    return {"type": _JSON_TYPES[hint]}
+
+
+def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, Any]:
+    properties = {}
+    for key in section.keys:
+        if key.is_section:
+            # `prefill:` with nothing after it loads as an empty mapping (convert.py), hence null.
+            schema = {**_object_schema(by_path[key.path], by_path), "type": ["object", "null"]}
+        else:
+            schema = {"description": key.doc, **_value_schema(key.hint), "default": key.field.default}
+            check = key.field.metadata.get("check")
+            if check is not None:
+                schema.update(check.schema)
+        properties[key.field.name] = schema
+    return {"description": section.doc, "type": "object", "additionalProperties": False,
+            "properties": properties}
+
+
+def json_schema(root: type = Spec) -> dict[str, Any]:
+    """The JSON Schema (draft-07) of a spec file, for editors and for checking YAML without Python.
+
+    Objects forbid unknown keys, as the loader does; each key has its doc as ``description``, its
+    ``default``, ``enum`` for a fixed set of choices and its check's bounds (`Check.schema`).
+    Cross-field rules and checks JSON Schema cannot say (a power of two) stay with the loader.
+    """
+    sections = spec_sections(root)
+    by_path = {section.path: section for section in sections}
+    return {"$schema": SCHEMA_DIALECT, "title": "disaggsdk deployment spec",
+            **_object_schema(sections[0], by_path)}
+
+
+def render_schema(root: type = Spec) -> str:
+    """docs/spec.schema.json: `json_schema` as indented JSON ending in a newline."""
+    return json.dumps(json_schema(root), indent=2, ensure_ascii=False) + "\n"
+
+
+def generated_files() -> dict[str, str]:
+    """File name under docs/ -> the text this module generates for it."""
+    return {MARKDOWN_NAME: render_markdown(), SCHEMA_NAME: render_schema()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m disaggsdk.spec.reference [--schema] [--write [--docs-dir DIR]]``."""
+    parser = argparse.ArgumentParser(prog="python -m disaggsdk.spec.reference", description=__doc__.splitlines()[0])
+    parser.add_argument("--schema", action="store_true", help=f"print {SCHEMA_NAME} instead of {MARKDOWN_NAME}")
+    parser.add_argument("--write", action="store_true", help=f"write {MARKDOWN_NAME} and {SCHEMA_NAME} into --docs-dir")
+    parser.add_argument("--docs-dir", type=Path, default=Path("docs"),
+                        help="where --write puts them (default: docs, run from the repository root)")
+    args = parser.parse_args(argv)
+    if not args.write:
+        sys.stdout.write(render_schema() if args.schema else render_markdown())
+        return 0
+    if not args.docs_dir.is_dir():
+        print(f"{args.docs_dir}: no such directory; run from the repository root or pass --docs-dir",
+              file=sys.stderr)
+        return 2
+    for name, text in generated_files().items():
+        (args.docs_dir / name).write_text(text)
+        print(f"wrote {args.docs_dir / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
