@@ -1,117 +1,139 @@
-"""Messages between the launcher (parent) and its unit processes, over a multiprocessing pipe.
+"""A framed message channel over a stream socket: what a runtime and its units talk through.
 
-Typed msgspec structs encoded as msgpack and moved with ``Connection.send_bytes`` /
-``recv_bytes``: nothing a unit says is ever unpickled by the parent (shared/LESSONS.md).
+Each frame is a header (payload bytes: u32, `PROTOCOL_VERSION`: u16, network order) and a msgpack
+payload of one `launch.messages` struct. A stream socket rather than a multiprocessing Pipe: the
+same frames cross a Unix socketpair here and a TCP connection between machines, and nothing is
+ever unpickled. A frame of another version or over `MAX_FRAME_BYTES` is refused, never guessed at.
+
+Sends are thread-safe (the router sends from the asyncio thread and from callers); receives
+belong to one thread.
 """
 
 from __future__ import annotations
 
-from typing import Any, Union
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Any
 
 import msgspec
 
-from disaggsdk.engine.sampling_params import SamplingParams
-from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.messenger.stats import RequestTransfer
+from disaggsdk.launch.messages import PROTOCOL_VERSION
+from disaggsdk.launch.tiny import LaunchError
 
-
-# parent -> unit
-
-
-class Peers(msgspec.Struct, frozen=True, tag=True):
-    units: list[UnitInfo]
-
-
-class Generate(msgspec.Struct, frozen=True, tag=True):
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams  # a plain dataclass: msgspec encodes it and re-runs its checks on decode
-
-
-class Abort(msgspec.Struct, frozen=True, tag=True):
-    request_id: str
-
-
-class PeerDown(msgspec.Struct, frozen=True, tag=True):
-    name: str
-
-
-class GetStats(msgspec.Struct, frozen=True, tag=True):
-    seq: int  # 0: a refresh nobody waits for
-    with_recent: bool = False  # include the per-request records (large; the benchmark wants them)
-
-
-class Shutdown(msgspec.Struct, frozen=True, tag=True):
-    pass
-
-
-# unit -> parent
-
-
-class Ready(msgspec.Struct, frozen=True, tag=True):
-    info: UnitInfo
-
-
-class Started(msgspec.Struct, frozen=True, tag=True):
-    name: str
-
-
-class Logprob(msgspec.Struct, frozen=True, array_like=True):
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = []
-
-
-class Tokens(msgspec.Struct, frozen=True, tag=True):
-    request_id: str
-    token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
-    logprobs: list[Logprob] = []
-
-
-class UnitStats(msgspec.Struct, frozen=True, tag=True):
-    seq: int
-    name: str
-    role: str
-    running: int
-    waiting: int
-    num_free_pages: int  # the same on every tp rank: one allocator serves all of them
-    num_pages: int
-    transfer_bytes: int
-    transfer_writes: int
-    transfer_s: float
-    exposed_transfer_s: float
-    transfer_failures: int
-    requests_retried: int
-    prefilled_locally: int
-    rejected_frames: dict[str, int]
-    rejected_requests: dict[str, int]
-    recent: list[RequestTransfer]
-
-
-class Fatal(msgspec.Struct, frozen=True, tag=True):
-    message: str
-
-
-ToUnit = Union[Peers, Generate, Abort, PeerDown, GetStats, Shutdown]
-FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal]
+HEADER = struct.Struct("!IH")
+MAX_FRAME_BYTES = 1 << 30  # the largest message (UnitStats with every recent record) is far below
+_READ_BYTES = 1 << 20
 _ENCODER = msgspec.msgpack.Encoder()
-_TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
-_FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)
 
 
-def send(conn: Any, msg: msgspec.Struct) -> None:
-    """Send one message over a `multiprocessing.connection.Connection`."""
-    conn.send_bytes(_ENCODER.encode(msg))
+class ChannelClosed(LaunchError):
+    """The other end closed the channel (its process exited or died)."""
 
 
-def recv_to_unit(conn: Any) -> Any:
-    """The next parent -> unit message."""
-    return _TO_UNIT.decode(conn.recv_bytes())
+class ChannelError(LaunchError):
+    """A frame that cannot be read: wrong protocol version, absurd size, or not a known message."""
 
 
-def recv_from_unit(conn: Any) -> Any:
-    """The next unit -> parent message (msgspec validates every field)."""
-    return _FROM_UNIT.decode(conn.recv_bytes())
+class FrameChannel:
+    """Typed frames over ``sock``, decoded with ``decoder`` (a msgspec msgpack Decoder of a union).
+
+    Args:
+        sock: a connected stream socket; the channel owns it from now on.
+        decoder: what the other end may send.
+    """
+
+    def __init__(self, sock: socket.socket, decoder: msgspec.msgpack.Decoder):
+        sock.setblocking(True)
+        self._sock = sock
+        self._decoder = decoder
+        self._buffer = bytearray()
+        self._send_lock = threading.Lock()
+        self._eof = False
+
+    def fileno(self) -> int:
+        """The socket's descriptor, for `selectors` (-1 once closed)."""
+        return self._sock.fileno()
+
+    def send(self, msg: msgspec.Struct) -> None:
+        """Send one message.
+
+        Raises:
+            ChannelClosed: the other end is gone.
+        """
+        payload = _ENCODER.encode(msg)
+        with self._send_lock:
+            try:
+                self._sock.sendall(HEADER.pack(len(payload), PROTOCOL_VERSION) + payload)
+            except OSError as exc:
+                raise ChannelClosed(f"the channel is closed ({exc})") from None
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Whether a whole frame can be received now, waiting up to ``timeout_s`` for one.
+
+        Raises:
+            ChannelClosed: the other end closed and every frame it sent has been received.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self._has_frame():
+            if self._eof:
+                raise ChannelClosed("the other end closed the channel")
+            remaining = deadline - time.monotonic()
+            try:
+                readable, _, _ = select.select([self._sock], [], [], max(0.0, remaining))
+            except (OSError, ValueError) as exc:  # closed under us
+                raise ChannelClosed(f"the channel is closed ({exc})") from None
+            if readable:
+                self._read_some()
+            elif remaining <= 0:
+                return False
+        return True
+
+    def recv(self, timeout_s: float | None = None) -> Any:
+        """The next message, waiting up to ``timeout_s`` (None: until one arrives).
+
+        Raises:
+            ChannelClosed: the other end is gone; TimeoutError: nothing within ``timeout_s``;
+            ChannelError: a frame of another protocol version, too large, or not a known message.
+        """
+        if not self.poll(3.0e7 if timeout_s is None else timeout_s):
+            raise TimeoutError(f"no message within {timeout_s} s")
+        size, _version = HEADER.unpack_from(self._buffer)
+        payload = bytes(self._buffer[HEADER.size:HEADER.size + size])
+        del self._buffer[:HEADER.size + size]
+        try:
+            return self._decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise ChannelError(f"a frame is not a message this side knows: {exc}") from None
+
+    def close(self) -> None:
+        """Close the socket. Idempotent."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _has_frame(self) -> bool:
+        if len(self._buffer) < HEADER.size:
+            return False
+        size, version = HEADER.unpack_from(self._buffer)
+        if version != PROTOCOL_VERSION:
+            raise ChannelError(f"a frame of protocol version {version}; this side speaks {PROTOCOL_VERSION}: "
+                               f"run the same disaggsdk version on both ends")
+        if size > MAX_FRAME_BYTES:
+            raise ChannelError(f"a frame of {size} bytes, over the {MAX_FRAME_BYTES}-byte limit")
+        return len(self._buffer) >= HEADER.size + size
+
+    def _read_some(self) -> None:
+        try:
+            data = self._sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._buffer += data
+        else:
+            self._eof = True

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -24,10 +25,11 @@ from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
 from typing import Any
 
-from disaggsdk.launch import channel as ch
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.channel import ChannelClosed, ChannelError, FrameChannel
 from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
-from disaggsdk.launch.unit import UnitArgs, unit_main
+from disaggsdk.launch.unit import unit_main
 from disaggsdk.launch.units import (
     UnitHandle,
     core_sets,
@@ -95,13 +97,18 @@ class LocalRuntime:
         try:
             for i, (name, inst) in enumerate(names):
                 role = "mixed" if colocated else inst.role
-                args = UnitArgs(name, inst.name, role, spec_yaml, secret, provider,
-                                os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i])
-                parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=unit_main, args=(args, child), name=f"disaggsdk-{name}")
+                args = ch.UnitArgs(name, inst.name, role, spec_yaml, secret, provider,
+                                   os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
+                                   parent_pid=os.getpid())
+                # a socket, not a Pipe: the same typed frames would cross TCP to another machine;
+                # the only thing spawn pickles is the socket's descriptor
+                parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                proc = ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{name}")
                 proc.start()
                 child.close()
-                self.units[name] = UnitHandle(args, proc, parent)
+                channel = FrameChannel(parent, ch.FROM_UNIT)
+                self.units[name] = UnitHandle(args, proc, channel)
+                channel.send(args)  # the first frame: what the unit is
             start_units(self.units, start_timeout_s)
         except BaseException:
             self._own_log_dir = False  # a failed start keeps its logs: the error names them
@@ -138,8 +145,8 @@ class LocalRuntime:
         if not u.healthy or self._closed:
             return False
         try:
-            ch.send(u.conn, message)
-        except OSError:
+            u.channel.send(message)
+        except ChannelClosed:
             return False
         return True
 
@@ -176,27 +183,29 @@ class LocalRuntime:
             if not live:
                 time.sleep(0.05)
                 continue
-            by_conn = {u.conn: u for u in live}
+            by_channel = {u.channel: u for u in live}
             by_sentinel = {u.process.sentinel: u for u in live}
             try:
-                ready = wait_any(list(by_conn) + list(by_sentinel), timeout=0.2)
-            except OSError:
+                ready = wait_any(list(by_channel) + list(by_sentinel), timeout=0.2)
+            except (OSError, ValueError):  # a channel closed under us: the next round sees why
                 continue
             for obj in ready:
-                if obj in by_conn:
-                    u = by_conn[obj]
-                    try:
-                        self._deliver(u, ch.recv_from_unit(u.conn))
-                    except (EOFError, OSError):
-                        self._unit_died(u)
-                elif obj in by_sentinel:
-                    u = by_sentinel[obj]
-                    while u.conn.poll(0):  # what it said before dying still counts
-                        try:
-                            self._deliver(u, ch.recv_from_unit(u.conn))
-                        except (EOFError, OSError):
-                            break
+                u = by_channel.get(obj) or by_sentinel[obj]
+                if self._drain(u) or obj in by_sentinel:
                     self._unit_died(u)
+
+    def _drain(self, u: UnitHandle) -> bool:
+        """Deliver every whole frame ``u`` sent; True when its channel is closed or broken."""
+        try:
+            while u.channel.poll(0):
+                self._deliver(u, u.channel.recv())
+        except ChannelClosed:
+            return True
+        except ChannelError as exc:  # a unit that speaks garbage is treated as dead
+            u.fatal = u.fatal or f"unreadable frame: {exc}"
+            u.process.kill()
+            return True
+        return False
 
     def _deliver(self, u: UnitHandle, msg: Any) -> None:
         if isinstance(msg, ch.Fatal):

@@ -1,9 +1,9 @@
 """The Runtime seam: what the router (`disaggsdk.serve.router`) needs of whatever runs the units.
 
-A runtime starts the units of a plan, carries typed messages to them (`launch.channel`), hands
-back what they say, tells who died, and stops them. It knows processes, never requests: which
-unit serves a request, what a token means and what a client is owed live in the router. Today's
-implementation is `LocalRuntime` (one process per unit on this machine); a runtime for many
+A runtime starts the units of a plan, carries typed messages to them (`launch.messages`, framed
+by `launch.channel`), hands back what they say, tells who died, and stops them. It knows
+processes, never requests: which unit serves a request, what a token means and what a client is
+owed live in the router. Today's implementation is `LocalRuntime` (one process per unit on this machine); a runtime for many
 machines implements the same few methods.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-# on_message(unit name, one `launch.channel` unit -> runtime message), from the runtime's reader
+# on_message(unit name, one `launch.messages` unit -> runtime message), from the runtime's reader
 MessageListener = Callable[[str, Any], None]
 # on_unit_down(unit name, report): the unit died; the report says how, with its log tail
 DownListener = Callable[[str, str], None]

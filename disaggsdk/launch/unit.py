@@ -14,36 +14,28 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+import socket
 from typing import Any
 
-from disaggsdk.launch import channel as ch
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.messages import UnitArgs
 
-IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its parent pipe between polls
+IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its launcher channel between polls
 BUSY_WAIT_S = 0.0005  # the same while only transfers are in flight (no step to run)
 
 
-@dataclass(frozen=True)
-class UnitArgs:
-    """What a unit needs to start (plain values: sent once from the launcher to its own child)."""
-
-    name: str
-    instance: str
-    role: str  # "prefill" | "decode" | "mixed"
-    spec_yaml: str
-    secret: bytes
-    provider: str
-    log_path: str
-    work_dir: str
-    cpu_ids: tuple[int, ...] | None = None
-    num_context_slots: int = 64
-
-
-def unit_main(args: UnitArgs, conn: Any) -> None:
-    """Entry point of a unit process."""
+def unit_main(sock: socket.socket) -> None:
+    """Entry point of a unit process: ``sock`` is its end of the channel; the first frame says what it is."""
     from disaggsdk.memory.pool_handover import die_with_parent
 
     die_with_parent()
+    conn = FrameChannel(sock, ch.TO_UNIT)
+    args = conn.recv(timeout_s=60)
+    if not isinstance(args, UnitArgs):
+        raise RuntimeError(f"a unit's first frame must be UnitArgs, not {type(args).__name__}")
+    if args.parent_pid and os.getppid() != args.parent_pid:
+        os._exit(1)  # the launcher died before PDEATHSIG was armed: nobody will stop this unit
     log_fd = os.open(args.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -70,8 +62,8 @@ def unit_main(args: UnitArgs, conn: Any) -> None:
     except BaseException as exc:  # report, then exit non-zero: the launcher shows the log tail
         traceback.print_exc()
         try:
-            ch.send(conn, ch.Fatal(f"{args.name}: {type(exc).__name__}: {exc}"))
-        except OSError:
+            conn.send(ch.Fatal(f"{args.name}: {type(exc).__name__}: {exc}"))
+        except ChannelClosed:
             pass
         if parts is not None:
             parts.close()
@@ -97,8 +89,8 @@ class Unit:
 
     def await_peers(self) -> None:
         """Report `Ready`, learn the other units from `Peers`, report `Started` (or stop on `Shutdown`)."""
-        ch.send(self.conn, ch.Ready(self.parts.info))
-        msg = ch.recv_to_unit(self.conn)
+        self.conn.send(ch.Ready(self.parts.info))
+        msg = self.conn.recv()
         if isinstance(msg, ch.Shutdown):
             self.stopping = True
             return
@@ -106,7 +98,7 @@ class Unit:
             raise RuntimeError(f"expected the launcher's Peers, got {type(msg).__name__}")
         if self.messenger is not None:
             self.messenger.add_peers(msg.units)
-        ch.send(self.conn, ch.Started(self.args.name))
+        self.conn.send(ch.Started(self.args.name))
         print(f"{self.args.name}: started", flush=True)
 
     # the loop
@@ -132,7 +124,7 @@ class Unit:
     def _drain_parent(self, wait_s: float) -> None:
         while self.conn.poll(wait_s):
             wait_s = 0.0
-            self._handle(ch.recv_to_unit(self.conn))
+            self._handle(self.conn.recv())
 
     def _drain_frames(self) -> None:
         if self.transfer is None:
@@ -155,15 +147,15 @@ class Unit:
                 self._check_prompt(msg.request_id, msg.prompt_ids, params)
                 self.parts.submit(msg.request_id, msg.prompt_ids, params)
             except DisaggError as exc:
-                ch.send(self.conn, ch.Tokens(msg.request_id, [], True, "error", str(exc)))
+                self.conn.send(ch.Tokens(msg.request_id, [], True, "error", str(exc)))
         elif isinstance(msg, ch.Abort):
             self.parts.abort(msg.request_id)
-            ch.send(self.conn, ch.Tokens(msg.request_id, [], True, "abort"))
+            self.conn.send(ch.Tokens(msg.request_id, [], True, "abort"))
         elif isinstance(msg, ch.PeerDown):
             if self.messenger is not None:
                 self.messenger.peer_down(msg.name)
         elif isinstance(msg, ch.GetStats):
-            ch.send(self.conn, self._stats(msg.seq, msg.with_recent))
+            self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
 
@@ -182,14 +174,14 @@ class Unit:
         for out in outputs:
             if out.new_token_ids or out.finished:
                 logprobs = [ch.Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.new_logprobs]
-                ch.send(self.conn, ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
+                self.conn.send(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
                                              out.finish_reason, logprobs=logprobs))
 
     def _report_failures(self) -> None:
         failed = self.messenger.failed
         while failed:
             rid, message = failed.pop()
-            ch.send(self.conn, ch.Tokens(rid, [], True, "error", message))
+            self.conn.send(ch.Tokens(rid, [], True, "error", message))
 
     def _stats(self, seq: int, with_recent: bool) -> Any:
         e, m = self.engine, self.messenger

@@ -88,7 +88,7 @@ def unit_info(args: Any, address: bytes = b"", pools: list[bytes] | None = None,
 
 
 def assemble(args: Any, spec: Any, plan: Any) -> UnitParts:
-    """The parts of the unit ``args`` describes (`launch.unit.UnitArgs`)."""
+    """The parts of the unit ``args`` describes (`launch.messages.UnitArgs`)."""
     return {"mixed": assemble_mixed, "prefill": assemble_prefill, "decode": assemble_decode}[args.role](
         args, spec, plan)
 

@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from disaggsdk.launch import channel as ch
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.tiny import LaunchError
-from disaggsdk.launch.unit import UnitArgs
 from disaggsdk.transfer.shm_files import remove_fabric_shm
 
 LOG_TAIL_LINES = 30
@@ -24,7 +25,7 @@ class UnitHandle:
 
     args: UnitArgs
     process: Any
-    conn: Any  # the launcher's end of the unit's pipe
+    channel: FrameChannel  # the launcher's end of the unit's socket
     info: Any = None  # UnitInfo, once Ready
     healthy: bool = True
     started: bool = False
@@ -85,16 +86,21 @@ def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:
         if want is ch.Ready:
             peers = ch.Peers([u.info for u in units.values()])
             for u in units.values():
-                ch.send(u.conn, peers)
+                u.channel.send(peers)
 
 
 def _startup_reply(u: UnitHandle, deadline: float) -> Any:
-    while not u.conn.poll(0.1):
+    while True:
+        try:
+            if u.channel.poll(0.1):
+                break
+        except ChannelClosed:
+            time.sleep(0.05)  # it closed its end: its process is exiting, as the check below finds
         if not u.process.is_alive() or time.monotonic() > deadline:
             what = "died" if not u.process.is_alive() else "did not start in time"
             raise LaunchError(f"unit {u.args.name} {what}; last lines of {u.args.log_path}:\n"
                               f"{log_tail(u.args.log_path)}")
-    msg = ch.recv_from_unit(u.conn)
+    msg = u.channel.recv()
     if isinstance(msg, ch.Fatal):
         u.process.join(10)
         raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"
@@ -107,8 +113,8 @@ def stop_units(units: dict[str, UnitHandle], timeout_s: float = 15.0) -> None:
     for u in units.values():
         if u.process.is_alive():
             try:
-                ch.send(u.conn, ch.Shutdown())
-            except OSError:
+                u.channel.send(ch.Shutdown())
+            except ChannelClosed:
                 pass
     for u in units.values():
         u.process.join(timeout_s)
@@ -117,7 +123,7 @@ def stop_units(units: dict[str, UnitHandle], timeout_s: float = 15.0) -> None:
             u.process.join(5)
         if u.process.exitcode != 0:
             remove_fabric_shm(u.process.pid)
-        u.conn.close()
+        u.channel.close()
 
 
 def _process_tree(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from disaggsdk.launch import channel as ch
+from disaggsdk.launch import messages as ch
 from disaggsdk.launch.runtime_api import Runtime
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.report.instance_stats import InstanceStats
@@ -132,7 +132,14 @@ class Router:
             unit = min(serving, key=lambda n: (len(self._in_flight[n]), n))
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
-        if not self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params)):
+        try:
+            delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params))
+        except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
+            with self._lock:
+                self._in_flight[unit].discard(request_id)
+                self._sinks.pop(request_id, None)
+            raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
+        if not delivered:
             self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
         return unit
 

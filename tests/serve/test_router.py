@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disaggsdk.launch import channel as ch
+from disaggsdk.launch import messages as ch
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.serve.router import Router
 

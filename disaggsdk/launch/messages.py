@@ -1,0 +1,121 @@
+"""The messages between a runtime and its units: typed msgspec structs, versioned, never pickle.
+
+Both directions are tagged unions, so a frame decodes to exactly one of the structs below and
+msgspec checks every field's type (a frame from a unit on another machine is data, not code:
+shared/LESSONS.md). `PROTOCOL_VERSION` travels in every frame header (`launch.channel`); change
+it with any change of these structs that an older peer would misread.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from disaggsdk.engine.sampling_params import SamplingParams
+from disaggsdk.messenger.peers import UnitInfo
+from disaggsdk.messenger.stats import RequestTransfer
+
+
+PROTOCOL_VERSION = 1
+
+# runtime -> unit
+
+
+class UnitArgs(msgspec.Struct, frozen=True, tag=True):
+    """What a unit needs to start: the first frame a unit receives."""
+
+    name: str
+    instance: str
+    role: str  # "prefill" | "decode" | "mixed"
+    spec_yaml: str
+    secret: bytes
+    provider: str
+    log_path: str
+    work_dir: str
+    cpu_ids: tuple[int, ...] | None = None
+    num_context_slots: int = 64
+    parent_pid: int = 0  # the unit exits at once if its parent is not this process any more
+
+
+class Peers(msgspec.Struct, frozen=True, tag=True):
+    units: list[UnitInfo]
+
+
+class Generate(msgspec.Struct, frozen=True, tag=True):
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams  # a plain dataclass: msgspec encodes it and re-runs its checks on decode
+
+
+class Abort(msgspec.Struct, frozen=True, tag=True):
+    request_id: str
+
+
+class PeerDown(msgspec.Struct, frozen=True, tag=True):
+    name: str
+
+
+class GetStats(msgspec.Struct, frozen=True, tag=True):
+    seq: int  # 0: a refresh nobody waits for
+    with_recent: bool = False  # include the per-request records (large; the benchmark wants them)
+
+
+class Shutdown(msgspec.Struct, frozen=True, tag=True):
+    pass
+
+
+# unit -> runtime
+
+
+class Ready(msgspec.Struct, frozen=True, tag=True):
+    info: UnitInfo
+
+
+class Started(msgspec.Struct, frozen=True, tag=True):
+    name: str
+
+
+class Logprob(msgspec.Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
+class Tokens(msgspec.Struct, frozen=True, tag=True):
+    request_id: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    logprobs: list[Logprob] = []
+
+
+class UnitStats(msgspec.Struct, frozen=True, tag=True):
+    seq: int
+    name: str
+    role: str
+    running: int
+    waiting: int
+    num_free_pages: int  # the same on every tp rank: one allocator serves all of them
+    num_pages: int
+    transfer_bytes: int
+    transfer_writes: int
+    transfer_s: float
+    exposed_transfer_s: float
+    transfer_failures: int
+    requests_retried: int
+    prefilled_locally: int
+    rejected_frames: dict[str, int]
+    rejected_requests: dict[str, int]
+    recent: list[RequestTransfer]
+
+
+class Fatal(msgspec.Struct, frozen=True, tag=True):
+    message: str
+
+
+ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, GetStats, Shutdown]
+FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal]
+TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
+FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)
