@@ -107,16 +107,15 @@ def _run_spec(args: argparse.Namespace) -> int:
     """`generate --spec`: the spec's processes on this machine (disaggsdk.launch), then teardown."""
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.serve.offline import generate_with_spec
-    from disaggsdk.launch.signals import sigterm_unwinds
     from disaggsdk.spec import load_spec
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, ignore_eos=args.ignore_eos,
     )
-    with sigterm_unwinds():  # SIGTERM closes the deployment like Ctrl-C does
-        result = generate_with_spec(load_spec(args.spec), [_parse_ids(p) for p in args.prompt_ids], params,
-                                    texts=args.prompt, tiny=args.tiny, colocated=args.colocated)
+    # SIGTERM unwinds through here (cli.main), closing the deployment like Ctrl-C does
+    result = generate_with_spec(load_spec(args.spec), [_parse_ids(p) for p in args.prompt_ids], params,
+                                texts=args.prompt, tiny=args.tiny, colocated=args.colocated)
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

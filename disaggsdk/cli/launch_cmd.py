@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -21,10 +20,6 @@ if TYPE_CHECKING:
 
 HELP = "Launch a spec's processes on this machine behind an OpenAI-compatible server (live TTFT/TPS)."
 POLL_S = 0.25
-
-
-class _Terminated(Exception):
-    """SIGTERM arrived: shut down like on Ctrl-C."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,14 +67,15 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
 
 
 def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
-    """Serve until SIGINT or SIGTERM (with the live instance table unless ``live`` is False), then shut down."""
+    """Serve until SIGINT or SIGTERM (with the live instance table unless ``live`` is False), then shut down.
+
+    SIGTERM arrives as SystemExit(143) (`launch.signals.sigterm_unwinds`, around every command in
+    `cli.main`): the deployment shuts down the same way and the process exits 143, as a
+    terminated process should; Ctrl-C returns normally.
+    """
     from disaggsdk.report.live import InstanceRow
     from disaggsdk.report.live_table import LiveView, instance_table
 
-    def on_term(*_: object) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     console.print("serving; Ctrl-C to stop")
     try:
         if live:
@@ -90,12 +86,12 @@ def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
         else:
             while True:
                 time.sleep(POLL_S)
-    except (KeyboardInterrupt, _Terminated):
-        console.print("shutting down ...")
+    except KeyboardInterrupt:
+        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        console.print("shutting down ...")
         d.shutdown()
-    console.print("stopped")
+        console.print("stopped")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,4 @@
-"""The LLM engine: requests in, tokens out; `step()` is schedule, run, postprocess.
-
-Its settings are `EngineConfig` (engine/config.py), also importable from here.
-"""
+"""The LLM engine: requests in, tokens out; `step()` is schedule, run, postprocess (settings: engine/config.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.sampling import SamplingParams, new_generator, sample
 from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
+from disaggsdk.engine.stopping import eos_token_ids, stop_reason
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
@@ -73,6 +71,7 @@ class LLMEngine:
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
+        self._eos_ids = eos_token_ids(self.arch.hf_config)
 
     # lifecycle
 
@@ -109,6 +108,15 @@ class LLMEngine:
     ) -> None:
         if self.scheduler.find(request_id) is not None or (self.allocator.page_ids(request_id) and not has_pages):
             raise EngineError(f"request id {request_id!r} is already in use; use a fresh id")
+        self.check_prompt(request_id, prompt_ids, params)
+
+    def check_prompt(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Whether this engine can ever run the prompt (checked again when the request is added).
+
+        Raises:
+            EngineError: an empty prompt, a token outside the vocabulary, or prompt + max_tokens
+                over the KV pool.
+        """
         if not prompt_ids:
             raise EngineError(f"{request_id}: empty prompt; give at least one token")
         bad = [t for t in prompt_ids if not 0 <= t < self.arch.vocab_size]
@@ -245,7 +253,7 @@ class LLMEngine:
                 if lp is not None:
                     req.output_logprobs.append(lp)
                     out.new_logprobs = [lp]
-                reason = self._stop_reason(req, token)
+                reason = stop_reason(req.params, len(req.output_ids), token, self._eos_ids)
                 if reason:
                     self.scheduler.finish(req, reason)
             elif self.config.mode == "prefill_only" and req.num_computed_tokens >= self.scheduler.target_tokens(req):
@@ -254,16 +262,6 @@ class LLMEngine:
             out.finished, out.finish_reason = req.is_finished, req.finish_reason
             outputs.append(out)
         return outputs
-
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        eos = self.arch.hf_config.get("eos_token_id")
-        eos_ids = set(eos) if isinstance(eos, list) else ({eos} if eos is not None else set())
-        if token in p.stop_token_ids or (not p.ignore_eos and token in eos_ids):
-            return "stop"
-        if len(req.output_ids) >= p.max_tokens:
-            return "length"
-        return None
 
     # offline use
 

@@ -144,7 +144,8 @@ class Unit:
         if isinstance(msg, ch.Generate):
             try:
                 params = msg.params
-                self._check_prompt(msg.request_id, msg.prompt_ids, params)
+                # before a decode unit's messenger holds it for KV: the engine sees it only later
+                self.engine.check_prompt(msg.request_id, msg.prompt_ids, params)
                 self.parts.submit(msg.request_id, msg.prompt_ids, params)
             except DisaggError as exc:
                 self.conn.send(ch.Tokens(msg.request_id, [], True, "error", str(exc)))
@@ -158,17 +159,6 @@ class Unit:
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
-
-    def _check_prompt(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        from disaggsdk.engine.llm_engine import EngineError
-
-        vocab = self.engine.arch.vocab_size
-        cfg = self.engine.config
-        if not prompt_ids or any(not 0 <= t < vocab for t in prompt_ids):
-            raise EngineError(f"{request_id}: the prompt is empty or has token ids outside [0, {vocab})")
-        if len(prompt_ids) + params.max_tokens > cfg.num_pages * cfg.page_size:
-            raise EngineError(f"{request_id}: prompt + max_tokens exceed the KV pool of "
-                              f"{cfg.num_pages * cfg.page_size} tokens; raise engine.num_pages")
 
     def _emit(self, outputs: list) -> None:
         for out in outputs:

@@ -120,3 +120,16 @@ def test_temperature_range_is_in_the_message_and_edges_are_accepted():
     for t in (0, 0.0, MIN_TEMPERATURE, 1e4, 2):
         SamplingParams(temperature=t)
     SamplingParams(max_tokens=MAX_INT32, seed=MAX_SEED, top_k=MAX_INT32, stop_token_ids=(0, MAX_INT32))
+
+
+def test_a_request_stops_on_eos_a_stop_token_or_its_budget():
+    from disaggsdk.engine.stopping import eos_token_ids, stop_reason
+
+    eos = eos_token_ids({"eos_token_id": [2, 7]})
+    assert eos == {2, 7} and eos_token_ids({"eos_token_id": 5}) == {5} and eos_token_ids({}) == frozenset()
+    params = SamplingParams(max_tokens=3, stop_token_ids=[9])
+    assert stop_reason(params, 1, 2, eos) == "stop"
+    assert stop_reason(params, 1, 9, eos) == "stop"
+    assert stop_reason(params, 1, 4, eos) is None
+    assert stop_reason(params, 3, 4, eos) == "length"
+    assert stop_reason(SamplingParams(max_tokens=3, ignore_eos=True), 1, 2, eos) is None
