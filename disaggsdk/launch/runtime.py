@@ -40,7 +40,7 @@ from disaggsdk.launch.units import (
     unit_names,
 )
 from disaggsdk.spec.types import Spec
-from disaggsdk.transfer.shm_files import remove_fabric_shm
+from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
 
 class LocalRuntime:
@@ -71,6 +71,7 @@ class LocalRuntime:
 
         self.spec = tiny_spec(spec) if tiny else spec
         check_runnable(self.spec)
+        remove_orphaned_fabric_shm()  # what a launcher killed with SIGKILL left behind
         self.plan = make_plan(self.spec)
         self.model_name = self.spec.model
         self.colocated = colocated

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 
 SHM_DIR = "/dev/shm"
+# the shm provider names an endpoint's file "<pid>:<endpoint>:<n>"
+_FABRIC_NAME = re.compile(r"^(\d+):\d+:\d+$")
 
 
 def remove_fabric_shm(pid: int) -> None:
@@ -23,3 +26,36 @@ def remove_fabric_shm(pid: int) -> None:
                 os.unlink(os.path.join(SHM_DIR, name))
             except OSError:
                 pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def remove_orphaned_fabric_shm() -> list[str]:
+    """Remove every shm-provider file whose process is gone (a launcher killed with SIGKILL leaves
+    one per unit: its units die by PDEATHSIG and never close their endpoints).
+
+    Files of live processes are never touched. Returns the names removed.
+    """
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _FABRIC_NAME.match(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            pass  # removed by another launch meanwhile, or not ours to remove
+    return removed
