@@ -46,17 +46,18 @@ class Deployment:
         port: TCP port; 0 picks a free one (see `url`).
         api_key: when set, clients must send ``Authorization: Bearer <api_key>``.
         name: shown in the live views.
+        sock: a listening socket bound before the backend started (`serve.http_server.bind_listener`).
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
 
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, name: str = "deployment"):
+                 api_key: str | None = None, name: str = "deployment", sock: Any = None):
         self.backend = backend
         self.name = name
         self.api_key = api_key
         self.server_metrics = ServerMetrics(backend.stats, backend.model_name)
-        self._server = HttpServer(build_app(backend, self.server_metrics, api_key), host, port)
+        self._server = HttpServer(build_app(backend, self.server_metrics, api_key), host, port, sock)
         try:
             self._server.start()
         except BaseException:
@@ -186,12 +187,20 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     Raises:
         HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
         LaunchUnavailableError: this build has no local runtime.
+        ServerStartError: the port cannot be bound (checked before any unit starts).
     """
     from disaggsdk.face.preflight import check_hardware, local_runtime
+    from disaggsdk.serve.http_server import bind_listener
 
     check_hardware(spec, tiny)
     serve_locally = local_runtime()
-    backend = serve_locally(spec, tiny=tiny, colocated=colocated, **runtime_options)
+    host = host or spec.serve.host
+    port = spec.serve.port if port is None else port
+    sock = bind_listener(host, port)  # a busy port fails now, not after every unit started
+    try:
+        backend = serve_locally(spec, tiny=tiny, colocated=colocated, **runtime_options)
+    except BaseException:
+        sock.close()
+        raise
     layout = "colocated" if colocated else "disaggregated"
-    return Deployment(backend, host or spec.serve.host, spec.serve.port if port is None else port, api_key,
-                      name=f"{spec.label} ({layout})")
+    return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock)

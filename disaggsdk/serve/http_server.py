@@ -5,6 +5,7 @@ Port 0 asks the OS for a free port; `url` reports the real one once the server l
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -19,6 +20,30 @@ class ServerStartError(DisaggError):
     """The HTTP server did not come up (port in use, bad host)."""
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound now: a launch that cannot serve fails before
+    any unit process starts, not after.
+
+    Raises:
+        ServerStartError: the address is in use or not this machine's.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ServerStartError(f"cannot listen on {host}:{port}: {exc}; give an address of this machine") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ServerStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                               f"pick another port, or 0 for any free one") from None
+    return sock
+
+
 class HttpServer:
     """An ASGI app served by uvicorn on its own thread and event loop.
 
@@ -26,13 +51,17 @@ class HttpServer:
         app: the ASGI application.
         host: interface to bind (127.0.0.1 unless asked otherwise).
         port: TCP port; 0 picks a free one.
+        sock: a socket already listening (`bind_listener`); ``host`` and ``port`` then only name it.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):  # noqa: ANN001 - any ASGI app
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0,  # noqa: ANN001 - any ASGI app
+                 sock: socket.socket | None = None):
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="http-server", daemon=True)
+        sockets = [sock] if sock is not None else None
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": sockets}, name="http-server",
+                                        daemon=True)
         self.host = host
         self.port = port
 

@@ -184,3 +184,16 @@ def test_sigterm_during_bench_of_a_spec_stops_units_and_removes_shared_memory():
         assert not left, left
     finally:
         reap(proc, kids)
+
+
+def test_a_busy_port_fails_before_any_unit_starts(run_cli):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        p = run_cli("launch", "specs/tiny_pd.yaml", "--port", str(port), "--no-live", timeout_s=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "Traceback" not in p.stderr
+    assert "ready:" not in p.stderr and "ready in" not in p.stdout  # no unit was started
