@@ -23,6 +23,7 @@ from typing import Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
+from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.handoff import Handoff, Quarantine
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.ports import DecodeEngine, Transport
@@ -50,6 +51,7 @@ class DecodeMessenger:
                  secret: bytes, deadline_s: float):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.secret, self.deadline_s = secret, deadline_s
+        self.codec = FrameCodec(str(me.peer_id), secret)
         self.context_buffer = context_buffer
         self.layout = plan.spec.kv.layout
         self.page_size = engine.config.page_size
@@ -132,11 +134,11 @@ class DecodeMessenger:
 
     def on_frame(self, frame: bytes) -> None:
         """Handle one control frame from a prefill unit; bad frames are counted and dropped."""
-        try:
-            msg = pr.decode_message(frame, self.secret)
-        except pr.ProtocolError as exc:
-            self.frames.count(type(exc).__name__)
+        opened = self.codec.open(frame)
+        if isinstance(opened, str):
+            self.frames.count(opened)
             return
+        msg = opened.message
         if not isinstance(msg, (pr.PrefillRejected, pr.PrefillFailed)):
             self.frames.count("unexpected_kind")
             return
@@ -227,7 +229,7 @@ class DecodeMessenger:
         self._handoffs[h.request_id] = h
         self._outstanding[name] += 1
         h.deadline = now + self.deadline_s
-        h.send_future = self.transfer.send(peer, pr.encode_message(msg, self.secret))
+        h.send_future = self.transfer.send(peer, self.codec.seal(msg))
 
     def _admit(self, h: Handoff) -> None:
         del self._handoffs[h.request_id]
@@ -261,7 +263,7 @@ class DecodeMessenger:
             release_at = now + DRAIN_GRACE_S if drained else None
             if not drained:
                 abort = pr.AbortPrefill(h.request_id, h.grant.generation, str(self.me.peer_id))
-                self.transfer.send(self._prefills[name][1], pr.encode_message(abort, self.secret))
+                self.transfer.send(self._prefills[name][1], self.codec.seal(abort))
         owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
         self.engine.allocator.rename(h.request_id, owner)
         self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))

@@ -2,15 +2,13 @@
 
 The engine's ``on_step`` hook (main thread, before the forward pass) says which chunk of which
 request runs and fills which pages; the pages a chunk completes (a partly filled page only when
-the prompt ends) are queued for the `LayerStreamer` (messenger/streamer.py), whose thread waits
-on ``engine.layer_counter`` and submits each layer's writes as soon as that layer is done. With ``streaming=False`` (the
-ablation) the same writes go after the forward pass. After the last chunk the context (hidden
-state and logits of the last prefilled position) goes to the decode's context slot. The source
-pages are released once every write completed locally; a request that failed or was aborted is
-reported to the decode side only after its writes drained, so the decode side may then free the
-destination pages.
+the prompt ends) go to the `LayerStreamer` (messenger/streamer.py), which submits each layer's
+writes once the forward pass finished that layer. With ``streaming=False`` (the ablation) they go
+after the forward pass. After the last chunk the context (hidden state and logits of the last
+prefilled position) goes to the decode's context slot. Source pages are released once every
+write completed locally; a failed or aborted request is reported to the decode side only after
+its writes drained, so the decode side may then free the destination pages.
 """
-
 from __future__ import annotations
 
 import threading
@@ -22,6 +20,7 @@ from typing import Any
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.admission import LocalFormat, Rejection, RejectReason, check_request
 from disaggsdk.messenger.context import context_bytes, pack_context
+from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
 from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.ports import PrefillEngine, Transport
@@ -52,6 +51,7 @@ class PrefillMessenger:
         self.pool_regions = list(pool_regions)
         self.context_region, self.context_buffer = staging.region, staging.buffer
         self.secret, self.streaming = secret, streaming
+        self.codec = FrameCodec(str(me.peer_id), secret)
         spec, arch = plan.spec, engine.arch
         self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, arch.num_layers
         fmt = engine.kv_cache.fmt
@@ -64,8 +64,7 @@ class PrefillMessenger:
         self._jobs: dict[str, PrefillJob] = {}
         self._lock = threading.Lock()  # guards job fields the streamer touches
         self._after_forward: list[list] = []  # the ablation's queued step work
-        self.frames = FrameCounters()
-        self.totals = TransferTotals()
+        self.frames, self.totals = FrameCounters(), TransferTotals()
         self.rejected: dict[str, int] = {}
         self.failed: list[tuple[str, str]] = []  # prefill failures go to the decode side, never here
         self._streamer = LayerStreamer(engine.layer_counter, self.num_layers, self._submit_layer,
@@ -106,12 +105,12 @@ class PrefillMessenger:
     # control frames
 
     def on_frame(self, frame: bytes) -> None:
-        """Handle one control frame; a bad one is counted and dropped, a bad request rejected."""
-        try:
-            msg = pr.decode_message(frame, self.secret)
-        except pr.ProtocolError as exc:
-            self.frames.count(type(exc).__name__)
+        """Handle one control frame; a bad or replayed one is counted and dropped, a bad request rejected."""
+        opened = self.codec.open(frame)
+        if isinstance(opened, str):
+            self.frames.count(opened)
             return
+        msg = opened.message
         if isinstance(msg, pr.AbortPrefill):
             job = self._jobs.get(msg.request_id)
             if job is None:
@@ -123,7 +122,7 @@ class PrefillMessenger:
                     self.frames.count("stale")
                     return
                 reply = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
-                self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
+                self.transfer.send(peer[1], self.codec.seal(reply))
                 return
             if job.msg.generation != msg.generation:
                 self.frames.count("stale")
@@ -144,7 +143,7 @@ class PrefillMessenger:
             peer = self._decodes.get(PeerId.parse(msg.decode_instance))
             if peer is not None:  # an unknown sender gets no answer (it may not be a peer at all)
                 reply = pr.PrefillRejected(msg.request_id, msg.generation, str(problem))
-                self.transfer.send(peer[1], pr.encode_message(reply, self.secret))
+                self.transfer.send(peer[1], self.codec.seal(reply))
 
     def _check(self, msg: pr.PrefillRequest) -> Rejection | None:
         decode = self._decodes.get(PeerId.parse(msg.decode_instance))
@@ -290,7 +289,7 @@ class PrefillMessenger:
                 self.totals.failures += 1
                 reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
                 if job.decode.name not in self._down:
-                    self.transfer.send(job.peer, pr.encode_message(reply, self.secret))
+                    self.transfer.send(job.peer, self.codec.seal(reply))
                 continue
             self.engine.release(rid)
             self.totals.add(RequestTransfer(rid, "prefill", len(job.msg.token_ids), bytes=job.num_bytes,

@@ -3,11 +3,13 @@
 Never pickle (LESSONS.md: unpickling peer data gave remote code execution in three systems).
 A frame is::
 
-    magic b"DSGK" | version u8 | kind u8 | reserved u16 | body_len u32 | body | mac[32]
+    magic b"DSGK" | version u8 | kind u8 | sender_len u16 | body_len u32 | seq u64 | sender | body | mac[32]
 
 ``body`` is msgpack of a typed `msgspec.Struct` (decoding checks every field's type), ``mac`` is
-HMAC-SHA256 under the per-deployment secret over header and body. Anything that fails a check
-raises a `ProtocolError` subclass: the receiver counts it and drops the frame.
+HMAC-SHA256 under the per-deployment secret over everything before it. ``sender`` (the sending
+unit's `PeerId`) and ``seq`` (that sender's frame counter, from 1) are inside the MAC, so a
+receiver can refuse a captured frame replayed later (`messenger.freshness`). Anything that fails
+a check raises a `ProtocolError` subclass: the receiver counts it and drops the frame.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from dataclasses import dataclass
 from typing import ClassVar
 
 import msgspec
@@ -22,8 +25,9 @@ import msgspec
 from disaggsdk.errors import DisaggError
 
 MAGIC = b"DSGK"
-PROTOCOL_VERSION = 1
-HEADER = struct.Struct("<4sBBHI")
+PROTOCOL_VERSION = 2  # 2: sender and sequence number inside the MAC
+HEADER = struct.Struct("<4sBBHIQ")
+MAX_SENDER_BYTES = 255
 MAC_BYTES = 32
 MAX_BODY_BYTES = 4 << 20  # a 128K-token prompt with its page lists fits with room to spare
 MIN_SECRET_BYTES = 16
@@ -154,25 +158,48 @@ def _check_secret(secret: bytes) -> None:
         raise ValueError(f"the deployment secret must be at least {MIN_SECRET_BYTES} bytes")
 
 
-def encode_message(message: Message, secret: bytes) -> bytes:
-    """One authenticated frame carrying ``message``.
+@dataclass(frozen=True)
+class Frame:
+    """An authenticated frame: who sent it, its place in the sender's sequence, and the message."""
+
+    sender: str  # the sending unit's PeerId as text ("" in frames of no unit: tests, tools)
+    seq: int  # 1, 2, ... per sender; 0: unsequenced
+    message: Message
+
+
+def encode_message(message: Message, secret: bytes, sender: str = "", seq: int = 0) -> bytes:
+    """One authenticated frame carrying ``message`` from ``sender`` as its ``seq``-th frame.
 
     Raises:
         FrameTooLarge: the encoded body exceeds `MAX_BODY_BYTES`.
+        ValueError: a sender name over `MAX_SENDER_BYTES` bytes or a negative ``seq``.
     """
     _check_secret(secret)
+    sender_bytes = sender.encode()
+    if len(sender_bytes) > MAX_SENDER_BYTES or not 0 <= seq < 1 << 64:
+        raise ValueError(f"sender {sender!r} / seq {seq} out of range")
     body = _ENCODER.encode(message)
     if len(body) > MAX_BODY_BYTES:
         raise FrameTooLarge(f"{type(message).__name__} body is {len(body)} bytes, limit {MAX_BODY_BYTES}")
-    header = HEADER.pack(MAGIC, PROTOCOL_VERSION, message.KIND, 0, len(body))
-    mac = hmac.new(secret, header + body, hashlib.sha256).digest()
-    return header + body + mac
+    header = HEADER.pack(MAGIC, PROTOCOL_VERSION, message.KIND, len(sender_bytes), len(body), seq)
+    signed = header + sender_bytes + body
+    return signed + hmac.new(secret, signed, hashlib.sha256).digest()
 
 
 def decode_message(frame: bytes, secret: bytes) -> Message:
-    """The message in an authenticated frame.
+    """The message in an authenticated frame (`decode_frame` without sender and sequence).
+
+    Raises:
+        MalformedFrame, FrameTooLarge, UnknownVersion, BadMac: the frame is rejected.
+    """
+    return decode_frame(frame, secret).message
+
+
+def decode_frame(frame: bytes, secret: bytes) -> Frame:
+    """Sender, sequence number and message of an authenticated frame.
 
     The MAC is checked before the body is parsed, so unauthenticated bytes never reach the decoder.
+    Freshness (is this ``seq`` new for this sender?) is the receiver's to judge: `messenger.freshness`.
 
     Raises:
         MalformedFrame, FrameTooLarge, UnknownVersion, BadMac: the frame is rejected.
@@ -181,14 +208,15 @@ def decode_message(frame: bytes, secret: bytes) -> Message:
     frame = bytes(frame)
     if len(frame) < HEADER.size + MAC_BYTES:
         raise MalformedFrame(f"frame of {len(frame)} bytes is shorter than header and MAC")
-    magic, version, kind, _reserved, body_len = HEADER.unpack_from(frame)
+    magic, version, kind, sender_len, body_len, seq = HEADER.unpack_from(frame)
     if magic != MAGIC:
         raise MalformedFrame(f"bad magic {magic!r}: not a disaggsdk control frame")
     if body_len > MAX_BODY_BYTES:
         raise FrameTooLarge(f"declared body of {body_len} bytes exceeds {MAX_BODY_BYTES}")
-    if len(frame) != HEADER.size + body_len + MAC_BYTES:
-        raise MalformedFrame(f"frame is {len(frame)} bytes, header says {HEADER.size + body_len + MAC_BYTES}")
-    signed, mac = frame[: HEADER.size + body_len], frame[HEADER.size + body_len :]
+    signed_len = HEADER.size + sender_len + body_len
+    if len(frame) != signed_len + MAC_BYTES:
+        raise MalformedFrame(f"frame is {len(frame)} bytes, header says {signed_len + MAC_BYTES}")
+    signed, mac = frame[:signed_len], frame[signed_len:]
     if not hmac.compare_digest(mac, hmac.new(secret, signed, hashlib.sha256).digest()):
         raise BadMac("control frame failed authentication (wrong deployment secret or altered bytes)")
     if version != PROTOCOL_VERSION:
@@ -197,6 +225,7 @@ def decode_message(frame: bytes, secret: bytes) -> Message:
     if decoder is None:
         raise MalformedFrame(f"unknown message kind {kind}")
     try:
-        return decoder.decode(signed[HEADER.size :])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        sender = signed[HEADER.size:HEADER.size + sender_len].decode()
+        return Frame(sender, seq, decoder.decode(signed[HEADER.size + sender_len:]))
+    except (UnicodeDecodeError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedFrame(f"{MESSAGE_TYPES[kind].__name__}: {exc}") from None

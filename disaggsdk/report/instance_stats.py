@@ -26,4 +26,6 @@ class InstanceStats:
     exposed_transfer_s: float = 0.0
     transfer_failures: int = 0
     requests_retried: int = 0
+    rejected_frames: dict[str, int] = field(default_factory=dict)  # control frames dropped, by reason
+    rejected_requests: dict[str, int] = field(default_factory=dict)  # prefill requests refused, by reason
     extra: dict[str, float] = field(default_factory=dict)

@@ -66,11 +66,23 @@ class _BackendCollector:
             "transfer_failures": counter("kv_transfer_failures", "KV transfers that failed."),
             "requests_retried": counter("requests_retried", "Requests re-sent to another prefill instance."),
         }
+        by_reason = {
+            "rejected_frames": CounterMetricFamily(
+                f"{PREFIX}_control_frames_rejected", "Control frames dropped (bad MAC, replayed, stale, ...).",
+                labels=[*labels, "reason"]),
+            "rejected_requests": CounterMetricFamily(
+                f"{PREFIX}_prefill_requests_rejected", "Prefill requests refused by a prefill instance.",
+                labels=[*labels, "reason"]),
+        }
         for s in self._stats():
             values = [self._model, s.name, s.role]
             for attr, family in families.items():
                 family.add_metric(values, float(getattr(s, attr)))
+            for attr, family in by_reason.items():
+                for reason, count in sorted(getattr(s, attr).items()):
+                    family.add_metric([*values, reason], float(count))
         yield from families.values()
+        yield from by_reason.values()
 
 
 class ServerMetrics:

@@ -256,6 +256,7 @@ def _instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None)
         kv_pages_used=s.num_pages - s.num_free_pages, kv_pages_total=s.num_pages,
         transfer_bytes=s.transfer_bytes, transfer_writes=s.transfer_writes, transfer_s=s.transfer_s,
         exposed_transfer_s=s.exposed_transfer_s, transfer_failures=s.transfer_failures,
-        requests_retried=s.requests_retried,
+        requests_retried=s.requests_retried, rejected_frames=dict(s.rejected_frames),
+        rejected_requests=dict(s.rejected_requests),
         extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values()))},
     )

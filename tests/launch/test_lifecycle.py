@@ -107,26 +107,32 @@ def test_bad_frames_are_counted_and_land_nothing(env):
         destinations=[pr.DestinationRank(0, decode.pool_regions[0], [0, 10**6])],
         context=pr.ContextSlot(decode.context_region, 0, decode.context_slot_bytes),
     )
-    frame = pr.encode_message(good, SECRET)
-    header = pr.HEADER.pack(pr.MAGIC, pr.PROTOCOL_VERSION + 1, good.KIND, 0, len(frame) - pr.HEADER.size - pr.MAC_BYTES)
+    # forged as decode-0 with the secret, numbered far above what decode-0 itself will reach here
+    sender, seqs = str(decode.peer_id), iter(range(3000, 3100))
+    frame = pr.encode_message(good, SECRET, sender, next(seqs))
+    signed = bytearray(frame[:-pr.MAC_BYTES])
+    signed[4] = pr.PROTOCOL_VERSION + 1
     import hashlib
     import hmac
 
-    body = frame[pr.HEADER.size:-pr.MAC_BYTES]
-    future_version = header + body + hmac.new(SECRET, header + body, hashlib.sha256).digest()
+    future_version = bytes(signed) + hmac.new(SECRET, bytes(signed), hashlib.sha256).digest()
+    abort = pr.AbortPrefill("nobody", 3, sender)
     with TransferEngine("shm") as te:
         to_prefill, to_decode = te.add_peer(prefill.address), te.add_peer(decode.address)
-        for f in (b"junk", pr.encode_message(good, b"x" * 32), future_version, frame,
-                  pr.encode_message(pr.AbortPrefill("nobody", 3), SECRET)):
+        for f in (b"junk", pr.encode_message(good, b"x" * 32, sender, next(seqs)), future_version, frame, frame,
+                  pr.encode_message(abort, SECRET, sender, next(seqs)), pr.encode_message(pr.AbortPrefill("x", 3), SECRET),
+                  pr.encode_message(abort, SECRET, "prefill-1#x", next(seqs))):
             te.send(to_prefill, f).result(timeout=10)
         te.send(to_decode, pr.encode_message(pr.PrefillFailed("nobody", 1, "x"), b"y" * 32)).result(timeout=10)
         time.sleep(0.5)
     after = rt.unit_stats()
     p = after["prefill-0"]
-    assert p.rejected_frames == {"MalformedFrame": 1, "BadMac": 1, "UnknownVersion": 1, "stale": 1}
+    assert p.rejected_frames == {"MalformedFrame": 1, "BadMac": 1, "UnknownVersion": 1, "replayed": 1,
+                                 "unsequenced": 1, "sender_mismatch": 1}
     assert p.rejected_requests == {"bad_pages": 1}
     assert after["decode-0"].rejected_frames.get("BadMac") == 1
-    assert after["decode-0"].rejected_frames.get("stale") == 1  # the PrefillRejected sent for "forged"
+    # the PrefillRejected sent for "forged" and the "nothing in flight" answer to the abort of "nobody"
+    assert after["decode-0"].rejected_frames.get("stale") == 2
     assert p.transfer_writes == before["prefill-0"].transfer_writes  # nothing was written
     assert tokens(rt.generate_batch([prompt(2, 9)], GREEDY)[0]) == expect(reference, [prompt(2, 9)])[0]
 

@@ -3,6 +3,7 @@ land, a deadline retries on another prefill unit, stale and forged reports are c
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -19,6 +20,14 @@ from tests.plan.helpers import make_spec
 
 SECRET = b"decode-side-test-secret-01234567"
 NUM_PAGES, PAGE_SIZE, HIDDEN, VOCAB = 16, 4, 8, 12
+
+
+_PREFILL_SEQ = itertools.count(1)
+
+
+def from_prefill(message: pr.Message, secret: bytes = SECRET) -> bytes:
+    """A frame as prefill-0 would send it: its sender id and the next number of its sequence."""
+    return pr.encode_message(message, secret, "prefill-0#inc", next(_PREFILL_SEQ))
 
 
 class FakeTransfer:
@@ -100,7 +109,7 @@ def test_deadline_retry_keeps_old_pages_until_the_drain_report(side):
     assert engine.allocator.num_free_pages == NUM_PAGES - 4  # old pages parked, new ones granted
     dm.poll(now + 10)  # (the second attempt's deadline is at now + 11)
     assert engine.allocator.num_free_pages == NUM_PAGES - 4  # no report, no free: a write may still land
-    dm.on_frame(pr.encode_message(pr.PrefillFailed("r", first.generation, "aborted"), SECRET))
+    dm.on_frame(from_prefill(pr.PrefillFailed("r", first.generation, "aborted")))
     dm.poll(time.monotonic() + DRAIN_GRACE_S + 0.01)
     assert engine.allocator.num_free_pages == NUM_PAGES - 2
     # the second attempt lands: context in its slot, then every write counted
@@ -117,7 +126,7 @@ def test_rejection_retries_at_once_and_the_last_resort_is_local(side):
     dm.submit("r", list(range(6)), None)
     for _ in range(2):
         _, req = last(transfer, pr.PrefillRequest)
-        dm.on_frame(pr.encode_message(pr.PrefillRejected("r", req.generation, "overloaded"), SECRET))
+        dm.on_frame(from_prefill(pr.PrefillRejected("r", req.generation, "overloaded")))
     assert engine.local == ["r"] and dm.totals.prefilled_locally == 1
     dm.poll(time.monotonic() + 1)
     assert engine.allocator.num_free_pages == NUM_PAGES  # rejected attempts never wrote: all free
@@ -126,11 +135,16 @@ def test_rejection_retries_at_once_and_the_last_resort_is_local(side):
 def test_stale_forged_and_wrong_kind_frames_are_counted(side):
     dm, engine, transfer, _ = side
     dm.submit("r", list(range(6)), None)
-    dm.on_frame(pr.encode_message(pr.PrefillFailed("r", 999, "old"), SECRET))
-    dm.on_frame(pr.encode_message(pr.PrefillFailed("r", 1, "x"), b"z" * 32))
-    dm.on_frame(pr.encode_message(pr.AbortPrefill("r", 1), SECRET))
+    dm.on_frame(from_prefill(pr.PrefillFailed("r", 999, "old")))
+    dm.on_frame(from_prefill(pr.PrefillFailed("r", 1, "x"), b"z" * 32))
+    dm.on_frame(from_prefill(pr.AbortPrefill("r", 1)))
     dm.on_frame(b"\x00" * 10)
-    assert dm.frames.by_reason == {"stale": 1, "BadMac": 1, "unexpected_kind": 1, "MalformedFrame": 1}
+    replayed = from_prefill(pr.PrefillFailed("r", 998, "old"))
+    dm.on_frame(replayed)
+    dm.on_frame(replayed)  # a captured frame sent again: refused before it is read
+    dm.on_frame(pr.encode_message(pr.PrefillFailed("r", 1, "x"), SECRET))  # no sender, no number
+    assert dm.frames.by_reason == {"stale": 2, "BadMac": 1, "unexpected_kind": 1, "MalformedFrame": 1,
+                                   "replayed": 1, "unsequenced": 1}
     assert dm.num_waiting == 1 and engine.allocator.page_ids("r")  # the live attempt is untouched
 
 
@@ -155,6 +169,6 @@ def test_abort_during_the_handoff_waits_for_the_drain(side):
     assert abort.decode_instance == "decode-0#inc"
     dm.poll(time.monotonic() + 60)
     assert engine.allocator.num_free_pages == NUM_PAGES - 2
-    dm.on_frame(pr.encode_message(pr.PrefillFailed("r", abort.generation, "aborted: nothing in flight"), SECRET))
+    dm.on_frame(from_prefill(pr.PrefillFailed("r", abort.generation, "aborted: nothing in flight")))
     dm.poll(time.monotonic() + 1)
     assert engine.allocator.num_free_pages == NUM_PAGES and dm.frames.total == 0

@@ -2,7 +2,6 @@
 
 import hashlib
 import hmac
-import struct
 
 import pytest
 from hypothesis import given
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 from disaggsdk.messenger.protocol import (
     HEADER,
     MAX_BODY_BYTES,
+    PROTOCOL_VERSION,
     AbortPrefill,
     BadMac,
     ContextSlot,
@@ -21,6 +21,7 @@ from disaggsdk.messenger.protocol import (
     PrefillRejected,
     PrefillRequest,
     UnknownVersion,
+    decode_frame,
     decode_message,
     encode_message,
 )
@@ -70,7 +71,7 @@ def test_wrong_secret_and_any_flipped_byte_fail_authentication():
 def test_unknown_version_is_rejected_even_when_signed():
     frame = encode_message(AbortPrefill("r", 1), SECRET)
     body = frame[HEADER.size:-32]
-    header = struct.pack("<4sBBHI", b"DSGK", 99, 4, 0, len(body))
+    header = HEADER.pack(b"DSGK", 99, 4, 0, len(body), 0)
     with pytest.raises(UnknownVersion):
         decode_message(resign(header + body), SECRET)
 
@@ -83,7 +84,7 @@ def test_truncated_bad_magic_and_oversized_frames():
         decode_message(frame[:-1], SECRET)
     with pytest.raises(MalformedFrame, match="bad magic"):
         decode_message(b"XXXX" + frame[4:], SECRET)
-    huge = struct.pack("<4sBBHI", b"DSGK", 1, 4, 0, MAX_BODY_BYTES + 1) + b"\0" * 32
+    huge = HEADER.pack(b"DSGK", PROTOCOL_VERSION, 4, 0, MAX_BODY_BYTES + 1, 0) + b"\0" * 32
     with pytest.raises(FrameTooLarge):
         decode_message(huge, SECRET)
     with pytest.raises(FrameTooLarge):
@@ -94,10 +95,10 @@ def test_signed_body_with_wrong_field_types_is_malformed():
     import msgspec
 
     body = msgspec.msgpack.encode({"request_id": 5, "generation": "x"})
-    header = struct.pack("<4sBBHI", b"DSGK", 1, AbortPrefill.KIND, 0, len(body))
+    header = HEADER.pack(b"DSGK", PROTOCOL_VERSION, AbortPrefill.KIND, 0, len(body), 0)
     with pytest.raises(MalformedFrame, match="AbortPrefill"):
         decode_message(resign(header + body), SECRET)
-    header = struct.pack("<4sBBHI", b"DSGK", 1, 200, 0, len(body))
+    header = HEADER.pack(b"DSGK", PROTOCOL_VERSION, 200, 0, len(body), 0)
     with pytest.raises(MalformedFrame, match="unknown message kind 200"):
         decode_message(resign(header + body), SECRET)
 
@@ -105,3 +106,14 @@ def test_signed_body_with_wrong_field_types_is_malformed():
 def test_short_secrets_are_refused():
     with pytest.raises(ValueError, match="at least 16 bytes"):
         encode_message(AbortPrefill("r", 1), b"short")
+
+
+def test_sender_and_sequence_travel_inside_the_mac():
+    frame = encode_message(AbortPrefill("r", 1, "decode-0#abc"), SECRET, sender="decode-0#abc", seq=41)
+    got = decode_frame(frame, SECRET)
+    assert (got.sender, got.seq, got.message) == ("decode-0#abc", 41, AbortPrefill("r", 1, "decode-0#abc"))
+    # rewriting the sequence number (to replay a frame as a new one) breaks the MAC
+    forged = bytearray(frame)
+    forged[HEADER.size - 8:HEADER.size] = (42).to_bytes(8, "little")
+    with pytest.raises(BadMac):
+        decode_frame(bytes(forged), SECRET)

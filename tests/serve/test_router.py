@@ -47,11 +47,11 @@ class FakeRuntime:
         self.on_unit_down(unit, f"unit {unit} died")
 
 
-def stats(name: str, role: str, seq: int, used: int = 0) -> ch.UnitStats:
+def stats(name: str, role: str, seq: int, used: int = 0, rejected_frames: dict | None = None) -> ch.UnitStats:
     return ch.UnitStats(seq=seq, name=name, role=role, running=0, waiting=0, num_free_pages=10 - used,
                         num_pages=10, transfer_bytes=0, transfer_writes=0, transfer_s=0.0, exposed_transfer_s=0.0,
-                        transfer_failures=0, requests_retried=0, prefilled_locally=0, rejected_frames={},
-                        rejected_requests={}, recent=[])
+                        transfer_failures=0, requests_retried=0, prefilled_locally=0,
+                        rejected_frames=rejected_frames or {}, rejected_requests={}, recent=[])
 
 
 @pytest.fixture
@@ -102,3 +102,16 @@ def test_unit_stats_gathers_every_healthy_unit_and_close_ends_what_is_in_flight(
     assert rt.closed and events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="closed"):
         router.submit("y", [1], None, lambda ev: None)
+
+
+def test_rejected_frames_reach_metrics_by_reason(fake):
+    from prometheus_client import generate_latest
+
+    from disaggsdk.serve.metrics import ServerMetrics
+
+    rt, router = fake
+    rt.on_message("prefill-0", stats("prefill-0", "prefill", 0, rejected_frames={"replayed": 2, "BadMac": 1}))
+    assert next(s for s in router.stats() if s.name == "prefill-0").rejected_frames == {"replayed": 2, "BadMac": 1}
+    text = generate_latest(ServerMetrics(router.stats, "fake").registry).decode()
+    assert ('disaggsdk_control_frames_rejected_total{instance="prefill-0",model_name="fake",reason="replayed",'
+            'role="prefill"} 2.0') in text

@@ -1,0 +1,137 @@
+"""The prefill side against fakes: admission, typed rejections, and a captured request replayed.
+
+The request frames are real: a `DecodeMessenger` (with a fake transport that keeps the raw bytes)
+grants pages and seals them; the prefill side opens them as it would off the wire.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+
+from disaggsdk.engine.hooks import LayerCounter
+from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.context import context_bytes
+from disaggsdk.messenger.decode_side import DecodeMessenger
+from disaggsdk.messenger.peers import UnitInfo
+from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
+from disaggsdk.plan import make_plan
+from disaggsdk.transfer import RegionDescriptor
+from tests.plan.helpers import make_spec
+
+SECRET = b"prefill-side-test-secret-0123456"
+NUM_PAGES, PAGE_SIZE, SLOTS = 16, 4, 4
+
+
+class RawTransfer:
+    """Keeps every frame as bytes, by peer; writes are never submitted in these tests."""
+
+    def __init__(self):
+        self.frames: list[tuple[str, bytes]] = []
+
+    def add_peer(self, address: bytes) -> str:
+        return address.decode()
+
+    def send(self, peer: str, frame: bytes) -> Future:
+        self.frames.append((peer, bytes(frame)))
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def expect(self, imm: int, count: int) -> Future:
+        return Future()
+
+    def cancel(self, imm: int) -> None:
+        pass
+
+
+class FakeEngine:
+    def __init__(self, arch):
+        self.arch = arch
+        self.config = SimpleNamespace(page_size=PAGE_SIZE)
+        self.allocator = PageAllocator(NUM_PAGES)
+        self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=arch.num_layers, num_pages=NUM_PAGES,
+                                                            page_bytes=64))
+        self.layer_counter = LayerCounter()
+        self.on_step = None
+        self.added: list[str] = []
+
+    def add_request(self, request_id, prompt_ids, params):
+        self.added.append(request_id)
+
+    def allocate_pages(self, request_id, num_tokens, pinned=True):
+        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
+
+    def abort(self, request_id):
+        pass
+
+    def release(self, request_id):
+        pass
+
+
+def region(key: int, length_bytes: int) -> bytes:
+    return RegionDescriptor(0, key, length_bytes, 0, 0).to_bytes()
+
+
+@pytest.fixture
+def pair():
+    plan = make_plan(make_spec(1, 1, model="qwen3-coder-tiny", page_size=PAGE_SIZE, dtype="float32"))
+    arch = plan.arch
+    slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
+    page_bytes = plan.route("prefill-0", "decode-0").dst_shape.page_bytes
+    decode = UnitInfo("decode-0", "decode-0", "decode", "inc", b"decode-0",
+                      [region(1, arch.num_layers * NUM_PAGES * page_bytes)], region(2, SLOTS * slot_bytes),
+                      slot_bytes, SLOTS)
+    prefill = UnitInfo("prefill-0", "prefill-0", "prefill", "inc", b"prefill-0", [region(3, 1 << 20)],
+                       region(4, SLOTS * slot_bytes), slot_bytes, SLOTS)
+    d_transfer, p_transfer = RawTransfer(), RawTransfer()
+    dm = DecodeMessenger(decode, FakeEngine(arch), d_transfer, plan, memoryview(bytearray(SLOTS * slot_bytes)),
+                         SECRET, deadline_s=5.0)
+    dm.add_peers([prefill, decode])
+    engine = FakeEngine(arch)
+    pm = PrefillMessenger(prefill, engine=engine, transfer=p_transfer, plan=plan, pool_regions=[None],
+                          staging=ContextStaging(None, memoryview(bytearray(SLOTS * slot_bytes))), secret=SECRET)
+    pm.add_peers([prefill, decode])
+    yield dm, pm, engine, d_transfer, p_transfer
+    pm.close()
+
+
+def test_a_granted_request_is_admitted_once_and_its_replay_refused(pair):
+    dm, pm, engine, d_transfer, _ = pair
+    dm.submit("r", list(range(2, 11)), None)
+    (peer, captured), = d_transfer.frames
+    assert peer == "prefill-0" and isinstance(pr.decode_message(captured, SECRET), pr.PrefillRequest)
+    pm.on_frame(captured)
+    assert engine.added == ["r"] and pm.busy and pm.frames.total == 0
+    pm.on_frame(captured)  # the same bytes again, later: a replay
+    assert engine.added == ["r"] and pm.frames.by_reason == {"replayed": 1}
+
+
+def test_a_bad_request_is_rejected_with_its_typed_reason_and_the_decode_side_told(pair):
+    dm, pm, engine, d_transfer, p_transfer = pair
+    dm.submit("r", list(range(2, 11)), None)
+    request = pr.decode_message(d_transfer.frames[0][1], SECRET)
+    too_few = pr.PrefillRequest(**{f: getattr(request, f) for f in request.__struct_fields__}
+                                | {"destinations": [pr.DestinationRank(0, request.destinations[0].region, [0])]})
+    pm.on_frame(pr.encode_message(too_few, SECRET, "decode-0#inc", 1000))
+    assert engine.added == [] and pm.rejected == {"bad_pages": 1}
+    (peer, reply), = p_transfer.frames
+    answer = pr.decode_frame(reply, SECRET)
+    assert peer == "decode-0" and answer.sender == "prefill-0#inc" and answer.seq == 1
+    assert isinstance(answer.message, pr.PrefillRejected) and answer.message.reason.startswith("bad_pages: ")
+
+
+def test_an_abort_of_a_request_it_never_had_is_answered_so_the_pages_can_free(pair):
+    dm, pm, _, d_transfer, p_transfer = pair
+    dm.submit("r", list(range(2, 11)), None)
+    assert dm.abort("r")
+    abort = d_transfer.frames[-1][1]
+    assert isinstance(pr.decode_message(abort, SECRET), pr.AbortPrefill)
+    pm.on_frame(abort)
+    answer = pr.decode_message(p_transfer.frames[-1][1], SECRET)
+    assert isinstance(answer, pr.PrefillFailed) and "nothing in flight" in answer.reason
+    dm.on_frame(p_transfer.frames[-1][1])
+    assert dm.frames.total == 0  # the decode side takes the answer as the drain report
