@@ -1,9 +1,11 @@
 """The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events.
 
 Requests go to the healthy decode (or, colocated, mixed) unit with the fewest requests in flight;
-the unit's `Tokens` messages become `TokenEvent`s for the request's sink. When a unit dies, the
-requests it held end with an error event at once (the client can retry) and its gauges go. Stats
-are asked of every unit and gathered here, so a snapshot is the router's view, not the runtime's.
+the unit's `Tokens` messages become `TokenEvent`s for the request's sink. When a unit dies, a
+request it held that has not streamed a token yet is sent once more, to another live unit (the
+client never sees the death); one already streaming ends with an error event at once (the
+client can retry); the dead unit's gauges go. Stats are asked of every unit and gathered here,
+so a snapshot is the router's view, not the runtime's.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Router:
         self._closed = False
         self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
         self._in_flight: dict[str, set[str]] = {name: set() for name in self._roles}
+        self._not_started: dict[str, tuple[list[int], Any]] = {}  # prompt and params until a first token
+        self._resubmitted: set[str] = set()  # requests already moved once off a dead unit
         self._seq = itertools.count(1)
         self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}  # only for seqs unit_stats waits on
         self._stats_cond = threading.Condition(self._lock)
@@ -63,9 +67,11 @@ class Router:
                                error=msg.error, instance=unit)
             with self._lock:
                 sink = self._sinks.get(msg.request_id)
+                self._not_started.pop(msg.request_id, None)
                 if msg.finished:
                     self._in_flight[unit].discard(msg.request_id)
                     self._sinks.pop(msg.request_id, None)
+                    self._resubmitted.discard(msg.request_id)
             if sink is not None:
                 sink(event)
         elif isinstance(msg, ch.UnitStats):
@@ -77,14 +83,40 @@ class Router:
 
     def _on_unit_down(self, unit: str, _report: str) -> None:
         with self._lock:
-            lost = [(rid, self._sinks.pop(rid, None)) for rid in self._in_flight[unit]]
+            held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self._last_stats.pop(unit, None)  # a dead unit's gauges go with it
-        for rid, sink in lost:
-            if sink is not None:
-                sink(TokenEvent(rid, [], True, "error", error=f"unit {unit} died; retry the request", instance=unit))
+        for rid in held:
+            if not self._resubmit(rid):
+                with self._lock:
+                    sink = self._sinks.pop(rid, None)
+                    self._not_started.pop(rid, None)
+                if sink is not None:
+                    sink(TokenEvent(rid, [], True, "error", error=f"unit {unit} died; retry the request",
+                                    instance=unit))
         with self._stats_cond:
             self._stats_cond.notify_all()
+
+    def _resubmit(self, request_id: str) -> bool:
+        """Send a request that lost its unit before its first token to another live unit, once."""
+        with self._lock:
+            start = self._not_started.get(request_id)
+            if start is None or request_id in self._resubmitted or request_id not in self._sinks:
+                return False
+            unit = self._least_busy()
+            if unit is None:
+                return False
+            self._resubmitted.add(request_id)
+            self._in_flight[unit].add(request_id)
+        if self.runtime.send(unit, ch.Generate(request_id, *start)):
+            return True
+        with self._lock:
+            self._in_flight[unit].discard(request_id)
+        return False
+
+    def _least_busy(self) -> str | None:
+        serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
+        return min(serving, key=lambda n: (len(self._in_flight[n]), n)) if serving else None
 
     # ServingBackend
 
@@ -126,18 +158,19 @@ class Router:
                 raise LaunchError("the runtime is closed; start a new one")
             if request_id in self._sinks:
                 raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
-            serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
-            if not serving:
+            unit = self._least_busy()
+            if unit is None:
                 raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
-            unit = min(serving, key=lambda n: (len(self._in_flight[n]), n))
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
+            self._not_started[request_id] = (list(prompt_ids), params)
         try:
             delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params))
         except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
             with self._lock:
                 self._in_flight[unit].discard(request_id)
                 self._sinks.pop(request_id, None)
+                self._not_started.pop(request_id, None)
             raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
         if not delivered:
             self._on_unit_down(unit, "")  # died between the choice and the send: end what it held

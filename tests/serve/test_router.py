@@ -75,18 +75,35 @@ def test_requests_go_to_the_least_busy_decode_unit_and_tokens_reach_their_sink(f
         router.submit("r1", [1], None, lambda ev: None)
 
 
-def test_a_dead_unit_ends_its_requests_with_a_retryable_error_and_loses_its_gauges(fake):
+def test_a_dead_unit_moves_requests_not_yet_streaming_and_ends_the_others_with_a_retryable_error(fake):
     rt, router = fake
     rt.on_message("decode-0", stats("decode-0", "decode", 0, used=4))
     assert next(s for s in router.stats() if s.name == "decode-0").kv_pages_used == 4
-    events = []
-    router.submit("a", [1], None, events.append)
+    waiting, streaming = [], []
+    assert router.submit("waiting", [1, 2], None, waiting.append) == "decode-0"
+    assert router.submit("streaming", [3], None, streaming.append) == "decode-1"
+    assert router.submit("streaming-too", [3], None, streaming.append) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("streaming-too", [5]))
     rt.die("decode-0")
-    assert events[-1].finished and events[-1].finish_reason == "error" and "retry" in events[-1].error
+    # not streaming yet: sent again, to the live unit, with its prompt; the client sees nothing
+    assert rt.sent[-1][0] == "decode-1" and rt.sent[-1][1].request_id == "waiting"
+    assert rt.sent[-1][1].prompt_ids == [1, 2] and waiting == []
+    # already streaming: ends at once with an error that says to retry
+    assert streaming[-1].finished and streaming[-1].finish_reason == "error" and "retry" in streaming[-1].error
+    rt.on_message("decode-1", ch.Tokens("waiting", [7], finished=True, finish_reason="length"))
+    assert [t for ev in waiting for t in ev.new_token_ids] == [7] and waiting[-1].instance == "decode-1"
     dead = next(s for s in router.stats() if s.name == "decode-0")
-    assert not dead.healthy and dead.kv_pages_used == 0
-    assert router.submit("b", [1], None, lambda ev: None) == "decode-1"
+    assert not dead.healthy and dead.kv_pages_used == 0  # a dead unit's gauges go
+
+
+def test_a_request_moves_only_once_and_not_when_no_unit_is_left(fake):
+    rt, router = fake
+    events = []
+    router.submit("a", [1], None, events.append)  # decode-0
+    rt.die("decode-0")
+    assert events == [] and rt.sent[-1][0] == "decode-1"
     rt.die("decode-1")
+    assert events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="no decode unit is healthy"):
         router.submit("c", [1], None, lambda ev: None)
 
