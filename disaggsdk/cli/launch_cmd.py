@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
     parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
+    parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                        help="restart a unit that dies up to N times (default 3; 0: never)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
     add_load_arguments(parser)
@@ -49,6 +51,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
         DisaggError: a bad spec, missing hardware, or a runtime that failed to start.
     """
     from disaggsdk.face.deployment import launch
+    from disaggsdk.launch.tiny import LaunchError
     from disaggsdk.spec import load_spec
 
     spec = load_spec(args.target)
@@ -58,12 +61,28 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     options = {"cpu_affinity": "auto"} if pin else {}  # unit i on core i mod cores
     if getattr(args, "log_dir", None):
         options["log_dir"] = args.log_dir
+    if getattr(args, "max_restarts", None) is not None:
+        if args.max_restarts < 0:
+            raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 or more")
+        options["max_restarts"] = args.max_restarts
     d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
                port=port if port is not None else getattr(args, "port", None), api_key=args.api_key, **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
                   f"instances: {instances}", soft_wrap=True)
     return d
+
+
+def _wait_while_serving(d: Deployment) -> None:
+    """Return never; raise LaunchError once the backend can serve no request again."""
+    from disaggsdk.launch.tiny import LaunchError
+
+    unrecoverable = getattr(d.backend, "unrecoverable", lambda: None)
+    while True:
+        time.sleep(POLL_S)
+        reason = unrecoverable()
+        if reason:
+            raise LaunchError(f"shutting down: {reason}")
 
 
 def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
@@ -81,11 +100,9 @@ def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
         if live:
             render = lambda: instance_table([InstanceRow(**r) for r in d.metrics()["instances"]], title=d.url)  # noqa: E731
             with LiveView(render, console):
-                while True:
-                    time.sleep(POLL_S)
+                _wait_while_serving(d)
         else:
-            while True:
-                time.sleep(POLL_S)
+            _wait_while_serving(d)
     except KeyboardInterrupt:
         pass
     finally:

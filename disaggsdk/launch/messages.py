@@ -17,7 +17,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: PeerUp
 
 # runtime -> unit
 
@@ -54,6 +54,12 @@ class Abort(msgspec.Struct, frozen=True, tag=True):
 
 class PeerDown(msgspec.Struct, frozen=True, tag=True):
     name: str
+
+
+class PeerUp(msgspec.Struct, frozen=True, tag=True):
+    """A unit came back (restarted: same name, new incarnation and regions)."""
+
+    info: UnitInfo
 
 
 class GetStats(msgspec.Struct, frozen=True, tag=True):
@@ -115,7 +121,7 @@ class Fatal(msgspec.Struct, frozen=True, tag=True):
     message: str
 
 
-ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, GetStats, Shutdown]
+ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, Shutdown]
 FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal]
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import queue
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -26,21 +26,25 @@ from multiprocessing.connection import wait as wait_any
 from typing import Any
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, ChannelError, FrameChannel
+from disaggsdk.launch.channel import ChannelClosed, ChannelError
 from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
-from disaggsdk.launch.unit import unit_main
 from disaggsdk.launch.units import (
     UnitHandle,
     core_sets,
     log_tail,
     process_tree_cpu_s,
+    rejoin_unit,
+    spawn_unit,
     start_units,
     stop_units,
     unit_names,
 )
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
+
+DEFAULT_MAX_RESTARTS = 3
+RESTART_BACKOFF_S = 0.5  # before the first restart of a unit; doubled for each next one
 
 
 class LocalRuntime:
@@ -59,13 +63,16 @@ class LocalRuntime:
         start_timeout_s: how long start-up may take.
         on_event: optional callback for start-up and failure lines (default: print to stderr).
         secret: the control-frame secret (random when None).
+        max_restarts: how often a unit that dies is started again (a new incarnation, after a
+            back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
     Raises:
         LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
     """
 
     def __init__(self, spec: Spec, tiny: bool = False, colocated: bool = False, cpu_affinity: Any = None,
                  log_dir: str | None = None, provider: str | None = None, start_timeout_s: float = 300.0,
-                 on_event: Callable[[str], None] | None = None, secret: bytes | None = None):
+                 on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS):
         from disaggsdk.plan import make_plan
         from disaggsdk.spec import spec_to_yaml
 
@@ -77,6 +84,7 @@ class LocalRuntime:
         self.colocated = colocated
         self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
         self._closed = False
+        self._closing = threading.Event()
         self._reader: threading.Thread | None = None
         self._on_message: MessageListener = lambda _unit, _msg: None
         self._on_unit_down: DownListener = lambda _unit, _report: None
@@ -92,7 +100,15 @@ class LocalRuntime:
         names = unit_names(self.plan)
         affinity = core_sets(cpu_affinity, len(names))
         spec_yaml = spec_to_yaml(self.spec)
-        ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("spawn")
+        self.max_restarts, self._start_timeout_s = max_restarts, start_timeout_s
+        self._restarts = {name: 0 for name, _ in names}
+        self._restarting: set[str] = set()
+        self._rejoining: dict[str, UnitHandle] = {}  # restarted processes still in their handshake
+        # restarted units are spawned by one thread that lives as long as the runtime: a unit's
+        # PDEATHSIG fires when the *thread* that spawned it exits, not only its process
+        self._restarts_due: queue.Queue[ch.UnitArgs | None] = queue.Queue()
+        self._restarter = threading.Thread(target=self._restart_loop, name="disaggsdk-restarts", daemon=True)
         self.units: dict[str, UnitHandle] = {}
         atexit.register(self.close)
         try:
@@ -101,20 +117,13 @@ class LocalRuntime:
                 args = ch.UnitArgs(name, inst.name, role, spec_yaml, secret, provider,
                                    os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
                                    parent_pid=os.getpid())
-                # a socket, not a Pipe: the same typed frames would cross TCP to another machine;
-                # the only thing spawn pickles is the socket's descriptor
-                parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                proc = ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{name}")
-                proc.start()
-                child.close()
-                channel = FrameChannel(parent, ch.FROM_UNIT)
-                self.units[name] = UnitHandle(args, proc, channel)
-                channel.send(args)  # the first frame: what the unit is
+                self.units[name] = spawn_unit(self._ctx, args)
             start_units(self.units, start_timeout_s)
         except BaseException:
             self._own_log_dir = False  # a failed start keeps its logs: the error names them
             self.close()
             raise
+        self._restarter.start()
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
         self._say(f"ready: {len(self.units)} units over {provider}: {roles}; logs in {self.log_dir}")
 
@@ -127,6 +136,11 @@ class LocalRuntime:
     def is_healthy(self, unit: str) -> bool:
         """Whether ``unit`` is alive and not reported down."""
         return self.units[unit].healthy
+
+    def may_recover(self, unit: str) -> bool:
+        """Whether ``unit`` is healthy, being restarted, or still has restarts left."""
+        u = self.units[unit]
+        return u.healthy or unit in self._restarting or self._restarts[unit] < self.max_restarts
 
     def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
         """Deliver every unit message and death to the listeners from one reader thread.
@@ -164,7 +178,13 @@ class LocalRuntime:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
+        for u in list(getattr(self, "_rejoining", {}).values()):
+            u.process.kill()  # its handshake fails at once; the restart thread stops it
         stop_units(getattr(self, "units", {}))
+        if getattr(self, "_restarter", None) is not None and self._restarter.is_alive():
+            self._restarts_due.put(None)
+            self._restarter.join(timeout=30)
         shutil.rmtree(self._work_dir, ignore_errors=True)
         if self._own_log_dir and not self.failures and not any(u.fatal for u in getattr(self, "units", {}).values()):
             shutil.rmtree(self.log_dir, ignore_errors=True)
@@ -228,3 +248,41 @@ class LocalRuntime:
         for other in self.units.values():
             self.send(other.args.name, ch.PeerDown(u.args.name))
         self._on_unit_down(u.args.name, report)
+        if self._restarts[u.args.name] < self.max_restarts:
+            self._restarting.add(u.args.name)
+            self._restarts_due.put(u.args)
+
+    def _restart_loop(self) -> None:
+        while (args := self._restarts_due.get()) is not None:
+            self._restart(args)
+
+    def _restart(self, args: ch.UnitArgs) -> None:
+        """Start a dead unit again (bounded, with back-off) and tell the others it is back."""
+        name = args.name
+        try:
+            while self._restarts[name] < self.max_restarts and not self._closed:
+                attempt = self._restarts[name] = self._restarts[name] + 1
+                if self._closing.wait(RESTART_BACKOFF_S * 2 ** (attempt - 1)):
+                    return
+                u = self._rejoining[name] = spawn_unit(self._ctx, args)
+                try:
+                    rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again
+                    stop_units({name: u}, timeout_s=1.0)
+                    self._say(f"restart {attempt} of unit {name} failed: {exc}")
+                    continue
+                finally:
+                    self._rejoining.pop(name, None)
+                if self._closed:
+                    stop_units({name: u})
+                    return
+                old, self.units[name] = self.units[name], u
+                old.channel.close()
+                for other in self.units.values():
+                    if other is not u:
+                        self.send(other.args.name, ch.PeerUp(u.info))
+                self._say(f"unit {name} restarted ({attempt} of {self.max_restarts}), incarnation {u.info.incarnation}")
+                return
+            self._say(f"unit {name} stays down: {self.max_restarts} restarts used")
+        finally:
+            self._restarting.discard(name)

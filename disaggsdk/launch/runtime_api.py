@@ -31,6 +31,9 @@ class Runtime(Protocol):
     def is_healthy(self, unit: str) -> bool:
         """Whether ``unit`` is alive and has not been reported down."""
 
+    def may_recover(self, unit: str) -> bool:
+        """Whether ``unit`` is healthy or may be again (a restart pending or left)."""
+
     def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
         """Start delivering the units' messages and deaths (once; from one reader thread)."""
 

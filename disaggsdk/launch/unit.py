@@ -155,6 +155,9 @@ class Unit:
         elif isinstance(msg, ch.PeerDown):
             if self.messenger is not None:
                 self.messenger.peer_down(msg.name)
+        elif isinstance(msg, ch.PeerUp):
+            if self.messenger is not None:
+                self.messenger.add_peers([msg.info])
         elif isinstance(msg, ch.GetStats):
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,42 @@ def core_sets(cpu_affinity: Any, n: int) -> list[tuple[int, ...] | None]:
     if len(cpu_affinity) != n:
         raise LaunchError(f"cpu_affinity lists {len(cpu_affinity)} core sets for {n} units; give one per unit")
     return [tuple(c) for c in cpu_affinity]
+
+
+def spawn_unit(ctx: Any, args: UnitArgs) -> UnitHandle:
+    """Start the process of one unit and send it its `UnitArgs` (the channel's first frame).
+
+    A socket, not a Pipe: the same typed frames would cross TCP to another machine; the only
+    thing "spawn" pickles is the socket's descriptor.
+    """
+    from disaggsdk.launch.unit import unit_main
+
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    proc = ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{args.name}")
+    proc.start()
+    child.close()
+    handle = UnitHandle(args, proc, FrameChannel(parent, ch.FROM_UNIT))
+    handle.channel.send(args)
+    return handle
+
+
+def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> None:
+    """The start-up handshake of a restarted unit: its `Ready`, the address book of the live
+    units and itself, its `Started`.
+
+    Raises:
+        LaunchError: it died, failed or took too long (with its log tail).
+    """
+    deadline = time.monotonic() + timeout_s
+    ready = _startup_reply(u, deadline)
+    if not isinstance(ready, ch.Ready):
+        raise LaunchError(f"unit {u.args.name} sent {type(ready).__name__} while restarting, expected Ready")
+    u.info = ready.info
+    u.channel.send(ch.Peers([o.info for o in others] + [u.info]))
+    started = _startup_reply(u, deadline)
+    if not isinstance(started, ch.Started):
+        raise LaunchError(f"unit {u.args.name} sent {type(started).__name__} while restarting, expected Started")
+    u.started = True
 
 
 def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:

@@ -81,9 +81,10 @@ class DecodeMessenger:
                 self.add_prefill(info)
 
     def add_prefill(self, info: UnitInfo) -> None:
-        """Learn a prefill unit (address book from the launcher)."""
+        """Learn a prefill unit (address book from the launcher), or its new incarnation after a restart."""
         self._prefills[info.name] = (info, self.transfer.add_peer(info.address))
         self._outstanding.setdefault(info.name, 0)
+        self._down.pop(info.name, None)  # quarantined pages of the old one keep their release times
 
     def peer_down(self, name: str, now: float | None = None) -> None:
         """A prefill unit died: retry its requests now; its quarantined pages free after a grace."""

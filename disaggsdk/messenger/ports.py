@@ -90,7 +90,8 @@ class Messenger(Protocol):
         """Requests held here that the engine does not know yet."""
 
     def add_peers(self, units: Sequence[UnitInfo]) -> None:
-        """Learn the other units of the deployment (the ones of the other role matter)."""
+        """Learn the other units of the deployment (the ones of the other role matter), at start or
+        when one comes back with a new incarnation."""
 
     def on_frame(self, frame: bytes) -> None:
         """Handle one control frame; a bad one is counted and dropped."""

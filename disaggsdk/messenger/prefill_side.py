@@ -60,7 +60,7 @@ class PrefillMessenger:
         self.local_format = LocalFormat(spec.model, self.layout, self.page_size, spec.kv.dtype, self.context_slot_bytes)
         self._free_slots = list(range(me.num_context_slots))
         self._decodes: dict[PeerId, tuple[UnitInfo, Any]] = {}
-        self._down: set[str] = set()  # decode units known dead: no reply goes to them
+        self._down: set[PeerId] = set()  # decode incarnations known dead: no reply goes to them
         self._jobs: dict[str, PrefillJob] = {}
         self._lock = threading.Lock()  # guards job fields the streamer touches
         self._after_forward: list[list] = []  # the ablation's queued step work
@@ -80,12 +80,12 @@ class PrefillMessenger:
     def add_peers(self, units: Sequence[UnitInfo]) -> None:
         """Learn the deployment's decode units (address book from the launcher)."""
         for info in units:
-            if info.role == "decode":
+            if info.role == "decode":  # a restarted decode unit is a new PeerId: its old jobs stay dead
                 self._decodes[info.peer_id] = (info, self.transfer.add_peer(info.address))
 
     def peer_down(self, name: str) -> None:
         """A decode unit died: stop sending its requests (they drain, then free)."""
-        self._down.add(name)
+        self._down |= {peer for peer in self._decodes if peer.name == name}
         with self._lock:
             for job in self._jobs.values():
                 if job.decode.name == name:
@@ -118,7 +118,7 @@ class PrefillMessenger:
                 # waits for this before it frees the pages
                 sender = PeerId.parse(msg.decode_instance)
                 peer = self._decodes.get(sender)
-                if peer is None or sender.name in self._down:
+                if peer is None or sender in self._down:
                     self.frames.count("stale")
                     return
                 reply = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
@@ -288,7 +288,7 @@ class PrefillMessenger:
                 self.engine.abort(rid)  # frees the pages whether or not the prefill finished
                 self.totals.failures += 1
                 reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
-                if job.decode.name not in self._down:
+                if job.decode not in self._down:
                     self.transfer.send(job.peer, self.codec.seal(reply))
                 continue
             self.engine.release(rid)

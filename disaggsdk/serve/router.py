@@ -118,6 +118,14 @@ class Router:
         serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
         return min(serving, key=lambda n: (len(self._in_flight[n]), n)) if serving else None
 
+    def unrecoverable(self) -> str | None:
+        """Why no request can be served again (every decode unit dead, no restart left), or None."""
+        serving = [n for n, role in self._roles.items() if role in SERVING_ROLES]
+        if any(self.runtime.may_recover(n) for n in serving):
+            return None
+        return (f"every decode unit ({', '.join(serving)}) died and none can be restarted; "
+                f"their logs are named in the reports above")
+
     # ServingBackend
 
     def _tok(self) -> Any:

@@ -39,7 +39,9 @@ def env(tmp_path_factory):
     before = live_descendants()
     shm_before = set(os.listdir("/dev/shm"))
     spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64)
-    rt = serve_locally(spec, secret=SECRET, on_event=lambda _line: None, log_dir=str(tmp_path_factory.mktemp("logs")))
+    # max_restarts=0: these tests follow a deployment whose dead units stay dead (test_restart.py: the others)
+    rt = serve_locally(spec, secret=SECRET, on_event=lambda _line: None, max_restarts=0,
+                       log_dir=str(tmp_path_factory.mktemp("logs")))
     reference = LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=512))
     try:
         yield rt, reference

@@ -85,7 +85,7 @@ def test_colocated_pinned_units_serve_the_same_tokens():
 def test_a_dead_tp_worker_brings_its_unit_down_and_the_rest_serves(tmp_path):
     spec = make_spec("qwen3-coder-tiny", decode_tp=2, decode_replicas=2)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
-    with serve_locally(spec, on_event=lambda _l: None, log_dir=str(tmp_path)) as rt:
+    with serve_locally(spec, on_event=lambda _l: None, log_dir=str(tmp_path), max_restarts=0) as rt:
         workers = child_pids(rt.runtime.units["decode-0"].process.pid)
         assert workers, "decode-0 should have a tp worker"
         for pid in workers:

@@ -97,11 +97,11 @@ def test_launch_serves_until_sigterm_and_leaves_no_orphan():
         reap(proc, kids)
 
 
-def start_launch(spec: str) -> tuple[subprocess.Popen, str]:
-    """`disaggsdk launch SPEC --port 0` as a process, once it says it is ready; (process, base url)."""
+def start_launch(spec: str, *options: str) -> tuple[subprocess.Popen, str]:
+    """`disaggsdk launch SPEC --port 0 OPTIONS` as a process, once it says it is ready; (process, base url)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "disaggsdk.cli.main", "launch", spec, "--port", "0", "--no-live"],
+        [sys.executable, "-m", "disaggsdk.cli.main", "launch", spec, "--port", "0", "--no-live", *options],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines, url = [], None
@@ -197,3 +197,30 @@ def test_a_busy_port_fails_before_any_unit_starts(run_cli):
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in p.stderr and "Traceback" not in p.stderr
     assert "ready:" not in p.stderr and "ready in" not in p.stdout  # no unit was started
+
+
+def test_the_launcher_exits_with_a_clear_message_when_no_decode_unit_can_come_back():
+    proc, _url = start_launch("specs/tiny_pd.yaml", "--max-restarts", "0")
+    kids: set[int] = set()
+    try:
+        kids = descendants(proc.pid)
+        for pid in direct_children(proc.pid):  # the unit processes (and multiprocessing's tracker)
+            os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2, out
+        assert "none can be restarted" in out and "Traceback" not in out
+        assert not still_alive(kids)
+    finally:
+        reap(proc, kids)
+
+
+def direct_children(pid: int) -> set[int]:
+    out = set()
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.add(p)
+        except OSError:
+            pass
+    return out

@@ -43,7 +43,7 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
     from disaggsdk.face.deployment import launch
 
     before = child_pids()
-    with launch(load_spec(ROOT / "specs/tiny_local.yaml"), port=0) as d:
+    with launch(load_spec(ROOT / "specs/tiny_local.yaml"), port=0, max_restarts=0) as d:
         assert len(child_pids() - before) >= 3  # one process per unit
         client = openai.OpenAI(base_url=f"{d.url}/v1", api_key="unused")
         stream = client.chat.completions.create(

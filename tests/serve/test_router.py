@@ -28,6 +28,9 @@ class FakeRuntime:
     def is_healthy(self, unit):
         return self.healthy[unit]
 
+    def may_recover(self, unit):
+        return self.healthy[unit]  # this fake never restarts a unit
+
     def listen(self, on_message, on_unit_down):
         self.on_message, self.on_unit_down = on_message, on_unit_down
 
@@ -106,6 +109,7 @@ def test_a_request_moves_only_once_and_not_when_no_unit_is_left(fake):
     assert events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="no decode unit is healthy"):
         router.submit("c", [1], None, lambda ev: None)
+    assert "none can be restarted" in router.unrecoverable()
 
 
 def test_unit_stats_gathers_every_healthy_unit_and_close_ends_what_is_in_flight(fake):

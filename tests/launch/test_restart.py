@@ -1,0 +1,63 @@
+"""A unit that dies comes back: a new incarnation, its peers told, serving as before; bounded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
+from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
+pytestmark = pytest.mark.slow
+
+
+def wait_healthy_again(rt, name: str, old_incarnation: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        u = rt.runtime.units[name]
+        if u.healthy and u.info.incarnation != old_incarnation:
+            return
+        assert time.monotonic() < deadline, f"{name} did not come back"
+        time.sleep(0.1)
+
+
+def test_dead_units_are_restarted_and_rejoin_their_peers():
+    before = live_descendants()
+    spec = make_spec("qwen3-coder-tiny")
+    with serve_locally(spec, on_event=lambda _l: None, max_restarts=2) as rt:
+        baseline = [t for e in rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY)[0] for t in e.new_token_ids]
+
+        old = rt.runtime.units["decode-0"].info.incarnation
+        rt.runtime.kill_unit("decode-0")
+        wait_healthy_again(rt, "decode-0", old)
+        events = rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY, timeout_s=60)[0]
+        assert [t for e in events for t in e.new_token_ids] == baseline and events[-1].instance == "decode-0"
+
+        old = rt.runtime.units["prefill-0"].info.incarnation
+        rt.runtime.kill_unit("prefill-0")
+        wait_healthy_again(rt, "prefill-0", old)
+        writes_before = rt.unit_stats()["prefill-0"].transfer_writes
+        events = rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY, timeout_s=60)[0]
+        assert [t for e in events for t in e.new_token_ids] == baseline
+        stats = rt.unit_stats()
+        # the decode unit learnt the new prefill incarnation: the KV came from it, not a local prefill
+        assert stats["prefill-0"].transfer_writes > writes_before and stats["decode-0"].prefilled_locally == 0
+        assert sum("died" in f for f in rt.runtime.failures) == 2
+
+        # bounded: once its restarts are used, a unit stays down and the router says it cannot serve
+        for attempt in range(2):
+            old = rt.runtime.units["decode-0"].info.incarnation
+            rt.runtime.kill_unit("decode-0")
+            if attempt == 0:
+                wait_healthy_again(rt, "decode-0", old)
+        deadline = time.monotonic() + 30
+        while rt.unrecoverable() is None:
+            assert time.monotonic() < deadline, "a unit with no restarts left still counted as recoverable"
+            time.sleep(0.1)
+        assert "none can be restarted" in rt.unrecoverable()
+    assert live_descendants() <= before
