@@ -24,7 +24,9 @@ from starlette.requests import ClientDisconnect
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_request import BadRequestError, decode_body, parse_request
+from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.openai_json import decode_body
+from disaggsdk.serve.openai_request import parse_request
 from disaggsdk.serve.request_run import RequestRun
 
 DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) answer checks that its client is still there

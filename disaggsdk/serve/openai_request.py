@@ -4,44 +4,27 @@ Validation is by hand rather than with pydantic models so each message says exac
 field is wrong and what would be accepted, in OpenAI's error shape. Everything the sampler and
 the engine will see is checked here, at the edge: a NaN temperature or an integer past int64
 must be a 400 for one client, never a crashed decode unit or an OverflowError for everyone.
+The document as a whole (encoding, depth, NaN anywhere) is checked first, in `openai_json`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
-from disaggsdk.errors import DisaggError
+from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.openai_json import check_json_tree
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
-MAX_JSON_DEPTH = 64  # a chat body nests 4 levels; deeper is an attack on the parser, not a request
-MAX_INT_DIGITS = 100  # the widest field (seed, int64) has 19 digits; longer literals are refused unparsed
 # fields that change what the answer means: refused rather than silently ignored
 UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs valid ones, so any left is lone
-
-
-class BadRequestError(DisaggError):
-    """A request the server refuses. ``param`` names the offending field (OpenAI's ``param``)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.kind = kind
-
-    def body(self) -> dict[str, Any]:
-        """The OpenAI-style JSON error body."""
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.status}}
 
 
 @dataclass(frozen=True)
@@ -58,40 +41,6 @@ class ParsedRequest:
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
 
 
-# the JSON document
-
-def _parse_int(literal: str) -> int:
-    if len(literal) > MAX_INT_DIGITS:
-        raise BadRequestError(f"the body holds an integer of {len(literal)} digits; no field takes more than 19")
-    return int(literal)
-
-
-def decode_body(raw: bytes) -> Any:
-    """The JSON value of a request body (UTF-8). NaN, Infinity and 1e400 decode to floats here;
-    `parse_request` refuses them, naming the field.
-
-    Raises:
-        BadRequestError: not UTF-8, not JSON, nested too deeply, or an absurdly long integer.
-    """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequestError(f"the request body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON") from None
-    try:
-        return json.loads(text, parse_int=_parse_int)
-    except RecursionError:  # the C scanner counts its depth; far past MAX_JSON_DEPTH anyway
-        raise BadRequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
-
-
-def _path(keys: tuple[Any, ...]) -> str | None:
-    out = ""
-    for key in keys:
-        out += f"[{key}]" if isinstance(key, int) else f".{key}" if out else str(key)
-    return out or None
-
-
 def _show(value: Any) -> str:
     """``value`` for a message: short, and never a 4,000-digit integer."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
@@ -101,36 +50,6 @@ def _show(value: Any) -> str:
         return f"{digits[:8]}...{digits[-4:]} ({len(digits.lstrip('-'))} digits)"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_json_tree(body: Any) -> None:
-    """Refuse what no field may hold, wherever it is: nesting past `MAX_JSON_DEPTH`, a lone UTF-16
-    surrogate in a string or key (tokenizers and UTF-8 encoders raise on it), a NaN or infinite number.
-
-    Raises:
-        BadRequestError: naming the path of the first bad value (``messages[0].content``).
-    """
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(body, ())]
-    while stack:
-        value, keys = stack.pop()
-        if isinstance(value, str):
-            if not value.isascii() and _LONE_SURROGATE.search(value):
-                raise BadRequestError(f"'{_path(keys)}' holds a lone UTF-16 surrogate; send valid Unicode text",
-                                      param=_path(keys))
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise BadRequestError(f"'{_path(keys)}' must be a finite number, got {value}", param=_path(keys))
-        elif isinstance(value, (list, dict)):
-            if len(keys) >= MAX_JSON_DEPTH:
-                raise BadRequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
-                                      param=_path(keys[:1]))
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(key, str) and not key.isascii() and _LONE_SURROGATE.search(key):
-                    raise BadRequestError("a key holds a lone UTF-16 surrogate; send valid Unicode text",
-                                          param=_path(keys))
-                if isinstance(item, (str, float, list, dict)):
-                    stack.append((item, (*keys, key)))
 
 
 # fields

@@ -15,7 +15,8 @@ from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend, TokenEvent
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_request import BadRequestError, ParsedRequest
+from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.text_stream import TextStream
 
 
