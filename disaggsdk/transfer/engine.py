@@ -32,11 +32,11 @@ import attrs
 from disaggsdk.transfer import completions as ev
 from disaggsdk.transfer._native import check, load_native
 from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor, WriteBatch
+from disaggsdk.transfer.direct_targets import DirectTargets
+from disaggsdk.transfer.endpoint import PROVIDER_ALIASES, close_endpoint, open_endpoint
 from disaggsdk.transfer.errors import TransferError
-from disaggsdk.transfer.same_host import PeerMapping, SameHostShare
+from disaggsdk.transfer.same_host import SameHostShare
 
-# Short names accepted for the providers that need a utility layer for RDM endpoints.
-PROVIDER_ALIASES = {"tcp": "tcp;ofi_rxm", "verbs": "verbs;ofi_rxm"}
 _ADDRESS_MAX_BYTES = 256
 
 
@@ -64,28 +64,17 @@ class TransferEngine:
         self.provider = PROVIDER_ALIASES.get(provider, provider)
         # only shm is same-host by construction; tcp may be told to use loopback for tests
         self.direct = direct and self.provider == "shm"
-        self._mappings: dict[tuple[int, int], PeerMapping | None] = {}  # (addr_base, key) -> map
-        if domain is None and self.provider.startswith("tcp"):
-            domain = "lo"
-        out = ffi.new("fab_engine **")
-        err = ffi.new("char[]", 512)
-        rc = lib.fab_open(self.provider.encode(), domain.encode() if domain else ffi.NULL,
-                          int(hmem), out, err, 512)
-        if rc < 0:
-            raise TransferError(f"cannot open a {self.provider!r} endpoint: "
-                                f"{ffi.string(err).decode(errors='replace')}")
-        self._engine = out[0]
+        self._direct_targets = DirectTargets()
+        self._engine = open_endpoint(ffi, lib, self.provider, domain, hmem)
         self.domain = ffi.string(lib.fab_domain_name(self._engine)).decode()
         self.mr_mode = int(lib.fab_mr_mode(self._engine))
         self.max_control_bytes = int(lib.fab_max_control_bytes())
-        self.direct_failures: list[str] = []  # why a same-host region went through libfabric
-        self._direct_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._closed = False
         self._pump = ev.CompletionPump(ffi, lib, self._engine, f"fabric-{self.provider}")
         # an engine dropped without close() (or alive at exit) still stops its threads
-        self._finalizer = weakref.finalize(self, _close_native, lib, self._engine, self._pump, self._mappings)
+        self._finalizer = weakref.finalize(self, close_endpoint, lib, self._engine, self._pump, self._direct_targets)
 
     # addresses
 
@@ -190,10 +179,10 @@ class TransferEngine:
         ffi = self._ffi
         d = batch.dst
         dst = ffi.new("fab_region_desc *", (d.addr_base, d.key, d.length_bytes, d.mr_mode, d.check))
-        if self.direct and d.same_host is not None and (d.addr_base, d.key) not in self._mappings:
-            with self._direct_lock:  # submitting threads race for the first batch to a region
-                if (d.addr_base, d.key) not in self._mappings:
-                    self._attach_direct(d, dst)
+        if self.direct:
+            self._direct_targets.attach_once(d, lambda address: self._check(
+                self._lib.fab_attach_direct(self._live(), dst, self._ffi.cast("void *", address)),
+                "attaching a same-host region"))
         batch_id = self._next_id()
         fut = self._pump.track(ev.EV_BATCH_DONE, batch_id)
         rc = self._lib.fab_submit_writes(
@@ -206,24 +195,6 @@ class TransferEngine:
             self._pump.forget(ev.EV_BATCH_DONE, batch_id)
             self._check(rc, f"submitting {len(batch)} writes")
         return fut
-
-    def _attach_direct(self, d: RegionDescriptor, native_desc: Any) -> None:
-        """Map a same-host target region once; on any failure fall back to libfabric for it."""
-        try:
-            mapping = PeerMapping(d.same_host, d.length_bytes)
-        except TransferError as exc:
-            self.direct_failures.append(str(exc))
-            self._mappings[d.addr_base, d.key] = None
-            return
-        try:
-            self._check(self._lib.fab_attach_direct(self._live(), native_desc, self._ffi.cast("void *", mapping.address)),
-                        "attaching a same-host region")
-        except TransferError as exc:
-            mapping.close()
-            self._mappings[d.addr_base, d.key] = None
-            self.direct_failures.append(str(exc))
-            return
-        self._mappings[d.addr_base, d.key] = mapping
 
     def expect(self, imm: int, count: int) -> Future:
         """Future resolved once `count` write entries carrying `imm` have landed here.
@@ -284,6 +255,11 @@ class TransferEngine:
         return {name: int(getattr(out, name)) for name in fields}
 
     @property
+    def direct_failures(self) -> list[str]:
+        """Why same-host regions went through libfabric rather than memcpy (empty: none did)."""
+        return list(self._direct_targets.failures)
+
+    @property
     def async_errors(self) -> list[str]:
         """Provider errors that were not tied to one of our operations (e.g. target side)."""
         return list(self._pump.async_errors)
@@ -314,12 +290,3 @@ class TransferEngine:
     def _check(self, rc: int, what: str) -> None:
         check(self._lib, self._ffi, rc, what, self._engine)
 
-
-def _close_native(lib: Any, engine: Any, pump: ev.CompletionPump, mappings: dict) -> None:
-    """Stops the progress thread and the pump, frees the native engine, unmaps peers' regions."""
-    lib.fab_shutdown(engine)
-    pump.stop()
-    lib.fab_close(engine)
-    for mapping in mappings.values():
-        if mapping is not None:
-            mapping.close()
