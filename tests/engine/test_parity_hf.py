@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from disaggsdk.cli.main import main as cli_main  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from tests.hf_checkpoints import HF_CONFIG, hf_model  # noqa: E402
+from tests.hf_checkpoints import HF_CONFIG, save_hf_checkpoint  # noqa: E402
 
 PROMPT_LENGTHS = (1, 3, 5, 8, 13, 17, 24, 31, 40, 57)
 MAX_TOKENS = 10
@@ -31,9 +31,8 @@ CASES = [(1, "HND", 16, 2048), (1, "NHD", 4, 7), (2, "HND", 4, 11), (2, "NHD", 1
 def reference(request, tmp_path_factory):
     """(checkpoint dir, prompts, HF greedy tokens, HF top-5 ids per step) of one family."""
     name = request.param
-    model = hf_model(name)
     directory = tmp_path_factory.mktemp(name)
-    model.save_pretrained(directory)
+    model = save_hf_checkpoint(name, directory)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
     tokens, tops = [], []

@@ -1,4 +1,4 @@
-"""Helpers for the launch tests: tiny checkpoints made with transformers, specs, leak checks."""
+"""Helpers for the launch tests: transformers' greedy reference, specs, leak checks (checkpoints: tests/hf_checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import attrs
 
 from disaggsdk.spec import load_spec
-from tests.hf_checkpoints import hf_model  # noqa: F401  (re-exported for the launch tests)
 
 TOP = 5
 

@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import TOP, check_against_hf, hf_greedy, hf_model, live_descendants, make_spec  # noqa: E402
+from tests.hf_checkpoints import save_hf_checkpoint  # noqa: E402
+from tests.launch._helpers import TOP, check_against_hf, hf_greedy, live_descendants, make_spec  # noqa: E402
 
 PROMPT_LENGTHS = (1, 2, 5, 9, 17, 23, 30, 41)
 MAX_TOKENS = 6
@@ -42,9 +43,8 @@ def references(tmp_path_factory):
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
     out = {}
     for name in sorted({c[0] for c in CASES}):
-        model = hf_model(name)
         directory = tmp_path_factory.mktemp(name)
-        model.save_pretrained(directory)
+        model = save_hf_checkpoint(name, directory)
         tokens, tops = hf_greedy(model, prompts, MAX_TOKENS)
         with LLMEngine(str(directory), EngineConfig(page_size=4, num_pages=128)) as engine:
             colocated = [o.output_ids for o in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS,

@@ -1,5 +1,5 @@
-"""Test-only helpers for the model tests: a contiguous-cache attention oracle, batch building,
-and tiny transformers checkpoints saved to disk.
+"""Test-only helpers for the model tests: a contiguous-cache attention oracle and batch building
+(the transformers checkpoints they are checked against come from tests/hf_checkpoints.py).
 
 `ContiguousAttention` implements the AttentionBackend contract without pages: it keeps each
 request's K/V (or MLA latent) in a plain per-request list, keyed by the request's index in the
@@ -9,18 +9,9 @@ It is the model tests' oracle until (and independently of) the runtime's paged b
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from disaggsdk.engine.forward_batch import ForwardBatch
-from disaggsdk.models import catalog_config
-
-HF_CONFIG_CLASSES = {
-    "qwen3-tiny": "Qwen3Config",
-    "qwen3-coder-tiny": "Qwen3MoeConfig",
-    "deepseek-r1-tiny": "DeepseekV3Config",
-}
 
 
 class ContiguousAttention:
@@ -99,29 +90,3 @@ def make_batch(chunks: list[list[int]], starts: list[int], on_layer_done=None, d
     for field in ("input_ids", "positions", "logits_indices"):
         setattr(batch, field, getattr(batch, field).to(device))
     return batch
-
-
-def hf_model(name: str, seed: int = 0, **overrides):
-    """A float32 transformers model built from the catalog config ``name`` with ``overrides``
-    (random weights)."""
-    import transformers
-
-    config = getattr(transformers, HF_CONFIG_CLASSES[name])(**{**catalog_config(name), **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Randomise what transformers initialises to constants, so the test exercises them.
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-        for pname, buf in model.named_buffers():
-            if pname.endswith("e_score_correction_bias"):
-                buf.copy_(torch.rand_like(buf) * 0.1)
-    return model.eval()
-
-
-def save_hf_model(name: str, directory: Path, seed: int = 0, **overrides):
-    """Save a tiny transformers model to ``directory``; returns the model."""
-    model = hf_model(name, seed, **overrides)
-    model.save_pretrained(directory)
-    return model

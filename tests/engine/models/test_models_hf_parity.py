@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_oracle import ContiguousAttention, hf_model, make_batch, save_hf_model
+from model_oracle import ContiguousAttention, make_batch
 
 from disaggsdk.engine.models import build_model
 from disaggsdk.engine.parallel import TensorParallel
+from tests.hf_checkpoints import hf_model, save_hf_checkpoint
 
 FAMILIES = ["qwen3-tiny", "qwen3-coder-tiny", "deepseek-r1-tiny"]
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -20,7 +21,7 @@ def checkpoints(tmp_path_factory):
     out = {}
     for name in FAMILIES:
         directory = tmp_path_factory.mktemp(name)
-        hf = save_hf_model(name, directory)
+        hf = save_hf_checkpoint(name, directory)
         out[name] = (hf, build_model(str(directory), TensorParallel()))
     return out
 
@@ -91,8 +92,6 @@ def test_layer_callback_runs_once_per_layer_in_order(checkpoints):
 
 def test_deepseek_yarn_rope_matches_transformers(tmp_path, monkeypatch):
     """The real R1 rope (YaRN, mscale) on a tiny model, with prompts past the original window."""
-    import model_oracle
-
     from disaggsdk.models import catalog
 
     config = catalog.catalog_config("deepseek-r1-tiny")
@@ -101,7 +100,7 @@ def test_deepseek_yarn_rope_matches_transformers(tmp_path, monkeypatch):
         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0,
     }
     monkeypatch.setitem(catalog.CATALOG, "deepseek-r1-tiny", config)
-    hf = model_oracle.save_hf_model("deepseek-r1-tiny", tmp_path)
+    hf = save_hf_checkpoint("deepseek-r1-tiny", tmp_path)
     ours = build_model(str(tmp_path), TensorParallel())
     assert ours.layers[0].self_attn.sm_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert ours.rotary.attention_factor == pytest.approx(hf.model.rotary_emb.attention_scaling)
@@ -131,7 +130,7 @@ def test_hf_helper_randomises_constants():
     ],
 )
 def test_config_variants_match_transformers(tmp_path, name, overrides):
-    hf = save_hf_model(name, tmp_path, **overrides)
+    hf = save_hf_checkpoint(name, tmp_path, **overrides)
     ours = build_model(str(tmp_path), TensorParallel())
     assert {k: ours.arch.hf_config.get(k) for k in overrides} == overrides  # the variant reached us
     prompts = random_prompts([13, 6], seed=5)

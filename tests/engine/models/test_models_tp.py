@@ -8,11 +8,11 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from model_oracle import save_hf_model
 from model_tp_worker import run_rank, two_steps
 
 from disaggsdk.engine.models import build_model
 from disaggsdk.engine.parallel import TensorParallel
+from tests.hf_checkpoints import save_hf_checkpoint
 
 
 def free_port() -> int:
@@ -31,7 +31,7 @@ def test_tp2_logits_equal_tp1(tmp_path):
         ("deepseek-r1-tiny", {}),
     ]:
         directory = tmp_path / f"{name}-{len(models)}"
-        save_hf_model(name, directory, **overrides)
+        save_hf_checkpoint(name, directory, **overrides)
         models.append(str(directory))
     models += ["qwen3-coder-tiny", "deepseek-r1-tiny"]  # seeded random: same full model at any tp
 

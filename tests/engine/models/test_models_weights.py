@@ -8,12 +8,13 @@ import shutil
 
 import pytest
 import torch
-from model_oracle import ContiguousAttention, make_batch, save_hf_model
+from model_oracle import ContiguousAttention, make_batch
 from safetensors.torch import load_file, save_file
 
 from disaggsdk.engine.models import build_model
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import ModelError
+from tests.hf_checkpoints import save_hf_checkpoint
 
 TP1 = TensorParallel()
 
@@ -21,7 +22,7 @@ TP1 = TensorParallel()
 @pytest.fixture(scope="module")
 def coder_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("coder")
-    save_hf_model("qwen3-coder-tiny", directory)
+    save_hf_checkpoint("qwen3-coder-tiny", directory)
     return directory
 
 
@@ -50,8 +51,7 @@ def logits_of(model, prompt=(3, 1, 4, 1, 5, 9, 2, 6)):
 
 
 def test_sharded_index_loads_the_same_weights(tmp_path, coder_dir):
-    model = save_hf_model("qwen3-coder-tiny", tmp_path / "sharded")
-    model.save_pretrained(tmp_path / "sharded", max_shard_size="300KB")
+    save_hf_checkpoint("qwen3-coder-tiny", tmp_path / "sharded", max_shard_size="300KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 2
     sharded = params(build_model(str(tmp_path / "sharded"), TP1))
