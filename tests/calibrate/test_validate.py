@@ -9,6 +9,14 @@ from disaggsdk.calibrate.validate import compare_row, trace_of, validate
 from disaggsdk.face.deployment import launch
 from disaggsdk.spec import load_spec
 
+# Simulated and measured means must lie within this factor of each other. The verdict's 15%
+# (compare_row) needs a quiet machine and more requests than this test sends (README: worst error
+# 6% over 60 prompts); this test's 6 prompts read simulated/measured 0.69-0.83 on the 2-core dev VM.
+# A wide factor leaves room for a loaded CI machine (this is a check of behaviour, not of speed),
+# while a unit slip (s for ms, x1000), a replayed trace that is not the one sent or a profile
+# re-timed the wrong way is off by far more.
+SIMULATED_OVER_MEASURED_MAX = 4.0
+
 
 def test_trace_keeps_the_requests_that_finished():
     bench = {"send_times_s": [0.0, 0.5, 0.9], "input_lens": [10, 20, 30], "output_lens": [4, 0, 6],
@@ -46,9 +54,12 @@ def test_calibrate_a_deployment_then_validate_it():
     rows = validate(spec, profile, rates=[4.0], num_prompts=6, input_len=128, output_len=8, repeat=2,
                     launch=launch)
     assert [(r["layout"], r["qps"]) for r in rows] == [("disaggregated", 4.0), ("colocated", 4.0)]
-    for r in rows:  # the verdict depends on the machine's load; the numbers must be real
-        assert r["mean_ttft_ms"]["measured"] > 0 and r["mean_ttft_ms"]["simulated"] > 0
-        assert r["mean_tpot_ms"]["measured"] > 0 and r["mean_tpot_ms"]["simulated"] > 0
+    for r in rows:  # the verdict depends on the machine's load; the numbers must be real and close
+        for metric in ("mean_ttft_ms", "mean_tpot_ms"):
+            measured, simulated = r[metric]["measured"], r[metric]["simulated"]
+            assert measured > 0, (r["layout"], metric)
+            assert 1 / SIMULATED_OVER_MEASURED_MAX <= simulated / measured <= SIMULATED_OVER_MEASURED_MAX, (
+                f"{r['layout']} {metric}: simulated {simulated:.2f} ms, measured {measured:.2f} ms")
         assert len(r["runs"]) == 2  # the row holds the medians of both runs (of two: their mean)
         for metric in ("mean_ttft_ms", "mean_tpot_ms"):
             for side in ("measured", "simulated", "simulated_as_calibrated"):
