@@ -22,6 +22,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.runtime_api import Runtime
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.backend import TokenEvent
 
 SERVING_ROLES = ("decode", "mixed")
@@ -263,7 +264,7 @@ class Router:
             self.runtime.send(name, ch.GetStats(0))
         with self._lock:
             last = dict(self._last_stats)
-        return [_instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
+        return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
                 for name, role in self._roles.items()]
 
     def close(self) -> None:
@@ -284,20 +285,3 @@ class Router:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) -> InstanceStats:
-    """One unit's gauges; zeros for a unit without a snapshot (not answered yet, or dead)."""
-    if s is None:
-        return InstanceStats(name=name, role=role, healthy=healthy, running=0, waiting=0, kv_pages_used=0,
-                             kv_pages_total=0, transfer_bytes=0, transfer_writes=0, transfer_s=0.0,
-                             exposed_transfer_s=0.0, transfer_failures=0, requests_retried=0,
-                             extra={"prefilled_locally": 0.0, "rejected_frames": 0.0})
-    return InstanceStats(
-        name=name, role=role, healthy=healthy, running=s.running, waiting=s.waiting,
-        kv_pages_used=s.num_pages - s.num_free_pages, kv_pages_total=s.num_pages,
-        transfer_bytes=s.transfer_bytes, transfer_writes=s.transfer_writes, transfer_s=s.transfer_s,
-        exposed_transfer_s=s.exposed_transfer_s, transfer_failures=s.transfer_failures,
-        requests_retried=s.requests_retried, rejected_frames=dict(s.rejected_frames),
-        rejected_requests=dict(s.rejected_requests),
-        extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values()))},
-    )
