@@ -29,7 +29,7 @@ from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.openai_request import parse_request
 from disaggsdk.serve.request_run import RequestRun
 
-DISCONNECT_POLL_S = 0.5  # how often a whole (non-streamed) answer checks that its client is still there
+DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 
 
@@ -154,7 +154,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
                                   status=404, kind="model_not_found")
         prefix = "chatcmpl" if chat else "cmpl"
         run = RequestRun(backend, metrics, f"{prefix}-{uuid.uuid4().hex}", req, model)
-        first = await run.start()
+        first = await _first_event_unless_gone(request, run)
+        if first is None:
+            return Response(status_code=499)  # the client left before its first token; nobody reads this
         if req.stream:
             return StreamingResponse(_stream(run, first), media_type="text/event-stream")
         return await _whole(request, run, first)
@@ -169,6 +171,20 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     app.include_router(v1)
     return app
+
+
+async def _first_event_unless_gone(request: Request, run: RequestRun) -> Any:
+    """The request's first event, or None when the client leaves first (the request is then
+    aborted in the backend, on decode and prefill alike, and counted as an abort)."""
+    task = asyncio.ensure_future(run.start())
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await run.abandon()
+            return None
+    return task.result()
 
 
 async def _stream(run: RequestRun, first) -> AsyncIterator[str]:  # noqa: ANN001 - a TokenEvent

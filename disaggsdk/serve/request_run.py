@@ -78,6 +78,14 @@ class RequestRun:
             raise BadRequestError(self.error, param=None)
         return first
 
+    async def abandon(self) -> None:
+        """The client left before the first event: abort the request in the backend, count an abort."""
+        await self.backend.abort(self.request_id)
+        if self._events is not None:
+            await self._events.aclose()
+        self.finish_reason = self.finish_reason or "abort"
+        self.record()
+
     async def pieces(self, first: TokenEvent) -> AsyncIterator[Piece]:
         """The request's output, one piece per backend event, starting with ``first``."""
         event: TokenEvent | None = first
