@@ -122,12 +122,14 @@ class LLMEngine:
         bad = [t for t in prompt_ids if not 0 <= t < self.arch.vocab_size]
         if bad:
             raise EngineError(f"{request_id}: token ids {bad[:5]} outside the vocabulary [0, {self.arch.vocab_size})")
-        max_len = self.config.num_pages * self.config.page_size
+        pool_tokens = self.config.num_pages * self.config.page_size
+        max_len = min(pool_tokens, self.arch.max_context_tokens or pool_tokens)
         if len(prompt_ids) + params.max_tokens > max_len:
+            what = "KV pool" if max_len == pool_tokens else "model's context"
             raise EngineError(
-                f"{request_id}: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the KV "
-                f"pool of {max_len} tokens; raise num_pages or lower max_tokens"
-            )
+                f"{request_id}: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the {what} "
+                f"of {max_len} tokens; lower max_tokens or shorten the prompt" + (
+                    "" if what == "model's context" else ", or raise num_pages"))
 
     def _new_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         gen = None if params.greedy else new_generator(params.seed, next(self._seeds))

@@ -63,6 +63,12 @@ class ModelArch:
         return self.num_experts > 0
 
     @property
+    def max_context_tokens(self) -> int | None:
+        """Positions the model was built for (``max_position_embeddings``): prompt + output; None if unstated."""
+        value = self.hf_config.get("max_position_embeddings")
+        return int(value) if value else None
+
+    @property
     def kv_values_per_token_layer(self) -> int:
         """Cache elements one token adds to one layer (all KV heads, K and V; or the MLA latent)."""
         if self.attention == "mla":

@@ -61,6 +61,11 @@ class InProcessBackend:
 
     supports_logprobs = True
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context in tokens (prompt + output), checked at the HTTP edge."""
+        return self._engine.arch.max_context_tokens
+
     def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0"):
         from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
         from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer

@@ -26,7 +26,7 @@ from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
-from disaggsdk.serve.openai_request import parse_request
+from disaggsdk.serve.openai_request import check_context_length, parse_request
 from disaggsdk.serve.request_run import RequestRun
 
 DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
@@ -146,6 +146,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
         req = parse_request(body, chat, backend.encode)
+        check_context_length(req, getattr(backend, "max_model_len", None))
         if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
             name = "top_logprobs" if chat and req.logprobs else "logprobs"
             raise BadRequestError(f"'{name}': this deployment does not return logprobs; leave it out", param=name)

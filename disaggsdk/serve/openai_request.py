@@ -185,6 +185,24 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise BadRequestError(f"'{name}' is not supported; leave it at 0", param=name)
 
 
+def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
+    """Refuse a request whose prompt and output cannot fit the model's context (a 400 that says by how much).
+
+    Raises:
+        BadRequestError: prompt + max_tokens over ``max_model_len``.
+    """
+    total = len(req.prompt_ids) + req.params.max_tokens
+    if max_model_len is None or total <= max_model_len:
+        return
+    over = total - max_model_len
+    raise BadRequestError(
+        f"this model's context is {max_model_len} tokens, but the request needs {total} "
+        f"({len(req.prompt_ids)} of prompt + {req.params.max_tokens} of max_tokens): {over} too many; "
+        f"shorten the prompt or lower max_tokens",
+        param="max_tokens" if len(req.prompt_ids) < max_model_len else ("messages" if req.chat else "prompt"),
+    )
+
+
 def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> ParsedRequest:
     """Validate an OpenAI completions (``chat=False``) or chat completions body.
 

@@ -21,6 +21,7 @@ from typing import Any
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.runtime_api import Runtime
 from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.backend import TokenEvent
@@ -42,6 +43,7 @@ class Router:
         self.runtime = runtime
         self.spec = runtime.spec
         self.model_name = runtime.model_name
+        self.max_model_len = resolve_model(self.spec.model).max_context_tokens  # checked at the HTTP edge
         self._roles = runtime.unit_roles()
         self._lock = threading.Lock()
         self._closed = False

@@ -181,3 +181,14 @@ def test_random_load_with_aborts_returns_every_page():
             engine.step()
         assert engine.num_free_pages == 24 and engine.allocator.owners() == []
         assert mixed_steps > 0  # prefill chunks and decodes did share steps
+
+
+def test_a_request_over_the_models_context_is_refused_even_with_pages_to_spare():
+    with LLMEngine(MODEL, EngineConfig(page_size=16, num_pages=600)) as engine:  # 9,600 tokens of pool
+        assert engine.arch.max_context_tokens == 4096
+        with pytest.raises(EngineError, match="model's context of 4096 tokens"):
+            engine.check_prompt("long", [5] * 4000, SamplingParams(max_tokens=200))
+        with pytest.raises(EngineError, match="KV pool"):
+            LLMEngine(MODEL, EngineConfig(page_size=16, num_pages=8)).check_prompt(
+                "pool", [5] * 100, SamplingParams(max_tokens=100))
+        engine.check_prompt("fits", [5] * 3000, SamplingParams(max_tokens=1000))

@@ -87,9 +87,13 @@ def test_bad_chat_requests_and_bad_json(deployment):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
     r = httpx.post(f"{deployment.url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
-    # a prompt that cannot fit the KV pool is refused by the engine, before any token
+    # a request over the model's context (4,096 positions) is refused at the edge, saying by how much
     r = httpx.post(f"{deployment.url}/v1/completions", json={"prompt": [1] * 10, "max_tokens": 5000})
-    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_tokens" and "914 too many" in err["message"]
+    r = httpx.post(f"{deployment.url}/v1/completions", json={"prompt": [1] * 5000, "max_tokens": 2})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt" and "906 too many" in err["message"]
 
 
 def test_stop_strings_logprobs_token_ids_and_models(deployment):

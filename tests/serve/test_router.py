@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from disaggsdk.launch import messages as ch
@@ -13,7 +15,7 @@ class FakeRuntime:
     """Records what the router sends; the test plays the units' side through the listeners."""
 
     model_name = "fake"
-    spec = None
+    spec = SimpleNamespace(model="qwen3-coder-tiny")
 
     def __init__(self, roles: dict[str, str]):
         self.roles = roles
