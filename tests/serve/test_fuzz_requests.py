@@ -1,0 +1,73 @@
+"""Arbitrary JSON thrown at both endpoints over real HTTP: never a 5xx, always an OpenAI error
+object for a refusal, and the engine keeps serving (hypothesis, 2,000 bodies per endpoint)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+EXAMPLES_PER_ENDPOINT = 2000
+
+# JSON values of every kind, nested; numbers include the edges that broke servers before
+SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20))
+JSON = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                                                        max_size=4), max_leaves=12)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "stream", "stream_options",
+          "n", "return_token_ids", "response_format", "tools"]
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "robot"]) | JSON,
+                                 "content": st.text(max_size=30) | JSON})
+PLAUSIBLE = st.dictionaries(st.sampled_from(FIELDS), JSON | st.lists(MESSAGE, max_size=3), max_size=6)
+BODIES = PLAUSIBLE | JSON
+
+
+def check(client: httpx.Client, path: str, body: object) -> None:
+    body = {k: v for k, v in body.items() if k != "stream"} if isinstance(body, dict) else body  # no SSE here
+    if isinstance(body, dict) and isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 16:
+        body["max_tokens"] = 16  # a valid body generates: keep the run short
+    try:
+        r = client.post(path, json=body)
+    except ValueError:  # a float the JSON encoder refuses (NaN is written, so this is rare)
+        return
+    assert r.status_code < 500, (path, body, r.status_code, r.text)
+    if r.status_code >= 400:
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and error["message"] and "type" in error
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_no_body_gets_a_5xx_or_takes_the_engine_down(deployment, path):
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+
+        @settings(max_examples=EXAMPLES_PER_ENDPOINT, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(BODIES)
+        def fuzz(body):
+            check(client, path, body)
+
+        fuzz()
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        ok = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.slow
+def test_fuzzed_bodies_kill_no_unit_of_a_launched_deployment():
+    from disaggsdk.face.deployment import launch
+    from tests.launch._helpers import make_spec
+
+    spec = make_spec("qwen3-coder-tiny", num_pages=256, budget=64)
+    with launch(spec, port=0, max_restarts=0) as d, httpx.Client(base_url=d.url, timeout=60) as client:
+
+        @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), BODIES)
+        def fuzz(path, body):
+            check(client, path, body)
+
+        fuzz()
+        assert not d.backend.runtime.failures  # no unit died
+        assert client.get("/health").json()["status"] == "ok"
