@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_app import build_app
@@ -47,17 +49,22 @@ class Deployment:
         api_key: when set, clients must send ``Authorization: Bearer <api_key>``.
         name: shown in the live views.
         sock: a listening socket bound before the backend started (`serve.http_server.bind_listener`).
+        allowed_hosts: the Host / Origin names answered (loopback by default; ``"*"`` for any).
+        metrics_require_key: /metrics asks for ``api_key`` too.
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
 
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, name: str = "deployment", sock: Any = None):
+                 api_key: str | None = None, name: str = "deployment", sock: Any = None,
+                 allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False):
         self.backend = backend
         self.name = name
         self.api_key = api_key
         self.server_metrics = ServerMetrics(backend.stats, backend.model_name)
-        self._server = HttpServer(build_app(backend, self.server_metrics, api_key), host, port, sock)
+        app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
+                        metrics_require_key=metrics_require_key)
+        self._server = HttpServer(app, host, port, sock)
         try:
             self._server.start()
         except BaseException:
@@ -159,18 +166,19 @@ class Deployment:
 
 
 def serve_model(model: str, engine_config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
-                api_key: str | None = None) -> Deployment:
+                api_key: str | None = None, **server_options: Any) -> Deployment:
     """One colocated engine in this process behind the server (`disaggsdk serve`).
 
     Args:
         model: a tiny catalog name or a checkpoint directory.
         engine_config: engine settings.
         host, port, api_key: see `Deployment`.
+        server_options: `Deployment`'s ``allowed_hosts`` and ``metrics_require_key``.
     """
     from disaggsdk.serve.inprocess_backend import InProcessBackend
 
     backend = InProcessBackend(model, engine_config)
-    return Deployment(backend, host, port, api_key, name=f"{model} (colocated, in process)")
+    return Deployment(backend, host, port, api_key, name=f"{model} (colocated, in process)", **server_options)
 
 
 def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | None = None,
@@ -203,4 +211,5 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         sock.close()
         raise
     layout = "colocated" if colocated else "disaggregated"
-    return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock)
+    return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
+                      allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key)

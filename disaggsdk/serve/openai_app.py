@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -26,6 +26,7 @@ from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.openai_request import check_context_length, parse_request
 from disaggsdk.serve.request_run import RequestRun
 
@@ -73,7 +74,8 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 
 
 def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+              metrics_require_key: bool = False) -> FastAPI:
     """The FastAPI application serving ``backend``.
 
     Every error, the framework's included (unknown route, wrong method, a crash), answers an
@@ -84,10 +86,20 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         metrics: where requests are accounted (its registry is what /metrics shows).
         api_key: when set, ``/v1`` routes require ``Authorization: Bearer <api_key>``.
         max_body_bytes: larger request bodies get a 413 before they are parsed.
+        allowed_hosts: Host / Origin names answered (`serve.http_guard`); others get a 403.
+        metrics_require_key: /metrics asks for the API key too.
     Returns:
         the app, ready for uvicorn.
     """
-    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None)
+    guard = HostGuard(allowed_hosts)
+
+    # dependencies, not HTTP middlewares: starlette's BaseHTTPMiddleware re-streams every SSE chunk
+    async def check_host(request: Request) -> None:
+        refusal = guard.refusal(request.headers.get("host"), request.headers.get("origin"))
+        if refusal:
+            raise BadRequestError(refusal, status=403, kind="permission_error")
+
+    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
     model = backend.model_name
 
     @app.exception_handler(BadRequestError)
@@ -115,7 +127,6 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         # starlette sends this, then re-raises so the server logs the traceback
         return _error(500, f"the server failed on this request ({type(exc).__name__}); it is logged")
 
-    # a dependency, not an HTTP middleware: starlette's BaseHTTPMiddleware re-streams every SSE chunk
     async def check_key(request: Request) -> None:
         given = request.headers.get("authorization", "")
         if api_key and not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
@@ -134,7 +145,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         body = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
         return JSONResponse(body, status_code=200 if serving else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(check_key)] if metrics_require_key else [])
     def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -129,6 +129,8 @@ def _type_text(hint: Any) -> str:
         return " or ".join(_type_text(arg) for arg in typing.get_args(hint))
     if attrs.has(hint):
         return "mapping"
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]: a YAML list
+        return f"list of {_type_text(typing.get_args(hint)[0])}"
     return _JSON_TYPES[hint]
 
 
@@ -136,8 +138,8 @@ def _default_text(key: Key) -> str:
     default = key.field.default
     if key.is_section:
         return f"see `{key.path}`"
-    if isinstance(default, bool) or default is None:
-        return f"`{json.dumps(default)}`"
+    if isinstance(default, (bool, tuple)) or default is None:
+        return f"`{json.dumps(list(default) if isinstance(default, tuple) else default)}`"
     return f"`{default}`"
 
 
@@ -203,6 +205,8 @@ def _value_schema(hint: Any) -> dict[str, Any]:
         return {"type": "string", "enum": list(typing.get_args(hint))}
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return {"type": [_JSON_TYPES[arg] for arg in typing.get_args(hint)]}
+    if typing.get_origin(hint) is tuple:  # tuple[str, ...]: a YAML list
+        return {"type": "array", "items": _value_schema(typing.get_args(hint)[0])}
     return {"type": _JSON_TYPES[hint]}
 
 
@@ -213,7 +217,8 @@ def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, A
             # `prefill:` with nothing after it loads as an empty mapping (convert.py), hence null.
             schema = {**_object_schema(by_path[key.path], by_path), "type": ["object", "null"]}
         else:
-            schema = {"description": key.doc, **_value_schema(key.hint), "default": key.field.default}
+            default = list(key.field.default) if isinstance(key.field.default, tuple) else key.field.default
+            schema = {"description": key.doc, **_value_schema(key.hint), "default": default}
             check = key.field.metadata.get("check")
             if check is not None:
                 schema.update(check.schema)

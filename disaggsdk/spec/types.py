@@ -161,6 +161,15 @@ class Serve:
 
     host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
     port: int = attrs.field(default=8000, metadata=about("TCP port of the front end; 0 picks a free one.", port))
+    allowed_hosts: tuple[str, ...] = attrs.field(
+        default=("localhost", "127.0.0.1", "::1"), converter=tuple,
+        metadata=about("Host names the front end answers in the Host and Origin headers (any port); "
+                       "`*` for any. Loopback by default, so a web page can neither post to a local server "
+                       "nor rebind a DNS name to it."),
+    )
+    metrics_require_key: bool = attrs.field(
+        default=False, metadata=about("`/metrics` asks for the API key as `/v1` does."),
+    )
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)

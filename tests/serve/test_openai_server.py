@@ -137,7 +137,10 @@ def test_api_key_is_enforced_when_set():
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
-    with serve_model(SERVED_MODEL, EngineConfig(num_pages=64), port=0, api_key="s3cret") as d:
+    with serve_model(SERVED_MODEL, EngineConfig(num_pages=64), port=0, api_key="s3cret",
+                     metrics_require_key=True) as d:
+        assert httpx.get(f"{d.url}/metrics").status_code == 401  # asked for: /metrics behind the key too
+        assert httpx.get(f"{d.url}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         body = {"prompt": "x", "max_tokens": 2}
         assert httpx.post(f"{d.url}/v1/completions", json=body).status_code == 401
         wrong = httpx.post(f"{d.url}/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
@@ -146,3 +149,17 @@ def test_api_key_is_enforced_when_set():
         assert ok.status_code == 200
         assert httpx.get(f"{d.url}/health").status_code == 200  # probes need no key
         assert d.generate("hi", max_tokens=2) is not None  # the Deployment sends its own key
+
+
+def test_foreign_hosts_and_web_page_origins_are_refused(deployment):
+    body = {"prompt": [5, 6], "max_tokens": 2}
+    rebound = httpx.post(f"{deployment.url}/v1/completions", json=body, headers={"Host": "evil.example"})
+    assert rebound.status_code == 403 and rebound.json()["error"]["type"] == "permission_error"
+    page = httpx.post(f"{deployment.url}/v1/completions", json=body, headers={"Origin": "https://evil.example"})
+    assert page.status_code == 403 and "web pages" in page.json()["error"]["message"]
+    as_text = httpx.post(f"{deployment.url}/v1/completions", content=b'{"prompt": "x"}',
+                         headers={"Content-Type": "text/plain"})  # what a cross-site form may send
+    assert as_text.status_code == 415
+    assert httpx.get(f"{deployment.url}/health", headers={"Host": "evil.example"}).status_code == 403
+    local = httpx.post(f"{deployment.url}/v1/completions", json=body, headers={"Origin": "http://localhost:3000"})
+    assert local.status_code == 200
