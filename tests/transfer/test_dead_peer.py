@@ -16,6 +16,15 @@ def _doomed_target(provider: str, conn) -> None:
     engine = TransferEngine(provider)
     region = engine.register(bytearray(1 << 20))
     conn.send((engine.address, region.descriptor.to_bytes()))
+    assert conn.recv() == "freeze"
+    # Stop this endpoint's progress thread at a point where it holds nothing, then wait to be
+    # killed: libfabric's shm provider guards each receiver's queue with a spinlock in shared
+    # memory, and a process killed while holding it (its progress thread reading the queue)
+    # wedges every later writer in fi_writedata for good. That hazard is the provider's; this
+    # test is about a peer that is gone and never drains again.
+    engine._lib.fab_shutdown(engine._engine)
+    time.sleep(0.2)  # the thread sees the stop flag within one nap (<= 200 us) and exits
+    conn.send("frozen")
     time.sleep(120)  # killed by the test
 
 
@@ -40,6 +49,8 @@ def test_dead_peer_does_not_block_live_peer(provider):
         live_peer = engine.add_peer(live.address)
         dead_desc = RegionDescriptor.from_bytes(desc)
         engine.submit(dead_peer, WriteBatch.pages(src, dead_desc, [0], [0], PAGE, 1)).result(30)
+        conn.send("freeze")
+        assert conn.poll(30) and conn.recv() == "frozen"
         doomed.kill()
         doomed.join(10)
         # many separate writes: enough to fill the dead peer's queue (shm then says EAGAIN)
