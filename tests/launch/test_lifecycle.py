@@ -1,4 +1,4 @@
-"""A running deployment under stress and faults (real processes over shm, tiny Qwen3-MoE).
+"""A running deployment under stress and faults (real processes over tcp, tiny Qwen3-MoE).
 
 One runtime with two prefill units and one decode unit serves, in order: 100 requests (every
 page returns on both sides), forged and malformed control frames (counted, nothing lands),
@@ -26,6 +26,7 @@ from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 MODEL = "qwen3-coder-tiny"
 SECRET = b"lifecycle-test-secret-0123456789"
 DEADLINE_S = 3.0
+PROVIDER = "tcp"
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,10 @@ def prompt(i: int, n: int) -> list[int]:
 def env(tmp_path_factory):
     before = live_descendants()
     shm_before = set(os.listdir("/dev/shm"))
-    spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64)
+    # tcp, not shm: libfabric's shm provider locks each receiver's queue with a spinlock in shared
+    # memory, and a unit SIGKILLed while holding one wedges its peers for good (an open issue);
+    # these tests kill units under load on purpose
+    spec = make_spec(MODEL, prefill_replicas=2, deadline_s=DEADLINE_S, num_pages=96, budget=64, provider=PROVIDER)
     # max_restarts=0: these tests follow a deployment whose dead units stay dead (test_restart.py: the others)
     rt = serve_locally(spec, secret=SECRET, on_event=lambda _line: None, max_restarts=0,
                        log_dir=str(tmp_path_factory.mktemp("logs")))
@@ -119,7 +123,7 @@ def test_bad_frames_are_counted_and_land_nothing(env):
 
     future_version = bytes(signed) + hmac.new(SECRET, bytes(signed), hashlib.sha256).digest()
     abort = pr.AbortPrefill("nobody", 3, sender)
-    with TransferEngine("shm") as te:
+    with TransferEngine(PROVIDER) as te:
         to_prefill, to_decode = te.add_peer(prefill.address), te.add_peer(decode.address)
         for f in (b"junk", pr.encode_message(good, b"x" * 32, sender, next(seqs)), future_version, frame, frame,
                   pr.encode_message(abort, SECRET, sender, next(seqs)), pr.encode_message(pr.AbortPrefill("x", 3), SECRET),
@@ -229,8 +233,12 @@ def test_local_prefill_when_no_prefill_is_left(env):
 def test_crashed_decode_is_reported_and_refused(env):
     rt, _ = env
     rt.runtime.kill_unit("decode-0")
-    while rt.runtime.units["decode-0"].healthy:
+    deadline = time.monotonic() + 30
+    # the unit reads as unhealthy first (nothing is routed to it), its report follows its exit
+    while not any(f.startswith("unit decode-0 (decode) died") for f in rt.runtime.failures):
+        assert time.monotonic() < deadline, "no report of decode-0's death"
         time.sleep(0.05)
+    assert not rt.runtime.units["decode-0"].healthy
     assert any(f.startswith("unit decode-0 (decode) died") and "last lines" in f for f in rt.runtime.failures)
     from disaggsdk.launch import LaunchError
 

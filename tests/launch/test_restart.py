@@ -28,7 +28,7 @@ def wait_healthy_again(rt, name: str, old_incarnation: str, timeout_s: float = 9
 
 def test_dead_units_are_restarted_and_rejoin_their_peers():
     before = live_descendants()
-    spec = make_spec("qwen3-coder-tiny")
+    spec = make_spec("qwen3-coder-tiny", provider="tcp")  # tcp: see test_lifecycle.py on shm and SIGKILL
     with serve_locally(spec, on_event=lambda _l: None, max_restarts=2) as rt:
         baseline = [t for e in rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY)[0] for t in e.new_token_ids]
 
