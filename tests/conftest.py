@@ -24,3 +24,31 @@ def run_cli():
         )
 
     return run
+
+
+def start_cli_server(*args: str, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+    """``disaggsdk ARGS`` as a process that serves; returns it and its base URL once it says it is ready.
+
+    Raises:
+        AssertionError: it printed no URL in time (the process is killed; its output is the message).
+    """
+    import re
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, url = [], None
+    deadline = time.monotonic() + timeout_s
+    while url is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"ready in .*(http://127\.0\.0\.1:\d+)/v1", line)
+        url = found.group(1) if found else None
+    if url is None:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("".join(lines))
+    return proc, url

@@ -50,7 +50,7 @@ def _path(keys: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """``value`` for a message: short, and never a 4,000-digit integer."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         if value.bit_length() > 10_000:  # str() of it would raise past 4,300 digits

@@ -16,7 +16,7 @@ from typing import Any
 
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
 from disaggsdk.serve.openai_error import BadRequestError
-from disaggsdk.serve.openai_json import check_json_tree
+from disaggsdk.serve.openai_json import check_json_tree, show_value
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -41,17 +41,6 @@ class ParsedRequest:
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
 
 
-def _show(value: Any) -> str:
-    """``value`` for a message: short, and never a 4,000-digit integer."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        if value.bit_length() > 10_000:  # str() of it would raise past 4,300 digits
-            return f"a {value.bit_length()}-bit integer"
-        digits = str(value)
-        return f"{digits[:8]}...{digits[-4:]} ({len(digits.lstrip('-'))} digits)"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # fields
 
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
@@ -60,7 +49,7 @@ def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: An
         return default
     # bool is an int in Python; a JSON true is never a valid number here
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise BadRequestError(f"'{name}' must be {what}, got {_show(value)}", param=name)
+        raise BadRequestError(f"'{name}' must be {what}, got {show_value(value)}", param=name)
     return value
 
 
@@ -69,9 +58,10 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int, default: Any,
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequestError(f"'{name}' must be an integer in [{low}, {high}]{note}, got {_show(value)}", param=name)
+        raise BadRequestError(f"'{name}' must be an integer in [{low}, {high}]{note}, got {show_value(value)}",
+                              param=name)
     if not low <= value <= high:
-        raise BadRequestError(f"'{name}' must be in [{low}, {high}]{note}, got {_show(value)}", param=name)
+        raise BadRequestError(f"'{name}' must be in [{low}, {high}]{note}, got {show_value(value)}", param=name)
     return value
 
 
@@ -82,7 +72,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     except OverflowError:
         value = math.inf
     if not math.isfinite(value):
-        raise BadRequestError(f"'{name}' must be a finite number, got {_show(body[name])}", param=name)
+        raise BadRequestError(f"'{name}' must be a finite number, got {show_value(body[name])}", param=name)
     return value
 
 
@@ -120,7 +110,7 @@ def _token_ids(value: Any, name: str) -> list[int]:
         raise BadRequestError(f"'{name}' must be a list of integer token ids", param=name)
     bad = next((t for t in value if not 0 <= t <= MAX_INT32), None)
     if bad is not None:  # the engine checks against the vocabulary; this keeps them int32 on the way
-        raise BadRequestError(f"'{name}': token ids must be in [0, {MAX_INT32}], got {_show(bad)}", param=name)
+        raise BadRequestError(f"'{name}': token ids must be in [0, {MAX_INT32}], got {show_value(bad)}", param=name)
     return list(value)
 
 
@@ -248,7 +238,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> 
     stream = _typed(body, "stream", (bool,), False, "a boolean")
     include_usage = options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise BadRequestError(f"'stream_options.include_usage' must be a boolean, got {_show(include_usage)}",
+        raise BadRequestError(f"'stream_options.include_usage' must be a boolean, got {show_value(include_usage)}",
                               param="stream_options.include_usage")
     return ParsedRequest(
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,

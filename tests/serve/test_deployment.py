@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import pytest
 
 from disaggsdk.spec import load_spec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, start_cli_server
 
 
 def our_threads() -> set[str]:
@@ -58,24 +53,9 @@ def test_check_hardware_passes_tiny_and_cpu_specs():
 
 
 def test_serve_command_serves_until_sigterm_and_exits_cleanly():
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "disaggsdk.cli.main", "serve", "--model", "qwen3-coder-tiny", "--port", "0",
-         "--num-pages", "64", "--no-live"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc, url = start_cli_server("serve", "--model", "qwen3-coder-tiny", "--port", "0", "--num-pages", "64",
+                                 "--no-live", timeout_s=60)
     try:
-        url = None
-        deadline = time.monotonic() + 60
-        lines = []
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
-            url = found.group(1) if found else None
-        assert url, "".join(lines)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200
         proc.send_signal(signal.SIGTERM)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, start_cli_server
 
 pytestmark = pytest.mark.slow
 
@@ -67,23 +66,9 @@ def reap(proc: subprocess.Popen, kids: set[int]) -> None:
 
 
 def test_launch_serves_until_sigterm_and_leaves_no_orphan():
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "disaggsdk.cli.main", "launch", "specs/tiny_pd.yaml", "--port", "0", "--no-live"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc, url = start_launch("specs/tiny_pd.yaml")
     kids: set[int] = set()
     try:
-        lines, url = [], None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = re.search(r"ready in .*(http://127\.0\.0\.1:\d+)/v1", line)
-            url = found.group(1) if found else None
-        assert url, "".join(lines)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         kids = descendants(proc.pid)
@@ -98,26 +83,8 @@ def test_launch_serves_until_sigterm_and_leaves_no_orphan():
 
 
 def start_launch(spec: str, *options: str) -> tuple[subprocess.Popen, str]:
-    """`disaggsdk launch SPEC --port 0 OPTIONS` as a process, once it says it is ready; (process, base url)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "disaggsdk.cli.main", "launch", spec, "--port", "0", "--no-live", *options],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines, url = [], None
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        found = re.search(r"ready in .*(http://127\.0\.0\.1:\d+)/v1", line)
-        url = found.group(1) if found else None
-    if url is None:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("".join(lines))
-    return proc, url
+    """`disaggsdk launch SPEC --port 0 --no-live OPTIONS`, once ready; (process, base url)."""
+    return start_cli_server("launch", spec, "--port", "0", "--no-live", *options)
 
 
 def test_a_launcher_killed_with_sigkill_leaves_shm_files_that_the_next_launch_removes(run_cli):
