@@ -15,7 +15,7 @@ from cffi import FFI
 
 NATIVE_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT_DIR = os.path.dirname(NATIVE_DIR)
-SOURCES = ["fabric.c", "fab_memory.c", "fab_submit.c", "fab_progress.c", "fab_imm.c", "fab_events.c"]
+SOURCES = ["fabric.c", "fab_memory.c", "fab_submit.c", "fab_progress.c", "fab_post.c", "fab_imm.c", "fab_events.c"]
 MODULE_NAME = "disaggsdk.transfer._fabric"
 
 

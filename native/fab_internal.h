@@ -137,6 +137,12 @@ struct fab_engine {
 
     struct fab_event_queue events;
 
+    /* CLOCK_MONOTONIC ns at which the progress thread last began a round (atomic: read by any
+     * thread). It stops moving only while the thread is stuck inside the provider. */
+    uint64_t round_started_ns;
+    /* the peer handle + 1 while the thread is inside fi_writedata/fi_send to it, else 0 */
+    uint64_t posting_to;
+
     /* owned by the progress thread only */
     struct fab_batch *post_head, *post_tail;
     struct fab_batch *inflight_head; /* freed by fab_close if their completions never come */
@@ -162,6 +168,11 @@ void fab_imm_add(struct fab_engine *eng, uint32_t imm, uint64_t weight);
 int fab_imm_expect(struct fab_engine *eng, uint32_t imm, uint64_t count);
 void fab_imm_cancel(struct fab_engine *eng, uint32_t imm);
 void fab_imm_destroy(struct fab_imm_table *t);
+
+/* fab_post.c */
+uint64_t fab_post_work(struct fab_engine *eng, struct fab_send **sends);
+void fab_finish_batch(struct fab_engine *eng, struct fab_batch *b);
+void fab_free_batch(struct fab_batch *b);
 
 /* fab_progress.c */
 void *fab_progress_main(void *arg);

@@ -111,6 +111,15 @@ int fab_send(fab_engine *eng, uint64_t send_id, uint64_t peer, const void *buf, 
 int fab_wait_events(fab_engine *eng, fab_event *out, int max_events, int timeout_ms);
 void fab_free(void *data);
 
+/* Nanoseconds since the progress thread last began a round; 0 once it stopped. Rounds take
+ * microseconds (an idle thread naps <= 200 us at a time), so seconds mean the thread is stuck
+ * inside the provider: with shm, a peer killed while holding a spinlock of our queue (in
+ * shared memory) leaves it spinning for good. The process must then be replaced. */
+uint64_t fab_progress_round_age_ns(fab_engine *eng);
+/* The peer handle + 1 that the progress thread is posting a write or message to right now, 0 when
+ * it is not posting: for a stuck thread, whose queue is poisoned. */
+uint64_t fab_progress_posting_to(fab_engine *eng);
+
 /* Wake every waiter and stop accepting work; fab_close still has to be called. */
 void fab_shutdown(fab_engine *eng);
 
