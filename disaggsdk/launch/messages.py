@@ -17,7 +17,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-PROTOCOL_VERSION = 2  # 2: PeerUp
+PROTOCOL_VERSION = 3  # 2: PeerUp; 3: TransportStuck
 
 # runtime -> unit
 
@@ -121,7 +121,18 @@ class Fatal(msgspec.Struct, frozen=True, tag=True):
     message: str
 
 
+class TransportStuck(msgspec.Struct, frozen=True, tag=True):
+    """The unit's transport thread is stuck inside the provider; the unit exits right after this.
+
+    ``poisoned_peer`` ("name#incarnation") is the unit it was stuck sending to, whose queue can
+    never be used again: the runtime replaces it too. None: stuck elsewhere (reading its own queue).
+    """
+
+    stuck_s: float
+    poisoned_peer: str | None = None
+
+
 ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, Shutdown]
-FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal]
+FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal, TransportStuck]
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

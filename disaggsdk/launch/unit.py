@@ -56,7 +56,7 @@ def unit_main(sock: socket.socket) -> None:
         torch.set_num_threads(len(args.cpu_ids) if args.cpu_ids else 1)
         spec = parse_spec_yaml(args.spec_yaml)
         parts = assemble(args, spec, make_plan(spec))
-        unit = Unit(args, conn, parts)
+        unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s)
         unit.await_peers()
         unit.run()
     except BaseException as exc:  # report, then exit non-zero: the launcher shows the log tail
@@ -80,11 +80,16 @@ class Unit:
         args: what the launcher said.
         conn: the unit's end of its channel to the launcher.
         parts: the engine, messenger and transfer engine (`launch.unit_parts.assemble`).
+        stuck_after_s: how long the transfer engine's thread may be stuck inside libfabric before
+            this unit gives up on it (`launch.transport_watchdog`).
     """
 
-    def __init__(self, args: UnitArgs, conn: Any, parts: Any):
+    def __init__(self, args: UnitArgs, conn: Any, parts: Any, stuck_after_s: float = 5.0):
+        from disaggsdk.launch.transport_watchdog import TransportWatchdog
+
         self.args, self.conn, self.parts = args, conn, parts
         self.engine, self.messenger, self.transfer = parts.engine, parts.messenger, parts.transfer
+        self.watchdog = TransportWatchdog(self.transfer, stuck_after_s) if self.transfer is not None else None
         self.stopping = False
 
     def await_peers(self) -> None:
@@ -96,8 +101,7 @@ class Unit:
             return
         if not isinstance(msg, ch.Peers):
             raise RuntimeError(f"expected the launcher's Peers, got {type(msg).__name__}")
-        if self.messenger is not None:
-            self.messenger.add_peers(msg.units)
+        self._add_peers(msg.units)
         self.conn.send(ch.Started(self.args.name))
         print(f"{self.args.name}: started", flush=True)
 
@@ -120,6 +124,29 @@ class Unit:
             if engine.has_unfinished():
                 outputs = engine.step()
                 self._emit(self.parts.after_step(outputs, time.monotonic()))
+            if self.watchdog is not None and (stuck := self.watchdog.check(time.monotonic())) is not None:
+                self._give_up_transport(stuck)
+
+    def _add_peers(self, units: list) -> None:
+        if self.messenger is not None:
+            self.messenger.add_peers(units)
+        if self.watchdog is not None:
+            for info in units:
+                self.watchdog.know_peer(info.address, str(info.peer_id))
+
+    def _give_up_transport(self, stuck: ch.TransportStuck) -> None:
+        """Report and exit at once: closing would wait for the stuck thread forever."""
+        from disaggsdk.launch.transport_watchdog import EXIT_CODE
+
+        where = f" sending to {stuck.poisoned_peer}" if stuck.poisoned_peer else ""
+        print(f"{self.args.name}: transport thread stuck {stuck.stuck_s:.1f} s inside libfabric{where}; "
+              "exiting to be restarted with a new endpoint", flush=True)
+        try:
+            self.conn.send(stuck)
+        except ChannelClosed:
+            pass
+        sys.stdout.flush()
+        os._exit(EXIT_CODE)
 
     def _drain_parent(self, wait_s: float) -> None:
         while self.conn.poll(wait_s):
@@ -156,8 +183,7 @@ class Unit:
             if self.messenger is not None:
                 self.messenger.peer_down(msg.name)
         elif isinstance(msg, ch.PeerUp):
-            if self.messenger is not None:
-                self.messenger.add_peers([msg.info])
+            self._add_peers([msg.info])
         elif isinstance(msg, ch.GetStats):
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):

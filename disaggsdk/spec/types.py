@@ -114,6 +114,16 @@ class Transport:
             "the decode's core at ~0.3-0.6x memcpy (native/README.md)."
         ),
     )
+    stuck_after_s: float = attrs.field(
+        default=5.0,
+        metadata=about(
+            "Seconds a unit's transport thread may stay inside one libfabric call (normally "
+            "microseconds) before the unit gives up on its endpoint: it exits to be restarted, and "
+            "a peer whose queue it was stuck sending to is restarted too. With shm, a process killed "
+            "while holding a peer's queue lock (in shared memory) leaves that queue unusable for good.",
+            positive,
+        ),
+    )
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)

@@ -1,0 +1,50 @@
+"""TransportWatchdog: when a unit gives up on its transport, and whom it blames."""
+
+from __future__ import annotations
+
+from disaggsdk.launch.transport_watchdog import CHECK_EVERY_S, TransportWatchdog
+from disaggsdk.transfer.descriptors import Peer
+
+
+class FakeTransfer:
+    def __init__(self) -> None:
+        self.age_s, self.posting = 0.0, None
+
+    def progress_round_age_s(self) -> float:
+        return self.age_s
+
+    def posting_to(self):
+        return self.posting
+
+
+def test_a_thread_going_round_is_never_reported():
+    transfer = FakeTransfer()
+    dog = TransportWatchdog(transfer, stuck_after_s=5.0)
+    transfer.age_s = 4.9
+    assert all(dog.check(t * CHECK_EVERY_S) is None for t in range(20))
+
+
+def test_a_stuck_thread_names_the_peer_it_was_sending_to():
+    transfer = FakeTransfer()
+    dog = TransportWatchdog(transfer, stuck_after_s=5.0)
+    dog.know_peer(b"addr-d0", "decode-0#a1")
+    transfer.age_s, transfer.posting = 5.5, Peer(3, b"addr-d0")
+    stuck = dog.check(100.0)
+    assert stuck is not None and stuck.poisoned_peer == "decode-0#a1" and stuck.stuck_s == 5.5
+
+
+def test_stuck_reading_its_own_queue_blames_nobody_and_checks_are_spaced():
+    transfer = FakeTransfer()
+    dog = TransportWatchdog(transfer, stuck_after_s=1.0)
+    assert dog.check(10.0) is None
+    transfer.age_s = 3.0
+    assert dog.check(10.0 + CHECK_EVERY_S / 2) is None  # not looked at again so soon
+    stuck = dog.check(10.0 + CHECK_EVERY_S)
+    assert stuck is not None and stuck.poisoned_peer is None
+
+
+def test_an_address_it_never_learnt_is_still_reported():
+    transfer = FakeTransfer()
+    dog = TransportWatchdog(transfer, stuck_after_s=1.0)
+    transfer.age_s, transfer.posting = 2.0, Peer(0, b"somebody")
+    assert dog.check(0.0).poisoned_peer == "unknown peer"
