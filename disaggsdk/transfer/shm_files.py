@@ -35,7 +35,13 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # another user's live process
-    return True
+    # a zombie (dead, not yet reaped: orphans wait for init, which may reap late) holds no endpoint
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def remove_orphaned_fabric_shm() -> list[str]:

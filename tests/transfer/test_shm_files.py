@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from disaggsdk.transfer.shm_files import SHM_DIR, remove_orphaned_fabric_shm
 
@@ -25,3 +26,19 @@ def test_only_files_of_dead_processes_are_removed():
         for path in paths:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_files_of_a_zombie_are_removed():
+    # a unit whose launcher was SIGKILLed dies by PDEATHSIG and waits, a zombie, for init to reap it
+    # (late, on some machines); it holds no endpoint any more
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)  # not waited for: it stays a zombie until zombie.wait()
+    path = os.path.join(SHM_DIR, f"{zombie.pid}:991:0")
+    open(path, "wb").close()
+    try:
+        assert f"{zombie.pid}:991:0" in remove_orphaned_fabric_shm() and not os.path.exists(path)
+    finally:
+        zombie.wait()
+        if os.path.exists(path):
+            os.unlink(path)
