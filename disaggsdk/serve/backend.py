@@ -49,8 +49,8 @@ class ServingBackend(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its pages are freed once no write can still land."""
 
-    def stats(self) -> list[InstanceStats]:
-        """One snapshot per instance."""
+    def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
+        """One snapshot per instance; ``wait_s`` > 0: wait up to that long for fresh ones."""
 
     def close(self) -> None:
         """Stop everything this backend started. Idempotent."""

@@ -115,8 +115,8 @@ class InProcessBackend:
         """Stop a request; a late abort of a finished request does nothing."""
         self._inbox.put(_Abort(request_id))
 
-    def stats(self) -> list[InstanceStats]:
-        """A copy of the engine thread's latest snapshot."""
+    def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
+        """A copy of the engine thread's latest snapshot (kept current each loop: nothing to wait for)."""
         return [replace(self._stats, extra=dict(self._stats.extra))]
 
     def close(self) -> None:

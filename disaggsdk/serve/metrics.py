@@ -23,6 +23,7 @@ from disaggsdk.report.instance_stats import InstanceStats
 PREFIX = "disaggsdk"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                      2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+SCRAPE_FRESH_WAIT_S = 1.0  # a scrape waits this long at most for every unit's fresh answer
 MAX_RECENT_REQUESTS = 4096  # the live views look at the latest requests only
 
 
@@ -37,9 +38,10 @@ class ServedRequest:
 
 
 class _BackendCollector:
-    """Gauges and counters read from ``backend.stats()`` at each scrape."""
+    """Gauges and counters read from ``backend.stats(wait_s)`` at each scrape: fresh, not the
+    snapshot of the scrape before (a unit answers between two steps, in milliseconds)."""
 
-    def __init__(self, stats: Callable[[], Sequence[InstanceStats]], model_name: str):
+    def __init__(self, stats: Callable[[float], Sequence[InstanceStats]], model_name: str):
         self._stats = stats
         self._model = model_name
 
@@ -74,7 +76,7 @@ class _BackendCollector:
                 f"{PREFIX}_prefill_requests_rejected", "Prefill requests refused by a prefill instance.",
                 labels=[*labels, "reason"]),
         }
-        for s in self._stats():
+        for s in self._stats(SCRAPE_FRESH_WAIT_S):
             values = [self._model, s.name, s.role]
             for attr, family in families.items():
                 family.add_metric(values, float(getattr(s, attr)))
@@ -89,11 +91,11 @@ class ServerMetrics:
     """Per-server metrics registry and the recent requests the live views summarise.
 
     Args:
-        stats: the backend's ``stats`` callable.
+        stats: the backend's ``stats`` callable (given ``wait_s``).
         model_name: the ``model_name`` label.
     """
 
-    def __init__(self, stats: Callable[[], Sequence[InstanceStats]], model_name: str):
+    def __init__(self, stats: Callable[[float], Sequence[InstanceStats]], model_name: str):
         self.registry = CollectorRegistry()
         self.model_name = model_name
         self._stats = stats

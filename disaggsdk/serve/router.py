@@ -247,27 +247,35 @@ class Router:
 
     def unit_stats(self, timeout_s: float = 10.0) -> dict[str, ch.UnitStats]:
         """A fresh snapshot from every healthy unit (blocks until they answer or ``timeout_s``)."""
+        return self._gather(timeout_s, with_recent=True)
+
+    def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
+        """One snapshot per unit: with ``wait_s`` > 0 fresh ones (waits that long at most for the
+        units' answers, as a /metrics scrape does), else the latest (a fresh one is asked for)."""
+        if wait_s > 0:
+            self._gather(wait_s, with_recent=False)
+        else:
+            for name in self._roles:
+                self.runtime.send(name, ch.GetStats(0))
+        with self._lock:
+            last = dict(self._last_stats)
+        return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
+                for name, role in self._roles.items()]
+
+    def _gather(self, timeout_s: float, with_recent: bool) -> dict[str, ch.UnitStats]:
         seq = next(self._seq)
         with self._lock:
             self._stats_replies[seq] = {}
-        asked = [n for n in self._roles if self.runtime.send(n, ch.GetStats(seq, with_recent=True))]
+        asked = [n for n in self._roles if self.runtime.send(n, ch.GetStats(seq, with_recent=with_recent))]
         deadline = time.monotonic() + timeout_s
         with self._stats_cond:
             while True:
                 got = self._stats_replies.get(seq, {})
                 want = {n for n in asked if self.runtime.is_healthy(n)}
-                if want <= set(got) or time.monotonic() > deadline:
+                remaining_s = deadline - time.monotonic()
+                if want <= set(got) or remaining_s <= 0:
                     return dict(self._stats_replies.pop(seq, {}))
-                self._stats_cond.wait(0.1)
-
-    def stats(self) -> list[InstanceStats]:
-        """The latest snapshot of every unit (asks for a fresh one without waiting for it)."""
-        for name in self._roles:
-            self.runtime.send(name, ch.GetStats(0))
-        with self._lock:
-            last = dict(self._last_stats)
-        return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
-                for name, role in self._roles.items()]
+                self._stats_cond.wait(min(0.1, remaining_s))
 
     def close(self) -> None:
         """Close the runtime; requests still in flight end with an error event. Idempotent."""

@@ -23,6 +23,7 @@ class FakeRuntime:
         self.sent: list[tuple[str, object]] = []
         self.failures: list[str] = []
         self.closed = False
+        self.state: dict[str, dict] = {}  # what each fake unit reports when asked for stats
 
     def unit_roles(self):
         return dict(self.roles)
@@ -41,7 +42,7 @@ class FakeRuntime:
             return False
         self.sent.append((unit, message))
         if isinstance(message, ch.GetStats) and message.seq:  # answer at once, like a unit between steps
-            self.on_message(unit, stats(unit, self.roles[unit], message.seq))
+            self.on_message(unit, stats(unit, self.roles[unit], message.seq, **self.state.get(unit, {})))
         return True
 
     def close(self):
@@ -135,6 +136,22 @@ def test_rejected_frames_reach_metrics_by_reason(fake):
     rt, router = fake
     rt.on_message("prefill-0", stats("prefill-0", "prefill", 0, rejected_frames={"replayed": 2, "BadMac": 1}))
     assert next(s for s in router.stats() if s.name == "prefill-0").rejected_frames == {"replayed": 2, "BadMac": 1}
+    rt.state["prefill-0"] = {"rejected_frames": {"replayed": 2, "BadMac": 1}}
     text = generate_latest(ServerMetrics(router.stats, "fake").registry).decode()
     assert ('disaggsdk_control_frames_rejected_total{instance="prefill-0",model_name="fake",reason="replayed",'
             'role="prefill"} 2.0') in text
+
+
+def test_a_scrape_shows_the_units_now_not_the_scrape_before(fake):
+    from prometheus_client import generate_latest
+
+    from disaggsdk.serve.metrics import ServerMetrics
+
+    rt, router = fake
+    metrics = ServerMetrics(router.stats, "fake")
+    line = 'disaggsdk_kv_pages_used{instance="decode-1",model_name="fake",role="decode"}'
+    rt.state["decode-1"] = {"used": 3}
+    assert f"{line} 3.0" in generate_latest(metrics.registry).decode()
+    rt.state["decode-1"] = {"used": 7}  # the units change between two scrapes
+    assert f"{line} 7.0" in generate_latest(metrics.registry).decode()
+    assert next(s for s in router.stats() if s.name == "decode-1").kv_pages_used == 7
