@@ -104,6 +104,8 @@ def test_gqa_matches_dense_and_single_requests(layout):
     vs = [torch.randn(n, hkv, d, generator=rng) for n in lens]
     pages = pages_for(rng, 32, lens)
     out = run_step(KVCache(geo, 32, PAGE_SIZE, layout), "torch_ref", REQUESTS, pages, qs, ks, vs)
+    # the fresh prefill (0, 6) took the causal fast path, the later chunk (5, 7) the masked one
+    assert sorted(g.fresh for g in run_step.last_backend._groups if g.rows.shape[1] > 1) == [False, True]
     rows = 0
     for i, (cached, new) in enumerate(REQUESTS):
         ref = dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3)
@@ -143,6 +145,7 @@ def test_mla_matches_dense_absorbed_attention():
     pages = pages_for(rng, 32, lens)
     out = run_step(KVCache(geo, 32, PAGE_SIZE), "torch_ref", REQUESTS, pages, (q_lat, q_rope),
                    kv_lat, k_rope, mla=True)
+    assert any(g.fresh for g in run_step.last_backend._groups)
     rows = 0
     for i, (cached, new) in enumerate(REQUESTS):
         q = torch.cat([q_lat[i], q_rope[i]], -1)[cached:]
