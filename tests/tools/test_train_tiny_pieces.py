@@ -1,0 +1,87 @@
+"""The pieces of the tiny-checkpoint training tool: corpus, tokenizer, chat template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tools.train_tiny import corpus
+from tools.train_tiny.tokenizer import IM_END, SPECIAL_TOKENS, save_tokenizer_files, special_ids, train_tokenizer
+
+pytest.importorskip("tokenizers")
+
+
+def test_corpus_is_fixed_sorted_checked_and_holds_out_a_slice(tmp_path):
+    for rel in ["b.py", "a.py", "pkg/c.py", "tests/t.py", "pkg/test/u.py", "idlelib/x.py", "notes.txt"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# {rel}\n")
+    files = corpus.list_files(tmp_path)
+    assert [f.relative_path for f in files] == ["a.py", "b.py", "pkg/c.py"]  # tests, idlelib, non-py out
+    assert [f.held_out for f in files] == [True, False, False]  # every 20th from the first
+    assert corpus.manifest(files) == corpus.manifest(corpus.list_files(tmp_path))  # deterministic
+    assert list(corpus.texts(files, held_out=True, root=tmp_path)) == ["# a.py\n"]
+    (tmp_path / "b.py").write_text("changed\n")
+    with pytest.raises(ValueError, match="b.py changed"):
+        list(corpus.texts(files, held_out=False, root=tmp_path))
+
+
+def test_the_stdlib_corpus_is_there_offline():
+    files = corpus.list_files()
+    assert len(files) > 200 and sum(f.size_bytes for f in files) > 2_000_000
+    assert 0 < sum(f.held_out for f in files) < len(files) / 10
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    files = corpus.list_files()[:40]
+    tok = train_tokenizer(corpus.texts(files, held_out=False), vocab_size=1024)
+    out = tmp_path_factory.mktemp("tok")
+    save_tokenizer_files(tok, out)
+    return tok, out
+
+
+def test_tokenizer_round_trips_code_and_keeps_special_tokens_whole(tokenizer_dir):
+    tok, _ = tokenizer_dir
+    assert tok.get_vocab_size() == 1024
+    assert list(special_ids(tok).values()) == list(range(len(SPECIAL_TOKENS)))
+    code = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # é ✓\n"
+    ids = tok.encode(code).ids
+    assert tok.decode(ids) == code and len(ids) < 0.7 * len(code.encode())  # merges learnt from code
+    chat = f"<|im_start|>user\nhi{IM_END}"
+    assert tok.encode(chat).ids[0] == special_ids(tok)["<|im_start|>"]
+    assert special_ids(tok)[IM_END] in tok.encode(chat).ids
+
+
+def test_chat_template_renders_roles_tools_and_tool_calls(tokenizer_dir):
+    transformers = pytest.importorskip("transformers")
+    _, out = tokenizer_dir
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert hf.eos_token == IM_END and json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Now.",
+                                               "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Time in Paris?"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET", "n": 2}}}]},
+        {"role": "tool", "content": "12:00"},
+        {"role": "assistant", "content": "Noon."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    text = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    tool_json = json.dumps(tools[0]["function"], ensure_ascii=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more of these functions:\n<tools>\n"
+        f"{tool_json}\n</tools>\n\nTo call a function, reply with:\n<tool_call>\n<function=name>\n"
+        "<parameter=argument>\nvalue\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nTime in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n"
+        "<parameter=n>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nNoon.<|im_end|>\n"
+        "<|im_start|>user\nThanks<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    plain = hf.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False, tokenize=False)
+    assert plain == "<|im_start|>user\nhi<|im_end|>\n"

@@ -1,0 +1,81 @@
+"""The training corpus: the Python standard library sources of the running interpreter.
+
+Every machine that runs disaggsdk has them, offline. The file list is fixed and sorted (tests,
+idlelib and site-packages left out: tests are repetitive fixtures, idlelib a GUI); its SHA-256
+manifest is saved with a checkpoint so that a run can be checked against the corpus it was trained
+on. A deterministic held-out slice (every `HELD_OUT_EVERY`-th file) is never trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HELD_OUT_EVERY = 20  # file i is held out when i % 20 == 0: ~5% of the files
+SKIPPED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One source file of the corpus: its path relative to the stdlib root and its digest."""
+
+    relative_path: str
+    sha256: str
+    size_bytes: int
+    held_out: bool
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard library directory."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def list_files(root: Path | None = None) -> list[CorpusFile]:
+    """The corpus files under ``root`` (default: the stdlib), sorted by relative path."""
+    root = root or stdlib_root()
+    paths = sorted(
+        p for p in root.rglob("*.py")
+        if p.is_file() and not SKIPPED_PARTS.intersection(p.relative_to(root).parts)
+    )
+    files = []
+    for i, path in enumerate(paths):
+        data = path.read_bytes()
+        files.append(CorpusFile(path.relative_to(root).as_posix(), hashlib.sha256(data).hexdigest(), len(data),
+                                held_out=i % HELD_OUT_EVERY == 0))
+    return files
+
+
+def manifest(files: list[CorpusFile]) -> dict:
+    """The manifest saved beside a checkpoint: every file, its digest, and one digest over all."""
+    whole = hashlib.sha256("".join(f"{f.relative_path}\0{f.sha256}\n" for f in files).encode()).hexdigest()
+    return {
+        "source": "python standard library",
+        "files": [{"path": f.relative_path, "sha256": f.sha256, "bytes": f.size_bytes, "held_out": f.held_out}
+                  for f in files],
+        "sha256": whole,
+    }
+
+
+def write_manifest(files: list[CorpusFile], path: Path) -> None:
+    """Save `manifest` as JSON."""
+    path.write_text(json.dumps(manifest(files), indent=1) + "\n")
+
+
+def texts(files: list[CorpusFile], held_out: bool, root: Path | None = None) -> Iterator[str]:
+    """The text of the training files (``held_out`` False) or of the held-out ones (True).
+
+    Raises:
+        ValueError: a file changed since it was listed (its digest no longer matches).
+    """
+    root = root or stdlib_root()
+    for f in files:
+        if f.held_out != held_out:
+            continue
+        data = (root / f.relative_path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != f.sha256:
+            raise ValueError(f"{f.relative_path} changed since the corpus was listed; list it again")
+        yield data.decode("utf-8", errors="replace")
