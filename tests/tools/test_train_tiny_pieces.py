@@ -85,3 +85,27 @@ def test_chat_template_renders_roles_tools_and_tool_calls(tokenizer_dir):
     )
     plain = hf.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False, tokenize=False)
     assert plain == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_training_steps_are_deterministic_resumable_and_give_a_checkpoint_transformers_loads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from tools.train_tiny.train import TrainSettings, train
+
+    tiny = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16)
+    small = TrainSettings(seq_len_tokens=32, batch_size=4, warmup_steps=2, max_steps=6, save_every=3,
+                          eval_every=6, minutes=5, threads=1)
+    straight = train("qwen3-tiny", tmp_path / "a", small, max_files=12, vocab_size=512, **tiny)
+    # the same run cut after 3 steps, then started again: picks up the saved state
+    train("qwen3-tiny", tmp_path / "b", TrainSettings(**{**small.__dict__, "max_steps": 3}), max_files=12,
+          vocab_size=512, **tiny)
+    resumed = train("qwen3-tiny", tmp_path / "b", small, max_files=12, vocab_size=512, **tiny)
+    assert straight["steps"] == resumed["steps"] == 6 and straight["final_loss"] == resumed["final_loss"]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "a" / "loss.jsonl").read_text().splitlines()]
+    assert losses[-1] < losses[0]  # it learns
+    a = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "a"))
+    b = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "b"))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert 0 < straight["held_out_bits_per_byte"] < 16
+    assert json.loads((tmp_path / "a" / "corpus_manifest.json").read_text())["sha256"]
