@@ -29,6 +29,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, ChannelError
 from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
+from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.units import (
     UnitHandle,
     core_sets,
@@ -40,7 +41,6 @@ from disaggsdk.launch.units import (
     stop_units,
     unit_names,
 )
-from disaggsdk.messenger.peers import PeerId
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
@@ -236,21 +236,8 @@ class LocalRuntime:
             u.fatal = f"its transport thread was stuck {msg.stuck_s:.1f} s inside libfabric"
             if msg.poisoned_peer:
                 u.fatal += f" sending to {msg.poisoned_peer}"
-                self._replace_poisoned(msg.poisoned_peer, u.args.name)
+                replace_poisoned_peer(self.units, msg.poisoned_peer, u.args.name, self._say)
         self._on_message(u.args.name, msg)
-
-    def _replace_poisoned(self, peer: str, reporter: str) -> None:
-        """Kill the unit incarnation ``peer`` names: its transport queue can never be used again
-        (its lock is held by a dead process), so every unit sending to it would get stuck too.
-        It comes back through the usual restart; an older incarnation is left alone."""
-        poisoned = PeerId.parse(peer)
-        name = poisoned.name
-        target = self.units.get(name)
-        if target is None or not target.healthy or target.info is None or target.info.peer_id != poisoned:
-            return
-        target.fatal = f"replaced: its transport queue is poisoned ({reporter} got stuck sending to it)"
-        self._say(f"unit {name}: {target.fatal}")
-        target.process.kill()
 
     def _unit_died(self, u: UnitHandle) -> None:
         if self._closed or not u.healthy:

@@ -12,9 +12,11 @@ Without this, a wedged unit looks alive: it keeps pages quarantined and requests
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disaggsdk.launch.messages import TransportStuck
+from disaggsdk.messenger.peers import PeerId
 
 CHECK_EVERY_S = 0.5  # how often the unit's loop looks (a check is two native reads)
 EXIT_CODE = 75  # EX_TEMPFAIL: the unit gave up on a stuck transport and wants a restart
@@ -43,9 +45,25 @@ class TransportWatchdog:
         if now_s < self._next_check_s:
             return None
         self._next_check_s = now_s + CHECK_EVERY_S
-        stuck_s = self.transfer.progress_round_age_s()
+        stuck_s = self.transfer.health.round_age_s()
         if stuck_s < self.stuck_after_s:
             return None
-        peer = self.transfer.posting_to()  # read after the age: a late post cannot be blamed
+        peer = self.transfer.health.posting_to()  # read after the age: a late post cannot be blamed
         poisoned = self._peer_ids.get(peer.address, "unknown peer") if peer is not None else None
         return TransportStuck(stuck_s=stuck_s, poisoned_peer=poisoned)
+
+
+def replace_poisoned_peer(units: Mapping[str, Any], peer: str, reporter: str, say: Callable[[str], None]) -> None:
+    """The runtime's side: kill the unit incarnation ``peer`` names (``units``: name -> `UnitHandle`).
+
+    Its transport queue can never be used again (its lock is held by a dead process), so every
+    unit sending to it would get stuck too. It comes back through the runtime's usual restart;
+    an older incarnation, or a unit already down, is left alone.
+    """
+    poisoned = PeerId.parse(peer)
+    target = units.get(poisoned.name)
+    if target is None or not target.healthy or target.info is None or target.info.peer_id != poisoned:
+        return
+    target.fatal = f"replaced: its transport queue is poisoned ({reporter} got stuck sending to it)"
+    say(f"unit {poisoned.name}: {target.fatal}")
+    target.process.kill()

@@ -84,7 +84,7 @@ class Unit:
             this unit gives up on it (`launch.transport_watchdog`).
     """
 
-    def __init__(self, args: UnitArgs, conn: Any, parts: Any, stuck_after_s: float = 5.0):
+    def __init__(self, args: UnitArgs, conn: Any, parts: Any, *, stuck_after_s: float):
         from disaggsdk.launch.transport_watchdog import TransportWatchdog
 
         self.args, self.conn, self.parts = args, conn, parts

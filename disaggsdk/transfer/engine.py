@@ -35,6 +35,7 @@ from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor,
 from disaggsdk.transfer.direct_targets import DirectTargets
 from disaggsdk.transfer.endpoint import PROVIDER_ALIASES, close_endpoint, open_endpoint
 from disaggsdk.transfer.errors import TransferError
+from disaggsdk.transfer.progress_health import ProgressHealth
 from disaggsdk.transfer.same_host import SameHostShare
 
 _ADDRESS_MAX_BYTES = 256
@@ -72,7 +73,9 @@ class TransferEngine:
         self._ids = itertools.count(1)
         self._id_lock = threading.Lock()
         self._closed = False
-        self._peer_addresses: dict[int, bytes] = {}  # handle -> address, for `posting_to`
+        self._peer_addresses: dict[int, bytes] = {}  # handle -> address, to name a stuck post's peer
+        # whether the progress thread still goes round, and where it is stuck if not
+        self.health = ProgressHealth(lib, self._engine, self._peer_addresses, lambda: self._closed)
         self._pump = ev.CompletionPump(ffi, lib, self._engine, f"fabric-{self.provider}")
         # an engine dropped without close() (or alive at exit) still stops its threads
         self._finalizer = weakref.finalize(self, close_endpoint, lib, self._engine, self._pump, self._direct_targets)
@@ -256,32 +259,6 @@ class TransferEngine:
         self._lib.fab_get_stats(self._live(), out)
         fields = [name for name, _ in self._ffi.typeof("fab_stats").fields]
         return {name: int(getattr(out, name)) for name in fields}
-
-    def progress_round_age_s(self) -> float:
-        """Seconds since the progress thread last began a round (0.0 once closed).
-
-        Normally microseconds. Seconds mean the thread is stuck inside the provider for good
-        (with shm: a peer killed while holding a spinlock of a queue we use, see
-        native/README.md); no call here can undo that, so the owner must replace the process.
-        """
-        if self._closed:
-            return 0.0
-        return int(self._lib.fab_progress_round_age_ns(self._engine)) / 1e9
-
-    def posting_to(self) -> Peer | None:
-        """The peer the progress thread is handing a write or message to right now, else None.
-
-        Read together with `progress_round_age_s`: a thread stuck for seconds while posting to
-        a peer means that peer's queue is poisoned (its lock held by a dead process), so the
-        peer must be replaced as well as this process.
-        """
-        if self._closed:
-            return None
-        handle = int(self._lib.fab_progress_posting_to(self._engine))
-        if handle == 0:
-            return None
-        address = self._peer_addresses.get(handle - 1)
-        return Peer(handle - 1, address) if address is not None else None
 
     @property
     def direct_failures(self) -> list[str]:

@@ -7,10 +7,13 @@ from disaggsdk.transfer.descriptors import Peer
 
 
 class FakeTransfer:
+    """A transfer engine whose `health` reads are set by the test."""
+
     def __init__(self) -> None:
         self.age_s, self.posting = 0.0, None
+        self.health = self
 
-    def progress_round_age_s(self) -> float:
+    def round_age_s(self) -> float:
         return self.age_s
 
     def posting_to(self):

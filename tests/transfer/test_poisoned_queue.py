@@ -1,7 +1,7 @@
 """A process killed holding a peer's shm queue lock: senders to that peer get stuck, and say so.
 
 libfabric 1.17's shm provider cannot recover from this (native/README.md); what the transport
-owes its owner is to make it visible: `progress_round_age_s` grows and `posting_to` names the
+owes its owner is to make it visible: `health.round_age_s()` grows and `health.posting_to()` names the
 peer whose queue is poisoned. `launch/transport_watchdog.py` acts on it.
 """
 
@@ -53,13 +53,13 @@ def _late_sender(address: bytes, conn) -> None:
 
     engine = TransferEngine("shm")
     peer = engine.add_peer(address)
-    conn.send(("before", engine.progress_round_age_s(), engine.posting_to()))
+    conn.send(("before", engine.health.round_age_s(), engine.health.posting_to()))
     engine.send(peer, b"hello")
     deadline = time.monotonic() + 30
-    while engine.progress_round_age_s() < 2.0 and time.monotonic() < deadline:
+    while engine.health.round_age_s() < 2.0 and time.monotonic() < deadline:
         time.sleep(0.1)
-    posting = engine.posting_to()
-    conn.send(("after", engine.progress_round_age_s(), posting.address if posting else None))
+    posting = engine.health.posting_to()
+    conn.send(("after", engine.health.round_age_s(), posting.address if posting else None))
     time.sleep(120)  # its thread is stuck for good: closing would wait forever; killed by the test
 
 
