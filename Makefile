@@ -14,7 +14,7 @@ sysdeps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfabric-dev libfabric-bin; \
 	fi
 
-$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/*)
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
@@ -34,4 +34,4 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build *.egg-info disaggsdk/transfer/_fabric*.so
+	rm -rf $(VENV) build *.egg-info disaggsdk/transfer/_fabric*.so disaggsdk/engine/attention/_cpu_kernels*.so

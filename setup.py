@@ -1,8 +1,11 @@
-"""Build hook: everything lives in pyproject.toml; the native transfer library is added here.
+"""Build hook: everything lives in pyproject.toml; the native libraries are added here.
 
 The extension `disaggsdk.transfer._fabric` (native/*.c over libfabric, via cffi) is optional:
 where libfabric's headers are missing, or the compile fails, the package installs without it
 and `disaggsdk.transfer` raises a TransferError naming the Debian package `libfabric-dev`.
+The extension `disaggsdk.engine.attention._cpu_kernels` (native/cpu_attention/, the CPU decode
+attention kernel) needs only a C compiler; it is optional too: without it the CPU engine runs the
+torch reference attention.
 """
 
 import os
@@ -26,4 +29,14 @@ def fabric_extensions():
     return [ext]
 
 
-setup(ext_modules=fabric_extensions())
+def cpu_attention_extensions():
+    """The CPU attention kernels' cffi extension (optional: a failed compile warns)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
+    from build_cpu_attention import make_ffibuilder
+
+    ext = make_ffibuilder().distutils_extension(tmpdir="build/cffi_cpu_attention")
+    ext.optional = True
+    return [ext]
+
+
+setup(ext_modules=fabric_extensions() + cpu_attention_extensions())

@@ -32,7 +32,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_dtype: str | None = None
     seed: int = 0
-    attention_backend: str | None = None  # None: flashinfer on CUDA when installed, else torch_ref
+    attention_backend: str | None = None  # None: flashinfer on CUDA, the native kernel ("cpu") on CPU, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
 

@@ -1,6 +1,7 @@
 """Attention backends: a registry of names and a factory that imports the chosen one lazily.
 
-``torch_ref`` runs anywhere and is the test oracle; ``flashinfer`` needs a CUDA GPU and the
+``torch_ref`` runs anywhere and is the test oracle; ``cpu`` is it with decode by a native kernel
+(the optional extension built by setup.py); ``flashinfer`` needs a CUDA GPU and the
 ``flashinfer-python`` package.
 """
 
@@ -19,8 +20,12 @@ if TYPE_CHECKING:
 # name -> "module:class"
 BACKENDS = {
     "torch_ref": "disaggsdk.engine.attention.torch_ref:TorchRefBackend",
+    "cpu": "disaggsdk.engine.attention.cpu_backend:CpuBackend",
     "flashinfer": "disaggsdk.engine.attention.flashinfer_backend:FlashInferBackend",
 }
+
+
+CPU_KERNELS_MODULE = "disaggsdk.engine.attention._cpu_kernels"
 
 
 class AttentionBackendError(DisaggError):
@@ -46,7 +51,10 @@ def create_backend(name: str, kv_cache: KVCache) -> AttentionBackend:
 
 
 def default_backend(device: str) -> str:
-    """The backend name to use on ``device`` ("cuda..." -> flashinfer when importable)."""
+    """The backend name to use on ``device``: "cuda..." -> flashinfer when importable, "cpu" -> the
+    native decode kernel when built; otherwise the torch reference."""
     if device.startswith("cuda") and importlib.util.find_spec("flashinfer") is not None:
         return "flashinfer"
+    if device == "cpu" and importlib.util.find_spec(CPU_KERNELS_MODULE) is not None:
+        return "cpu"
     return "torch_ref"

@@ -85,10 +85,7 @@ class TorchRefBackend:
         """Build page tables and causal masks for every layer of this step."""
         device = self.kv_cache.buffer.device
         page_size = batch.page_size
-        slots = batch.kv_slot_ids.to(device=device, dtype=torch.int64)
-        self._new_page = slots // page_size
-        self._new_offset = slots % page_size
-        self._num_tokens = batch.num_tokens
+        self._plan_new_tokens(batch)
         qo = batch.qo_indptr.tolist()
         kv_indptr = batch.kv_page_indptr.tolist()
         last_len = batch.kv_last_page_len.tolist()
@@ -106,9 +103,20 @@ class TorchRefBackend:
         by_len: dict[tuple[int, bool], list] = {}
         for req in prefill:
             by_len.setdefault((req[1], req[1] == req[3]), []).append(req)
-        self._groups = [self._group(reqs, page_size, device) for reqs in self._decode_calls(decode)]
+        self._groups = self._plan_decodes(decode, page_size, device)
         self._groups += [self._fresh_group(reqs, device) if fresh else self._group(reqs, page_size, device)
                          for (_, fresh), reqs in by_len.items()]
+
+    def _plan_new_tokens(self, batch: ForwardBatch) -> None:
+        """Where `run` stores this step's new K/V: page and offset of each new token."""
+        slots = batch.kv_slot_ids.to(device=self.kv_cache.buffer.device, dtype=torch.int64)
+        self._new_page = slots // batch.page_size
+        self._new_offset = slots % batch.page_size
+        self._num_tokens = batch.num_tokens
+
+    def _plan_decodes(self, decode: list, page_size: int, device: torch.device) -> list[_Group]:
+        """The groups of the one-token requests ``decode`` ((q_start, 1, page ids, kv_len) each)."""
+        return [self._group(reqs, page_size, device) for reqs in self._decode_calls(decode)]
 
     def _decode_calls(self, decode: list) -> list[list]:
         """Decode requests split into calls of at most `gather_budget_bytes` of gathered KV per layer.

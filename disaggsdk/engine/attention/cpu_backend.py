@@ -1,0 +1,143 @@
+"""The CPU engine's attention backend: the torch reference, with decode done by a native kernel.
+
+Decode is where a CPU step spends its attention time: the torch path gathers each request's pages
+into a contiguous copy, then runs batched matmuls, a masked fill and a softmax over it (at batch 6
+and ~1,100 tokens of context the gather alone was 31% of a step). The kernel
+(`native/cpu_attention/paged_decode.c`) reads every K and V row once, where it lies, for all the
+query heads of its kv head, and all of a step's decode requests go to one call per layer. A
+decode-only step (the decode instance's every step) is planned from the batch's tensors with no
+Python loop over requests. Prefill chunks keep the reference's paths (SDPA's causal fast path for
+fresh prompts). `TorchRefBackend` stays the oracle the kernel is tested against.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from disaggsdk.engine.attention.torch_ref import TorchRefBackend, _Group
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.kv_cache import KVCache
+
+try:  # the optional native extension (setup.py; `python native/build_cpu_attention.py`)
+    from disaggsdk.engine.attention import _cpu_kernels
+except ImportError:  # pragma: no cover - depends on the build
+    _cpu_kernels = None
+
+# cache dtypes the kernel reads; others (float16) fall back to the reference's decode path
+KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def kernel_available() -> bool:
+    """Whether the native decode kernel was built into this install."""
+    return _cpu_kernels is not None
+
+
+def _ptr(kind: str, t: torch.Tensor):
+    return _cpu_kernels.ffi.cast(kind, t.data_ptr())
+
+
+def paged_decode(
+    q: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    page_indices: torch.Tensor, page_indptr: torch.Tensor, kv_lens: torch.Tensor, sm_scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One-query attention of each request over its pages, written into ``out`` (the kernel).
+
+    Args:
+        q: [num_tokens, Hq, D] float32, contiguous; request b's query is row ``rows[b]``.
+        rows: [B] int64.
+        keys: [num_pages, page_size, Hkv, D] token-major view of the layer's K pages (any strides
+            with a unit last stride), float32 or bfloat16.
+        values: the same view of V, [..., Dv]; its strides must equal ``keys``'s.
+        page_indices, page_indptr: [total_pages] and [B + 1] int64, request b's pages in order.
+        kv_lens: [B] int64 tokens of KV per request (after this step's token).
+        sm_scale: softmax scale.
+        out: [num_tokens, Hq, Dv] float32, contiguous; rows ``rows`` are written.
+    Raises:
+        MemoryError: the kernel's scratch could not be allocated.
+    """
+    assert q.dtype == out.dtype == torch.float32 and q.is_contiguous() and out.is_contiguous()
+    assert keys.dtype in KERNEL_CACHE_DTYPES and keys.dtype == values.dtype
+    # one set of strides for both (the head stride only matters with more than one kv head:
+    # MLA's values are the first columns of its single latent "head")
+    assert keys.stride()[:2] == values.stride()[:2] and keys.stride(3) == values.stride(3) == 1
+    assert keys.shape[2] == 1 or keys.stride(2) == values.stride(2)
+    for t in (rows, page_indices, page_indptr, kv_lens):
+        assert t.dtype == torch.int64 and t.is_contiguous()
+    _, page_size, num_kv_heads, head_dim = keys.shape
+    page_stride, token_stride, head_stride, _ = keys.stride()
+    rc = _cpu_kernels.lib.paged_decode_attention(
+        _ptr("float *", q), q.stride(0), _ptr("int64_t *", rows), rows.numel(),
+        _ptr("void *", keys), _ptr("void *", values), int(keys.dtype == torch.bfloat16),
+        page_stride, head_stride, token_stride,
+        _ptr("int64_t *", page_indices), _ptr("int64_t *", page_indptr), _ptr("int64_t *", kv_lens),
+        page_size, q.shape[1], num_kv_heads, head_dim, values.shape[3], sm_scale,
+        _ptr("float *", out), out.stride(0),
+    )
+    if rc != 0:
+        raise MemoryError("paged_decode_attention: scratch allocation failed")
+
+
+class CpuBackend(TorchRefBackend):
+    """`TorchRefBackend` with every decode request of a step attended by the native kernel.
+
+    Args:
+        kv_cache: the rank's cache (on the CPU).
+    Raises:
+        RuntimeError: the native extension is missing (choose ``torch_ref``; `default_backend` does).
+    """
+
+    def __init__(self, kv_cache: KVCache):
+        if _cpu_kernels is None:
+            raise RuntimeError("the CPU attention kernel is not built (pip install -e . builds it)")
+        super().__init__(kv_cache)
+        self._kernel_ok = kv_cache.dtype in KERNEL_CACHE_DTYPES
+        self._decode: tuple[torch.Tensor, ...] | None = None  # rows, page_indices, page_indptr, kv_lens
+
+    def plan(self, batch: ForwardBatch) -> None:
+        """As `TorchRefBackend.plan`; a decode-only step from tensors alone, no loop over requests."""
+        self._decode = None
+        if not self._kernel_ok or batch.num_tokens != batch.batch_size:
+            super().plan(batch)
+            return
+        self._plan_new_tokens(batch)
+        self._groups = []
+        indptr = batch.kv_page_indptr.to(torch.int64)
+        kv_lens = (indptr[1:] - indptr[:-1] - 1) * batch.page_size + batch.kv_last_page_len.to(torch.int64)
+        rows = torch.arange(batch.batch_size, dtype=torch.int64)
+        self._decode = (rows, batch.kv_page_indices.to(torch.int64).contiguous(), indptr.contiguous(), kv_lens)
+
+    def _plan_decodes(self, decode: list, page_size: int, device: torch.device) -> list[_Group]:
+        if not self._kernel_ok or not decode:
+            self._decode = None
+            return super()._plan_decodes(decode, page_size, device)
+        indptr = [0]
+        for _, _, pages, _ in decode:
+            indptr.append(indptr[-1] + len(pages))
+        self._decode = (
+            torch.tensor([r[0] for r in decode], dtype=torch.int64),
+            torch.tensor([p for r in decode for p in r[2]], dtype=torch.int64),
+            torch.tensor(indptr, dtype=torch.int64),
+            torch.tensor([r[3] for r in decode], dtype=torch.int64),
+        )
+        return []
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
+        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
+    ) -> torch.Tensor:
+        if self._decode is not None:
+            rows, page_indices, page_indptr, kv_lens = self._decode
+            k_tm = keys if token_major else keys.transpose(1, 2)
+            v_tm = values if token_major else values.transpose(1, 2)
+            if q.dtype == torch.float32:
+                paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out)
+            else:  # a bfloat16 model: the kernel computes in float32
+                out_f32 = torch.empty(out.shape, dtype=torch.float32)
+                paged_decode(q.float(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out_f32)
+                out[rows] = out_f32[rows].to(out.dtype)
+        return super()._attend(q, keys, values, token_major, out, sm_scale, new_keys, new_values)

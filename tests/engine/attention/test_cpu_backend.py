@@ -1,0 +1,106 @@
+"""The CPU backend's native decode kernel against the torch reference (the oracle) and dense attention."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disaggsdk.engine import attention  # noqa: E402
+from disaggsdk.engine.attention import cpu_backend, default_backend  # noqa: E402
+from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
+from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
+from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from tests.engine.attention.test_torch_ref import PAGE_SIZE, REQUESTS, dense, pages_for, run_step  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cpu_backend.kernel_available(), reason="CPU attention kernel not built")
+
+DECODES = [(3, 1), (8, 1), (13, 1), (1, 1), (30, 1)]
+
+
+def gqa_inputs(seed: int, reqs, hq=4, hkv=2, d=8):
+    rng = torch.Generator().manual_seed(seed)
+    lens = [c + n for c, n in reqs]
+    qs, ks, vs = ([torch.randn(n, h, d, generator=rng) for n in lens] for h in (hq, hkv, hkv))
+    return qs, ks, vs, pages_for(rng, 64, lens)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("reqs", [DECODES, REQUESTS], ids=["decode-only", "mixed"])
+def test_kernel_matches_reference_backend(layout, kv_dtype, reqs):
+    """Decode-only steps (planned from tensors) and mixed steps (decodes beside prefill chunks):
+    the CPU backend's output equals the torch reference's on the same cache contents."""
+    qs, ks, vs, pages = gqa_inputs(0, reqs)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    outs = {name: run_step(KVCache(geo, 64, PAGE_SIZE, layout, kv_dtype), name, reqs, pages, qs, ks, vs)
+            for name in ("torch_ref", "cpu")}
+    backend = run_step.last_backend
+    assert isinstance(backend, cpu_backend.CpuBackend) and backend._decode is not None  # the kernel ran
+    assert len(backend._decode[0]) == sum(n == 1 for _, n in reqs)
+    torch.testing.assert_close(outs["cpu"], outs["torch_ref"], rtol=1e-5, atol=1e-5)
+    if kv_dtype == "float32":
+        rows = 0
+        for i, (cached, new) in enumerate(reqs):
+            ref = dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3)
+            torch.testing.assert_close(outs["cpu"][rows : rows + new], ref, rtol=1e-5, atol=1e-5)
+            rows += new
+
+
+def test_kernel_mla_matches_reference_backend():
+    rng = torch.Generator().manual_seed(3)
+    h, rank, rope = 4, 12, 4
+    geo = KVGeometry(attention="mla", num_layers=1, num_kv_heads_local=1, head_dim=16,
+                     latent_dim=rank + rope, kv_lora_rank=rank, qk_rope_head_dim=rope)
+    lens = [c + n for c, n in DECODES]
+    q = ([torch.randn(n, h, rank, generator=rng) for n in lens], [torch.randn(n, h, rope, generator=rng) for n in lens])
+    kv_lat = [torch.randn(n, rank, generator=rng) for n in lens]
+    k_rope = [torch.randn(n, rope, generator=rng) for n in lens]
+    pages = pages_for(rng, 64, lens)
+    outs = {name: run_step(KVCache(geo, 64, PAGE_SIZE), name, DECODES, pages, q, kv_lat, k_rope, mla=True)
+            for name in ("torch_ref", "cpu")}
+    assert run_step.last_backend._decode is not None
+    torch.testing.assert_close(outs["cpu"], outs["torch_ref"], rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_queries_are_attended_in_float32():
+    """A bfloat16 model: queries go through the kernel in float32, the output comes back bfloat16."""
+    qs, ks, vs, pages = gqa_inputs(1, DECODES)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    bf = [[x.bfloat16() for x in xs] for xs in (qs, ks, vs)]
+    outs = {name: run_step(KVCache(geo, 64, PAGE_SIZE, "HND", "bfloat16"), name, DECODES, pages, *bf)
+            for name in ("torch_ref", "cpu")}
+    assert outs["cpu"].dtype == torch.bfloat16
+    torch.testing.assert_close(outs["cpu"].float(), outs["torch_ref"].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_float16_cache_falls_back_to_the_reference_decode():
+    qs, ks, vs, pages = gqa_inputs(2, DECODES)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    out = run_step(KVCache(geo, 64, PAGE_SIZE, "HND", "float16"), "cpu", DECODES, pages, qs, ks, vs)
+    backend = run_step.last_backend
+    assert backend._decode is None and backend._groups  # the torch path ran the decodes
+    ref = run_step(KVCache(geo, 64, PAGE_SIZE, "HND", "float16"), "torch_ref", DECODES, pages, qs, ks, vs)
+    torch.testing.assert_close(out, ref)
+
+
+def test_default_backend_on_cpu_is_the_kernel_and_falls_back_without_it(monkeypatch):
+    assert default_backend("cpu") == "cpu"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(attention.importlib.util, "find_spec",
+                        lambda name, *a: None if name == attention.CPU_KERNELS_MODULE else real_find_spec(name, *a))
+    assert default_backend("cpu") == "torch_ref"
+
+
+def test_decode_only_plan_builds_no_python_groups():
+    """The decode instance's steps: one kernel call per layer, planned without per-request lists."""
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    backend = attention.create_backend("cpu", KVCache(geo, 64, PAGE_SIZE))
+    batch = build_forward_batch([BatchItem([0], 5, [1, 2]), BatchItem([0], 2, [3])], PAGE_SIZE)
+    backend.plan(batch)
+    rows, page_indices, page_indptr, kv_lens = backend._decode
+    assert backend._groups == []
+    assert rows.tolist() == [0, 1] and page_indices.tolist() == [1, 2, 3]
+    assert page_indptr.tolist() == [0, 2, 3] and kv_lens.tolist() == [6, 3]
