@@ -10,6 +10,7 @@ fired. Both sides read CLOCK_MONOTONIC of one machine. Measurement only: `summar
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +53,7 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
     """Start the deployment with ``transfer.streaming = streaming`` and measure it.
 
     Returns:
-        `summarize` of the measured requests.
+        `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.serve.local import serve_locally
@@ -67,15 +68,17 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
     with serve_locally(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
         vocab = 250
         rt.generate_batch([[(7 * j) % vocab + 2 for j in range(prompt_len)]], params, prefix="warmup")
+        measured_from_s = time.monotonic()
         ids = []
         for i in range(num_requests):
             prompt = [(i * 13 + j * 7) % vocab + 2 for j in range(prompt_len)]
             rt.generate_batch([prompt], params, prefix=f"kvbench{i}")
             ids.append(f"kvbench{i}")
         stats = rt.unit_stats()
+        phases = rt.ttft_phases(measured_from_s)
     decode = [r for s in stats.values() if s.role == "decode" for r in s.recent if r.request_id.startswith("kvbench")]
     prefill = [r for s in stats.values() if s.role == "prefill" for r in s.recent if r.request_id.startswith("kvbench")]
-    return summarize(decode, prefill)
+    return summarize(decode, prefill) | {"ttft_phases": phases}
 
 
 def compare(spec: Any, prompt_len: int = 1024, num_requests: int = 8, **kwargs: Any) -> dict[str, Any]:

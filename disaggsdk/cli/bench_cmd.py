@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +109,15 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
         rows = deployment.metrics()["instances"]
         return [progress, instance_table([InstanceRow(**r) for r in rows], title=deployment.name)]
 
+    started_s = time.monotonic()
     with LiveView(render, console):
         result = bench(url, requests, shape, model, api_key, parse_slos(args.slo),
                        on_done=lambda _: progress.advance(task), percentiles=_percentiles(args.metric_percentiles))
+    phases = deployment.ttft_phases(started_s) if deployment is not None else None
+    if phases and phases["requests"]:
+        # the rest of the client's TTFT: HTTP, the server's text streaming, the client's parsing
+        phases["mean_ms"]["http_and_client"] = result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"]
+        result["ttft_phases"] = phases
     return result
 
 
@@ -137,6 +144,10 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
         sys.stdout.write("\n")
     else:
         console.print(summary_table(results))
+        for name, r in results:
+            if r.get("ttft_phases"):
+                phases = " · ".join(f"{k} {v:.1f}" for k, v in r["ttft_phases"]["mean_ms"].items())
+                console.print(f"{name}: mean TTFT by phase (ms): {phases}")
         if args.output:
             console.print(f"results written to {args.output}")
     if len(results) == 2:

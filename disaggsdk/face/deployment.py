@@ -119,6 +119,13 @@ class Deployment:
         shape = LoadShape(qps, burstiness, max_concurrency, seed)
         return bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms)
 
+    def ttft_phases(self, since_s: float = 0.0) -> dict[str, Any] | None:
+        """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
+        phase (`disaggsdk.report.ttft_phases`); None for a backend that does not measure it (one engine
+        in this process: it has no phases)."""
+        phases = getattr(self.backend, "ttft_phases", None)
+        return phases(since_s) if phases is not None else None
+
     def metrics(self, window_s: float = 30.0) -> dict[str, Any]:
         """Live numbers: one row per instance (TTFT p50/p99, tokens/s per request, queues, KV, transfer).
 

@@ -17,7 +17,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-PROTOCOL_VERSION = 3  # 2: PeerUp; 3: TransportStuck
+PROTOCOL_VERSION = 4  # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer
 
 # runtime -> unit
 

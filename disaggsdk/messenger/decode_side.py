@@ -106,8 +106,9 @@ class DecodeMessenger:
         if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
             self.engine.add_prefilled_request(request_id, prompt, params)
             return
-        self._pending.append(Handoff(request_id, prompt, params))
-        self._start_pending(time.monotonic())
+        now = time.monotonic()
+        self._pending.append(Handoff(request_id, prompt, params, submitted_s=now))
+        self._start_pending(now)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request still waiting for its KV. Returns False when it is not handed off here."""
@@ -229,7 +230,7 @@ class DecodeMessenger:
         )
         self._handoffs[h.request_id] = h
         self._outstanding[name] += 1
-        h.deadline = now + self.deadline_s
+        h.deadline, h.sent_s = now + self.deadline_s, now
         h.send_future = self.transfer.send(peer, self.codec.seal(msg))
 
     def _admit(self, h: Handoff) -> None:
@@ -246,9 +247,7 @@ class DecodeMessenger:
             self.failed.append((h.request_id, str(exc)))
             return
         self._free_slots.append(h.slot)
-        exposed = max(0.0, (h.fired_at or time.monotonic()) - payload.forward_end_s)
-        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), exposed_s=exposed,
-                                        attempts=h.attempt))
+        self.totals.add(h.record(payload.forward_end_s, admitted_s=time.monotonic()))
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params)
 
     def _end_attempt(self, h: Handoff, drained: bool, now: float) -> None:

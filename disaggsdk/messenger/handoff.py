@@ -6,6 +6,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from disaggsdk.messenger.stats import RequestTransfer
+
 
 @dataclass
 class Handoff:
@@ -24,6 +26,16 @@ class Handoff:
     fired_at: float = 0.0
     send_future: Future | None = None
     deadline: float = 0.0
+    submitted_s: float = 0.0  # time.monotonic() when the request reached this unit
+    sent_s: float = 0.0  # ... when the current attempt's prefill request was sent
+
+    def record(self, forward_end_s: float, admitted_s: float) -> RequestTransfer:
+        """The measurements of a request whose KV arrived (``forward_end_s``: prefill's, from the context)."""
+        fired = self.fired_at or admitted_s
+        return RequestTransfer(self.request_id, "decode", len(self.prompt_ids),
+                               exposed_s=max(0.0, fired - forward_end_s), attempts=self.attempt,
+                               forward_end_s=forward_end_s, submitted_s=self.submitted_s, sent_s=self.sent_s,
+                               fired_s=fired, admitted_s=admitted_s)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.peers import PeerId, UnitInfo
+from disaggsdk.messenger.stats import RequestTransfer
 from disaggsdk.messenger.write_plan import PoolGeometry
 
 
@@ -48,6 +49,15 @@ class PrefillJob:
     first_submit_s: float = 0.0
     last_done_s: float = 0.0
     forward_end_s: float = 0.0
+    arrived_s: float = 0.0  # time.monotonic() when the request frame was accepted
+    forward_start_s: float = 0.0  # ... when the step with its first chunk began
+
+    def record(self, request_id: str) -> RequestTransfer:
+        """This job's measurements, once every write of it completed."""
+        return RequestTransfer(request_id, "prefill", len(self.msg.token_ids), bytes=self.num_bytes,
+                               writes=self.num_writes, transfer_s=max(0.0, self.last_done_s - self.first_submit_s),
+                               lead_s=self.forward_end_s - self.first_submit_s, arrived_s=self.arrived_s,
+                               forward_start_s=self.forward_start_s, forward_end_s=self.forward_end_s)
 
     @classmethod
     def for_request(cls, msg: pr.PrefillRequest, sender: PeerId, info: UnitInfo, peer: Any, plan: Any,

@@ -24,7 +24,7 @@ from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
 from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.ports import PrefillEngine, Transport
-from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
 
@@ -163,6 +163,7 @@ class PrefillMessenger:
         sender = PeerId.parse(msg.decode_instance)
         info, peer = self._decodes[sender]
         job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers)
+        job.arrived_s = time.monotonic()
         try:
             self.engine.add_request(msg.request_id, msg.token_ids, SamplingParams(max_tokens=1))
         except DisaggError as exc:
@@ -181,6 +182,7 @@ class PrefillMessenger:
                 job = self._jobs.get(c.request_id)
                 if job is None or job.aborted:
                     continue
+                job.forward_start_s = job.forward_start_s or time.monotonic()
                 # writes read these pages until they drain: never let the scheduler evict them
                 self.engine.allocator.pin(c.request_id)
                 ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
@@ -292,8 +294,5 @@ class PrefillMessenger:
                     self.transfer.send(job.peer, self.codec.seal(reply))
                 continue
             self.engine.release(rid)
-            self.totals.add(RequestTransfer(rid, "prefill", len(job.msg.token_ids), bytes=job.num_bytes,
-                                            writes=job.num_writes,
-                                            transfer_s=max(0.0, job.last_done_s - job.first_submit_s),
-                                            lead_s=job.forward_end_s - job.first_submit_s))
+            self.totals.add(job.record(rid))
 

@@ -27,6 +27,15 @@ class RequestTransfer(msgspec.Struct, frozen=True):
     lead_s: float = 0.0  # prefill: first write submitted -> forward ended (> 0: streamed during it)
     attempts: int = 1  # decode: prefill attempts (1 = no retry)
     prefilled_locally: bool = False
+    # Where the time to first token went: time.monotonic() of the unit, the one clock of a machine
+    # (phases that cross units are only meaningful on one machine). 0.0: not measured.
+    arrived_s: float = 0.0  # prefill: its request frame was handled
+    forward_start_s: float = 0.0  # prefill: the step with its first chunk began
+    forward_end_s: float = 0.0  # both: prefill's forward pass ended (decode: read from the context)
+    submitted_s: float = 0.0  # decode: the request reached the decode unit
+    sent_s: float = 0.0  # decode: its (last) prefill request was sent
+    fired_s: float = 0.0  # decode: its counter fired (every write of it landed)
+    admitted_s: float = 0.0  # decode: handed to the engine's scheduler
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,8 +22,9 @@ from disaggsdk.launch.runtime_api import Runtime
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.first_token_clock import FirstTokenClock
+from disaggsdk.serve.unit_gauges import instance_stats
 
 SERVING_ROLES = ("decode", "mixed")
 
@@ -56,6 +56,7 @@ class Router:
         self._stats_cond = threading.Condition(self._lock)
         self._last_stats: dict[str, ch.UnitStats] = {}
         self._tokenizer = None
+        self.first_tokens = FirstTokenClock()  # guarded by _lock
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 
@@ -71,6 +72,7 @@ class Router:
             with self._lock:
                 sink = self._sinks.get(msg.request_id)
                 self._not_started.pop(msg.request_id, None)
+                self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
                 if msg.finished:
                     self._in_flight[unit].discard(msg.request_id)
                     self._sinks.pop(msg.request_id, None)
@@ -175,6 +177,7 @@ class Router:
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
             self._not_started[request_id] = (list(prompt_ids), params)
+            self.first_tokens.received(request_id, time.monotonic())
         try:
             delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params))
         except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
@@ -222,28 +225,20 @@ class Router:
         Raises:
             LaunchError: a request did not finish within ``timeout_s``.
         """
-        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        done: queue.Queue = queue.Queue()
-        events: dict[str, list[TokenEvent]] = {}
+        from disaggsdk.serve.batch_run import run_batch
+
         ids = [f"{prefix}-{next(self._seq)}-{i}" for i in range(len(prompts))]
+        return run_batch(self.submit, ids, prompts, params, timeout_s)
 
-        def sink_for(rid: str) -> Callable[[TokenEvent], None]:
-            def sink(ev: TokenEvent) -> None:
-                events.setdefault(rid, []).append(ev)
-                if ev.finished:
-                    done.put(rid)
-            return sink
+    def ttft_phases(self, since_s: float = 0.0) -> dict[str, Any]:
+        """Where the time to first token of requests received since ``since_s`` (`time.monotonic()`)
+        went, phase by phase (`report.ttft_phases.summarize_phases`)."""
+        from disaggsdk.report.ttft_phases import summarize_phases
 
-        for rid, prompt, p in zip(ids, prompts, params_list):
-            self.submit(rid, prompt, p, sink_for(rid))
-        deadline = time.monotonic() + timeout_s
-        finished = set()
-        while len(finished) < len(ids):
-            try:
-                finished.add(done.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                raise LaunchError(f"{len(ids) - len(finished)} requests did not finish in {timeout_s} s") from None
-        return [events[rid] for rid in ids]
+        with self._lock:
+            first_tokens = [r for r in self.first_tokens.records() if r[1] >= since_s]
+        records = [r for s in self.unit_stats().values() for r in s.recent]
+        return summarize_phases(first_tokens, records)
 
     def unit_stats(self, timeout_s: float = 10.0) -> dict[str, ch.UnitStats]:
         """A fresh snapshot from every healthy unit (blocks until they answer or ``timeout_s``)."""

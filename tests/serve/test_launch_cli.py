@@ -116,6 +116,10 @@ def test_bench_spec_launches_loads_and_tears_down(run_cli, tmp_path):
     assert result["completed"] == 4 and result["total_output_tokens"] == 16
     assert json.loads(out.read_text()) == result
     assert "ready" in p.stderr
+    # every request was prefilled on the prefill unit and handed off: its TTFT comes in phases
+    phases = result["ttft_phases"]
+    assert phases["requests"] == 4 and phases["mean_ms"]["prefill_compute"] > 0
+    assert phases["mean_ms"]["http_and_client"] == pytest.approx(result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"])
 
 
 def test_sigterm_during_bench_of_a_spec_stops_units_and_removes_shared_memory():
