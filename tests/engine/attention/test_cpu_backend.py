@@ -104,3 +104,50 @@ def test_decode_only_plan_builds_no_python_groups():
     assert backend._groups == []
     assert rows.tolist() == [0, 1] and page_indices.tolist() == [1, 2, 3]
     assert page_indptr.tolist() == [0, 2, 3] and kv_lens.tolist() == [6, 3]
+
+
+def _spy_causal_prefill(monkeypatch) -> list[bool]:
+    """Record what each call of the causal prefill kernel returned (True: it computed the group)."""
+    results: list[bool] = []
+    real = cpu_backend.causal_prefill
+
+    def spy(*args):
+        results.append(real(*args))
+        return results[-1]
+
+    monkeypatch.setattr(cpu_backend, "causal_prefill", spy)
+    return results
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_fresh_prompts_go_through_the_causal_kernel(monkeypatch, layout):
+    """Fresh prompts of two lengths (two fresh groups) beside decodes and a later chunk: equal to
+    the reference and to dense attention, with the kernel computing both fresh groups."""
+    reqs = [(0, 37), (0, 5), (0, 37), (9, 1), (20, 6)]
+    qs, ks, vs, pages = gqa_inputs(4, reqs, hq=8, hkv=2, d=16)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=16)
+    ref = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "torch_ref", reqs, pages, qs, ks, vs)
+    ran = _spy_causal_prefill(monkeypatch)
+    out = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "cpu", reqs, pages, qs, ks, vs)
+    # the prefix step's fresh prompts of 9 and 20 tokens, then the 37-token pair and the 5-token
+    # prompt; (20, 6) is a later chunk (the masked reference path)
+    assert ran == [True, True, True, True]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    rows = 0
+    for i, (cached, new) in enumerate(reqs):
+        torch.testing.assert_close(out[rows : rows + new],
+                                   dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3),
+                                   rtol=1e-5, atol=1e-5)
+        rows += new
+
+
+def test_causal_kernel_declines_head_dims_it_does_not_tile(monkeypatch):
+    """8-dim values are not a multiple of the kernel's 16-float vectors: the reference path runs."""
+    reqs = [(0, 9), (0, 9)]
+    qs, ks, vs, pages = gqa_inputs(5, reqs)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    ref = run_step(KVCache(geo, 64, PAGE_SIZE), "torch_ref", reqs, pages, qs, ks, vs)
+    ran = _spy_causal_prefill(monkeypatch)
+    out = run_step(KVCache(geo, 64, PAGE_SIZE), "cpu", reqs, pages, qs, ks, vs)
+    assert ran == [False]
+    torch.testing.assert_close(out, ref)

@@ -1,0 +1,24 @@
+/* Causal prefill attention on CPU: fresh prompts (no earlier KV), queries over their own new keys.
+ *
+ * cffi cdef: build_cpu_attention.py strips comments and preprocessor lines from this header.
+ */
+#include <stdint.h>
+
+/* Causal attention of each request's new tokens over themselves (flash-style: tiles of queries
+ * against tiles of keys with an online softmax; nothing of [q, kv] size is materialised, and
+ * tiles above the diagonal are never computed). Grouped query heads share each transposed key
+ * tile of their kv head.
+ *
+ * q:      float32 [num_tokens, num_q_heads, head_dim], token t at q + t * q_row_stride.
+ * k, v:   float32 [num_tokens, num_kv_heads, head_dim | v_dim], token t at k + t * k_row_stride
+ *         (v + t * v_row_stride); heads contiguous within a token.
+ * starts, lens: request r owns tokens [starts[r], starts[r] + lens[r]) of q, k, v and out.
+ * out:    float32 [num_tokens, num_q_heads, v_dim], token t at out + t * out_row_stride.
+ * Returns 0, or -1 (nothing computed) when head_dim or v_dim exceeds 256, v_dim is not a multiple of
+ * 16, or a kv head has more than 8 query heads.
+ */
+int causal_prefill_attention(
+    const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
+    const float *v, int64_t v_row_stride, const int64_t *starts, const int64_t *lens, int64_t num_requests,
+    int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim, float sm_scale,
+    float *out, int64_t out_row_stride);
