@@ -11,6 +11,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The suite runs engines eagerly unless a test asks for the compiled step (EngineConfig(compile=True),
+# a spec's engine.compile: true): compiling costs seconds per engine and process, and the suite
+# builds hundreds of them. The units and CLIs the tests start inherit this.
+os.environ.setdefault("DISAGGSDK_COMPILE", "0")
+
 
 @pytest.fixture
 def run_cli():

@@ -28,7 +28,7 @@ def build_forward_batch(
     items: Sequence[BatchItem],
     page_size: int,
     device: str | torch.device = "cpu",
-    on_layer_done: Callable[[int], None] | None = None,
+    on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
 ) -> ForwardBatch:
     """Flatten ``items`` into a `ForwardBatch`.
 

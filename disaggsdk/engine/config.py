@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from disaggsdk.engine.scheduler import Mode
@@ -35,6 +36,8 @@ class EngineConfig:
     attention_backend: str | None = None  # None: flashinfer on CUDA, the native kernel ("cpu") on CPU, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
+    # compile the step (engine.compiled_step; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
+    compile: bool | None = None
 
     @classmethod
     def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
@@ -54,5 +57,27 @@ class EngineConfig:
             tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=spec.engine.num_pages,
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
             mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
-            return_hidden_states=role == "prefill", kv_share_path=kv_share_path,
+            return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
         )
+
+
+def check_prompt(arch: Any, config: EngineConfig, request_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
+    """Whether an engine of ``config`` for model ``arch`` can ever run the prompt (`LLMEngine.check_prompt`).
+
+    Raises:
+        EngineError: an empty prompt, a token outside the vocabulary, or prompt + max_tokens over
+            the KV pool or the model's context.
+    """
+    if not prompt_ids:
+        raise EngineError(f"{request_id}: empty prompt; give at least one token")
+    bad = [t for t in prompt_ids if not 0 <= t < arch.vocab_size]
+    if bad:
+        raise EngineError(f"{request_id}: token ids {bad[:5]} outside the vocabulary [0, {arch.vocab_size})")
+    pool_tokens = config.num_pages * config.page_size
+    max_len = min(pool_tokens, arch.max_context_tokens or pool_tokens)
+    if len(prompt_ids) + max_tokens > max_len:
+        what = "KV pool" if max_len == pool_tokens else "model's context"
+        raise EngineError(
+            f"{request_id}: prompt ({len(prompt_ids)}) + max_tokens ({max_tokens}) exceeds the {what} "
+            f"of {max_len} tokens; lower max_tokens or shorten the prompt" + (
+                "" if what == "model's context" else ", or raise num_pages"))

@@ -33,9 +33,10 @@ class ForwardBatch:
     kv_slot_ids: torch.Tensor  # [num_tokens], int64, page_id * page_size + offset of each new token
     logits_indices: torch.Tensor  # [num_logits], int64, rows of the output whose logits are wanted
     page_size: int
-    # Called with the layer index after that layer's attention output projection (and its
-    # all-reduce), on the head rank (tp rank 0) only: the messenger streams that layer's pages.
-    on_layer_done: Callable[[int], None] | None = None
+    # Called with the layer index (and that layer's attention output, which a compiled graph's
+    # counter op takes so that it runs after it) after the layer's attention output projection and
+    # its all-reduce, on the head rank (tp rank 0) only: the messenger streams that layer's pages.
+    on_layer_done: Callable[[int, torch.Tensor], None] | None = None
 
     @property
     def batch_size(self) -> int:

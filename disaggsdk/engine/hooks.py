@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class StepChunkInfo:
@@ -24,28 +26,33 @@ class StepChunkInfo:
 class LayerCounter:
     """Layers completed by the running step, readable from another thread.
 
-    The model bumps it (through ``ForwardBatch.on_layer_done``) after each layer's attention
-    output projection; a polling thread reads ``(step_id, layers_done)`` or blocks in ``wait``.
-    Plain ints under a condition variable: cheap to bump, no queue to drain.
+    The model bumps it after each layer's attention output projection: the eager model through
+    ``ForwardBatch.on_layer_done``, a compiled step through the ``disaggsdk::layer_done`` op
+    (`engine.graph_ops`), which writes ``values``. A polling thread reads ``(step_id,
+    layers_done)`` or blocks in ``wait``. Ints under a condition variable, mirrored in ``values``.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._step_id = 0
         self._layers_done = 0
+        self.values = torch.zeros(2, dtype=torch.int64)  # [step_id, layers_done]: the graph op's output
 
     def begin_step(self) -> int:
         """Start counting a new step; returns its id (1, 2, ...)."""
         with self._cond:
             self._step_id += 1
             self._layers_done = 0
+            self.values[0], self.values[1] = self._step_id, 0
             self._cond.notify_all()
             return self._step_id
 
-    def on_layer_done(self, layer_id: int) -> None:
-        """The model's callback: layer ``layer_id`` of the current step is complete."""
+    def on_layer_done(self, layer_id: int, output: torch.Tensor | None = None) -> None:
+        """The model's callback: layer ``layer_id`` of the current step is complete (``output``,
+        the layer's attention output, only orders a compiled graph's op)."""
         with self._cond:
             self._layers_done = layer_id + 1
+            self.values[1] = self._layers_done
             self._cond.notify_all()
 
     def read(self) -> tuple[int, int]:

@@ -11,7 +11,8 @@ __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 import torch
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
-from disaggsdk.engine.config import EngineConfig, EngineError
+from disaggsdk.engine.compiled_step import compile_by_default
+from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt
 from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
@@ -51,6 +52,7 @@ class LLMEngine:
             model=model, num_pages=config.num_pages, page_size=config.page_size, layout=config.layout,
             dtype=config.dtype, kv_dtype=config.kv_dtype or config.dtype, device=config.device,
             seed=config.seed, attention_backend=config.attention_backend, kv_share_path=config.kv_share_path,
+            compile=compile_by_default() if config.compile is None else config.compile,
         )
         self._tp_group = None
         if config.tp > 1:
@@ -68,6 +70,8 @@ class LLMEngine:
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
         )
         self.layer_counter = LayerCounter()
+        if self.runner.compiled is not None:
+            self.runner.warm_up(self.layer_counter.on_layer_done)
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
@@ -117,19 +121,7 @@ class LLMEngine:
             EngineError: an empty prompt, a token outside the vocabulary, or prompt + max_tokens
                 over the KV pool.
         """
-        if not prompt_ids:
-            raise EngineError(f"{request_id}: empty prompt; give at least one token")
-        bad = [t for t in prompt_ids if not 0 <= t < self.arch.vocab_size]
-        if bad:
-            raise EngineError(f"{request_id}: token ids {bad[:5]} outside the vocabulary [0, {self.arch.vocab_size})")
-        pool_tokens = self.config.num_pages * self.config.page_size
-        max_len = min(pool_tokens, self.arch.max_context_tokens or pool_tokens)
-        if len(prompt_ids) + params.max_tokens > max_len:
-            what = "KV pool" if max_len == pool_tokens else "model's context"
-            raise EngineError(
-                f"{request_id}: prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the {what} "
-                f"of {max_len} tokens; lower max_tokens or shorten the prompt" + (
-                    "" if what == "model's context" else ", or raise num_pages"))
+        check_prompt(self.arch, self.config, request_id, prompt_ids, params.max_tokens)
 
     def _new_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         gen = None if params.greedy else new_generator(params.seed, next(self._seeds))

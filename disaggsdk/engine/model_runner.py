@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ class RunnerConfig:
     seed: int = 0
     attention_backend: str | None = None
     kv_share_path: str | None = None  # tp workers: hand the KV pool to the head there (engine.shared_kv)
+    compile: bool = False  # compile the step (engine.compiled_step); only a CPU rank of tp 1 does
 
 
 class ModelRunner:
@@ -51,6 +53,11 @@ class ModelRunner:
             geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer
         )
         self.attn = create_backend(config.attention_backend or default_backend(config.device), self.kv_cache)
+        self.compiled = None
+        if config.compile and tp.size == 1 and self.device.type == "cpu":
+            from disaggsdk.engine.compiled_step import CompiledStep
+
+            self.compiled = CompiledStep(self.model, self.attn)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,8 +70,19 @@ class ModelRunner:
             [num_logits, vocab_size] of the rows in ``batch.logits_indices``.
         """
         self.attn.plan(batch)
-        hidden = self.model(batch, self.attn)
+        hidden = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
         rows = hidden[batch.logits_indices]
         if rows.shape[0] == 0:
             return rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)
         return rows, self.model.compute_logits(rows).float()
+
+    def warm_up(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> None:
+        """Run the step once with one token and once with two (the compiled step's two graphs),
+        so that compiling happens now rather than in the first requests. The tokens go to page
+        0 of a pool nothing uses yet; ``on_layer_done`` is the engine's layer counter (the graphs
+        are specialised on having one)."""
+        from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+
+        for n in (1, 2):
+            item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.page_size))
+            self.run(build_forward_batch([item], self.config.page_size, self.device, on_layer_done))

@@ -148,6 +148,8 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
         collector = PoolCollector(share_path, tp - 1) if share_path else None
         try:
             parts.engine = LLMEngine(spec.model, config, kv_buffer=region0.buffer)
+            if parts.engine.runner.compiled is not None:
+                print(f"{args.name}: compiled its step (torch.compile)", flush=True)
             if collector is not None:
                 workers = collector.wait(timeout_s=60)
                 parts.regions += [workers[r] for r in range(1, tp)]

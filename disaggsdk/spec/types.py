@@ -160,6 +160,13 @@ class EngineSettings:
     max_num_seqs: int = attrs.field(
         default=64, metadata=about("Requests holding KV pages at once, per rank.", positive)
     )
+    compile: bool | None = attrs.field(
+        default=None,
+        metadata=about("Compile each unit's model step with torch.compile (CPU units of tp 1; attention and "
+                       "the layer counter are ops inside the graph, so KV streaming is unchanged). Unset: on, "
+                       "unless the environment says `DISAGGSDK_COMPILE=0`. Each unit compiles before it "
+                       "reports ready (seconds; cached on disk afterwards)."),
+    )
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)

@@ -142,7 +142,7 @@ class CausalLM(Protocol):
     """A decoder-only model sharded over one tensor-parallel group (an ``nn.Module``).
 
     ``forward`` runs ``arch.num_layers`` layers (an MTP layer, when the model has one, is kept
-    as ``model.mtp`` and not run) and calls ``batch.on_layer_done(layer_id)`` after each layer's
+    as ``model.mtp`` and not run) and calls ``batch.on_layer_done(layer_id, output)`` after each layer's
     attention output projection and its all-reduce, on the head rank only.
     """
 

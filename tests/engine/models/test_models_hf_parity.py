@@ -86,7 +86,7 @@ def test_greedy_decode_with_cache_matches_transformers_generate(checkpoints, nam
 def test_layer_callback_runs_once_per_layer_in_order(checkpoints):
     _, ours = checkpoints["deepseek-r1-tiny"]
     seen = []
-    run(ours, ContiguousAttention(), random_prompts([4]), [0], on_layer_done=seen.append)
+    run(ours, ContiguousAttention(), random_prompts([4]), [0], on_layer_done=lambda layer, _out: seen.append(layer))
     assert seen == list(range(ours.arch.num_layers))
 
 

@@ -3,7 +3,7 @@ lm_head), shared by every family; a family supplies its attention and MLP per la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,12 +54,13 @@ class DecoderLayer(nn.Module):
         )
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                on_layer_done: Callable[[int, torch.Tensor], None] | None, attn: AttentionBackend) -> torch.Tensor:
         h = self.tp.all_reduce(self.self_attn(self.input_layernorm(x), cos, sin, attn, self.layer_id))
         # The all-reduce has synchronised the ranks, so the head rank alone speaks for the layer.
-        if batch.on_layer_done is not None and self.tp.is_head:
-            batch.on_layer_done(self.layer_id)
+        # The layer's output goes along: a compiled graph's counter op must come after it.
+        if on_layer_done is not None and self.tp.is_head:
+            on_layer_done(self.layer_id, h)
         x = x + h
         return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
 
@@ -89,10 +90,15 @@ class DecoderModel(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden_size]."""
-        x = self.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        return self.forward_tokens(batch.input_ids, batch.positions, attn, batch.on_layer_done)
+
+    def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                       on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """`forward` on the batch's tensors alone: what a compiled step traces (engine.compiled_step)."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, attn)
+            x = layer(x, cos, sin, on_layer_done, attn)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

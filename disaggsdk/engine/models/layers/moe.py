@@ -37,6 +37,9 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, local, dtype=dtype), requires_grad=False)
         # w2: [num_experts, hidden_size, local intermediate]
 
+    # Eager even inside a compiled step: the per-expert token counts are data (a graph would be
+    # specialised on, and recompiled for, every routing); the step's graph breaks around it.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """Weighted sum of each token's experts (this rank's partial sum).
 

@@ -1,0 +1,70 @@
+"""The model's step under `torch.compile` on CPU, streaming included.
+
+The graph holds the whole step between the attention backend's ``plan`` (before it) and the
+logits (after it): embeddings, norms, rope, projections and MLPs are compiled by Inductor (fused
+elementwise work, no per-op Python dispatch); attention and the layer counter are the custom ops
+of `engine.graph_ops`, so the layer-by-layer KV streaming of a prefill unit works unchanged; MoE
+experts run eagerly inside it (their token counts are data). Shapes are dynamic: one graph for
+one-token steps and one for longer ones, compiled by `warm_up` before the first request.
+On CUDA the same ops would let decode steps be captured as CUDA graphs; not built yet (no GPU
+to test it on).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from disaggsdk.engine.graph_ops import GraphAttention, GraphLayerCounter
+from disaggsdk.engine.hooks import LayerCounter
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.forward_batch import ForwardBatch
+
+COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
+MAX_GRAPHS = 64  # compiled graphs of the step kept per process (two per engine)
+
+
+def compile_by_default() -> bool:
+    """Whether engines compile their step when their config does not say (``DISAGGSDK_COMPILE``)."""
+    return os.environ.get(COMPILE_ENV, "1") != "0"
+
+
+class CompiledStep:
+    """``model.forward_tokens`` compiled, with attention and the layer counter as graph ops.
+
+    Args:
+        model: a `DecoderModel` of a single rank (no tensor-parallel collectives in the graph).
+        backend: the rank's attention backend; the caller plans it for each batch first.
+    """
+
+    def __init__(self, model: Any, backend: Any):
+        self.model = model
+        self.attn = GraphAttention(backend)
+        self._counters: dict[int, GraphLayerCounter] = {}
+        # Dynamo keeps the graphs of `_trace` per code object, guarded on the model: every engine
+        # of a process adds two. Past the limit (8 by default) it would run the step eagerly.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
+        self._forward = torch.compile(self._trace, dynamic=True)
+
+    def _trace(self, input_ids: torch.Tensor, positions: torch.Tensor,
+               counter: GraphLayerCounter | None) -> torch.Tensor:
+        return self.model.forward_tokens(input_ids, positions, self.attn, counter)
+
+    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""
+        callback = batch.on_layer_done
+        owner = getattr(callback, "__self__", None)
+        if callback is not None and not isinstance(owner, LayerCounter):
+            return self.model(batch, self.attn.backend)  # an arbitrary callback: only eager can call it
+        counter = None
+        if owner is not None:
+            counter = self._counters.get(id(owner))
+            if counter is None:
+                counter = self._counters[id(owner)] = GraphLayerCounter(owner)
+        with torch.inference_mode():
+            # inputs made inside or outside inference mode differ in dispatch keys, and the graph is
+            # guarded on them: copies made here (a few ints per token) are always inference tensors
+            return self._forward(batch.input_ids.clone(), batch.positions.clone(), counter)
