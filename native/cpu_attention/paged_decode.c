@@ -20,6 +20,7 @@
 typedef struct {
     float *scores;    /* [group][kv_len] */
     float *row;       /* one K or V row as float32 (bf16 caches only) */
+    float *block;     /* 16 K rows as float32 (bf16 caches, the vector path only) */
 } scratch_t;
 
 static inline float bf16_to_float(uint16_t x) {
@@ -38,6 +39,117 @@ static inline const float *row_f32(const void *base, int64_t at, int is_bf16, fl
     for (int64_t i = 0; i < n; i++)
         tmp[i] = bf16_to_float(src[i]);
     return tmp;
+}
+
+/* pass 2: softmax of each of the `group` rows of `kv_len` scores, in place */
+static void softmax_rows(float *scores, int64_t group, int64_t kv_len) {
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * kv_len;
+        float mx = -1e30f;  /* finite: -ffast-math assumes no infinities */
+#pragma omp simd reduction(max : mx)
+        for (int64_t t = 0; t < kv_len; t++)
+            mx = sg[t] > mx ? sg[t] : mx;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < kv_len; t++) {
+            sg[t] = expf(sg[t] - mx);
+            sum += sg[t];
+        }
+        float inv = 1.f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < kv_len; t++)
+            sg[t] *= inv;
+    }
+}
+
+/* 16-float vectors (GCC vector extensions, AVX-512 with -march=native); aligned(4): any address */
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* out[j] = the sum of a[j]'s lanes, j = 0..15: a transpose-and-add tree (four levels of two
+ * two-input shuffles and an add), 16 dot products finished in ~45 vector ops instead of 16
+ * separate horizontal reductions. */
+static inline v16 sum16x16(const v16 *a) {
+    v16 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)  /* b[i]: lanes 0-7 partial sums of a[2i], lanes 8-15 of a[2i+1] */
+        b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], (v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23})
+             + __builtin_shuffle(a[2 * i], a[2 * i + 1], (v16i){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+    for (int i = 0; i < 4; i++)  /* c[i]: 4 lanes for each of a[4i + k], k = 0..3 */
+        c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], (v16i){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27})
+             + __builtin_shuffle(b[2 * i], b[2 * i + 1], (v16i){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+    for (int i = 0; i < 2; i++)  /* d[i]: 2 lanes for each of a[8i + k], k = 0..7 */
+        d[i] = __builtin_shuffle(c[2 * i], c[2 * i + 1], (v16i){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29})
+             + __builtin_shuffle(c[2 * i], c[2 * i + 1], (v16i){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31});
+    return __builtin_shuffle(d[0], d[1], (v16i){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
+         + __builtin_shuffle(d[0], d[1], (v16i){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31});
+}
+
+#define GB 8  /* query heads whose output accumulators stay in registers through the value pass */
+
+/* attend_one_head for head and value dims that are multiples of 16: the scores of 16 keys at a
+ * time finished by sum16x16, the value pass with GB x 16 output floats in registers. */
+static void attend_one_head_v16(
+    const float *q_group, int64_t group, int64_t head_dim, int64_t v_dim,
+    const void *k_cache, const void *v_cache, int is_bf16, int64_t head_base,
+    int64_t page_stride, int64_t token_stride, const int64_t *pages, int64_t kv_len,
+    int64_t page_size, float sm_scale, float *out_group, scratch_t *s) {
+    float *scores = s->scores;
+    const v16 zero = {0};
+    int64_t nd = head_dim / 16;
+    /* pass 1: scores[g][t] = q_g . k_t * scale, 16 keys of one page at a time */
+    for (int64_t t0 = 0, p = 0; t0 < kv_len; t0 += page_size, p++) {
+        int64_t in_page = kv_len - t0 < page_size ? kv_len - t0 : page_size;
+        int64_t page_at = pages[p] * page_stride + head_base;
+        for (int64_t j0 = 0; j0 < in_page; j0 += 16) {
+            int64_t n = in_page - j0 < 16 ? in_page - j0 : 16;
+            const float *krow[16];
+            for (int64_t j = 0; j < n; j++)
+                krow[j] = row_f32(k_cache, page_at + (j0 + j) * token_stride, is_bf16, s->block + j * head_dim, head_dim);
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = q_group + g * head_dim;
+                v16 acc[16];
+                for (int64_t j = 0; j < 16; j++) {
+                    acc[j] = zero;
+                    if (j < n)
+                        for (int64_t c = 0; c < nd; c++)
+                            acc[j] += *(const v16 *)(krow[j] + 16 * c) * *(const v16 *)(qg + 16 * c);
+                }
+                v16 sj = sum16x16(acc);
+                float *dst = scores + g * kv_len + t0 + j0;
+                for (int64_t j = 0; j < n; j++)
+                    dst[j] = sj[j] * sm_scale;
+            }
+        }
+    }
+    softmax_rows(scores, group, kv_len);
+    /* pass 3: out_g = sum_t p[g][t] v_t, GB query heads x 16 output dims in registers */
+    for (int64_t g0 = 0; g0 < group; g0 += GB) {
+        int64_t ng = group - g0 < GB ? group - g0 : GB;
+        for (int64_t e = 0; e < v_dim; e += 16) {
+            v16 o[GB];
+            for (int64_t g = 0; g < GB; g++)
+                o[g] = zero;
+            for (int64_t t0 = 0, p = 0; t0 < kv_len; t0 += page_size, p++) {
+                int64_t in_page = kv_len - t0 < page_size ? kv_len - t0 : page_size;
+                int64_t page_at = pages[p] * page_stride + head_base;
+                for (int64_t j = 0; j < in_page; j++) {
+                    v16 vj;
+                    if (is_bf16) {
+                        const uint16_t *src = (const uint16_t *)v_cache + page_at + j * token_stride + e;
+                        for (int l = 0; l < 16; l++)
+                            vj[l] = bf16_to_float(src[l]);
+                    } else {
+                        vj = *(const v16 *)((const float *)v_cache + page_at + j * token_stride + e);
+                    }
+                    const float *w = scores + g0 * kv_len + t0 + j;
+                    for (int64_t g = 0; g < ng; g++)
+                        o[g] += w[g * kv_len] * vj;
+                }
+            }
+            for (int64_t g = 0; g < ng; g++)
+                *(v16 *)(out_group + (g0 + g) * v_dim + e) = o[g];
+        }
+    }
 }
 
 static void attend_one_head(
@@ -62,24 +174,7 @@ static void attend_one_head(
             }
         }
     }
-    /* pass 2: softmax of each query head's scores */
-    for (int64_t g = 0; g < group; g++) {
-        float *sg = scores + g * kv_len;
-        float mx = -1e30f;  /* finite: -ffast-math assumes no infinities */
-#pragma omp simd reduction(max : mx)
-        for (int64_t t = 0; t < kv_len; t++)
-            mx = sg[t] > mx ? sg[t] : mx;
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < kv_len; t++) {
-            sg[t] = expf(sg[t] - mx);
-            sum += sg[t];
-        }
-        float inv = 1.f / sum;
-#pragma omp simd
-        for (int64_t t = 0; t < kv_len; t++)
-            sg[t] *= inv;
-    }
+    softmax_rows(scores, group, kv_len);
     /* pass 3: out_g = sum_t p[g][t] v_t */
     memset(out_group, 0, sizeof(float) * group * v_dim);
     for (int64_t t0 = 0, p = 0; t0 < kv_len; t0 += page_size, p++) {
@@ -113,15 +208,18 @@ int paged_decode_attention(
     scratch_t s;
     s.scores = malloc(sizeof(float) * (group * max_len + 1));
     s.row = malloc(sizeof(float) * row_len);
-    if (!s.scores || !s.row) {
+    s.block = malloc(sizeof(float) * 16 * row_len);
+    if (!s.scores || !s.row || !s.block) {
         free(s.scores);
         free(s.row);
+        free(s.block);
         return -1;
     }
+    int vector_path = head_dim % 16 == 0 && v_dim % 16 == 0;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t *pages = page_indices + page_indptr[b];
         for (int64_t h = 0; h < num_kv_heads; h++) {
-            attend_one_head(q + rows[b] * q_row_stride + h * group * head_dim, group, head_dim, v_dim,
+            (vector_path ? attend_one_head_v16 : attend_one_head)(q + rows[b] * q_row_stride + h * group * head_dim, group, head_dim, v_dim,
                             k_cache, v_cache, cache_is_bf16, h * head_stride, page_stride, token_stride,
                             pages, kv_lens[b], page_size, sm_scale,
                             out + rows[b] * out_row_stride + h * group * v_dim, &s);
@@ -129,5 +227,6 @@ int paged_decode_attention(
     }
     free(s.scores);
     free(s.row);
+    free(s.block);
     return 0;
 }

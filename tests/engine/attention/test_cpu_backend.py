@@ -27,14 +27,16 @@ def gqa_inputs(seed: int, reqs, hq=4, hkv=2, d=8):
     return qs, ks, vs, pages_for(rng, 64, lens)
 
 
+@pytest.mark.parametrize("head_dim", [8, 32], ids=["scalar-path", "vector-path"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("reqs", [DECODES, REQUESTS], ids=["decode-only", "mixed"])
-def test_kernel_matches_reference_backend(layout, kv_dtype, reqs):
+def test_kernel_matches_reference_backend(layout, kv_dtype, reqs, head_dim):
     """Decode-only steps (planned from tensors) and mixed steps (decodes beside prefill chunks):
-    the CPU backend's output equals the torch reference's on the same cache contents."""
-    qs, ks, vs, pages = gqa_inputs(0, reqs)
-    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=8)
+    the CPU backend's output equals the torch reference's on the same cache contents, on the
+    kernel's vector path (dims that are multiples of 16) and its scalar one."""
+    qs, ks, vs, pages = gqa_inputs(0, reqs, d=head_dim)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=head_dim)
     outs = {name: run_step(KVCache(geo, 64, PAGE_SIZE, layout, kv_dtype), name, reqs, pages, qs, ks, vs)
             for name in ("torch_ref", "cpu")}
     backend = run_step.last_backend
@@ -49,9 +51,10 @@ def test_kernel_matches_reference_backend(layout, kv_dtype, reqs):
             rows += new
 
 
-def test_kernel_mla_matches_reference_backend():
+@pytest.mark.parametrize("rank,rope", [(12, 4), (32, 16)], ids=["scalar-path", "vector-path"])
+def test_kernel_mla_matches_reference_backend(rank, rope):
     rng = torch.Generator().manual_seed(3)
-    h, rank, rope = 4, 12, 4
+    h = 4
     geo = KVGeometry(attention="mla", num_layers=1, num_kv_heads_local=1, head_dim=16,
                      latent_dim=rank + rope, kv_lora_rank=rank, qk_rope_head_dim=rope)
     lens = [c + n for c, n in DECODES]
