@@ -17,7 +17,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-PROTOCOL_VERSION = 4  # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer
+PROTOCOL_VERSION = 5  # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch
 
 # runtime -> unit
 
@@ -97,6 +97,13 @@ class Tokens(msgspec.Struct, frozen=True, tag=True):
     logprobs: list[Logprob] = []
 
 
+class TokensBatch(msgspec.Struct, frozen=True, tag=True):
+    """The `Tokens` of every request one engine step produced: one frame per step, not per request
+    (a decode step of a batch of 8 sent 8 frames, ~6% of the decode unit's time)."""
+
+    items: list[Tokens]
+
+
 class UnitStats(msgspec.Struct, frozen=True, tag=True):
     seq: int
     name: str
@@ -133,6 +140,6 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
 
 
 ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, Shutdown]
-FromUnit = Union[Ready, Started, Tokens, UnitStats, Fatal, TransportStuck]
+FromUnit = Union[Ready, Started, Tokens, TokensBatch, UnitStats, Fatal, TransportStuck]
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

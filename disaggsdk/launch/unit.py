@@ -190,11 +190,16 @@ class Unit:
             self.stopping = True
 
     def _emit(self, outputs: list) -> None:
+        items = []
         for out in outputs:
             if out.new_token_ids or out.finished:
                 logprobs = [ch.Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.new_logprobs]
-                self.conn.send(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
-                                             out.finish_reason, logprobs=logprobs))
+                items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
+                                       out.finish_reason, logprobs=logprobs))
+        if len(items) > 1:
+            self.conn.send(ch.TokensBatch(items))
+        elif items:
+            self.conn.send(items[0])
 
     def _report_failures(self) -> None:
         failed = self.messenger.failed

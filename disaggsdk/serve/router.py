@@ -64,27 +64,33 @@ class Router:
 
     def _on_message(self, unit: str, msg: Any) -> None:
         if isinstance(msg, ch.Tokens):
-            from disaggsdk.engine.sampling_params import TokenLogprobs
-
-            logprobs = [TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top)) for lp in msg.logprobs]
-            event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, logprobs,
-                               error=msg.error, instance=unit)
-            with self._lock:
-                sink = self._sinks.get(msg.request_id)
-                self._not_started.pop(msg.request_id, None)
-                self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
-                if msg.finished:
-                    self._in_flight[unit].discard(msg.request_id)
-                    self._sinks.pop(msg.request_id, None)
-                    self._resubmitted.discard(msg.request_id)
-            if sink is not None:
-                sink(event)
+            self._on_tokens(unit, msg)
+        elif isinstance(msg, ch.TokensBatch):
+            for item in msg.items:
+                self._on_tokens(unit, item)
         elif isinstance(msg, ch.UnitStats):
             with self._stats_cond:
                 self._last_stats[msg.name] = msg
                 if msg.seq in self._stats_replies:
                     self._stats_replies[msg.seq][msg.name] = msg
                 self._stats_cond.notify_all()
+
+    def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
+        from disaggsdk.engine.sampling_params import TokenLogprobs
+
+        logprobs = [TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top)) for lp in msg.logprobs]
+        event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, logprobs,
+                           error=msg.error, instance=unit)
+        with self._lock:
+            sink = self._sinks.get(msg.request_id)
+            self._not_started.pop(msg.request_id, None)
+            self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
+            if msg.finished:
+                self._in_flight[unit].discard(msg.request_id)
+                self._sinks.pop(msg.request_id, None)
+                self._resubmitted.discard(msg.request_id)
+        if sink is not None:
+            sink(event)
 
     def _on_unit_down(self, unit: str, _report: str) -> None:
         with self._lock:

@@ -81,6 +81,23 @@ def test_requests_go_to_the_least_busy_decode_unit_and_tokens_reach_their_sink(f
         router.submit("r1", [1], None, lambda ev: None)
 
 
+def test_a_step_batch_of_tokens_reaches_each_request_in_order(fake):
+    """One `TokensBatch` frame per engine step: every item goes to its own sink, and a finished
+    item ends its request as a lone `Tokens` does."""
+    rt, router = fake
+    events = {}
+    for rid in ("a", "b"):
+        router.submit(rid, [1, 2], None, lambda ev: events.setdefault(ev.request_id, []).append(ev))
+    rt.on_message("decode-0", ch.TokensBatch([ch.Tokens("a", [7])]))
+    rt.on_message("decode-1", ch.TokensBatch([ch.Tokens("b", [5])]))
+    rt.on_message("decode-0", ch.TokensBatch([ch.Tokens("a", [8], finished=True, finish_reason="length")]))
+    rt.on_message("decode-1", ch.TokensBatch([ch.Tokens("b", [6]), ch.Tokens("zzz", [1])]))  # unknown: dropped
+    assert [t for ev in events["a"] for t in ev.new_token_ids] == [7, 8] and events["a"][-1].finished
+    assert [t for ev in events["b"] for t in ev.new_token_ids] == [5, 6] and not events["b"][-1].finished
+    assert router.submit("c", [1], None, lambda ev: None) == "decode-0"  # a finished: decode-0 has fewer
+    assert [r[0] for r in router.first_tokens.records()] == ["a", "b"]
+
+
 def test_a_dead_unit_moves_requests_not_yet_streaming_and_ends_the_others_with_a_retryable_error(fake):
     rt, router = fake
     rt.on_message("decode-0", stats("decode-0", "decode", 0, used=4))
