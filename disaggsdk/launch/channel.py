@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -70,8 +71,9 @@ class FrameChannel:
             except OSError as exc:
                 raise ChannelClosed(f"the channel is closed ({exc})") from None
 
-    def poll(self, timeout_s: float = 0.0) -> bool:
-        """Whether a whole frame can be received now, waiting up to ``timeout_s`` for one.
+    def poll(self, timeout_s: float = 0.0, also: Sequence[int] = ()) -> bool:
+        """Whether a whole frame can be received now, waiting up to ``timeout_s`` for one, or less
+        if one of the descriptors ``also`` becomes readable first (then False, without a frame).
 
         Raises:
             ChannelClosed: the other end closed and every frame it sent has been received.
@@ -82,11 +84,13 @@ class FrameChannel:
                 raise ChannelClosed("the other end closed the channel")
             remaining = deadline - time.monotonic()
             try:
-                readable, _, _ = select.select([self._sock], [], [], max(0.0, remaining))
+                readable, _, _ = select.select([self._sock, *also], [], [], max(0.0, remaining))
             except (OSError, ValueError) as exc:  # closed under us
                 raise ChannelClosed(f"the channel is closed ({exc})") from None
-            if readable:
+            if self._sock in readable:
                 self._read_some()
+            elif readable:
+                return self._has_frame()  # woken by another descriptor
             elif remaining <= 0:
                 return False
         return True

@@ -149,9 +149,14 @@ class Unit:
         os._exit(EXIT_CODE)
 
     def _drain_parent(self, wait_s: float) -> None:
-        while self.conn.poll(wait_s):
+        # a control frame or a fired counter ends the wait too: the loop handles it at once
+        # instead of at its next poll (the prefill unit noticed frames up to 2 ms late)
+        wake = self.transfer.wake if self.transfer is not None else None
+        while self.conn.poll(wait_s, (wake.fileno(),) if wake is not None else ()):
             wait_s = 0.0
             self._handle(self.conn.recv())
+        if wake is not None:
+            wake.clear()
 
     def _drain_frames(self) -> None:
         if self.transfer is None:

@@ -3,11 +3,15 @@
 The thread spends its life inside fab_wait_events(), a C call that blocks without the GIL, so
 it costs nothing while idle. Every operation gets a `concurrent.futures.Future` before it is
 submitted (an event can never beat its future); threads call `future.result(timeout)`, asyncio
-code awaits `asyncio.wrap_future(future)`. Control messages land in a queue.
+code awaits `asyncio.wrap_future(future)`. Control messages land in a queue. After a round of
+events that brought a control message or fired an immediate counter, the thread writes
+``wake`` (an eventfd), so a loop that waits on other descriptors too (a unit's launcher
+channel) wakes at once instead of at its next poll.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -20,6 +24,23 @@ _EVENTS_PER_CALL = 64
 _WAIT_MS = 500
 
 
+class WakeFd:
+    """An eventfd the pump writes; a loop selects on it (`fileno`) and `clear`s it when woken."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def clear(self) -> None:
+        """Reset it (nothing to read is fine)."""
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+
+
 class CompletionPump:
     """Owns the futures of in-flight operations of one engine and the thread resolving them."""
 
@@ -29,6 +50,7 @@ class CompletionPump:
         self._futures: dict[tuple[int, int], Future] = {}
         self.messages: queue.Queue[bytes] = queue.Queue()
         self.async_errors: list[str] = []  # provider errors not tied to one of our requests
+        self.wake = WakeFd()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -68,8 +90,10 @@ class CompletionPump:
             n = lib.fab_wait_events(self._engine, events, _EVENTS_PER_CALL, _WAIT_MS)
             if n < 0:
                 break  # -FI_ESHUTDOWN: the engine is closing and the queue is empty
+            wake = False
             for i in range(n):
                 ev = events[i]
+                wake = wake or ev.kind in (EV_RECV, EV_IMM_DONE)
                 if ev.kind == EV_BATCH_DONE:
                     self._resolve(EV_BATCH_DONE, ev.id, ev.status, "write batch")
                 elif ev.kind == EV_IMM_DONE:
@@ -82,10 +106,14 @@ class CompletionPump:
                 elif ev.kind == EV_ERROR:
                     reason = ffi.string(lib.fab_strerror(ev.status)).decode(errors="replace")
                     self.async_errors.append(f"{reason} (provider errno {ev.id})")
+            if wake:
+                os.eventfd_write(self.wake.fd, 1)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Waits for the thread (after fab_shutdown) and fails every unresolved future."""
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            os.close(self.wake.fd)
         with self._lock:
             pending, self._futures = self._futures, {}
         for fut in pending.values():

@@ -238,12 +238,13 @@ class TransferEngine:
             self._check(rc, f"sending {len(data)} bytes")
         return fut
 
-    def recv(self, timeout_s: float | None = None) -> bytes:
-        """Returns the next control message.
+    @property
+    def wake(self) -> ev.WakeFd:
+        """Readable when a control message arrived or a counter fired (`completions.WakeFd`)."""
+        return self._pump.wake
 
-        Raises:
-            TransferError: none arrived within timeout_s.
-        """
+    def recv(self, timeout_s: float | None = None) -> bytes:
+        """Returns the next control message. Raises TransferError when none arrived within timeout_s."""
         import queue
 
         try:

@@ -91,3 +91,20 @@ def test_recv_waits_no_longer_than_asked():
     finally:
         quiet.close()
         b.close()
+
+
+def test_poll_also_wakes_on_another_descriptor_without_a_frame(pair):
+    """A unit waits on its channel and its transport's wake fd together: the fd ends the wait early."""
+    import os
+    import time
+
+    _, unit_end = pair
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    try:
+        t = time.monotonic()
+        assert unit_end.poll(0.05, (wake,)) is False and time.monotonic() - t >= 0.04  # nothing: full wait
+        os.eventfd_write(wake, 1)
+        t = time.monotonic()
+        assert unit_end.poll(10.0, (wake,)) is False and time.monotonic() - t < 5  # woken, no frame
+    finally:
+        os.close(wake)
