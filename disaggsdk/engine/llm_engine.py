@@ -70,8 +70,9 @@ class LLMEngine:
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
         )
         self.layer_counter = LayerCounter()
+        self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:
-            self.runner.warm_up(self.layer_counter.on_layer_done)
+            self.runner.warm_up(self._on_layer_done)
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
@@ -204,7 +205,7 @@ class LLMEngine:
         ]
         self.layer_counter.begin_step()
         batch = build_forward_batch(
-            items, self.config.page_size, self.runner.device, on_layer_done=self.layer_counter.on_layer_done
+            items, self.config.page_size, self.runner.device, on_layer_done=self._on_layer_done
         )
         if self._tp_group is not None:
             self._tp_group.broadcast(batch)

@@ -53,6 +53,22 @@ def test_abort_frees_pages_and_late_abort_is_harmless():
         assert not engine.abort("never-seen")
 
 
+def test_engines_nobody_streams_from_skip_the_layer_counter():
+    """A decode or colocated unit's engine (count_layers off, as `EngineConfig.from_spec` sets it
+    for every role but prefill) begins steps but never bumps layers: no counter call per layer."""
+    from pathlib import Path
+
+    from disaggsdk.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "tiny_pd.yaml")
+    assert [EngineConfig.from_spec(spec, tp=1, role=r).count_layers for r in ("prefill", "decode", "mixed")] == [
+        True, False, False]
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64, count_layers=False)) as engine:
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
+        step_id, layers = engine.layer_counter.read()
+        assert step_id == 2 and layers == 0
+
+
 def test_layer_counter_and_step_plan_hooks():
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=8)) as engine:
         plans, seen = [], []
