@@ -38,9 +38,10 @@ class EngineConfig:
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
     # compile the step (engine.compiled_step; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
     compile: bool | None = None
-    # bump `LLMEngine.layer_counter` after each layer (what a prefill unit's streamer waits on);
-    # off, a step runs one counter op per layer less (~60 us each in a compiled decode step)
-    count_layers: bool = True
+    # bump `LLMEngine.layer_counter` after each layer: what a prefill unit's streamer waits on
+    # (from_spec turns it on for prefill units); off, a step runs one counter op per layer less
+    # (~60 us each in a compiled decode step)
+    count_layers: bool = False
 
     @classmethod
     def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:

@@ -69,7 +69,8 @@ def test_layer_counter_is_bumped_by_the_graph_op_in_layer_order(monkeypatch):
         calls.append((layer_id, output is None))
         original(self, layer_id, output)
 
-    with LLMEngine("qwen3-tiny", EngineConfig(page_size=4, num_pages=64, compile=True)) as engine:
+    config = EngineConfig(page_size=4, num_pages=64, compile=True, count_layers=True)
+    with LLMEngine("qwen3-tiny", config) as engine:
         monkeypatch.setattr(LayerCounter, "on_layer_done", spy)  # still a LayerCounter's method
         engine.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=1))
         engine.step()

@@ -54,8 +54,9 @@ def test_abort_frees_pages_and_late_abort_is_harmless():
 
 
 def test_engines_nobody_streams_from_skip_the_layer_counter():
-    """A decode or colocated unit's engine (count_layers off, as `EngineConfig.from_spec` sets it
-    for every role but prefill) begins steps but never bumps layers: no counter call per layer."""
+    """A decode or colocated unit's engine, or an offline one (count_layers off: the default, and
+    what `EngineConfig.from_spec` sets for every role but prefill) begins steps but never bumps
+    layers: no counter call per layer."""
     from pathlib import Path
 
     from disaggsdk.spec import load_spec
@@ -70,7 +71,8 @@ def test_engines_nobody_streams_from_skip_the_layer_counter():
 
 
 def test_layer_counter_and_step_plan_hooks():
-    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=8)) as engine:
+    config = EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=8, count_layers=True)
+    with LLMEngine(MODEL, config) as engine:
         plans, seen = [], []
         engine.on_step = plans.append
         stop = threading.Event()
