@@ -9,12 +9,10 @@ build the module in place during development.
 from __future__ import annotations
 
 import os
-import re
 
 from cffi import FFI
+from cffi_build import NATIVE_DIR, build_in_place, header_cdef
 
-NATIVE_DIR = os.path.dirname(os.path.abspath(__file__))
-ROOT_DIR = os.path.dirname(NATIVE_DIR)
 SOURCES = ["cpu_attention/paged_decode.c", "cpu_attention/causal_prefill.c"]
 HEADERS = ["cpu_attention/paged_decode.h", "cpu_attention/causal_prefill.h"]
 MODULE_NAME = "disaggsdk.engine.attention._cpu_kernels"
@@ -27,21 +25,11 @@ MODULE_NAME = "disaggsdk.engine.attention._cpu_kernels"
 COMPILE_ARGS = ["-O3", "-std=gnu11", "-Wall", "-Wno-psabi", "-march=native", "-ffast-math", "-fopenmp-simd"]
 
 
-def header_cdef() -> str:
-    """The headers without comments and preprocessor lines: the part cffi can parse."""
-    text = ""
-    for header in HEADERS:
-        with open(os.path.join(NATIVE_DIR, header)) as f:
-            text += f.read() + "\n"
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-
-
 def make_ffibuilder(relative: bool = True) -> FFI:
     """The FFI builder. Source paths are relative to the repository root for setuptools."""
     base = "native" if relative else NATIVE_DIR
     ffibuilder = FFI()
-    ffibuilder.cdef(header_cdef())
+    ffibuilder.cdef(header_cdef(*HEADERS))
     ffibuilder.set_source(
         MODULE_NAME,
         '#include "paged_decode.h"\n#include "causal_prefill.h"',
@@ -56,13 +44,5 @@ def make_ffibuilder(relative: bool = True) -> FFI:
 ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
-    import glob
-    import shutil
-
-    tmpdir = os.path.join(ROOT_DIR, "build", "cffi_cpu_attention")
-    built = make_ffibuilder(relative=False).compile(tmpdir=tmpdir, verbose=False)
-    target = os.path.join(ROOT_DIR, "disaggsdk", "engine", "attention")
-    for old in glob.glob(os.path.join(target, "_cpu_kernels*.so")):
-        os.remove(old)
-    shutil.copy(built, target)
-    print("built", os.path.join(target, os.path.basename(built)))
+    build_in_place(make_ffibuilder(relative=False), "cffi_cpu_attention",
+                   os.path.join("disaggsdk", "engine", "attention"), "_cpu_kernels*.so")

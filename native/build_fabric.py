@@ -9,29 +9,19 @@ Run directly (`python native/build_fabric.py`) to build the module in place duri
 from __future__ import annotations
 
 import os
-import re
 
 from cffi import FFI
+from cffi_build import NATIVE_DIR, build_in_place, header_cdef
 
-NATIVE_DIR = os.path.dirname(os.path.abspath(__file__))
-ROOT_DIR = os.path.dirname(NATIVE_DIR)
 SOURCES = ["fabric.c", "fab_memory.c", "fab_submit.c", "fab_progress.c", "fab_post.c", "fab_imm.c", "fab_events.c"]
 MODULE_NAME = "disaggsdk.transfer._fabric"
-
-
-def header_cdef() -> str:
-    """Returns fabric.h without comments and preprocessor lines: the part cffi can parse."""
-    with open(os.path.join(NATIVE_DIR, "fabric.h")) as f:
-        text = f.read()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
 def make_ffibuilder(relative: bool = True) -> FFI:
     """The FFI builder. Source paths are relative to the repository root for setuptools."""
     base = "native" if relative else NATIVE_DIR
     ffibuilder = FFI()
-    ffibuilder.cdef(header_cdef())
+    ffibuilder.cdef(header_cdef("fabric.h"))
     ffibuilder.set_source(
         MODULE_NAME,
         '#include "fabric.h"',
@@ -46,13 +36,4 @@ def make_ffibuilder(relative: bool = True) -> FFI:
 ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
-    import glob
-    import shutil
-
-    tmpdir = os.path.join(ROOT_DIR, "build", "cffi")
-    built = make_ffibuilder(relative=False).compile(tmpdir=tmpdir, verbose=False)
-    target = os.path.join(ROOT_DIR, "disaggsdk", "transfer")
-    for old in glob.glob(os.path.join(target, "_fabric*.so")):
-        os.remove(old)
-    shutil.copy(built, target)
-    print("built", os.path.join(target, os.path.basename(built)))
+    build_in_place(make_ffibuilder(relative=False), "cffi", os.path.join("disaggsdk", "transfer"), "_fabric*.so")
