@@ -109,3 +109,36 @@ def test_training_steps_are_deterministic_resumable_and_give_a_checkpoint_transf
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert 0 < straight["held_out_bits_per_byte"] < 16
     assert json.loads((tmp_path / "a" / "corpus_manifest.json").read_text())["sha256"]
+
+
+def test_deepseek_trains_its_mtp_layer_and_saves_it_where_the_engine_reads_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from disaggsdk.engine.models import build_model
+    from disaggsdk.engine.parallel import TensorParallel
+    from tools.train_tiny.mtp import load_mtp
+    from tools.train_tiny.train import TrainSettings, train
+
+    tiny = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_group=2, topk_group=1,
+                q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+    small = TrainSettings(seq_len_tokens=32, batch_size=4, warmup_steps=2, max_steps=8, save_every=8,
+                          eval_every=8, minutes=5, threads=1)
+    out = tmp_path / "ds"
+    train("deepseek-r1-tiny", out, small, max_files=12, vocab_size=512, **tiny)
+    log = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert log[-1]["mtp_loss"] < log[0]["mtp_loss"]  # the next-next-token head learns too
+    tensors = load_file(str(out / "model.safetensors"))
+    mtp_names = {k for k in tensors if k.startswith("model.layers.2.")}  # layer num_hidden_layers
+    assert {"model.layers.2.eh_proj.weight", "model.layers.2.shared_head.head.weight",
+            "model.layers.2.mlp.experts.3.down_proj.weight"} <= mtp_names
+    # transformers reads the main model (MTP keys are unexpected to it); load_mtp reads the rest back
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    again = load_mtp(hf, tensors).checkpoint_tensors()
+    assert set(again) == mtp_names and all(torch.equal(again[k], tensors[k].float()) for k in mtp_names)
+    engine_model = build_model(str(out), TensorParallel())
+    assert engine_model.mtp is not None
+    assert torch.equal(dict(engine_model.mtp[0].named_parameters())["eh_proj.weight"],
+                       tensors["model.layers.2.eh_proj.weight"].float())

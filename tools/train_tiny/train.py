@@ -10,7 +10,8 @@ and picked up again by running the same command. Matmuls in bfloat16 autocast (t
 AVX-512-BF16: 2.4x float32), master weights in float32. The checkpoint is saved in bfloat16
 (half the size; `--save-dtype float32` for the master weights).
 
-Not yet: DeepSeek's MTP layer and its next-next-token loss (`deepseek-r1-tiny` is refused).
+`deepseek-r1-tiny` also trains its MTP layer (`tools.train_tiny.mtp`) on the next-next token, as
+DeepSeek-V3 does: loss = main + `MTP_LOSS_WEIGHT` x MTP (DeepSeek's lambda of its first phase).
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ import torch
 from tqdm import tqdm
 
 from tools.train_tiny import corpus
+from tools.train_tiny.mtp import MTPLayer, mtp_loss
 from tools.train_tiny.tokenizer import END_OF_TEXT, IM_END, VOCAB_SIZE, save_tokenizer_files, special_ids, train_tokenizer
 
-HF_CONFIG = {"qwen3-tiny": "Qwen3Config", "qwen3-coder-tiny": "Qwen3MoeConfig"}
+HF_CONFIG = {"qwen3-tiny": "Qwen3Config", "qwen3-coder-tiny": "Qwen3MoeConfig", "deepseek-r1-tiny": "DeepseekV3Config"}
+MTP_LOSS_WEIGHT = 0.3
+# each schedule's length: what fits in ~30 minutes on the 2-core dev box (steps/s: dense 1.3,
+# Qwen3-MoE 0.85, DeepSeek with its MTP layer 0.6)
+MAX_STEPS = {"qwen3-tiny": 2_400, "qwen3-coder-tiny": 1_500, "deepseek-r1-tiny": 1_000}
 STATE_FILE = "train_state.pt"
 LOSS_LOG = "loss.jsonl"
 
@@ -41,8 +47,7 @@ class TrainSettings:
     batch_size: int = 16
     learning_rate: float = 3e-3
     warmup_steps: int = 100
-    # the cosine schedule's length: ~30 minutes on the 2-core dev box (1.3 steps/s for qwen3-tiny)
-    max_steps: int = 2_400
+    max_steps: int = 2_400  # the cosine schedule's length (`MAX_STEPS` per model from the command line)
     minutes: float = 30.0
     save_every: int = 200
     eval_every: int = 500
@@ -67,12 +72,22 @@ def build_model(name: str, vocab_size: int, ids: dict[str, int], seed: int, **ov
     from disaggsdk.models import catalog_config
 
     if name not in HF_CONFIG:
-        raise SystemExit(f"{name}: not trainable yet (only {', '.join(HF_CONFIG)}; DeepSeek's MTP is not built)")
+        raise SystemExit(f"{name}: not trainable (only {', '.join(HF_CONFIG)})")
     fields = {**catalog_config(name), "vocab_size": vocab_size, "bos_token_id": None,
               "eos_token_id": ids[IM_END], "pad_token_id": ids[END_OF_TEXT], **overrides}
     config = getattr(transformers, HF_CONFIG[name])(**fields)
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def add_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Rewrite the safetensors file at ``path`` with ``tensors`` added (the MTP layer's)."""
+    from safetensors.torch import load_file, save_file
+
+    merged = {**load_file(str(path)), **tensors}
+    tmp = path.with_suffix(".tmp")
+    save_file(merged, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path)
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -90,18 +105,19 @@ def batch_at(stream: torch.Tensor, gen: torch.Generator, s: TrainSettings) -> to
 
 
 @torch.no_grad()
-def held_out_bits_per_byte(model, stream: torch.Tensor, num_bytes: int, seq_len: int) -> float:
+def held_out_bits_per_byte(model, stream: torch.Tensor, num_bytes: int, seq_len: int, autocast: bool = True) -> float:
     """Cross-entropy of the held-out stream in bits per byte of its text.
 
     Windows of ``seq_len + 1`` tokens that overlap by one, so every token but the first is scored
     exactly once (the first of each window with one token of context: a little pessimistic, as is
-    scoring the end-of-text tokens, which have no bytes in ``num_bytes``).
+    scoring the end-of-text tokens, which have no bytes in ``num_bytes``). ``autocast``: matmuls in
+    bfloat16, as in training; off, float32 throughout (the eval command).
     """
     model.eval()
     total_nats = 0.0
     for start in range(0, stream.numel() - 1, seq_len):
         window = stream[start : start + seq_len + 1]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(window[None, :-1]).logits.float()
         total_nats += torch.nn.functional.cross_entropy(logits[0], window[1:], reduction="sum").item()
     model.train()
@@ -133,21 +149,23 @@ def train(name: str, out: Path, s: TrainSettings, root: Path | None = None, max_
     eval_bytes = sum(len(t.encode()) for t in corpus.texts(files, held_out=True, root=root))
     ids = special_ids(tok)
     model = build_model(name, tok.get_vocab_size(), ids, s.seed, **model_overrides)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+    mtp = MTPLayer(model) if getattr(model.config, "num_nextn_predict_layers", 0) else None
+    trained = torch.nn.ModuleList([model, *([mtp] if mtp else [])])
+    trained.train()
+    opt = torch.optim.AdamW(trained.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(s.seed)
     step, log = 0, []
     state_path = out / STATE_FILE
     if state_path.exists():
         state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["model"])
+        trained.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step, log = state["step"], state["log"]
 
     def save_state() -> None:
         tmp = state_path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+        torch.save({"model": trained.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
                     "step": step, "log": log}, tmp)
         tmp.replace(state_path)  # never a half-written state
 
@@ -157,15 +175,25 @@ def train(name: str, out: Path, s: TrainSettings, root: Path | None = None, max_
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s)
         batch = batch_at(train_ids, gen, s)
+        record = {"step": step + 1}
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(batch[:, :-1]).logits
+            if mtp is None:
+                logits = model(batch[:, :-1]).logits
+            else:
+                hidden = model.model(batch[:, :-1]).last_hidden_state
+                logits = model.lm_head(hidden)
+                next_next_loss = mtp_loss(mtp, hidden, batch)
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        record["loss"] = round(loss.item(), 4)
+        if mtp is not None:
+            record["mtp_loss"] = round(next_next_loss.item(), 4)
+            loss = loss + MTP_LOSS_WEIGHT * next_next_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
         opt.step()
         step += 1
-        record = {"step": step, "loss": round(loss.item(), 4), "lr": lr_at(step - 1, s)}
+        record["lr"] = lr_at(step - 1, s)
         if step % s.eval_every == 0:
             record["held_out_bits_per_byte"] = round(held_out_bits_per_byte(model, eval_ids, eval_bytes, s.seq_len_tokens), 4)
         log.append(record)
@@ -178,8 +206,11 @@ def train(name: str, out: Path, s: TrainSettings, root: Path | None = None, max_
     bpb = held_out_bits_per_byte(model, eval_ids, eval_bytes, s.seq_len_tokens)
     model.generation_config.eos_token_id = [ids[IM_END], ids[END_OF_TEXT]]
     model.generation_config.pad_token_id = ids[END_OF_TEXT]
-    model.to(getattr(torch, save_dtype)).save_pretrained(out, safe_serialization=True)
-    model.to(torch.float32)
+    trained.to(getattr(torch, save_dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    if mtp is not None:
+        add_tensors(out / "model.safetensors", mtp.checkpoint_tensors())
+    trained.to(torch.float32)
     save_tokenizer_files(tok, out)  # after save_pretrained: its generation_config.json is the same content
     (out / LOSS_LOG).write_text("".join(json.dumps(r) + "\n" for r in log))
     summary = {"model": name, "steps": step, "final_loss": log[-1]["loss"] if log else None,
@@ -194,12 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("model", choices=sorted(HF_CONFIG))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--minutes", type=float, default=TrainSettings.minutes)
-    p.add_argument("--max-steps", type=int, default=TrainSettings.max_steps)
+    p.add_argument("--max-steps", type=int, help="default: MAX_STEPS of the model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=TrainSettings.threads)
     p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     a = p.parse_args(argv)
-    s = TrainSettings(minutes=a.minutes, max_steps=a.max_steps, seed=a.seed, threads=a.threads)
+    s = TrainSettings(minutes=a.minutes, max_steps=a.max_steps or MAX_STEPS[a.model], seed=a.seed, threads=a.threads)
     started = time.monotonic()
     summary = train(a.model, a.out, s, save_dtype=a.save_dtype)
     print(json.dumps({**summary, "wall_s": round(time.monotonic() - started, 1)}))
