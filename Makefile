@@ -23,11 +23,12 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py n
 
 install: $(STAMP)
 
-# Launch the tiny CPU deployment (1 prefill + 2 decode processes), load it with the live view,
-# print the benchmark summary, shut everything down.
+# Launch the tiny CPU deployment (1 prefill + 2 decode processes), show what the trained tiny
+# model writes, load it with the live view, print the benchmark summary, shut everything down.
 demo: install
 	$(VENV)/bin/disaggsdk plan specs/tiny_local.yaml
 	$(VENV)/bin/disaggsdk launch specs/tiny_local.yaml --port 0 --bench \
+	  --complete 'def fib(n):' --complete 'class Stack:' \
 	  --num-prompts 24 --qps 6 --input-len 256 --output-len 32
 
 test: install

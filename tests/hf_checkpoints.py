@@ -18,8 +18,9 @@ def hf_model(name: str, seed: int = 0, **overrides):
 
     Weights are drawn wider than transformers' init so greedy choices are clear rather than
     near-uniform; what transformers initialises to constants (norm weights, DeepSeek's
-    expert-score bias) is perturbed so a test notices a swapped norm or an ignored bias. No EOS,
-    so generation runs to max_new_tokens.
+    expert-score bias) is perturbed so a test notices a swapped norm or an ignored bias. Byte-level
+    special ids (bos 256, eos 257, pad 258), so the engine reads text through `ByteTokenizer`; no
+    EOS in its generation config, so generation runs to max_new_tokens.
 
     Args:
         name: a tiny catalog model, a key of `HF_CONFIG`.
@@ -34,7 +35,9 @@ def hf_model(name: str, seed: int = 0, **overrides):
 
     from disaggsdk.models import catalog_config
 
-    config = getattr(transformers, HF_CONFIG[name])(**{**catalog_config(name), **overrides})
+    # the byte-level special ids: a directory without tokenizer.json then gets `ByteTokenizer`
+    byte_level = {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
+    config = getattr(transformers, HF_CONFIG[name])(**{**catalog_config(name), **byte_level, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():

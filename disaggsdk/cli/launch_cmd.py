@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="restart a unit that dies up to N times (default 3; 0: never)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
+    parser.add_argument("--complete", action="append", default=[], metavar="TEXT",
+                        help="once ready, complete TEXT through the endpoint (greedy) and print it (repeatable)")
+    parser.add_argument("--complete-tokens", type=int, default=48, metavar="N", help="tokens per --complete (default 48)")
     add_load_arguments(parser)
 
 
@@ -111,6 +114,16 @@ def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
         console.print("stopped")
 
 
+def print_completions(d: Deployment, console: Console, prompts: list[str], max_tokens: int) -> None:
+    """Complete each prompt through the deployment's OpenAI endpoint (greedy) and print prompt + completion."""
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+
+    for prompt in prompts:
+        text = prompt + d.generate(prompt, max_tokens=max_tokens)
+        console.print(Panel(Syntax(text, "python", theme="ansi_dark"), title=f"completion of {prompt!r}", expand=False))
+
+
 def run(args: argparse.Namespace) -> int:
     """Launch, then serve until a signal, or benchmark and stop with ``--bench``.
 
@@ -119,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     """
     console = Console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
+        if args.complete:
+            print_completions(d, console, args.complete, args.complete_tokens)
         if args.bench:
             result = run_load(args, console, d.url, d.model_name, d.api_key, d, title=d.name)
             report(args, console, [(d.name, result)])

@@ -33,6 +33,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_dtype: str | None = None
     seed: int = 0
+    load_format: str = "auto"  # "dummy": seeded random weights instead of the checkpoint's
     attention_backend: str | None = None  # None: flashinfer on CUDA, the native kernel ("cpu") on CPU, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
@@ -62,7 +63,7 @@ class EngineConfig:
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
             mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
-            count_layers=role == "prefill",
+            count_layers=role == "prefill", load_format=spec.engine.load_format,
         )
 
 

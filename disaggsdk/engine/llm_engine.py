@@ -40,6 +40,7 @@ class LLMEngine:
     def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None):
         from disaggsdk.engine.models.base import check_tp
         from disaggsdk.models import resolve_model
+        from disaggsdk.models.shipped import read_generation_config
 
         self.config = config = config or EngineConfig()
         if config.mode not in MODES:
@@ -51,7 +52,7 @@ class LLMEngine:
         runner_config = RunnerConfig(
             model=model, num_pages=config.num_pages, page_size=config.page_size, layout=config.layout,
             dtype=config.dtype, kv_dtype=config.kv_dtype or config.dtype, device=config.device,
-            seed=config.seed, attention_backend=config.attention_backend, kv_share_path=config.kv_share_path,
+            seed=config.seed, load_format=config.load_format, attention_backend=config.attention_backend, kv_share_path=config.kv_share_path,
             compile=compile_by_default() if config.compile is None else config.compile,
         )
         self._tp_group = None
@@ -76,7 +77,8 @@ class LLMEngine:
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
-        self._eos_ids = eos_token_ids(self.arch.hf_config)
+        # config.json's eos ids and generation_config.json's, as transformers and vLLM stop on both
+        self._eos_ids = eos_token_ids(self.arch.hf_config) | eos_token_ids(read_generation_config(model))
 
     # lifecycle
 

@@ -27,6 +27,7 @@ class RunnerConfig:
     kv_dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
+    load_format: str = "auto"  # "dummy": seeded random weights (engine.models.LOAD_FORMATS)
     attention_backend: str | None = None
     kv_share_path: str | None = None  # tp workers: hand the KV pool to the head there (engine.shared_kv)
     compile: bool = False  # compile the step (engine.compiled_step); only a CPU rank of tp 1 does
@@ -47,7 +48,8 @@ class ModelRunner:
         self.config = config
         self.tp = tp
         self.device = torch.device(config.device)
-        self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed)
+        self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed,
+                                 load_format=config.load_format)
         geometry = kv_geometry(self.model.arch, tp)
         self.kv_cache = KVCache(
             geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer

@@ -1,9 +1,9 @@
-"""Text <-> token ids: a byte-level tokenizer for the tiny catalog models, or a checkpoint
-directory's own ``tokenizer.json`` through the `tokenizers` library.
+"""Text <-> token ids: a checkpoint's own ``tokenizer.json`` through the `tokenizers` library (the
+tiny catalog models use their shipped checkpoint's), or a byte-level tokenizer for byte-level
+checkpoints without one.
 
-Byte-level ids (see `disaggsdk.models.catalog`): bytes 0..255 are ids 0..255, then bos 256,
-eos 257, pad 258; ids 259.. of the 512-entry vocabulary are never produced by `encode` and
-decode to nothing.
+Byte-level ids: bytes 0..255 are ids 0..255, then bos 256, eos 257, pad 258; ids 259.. of a
+512-entry vocabulary are never produced by `encode` and decode to nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as token ids (the tiny catalog models' vocabulary)."""
+    """UTF-8 bytes as token ids (for byte-level checkpoints without a tokenizer.json)."""
 
     bos_token_id: int | None = BYTE_BOS
     eos_token_ids: tuple[int, ...] = (BYTE_EOS,)
@@ -107,19 +107,23 @@ def _is_byte_level(config: dict[str, Any]) -> bool:
 def load_tokenizer(model: str) -> Tokenizer | None:
     """The tokenizer of a catalog name or checkpoint directory, or None when it has none.
 
-    Tiny catalog models use `ByteTokenizer`. A directory uses its ``tokenizer.json``; without
-    one, a config with the byte-level special ids (bos 256, eos 257, as a tiny catalog model
-    saved by transformers has) also gets `ByteTokenizer`. Full-size catalog names have no
-    tokenizer on this machine (None): pass token ids instead.
+    A tiny catalog model uses its shipped checkpoint's tokenizer (`ByteTokenizer` if the checkpoint
+    is not installed). A directory uses its ``tokenizer.json``; without one, a config with the
+    byte-level special ids (bos 256, eos 257) gets `ByteTokenizer`. Full-size catalog names have
+    no tokenizer on this machine (None): pass token ids instead.
 
     Raises:
         ModelError: unknown model, or an unreadable config.json / tokenizer.json.
     """
     from disaggsdk.models import is_tiny, read_hf_config
     from disaggsdk.models.catalog import CATALOG
+    from disaggsdk.models.shipped import shipped_checkpoint
 
     if model in CATALOG:
-        return ByteTokenizer() if is_tiny(model) else None
+        if not is_tiny(model):
+            return None
+        directory = shipped_checkpoint(model)
+        return HFTokenizer(directory, read_hf_config(directory)) if directory else ByteTokenizer()
     directory = Path(model).expanduser()
     config = read_hf_config(directory)
     if (directory / "tokenizer.json").is_file():

@@ -12,19 +12,21 @@ from typing import Any
 
 # Tiny models: sized so that on a 2-core CPU a 1,024-token prefill takes tens of milliseconds
 # and a decode step a few, so prefill/decode interference is visible yet tests stay fast.
-# Query heads are divisible by 8 so the 8-GPU topologies run unchanged with `--tiny`; the
-# byte-level tokenizer needs 256 byte ids plus a few specials, hence vocab_size 512.
+# Query heads are divisible by 8 so the 8-GPU topologies run unchanged with `--tiny`. Each ships
+# trained (`disaggsdk.models.shipped`): a 4,096-entry byte-level BPE vocabulary (a multiple of every
+# tp size the tests use) whose ids 0.. are <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos) and
+# the tool-call markers; the checkpoints' generation_config.json adds <|endoftext|> as a stop id.
 _TINY_COMMON: dict[str, Any] = {
-    "vocab_size": 512,
+    "vocab_size": 4096,
     "hidden_size": 256,
     "num_hidden_layers": 4,
     "max_position_embeddings": 4096,
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
-    "bos_token_id": 256,
-    "eos_token_id": 257,
-    "pad_token_id": 258,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
     "torch_dtype": "float32",
     "hidden_act": "silu",
     "initializer_range": 0.02,

@@ -19,6 +19,7 @@ Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
+LoadFormat = Literal["auto", "dummy"]
 
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
@@ -167,6 +168,12 @@ class EngineSettings:
                        "unless the environment says `DISAGGSDK_COMPILE=0`. Each unit compiles before it "
                        "reports ready (seconds; cached on disk afterwards)."),
     )
+    load_format: LoadFormat = attrs.field(
+        default="auto",
+        metadata=about("`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships "
+                       "with the package); `dummy`: seeded random weights of the same shapes, the checkpoint "
+                       "unread (as vLLM's `--load-format dummy`).", choice(("auto", "dummy"))),
+    )
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)
@@ -206,7 +213,7 @@ class Spec:
         metadata=about("Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).",
                        choice(DEVICES)),
     )
-    seed: int = attrs.field(default=0, metadata=about("Seeds the random weights of tiny models, sampling without a request seed, "
+    seed: int = attrs.field(default=0, metadata=about("Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, "
                                                  "and the per-request choice of prefill source ranks."))
     hardware: Hardware = attrs.field(factory=Hardware, metadata=about("The nodes."))
     prefill: Role = attrs.field(factory=Role, metadata=about("The prefill instances."))

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from disaggsdk.cli.main import main  # noqa: E402
+from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 
 
 def test_tiny_catalog_model_from_text_with_no_files(tmp_path):
@@ -30,7 +31,7 @@ def test_json_output_with_ids_text_and_logprobs(capsys):
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     first, second = doc["outputs"]
-    assert first["prompt_ids"] == [256, ord("h"), ord("i")]  # bos, then bytes
+    assert first["prompt_ids"] == load_tokenizer("qwen3-tiny").encode("hi")  # the shipped BPE, no bos
     assert second["prompt_ids"] == [1, 2, 3]
     for out in (first, second):
         assert len(out["token_ids"]) == 4 and out["finish_reason"] == "length"

@@ -26,6 +26,8 @@ def test_quickstart_runs_and_shows_the_plans_as_html():
     html = [o for o in outs if o.output_type == "execute_result" and "text/html" in o.data]
     assert len(html) >= 2  # the tp=8 plan and the tp=4 plan
     assert "decode-0" in html[0].data["text/html"]
+    text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
+    assert "def fibonacci(n):\n    " in text  # the trained tiny model writes a function body
 
 
 def test_simulate_notebook_compares_layouts_and_names_its_disagreements():

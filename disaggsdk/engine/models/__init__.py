@@ -1,13 +1,14 @@
 """Model implementations: a registry by `ModelArch.family` and a factory that imports lazily.
 
-``build_model("qwen3-coder-tiny", tp)`` gives a seeded random tiny model; ``build_model(DIR, tp)``
-loads a Hugging Face checkpoint directory, each rank reading only its shard of every tensor.
+``build_model("qwen3-coder-tiny", tp)`` loads the trained tiny checkpoint that ships with the package
+(`disaggsdk.models.shipped`), ``build_model(DIR, tp)`` a Hugging Face checkpoint directory, each rank
+reading only its shard of every tensor; ``load_format="dummy"`` gives seeded random weights of the
+same shapes instead (vLLM's name for it), for tests that need many or odd-shaped models.
 """
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_supported, check_tp, kv_geometry
@@ -26,7 +27,10 @@ MODEL_CLASSES = {
     "deepseek_v3": "disaggsdk.engine.models.deepseek_v3:DeepseekV3ForCausalLM",
 }
 
-__all__ = ["CausalLM", "KVGeometry", "MODEL_CLASSES", "build_model", "kv_geometry", "model_class"]
+__all__ = ["CausalLM", "KVGeometry", "LOAD_FORMATS", "MODEL_CLASSES", "build_model", "kv_geometry", "model_class"]
+
+# "auto": the checkpoint's weights (a tiny catalog name's shipped one); "dummy": seeded random ones
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def model_class(family: str) -> type:
@@ -68,21 +72,24 @@ def build_model(
     dtype: Any = "float32",
     device: Any = "cpu",
     seed: int = 0,
+    load_format: str = "auto",
 ) -> CausalLM:
     """Build this rank's shard of a model, with weights.
 
     Args:
-        model: a tiny catalog name (seeded random weights) or a Hugging Face checkpoint directory
-            (config.json + model.safetensors or model.safetensors.index.json).
+        model: a tiny catalog name (its shipped trained checkpoint) or a Hugging Face checkpoint
+            directory (config.json + model.safetensors or model.safetensors.index.json).
         tp: this rank's tensor-parallel context.
         dtype: parameter dtype (torch dtype or name).
         device: where the parameters live.
-        seed: seed of the random weights of a catalog model; every rank draws the same full
-            tensors and keeps its slice, so tp=1 and tp=2 build the same model.
+        seed: seed of random weights; every rank draws the same full tensors and keeps its slice,
+            so tp=1 and tp=2 build the same model.
+        load_format: "auto" (the checkpoint's weights; random for a tiny catalog model whose
+            checkpoint is not installed) or "dummy" (seeded random weights, the checkpoint unread).
     Returns:
         The model in eval mode, ``requires_grad`` off.
     Raises:
-        ModelError: unknown model, unsupported architecture or config field (e.g. a quantised
+        ModelError: unknown model or load format, unsupported architecture or config field (e.g. a quantised
             checkpoint), a model that cannot be split over
             ``tp.size``, a full-size catalog model without a checkpoint, or a checkpoint whose
             tensors are missing or mis-shaped (the message names the tensor).
@@ -92,7 +99,10 @@ def build_model(
     from disaggsdk.engine import weights
     from disaggsdk.models import is_tiny, resolve_model
     from disaggsdk.models.catalog import CATALOG
+    from disaggsdk.models.shipped import checkpoint_directory
 
+    if load_format not in LOAD_FORMATS:
+        raise ModelError(f"unknown load_format {load_format!r}; use one of {LOAD_FORMATS}")
     arch = resolve_model(model)
     check_supported(arch)
     check_tp(arch, tp.size)
@@ -106,10 +116,11 @@ def build_model(
     torch_dtype = resolve_dtype(dtype)
     with torch.device(device):
         net = cls(arch, tp, torch_dtype)
-    if model in CATALOG:
+    directory = checkpoint_directory(model) if load_format == "auto" else None
+    if directory is None:
         weights.init_random(net, seed=seed)
     else:
-        weights.load_checkpoint(net, Path(model).expanduser())
+        weights.load_checkpoint(net, directory)
     net.eval()
     net.requires_grad_(False)
     return net

@@ -1,4 +1,4 @@
-"""Tokenizers: the byte-level one of the tiny catalog models, and a directory's tokenizer.json."""
+"""Tokenizers: the tiny catalog models' shipped BPE, a directory's tokenizer.json, the byte-level one."""
 
 import json
 
@@ -21,19 +21,24 @@ def test_byte_tokenizer_round_trips_utf8_and_marks_specials():
     assert tok.eos_token_ids == (BYTE_EOS,)
 
 
-def test_catalog_ids_agree_with_byte_tokenizer():
+def test_catalog_ids_agree_with_the_shipped_tokenizer():
     config = catalog_config("qwen3-coder-tiny")
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (256, 257, 258)
+    tok = load_tokenizer("qwen3-coder-tiny")
+    assert isinstance(tok, HFTokenizer)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (None, 2, 0)
+    assert tok.bos_token_id is None and tok.eos_token_ids == (2, 0)  # <|im_end|>, <|endoftext|>
+    assert tok.decode(tok.encode("<|im_start|>user\nhi<|im_end|>"), skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>"
+    assert max(tok.encode("def fib(n):\n    return n")) < config["vocab_size"]
 
 
 def test_load_tokenizer_for_names_and_directories(tmp_path):
-    assert isinstance(load_tokenizer("qwen3-coder-tiny"), ByteTokenizer)
     assert load_tokenizer("deepseek-r1") is None
-    (tmp_path / "config.json").write_text(json.dumps(catalog_config("qwen3-tiny")))
+    byte_level = {**catalog_config("qwen3-tiny"), "bos_token_id": BYTE_BOS, "eos_token_id": BYTE_EOS}
+    (tmp_path / "config.json").write_text(json.dumps(byte_level))
     assert isinstance(load_tokenizer(str(tmp_path)), ByteTokenizer)
     other = tmp_path / "other"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps({**catalog_config("qwen3-tiny"), "bos_token_id": 1}))
+    (other / "config.json").write_text(json.dumps({**byte_level, "bos_token_id": 1}))
     assert load_tokenizer(str(other)) is None
     with pytest.raises(ModelError, match="does not exist"):
         load_tokenizer(str(tmp_path / "missing"))
