@@ -49,7 +49,7 @@ def plot(logs: dict[str, list[dict]], out: Path) -> None:
     for ax in (loss_ax, bpb_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("tiny checkpoints trained on the Python standard library (2 CPU cores, <= 30 min each)")
+    fig.suptitle("tiny checkpoints trained on the Python standard library (2 CPU cores, about 30 minutes each)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
