@@ -15,13 +15,15 @@ class BatchItem:
     """One request's part of a step: ``token_ids`` at positions ``start_pos ..`` in its sequence.
 
     ``page_ids`` are the request's pages in order and must cover ``start_pos + len(token_ids)``
-    tokens; ``want_logits`` asks for the logits of the last token (a token will be sampled).
+    tokens; ``want_logits`` asks for the logits of the last ``num_logits`` tokens (a token will be
+    sampled; several when speculative drafts are verified).
     """
 
     token_ids: Sequence[int]
     start_pos: int
     page_ids: Sequence[int]
     want_logits: bool = True
+    num_logits: int = 1
 
 
 def build_forward_batch(
@@ -38,7 +40,7 @@ def build_forward_batch(
         device: where the tensors go.
         on_layer_done: the layer-counter callback for the head rank, or None.
     Returns:
-        The batch; ``logits_indices`` lists the last row of each item with ``want_logits``.
+        The batch; ``logits_indices`` lists the last ``num_logits`` rows of each item with ``want_logits``.
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -63,7 +65,7 @@ def build_forward_batch(
         kv_page_indptr.append(len(kv_page_indices))
         kv_last_page_len.append(kv_len - (num_pages - 1) * page_size)
         if item.want_logits:
-            logits_indices.append(qo_indptr[-1] - 1)
+            logits_indices.extend(range(qo_indptr[-1] - item.num_logits, qo_indptr[-1]))
 
     def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from disaggsdk.engine.scheduler import Mode
+from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.errors import DisaggError
 
 # what each unit role runs: a decode unit is "mixed" so it can prefill locally when no prefill
@@ -43,6 +44,8 @@ class EngineConfig:
     # (from_spec turns it on for prefill units); off, a step runs one counter op per layer less
     # (~60 us each in a compiled decode step)
     count_layers: bool = False
+    # speculative decoding (colocated engines of tp 1 for now): None is off
+    speculative: SpeculativeConfig | None = None
 
     @classmethod
     def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:

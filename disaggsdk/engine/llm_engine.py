@@ -16,10 +16,13 @@ from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt
 from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.engine.sampling import SamplingParams, new_generator, sample
+from disaggsdk.engine.sampling import SamplingParams, new_generator
 from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
-from disaggsdk.engine.stopping import eos_token_ids, stop_reason
+from disaggsdk.engine.speculative.speculator import check_speculative, mtp_drafts, new_speculator
+from disaggsdk.engine.speculative.stats import SpecStats
+from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
+from disaggsdk.engine.stopping import eos_token_ids
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
@@ -49,11 +52,13 @@ class LLMEngine:
             raise EngineError("max_num_batched_tokens, page_size and num_pages must all be >= 1")
         self.arch = resolve_model(model)
         check_tp(self.arch, config.tp)  # fail here, before any worker starts
+        check_speculative(self.arch, config)
         runner_config = RunnerConfig(
             model=model, num_pages=config.num_pages, page_size=config.page_size, layout=config.layout,
             dtype=config.dtype, kv_dtype=config.kv_dtype or config.dtype, device=config.device,
             seed=config.seed, load_format=config.load_format, attention_backend=config.attention_backend, kv_share_path=config.kv_share_path,
             compile=compile_by_default() if config.compile is None else config.compile,
+            extra_kv_layers=self.arch.num_mtp_layers if mtp_drafts(config) else 0,
         )
         self._tp_group = None
         if config.tp > 1:
@@ -70,6 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
         )
+        self._speculator = new_speculator(config, self.runner, self.allocator)
         self.layer_counter = LayerCounter()
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:
@@ -79,6 +85,7 @@ class LLMEngine:
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
         # config.json's eos ids and generation_config.json's, as transformers and vLLM stop on both
         self._eos_ids = eos_token_ids(self.arch.hf_config) | eos_token_ids(read_generation_config(model))
+        self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids, config.page_size)
 
     # lifecycle
 
@@ -104,6 +111,11 @@ class LLMEngine:
     @property
     def num_free_pages(self) -> int:
         return self.allocator.num_free_pages
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Speculative decoding's acceptance counters since start (all zero without speculation)."""
+        return self._speculator.stats if self._speculator is not None else SpecStats()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -196,23 +208,28 @@ class LLMEngine:
         Returns:
             One `RequestOutput` per request that ran this step (finished ones included).
         """
+        if self._speculator is not None:
+            self._speculator.before_schedule(self.scheduler.running, self.scheduler.target_tokens)
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return []
         if self.on_step is not None:
             self.on_step([self._chunk_info(c) for c in plan.chunks])
-        want_rows = [c.sample or self._ends_prefill(c) for c in plan.chunks]
-        items = [
-            BatchItem(c.token_ids, c.start_pos, c.page_ids, want_logits=w) for c, w in zip(plan.chunks, want_rows)
-        ]
+        rows = [logits_rows(c, self._ends_prefill(c)) for c in plan.chunks]
+        items = [BatchItem(c.token_ids, c.start_pos, c.page_ids, want_logits=r > 0, num_logits=max(r, 1))
+                 for c, r in zip(plan.chunks, rows)]
         self.layer_counter.begin_step()
         batch = build_forward_batch(
             items, self.config.page_size, self.runner.device, on_layer_done=self._on_layer_done
         )
         if self._tp_group is not None:
             self._tp_group.broadcast(batch)
-        hidden, logits = self.runner.run(batch)
-        return self._postprocess(plan.chunks, want_rows, hidden, logits)
+        hidden_all, hidden, logits = self.runner.run_keeping_hidden(batch)
+        outputs = postprocess(plan.chunks, rows, hidden, logits, self.scheduler, self._step_settings,
+                              self.spec_stats)
+        if self._speculator is not None:
+            self._speculator.after_step(batch, hidden_all, plan.chunks)
+        return outputs
 
     def _ends_prefill(self, chunk: ScheduledChunk) -> bool:
         return chunk.start_pos + chunk.num_tokens == self.scheduler.target_tokens(chunk.request) and chunk.is_prefill
@@ -221,46 +238,6 @@ class LLMEngine:
         return StepChunkInfo(
             chunk.request.request_id, chunk.start_pos, chunk.num_tokens, chunk.page_ids, self._ends_prefill(chunk)
         )
-
-    def _postprocess(
-        self, chunks: list[ScheduledChunk], want_rows: list[bool], hidden: torch.Tensor, logits: torch.Tensor
-    ) -> list[RequestOutput]:
-        row_of = list(itertools.accumulate(want_rows, initial=0))  # chunk i -> its logits row
-        sampled = [i for i, c in enumerate(chunks) if c.sample]
-        token_ids, logprobs = [], []
-        if sampled:
-            token_ids, logprobs = sample(
-                logits[[row_of[i] for i in sampled]],
-                [chunks[i].request.params for i in sampled],
-                [chunks[i].request.generator for i in sampled],
-            )
-        new_tokens = dict(zip(sampled, zip(token_ids, logprobs)))
-        outputs = []
-        for i, chunk in enumerate(chunks):
-            req = chunk.request
-            req.num_computed_tokens += chunk.num_tokens
-            out = RequestOutput(req.request_id, [], req.output_ids, False, num_computed_tokens=req.num_computed_tokens)
-            if want_rows[i] and self.config.return_hidden_states:
-                out.hidden_state = hidden[row_of[i]].float().cpu()
-                out.logits = logits[row_of[i]].cpu()
-            if i in new_tokens:
-                token, lp = new_tokens[i]
-                req.output_ids.append(token)
-                out.new_token_ids = [token]
-                if lp is not None:
-                    req.output_logprobs.append(lp)
-                    out.new_logprobs = [lp]
-                reason = stop_reason(req.params, len(req.output_ids), token, self._eos_ids)
-                if reason:
-                    self.scheduler.finish(req, reason)
-            elif self.config.mode == "prefill_only" and req.num_computed_tokens >= self.scheduler.target_tokens(req):
-                self.scheduler.finish(req, "prefilled", keep_pages=True)
-            out.output_ids = list(req.output_ids)
-            out.finished, out.finish_reason = req.is_finished, req.finish_reason
-            outputs.append(out)
-        return outputs
-
-    # offline use
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ class RunnerConfig:
     attention_backend: str | None = None
     kv_share_path: str | None = None  # tp workers: hand the KV pool to the head there (engine.shared_kv)
     compile: bool = False  # compile the step (engine.compiled_step); only a CPU rank of tp 1 does
+    extra_kv_layers: int = 0  # KV layers after the model's own: the MTP layer's, when it drafts
 
 
 class ModelRunner:
@@ -51,6 +53,8 @@ class ModelRunner:
         self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed,
                                  load_format=config.load_format)
         geometry = kv_geometry(self.model.arch, tp)
+        if config.extra_kv_layers:
+            geometry = dataclasses.replace(geometry, num_layers=geometry.num_layers + config.extra_kv_layers)
         self.kv_cache = KVCache(
             geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer
         )
@@ -61,7 +65,6 @@ class ModelRunner:
 
             self.compiled = CompiledStep(self.model, self.attn)
 
-    @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one step.
 
@@ -71,12 +74,18 @@ class ModelRunner:
             (hidden, logits): hidden states [num_logits, hidden_size] and float32 logits
             [num_logits, vocab_size] of the rows in ``batch.logits_indices``.
         """
+        return self.run_keeping_hidden(batch)[1:]
+
+    @torch.inference_mode()
+    def run_keeping_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`run`, also giving the hidden states of every row first ([num_tokens, hidden_size]: what
+        the MTP layer reads); the attention backend stays planned for ``batch``."""
         self.attn.plan(batch)
-        hidden = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
-        rows = hidden[batch.logits_indices]
+        hidden_all = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
+        rows = hidden_all[batch.logits_indices]
         if rows.shape[0] == 0:
-            return rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)
-        return rows, self.model.compute_logits(rows).float()
+            return hidden_all, rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)
+        return hidden_all, rows, self.model.compute_logits(rows).float()
 
     def warm_up(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> None:
         """Run the step once with one token and once with two (the compiled step's two graphs),

@@ -51,11 +51,12 @@ def _safe_temperature(temperature: float) -> float:
     return min(t, _MAX_TEMPERATURE)
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-    """One sampled token from a cleaned row ([vocab], float32); argmax when nothing is left to draw."""
+def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
+    """The distribution ``p`` samples from for a cleaned row ([vocab], float32): temperature, then
+    top-k, then top-p; None when nothing is left to draw (the caller takes the argmax)."""
     top = row.max()
     if not torch.isfinite(top):
-        return int(row.argmax())
+        return None
     # subtract first: (x - max) <= 0 so dividing by a small temperature cannot overflow to +inf
     row = (row - top) / _safe_temperature(p.temperature)
     if p.top_k and p.top_k < row.numel():
@@ -71,8 +72,30 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     total = probs.sum()
     if not (torch.isfinite(probs).all() and torch.isfinite(total) and total > 0):
+        return None
+    return probs
+
+
+def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+    """One sampled token from a cleaned row ([vocab], float32); argmax when nothing is left to draw."""
+    probs = target_probs(row, p)
+    if probs is None:
         return int(row.argmax())
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprobs(all_lp: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
+    """The logprob of ``token_id`` and the ``num_top`` best of one row of log-softmaxed logits."""
+    top: tuple[tuple[int, float], ...] = ()
+    if num_top:
+        vals, ids = all_lp.topk(min(num_top, all_lp.shape[-1]))
+        top = tuple(zip(ids.tolist(), vals.tolist()))
+    return TokenLogprobs(token_id, float(all_lp[token_id]), top)
+
+
+def log_softmax_finite(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax of cleaned logits with -inf reported as float32's lowest value."""
+    return logits.log_softmax(-1).nan_to_num(nan=_LOGPROB_FLOOR).clamp(min=_LOGPROB_FLOOR)
 
 
 def sample(
@@ -98,13 +121,8 @@ def sample(
     ]
     logprobs: list[TokenLogprobs | None] = [None] * len(params)
     if any(p.logprobs is not None for p in params):
-        all_lp = logits.log_softmax(-1).nan_to_num(nan=_LOGPROB_FLOOR).clamp(min=_LOGPROB_FLOOR)
+        all_lp = log_softmax_finite(logits)
         for i, p in enumerate(params):
-            if p.logprobs is None:
-                continue
-            top: tuple[tuple[int, float], ...] = ()
-            if p.logprobs:
-                vals, ids = all_lp[i].topk(min(p.logprobs, all_lp.shape[-1]))
-                top = tuple(zip(ids.tolist(), vals.tolist()))
-            logprobs[i] = TokenLogprobs(token_ids[i], float(all_lp[i, token_ids[i]]), top)
+            if p.logprobs is not None:
+                logprobs[i] = token_logprobs(all_lp[i], token_ids[i], p.logprobs)
     return token_ids, logprobs

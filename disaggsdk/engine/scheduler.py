@@ -32,14 +32,17 @@ class ScheduledChunk:
     num_tokens: int
     page_ids: tuple[int, ...]  # all the request's pages after this step's allocation
     sample: bool  # the chunk reaches the last known token: a new token is sampled from it
+    # speculative drafts after the last known token (counted in num_tokens): verified this step
+    draft_ids: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.all_ids[self.start_pos : self.start_pos + self.num_tokens]
+        known = self.num_tokens - len(self.draft_ids)
+        return self.request.all_ids[self.start_pos : self.start_pos + known] + list(self.draft_ids)
 
     @property
     def is_prefill(self) -> bool:
-        return self.num_tokens > 1 or self.start_pos < len(self.request.prompt_ids) - 1
+        return self.num_tokens - len(self.draft_ids) > 1 or self.start_pos < len(self.request.prompt_ids) - 1
 
 
 @dataclass
@@ -130,11 +133,12 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if self.target_tokens(req) - req.num_computed_tokens != 1:
                 continue
-            if not self._reserve(req, 1, scheduled, out):
+            drafts = tuple(req.draft_ids[: budget - 1])
+            if not self._reserve(req, 1 + len(drafts), scheduled, out):
                 continue  # req itself was preempted
-            out.chunks.append(self._chunk(req, 1))
+            out.chunks.append(self._chunk(req, 1, drafts))
             scheduled.add(req.request_id)
-            budget -= 1
+            budget -= 1 + len(drafts)
         # prefills: unfinished chunks first, then new requests in arrival order
         candidates = [r for r in self.running if r.request_id not in scheduled]
         candidates += list(self.waiting)
@@ -190,23 +194,31 @@ class Scheduler:
                 return r
         return None
 
+    def trim_pages(self, req: Request) -> int:
+        """Return the pages past ``req``'s computed tokens and its next token (rejected drafts'
+        pages) to the pool. Returns how many."""
+        keep = -(-(req.num_computed_tokens + 1) // self.page_size)
+        return self.allocator.truncate(req.request_id, keep)
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.allocator.free(req.request_id)
         self.running.remove(req)
         req.num_computed_tokens = 0
+        req.draft_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
         out.preempted_ids.append(req.request_id)
 
-    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+    def _chunk(self, req: Request, n: int, drafts: tuple[int, ...] = ()) -> ScheduledChunk:
         start = req.num_computed_tokens
         reaches_end = start + n == req.num_tokens
         return ScheduledChunk(
             request=req,
             start_pos=start,
-            num_tokens=n,
+            num_tokens=n + len(drafts),
             page_ids=tuple(self.allocator.page_ids(req.request_id)),
             sample=reaches_end and self.mode != "prefill_only",
+            draft_ids=drafts,
         )

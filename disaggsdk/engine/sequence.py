@@ -37,6 +37,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "prefilled"
     num_preemptions: int = 0
+    draft_ids: list[int] = field(default_factory=list)  # speculative drafts its next step verifies
+    num_draft_tokens: int = 0  # drafts proposed for it, in total
+    num_accepted_tokens: int = 0  # of which accepted
 
     @property
     def all_ids(self) -> list[int]:

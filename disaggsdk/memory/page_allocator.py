@@ -114,6 +114,15 @@ class PageAllocator:
             self._pinned_owners.add(owner)
         return PageGrant(owner=owner, page_ids=tuple(new), generation=generation)
 
+    def truncate(self, owner: str, num_pages: int) -> int:
+        """Keep ``owner``'s first ``num_pages`` pages and free the rest (the tail a rolled-back
+        speculation no longer needs). Returns the number freed."""
+        pages = self._page_ids_of.get(owner, [])
+        tail = pages[num_pages:]
+        del pages[num_pages:]
+        self._free_page_ids.extend(tail)
+        return len(tail)
+
     def free(self, owner: str) -> int:
         """Return every page of ``owner`` to the free list and forget its pin.
 

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 # contexts, min of 6 x 15 steps: batch 8 12.5 ms a step at 1 MiB (one request per call), 10.1 at 4
 # MiB, 10.2 at 16 MiB; batch 24 22.6, 21.6, 19.4 (noisy: medians 27.5, 25.7, 25.1).
 GATHER_BUDGET_BYTES = 1 << 22
+# A chunk this short over earlier KV (a speculative step's last token and its drafts) is attended
+# as that many one-query decodes, query j over the first kv_len - q_len + 1 + j tokens: the
+# decode path (and the CPU backend's paged kernel) instead of a gathered, masked SDPA call.
+SHORT_CHUNK_TOKENS = 8
 
 
 @dataclass
@@ -96,8 +100,11 @@ class TorchRefBackend:
             kv_len = (num_pages - 1) * page_size + last_len[i] if num_pages else 0
             q_len = qo[i + 1] - qo[i]
             assert 0 < q_len <= kv_len, f"request {i}: {q_len} new tokens but KV length {kv_len}"
-            req = (qo[i], q_len, pages[kv_indptr[i] : kv_indptr[i + 1]], kv_len)
-            (decode if q_len == 1 else prefill).append(req)
+            req_pages = pages[kv_indptr[i] : kv_indptr[i + 1]]
+            if q_len == 1 or (q_len <= SHORT_CHUNK_TOKENS and q_len < kv_len):
+                decode.extend((qo[i] + j, 1, req_pages, kv_len - q_len + 1 + j) for j in range(q_len))
+            else:
+                prefill.append((qo[i], q_len, req_pages, kv_len))
         # decodes in calls whose gathered KV stays in cache; prefill chunks of equal length
         # together (no padding wasted), fresh ones (no earlier KV) apart
         by_len: dict[tuple[int, bool], list] = {}

@@ -120,10 +120,10 @@ class DeepseekV3MoE(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    """The multi-token-prediction layer (checkpoint layer ``num_hidden_layers + i``), kept for
+    """The multi-token-prediction layer (checkpoint layer ``num_hidden_layers + i``), for
     speculative decoding: h' = eh_proj([enorm(embed(next token)) | hnorm(h)]) through one decoder
-    layer, then shared_head.norm and shared_head.head give the draft logits. Not run by
-    ``forward``; its attention would use KV layer ``num_layers + i``."""
+    layer, then shared_head.norm and shared_head.head give the draft logits. Not run by the
+    model's ``forward``; its attention uses KV layer ``num_layers + i`` of the same pages."""
 
     def __init__(self, index: int, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
                  rotary: RotaryEmbedding, sm_scale: float, eps: float):
@@ -141,6 +141,25 @@ class MTPLayer(nn.Module):
         )
         self.shared_head_norm = RMSNorm(f"{p}shared_head.norm.weight", hidden, eps, dtype, MTP)
         self.shared_head = Embedding(f"{p}shared_head.head.weight", arch.vocab_size, hidden, dtype, MTP)
+        self._rotary = [rotary]  # the target's (a list: not a second owner of its buffers)
+
+    def forward(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        """The layer's hidden states (before ``shared_head.norm``), [n, hidden].
+
+        Args:
+            hidden_prev: h_i for each row: the target's final (normed) hidden state, or when
+                drafting a chain, this layer's own output at the previous position.
+            next_ids: t_{i+1} for each row (the token after the one h_i was computed for).
+            positions: i for each row; the batch ``attn`` is planned for puts row i's KV at i.
+        """
+        x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(next_ids)), self.hnorm(hidden_prev)], dim=-1))
+        cos, sin = self._rotary[0].cos_sin(positions, x.dtype)
+        return self.block(x, cos, sin, None, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
+        return torch.nn.functional.linear(self.shared_head_norm(hidden), self.shared_head.weight).float()
 
 
 class DeepseekV3ForCausalLM(DecoderModel):

@@ -13,7 +13,7 @@ from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
 
 PAGE_SIZE = 4
 # (tokens already cached, new tokens): a fresh prefill, decodes, a later prefill chunk
-REQUESTS = [(0, 6), (3, 1), (8, 1), (5, 7), (11, 1)]
+REQUESTS = [(0, 6), (3, 1), (8, 1), (5, 11), (11, 1), (9, 3)]  # (9, 3): a short chunk over earlier KV
 
 
 def pages_for(rng: torch.Generator, num_pages: int, lens: list[int]) -> list[list[int]]:
@@ -104,7 +104,7 @@ def test_gqa_matches_dense_and_single_requests(layout):
     vs = [torch.randn(n, hkv, d, generator=rng) for n in lens]
     pages = pages_for(rng, 32, lens)
     out = run_step(KVCache(geo, 32, PAGE_SIZE, layout), "torch_ref", REQUESTS, pages, qs, ks, vs)
-    # the fresh prefill (0, 6) took the causal fast path, the later chunk (5, 7) the masked one
+    # the fresh prefill (0, 6) took the causal fast path, the later chunk (5, 11) the masked one
     assert sorted(g.fresh for g in run_step.last_backend._groups if g.rows.shape[1] > 1) == [False, True]
     rows = 0
     for i, (cached, new) in enumerate(REQUESTS):

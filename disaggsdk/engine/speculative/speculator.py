@@ -1,0 +1,113 @@
+"""The engine's speculative decoding: drafts before a step (n-gram) or after it (MTP), verified by
+`engine.step_outputs` against the target's logits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from disaggsdk.engine.config import EngineConfig, EngineError
+from disaggsdk.engine.forward_batch import ForwardBatch
+from disaggsdk.engine.scheduler import ScheduledChunk
+from disaggsdk.engine.sequence import Request
+from disaggsdk.engine.speculative.config import SpeculativeConfig
+from disaggsdk.engine.speculative.mtp_drafter import DraftSlot, MTPDrafter, next_token_ids
+from disaggsdk.engine.speculative.ngram import propose_ngram
+from disaggsdk.engine.speculative.stats import SpecStats
+from disaggsdk.memory.page_allocator import PageAllocator
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.model_runner import ModelRunner
+    from disaggsdk.models.arch import ModelArch
+
+
+class Speculator:
+    """Proposes each decoding request's drafts and counts what verification accepts.
+
+    Args:
+        config: the method and the drafts per step.
+        mtp_drafter: the MTP layer's runner (method "mtp"), else None.
+    """
+
+    def __init__(self, config: SpeculativeConfig, mtp_drafter: MTPDrafter | None = None):
+        self.config = config
+        self.mtp = mtp_drafter
+        self.stats = SpecStats()
+
+    def draft_budget(self, req: Request) -> int:
+        """Drafts worth proposing: never more than the tokens the request may still emit, minus the
+        target's own token of the step."""
+        return max(0, min(self.config.num_tokens, req.params.max_tokens - len(req.output_ids) - 1))
+
+    def before_schedule(self, running: Sequence[Request], target_tokens: Callable[[Request], int]) -> None:
+        """n-gram: draft for every request whose next step is a decode step."""
+        if self.config.method != "ngram":
+            return
+        c = self.config
+        for req in running:
+            if target_tokens(req) - req.num_computed_tokens == 1:
+                req.draft_ids = propose_ngram(req.all_ids, self.draft_budget(req), c.prompt_lookup_min,
+                                              c.prompt_lookup_max)
+
+    def after_step(self, batch: ForwardBatch, hidden_all: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+        """MTP: run the layer over the step (its KV for every computed position) and draft for every
+        request that got a token and goes on. Call after the requests were advanced."""
+        if self.mtp is None:
+            return
+        next_ids = next_token_ids([c.request for c in chunks], [c.start_pos for c in chunks],
+                                  [c.num_tokens for c in chunks])
+        slots, first_row = [], 0
+        for c in chunks:
+            req = c.request
+            budget = self.draft_budget(req)
+            if c.sample and not req.is_finished and budget:
+                slots.append(DraftSlot(req, first_row + req.num_computed_tokens - 1 - c.start_pos, budget))
+            first_row += c.num_tokens
+        by_id = {s.request.request_id: s.request for s in slots}
+        for req_id, drafts in self.mtp.run(batch, hidden_all, next_ids, slots).items():
+            by_id[req_id].draft_ids = drafts
+
+
+def mtp_drafts(config: EngineConfig) -> bool:
+    """Whether an engine of ``config`` drafts with the MTP layer (its KV pool then has its layer)."""
+    return config.speculative is not None and config.speculative.method == "mtp"
+
+
+def check_speculative(arch: ModelArch, config: EngineConfig) -> None:
+    """Refuse speculative settings this engine cannot run, saying what to change.
+
+    Raises:
+        EngineError: MTP on a model without an MTP layer, speculation on tp > 1, or on an engine
+            that is not colocated (mode "mixed").
+    """
+    spec = config.speculative
+    if spec is None:
+        return
+    if spec.method == "mtp" and not arch.num_mtp_layers:
+        raise EngineError(f"{arch.name} has no MTP layer (num_nextn_predict_layers is 0): use speculative "
+                          f"method 'ngram', or a DeepSeek-V3-style checkpoint with its MTP weights")
+    if config.tp > 1:
+        raise EngineError("speculative decoding runs on engines of tp 1 so far; set tp: 1 or drop speculative")
+    if config.mode != "mixed":
+        raise EngineError(f"speculative decoding runs in colocated (mixed) engines so far, not {config.mode!r}")
+
+
+def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAllocator) -> Speculator | None:
+    """The engine's `Speculator` (None without speculation).
+
+    Raises:
+        EngineError: method "mtp" on a checkpoint whose MTP weights are missing.
+    """
+    spec = config.speculative
+    if spec is None:
+        return None
+    drafter = None
+    if spec.method == "mtp":
+        if getattr(runner.model, "mtp", None) is None:
+            raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
+                              f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
+        drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device)
+    return Speculator(spec, drafter)
+

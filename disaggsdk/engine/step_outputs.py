@@ -1,0 +1,108 @@
+"""After a step's forward pass: choose each sampling request's tokens, advance the requests, report them.
+
+A chunk that samples without drafts takes one token from `sample` (all such rows in one call, so
+a request's seeded stream is the same with or without speculation elsewhere in the batch). A
+chunk with drafts has one logits row per token and keeps what `verify_drafts` accepts plus the
+target's own next token; its rejected positions are dropped from the request's computed tokens
+(their KV slots are overwritten later) and pages past the new end go back to the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from disaggsdk.engine.sampling import sample
+from disaggsdk.engine.sampling_params import TokenLogprobs
+from disaggsdk.engine.scheduler import ScheduledChunk, Scheduler
+from disaggsdk.engine.sequence import RequestOutput
+from disaggsdk.engine.speculative.stats import SpecStats
+from disaggsdk.engine.speculative.verify import verify_drafts
+from disaggsdk.engine.stopping import stop_reason
+
+
+def logits_rows(chunk: ScheduledChunk, ends_prefill: bool) -> int:
+    """Rows of logits a chunk needs: one per verified position when it samples, one at the end of a
+    prefill (its hidden state and logits are the context a prefill unit ships), else none."""
+    if chunk.sample:
+        return 1 + len(chunk.draft_ids)
+    return 1 if ends_prefill else 0
+
+
+@dataclass
+class StepSettings:
+    """What postprocessing needs to know about its engine."""
+
+    mode: str
+    return_hidden_states: bool
+    eos_ids: frozenset[int]
+    page_size: int
+
+
+def _choose(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor,
+            stats: SpecStats) -> dict[int, tuple[list[int], list[TokenLogprobs | None], int]]:
+    """chunk index -> (tokens, their logprobs, drafts accepted) for every sampling chunk."""
+    plain = [i for i, c in enumerate(chunks) if c.sample and not c.draft_ids]
+    chosen: dict[int, tuple[list[int], list[TokenLogprobs | None], int]] = {}
+    if plain:
+        ids, lps = sample(logits[[first_row[i] for i in plain]], [chunks[i].request.params for i in plain],
+                          [chunks[i].request.generator for i in plain])
+        chosen = {i: ([t], [lp], 0) for i, t, lp in zip(plain, ids, lps)}
+    for i, c in enumerate(chunks):
+        if c.sample and c.draft_ids:
+            k = len(c.draft_ids)
+            v = verify_drafts(logits[first_row[i] : first_row[i] + k + 1], c.draft_ids, c.request.params,
+                              c.request.generator)
+            stats.record(k, v.num_accepted)
+            c.request.num_draft_tokens += k
+            c.request.num_accepted_tokens += v.num_accepted
+            chosen[i] = (v.token_ids, v.logprobs or [None] * len(v.token_ids), v.num_accepted)
+    return chosen
+
+
+def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: torch.Tensor, logits: torch.Tensor,
+                scheduler: Scheduler, settings: StepSettings, stats: SpecStats) -> list[RequestOutput]:
+    """Advance every request of the step and report it.
+
+    Args:
+        chunks: the step's chunks; rows: logits rows of each (`logits_rows`).
+        hidden, logits: the runner's rows, in chunk order.
+    """
+    first_row = list(itertools.accumulate(rows, initial=0))
+    chosen = _choose(chunks, first_row, logits, stats)
+    outputs = []
+    for i, chunk in enumerate(chunks):
+        req = chunk.request
+        out = RequestOutput(req.request_id, [], req.output_ids, False)
+        if rows[i] and settings.return_hidden_states:
+            out.hidden_state = hidden[first_row[i] + rows[i] - 1].float().cpu()
+            out.logits = logits[first_row[i] + rows[i] - 1].cpu()
+        if i in chosen:
+            tokens, lps, accepted = chosen[i]
+            # the verified positions: the last known token and the accepted drafts
+            req.num_computed_tokens += chunk.num_tokens - len(chunk.draft_ids) + accepted
+            for token, lp in zip(tokens, lps):
+                req.output_ids.append(token)
+                out.new_token_ids.append(token)
+                if lp is not None:
+                    req.output_logprobs.append(lp)
+                    out.new_logprobs.append(lp)
+                reason = stop_reason(req.params, len(req.output_ids), token, settings.eos_ids)
+                if reason:
+                    scheduler.finish(req, reason)
+                    break
+            if chunk.draft_ids and not req.is_finished:
+                scheduler.trim_pages(req)
+        else:
+            req.num_computed_tokens += chunk.num_tokens
+            if settings.mode == "prefill_only" and req.num_computed_tokens >= scheduler.target_tokens(req):
+                scheduler.finish(req, "prefilled", keep_pages=True)
+        req.draft_ids = []
+        out.num_computed_tokens = req.num_computed_tokens
+        out.output_ids = list(req.output_ids)
+        out.finished, out.finish_reason = req.is_finished, req.finish_reason
+        outputs.append(out)
+    return outputs
