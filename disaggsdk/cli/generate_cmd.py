@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument("--speculative", choices=("mtp", "ngram"), default=None,
+                        help="speculative decoding: the model's MTP layer, or n-gram prompt lookup (--model only)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=1, metavar="K", help="drafts per step (1..4)")
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -57,12 +60,15 @@ def run(args: argparse.Namespace) -> int:
     """
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
     from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.models import resolve_model
 
     if not args.prompt and not args.prompt_ids:
         raise GenerateArgsError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
     if args.spec:
+        if args.speculative:
+            raise GenerateArgsError("--speculative runs with --model (colocated) so far, not with --spec")
         return _run_spec(args)
     if not args.model:
         raise GenerateArgsError("give --model NAME_OR_DIR, or --spec SPEC to run a deployment")
@@ -79,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(
         tp=args.tp, layout=args.layout, page_size=args.page_size, num_pages=args.num_pages,
         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device, dtype=args.dtype,
+        speculative=SpeculativeConfig(args.speculative, args.num_speculative_tokens) if args.speculative else None,
     )
     with LLMEngine(args.model, config) as engine:
         outputs = engine.generate(prompts, params)
+        spec_stats = engine.spec_stats.to_json() if args.speculative else None
     results = []
     for prompt, out in zip(prompts, outputs):
         item = {"prompt_ids": prompt, "token_ids": out.output_ids, "finish_reason": out.finish_reason}
@@ -94,12 +102,19 @@ def run(args: argparse.Namespace) -> int:
             ]
         results.append(item)
     if args.json:
-        json.dump({"model": args.model, "outputs": results}, sys.stdout)
+        doc = {"model": args.model, "outputs": results}
+        if spec_stats is not None:
+            doc["speculative"] = spec_stats
+        json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
         for i, item in enumerate(results):
             shown = item.get("text", item["token_ids"])
             print(f"[{i}] {shown!r}  ({len(item['token_ids'])} tokens, {item['finish_reason']})")
+        if spec_stats is not None:
+            print(f"speculative ({args.speculative}, {args.num_speculative_tokens} drafts/step): "
+                  f"{spec_stats['acceptance_rate']:.0%} of drafts accepted, "
+                  f"{spec_stats['mean_accepted_length']:.2f} tokens per verify step")
     return 0
 
 

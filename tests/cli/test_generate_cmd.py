@@ -47,3 +47,17 @@ def test_user_errors_exit_2(capsys):
     assert main(["generate", "--model", "qwen3-tny", "--prompt", "a"]) == 2
     assert "did you mean 'qwen3-tiny'" in capsys.readouterr().err
     assert main(["generate", "--model", "qwen3-tiny", "--prompt", "a", "--tp", "3"]) == 2
+
+
+def test_speculative_generation_gives_the_same_tokens_and_reports_acceptance(capsys):
+    base = ["generate", "--model", "deepseek-r1-tiny", "--prompt", "def fib(n):", "--max-tokens", "24", "--json"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*base, "--speculative", "mtp", "--num-speculative-tokens", "2"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["outputs"][0]["token_ids"] == plain["outputs"][0]["token_ids"]
+    assert spec["speculative"]["num_accepted_tokens"] > 0 and "speculative" not in plain
+    assert main(["generate", "--model", "qwen3-tiny", "--prompt", "a", "--speculative", "mtp"]) == 2
+    assert "no MTP layer" in capsys.readouterr().err
+    assert main(["generate", "--spec", "specs/tiny_local.yaml", "--prompt", "a", "--speculative", "ngram"]) == 2
+    assert "--speculative runs with --model" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def test_a_catalog_name_loads_the_trained_weights_and_dummy_gives_random_ones():
 def test_the_mtp_layer_agrees_with_its_model_on_held_out_text():
     from safetensors.torch import load_file
 
-    from tools.train_tiny import corpus
+    from disaggsdk.bench import code_corpus as corpus
     from tools.train_tiny.eval import mtp_agreement
     from tools.train_tiny.mtp import load_mtp
     from tools.train_tiny.train import token_stream

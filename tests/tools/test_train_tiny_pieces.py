@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.train_tiny import corpus
+from disaggsdk.bench import code_corpus as corpus
 from tools.train_tiny.tokenizer import IM_END, SPECIAL_TOKENS, save_tokenizer_files, special_ids, train_tokenizer
 
 pytest.importorskip("tokenizers")

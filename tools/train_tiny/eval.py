@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tools.train_tiny import corpus
+from disaggsdk.bench import code_corpus as corpus
 from tools.train_tiny.train import HF_CONFIG, held_out_bits_per_byte, token_stream
 
 SAMPLE_PROMPT = "def fib(n):"

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tools.train_tiny import corpus
+from disaggsdk.bench import code_corpus as corpus
 from tools.train_tiny.mtp import MTPLayer, mtp_loss
 from tools.train_tiny.tokenizer import END_OF_TEXT, IM_END, VOCAB_SIZE, save_tokenizer_files, special_ids, train_tokenizer
 

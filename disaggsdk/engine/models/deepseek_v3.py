@@ -157,6 +157,16 @@ class MTPLayer(nn.Module):
         cos, sin = self._rotary[0].cos_sin(positions, x.dtype)
         return self.block(x, cos, sin, None, attn)
 
+    def share_with(self, model: nn.Module) -> int:
+        """Use the target's embedding and head where this layer's are copies of them (DeepSeek
+        ships them so): one tensor in memory and in the caches, not two. Returns how many."""
+        shared = 0
+        for mine, theirs in ((self.embed_tokens, model.embed_tokens), (self.shared_head, model.lm_head)):
+            if theirs is not None and mine.weight is not theirs.weight and torch.equal(mine.weight, theirs.weight):
+                mine.weight = theirs.weight
+                shared += 1
+        return shared
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
         return torch.nn.functional.linear(self.shared_head_norm(hidden), self.shared_head.weight).float()

@@ -60,6 +60,7 @@ class MTPDrafter:
     def __init__(self, model: torch.nn.Module, attn: object, allocator: PageAllocator, page_size: int,
                  device: torch.device):
         self.mtp = model.mtp[0]
+        self.mtp.share_with(model)
         self.attn = attn
         self.allocator = allocator
         self.page_size = page_size

@@ -1,6 +1,7 @@
-"""The training corpus: the Python standard library sources of the running interpreter.
+"""A code corpus every machine has offline: the Python standard library sources of the running interpreter.
 
-Every machine that runs disaggsdk has them, offline. The file list is fixed and sorted (tests,
+The tiny checkpoints are trained on it (tools/train_tiny) and benchmarks draw code prompts from its
+held-out slice (`held_out_prompts`). The file list is fixed and sorted (tests,
 idlelib and site-packages left out: tests are repetitive fixtures, idlelib a GUI); its SHA-256
 manifest is saved with a checkpoint so that a run can be checked against the corpus it was trained
 on. A deterministic held-out slice (every `HELD_OUT_EVERY`-th file) is never trained on.
@@ -79,3 +80,17 @@ def texts(files: list[CorpusFile], held_out: bool, root: Path | None = None) -> 
         if hashlib.sha256(data).hexdigest() != f.sha256:
             raise ValueError(f"{f.relative_path} changed since the corpus was listed; list it again")
         yield data.decode("utf-8", errors="replace")
+
+
+def held_out_prompts(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[str]:
+    """``num_lines`` lines from the first top-level ``def`` or ``class`` of each of the first
+    ``num_prompts`` held-out files that have that much code (code no tiny checkpoint was trained on)."""
+    prompts = []
+    for text in texts([f for f in list_files(root) if f.held_out], held_out=True, root=root):
+        lines = text.splitlines(keepends=True)
+        start = next((i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), len(lines))
+        if len(lines) - start >= num_lines:
+            prompts.append("".join(lines[start : start + num_lines]))
+        if len(prompts) == num_prompts:
+            break
+    return prompts
