@@ -67,6 +67,8 @@ class EngineConfig:
             mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
             count_layers=role == "prefill", load_format=spec.engine.load_format,
+            speculative=None if role == "prefill" or spec.speculative.method == "off"
+            else SpeculativeConfig(spec.speculative.method, spec.speculative.num_tokens),
         )
 
 

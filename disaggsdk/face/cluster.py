@@ -83,6 +83,12 @@ class Cluster:
         return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
                                                                same_host_copy=same_host_copy)))
 
+    def speculative(self, method: str, num_tokens: int | None = None) -> Cluster:
+        """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"off"``, with
+        ``num_tokens`` drafts per step (1..4)."""
+        spec = _set(self.draft.speculative, method=method, num_tokens=num_tokens)
+        return Cluster(attrs.evolve(self.draft, speculative=spec))
+
     def serve(self, host: str | None = None, port: int | None = None) -> Cluster:
         """Where the OpenAI-compatible endpoint listens."""
         return Cluster(attrs.evolve(self.draft, serve=_set(self.draft.serve, host=host, port=port)))

@@ -17,7 +17,8 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-PROTOCOL_VERSION = 5  # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch
+# 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters
+PROTOCOL_VERSION = 6
 
 # runtime -> unit
 
@@ -122,6 +123,11 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     rejected_frames: dict[str, int]
     rejected_requests: dict[str, int]
     recent: list[RequestTransfer]
+    # speculative decoding (engine.speculative.stats.SpecStats): all zero without it
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

@@ -226,6 +226,9 @@ class Unit:
             rejected_frames=dict(m.frames.by_reason) if m is not None else {},
             rejected_requests=dict(m.rejected) if m is not None else {},
             recent=list(totals.recent) if totals and with_recent else [],
+            spec_num_drafts=e.spec_stats.num_drafts, spec_num_draft_tokens=e.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=e.spec_stats.num_accepted_tokens,
+            spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
         )
 
     def close(self) -> None:

@@ -28,4 +28,9 @@ class InstanceStats:
     requests_retried: int = 0
     rejected_frames: dict[str, int] = field(default_factory=dict)  # control frames dropped, by reason
     rejected_requests: dict[str, int] = field(default_factory=dict)  # prefill requests refused, by reason
+    # speculative decoding, cumulative (vLLM's spec_decode counters)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)

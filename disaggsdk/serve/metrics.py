@@ -67,7 +67,14 @@ class _BackendCollector:
                                           "Transfer time not hidden behind the prefill forward pass."),
             "transfer_failures": counter("kv_transfer_failures", "KV transfers that failed."),
             "requests_retried": counter("requests_retried", "Requests re-sent to another prefill instance."),
+            # vLLM's spec_decode counters, under our prefix
+            "spec_num_drafts": counter("spec_decode_num_drafts", "Verify steps that carried drafts."),
+            "spec_num_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens proposed."),
+            "spec_num_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
         }
+        per_position = CounterMetricFamily(
+            f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.",
+            labels=[*labels, "position"])
         by_reason = {
             "rejected_frames": CounterMetricFamily(
                 f"{PREFIX}_control_frames_rejected", "Control frames dropped (bad MAC, replayed, stale, ...).",
@@ -83,8 +90,11 @@ class _BackendCollector:
             for attr, family in by_reason.items():
                 for reason, count in sorted(getattr(s, attr).items()):
                     family.add_metric([*values, reason], float(count))
+            for position, count in enumerate(s.spec_accepted_per_position):
+                per_position.add_metric([*values, str(position)], float(count))
         yield from families.values()
         yield from by_reason.values()
+        yield per_position
 
 
 class ServerMetrics:

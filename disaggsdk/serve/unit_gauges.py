@@ -21,4 +21,7 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         requests_retried=s.requests_retried, rejected_frames=dict(s.rejected_frames),
         rejected_requests=dict(s.rejected_requests),
         extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values()))},
+        spec_num_drafts=s.spec_num_drafts, spec_num_draft_tokens=s.spec_num_draft_tokens,
+        spec_num_accepted_tokens=s.spec_num_accepted_tokens,
+        spec_accepted_per_position=list(s.spec_accepted_per_position),
     )

@@ -2,7 +2,17 @@
 
 from disaggsdk.spec.convert import spec_from_dict, spec_to_dict
 from disaggsdk.spec.rules import check_spec, spec_problems
-from disaggsdk.spec.types import KV, EngineSettings, Hardware, Role, Serve, Spec, TransferSettings, Transport
+from disaggsdk.spec.types import (
+    KV,
+    EngineSettings,
+    Hardware,
+    Role,
+    Serve,
+    Spec,
+    Speculative,
+    TransferSettings,
+    Transport,
+)
 from disaggsdk.spec.yaml_io import load_spec, parse_spec_yaml, save_spec, spec_to_yaml
 
 __all__ = [
@@ -12,6 +22,7 @@ __all__ = [
     "Role",
     "Serve",
     "Spec",
+    "Speculative",
     "TransferSettings",
     "Transport",
     "check_spec",

@@ -96,6 +96,17 @@ power_of_two = Check("power of two", _power_of_two, {"minimum": 1})
 port = Check("TCP port 0..65535", _port, {"minimum": 0, "maximum": 65535})
 
 
+def in_range(low: int, high: int) -> Check:
+    """A check that the value lies in ``low .. high`` (both included)."""
+
+    def test(value: Any) -> str | None:
+        if not low <= value <= high:
+            return f"must be in {low}..{high}, got {value!r}"
+        return None
+
+    return Check(f"{low}..{high}", test, {"minimum": low, "maximum": high})
+
+
 def choice(options: tuple[str, ...]) -> Check:
     """A check that the value is one of ``options``."""
 

@@ -105,6 +105,21 @@ def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
+    """Speculative decoding: `mtp` needs a model with an MTP layer; it runs on decode instances of tp 1."""
+    method = spec.speculative.method
+    if method == "off":
+        return []
+    problems = []
+    if method == "mtp" and not arch.num_mtp_layers:
+        problems.append(f"$.speculative.method: {arch.name} has no MTP layer (num_nextn_predict_layers is 0); "
+                        f"use ngram, or a DeepSeek-V3-style model with its MTP weights")
+    if spec.decode.tp > 1:
+        problems.append(f"$.speculative.method: speculative decoding runs on decode instances of tp 1 so far, "
+                        f"and decode.tp is {spec.decode.tp}; set $.decode.tp to 1 or $.speculative.method to off")
+    return problems
+
+
 # `model` is checked first, by resolving it: every other rule needs its architecture.
 MODEL_KEYS = ("$.model",)
 RULES: tuple[Rule, ...] = (
@@ -114,6 +129,7 @@ RULES: tuple[Rule, ...] = (
          instance_fits_nodes),
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
+    Rule(("$.speculative.method", "$.decode.tp"), speculation_fits_the_model),
 )
 
 

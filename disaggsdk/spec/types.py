@@ -13,13 +13,14 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import about, check_fields, choice, port, positive, power_of_two
+from disaggsdk.spec.field_checks import about, check_fields, choice, in_range, port, positive, power_of_two
 
 Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
 LoadFormat = Literal["auto", "dummy"]
+SpecMethod = Literal["off", "mtp", "ngram"]
 
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
@@ -180,6 +181,26 @@ class EngineSettings:
 
 
 @attrs.frozen
+class Speculative:
+    """Speculative decoding on the decode instances: draft tokens cheaply, verify them in one pass."""
+
+    method: SpecMethod = attrs.field(
+        default="off",
+        metadata=about("`mtp`: the model's multi-token-prediction layer drafts (DeepSeek-V3/R1 checkpoints with "
+                       "their MTP weights); `ngram`: prompt lookup, the tokens that followed the latest earlier "
+                       "occurrence of the last few tokens (any model); `off`. Greedy outputs are unchanged, "
+                       "sampled ones keep the model's distribution.", choice(("off", "mtp", "ngram"))),
+    )
+    num_tokens: int = attrs.field(
+        default=1, metadata=about("Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).",
+                                  in_range(1, 4)),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+
+
+@attrs.frozen
 class Serve:
     """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
 
@@ -225,6 +246,9 @@ class Spec:
         factory=TransferSettings, metadata=about("How the KV messenger moves a request's KV.")
     )
     engine: EngineSettings = attrs.field(factory=EngineSettings, metadata=about("Per-rank engine sizes."))
+    speculative: Speculative = attrs.field(
+        factory=Speculative, metadata=about("Speculative decoding on the decode instances.")
+    )
     name: str | None = attrs.field(
         default=None, metadata=about("Shown in plans and dashboards; the model name when unset.")
     )

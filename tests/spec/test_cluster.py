@@ -27,8 +27,9 @@ def test_all_sections_are_reachable():
     c = (Cluster().model("qwen3-coder-tiny").named("t").device("cpu").seed(7)
          .hardware(gpu="cpu", gpus_per_node=4, nics_per_node=1, nic_gbps=100)
          .kv(layout="NHD", page_size=32, dtype="float32").transport("tcp").serve(port=9000)
-         .prefills(2, tp=2).decode(dp=2))
+         .prefills(2, tp=2).decode(dp=2).speculative("ngram", 3))
     s = c.spec
+    assert (s.speculative.method, s.speculative.num_tokens) == ("ngram", 3)
     assert (s.name, s.seed, s.kv.layout, s.kv.page_size, s.transport.provider, s.serve.port) == ("t", 7, "NHD", 32, "tcp", 9000)
     assert (s.prefill.replicas, s.prefill.tp, s.decode.dp) == (2, 2, 2)
 

@@ -51,3 +51,19 @@ def test_check_spec_raises_with_every_problem():
 def test_construction_checks_single_values_immediately():
     with pytest.raises(ValueError, match=r"Role.tp: must be a positive number, got 0"):
         Role(tp=0)
+
+
+def test_speculation_needs_an_mtp_layer_for_mtp_and_decode_tp_1():
+    from disaggsdk.spec import Speculative
+
+    one = Role(tp=1, dp=8)
+    assert spec_problems(Spec(model="deepseek-r1", decode=one, speculative=Speculative("mtp", 2))) == []
+    assert spec_problems(Spec(model="qwen3-coder", decode=one, speculative=Speculative("ngram", 4))) == []
+    (problem,) = spec_problems(Spec(model="qwen3-coder", decode=one, speculative=Speculative("mtp")))
+    assert problem.startswith("$.speculative.method: qwen3-coder has no MTP layer") and "use ngram" in problem
+    (problem,) = spec_problems(Spec(model="deepseek-r1", decode=Role(tp=8), speculative=Speculative("mtp")))
+    assert "decode instances of tp 1 so far" in problem and "$.decode.tp to 1" in problem
+    with pytest.raises(ValueError, match="num_tokens: must be in 1..4"):
+        Speculative("ngram", 5)
+    with pytest.raises(ValueError, match="'eagle' is not valid; use one of off, mtp, ngram"):
+        Speculative("eagle")

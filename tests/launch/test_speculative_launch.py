@@ -1,0 +1,58 @@
+"""Speculative decoding in deployments: n-gram drafting on the decode units of a disaggregated run
+(real processes over shm and tcp) and MTP on colocated units give the greedy tokens of the plain
+engine, with drafts accepted; MTP across prefill and decode is refused with the fix."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
+from disaggsdk.launch.tiny import LaunchError  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.spec.types import Speculative  # noqa: E402
+from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+
+PROMPTS = ["def fib(n):", "class Stack:\n    def __init__(self):", "import os\nimport sys\n\n",
+           "for i in range(10):\n    if i % 2", "    return self._", "with open(path) as f:\n"]
+MAX_TOKENS = 24
+
+
+def plain_tokens(model: str, prompts: list[list[int]]) -> list[list[int]]:
+    with LLMEngine(model, EngineConfig(page_size=4, num_pages=128)) as engine:
+        return [o.output_ids for o in engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))]
+
+
+@pytest.mark.parametrize("model,method,provider,colocated", [
+    ("qwen3-coder-tiny", "ngram", "shm", False),
+    ("qwen3-coder-tiny", "ngram", "tcp", False),
+    ("deepseek-r1-tiny", "mtp", "shm", True),
+], ids=["ngram-disaggregated-shm", "ngram-disaggregated-tcp", "mtp-colocated"])
+def test_speculative_deployment_keeps_greedy_tokens_and_accepts_drafts(model, method, provider, colocated):
+    prompts = [load_tokenizer(model).encode(p) for p in PROMPTS]
+    want = plain_tokens(model, prompts)
+    spec = attrs.evolve(make_spec(model, provider=provider, num_pages=128, budget=32),
+                        speculative=Speculative(method, 3 if method == "ngram" else 1))
+    before = live_descendants()
+    with serve_locally(spec, colocated=colocated, on_event=lambda _line: None) as rt:
+        events = rt.generate_batch(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), timeout_s=120)
+        stats = rt.unit_stats()
+        instances = rt.stats()
+    assert live_descendants() <= before, "a unit or tp worker outlived close()"
+    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    assert got == want
+    drafting = [s for s in stats.values() if s.role in ("decode", "mixed")]
+    assert sum(s.spec_num_accepted_tokens for s in drafting) > 0  # drafts were made and kept
+    assert all(s.spec_num_drafts == 0 for s in stats.values() if s.role == "prefill")
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())
+    assert sum(i.spec_num_accepted_tokens for i in instances) == sum(s.spec_num_accepted_tokens for s in drafting)
+
+
+def test_mtp_across_prefill_and_decode_is_refused_with_the_fix():
+    spec = attrs.evolve(make_spec("deepseek-r1-tiny"), speculative=Speculative("mtp", 1))
+    with pytest.raises(LaunchError, match="use speculative method ngram, or launch colocated"):
+        serve_locally(spec, on_event=lambda _line: None)
