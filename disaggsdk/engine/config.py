@@ -67,9 +67,17 @@ class EngineConfig:
             mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
             count_layers=role == "prefill", load_format=spec.engine.load_format,
-            speculative=None if role == "prefill" or spec.speculative.method == "off"
-            else SpeculativeConfig(spec.speculative.method, spec.speculative.num_tokens),
+            speculative=_speculative(spec, role),
         )
+
+
+def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:
+    """A unit's speculation: decode and colocated units draft; a prefill unit runs the MTP layer
+    over the prompt (its KV streams to decode like one more layer) and drafts nothing."""
+    method = spec.speculative.method
+    if method == "off" or (role == "prefill" and method != "mtp"):
+        return None
+    return SpeculativeConfig(method, spec.speculative.num_tokens)
 
 
 def check_prompt(arch: Any, config: EngineConfig, request_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:

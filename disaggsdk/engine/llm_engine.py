@@ -228,7 +228,7 @@ class LLMEngine:
         outputs = postprocess(plan.chunks, rows, hidden, logits, self.scheduler, self._step_settings,
                               self.spec_stats)
         if self._speculator is not None:
-            self._speculator.after_step(batch, hidden_all, plan.chunks)
+            self._speculator.after_step(batch, hidden_all, plan.chunks, self._on_layer_done)
         return outputs
 
     def _ends_prefill(self, chunk: ScheduledChunk) -> bool:

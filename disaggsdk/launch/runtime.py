@@ -79,11 +79,6 @@ class LocalRuntime:
 
         self.spec = tiny_spec(spec) if tiny else spec
         check_runnable(self.spec)
-        if self.spec.speculative.method == "mtp" and not colocated:
-            raise LaunchError(
-                f"{self.spec.label}: MTP speculation across prefill and decode is not built yet (prefill does "
-                f"not fill the MTP layer's KV, so decode would draft from none); use speculative method "
-                f"ngram, or launch colocated (--colocated)")
         remove_orphaned_fabric_shm()  # what a launcher killed with SIGKILL left behind
         self.plan = make_plan(self.spec)
         self.model_name = self.spec.model

@@ -142,7 +142,7 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
     share_path = os.path.join(args.work_dir, f"{args.name}.kv.sock") if tp > 1 else None
     config = EngineConfig.from_spec(spec, tp=tp, role=args.role, kv_share_path=share_path)
     print(f"{args.name}: building {spec.model} tp={tp} mode={config.mode}", flush=True)
-    region0 = SharedRegion.create(_pool_bytes(plan.arch, config, tp), f"{args.name}-kv-rank0")
+    region0 = SharedRegion.create(_pool_bytes(plan, config, tp), f"{args.name}-kv-rank0")
     parts = kind(engine=None, info=unit_info(args), regions=[region0])
     try:
         collector = PoolCollector(share_path, tp - 1) if share_path else None
@@ -172,11 +172,14 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
     return parts, registrations, context_mr
 
 
-def _pool_bytes(arch: Any, config: EngineConfig, tp: int) -> int:
+def _pool_bytes(plan: Any, config: EngineConfig, tp: int) -> int:
+    import dataclasses
+
     from disaggsdk.engine.kv_cache import KVCache
     from disaggsdk.engine.models import kv_geometry
     from disaggsdk.engine.parallel import TensorParallel
 
-    geometry = kv_geometry(arch, TensorParallel(0, tp))
+    # every KV layer of the plan: the model's and, when it drafts with it, the MTP layer's
+    geometry = dataclasses.replace(kv_geometry(plan.arch, TensorParallel(0, tp)), num_layers=plan.kv_layers)
     return KVCache.page_format(geometry, config.num_pages, config.page_size, config.layout,
                                config.kv_dtype).pool_bytes

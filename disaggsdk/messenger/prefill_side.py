@@ -53,7 +53,8 @@ class PrefillMessenger:
         self.secret, self.streaming = secret, streaming
         self.codec = FrameCodec(str(me.peer_id), secret)
         spec, arch = plan.spec, engine.arch
-        self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, arch.num_layers
+        # the MTP layer's KV streams too when the deployment drafts with it (plan.kv_layers)
+        self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, plan.kv_layers
         fmt = engine.kv_cache.fmt
         self.src_geometry = PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
         self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)

@@ -63,6 +63,13 @@ class Plan:
                 return route
         raise KeyError(f"no route {prefill!r} -> {decode!r}")
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers of KV every rank keeps and every transfer moves: the model's, plus its MTP layer's
+        when the deployment drafts with it (prefill fills that layer too, so decode never
+        recomputes the prompt for it)."""
+        return kv_layers(self.spec, self.arch)
+
     def to_json(self, num_tokens: int = DEFAULT_NUM_TOKENS) -> dict[str, Any]:
         """The plan as plain JSON data, schema documented in docs/plan-json.md (schema_version 1).
 
@@ -81,6 +88,7 @@ class Plan:
                 "name": spec.model,
                 "attention": arch.attention,
                 "num_layers": arch.num_layers,
+                "kv_layers": self.kv_layers,
                 "num_kv_heads": arch.num_kv_heads,
                 "head_dim": arch.head_dim,
                 "latent_dim": arch.kv_lora_rank + arch.qk_rope_head_dim,
@@ -110,6 +118,11 @@ class Plan:
         return plan_html(self)
 
 
+def kv_layers(spec: Spec, arch: ModelArch) -> int:
+    """KV layers of a deployment of ``spec`` (see `Plan.kv_layers`)."""
+    return arch.num_layers + (arch.num_mtp_layers if spec.speculative.method == "mtp" else 0)
+
+
 def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
     """Plan a deployment: place every rank, shard the KV, route every (prefill, decode) pair.
 
@@ -136,7 +149,7 @@ def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
     )
     routes = tuple(
         make_route(
-            p, d, _page_shape(spec, arch, p), _page_shape(spec, arch, d), arch.num_layers, spec.seed
+            p, d, _page_shape(spec, arch, p), _page_shape(spec, arch, d), kv_layers(spec, arch), spec.seed
         )
         for p in instances
         if p.role == "prefill"
@@ -169,7 +182,7 @@ def _instance_json(plan: Plan, inst: Instance) -> dict[str, Any]:
         "nodes": list(inst.nodes),
         "num_replica_sets": inst.sharding.num_replica_sets,
         "page_bytes": shape.page_bytes,
-        "kv_bytes_per_token_rank": shape.page_bytes * plan.arch.num_layers // shape.page_size,
+        "kv_bytes_per_token_rank": shape.page_bytes * plan.kv_layers // shape.page_size,
         "ranks": [
             {
                 "index": r.index,

@@ -52,7 +52,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
             )
     bytes_per_token = {
         inst.name: instance_page_shape(plan, inst).page_bytes
-        * arch.num_layers
+        * plan.kv_layers
         // plan.spec.kv.page_size
         for inst in plan.instances
     }

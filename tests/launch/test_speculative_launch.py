@@ -1,6 +1,7 @@
-"""Speculative decoding in deployments: n-gram drafting on the decode units of a disaggregated run
-(real processes over shm and tcp) and MTP on colocated units give the greedy tokens of the plain
-engine, with drafts accepted; MTP across prefill and decode is refused with the fix."""
+"""Speculative decoding in deployments: n-gram and MTP drafting on the decode units of disaggregated
+runs (real processes over shm and tcp; with MTP the prefill unit fills the MTP layer's KV and streams
+it as one more layer) and on colocated units give the greedy tokens of the plain engine, with drafts
+accepted and every page back."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
-from disaggsdk.launch.tiny import LaunchError  # noqa: E402
+from disaggsdk.plan import make_plan  # noqa: E402
 from disaggsdk.serve.local import serve_locally  # noqa: E402
 from disaggsdk.spec.types import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
@@ -30,8 +31,11 @@ def plain_tokens(model: str, prompts: list[list[int]]) -> list[list[int]]:
 @pytest.mark.parametrize("model,method,provider,colocated", [
     ("qwen3-coder-tiny", "ngram", "shm", False),
     ("qwen3-coder-tiny", "ngram", "tcp", False),
+    ("deepseek-r1-tiny", "mtp", "shm", False),
+    ("deepseek-r1-tiny", "mtp", "tcp", False),
     ("deepseek-r1-tiny", "mtp", "shm", True),
-], ids=["ngram-disaggregated-shm", "ngram-disaggregated-tcp", "mtp-colocated"])
+], ids=["ngram-disaggregated-shm", "ngram-disaggregated-tcp", "mtp-disaggregated-shm", "mtp-disaggregated-tcp",
+        "mtp-colocated"])
 def test_speculative_deployment_keeps_greedy_tokens_and_accepts_drafts(model, method, provider, colocated):
     prompts = [load_tokenizer(model).encode(p) for p in PROMPTS]
     want = plain_tokens(model, prompts)
@@ -50,9 +54,12 @@ def test_speculative_deployment_keeps_greedy_tokens_and_accepts_drafts(model, me
     assert all(s.spec_num_drafts == 0 for s in stats.values() if s.role == "prefill")
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
     assert sum(i.spec_num_accepted_tokens for i in instances) == sum(s.spec_num_accepted_tokens for s in drafting)
+    if not colocated:  # every layer's pages travelled, the MTP layer's too: one write per page and layer
+        (prefill,) = [s for s in stats.values() if s.role == "prefill"]
+        kv_layers = make_plan(spec).kv_layers
+        assert kv_layers == 4 + (method == "mtp")
+        pages = sum(-(-(len(p) - 1) // spec.kv.page_size) for p in prompts)
+        assert prefill.transfer_writes == pages * kv_layers + len(prompts)  # + one context write each
+    if method == "mtp":  # drafts from the MTP layer over the prompt's own KV are mostly right
+        assert sum(s.spec_num_accepted_tokens for s in drafting) > 0.5 * sum(s.spec_num_drafts for s in drafting)
 
-
-def test_mtp_across_prefill_and_decode_is_refused_with_the_fix():
-    spec = attrs.evolve(make_spec("deepseek-r1-tiny"), speculative=Speculative("mtp", 1))
-    with pytest.raises(LaunchError, match="use speculative method ngram, or launch colocated"):
-        serve_locally(spec, on_event=lambda _line: None)

@@ -100,3 +100,19 @@ def test_every_json_field_is_documented():
         k for k in keys - {"HND", "NHD"} if not any(f.format(k) in doc for f in forms)
     )
     assert not missing, f"document these fields in docs/plan-json.md: {missing}"
+
+
+def test_mtp_speculation_adds_the_mtp_layer_to_the_kv_that_moves():
+    import attrs
+
+    from disaggsdk.spec import Role, Spec, Speculative
+
+    one = Role(tp=1, dp=1)
+    plain = make_plan(Spec(model="deepseek-r1", prefill=one, decode=one))
+    mtp = make_plan(attrs.evolve(plain.spec, speculative=Speculative("mtp", 1)))
+    ngram = make_plan(attrs.evolve(plain.spec, speculative=Speculative("ngram", 1)))
+    assert (plain.kv_layers, ngram.kv_layers, mtp.kv_layers) == (61, 61, 62)
+    a, b = plain.to_json(num_tokens=1024), mtp.to_json(num_tokens=1024)
+    assert (a["model"]["kv_layers"], b["model"]["kv_layers"], b["model"]["num_layers"]) == (61, 62, 61)
+    writes = [d["routes"][0]["expected_writes_total"] for d in (a, b)]
+    assert writes[1] - writes[0] == a["num_pages"]  # one more layer: one more write per page (MLA, 1:1)

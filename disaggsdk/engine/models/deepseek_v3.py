@@ -10,6 +10,7 @@ through W_UV. Tensor parallelism: heads split, the latent replicated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -144,7 +145,8 @@ class MTPLayer(nn.Module):
         self._rotary = [rotary]  # the target's (a list: not a second owner of its buffers)
 
     def forward(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
+                attn: AttentionBackend, on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
+                ) -> torch.Tensor:
         """The layer's hidden states (before ``shared_head.norm``), [n, hidden].
 
         Args:
@@ -152,10 +154,11 @@ class MTPLayer(nn.Module):
                 drafting a chain, this layer's own output at the previous position.
             next_ids: t_{i+1} for each row (the token after the one h_i was computed for).
             positions: i for each row; the batch ``attn`` is planned for puts row i's KV at i.
+            on_layer_done: called as the target's layers call it, with this layer's KV index.
         """
         x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(next_ids)), self.hnorm(hidden_prev)], dim=-1))
         cos, sin = self._rotary[0].cos_sin(positions, x.dtype)
-        return self.block(x, cos, sin, None, attn)
+        return self.block(x, cos, sin, on_layer_done, attn)
 
     def share_with(self, model: nn.Module) -> int:
         """Use the target's embedding and head where this layer's are copies of them (DeepSeek

@@ -13,7 +13,7 @@ one-layer MTP for k > 1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,14 +68,16 @@ class MTPDrafter:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: list[int],
-            slots: Sequence[DraftSlot]) -> dict[str, list[int]]:
-        """Fill the MTP KV of every row of ``batch`` (still planned) and draft for ``slots``.
+            slots: Sequence[DraftSlot], on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
+            ) -> dict[str, list[int]]:
+        """Fill the MTP KV of every row of ``batch`` (still planned) and draft for ``slots``;
+        ``on_layer_done`` is told when that KV is written (the layer counter of a prefill unit).
 
         Returns:
             request id -> its drafts (1 .. num_drafts tokens; fewer when pages ran out).
         """
         ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
-        hidden = self.mtp(hidden_all, ids, batch.positions, self.attn)
+        hidden = self.mtp(hidden_all, ids, batch.positions, self.attn, on_layer_done)
         if not slots:
             return {}
         h = hidden[torch.tensor([s.row for s in slots], device=self.device)]

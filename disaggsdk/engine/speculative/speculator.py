@@ -51,9 +51,12 @@ class Speculator:
                 req.draft_ids = propose_ngram(req.all_ids, self.draft_budget(req), c.prompt_lookup_min,
                                               c.prompt_lookup_max)
 
-    def after_step(self, batch: ForwardBatch, hidden_all: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+    def after_step(self, batch: ForwardBatch, hidden_all: torch.Tensor, chunks: Sequence[ScheduledChunk],
+                   on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> None:
         """MTP: run the layer over the step (its KV for every computed position) and draft for every
-        request that got a token and goes on. Call after the requests were advanced."""
+        request that got a token and goes on. Call after the requests were advanced.
+        ``on_layer_done``: the engine's layer counter (a prefill unit streams the MTP layer's KV
+        when it fires for layer ``num_layers``)."""
         if self.mtp is None:
             return
         next_ids = next_token_ids([c.request for c in chunks], [c.start_pos for c in chunks],
@@ -66,7 +69,7 @@ class Speculator:
                 slots.append(DraftSlot(req, first_row + req.num_computed_tokens - 1 - c.start_pos, budget))
             first_row += c.num_tokens
         by_id = {s.request.request_id: s.request for s in slots}
-        for req_id, drafts in self.mtp.run(batch, hidden_all, next_ids, slots).items():
+        for req_id, drafts in self.mtp.run(batch, hidden_all, next_ids, slots, on_layer_done).items():
             by_id[req_id].draft_ids = drafts
 
 
@@ -90,8 +93,9 @@ def check_speculative(arch: ModelArch, config: EngineConfig) -> None:
                           f"method 'ngram', or a DeepSeek-V3-style checkpoint with its MTP weights")
     if config.tp > 1:
         raise EngineError("speculative decoding runs on engines of tp 1 so far; set tp: 1 or drop speculative")
-    if config.mode != "mixed":
-        raise EngineError(f"speculative decoding runs in colocated (mixed) engines so far, not {config.mode!r}")
+    if config.mode == "decode_only" or (config.mode == "prefill_only" and spec.method != "mtp"):
+        raise EngineError(f"speculative method {spec.method!r} does not run in a {config.mode} engine (a prefill "
+                          f"engine only fills the MTP layer's KV; decode engines are mixed)")
 
 
 def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAllocator) -> Speculator | None:
