@@ -110,6 +110,7 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
         return [progress, instance_table([InstanceRow(**r) for r in rows], title=deployment.name)]
 
     started_s = time.monotonic()
+    spec_before = deployment.spec_stats() if deployment is not None else None
     with LiveView(render, console):
         result = bench(url, requests, shape, model, api_key, parse_slos(args.slo),
                        on_done=lambda _: progress.advance(task), percentiles=_percentiles(args.metric_percentiles))
@@ -118,6 +119,11 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
         # the rest of the client's TTFT: HTTP, the server's text streaming, the client's parsing
         phases["mean_ms"]["http_and_client"] = result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"]
         result["ttft_phases"] = phases
+    if spec_before is not None:
+        drafted = deployment.spec_stats()
+        drafted.subtract(spec_before)
+        if drafted.num_drafts:  # this run's drafts: acceptance rate, per position, mean accepted length
+            result["speculative"] = drafted.to_json()
     return result
 
 
@@ -148,6 +154,11 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
             if r.get("ttft_phases"):
                 phases = " · ".join(f"{k} {v:.1f}" for k, v in r["ttft_phases"]["mean_ms"].items())
                 console.print(f"{name}: mean TTFT by phase (ms): {phases}")
+            if r.get("speculative"):
+                sp = r["speculative"]
+                per_pos = " ".join(f"{x:.0%}" for x in sp["per_position_acceptance"])
+                console.print(f"{name}: speculative drafts accepted {sp['acceptance_rate']:.0%} (by position: "
+                              f"{per_pos}), {sp['mean_accepted_length']:.2f} tokens per verify step")
         if args.output:
             console.print(f"results written to {args.output}")
     if len(results) == 2:

@@ -75,7 +75,7 @@ def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:
     """A unit's speculation: decode and colocated units draft; a prefill unit runs the MTP layer
     over the prompt (its KV streams to decode like one more layer) and drafts nothing."""
     method = spec.speculative.method
-    if method == "off" or (role == "prefill" and method != "mtp"):
+    if method == "none" or (role == "prefill" and method != "mtp"):
         return None
     return SpeculativeConfig(method, spec.speculative.num_tokens)
 

@@ -84,7 +84,7 @@ class Cluster:
                                                                same_host_copy=same_host_copy)))
 
     def speculative(self, method: str, num_tokens: int | None = None) -> Cluster:
-        """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"off"``, with
+        """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"none"``, with
         ``num_tokens`` drafts per step (1..4)."""
         spec = _set(self.draft.speculative, method=method, num_tokens=num_tokens)
         return Cluster(attrs.evolve(self.draft, speculative=spec))

@@ -22,6 +22,9 @@ import httpx
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.serve.openai_app import build_app
 
 if TYPE_CHECKING:
@@ -125,6 +128,17 @@ class Deployment:
         in this process: it has no phases)."""
         phases = getattr(self.backend, "ttft_phases", None)
         return phases(since_s) if phases is not None else None
+
+    def spec_stats(self) -> SpecStats:
+        """Speculative decoding's acceptance counters, summed over the instances that draft
+        (cumulative since start; all zero without speculation)."""
+        from disaggsdk.engine.speculative.stats import SpecStats
+
+        total = SpecStats()
+        for s in self.backend.stats():
+            total.add(SpecStats(s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens,
+                                list(s.spec_accepted_per_position), list(s.spec_drafts_per_position)))
+        return total
 
     def metrics(self, window_s: float = 30.0) -> dict[str, Any]:
         """Live numbers: one row per instance (TTFT p50/p99, tokens/s per request, queues, KV, transfer).

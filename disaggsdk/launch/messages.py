@@ -128,6 +128,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []
+    spec_drafts_per_position: list[int] = []
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

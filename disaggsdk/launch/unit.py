@@ -229,6 +229,7 @@ class Unit:
             spec_num_drafts=e.spec_stats.num_drafts, spec_num_draft_tokens=e.spec_stats.num_draft_tokens,
             spec_num_accepted_tokens=e.spec_stats.num_accepted_tokens,
             spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
+            spec_drafts_per_position=list(e.spec_stats.drafts_per_position),
         )
 
     def close(self) -> None:

@@ -33,4 +33,5 @@ class InstanceStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+    spec_drafts_per_position: list[int] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)

@@ -212,3 +212,4 @@ class InProcessBackend:
         self._stats.spec_num_drafts, self._stats.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
         self._stats.spec_num_accepted_tokens = spec.num_accepted_tokens
         self._stats.spec_accepted_per_position = list(spec.accepted_per_position)
+        self._stats.spec_drafts_per_position = list(spec.drafts_per_position)

@@ -24,4 +24,5 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         spec_num_drafts=s.spec_num_drafts, spec_num_draft_tokens=s.spec_num_draft_tokens,
         spec_num_accepted_tokens=s.spec_num_accepted_tokens,
         spec_accepted_per_position=list(s.spec_accepted_per_position),
+        spec_drafts_per_position=list(s.spec_drafts_per_position),
     )

@@ -45,6 +45,9 @@ def _strict_float(value: Any, _type: type) -> float:
 
 
 def _strict_str(value: Any, _type: type) -> str:
+    if isinstance(value, bool):  # YAML 1.1 reads off/on/yes/no unquoted as booleans
+        raise TypeError(f"expected a string, got {value!r} (bool: YAML reads an unquoted off/on/yes/no as "
+                        f"one; quote the value)")
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r} ({type(value).__name__})")
     return value

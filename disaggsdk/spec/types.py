@@ -20,7 +20,7 @@ Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
 LoadFormat = Literal["auto", "dummy"]
-SpecMethod = Literal["off", "mtp", "ngram"]
+SpecMethod = Literal["none", "mtp", "ngram"]
 
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
@@ -185,11 +185,11 @@ class Speculative:
     """Speculative decoding on the decode instances: draft tokens cheaply, verify them in one pass."""
 
     method: SpecMethod = attrs.field(
-        default="off",
+        default="none",
         metadata=about("`mtp`: the model's multi-token-prediction layer drafts (DeepSeek-V3/R1 checkpoints with "
                        "their MTP weights); `ngram`: prompt lookup, the tokens that followed the latest earlier "
-                       "occurrence of the last few tokens (any model); `off`. Greedy outputs are unchanged, "
-                       "sampled ones keep the model's distribution.", choice(("off", "mtp", "ngram"))),
+                       "occurrence of the last few tokens (any model); `none`. Greedy outputs are unchanged, "
+                       "sampled ones keep the model's distribution.", choice(("none", "mtp", "ngram"))),
     )
     num_tokens: int = attrs.field(
         default=1, metadata=about("Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).",

@@ -120,6 +120,20 @@ def test_bench_spec_launches_loads_and_tears_down(run_cli, tmp_path):
     phases = result["ttft_phases"]
     assert phases["requests"] == 4 and phases["mean_ms"]["prefill_compute"] > 0
     assert phases["mean_ms"]["http_and_client"] == pytest.approx(result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"])
+    assert "speculative" not in result  # no drafts, no acceptance figures
+
+
+def test_bench_of_a_speculative_spec_reports_this_runs_acceptance(run_cli, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(open("specs/tiny_pd.yaml").read() + "speculative:\n  method: ngram\n  num_tokens: 3\n")
+    p = run_cli("bench", str(spec), "--num-prompts", "4", "--input-len", "32", "--output-len", "24",
+                "--qps", "20", "--json", timeout_s=180)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    assert result["completed"] == 4 and result["total_output_tokens"] == 96
+    spec_stats = result["speculative"]
+    assert spec_stats["num_draft_tokens"] > 0 and len(spec_stats["per_position_acceptance"]) == 3
+    assert spec_stats["mean_accepted_length"] >= 1.0
 
 
 def test_sigterm_during_bench_of_a_spec_stops_units_and_removes_shared_memory():

@@ -67,5 +67,5 @@ def test_speculation_needs_an_mtp_layer_for_mtp_and_decode_tp_1():
     assert "prefill fills the MTP layer's KV on instances of tp 1" in problem
     with pytest.raises(ValueError, match="num_tokens: must be in 1..4"):
         Speculative("ngram", 5)
-    with pytest.raises(ValueError, match="'eagle' is not valid; use one of off, mtp, ngram"):
+    with pytest.raises(ValueError, match="'eagle' is not valid; use one of none, mtp, ngram"):
         Speculative("eagle")

@@ -35,6 +35,22 @@ class SpecStats:
             for j in range(upto):
                 counts[j] += 1
 
+    def add(self, other: SpecStats) -> None:
+        """Add another engine's counters to these (a deployment's total)."""
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.drafts_per_position, other.drafts_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for j, n in enumerate(theirs):
+                mine[j] += n
+
+    def subtract(self, earlier: SpecStats) -> None:
+        """Turn these counters into the ones since ``earlier`` (a snapshot of the same engines)."""
+        self.add(SpecStats(-earlier.num_drafts, -earlier.num_draft_tokens, -earlier.num_accepted_tokens,
+                           [-n for n in earlier.accepted_per_position], [-n for n in earlier.drafts_per_position]))
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted over proposed draft tokens (0 before any draft)."""
