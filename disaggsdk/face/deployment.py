@@ -129,13 +129,14 @@ class Deployment:
         phases = getattr(self.backend, "ttft_phases", None)
         return phases(since_s) if phases is not None else None
 
-    def spec_stats(self) -> SpecStats:
+    def spec_stats(self, wait_s: float = 2.0) -> SpecStats:
         """Speculative decoding's acceptance counters, summed over the instances that draft
-        (cumulative since start; all zero without speculation)."""
+        (cumulative since start; all zero without speculation), from a fresh snapshot of every
+        instance (waiting ``wait_s`` at most for their answers)."""
         from disaggsdk.engine.speculative.stats import SpecStats
 
         total = SpecStats()
-        for s in self.backend.stats():
+        for s in self.backend.stats(wait_s):
             total.add(SpecStats(s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens,
                                 list(s.spec_accepted_per_position), list(s.spec_drafts_per_position)))
         return total
