@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
     parser.add_argument("--weight-dtype", help="fp8 or bfloat16 (default: fp8 for deepseek-r1, else bfloat16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="chunked-prefill budget per step")
-    parser.add_argument("--mtp-acceptance", type=float, default=0.0,
-                        help="MTP speculative decoding: accepted fraction of draft tokens (0 = off)")
+    parser.add_argument("--mtp-acceptance", default=None, metavar="FRACTION|FILE",
+                        help="MTP speculative decoding's first-draft acceptance: a number in [0, 1] or a "
+                             "`bench SPEC --output` JSON of a run with speculative mtp (measured); needed when "
+                             "the spec drafts with mtp, 0 (off) otherwise")
     parser.add_argument("--no-streaming", action="store_true", help="ablation: send KV after the forward pass")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--colocated", action="store_true", help="simulate the same GPUs as colocated instances")
@@ -62,15 +64,17 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile or default_profile_name(spec))
     if args.validate:
         return _validate(args, spec, profile)
+    acceptance, source = _mtp_acceptance(args.mtp_acceptance, spec)
     config = SimConfig(profile, weight_dtype=args.weight_dtype or default_weight_dtype(spec.model),
                        max_num_batched_tokens=args.max_num_batched_tokens, streaming=not args.no_streaming,
-                       mtp_acceptance=args.mtp_acceptance)
+                       mtp_acceptance=acceptance)
     layouts = [False, True] if args.compare else [args.colocated]
     result = run_simulations(
         spec, config, layouts, rates=None if args.trace else _rates(args.qps), trace=args.trace,
         duration_s=args.duration_s, input_len=args.input_len, output_len=args.output_len,
         range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed,
     )
+    result["config"]["mtp_acceptance"] = {"value": acceptance, "source": source}
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
@@ -79,8 +83,28 @@ def run(args: argparse.Namespace) -> int:
 
     from disaggsdk.sim.render import runs_table
 
-    Console().print(runs_table(result))
+    console = Console()
+    console.print(runs_table(result))
+    if acceptance:
+        console.print(f"MTP first-draft acceptance {acceptance:.1%} ({source})")
     return 0
+
+
+def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:  # noqa: ANN001
+    """The acceptance to simulate with, and its source.
+
+    Raises:
+        SpecError: the spec drafts with mtp and no acceptance was given (a guess would be an assumption).
+    """
+    from disaggsdk.errors import SpecError
+    from disaggsdk.sim.acceptance import read_acceptance
+
+    if text is not None:
+        return read_acceptance(text)
+    if spec.speculative.method == "mtp":
+        raise SpecError("the spec drafts with mtp: give --mtp-acceptance, measured (a `disaggsdk bench SPEC "
+                        "--output FILE` JSON of a run with it) or a number in [0, 1]")
+    return 0.0, "off"
 
 
 def _validate(args: argparse.Namespace, spec, profile) -> int:

@@ -68,3 +68,28 @@ def test_tune_cli_writes_a_loadable_spec(run_cli, tmp_path):
     assert ranking[0]["fits"] and ranking[0]["goodput_per_gpu"] >= max(r["goodput_per_gpu"] for r in ranking if r["fits"])
     spec = load_spec(out)
     assert spec.model == "qwen3-coder" and spec.name == "qwen3-coder-tuned"
+
+
+def test_simulate_takes_the_mtp_acceptance_a_benchmark_measured(run_cli, tmp_path):
+    spec = tmp_path / "mtp.yaml"
+    spec.write_text(open("specs/tiny_pd.yaml").read().replace("model: qwen3-coder-tiny", "model: deepseek-r1-tiny")
+                    + "speculative:\n  method: mtp\n")
+    args = ["simulate", str(spec), "--profile", "h200", "--qps", "2", "--duration-s", "10", "--json"]
+    unmeasured = run_cli(*args)  # a spec that drafts with mtp: no assumed acceptance
+    assert unmeasured.returncode == 2 and "give --mtp-acceptance, measured" in unmeasured.stderr
+    bench = tmp_path / "bench.json"  # what `disaggsdk bench SPEC --output` writes for such a spec
+    bench.write_text(json.dumps({"completed": 16, "speculative": {"num_drafts": 100, "num_draft_tokens": 100,
+                                                                  "num_accepted_tokens": 74,
+                                                                  "per_position_acceptance": [0.74]}}))
+    measured = run_cli(*args, "--mtp-acceptance", str(bench))
+    assert measured.returncode == 0, measured.stderr
+    doc = json.loads(measured.stdout)
+    assert doc["config"]["mtp_acceptance"] == {"value": 0.74, "source": "measured (bench.json)"}
+    off = run_cli(*args, "--mtp-acceptance", "0")
+    faster = doc["runs"][0]["mean_tokens_per_s_per_request"] > json.loads(off.stdout)["runs"][0][
+        "mean_tokens_per_s_per_request"]
+    assert faster  # the measured acceptance is what the simulated decode runs at
+    (tmp_path / "plain.json").write_text(json.dumps({"completed": 16}))
+    no_figures = run_cli(*args, "--mtp-acceptance", str(tmp_path / "plain.json"))
+    assert no_figures.returncode == 2 and "no acceptance figures" in no_figures.stderr
+    assert run_cli(*args, "--mtp-acceptance", "1.5").returncode == 2
