@@ -40,6 +40,8 @@ class InstanceRow:
     waiting: int
     kv_usage: float  # used / total pages, 0..1
     transfer_gb_per_s: float | None  # KV bytes moved / time spent moving them
+    # speculative decoding: draft tokens accepted / proposed since start (None: it drafts nothing)
+    spec_acceptance: float | None = None
 
 
 def instance_rows(
@@ -70,6 +72,8 @@ def instance_rows(
             running=st.running, waiting=st.waiting,
             kv_usage=st.kv_pages_used / st.kv_pages_total if st.kv_pages_total else 0.0,
             transfer_gb_per_s=st.transfer_bytes / st.transfer_s / 1e9 if st.transfer_s > 0 else None,
+            spec_acceptance=(st.spec_num_accepted_tokens / st.spec_num_draft_tokens
+                             if st.spec_num_draft_tokens else None),
         ))
     return rows
 

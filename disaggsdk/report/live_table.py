@@ -14,7 +14,8 @@ from rich.table import Table
 from disaggsdk.report.live import InstanceRow
 
 REFRESH_PER_S = 2.0
-CAPTION = "TTFT in ms over the last 30 s; tok/s per request; run/wait: requests running/queued; KV: pages used"
+CAPTION = ("TTFT in ms over the last 30 s; tok/s per request; run/wait: requests running/queued; KV: pages used; "
+           "acc: speculative drafts accepted")
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -25,7 +26,8 @@ def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Tab
     """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s."""
     # short headers so the table fits an 80-column terminal; the caption spells them out
     table = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
-    for header in ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s"):
+    for header in ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s",
+                   "acc"):
         left = header in ("instance", "role")
         table.add_column(header, justify="left" if left else "right", no_wrap=left)
     for r in rows:
@@ -33,7 +35,7 @@ def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Tab
         table.add_row(
             name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".0f"), _num(r.ttft_p99_ms, ".0f"),
             _num(r.tokens_per_s_per_request, ".0f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
-            _num(r.transfer_gb_per_s, ".2f"),
+            _num(r.transfer_gb_per_s, ".2f"), "-" if r.spec_acceptance is None else f"{r.spec_acceptance:.0%}",
         )
     return table
 

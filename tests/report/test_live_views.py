@@ -73,3 +73,16 @@ def test_dashboard_refreshes_from_its_sources():
     assert rows[1].num_requests == 1 and "<circle" in dash.plot.value
     dash.start()
     dash.stop()
+
+
+def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
+    stats = [*STATS, InstanceStats("decode-1", "decode", spec_num_drafts=40, spec_num_draft_tokens=40,
+                                   spec_num_accepted_tokens=30, spec_accepted_per_position=[30])]
+    rows = instance_rows([], stats, now_s=1.0)
+    assert [r.spec_acceptance for r in rows] == [None, None, 0.75]
+    console = Console(record=True, width=200)
+    console.print(instance_table(rows))
+    assert "75%" in console.export_text()
+    from disaggsdk.report.dashboard import rows_html
+
+    assert "<th>drafts accepted</th>" in rows_html(rows) and "<td>75%</td>" in rows_html(rows)
