@@ -14,8 +14,7 @@ from rich.table import Table
 from disaggsdk.report.live import InstanceRow
 
 REFRESH_PER_S = 2.0
-CAPTION = ("TTFT in ms over the last 30 s; tok/s per request; run/wait: requests running/queued; KV: pages used; "
-           "acc: speculative drafts accepted")
+CAPTION = "TTFT in ms over the last 30 s; tok/s per request; run/wait: requests running/queued; KV: pages used"
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -25,18 +24,22 @@ def _num(value: float | None, fmt: str) -> str:
 def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Table:
     """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s."""
     # short headers so the table fits an 80-column terminal; the caption spells them out
-    table = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
-    for header in ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s",
-                   "acc"):
+    # the acceptance column only where an instance drafts: the table must fit 80 columns without it
+    drafting = any(r.spec_acceptance is not None for r in rows)
+    caption = CAPTION + ("; acc: speculative drafts accepted" if drafting else "")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    headers = ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s")
+    for header in headers + (("acc",) if drafting else ()):
         left = header in ("instance", "role")
         table.add_column(header, justify="left" if left else "right", no_wrap=left)
     for r in rows:
         name = r.name if r.healthy else f"[red]{r.name} (down)[/]"
-        table.add_row(
-            name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".0f"), _num(r.ttft_p99_ms, ".0f"),
-            _num(r.tokens_per_s_per_request, ".0f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
-            _num(r.transfer_gb_per_s, ".2f"), "-" if r.spec_acceptance is None else f"{r.spec_acceptance:.0%}",
-        )
+        cells = [name, r.role, str(r.num_requests), _num(r.ttft_p50_ms, ".0f"), _num(r.ttft_p99_ms, ".0f"),
+                 _num(r.tokens_per_s_per_request, ".0f"), str(r.running), str(r.waiting), f"{r.kv_usage:.0%}",
+                 _num(r.transfer_gb_per_s, ".2f")]
+        if drafting:
+            cells.append("-" if r.spec_acceptance is None else f"{r.spec_acceptance:.0%}")
+        table.add_row(*cells)
     return table
 
 

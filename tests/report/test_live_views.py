@@ -52,6 +52,7 @@ def test_tables_and_plot_render():
                                  ("colocated", {"p99_itl_ms": 4.0, "completed": 3})]))
     text = console.export_text()
     assert "decode-0" in text and "4.00" in text and "25%" in text
+    assert "acc" not in text.split("\n")[1]  # no drafting instance: no acceptance column
     assert "p99_itl_ms" in text and "colocated" in text
     svg = latency_svg(latency_series([served("d", 0.0, [0.1, 0.2, 0.3], 0.3)], 0.0), title="t")
     assert svg.startswith("<svg") and svg.count("<circle") == 3
@@ -82,7 +83,8 @@ def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
     assert [r.spec_acceptance for r in rows] == [None, None, 0.75]
     console = Console(record=True, width=200)
     console.print(instance_table(rows))
-    assert "75%" in console.export_text()
+    text = console.export_text()
+    assert "75%" in text and "acc: speculative drafts accepted" in text
     from disaggsdk.report.dashboard import rows_html
 
     assert "<th>drafts accepted</th>" in rows_html(rows) and "<td>75%</td>" in rows_html(rows)
