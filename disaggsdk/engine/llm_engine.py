@@ -85,7 +85,7 @@ class LLMEngine:
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
         # config.json's eos ids and generation_config.json's, as transformers and vLLM stop on both
         self._eos_ids = eos_token_ids(self.arch.hf_config) | eos_token_ids(read_generation_config(model))
-        self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids, config.page_size)
+        self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids)
 
     # lifecycle
 

@@ -39,7 +39,6 @@ class StepSettings:
     mode: str
     return_hidden_states: bool
     eos_ids: frozenset[int]
-    page_size: int
 
 
 def _choose(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor,
