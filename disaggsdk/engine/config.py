@@ -44,7 +44,7 @@ class EngineConfig:
     # (from_spec turns it on for prefill units); off, a step runs one counter op per layer less
     # (~60 us each in a compiled decode step)
     count_layers: bool = False
-    # speculative decoding (colocated engines of tp 1 for now): None is off
+    # speculative decoding (mixed engines; prefill_only ones fill the MTP layer's KV): None is off
     speculative: SpeculativeConfig | None = None
 
     @classmethod

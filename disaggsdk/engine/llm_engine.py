@@ -75,7 +75,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
         )
-        self._speculator = new_speculator(config, self.runner, self.allocator)
+        self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group)
         self.layer_counter = LayerCounter()
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:

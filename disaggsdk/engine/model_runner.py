@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
@@ -52,9 +51,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed,
                                  load_format=config.load_format)
-        geometry = kv_geometry(self.model.arch, tp)
-        if config.extra_kv_layers:
-            geometry = dataclasses.replace(geometry, num_layers=geometry.num_layers + config.extra_kv_layers)
+        geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
         self.kv_cache = KVCache(
             geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer
         )

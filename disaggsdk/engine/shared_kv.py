@@ -22,7 +22,7 @@ def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
     from disaggsdk.engine.models import kv_geometry
     from disaggsdk.models import resolve_model
 
-    geometry = kv_geometry(resolve_model(config.model), tp)
+    geometry = kv_geometry(resolve_model(config.model), tp, config.extra_kv_layers)
     return KVCache.page_format(geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype).pool_bytes
 
 

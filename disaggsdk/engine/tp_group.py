@@ -2,7 +2,9 @@
 
 Every rank loads its own shard and keeps its own KV cache with the same page ids. Rank 0
 schedules, then broadcasts the step's `ForwardBatch` over a gloo group; all ranks run the same
-forward (the model's all-reduces keep them in lockstep) and only rank 0 samples. Workers are
+forward (the model's all-reduces keep them in lockstep) and only rank 0 samples. With MTP
+speculation, rank 0 also mirrors each call of its `MTPPass` (fill the layer's KV over the step,
+then one call per chained draft) and the workers make the same call on their shard. Workers are
 daemon processes started with "spawn"; `close` stops them and, failing that, kills them.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +25,7 @@ from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import DisaggError
 
-_RUN, _STOP = 1, 0
+_STOP, _RUN, _MTP_FILL, _MTP_CHAIN = 0, 1, 2, 3  # commands: the first field of every header
 _HEADER_LEN = 6
 
 
@@ -59,10 +62,36 @@ def _send_batch(batch: ForwardBatch | None, control: Any) -> None:
     dist.broadcast(torch.cat([f.cpu().to(torch.int64) for f in fields]), src=0, group=control)
 
 
-def _recv_batch(control: Any, device: torch.device) -> ForwardBatch | None:
+def _send_ints(command: int, *lists: Sequence[int], control: Any) -> None:
+    """A header (the command and each list's length) and then the lists, as one int64 tensor."""
+    header = [command] + [len(x) for x in lists] + [0] * (_HEADER_LEN - 1 - len(lists))
+    dist.broadcast(torch.tensor(header, dtype=torch.int64), src=0, group=control)
+    if sum(header[1:]):
+        dist.broadcast(torch.tensor([v for x in lists for v in x], dtype=torch.int64), src=0, group=control)
+
+
+def _recv_header(control: Any) -> list[int]:
     header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
     dist.broadcast(header, src=0, group=control)
-    cmd, n, b, p, lg, page_size = header.tolist()
+    return header.tolist()
+
+
+def _recv_ints(header: list[int], control: Any) -> list[list[int]]:
+    """The lists `_send_ints` sent (their lengths are in ``header`` after the command)."""
+    values: list[int] = []
+    if sum(header[1:]):
+        payload = torch.empty(sum(header[1:]), dtype=torch.int64)
+        dist.broadcast(payload, src=0, group=control)
+        values = payload.tolist()
+    out, start = [], 0
+    for n in header[1:]:
+        out.append(values[start:start + n])
+        start += n
+    return out
+
+
+def _recv_batch(control: Any, device: torch.device, header: list[int] | None = None) -> ForwardBatch | None:
+    cmd, n, b, p, lg, page_size = header or _recv_header(control)
     if cmd == _STOP:
         return None
     sizes = [n, n, b + 1, b + 1, p, b, n, lg]
@@ -94,9 +123,30 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
         ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
         return
     ready.send("ok")
-    while (batch := _recv_batch(control, runner.device)) is not None:
-        runner.run(batch)
+    _serve(runner, control)
     dist.destroy_process_group()
+
+
+def _serve(runner: ModelRunner, control: Any) -> None:
+    """A worker's loop: make each call rank 0 announces, until it says stop."""
+    mtp_pass, batch, hidden_all = None, None, None
+    if runner.config.extra_kv_layers:
+        from disaggsdk.engine.speculative.mtp_drafter import MTPPass
+
+        mtp_pass = MTPPass(runner.model, runner.attn, runner.device)
+    while (header := _recv_header(control))[0] != _STOP:
+        if header[0] == _RUN:
+            batch = _recv_batch(control, runner.device, header)
+            hidden_all = runner.run_keeping_hidden(batch)[0]
+        elif header[0] == _MTP_FILL:
+            next_ids, rows = _recv_ints(header, control)[:2]
+            with torch.inference_mode():
+                mtp_pass.fill(batch, hidden_all, next_ids, rows)
+        elif header[0] == _MTP_CHAIN:
+            keep = _recv_ints(header, control)[0]
+            chain = _recv_batch(control, runner.device)
+            with torch.inference_mode():
+                mtp_pass.chain(keep, chain)
 
 
 class TPGroup:
@@ -149,6 +199,15 @@ class TPGroup:
         if dead:
             raise TensorParallelError(f"tp ranks {dead} have exited; close this engine and start a new one")
         _send_batch(batch, self._control)
+
+    def mtp_fill(self, next_ids: Sequence[int], rows: Sequence[int]) -> None:
+        """Have every worker run `MTPPass.fill` over the step it just ran (speculative.mtp_drafter)."""
+        _send_ints(_MTP_FILL, next_ids, rows, control=self._control)
+
+    def mtp_chain(self, keep: Sequence[int], chain: ForwardBatch) -> None:
+        """Have every worker run `MTPPass.chain` with ``keep`` over ``chain``."""
+        _send_ints(_MTP_CHAIN, keep, control=self._control)
+        _send_batch(chain, self._control)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the workers (politely, then by force) and leave the process group. Idempotent."""

@@ -173,13 +173,11 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
 
 
 def _pool_bytes(plan: Any, config: EngineConfig, tp: int) -> int:
-    import dataclasses
-
     from disaggsdk.engine.kv_cache import KVCache
     from disaggsdk.engine.models import kv_geometry
     from disaggsdk.engine.parallel import TensorParallel
 
     # every KV layer of the plan: the model's and, when it drafts with it, the MTP layer's
-    geometry = dataclasses.replace(kv_geometry(plan.arch, TensorParallel(0, tp)), num_layers=plan.kv_layers)
+    geometry = kv_geometry(plan.arch, TensorParallel(0, tp), plan.kv_layers - plan.arch.num_layers)
     return KVCache.page_format(geometry, config.num_pages, config.page_size, config.layout,
                                config.kv_dtype).pool_bytes

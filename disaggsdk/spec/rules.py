@@ -106,21 +106,11 @@ def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
-    """Speculative decoding: `mtp` needs a model with an MTP layer; instances that run it have tp 1."""
-    method = spec.speculative.method
-    if method == "none":
-        return []
-    problems = []
-    if method == "mtp" and not arch.num_mtp_layers:
-        problems.append(f"$.speculative.method: {arch.name} has no MTP layer (num_nextn_predict_layers is 0); "
-                        f"use ngram, or a DeepSeek-V3-style model with its MTP weights")
-    if spec.decode.tp > 1:
-        problems.append(f"$.speculative.method: speculative decoding runs on decode instances of tp 1 so far, "
-                        f"and decode.tp is {spec.decode.tp}; set $.decode.tp to 1 or $.speculative.method to none")
-    if method == "mtp" and spec.prefill.tp > 1:
-        problems.append(f"$.speculative.method: with mtp, prefill fills the MTP layer's KV on instances of tp 1 "
-                        f"so far, and prefill.tp is {spec.prefill.tp}; set $.prefill.tp to 1 or use ngram")
-    return problems
+    """Speculative decoding: `mtp` needs a model with an MTP layer."""
+    if spec.speculative.method == "mtp" and not arch.num_mtp_layers:
+        return [f"$.speculative.method: {arch.name} has no MTP layer (num_nextn_predict_layers is 0); "
+                f"use ngram, or a DeepSeek-V3-style model with its MTP weights"]
+    return []
 
 
 # `model` is checked first, by resolving it: every other rule needs its architecture.
@@ -132,7 +122,7 @@ RULES: tuple[Rule, ...] = (
          instance_fits_nodes),
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
-    Rule(("$.speculative.method", "$.decode.tp", "$.prefill.tp"), speculation_fits_the_model),
+    Rule(("$.speculative.method",), speculation_fits_the_model),
 )
 
 

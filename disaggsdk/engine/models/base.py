@@ -103,12 +103,13 @@ def check_supported(arch: ModelArch) -> None:
             )
 
 
-def kv_geometry(arch: ModelArch, tp: TensorParallel) -> KVGeometry:
+def kv_geometry(arch: ModelArch, tp: TensorParallel, extra_layers: int = 0) -> KVGeometry:
     """The KV cache geometry of one rank of a ``tp.size``-way instance.
 
     Args:
         arch: the model's architecture.
         tp: this rank's tensor-parallel context (only ``rank`` and ``size`` are read).
+        extra_layers: KV layers after the model's own (the MTP layer's, when the instance drafts).
     Returns:
         The per-rank geometry; GQA KV heads are split (or replicated once tp exceeds them),
         the MLA latent is replicated.
@@ -120,7 +121,7 @@ def kv_geometry(arch: ModelArch, tp: TensorParallel) -> KVGeometry:
     if arch.attention == "mla":
         return KVGeometry(
             attention="mla",
-            num_layers=arch.num_layers,
+            num_layers=arch.num_layers + extra_layers,
             num_kv_heads_local=1,
             head_dim=arch.qk_nope_head_dim + arch.qk_rope_head_dim,
             latent_dim=arch.kv_lora_rank + arch.qk_rope_head_dim,
@@ -131,7 +132,7 @@ def kv_geometry(arch: ModelArch, tp: TensorParallel) -> KVGeometry:
     start, stop = tp.kv_head_range(arch.num_kv_heads)
     return KVGeometry(
         attention="gqa",
-        num_layers=arch.num_layers,
+        num_layers=arch.num_layers + extra_layers,
         num_kv_heads_local=stop - start,
         head_dim=arch.head_dim,
         num_q_heads_local=num_q_heads_local,

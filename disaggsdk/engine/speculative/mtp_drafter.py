@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -46,8 +47,50 @@ def next_token_ids(requests: Sequence[Request], starts: Sequence[int], lengths: 
     return ids
 
 
+class MTPPass:
+    """The MTP layer's work on one rank. With tp > 1 the head and every worker make the same calls
+    in the same order (the layer's all-reduces keep them in lockstep; the head mirrors each call to
+    the workers first). The layer's output rows that draft are kept between calls.
+
+    Args:
+        model: this rank's target model (its ``mtp`` layer is used).
+        attn: this rank's attention backend (the target's step is still planned on it).
+        device: where the rank's tensors live.
+    """
+
+    def __init__(self, model: torch.nn.Module, attn: object, device: torch.device):
+        self.mtp = model.mtp[0]
+        self.mtp.share_with(model)
+        self.attn = attn
+        self.device = device
+        self.hidden: torch.Tensor | None = None  # [drafting rows, hidden]: the last call's kept rows
+
+    def fill(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: Sequence[int], rows: Sequence[int],
+             on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Run the layer over every row of ``batch`` (still planned; its MTP KV is written), keep ``rows``."""
+        ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
+        out = self.mtp(hidden_all, ids, batch.positions, self.attn, on_layer_done)
+        self.hidden = out[torch.tensor(rows, dtype=torch.int64, device=self.device)]
+        return self.hidden
+
+    def chain(self, keep: Sequence[int], chain: ForwardBatch) -> torch.Tensor:
+        """One more draft: the kept rows ``keep`` fed their last draft (``chain``'s one token each)."""
+        self.attn.plan(chain)
+        h = self.hidden[torch.tensor(keep, dtype=torch.int64, device=self.device)]
+        self.hidden = self.mtp(h, chain.input_ids, chain.positions, self.attn)
+        return self.hidden
+
+
+class MTPMirror(Protocol):
+    """Sends the head's `MTPPass` calls to the tensor-parallel workers (engine.tp_group.TPGroup)."""
+
+    def mtp_fill(self, next_ids: Sequence[int], rows: Sequence[int]) -> None: ...
+
+    def mtp_chain(self, keep: Sequence[int], chain: ForwardBatch) -> None: ...
+
+
 class MTPDrafter:
-    """Runs ``model.mtp[0]`` over each step and proposes drafts.
+    """Runs the MTP layer over each step and proposes drafts (on the head rank).
 
     Args:
         model: the target model (its ``mtp`` layer is used).
@@ -55,16 +98,17 @@ class MTPDrafter:
         allocator: the engine's page allocator (chained drafts need pages for their positions).
         page_size: tokens per page.
         device: where batches go.
+        mirror: the tp workers, told each call before the head makes it (None at tp 1).
     """
 
     def __init__(self, model: torch.nn.Module, attn: object, allocator: PageAllocator, page_size: int,
-                 device: torch.device):
-        self.mtp = model.mtp[0]
-        self.mtp.share_with(model)
-        self.attn = attn
+                 device: torch.device, mirror: MTPMirror | None = None):
+        self.rank_pass = MTPPass(model, attn, device)
+        self.mtp = self.rank_pass.mtp
         self.allocator = allocator
         self.page_size = page_size
         self.device = device
+        self.mirror = mirror
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: list[int],
@@ -76,11 +120,12 @@ class MTPDrafter:
         Returns:
             request id -> its drafts (1 .. num_drafts tokens; fewer when pages ran out).
         """
-        ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
-        hidden = self.mtp(hidden_all, ids, batch.positions, self.attn, on_layer_done)
+        rows = [s.row for s in slots]
+        if self.mirror is not None:
+            self.mirror.mtp_fill(next_ids, rows)
+        h = self.rank_pass.fill(batch, hidden_all, next_ids, rows, on_layer_done)
         if not slots:
             return {}
-        h = hidden[torch.tensor([s.row for s in slots], device=self.device)]
         drafts = {s.request.request_id: [t] for s, t in zip(slots, self._argmax(h))}
         live = list(range(len(slots)))  # slots still drafting, in the order of h's rows
         for c in range(1, max(s.num_drafts for s in slots)):
@@ -92,8 +137,9 @@ class MTPDrafter:
             items = [BatchItem([drafts[slots[i].request.request_id][-1]], slots[i].request.num_computed_tokens + c - 1,
                                self.allocator.page_ids(slots[i].request.request_id)) for i in live]
             chain = build_forward_batch(items, self.page_size, self.device)
-            self.attn.plan(chain)
-            h = self.mtp(h[torch.tensor(keep, device=self.device)], chain.input_ids, chain.positions, self.attn)
+            if self.mirror is not None:
+                self.mirror.mtp_chain(keep, chain)
+            h = self.rank_pass.chain(keep, chain)
             for i, t in zip(live, self._argmax(h)):
                 drafts[slots[i].request.request_id].append(t)
         return drafts

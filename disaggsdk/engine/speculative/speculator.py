@@ -13,7 +13,7 @@ from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.scheduler import ScheduledChunk
 from disaggsdk.engine.sequence import Request
 from disaggsdk.engine.speculative.config import SpeculativeConfig
-from disaggsdk.engine.speculative.mtp_drafter import DraftSlot, MTPDrafter, next_token_ids
+from disaggsdk.engine.speculative.mtp_drafter import DraftSlot, MTPDrafter, MTPMirror, next_token_ids
 from disaggsdk.engine.speculative.ngram import propose_ngram
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.memory.page_allocator import PageAllocator
@@ -82,8 +82,8 @@ def check_speculative(arch: ModelArch, config: EngineConfig) -> None:
     """Refuse speculative settings this engine cannot run, saying what to change.
 
     Raises:
-        EngineError: MTP on a model without an MTP layer, speculation on tp > 1, or on an engine
-            that is not colocated (mode "mixed").
+        EngineError: MTP on a model without an MTP layer, or speculation on an engine that neither
+            decodes (mode "mixed") nor fills the MTP layer's KV (a prefill_only engine with mtp).
     """
     spec = config.speculative
     if spec is None:
@@ -91,15 +91,14 @@ def check_speculative(arch: ModelArch, config: EngineConfig) -> None:
     if spec.method == "mtp" and not arch.num_mtp_layers:
         raise EngineError(f"{arch.name} has no MTP layer (num_nextn_predict_layers is 0): use speculative "
                           f"method 'ngram', or a DeepSeek-V3-style checkpoint with its MTP weights")
-    if config.tp > 1:
-        raise EngineError("speculative decoding runs on engines of tp 1 so far; set tp: 1 or drop speculative")
     if config.mode == "decode_only" or (config.mode == "prefill_only" and spec.method != "mtp"):
         raise EngineError(f"speculative method {spec.method!r} does not run in a {config.mode} engine (a prefill "
                           f"engine only fills the MTP layer's KV; decode engines are mixed)")
 
 
-def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAllocator) -> Speculator | None:
-    """The engine's `Speculator` (None without speculation).
+def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAllocator,
+                   mirror: MTPMirror | None = None) -> Speculator | None:
+    """The engine's `Speculator` (None without speculation); ``mirror``: the tp workers (tp > 1).
 
     Raises:
         EngineError: method "mtp" on a checkpoint whose MTP weights are missing.
@@ -112,6 +111,6 @@ def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAll
         if getattr(runner.model, "mtp", None) is None:
             raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
                               f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
-        drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device)
+        drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror)
     return Speculator(spec, drafter)
 

@@ -47,6 +47,22 @@ def test_greedy_tokens_with_speculation_equal_those_without(model, method, k):
     assert len(stats.accepted_per_position) == k and stats.mean_accepted_length > 1.3
 
 
+@pytest.mark.parametrize("model,method,k", [("deepseek-r1-tiny", "mtp", 3), ("qwen3-coder-tiny", "ngram", 3)],
+                         ids=["mtp-k3", "ngram-k3"])
+def test_tp2_speculation_keeps_the_greedy_tokens_of_tp1(model, method, k):
+    """The MTP layer is sharded like the target: rank 0 mirrors each of its calls to the worker."""
+    tok = load_tokenizer(model)
+    prompts = [tok.encode(p) for p in PROMPTS[:4]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLMEngine(model, EngineConfig(**SMALL)) as engine:
+        want = [o.output_ids for o in engine.generate(prompts, params)]
+    with LLMEngine(model, EngineConfig(**SMALL, tp=2, speculative=SpeculativeConfig(method, k))) as engine:
+        got = [o.output_ids for o in engine.generate(prompts, params)]
+        assert engine.spec_stats.num_accepted_tokens > 0
+        assert engine.num_free_pages == SMALL["num_pages"]
+    assert got == want
+
+
 def test_sampled_requests_and_aborts_leave_no_page_behind():
     """100 requests, greedy and sampled, of many lengths; every seventh aborted midway."""
     rng = random.Random(0)
@@ -77,8 +93,9 @@ def test_sampled_requests_and_aborts_leave_no_page_behind():
 def test_settings_the_engine_cannot_run_are_refused_with_the_fix():
     with pytest.raises(EngineError, match="no MTP layer.*ngram"):
         LLMEngine("qwen3-coder-tiny", EngineConfig(num_pages=8, speculative=SpeculativeConfig("mtp", 1)))
-    with pytest.raises(EngineError, match="tp 1"):
-        LLMEngine("qwen3-coder-tiny", EngineConfig(num_pages=8, tp=2, speculative=SpeculativeConfig("ngram", 1)))
+    with pytest.raises(EngineError, match="does not run in a decode_only engine"):
+        LLMEngine("qwen3-coder-tiny", EngineConfig(num_pages=8, mode="decode_only",
+                                                   speculative=SpeculativeConfig("ngram", 1)))
     with pytest.raises(SpeculativeConfigError, match="unknown speculative method 'eagle'"):
         SpeculativeConfig("eagle")
     with pytest.raises(SpeculativeConfigError, match=r"num_tokens must be in \[1, 4\]"):
