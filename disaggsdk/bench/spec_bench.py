@@ -31,7 +31,7 @@ def _timed_generate(engine: Any, prompts: list[list[int]], output_len: int, repe
 
 
 def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int], output_len: int = 128,
-                   repeats: int = 3, compile_step: bool | None = None) -> dict[str, Any]:
+                   repeats: int = 3, compile_step: bool | None = None, dtype: str = "float32") -> dict[str, Any]:
     """The comparison for each batch size (see the module docstring)."""
     from disaggsdk.bench.code_corpus import held_out_prompts
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
@@ -41,13 +41,14 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
     tok = load_tokenizer(model)
     texts = held_out_prompts(max(batches))
     result: dict[str, Any] = {"model": model, "method": method, "num_tokens": num_tokens, "output_len": output_len,
+                              "dtype": dtype,
                               "prompt_tokens": [len(tok.encode(t)) for t in texts], "batches": []}
     for batch in batches:
         prompts = [tok.encode(t) for t in texts[:batch]]
         row: dict[str, Any] = {"batch": batch}
         outputs = {}
         for name, spec in (("plain", None), ("speculative", SpeculativeConfig(method, num_tokens))):
-            config = EngineConfig(num_pages=64 * batch, compile=compile_step, speculative=spec)
+            config = EngineConfig(num_pages=64 * batch, compile=compile_step, speculative=spec, dtype=dtype)
             with LLMEngine(model, config) as engine:
                 seconds, outputs[name] = _timed_generate(engine, prompts, output_len, repeats)
                 if spec is not None:
@@ -71,13 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weights and KV (bfloat16 runs matmuls on oneDNN, whose cost hardly grows from 1 to 8 rows)")
     p.add_argument("--compile", choices=("on", "off", "default"), default="default",
                    help="the compiled step (default: the engine's default)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     compile_step = {"on": True, "off": False, "default": None}[a.compile]
     print(json.dumps(run_spec_bench(a.model, a.method, a.num_tokens, a.batch or [1, 8], a.output_len, a.repeats,
-                                    compile_step), indent=1))
+                                    compile_step, a.dtype), indent=1))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from disaggsdk.bench.spec_bench import run_spec_bench  # noqa: E402
 def test_spec_bench_reports_acceptance_speed_and_identical_greedy_tokens():
     result = run_spec_bench("qwen3-coder-tiny", "ngram", 2, [2], output_len=16, repeats=1, compile_step=False)
     (row,) = result["batches"]
+    assert result["dtype"] == "float32"
     assert row["batch"] == 2 and row["identical_greedy_tokens"] is True
     assert row["acceptance"]["num_draft_tokens"] > 0 and len(row["acceptance"]["per_position_acceptance"]) == 2
     assert row["plain_tokens_per_s_per_request"] > 0 and row["speedup"] > 0
