@@ -5,7 +5,9 @@ logits (after it): embeddings, norms, rope, projections and MLPs are compiled by
 elementwise work, no per-op Python dispatch); attention and the layer counter are the custom ops
 of `engine.graph_ops`, so the layer-by-layer KV streaming of a prefill unit works unchanged; MoE
 experts run eagerly inside it (their token counts are data). Shapes are dynamic: one graph for
-one-token steps and one for longer ones, compiled by `warm_up` before the first request.
+one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
+decoding, engine.models.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
+before the first request.
 On CUDA the same ops would let decode steps be captured as CUDA graphs; not built yet (no GPU
 to test it on).
 """
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.forward_batch import ForwardBatch
 
 COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
-MAX_GRAPHS = 64  # compiled graphs of the step kept per process (two per engine)
+MAX_GRAPHS = 64  # compiled graphs of the step kept per process (three per engine)
 
 
 def compile_by_default() -> bool:
@@ -45,7 +47,7 @@ class CompiledStep:
         self.attn = GraphAttention(backend)
         self._counters: dict[int, GraphLayerCounter] = {}
         # Dynamo keeps the graphs of `_trace` per code object, guarded on the model: every engine
-        # of a process adds two. Past the limit (8 by default) it would run the step eagerly.
+        # of a process adds three. Past the limit (8 by default) it would run the step eagerly.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self._forward = torch.compile(self._trace, dynamic=True)
 

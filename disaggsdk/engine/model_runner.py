@@ -85,12 +85,13 @@ class ModelRunner:
         return hidden_all, rows, self.model.compute_logits(rows).float()
 
     def warm_up(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> None:
-        """Run the step once with one token and once with two (the compiled step's two graphs),
-        so that compiling happens now rather than in the first requests. The tokens go to page
-        0 of a pool nothing uses yet; ``on_layer_done`` is the engine's layer counter (the graphs
-        are specialised on having one)."""
+        """Run the step with one token, two, and more than `skinny.MAX_ROWS` (the compiled step's
+        three graphs: the skinny matmuls branch on the rows), so that compiling happens now rather
+        than in the first requests. The tokens go to page 0 of a pool nothing uses yet;
+        ``on_layer_done`` is the engine's layer counter (the graphs are specialised on having one)."""
         from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+        from disaggsdk.engine.models.layers.skinny import MAX_ROWS
 
-        for n in (1, 2):
+        for n in (1, 2, MAX_ROWS + 1):
             item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.page_size))
             self.run(build_forward_batch([item], self.config.page_size, self.device, on_layer_done))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from disaggsdk.engine.models.layers import skinny
 from disaggsdk.engine.models.layers.decoder import DecoderLayer, DecoderModel, Embedding
 from disaggsdk.engine.models.layers.linear import (
     ColumnParallelLinear,
@@ -172,7 +173,7 @@ class MTPLayer(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
-        return torch.nn.functional.linear(self.shared_head_norm(hidden), self.shared_head.weight).float()
+        return skinny.linear(self.shared_head_norm(hidden), self.shared_head.weight).float()
 
 
 class DeepseekV3ForCausalLM(DecoderModel):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from disaggsdk.engine.models.layers import skinny
 from disaggsdk.engine.models.layers.norm import RMSNorm
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
@@ -104,7 +105,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, vocab_size] float32 logits of hidden [n, hidden_size]; identical on every rank."""
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, head).float()
+        return skinny.linear(hidden, head).float()
 
     def weight_slots(self) -> Iterator[WeightSlot]:
         """Every checkpoint tensor this rank holds a slice of, in module order."""

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from disaggsdk.engine.models.layers import skinny
 from disaggsdk.engine.weights import WeightSlot
 
 
@@ -44,7 +44,7 @@ class ColumnParallelLinear(nn.Module):
         return [p.rows[1] - p.rows[0] for p in self.parts]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return skinny.linear(x, self.weight)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         offset = 0
@@ -79,7 +79,7 @@ class RowParallelLinear(nn.Module):
         # weight: [out_features, local in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return skinny.linear(x, self.weight)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         split = self.cols[1] - self.cols[0] != self.full_in

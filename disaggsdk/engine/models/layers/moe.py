@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from disaggsdk.engine.models.layers import skinny
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
 from disaggsdk.errors import ModelError
@@ -63,8 +64,8 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             tokens = token_of[start : start + count]
-            gate, up = F.linear(x[tokens], self.w13[expert]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.w2[expert])
+            gate, up = skinny.linear(x[tokens], self.w13[expert]).chunk(2, dim=-1)
+            h = skinny.linear(F.silu(gate) * up, self.w2[expert])
             out.index_add_(0, tokens, h * weight_of[start : start + count, None])
             start += count
         return out

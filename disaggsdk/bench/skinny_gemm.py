@@ -1,0 +1,76 @@
+"""The matmuls of decoding, with caches as cold as a decode step leaves them: ``F.linear`` against
+`engine.models.layers.skinny.linear`, and the memory-bandwidth bound of each.
+
+    python -m disaggsdk.bench.skinny_gemm [--rows 1 --rows 2 ...] [--threads 2] [--repeats 200]
+
+For each weight shape (the tiny models' projections, experts and head, float32) and row count it
+evicts the caches (by writing a buffer larger than the last-level cache), times one product, and
+reports the mean microseconds of each way, their ratio, and the GB/s each reads the weight at. Prints
+one JSON object; run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+# (out_features, in_features): lm_head 4096 x 256, MLP up|gate 1024 x 256 and down 256 x 512,
+# attention 256 x 256, MoE experts 256 x 128
+SHAPES = ((4096, 256), (1024, 256), (256, 512), (256, 256), (256, 128))
+EVICT_BYTES = 64 << 20
+
+
+def _mean_us(fn: Any, evict: Any, repeats: int) -> float:
+    total = 0.0
+    for i in range(repeats + 5):
+        evict.add_(1.0)
+        start = time.perf_counter()
+        fn()
+        if i >= 5:  # the first calls pay for allocation and dispatch warm-up
+            total += time.perf_counter() - start
+    return total / repeats * 1e6
+
+
+def run_skinny_gemm(rows: list[int], repeats: int = 200) -> dict[str, Any]:
+    """The comparison for every shape and row count (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from disaggsdk.engine.models.layers import skinny
+
+    evict = torch.zeros(EVICT_BYTES // 4)
+    results = []
+    for out_features, in_features in SHAPES:
+        weight = torch.randn(out_features, in_features)
+        for n in rows:
+            x = torch.randn(n, in_features)
+            torch.testing.assert_close(skinny.linear(x, weight), F.linear(x, weight), rtol=1e-4, atol=1e-4)
+            linear_us = _mean_us(lambda: F.linear(x, weight), evict, repeats)
+            skinny_us = _mean_us(lambda: skinny.linear(x, weight), evict, repeats)
+            weight_gb = weight.numel() * 4 / 1e9
+            results.append({
+                "weight": [out_features, in_features], "rows": n,
+                "f_linear_us": round(linear_us, 1), "skinny_us": round(skinny_us, 1),
+                "speedup": round(linear_us / skinny_us, 2),
+                "f_linear_weight_gb_per_s": round(weight_gb / (linear_us * 1e-6), 1),
+                "skinny_weight_gb_per_s": round(weight_gb / (skinny_us * 1e-6), 1),
+            })
+    return {"threads": torch.get_num_threads(), "dtype": "float32", "results": results}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, action="append", help="rows of x (repeatable; default 1 2 4 8 16 32)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=200)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    print(json.dumps(run_skinny_gemm(a.rows or [1, 2, 4, 8, 16, 32], a.repeats), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""The decode-matmul benchmark runs and reports both ways for every shape (no timings asserted)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.bench.skinny_gemm import SHAPES, run_skinny_gemm  # noqa: E402
+
+
+def test_skinny_gemm_reports_every_shape_and_row_count():
+    result = run_skinny_gemm([1, 2], repeats=2)
+    assert len(result["results"]) == 2 * len(SHAPES)
+    row = result["results"][0]
+    assert row["f_linear_us"] > 0 and row["skinny_us"] > 0 and row["speedup"] > 0
+    assert row["skinny_weight_gb_per_s"] > 0
