@@ -140,7 +140,12 @@ class LLMEngine:
 
     def _new_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         gen = None if params.greedy else new_generator(params.seed, next(self._seeds))
-        return Request(request_id, list(prompt_ids), params, generator=gen)
+        grammar = None
+        if params.structured is not None and self.config.mode != "prefill_only":  # prefill never samples
+            from disaggsdk.engine.structured.grammar import GrammarState, ll_tokenizer
+
+            grammar = GrammarState(params.structured, ll_tokenizer(self.runner.config.model))
+        return Request(request_id, list(prompt_ids), params, generator=gen, grammar=grammar)
 
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Queue a request to be prefilled (in chunks) and decoded.
@@ -148,6 +153,7 @@ class LLMEngine:
         Raises:
             EngineError: the id is in use, the prompt is empty or too long, or this is a
                 decode_only engine (use `add_prefilled_request`).
+            StructuredOutputError: ``params.structured`` does not compile for this model.
         """
         params = params or SamplingParams()
         if self.config.mode == "decode_only":

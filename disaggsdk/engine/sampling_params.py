@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
+from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.errors import DisaggError
 
 # The smallest temperature the sampler accepts, other than 0 (greedy). Dividing logits by less
@@ -35,7 +36,9 @@ class SamplingParams:
     ``top_k == 0`` and ``top_p == 1`` switch those filters off.
     ``seed`` makes a sampled request reproducible on its own, whatever else is in the batch.
     ``logprobs = N`` returns the chosen token's logprob and the N most likely tokens' (from the
-    unfiltered distribution, as vLLM does).
+    unfiltered distribution, as vLLM does; a grammar's mask is applied before, as in vLLM).
+    ``structured``: what the output must match (JSON Schema, regex, choice, grammar); decode
+    engines mask each step's logits with it.
     """
 
     max_tokens: int = 16
@@ -46,6 +49,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         problems = [p for p in (*_check_floats(self), *_check_ints(self)) if p]
@@ -98,6 +102,8 @@ def _check_ints(p: SamplingParams) -> list[str | None]:
         problems.append(_bounded("seed", p.seed, 0, MAX_SEED))
     if p.logprobs is not None:
         problems.append(_bounded("logprobs", p.logprobs, 0, MAX_INT32))
+    if p.structured is not None and not isinstance(p.structured, StructuredOutput):
+        problems.append(f"structured={p.structured!r} must be a StructuredOutput")
     if not isinstance(p.ignore_eos, bool):
         problems.append(f"ignore_eos={p.ignore_eos!r} must be true or false")
     if not isinstance(p.stop_token_ids, (tuple, list)):

@@ -11,6 +11,8 @@ from disaggsdk.engine.sampling import SamplingParams, TokenLogprobs
 if TYPE_CHECKING:
     import torch
 
+    from disaggsdk.engine.structured.grammar import GrammarState
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # no KV yet (new, or preempted and waiting to be recomputed)
@@ -40,6 +42,7 @@ class Request:
     draft_ids: list[int] = field(default_factory=list)  # speculative drafts its next step verifies
     num_draft_tokens: int = 0  # drafts proposed for it, in total
     num_accepted_tokens: int = 0  # of which accepted
+    grammar: GrammarState | None = None  # its structured output's matcher (decoding engines only)
 
     @property
     def all_ids(self) -> list[int]:

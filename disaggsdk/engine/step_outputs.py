@@ -10,6 +10,7 @@ target's own next token; its rejected positions are dropped from the request's c
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ from disaggsdk.engine.sequence import RequestOutput
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.speculative.verify import verify_drafts
 from disaggsdk.engine.stopping import stop_reason
+from disaggsdk.engine.structured.grammar import GRAMMAR_FINISH_REASON, GrammarState, apply_masks, new_bitmask
+
+log = logging.getLogger(__name__)
 
 
 def logits_rows(chunk: ScheduledChunk, ends_prefill: bool) -> int:
@@ -39,6 +43,17 @@ class StepSettings:
     mode: str
     return_hidden_states: bool
     eos_ids: frozenset[int]
+
+
+def _mask_grammars(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor) -> None:
+    """Mask the logits rows of every request with a grammar, in place, before anything is chosen."""
+    for i, c in enumerate(chunks):
+        grammar = c.request.grammar
+        if c.sample and grammar is not None:
+            rows = logits[first_row[i] : first_row[i] + len(c.draft_ids) + 1]
+            bitmask = new_bitmask(rows.shape[0], rows.shape[1])
+            grammar.fill_masks(c.draft_ids, bitmask)
+            apply_masks(rows, bitmask)
 
 
 def _choose(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor,
@@ -71,6 +86,7 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
         hidden, logits: the runner's rows, in chunk order.
     """
     first_row = list(itertools.accumulate(rows, initial=0))
+    _mask_grammars(chunks, first_row, logits)
     chosen = _choose(chunks, first_row, logits, stats)
     outputs = []
     for i, chunk in enumerate(chunks):
@@ -90,6 +106,8 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
                     req.output_logprobs.append(lp)
                     out.new_logprobs.append(lp)
                 reason = stop_reason(req.params, len(req.output_ids), token, settings.eos_ids)
+                if req.grammar is not None and not reason:
+                    reason = _follow_grammar(req.grammar, token)
                 if reason:
                     scheduler.finish(req, reason)
                     break
@@ -105,3 +123,13 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
         out.finished, out.finish_reason = req.is_finished, req.finish_reason
         outputs.append(out)
     return outputs
+
+
+def _follow_grammar(grammar: GrammarState, token: int) -> str | None:
+    """Advance a request's grammar over a kept token; a finish reason when the grammar is complete
+    (nothing but the end may follow) or refused the token (it cannot continue: logged, and the
+    request ends rather than emit text the grammar forbids)."""
+    if not grammar.accept(token):
+        log.warning("grammar refused token %d (%s); ending the request", token, grammar.error)
+        return GRAMMAR_FINISH_REASON
+    return GRAMMAR_FINISH_REASON if grammar.is_finished else None

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.metrics import ServerMetrics
@@ -154,9 +155,16 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
                                             "root": model}]}
 
+    def check_structured(output: StructuredOutput) -> None:
+        # compiled here, before admission, so a bad schema is this client's 400, not a unit's error;
+        # the decode engine compiles it again for its own matcher
+        from disaggsdk.engine.structured.grammar import check_structured as compiles
+
+        compiles(backend.model_name, output)
+
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
-        req = parse_request(body, chat, backend.encode)
+        req = parse_request(body, chat, backend.encode, check_structured)
         check_context_length(req, getattr(backend, "max_model_len", None))
         if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
             name = "top_logprobs" if chat and req.logprobs else "logprobs"

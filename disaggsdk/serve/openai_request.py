@@ -14,16 +14,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, show_value
+from disaggsdk.serve.structured_request import parse_structured
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 # fields that change what the answer means: refused rather than silently ignored
-UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "response_format", "logit_bias", "best_of", "suffix")
+UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "logit_bias", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
 
 
@@ -193,13 +195,16 @@ def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
     )
 
 
-def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> ParsedRequest:
+def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
+                  check_structured: Callable[[StructuredOutput], None] | None = None) -> ParsedRequest:
     """Validate an OpenAI completions (``chat=False``) or chat completions body.
 
     Args:
         body: the decoded JSON body (`decode_body`).
         chat: chat completions (``messages``) rather than completions (``prompt``).
         encode: text -> prompt token ids of the served model (BOS included where it has one).
+        check_structured: whether a structured-output constraint compiles for the served model
+            (`structured_request.parse_structured`); None: such requests are refused.
     Returns:
         the parsed request.
     Raises:
@@ -229,8 +234,9 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]]) -> 
         "ignore_eos": ("ignore_eos", _typed(body, "ignore_eos", (bool,), False, "a boolean")),
     }
     logprobs = _logprobs(body, chat)
+    structured = parse_structured(body, check_structured)
     try:  # SamplingParams checks again: what reaches a unit is valid however it was built
-        params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs)
+        params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs, structured=structured)
     except SamplingError as exc:
         bad = next((field for k, (field, _) in fields.items() if f"{k}=" in str(exc)), None)
         raise BadRequestError(str(exc), param=bad) from None

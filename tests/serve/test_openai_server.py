@@ -73,7 +73,11 @@ def test_metrics_parse_and_ttft_count_equals_requests_served(deployment):
     ({"prompt": "x", "logprobs": 99}, "logprobs"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "model": "gpt-9"}, "model"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema"),
+    ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
 ])
 def test_bad_completion_requests_get_400_naming_the_field(deployment, body, param):
     r = httpx.post(f"{deployment.url}/v1/completions", json=body)
