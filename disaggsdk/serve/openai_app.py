@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend
+from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
@@ -102,6 +103,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
     model = backend.model_name
+    chat_template = model_chat_template(model)  # None: the built-in one, and /v1/models says so
 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
@@ -153,7 +155,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @v1.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
-                                            "root": model}]}
+                                            "root": model,
+                                            "chat_template": "checkpoint" if chat_template else "builtin"}]}
 
     def check_structured(output: StructuredOutput) -> None:
         # compiled here, before admission, so a bad schema is this client's 400, not a unit's error;
@@ -164,7 +167,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
-        req = parse_request(body, chat, backend.encode, check_structured)
+        req = parse_request(body, chat, backend.encode, check_structured, chat_template)
         check_context_length(req, getattr(backend, "max_model_len", None))
         if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
             name = "top_logprobs" if chat and req.logprobs else "logprobs"

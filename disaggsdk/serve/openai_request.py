@@ -10,15 +10,19 @@ The document as a whole (encoding, depth, NaN anywhere) is checked first, in `op
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
+from disaggsdk.serve.chat_request import chat_prompt
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, show_value
 from disaggsdk.serve.structured_request import parse_structured
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.chat_template import ChatTemplate
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -129,33 +133,6 @@ def _completion_prompt(body: dict[str, Any], encode: Callable[[str], list[int]])
     raise BadRequestError("'prompt' is required: a string or a list of token ids", param="prompt")
 
 
-def render_chat(messages: Sequence[dict[str, Any]]) -> str:
-    """The simple chat template used for models without one: ``<|role|>\\ncontent\\n`` per message,
-    then ``<|assistant|>\\n`` for the reply.
-
-    Raises:
-        BadRequestError: malformed messages.
-    """
-    if not isinstance(messages, list) or not messages:
-        raise BadRequestError("'messages' must be a non-empty list of {role, content}", param="messages")
-    parts = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-            raise BadRequestError(f"messages[{i}].role must be system, user, assistant, developer or tool",
-                                  param=f"messages[{i}].role")
-        content = msg.get("content")
-        if isinstance(content, list):  # content parts: only text is understood
-            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-                raise BadRequestError(f"messages[{i}].content: only text parts are supported",
-                                      param=f"messages[{i}].content")
-            content = "".join(texts)
-        if not isinstance(content, str):
-            raise BadRequestError(f"messages[{i}].content must be a string", param=f"messages[{i}].content")
-        parts.append(f"<|{msg['role']}|>\n{content}\n")
-    return "".join(parts) + "<|assistant|>\n"
-
-
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     if chat:
         if not _typed(body, "logprobs", (bool,), False, "a boolean"):
@@ -196,7 +173,8 @@ def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
 
 
 def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
-                  check_structured: Callable[[StructuredOutput], None] | None = None) -> ParsedRequest:
+                  check_structured: Callable[[StructuredOutput], None] | None = None,
+                  chat_template: ChatTemplate | None = None) -> ParsedRequest:
     """Validate an OpenAI completions (``chat=False``) or chat completions body.
 
     Args:
@@ -205,6 +183,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         encode: text -> prompt token ids of the served model (BOS included where it has one).
         check_structured: whether a structured-output constraint compiles for the served model
             (`structured_request.parse_structured`); None: such requests are refused.
+        chat_template: the served checkpoint's template; None: the built-in one (`chat_request`).
     Returns:
         the parsed request.
     Raises:
@@ -215,7 +194,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
     check_json_tree(body)
     _refuse_unsupported(body)
     if chat:
-        prompt_ids = encode(render_chat(body.get("messages")))
+        prompt_ids = encode(chat_prompt(body, chat_template))
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         default_max = DEFAULT_CHAT_MAX_TOKENS
     else:

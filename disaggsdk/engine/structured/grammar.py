@@ -34,16 +34,13 @@ def ll_tokenizer(model: str) -> Any:
         StructuredOutputError: the model has no ``tokenizer.json`` (byte-level and full-size catalog
             models), so no grammar can be compiled for it.
     """
-    from pathlib import Path
-
     from llguidance import LLTokenizer
 
     from disaggsdk.engine.stopping import eos_token_ids
-    from disaggsdk.models import is_tiny, resolve_model
-    from disaggsdk.models.catalog import CATALOG
-    from disaggsdk.models.shipped import read_generation_config, shipped_checkpoint
+    from disaggsdk.models import resolve_model
+    from disaggsdk.models.shipped import checkpoint_directory, read_generation_config
 
-    directory = shipped_checkpoint(model) if model in CATALOG and is_tiny(model) else Path(model).expanduser()
+    directory = checkpoint_directory(model)
     path = directory / "tokenizer.json" if directory else None
     if path is None or not path.is_file():
         raise StructuredOutputError(f"{model} has no tokenizer.json, so structured output cannot be compiled "

@@ -1,0 +1,120 @@
+"""The chat part of a request: messages and tools checked (400s naming the field), then the prompt
+text, from the checkpoint's own template (`chat_template`) or the built-in one for models without."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.openai_json import show_value
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.chat_template import ChatTemplate
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+
+def _text(content: Any, where: str, optional: bool) -> str | None:
+    if content is None and optional:
+        return None
+    if isinstance(content, list):  # content parts: only text is understood
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+            raise BadRequestError(f"{where}: only text parts are supported", param=where)
+        return "".join(texts)
+    if not isinstance(content, str):
+        raise BadRequestError(f"{where} must be a string", param=where)
+    return content
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise BadRequestError(f"{where} must be a list", param=where)
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                fn.get("arguments", "{}"), (str, dict)):
+            raise BadRequestError(f"{where}[{j}] must be {{type: function, function: {{name, arguments}}}}",
+                                  param=f"{where}[{j}]")
+    return calls
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages with text content (parts joined), or a 400 naming the bad one.
+
+    Raises:
+        BadRequestError: not a non-empty list of {role, content}; an unknown role; non-text content.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty list of {role, content}", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ROLES:
+            raise BadRequestError(f"messages[{i}].role must be system, user, assistant, developer or tool",
+                                  param=f"messages[{i}].role")
+        calls = msg.get("tool_calls")
+        checked = {**msg, "content": _text(msg.get("content"), f"messages[{i}].content",
+                                           optional=msg["role"] == "assistant" and bool(calls))}
+        if calls is not None:
+            checked["tool_calls"] = _tool_calls(calls, f"messages[{i}].tool_calls")
+        out.append(checked)
+    return out
+
+
+def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """``tools`` as the template sees them (None when absent).
+
+    Raises:
+        BadRequestError: not a list of {type: function, function: {name, parameters}}.
+    """
+    tools = body.get("tools")
+    if tools in (None, []):
+        return None
+    if not isinstance(tools, list):
+        raise BadRequestError(f"'tools' must be a list, got {show_value(tools)}", param="tools")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str) or not fn["name"]
+                or not isinstance(fn.get("parameters", {}), dict)):
+            raise BadRequestError(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}",
+                                  param=f"tools[{i}]")
+    return tools
+
+
+def render_builtin(messages: Sequence[dict[str, Any]]) -> str:
+    """The simple chat template used for models without one: ``<|role|>\\ncontent\\n`` per message,
+    then ``<|assistant|>\\n`` for the reply."""
+    return "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages) + "<|assistant|>\n"
+
+
+def chat_prompt(body: dict[str, Any], template: ChatTemplate | None) -> str:
+    """The prompt text of a chat request.
+
+    Raises:
+        BadRequestError: bad messages, tools or chat_template_kwargs; tools for a model without a
+            template; the template refusing the conversation.
+    """
+    from disaggsdk.serve.chat_template import ChatTemplateError
+
+    messages = check_messages(body.get("messages"))
+    tools = check_tools(body)
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise BadRequestError("'add_generation_prompt' must be a boolean", param="add_generation_prompt")
+    if template is None:
+        if tools:
+            raise BadRequestError("'tools': this model has no chat template to present tools with",
+                                  param="tools")
+        return render_builtin(messages)
+    try:
+        text = template.render(messages, tools, add_generation_prompt, kwargs)
+    except ChatTemplateError as exc:
+        raise BadRequestError(str(exc), param="messages") from None
+    # the server's encode adds the model's bos itself; a template that writes it would double it
+    bos = template.bos_token
+    return text[len(bos):] if bos and text.startswith(bos) else text
