@@ -245,7 +245,7 @@ async def _whole(request: Request, run: RequestRun, first) -> Response:  # noqa:
         err = BadRequestError(run.error or "the request failed", status=500, kind="server_error")
         return JSONResponse(err.body(), status_code=500)
     choice = resp.choice(run.req.chat, run.text, run.finish_reason, _merge_logprobs(logprobs, run.req.chat),
-                         token_ids if run.req.return_token_ids else None, delta=False)
+                         token_ids if run.req.return_token_ids else None, delta=False, tool_calls=run.tool_calls)
     return JSONResponse(resp.body(run.req.chat, run.request_id, run.created, run.model, [choice], chunk=False,
                                   usage_=run.usage()))
 

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disaggsdk.engine.structured.output import StructuredOutput
+from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
-from disaggsdk.serve.chat_request import chat_prompt
+from disaggsdk.serve.chat_request import chat_prompt, check_tools
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, show_value
 from disaggsdk.serve.structured_request import parse_structured
+from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_tool_choice
 
 if TYPE_CHECKING:
     from disaggsdk.serve.chat_template import ChatTemplate
@@ -29,7 +30,7 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 # fields that change what the answer means: refused rather than silently ignored
-UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "logit_bias", "best_of", "suffix")
+UNSUPPORTED_FIELDS = ("functions", "function_call", "logit_bias", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
 
 
@@ -45,6 +46,7 @@ class ParsedRequest:
     include_usage: bool
     logprobs: int | None  # top-N alternatives to return per token; None: no logprobs at all
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
+    tool_setup: ToolSetup | None = None  # chat with tools: how calls are asked for and parsed
 
 
 # fields
@@ -193,8 +195,10 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         raise BadRequestError("the request body must be a JSON object")
     check_json_tree(body)
     _refuse_unsupported(body)
+    tool_setup = None
     if chat:
         prompt_ids = encode(chat_prompt(body, chat_template))
+        tool_setup = parse_tool_choice(body, check_tools(body), _special_token_id(encode))
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         default_max = DEFAULT_CHAT_MAX_TOKENS
     else:
@@ -214,6 +218,17 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
     }
     logprobs = _logprobs(body, chat)
     structured = parse_structured(body, check_structured)
+    forced = forced_calls(tool_setup) if tool_setup else None
+    if forced is not None:
+        if structured is not None:
+            raise BadRequestError("'tool_choice' forces a tool call; it cannot be combined with 'response_format'",
+                                  param="tool_choice")
+        structured = forced
+        try:
+            if check_structured is not None:
+                check_structured(structured)
+        except StructuredOutputError as exc:  # a tool's parameters schema the grammar cannot take
+            raise BadRequestError(f"'tools': {exc}", param="tools") from None
     try:  # SamplingParams checks again: what reaches a unit is valid however it was built
         params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs, structured=structured)
     except SamplingError as exc:
@@ -228,5 +243,17 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
     return ParsedRequest(
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,
         include_usage=bool(include_usage) and stream, logprobs=logprobs,
-        return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"),
+        return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"), tool_setup=tool_setup,
     )
+
+
+def _special_token_id(encode: Callable[[str], list[int]]) -> Callable[[str], int | None]:
+    """text -> its token id when the tokenizer encodes it as one token (past a bos it adds), else None."""
+    prefix = encode("")
+
+    def token_id(text: str) -> int | None:
+        ids = encode(text)
+        ids = ids[len(prefix):] if ids[: len(prefix)] == prefix else ids
+        return ids[0] if len(ids) == 1 else None
+
+    return token_id

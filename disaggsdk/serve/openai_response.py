@@ -54,6 +54,7 @@ def chat_logprobs(lps: Sequence[TokenLogprobs], decode: Decode) -> dict[str, Any
 def choice(
     chat: bool, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None,
     token_ids: Sequence[int] | None, delta: bool, first: bool = False,
+    tool_calls: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """One ``choices[0]`` entry: a whole answer or a streamed delta.
 
@@ -65,14 +66,21 @@ def choice(
         token_ids: the (new) token ids when the client asked for them (``return_token_ids``).
         delta: a streamed chunk rather than the whole answer.
         first: the first chat chunk, which carries the assistant role.
+        tool_calls: the answer's tool calls (chat; streamed whole, with their ``index``, in the
+            last chunk, as each call's only delta). The content is null when there are calls and
+            no text.
     """
     out: dict[str, Any] = {"index": 0}
     if not chat:
         out["text"] = text
     elif delta:
         out["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
+        if tool_calls:
+            out["delta"]["tool_calls"] = [{"index": i} | c for i, c in enumerate(tool_calls)]
     else:
-        out["message"] = {"role": "assistant", "content": text}
+        out["message"] = {"role": "assistant", "content": text or (None if tool_calls else text)}
+        if tool_calls:
+            out["message"]["tool_calls"] = list(tool_calls)
     out["logprobs"] = logprobs
     out["finish_reason"] = finish_reason
     if token_ids is not None:

@@ -18,6 +18,7 @@ from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.text_stream import TextStream
+from disaggsdk.serve.tool_calls import parse_calls
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RequestRun:
     _text: TextStream | None = None
     _first_chunk: bool = True
     _recorded: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed when the request finishes
+    _tool_ids: list[int] | None = None  # output from the first <tool_call> on (never sent as text)
 
     def __post_init__(self) -> None:
         self.timeline = RequestTimeline(time.monotonic(), prompt_tokens=len(self.req.prompt_ids))
@@ -54,7 +57,7 @@ class RequestRun:
 
     @property
     def completion_tokens(self) -> int:
-        return len(self._text.token_ids)
+        return len(self._text.token_ids) + len(self._tool_ids or ())
 
     @property
     def text(self) -> str:
@@ -111,11 +114,12 @@ class RequestRun:
         tokens = list(event.new_token_ids)
         self.timeline.token_times_s.extend([now] * len(tokens))
         offset = len(self._text.sent_text)
-        text = self._text.add(tokens, final=event.finished)
+        text = self._text.add(self._split_tool_calls(tokens), final=event.finished)
         finished = event.finished or self._text.stopped
         if finished:
             self.finish_reason = "stop" if self._text.stopped else event.finish_reason
             self.error = event.error if event.finish_reason == "error" else None
+            self._parse_tool_calls()
         logprobs = None
         if self.req.logprobs is not None and event.new_logprobs:
             lps = list(event.new_logprobs)
@@ -124,9 +128,28 @@ class RequestRun:
         choice = resp.choice(
             self.req.chat, text, self.finish_reason if finished else None, logprobs,
             tokens if self.req.return_token_ids else None, delta=True, first=self._first_chunk,
+            tool_calls=self.tool_calls if finished else (),
         )
         self._first_chunk = False
         return Piece(text, choice, finished)
+
+    def _split_tool_calls(self, tokens: list[int]) -> list[int]:
+        """The tokens that are message text; from the first <tool_call> on they are kept aside."""
+        setup = self.req.tool_setup
+        if setup is None:
+            return tokens
+        if self._tool_ids is None and setup.open_id in tokens:
+            cut = tokens.index(setup.open_id)
+            self._tool_ids, tokens = tokens[cut:], tokens[:cut]
+        elif self._tool_ids is not None:
+            self._tool_ids, tokens = self._tool_ids + tokens, []
+        return tokens
+
+    def _parse_tool_calls(self) -> None:
+        if self._tool_ids and self.finish_reason in ("stop", "length"):
+            self.tool_calls = parse_calls(self.backend.decode(self._tool_ids), self.req.tool_setup)
+            if self.tool_calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
 
     def usage(self) -> dict[str, int]:
         return resp.usage(len(self.req.prompt_ids), self.completion_tokens)

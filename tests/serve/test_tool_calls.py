@@ -1,0 +1,97 @@
+"""Tool calls in Qwen3-Coder's format: tool_choice is checked, required and named choices are forced
+by a grammar to valid calls, auto output is parsed, and the round trip (call, tool result, answer)
+works with the openai client, streaming and not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llguidance")
+openai = pytest.importorskip("openai")
+
+from disaggsdk.engine.structured.grammar import GrammarState, ll_tokenizer  # noqa: E402
+from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
+from disaggsdk.serve.openai_error import BadRequestError  # noqa: E402
+from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_calls, parse_tool_choice  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}, "units": {"enum": ["C", "F"]},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}},
+        "required": ["city", "days"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [WEATHER, TIME]
+
+
+def setup(choice="required", function=None) -> ToolSetup:
+    tok = load_tokenizer("qwen3-coder-tiny")
+    return ToolSetup(tuple(TOOLS), choice, function, tok.encode("<tool_call>")[0], tok.encode("</tool_call>")[0])
+
+
+def test_tool_choice_is_checked():
+    ids = {"<tool_call>": 3, "</tool_call>": 4}.get
+    assert parse_tool_choice({}, TOOLS, ids).choice == "auto"
+    assert parse_tool_choice({"tool_choice": "none"}, TOOLS, ids) is None
+    named = parse_tool_choice({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, TOOLS, ids)
+    assert named.choice == "function" and named.function == "get_time"
+    for body, match in [({"tool_choice": "always"}, "must be none, auto, required"),
+                        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in 'tools'")]:
+        with pytest.raises(BadRequestError, match=match):
+            parse_tool_choice(body, TOOLS, ids)
+    with pytest.raises(BadRequestError, match="needs 'tools'"):
+        parse_tool_choice({"tool_choice": "required"}, None, ids)
+    with pytest.raises(BadRequestError, match="no <tool_call> token"):
+        parse_tool_choice({}, TOOLS, lambda _text: None)
+
+
+def test_the_forced_grammar_takes_what_the_template_renders_and_parses_back():
+    tok = load_tokenizer("qwen3-coder-tiny")
+    s = setup()
+    call = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=where>\n{\"lat\": 59.9}\n</parameter>\n</function>\n</tool_call>")
+    grammar = GrammarState(forced_calls(s), ll_tokenizer("qwen3-coder-tiny"))
+    assert all(grammar.accept(t) for t in tok.encode(call))
+    missing = GrammarState(forced_calls(s), ll_tokenizer("qwen3-coder-tiny"))  # days is required
+    assert not all(missing.accept(t) for t in tok.encode(call.replace("<parameter=days>\n3\n</parameter>\n", "")))
+    (parsed,) = parse_calls(tok.decode(tok.encode(call)), s)
+    assert parsed["function"]["name"] == "get_weather" and parsed["id"].startswith("chatcmpl-tool-")
+    assert json.loads(parsed["function"]["arguments"]) == {"city": "Oslo", "days": 3, "where": {"lat": 59.9}}
+    named = forced_calls(setup("function", "get_time")).value
+    assert "get_time" in named and "get_weather" not in named
+    assert forced_calls(setup("auto")) is None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_round_trip_with_the_openai_client(deployment, stream):
+    client = openai.OpenAI(base_url=f"{deployment.url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "What is the weather in Oslo for 3 days?"}]
+
+    def ask(**kw):
+        r = client.chat.completions.create(model=deployment.model_name, messages=messages, tools=TOOLS,
+                                           max_tokens=120, temperature=0, stream=stream, **kw)
+        if not stream:
+            return r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason
+        content, calls, reason = "", [], None
+        for chunk in r:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            content += (delta.content or "") if delta else ""
+            calls += (delta.tool_calls or []) if delta else []
+            reason = chunk.choices[0].finish_reason if chunk.choices and chunk.choices[0].finish_reason else reason
+        return content, calls, reason
+
+    content, calls, reason = ask(tool_choice="required")
+    assert reason == "tool_calls" and calls and calls[0].function.name in ("get_weather", "get_time")
+    args = json.loads(calls[0].function.arguments)
+    if calls[0].function.name == "get_weather":
+        assert isinstance(args["city"], str) and isinstance(args["days"], int)
+    _, named, reason = ask(tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert reason == "tool_calls" and [c.function.name for c in named] == ["get_time"]
+    messages += [{"role": "assistant", "content": None, "tool_calls": [
+                     {"id": calls[0].id, "type": "function",
+                      "function": {"name": calls[0].function.name, "arguments": calls[0].function.arguments}}]},
+                 {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 12 C"}]
+    answer, more, reason = ask(tool_choice="none")
+    assert isinstance(answer, str) and answer and not more and reason in ("stop", "length")
