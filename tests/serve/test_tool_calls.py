@@ -95,3 +95,61 @@ def test_a_round_trip_with_the_openai_client(deployment, stream):
                  {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 12 C"}]
     answer, more, reason = ask(tool_choice="none")
     assert isinstance(answer, str) and answer and not more and reason in ("stop", "length")
+
+
+class ScriptedBackend:
+    """Answers every request with the same tokens (what a model that calls a tool on its own emits)."""
+
+    model_name = "qwen3-coder-tiny"
+
+    def __init__(self, text: str):
+        self.tok = load_tokenizer(self.model_name)
+        self.ids = self.tok.encode(text)
+
+    def encode(self, text):
+        return self.tok.encode(text)
+
+    def decode(self, ids):
+        return self.tok.decode(list(ids))
+
+    async def generate(self, request_id, prompt_ids, params):
+        from disaggsdk.serve.backend import TokenEvent
+
+        for i in range(0, len(self.ids), 3):  # a few tokens per event, as a decode unit sends them
+            chunk = self.ids[i:i + 3]
+            yield TokenEvent(request_id, chunk, finished=i + 3 >= len(self.ids),
+                             finish_reason="stop" if i + 3 >= len(self.ids) else None)
+
+    async def abort(self, request_id):
+        pass
+
+    def stats(self, wait_s=0.0):
+        return []
+
+
+def test_auto_output_is_split_into_content_and_parsed_calls():
+    import asyncio
+
+    from disaggsdk.serve.metrics import ServerMetrics
+    from disaggsdk.serve.openai_request import parse_request
+    from disaggsdk.serve.request_run import RequestRun
+
+    backend = ScriptedBackend("Let me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
+                              "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
+    body = {"messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS}
+    from disaggsdk.serve.chat_template import model_chat_template
+
+    req = parse_request(body, True, backend.encode, chat_template=model_chat_template(backend.model_name))
+    assert req.tool_setup.choice == "auto" and req.params.structured is None  # auto: nothing forced
+
+    async def run():
+        r = RequestRun(backend, ServerMetrics(backend.stats, "fake"), "chatcmpl-1", req, backend.model_name)
+        pieces = [p async for p in r.pieces(await r.start())]
+        return r, pieces
+
+    r, pieces = asyncio.run(run())
+    assert r.text == "Let me check." and r.finish_reason == "tool_calls"
+    (call,) = pieces[-1].choice["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "days": 2}
+    assert "tool_call" not in "".join(p.text for p in pieces)  # the call never streams as content
