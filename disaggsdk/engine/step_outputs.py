@@ -46,14 +46,15 @@ class StepSettings:
 
 
 def _mask_grammars(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor) -> None:
-    """Mask the logits rows of every request with a grammar, in place, before anything is chosen."""
-    for i, c in enumerate(chunks):
-        grammar = c.request.grammar
-        if c.sample and grammar is not None:
-            rows = logits[first_row[i] : first_row[i] + len(c.draft_ids) + 1]
-            bitmask = new_bitmask(rows.shape[0], rows.shape[1])
-            grammar.fill_masks(c.draft_ids, bitmask)
-            apply_masks(rows, bitmask)
+    """Mask the logits rows of every request with a grammar, in place, before anything is chosen
+    (one mask for the step: rows of requests without a grammar allow everything)."""
+    constrained = [(i, c) for i, c in enumerate(chunks) if c.sample and c.request.grammar is not None]
+    if not constrained:
+        return
+    bitmask = new_bitmask(logits.shape[0], logits.shape[1])
+    for i, c in constrained:
+        c.request.grammar.fill_masks(c.draft_ids, bitmask[first_row[i] : first_row[i] + len(c.draft_ids) + 1])
+    apply_masks(logits, bitmask)
 
 
 def _choose(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor,
