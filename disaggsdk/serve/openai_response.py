@@ -66,9 +66,9 @@ def choice(
         token_ids: the (new) token ids when the client asked for them (``return_token_ids``).
         delta: a streamed chunk rather than the whole answer.
         first: the first chat chunk, which carries the assistant role.
-        tool_calls: the answer's tool calls (chat; streamed whole, with their ``index``, in the
-            last chunk, as each call's only delta). The content is null when there are calls and
-            no text.
+        tool_calls: the answer's tool calls (chat). Streamed, the calls completed since the last
+            chunk, each with its ``index``; whole, all of them (the content is null when there
+            are calls and no text).
     """
     out: dict[str, Any] = {"index": 0}
     if not chat:
@@ -76,7 +76,7 @@ def choice(
     elif delta:
         out["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
         if tool_calls:
-            out["delta"]["tool_calls"] = [{"index": i} | c for i, c in enumerate(tool_calls)]
+            out["delta"]["tool_calls"] = list(tool_calls)
     else:
         out["message"] = {"role": "assistant", "content": text or (None if tool_calls else text)}
         if tool_calls:

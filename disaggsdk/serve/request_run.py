@@ -48,7 +48,7 @@ class RequestRun:
     _text: TextStream | None = None
     _first_chunk: bool = True
     _recorded: bool = False
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed when the request finishes
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed as each call completes
     _tool_ids: list[int] | None = None  # output from the first <tool_call> on (never sent as text)
 
     def __post_init__(self) -> None:
@@ -115,11 +115,13 @@ class RequestRun:
         self.timeline.token_times_s.extend([now] * len(tokens))
         offset = len(self._text.sent_text)
         text = self._text.add(self._split_tool_calls(tokens), final=event.finished)
+        new_calls = self._new_tool_calls()
         finished = event.finished or self._text.stopped
         if finished:
             self.finish_reason = "stop" if self._text.stopped else event.finish_reason
             self.error = event.error if event.finish_reason == "error" else None
-            self._parse_tool_calls()
+            if self.tool_calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
         logprobs = None
         if self.req.logprobs is not None and event.new_logprobs:
             lps = list(event.new_logprobs)
@@ -128,7 +130,7 @@ class RequestRun:
         choice = resp.choice(
             self.req.chat, text, self.finish_reason if finished else None, logprobs,
             tokens if self.req.return_token_ids else None, delta=True, first=self._first_chunk,
-            tool_calls=self.tool_calls if finished else (),
+            tool_calls=new_calls,
         )
         self._first_chunk = False
         return Piece(text, choice, finished)
@@ -145,11 +147,15 @@ class RequestRun:
             self._tool_ids, tokens = self._tool_ids + tokens, []
         return tokens
 
-    def _parse_tool_calls(self) -> None:
-        if self._tool_ids and self.finish_reason in ("stop", "length"):
-            self.tool_calls = parse_calls(self.backend.decode(self._tool_ids), self.req.tool_setup)
-            if self.tool_calls and self.finish_reason == "stop":
-                self.finish_reason = "tool_calls"
+    def _new_tool_calls(self) -> list[dict[str, Any]]:
+        """The calls completed since the last event (as stream deltas, with their index): each call
+        goes out whole in the chunk where its </function> arrives, not at the end of the answer."""
+        if not self._tool_ids:
+            return []
+        calls = parse_calls(self.backend.decode(self._tool_ids), self.req.tool_setup)
+        new = calls[len(self.tool_calls):]  # completed blocks never change: ids stay those already sent
+        self.tool_calls.extend(new)
+        return [{"index": len(self.tool_calls) - len(new) + i} | c for i, c in enumerate(new)]
 
     def usage(self) -> dict[str, int]:
         return resp.usage(len(self.req.prompt_ids), self.completion_tokens)
