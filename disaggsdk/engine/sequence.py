@@ -37,7 +37,8 @@ class Request:
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "prefilled"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "prefilled" | "error"
+    error: str | None = None  # with finish_reason "error": what went wrong, for the client
     num_preemptions: int = 0
     draft_ids: list[int] = field(default_factory=list)  # speculative drafts its next step verifies
     num_draft_tokens: int = 0  # drafts proposed for it, in total
@@ -70,6 +71,7 @@ class RequestOutput:
     output_ids: list[int]
     finished: bool
     finish_reason: str | None = None
+    error: str | None = None  # with finish_reason "error"
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_computed_tokens: int = 0
     hidden_state: torch.Tensor | None = None  # [hidden_size], float32, CPU

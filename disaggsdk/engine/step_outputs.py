@@ -101,14 +101,18 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
             # the verified positions: the last known token and the accepted drafts
             req.num_computed_tokens += chunk.num_tokens - len(chunk.draft_ids) + accepted
             for token, lp in zip(tokens, lps):
+                reason = stop_reason(req.params, len(req.output_ids) + 1, token, settings.eos_ids)
+                if req.grammar is not None and reason != "stop":  # an eos or stop token ends it anyway
+                    done, req.error = _follow_grammar(req.grammar, token)
+                    if done == "error":  # never emit a token the grammar refused
+                        scheduler.finish(req, done)
+                        break
+                    reason = reason or done
                 req.output_ids.append(token)
                 out.new_token_ids.append(token)
                 if lp is not None:
                     req.output_logprobs.append(lp)
                     out.new_logprobs.append(lp)
-                reason = stop_reason(req.params, len(req.output_ids), token, settings.eos_ids)
-                if req.grammar is not None and not reason:
-                    reason = _follow_grammar(req.grammar, token)
                 if reason:
                     scheduler.finish(req, reason)
                     break
@@ -121,16 +125,17 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
         req.draft_ids = []
         out.num_computed_tokens = req.num_computed_tokens
         out.output_ids = list(req.output_ids)
-        out.finished, out.finish_reason = req.is_finished, req.finish_reason
+        out.finished, out.finish_reason, out.error = req.is_finished, req.finish_reason, req.error
         outputs.append(out)
     return outputs
 
 
-def _follow_grammar(grammar: GrammarState, token: int) -> str | None:
-    """Advance a request's grammar over a kept token; a finish reason when the grammar is complete
-    (nothing but the end may follow) or refused the token (it cannot continue: logged, and the
-    request ends rather than emit text the grammar forbids)."""
+def _follow_grammar(grammar: GrammarState, token: int) -> tuple[str | None, str | None]:
+    """Advance a request's grammar over a kept token: (finish reason, error). "stop" when the grammar
+    is complete (nothing but the end may follow); "error" with the matcher's reason when it refused
+    the token, which the mask makes impossible unless no token at all could continue it (the
+    request ends rather than emit text its grammar forbids)."""
     if not grammar.accept(token):
         log.warning("grammar refused token %d (%s); ending the request", token, grammar.error)
-        return GRAMMAR_FINISH_REASON
-    return GRAMMAR_FINISH_REASON if grammar.is_finished else None
+        return "error", f"the output's grammar cannot continue: {grammar.error or 'no token can extend it'}"
+    return (GRAMMAR_FINISH_REASON if grammar.is_finished else None), None

@@ -200,7 +200,7 @@ class Unit:
             if out.new_token_ids or out.finished:
                 logprobs = [ch.Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.new_logprobs]
                 items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
-                                       out.finish_reason, logprobs=logprobs))
+                                       out.finish_reason, error=out.error, logprobs=logprobs))
         if len(items) > 1:
             self.conn.send(ch.TokensBatch(items))
         elif items:

@@ -182,7 +182,7 @@ class InProcessBackend:
                 continue  # a prefill chunk that did not end the prompt
             event = TokenEvent(
                 out.request_id, list(out.new_token_ids), out.finished, out.finish_reason,
-                new_logprobs=list(out.new_logprobs or ()), instance=self.name,
+                new_logprobs=list(out.new_logprobs or ()), error=out.error, instance=self.name,
             )
             self._send(out.request_id, event)
 

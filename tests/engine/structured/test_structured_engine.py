@@ -79,3 +79,18 @@ def test_bad_constraints_are_refused_naming_the_problem():
         with pytest.raises(StructuredOutputError, match="structured output json: the schema cannot be used"):
             engine.add_request("s", [1, 2], SamplingParams(structured=StructuredOutput("json", "{not json")))
         assert not engine.has_unfinished() and engine.num_free_pages == 16
+
+
+def test_a_grammar_that_cannot_continue_ends_the_request_with_the_reason(monkeypatch):
+    from disaggsdk.engine.structured.grammar import GrammarState
+
+    monkeypatch.setattr(GrammarState, "accept", lambda self, token: False)  # a dead end, forced
+    with LLMEngine("qwen3-coder-tiny", EngineConfig(num_pages=16)) as engine:
+        engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=8, structured=StructuredOutput("regex", "a+")))
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        last = outs[-1]
+        assert last.finished and last.finish_reason == "error" and "grammar cannot continue" in last.error
+        assert last.output_ids == []  # the refused token was not emitted
+        assert engine.num_free_pages == 16
