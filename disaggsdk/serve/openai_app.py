@@ -31,6 +31,7 @@ from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.openai_request import check_context_length, parse_request
 from disaggsdk.serve.request_run import RequestRun
+from disaggsdk.serve.tokenize_routes import add_tokenize_routes
 
 DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
@@ -155,7 +156,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @v1.get("/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
-                                            "root": model,
+                                            "root": model, "max_model_len": getattr(backend, "max_model_len", None),
                                             "chat_template": "checkpoint" if chat_template else "builtin"}]}
 
     def check_structured(output: StructuredOutput) -> None:
@@ -176,13 +177,17 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
                                   status=404, kind="model_not_found")
         prefix = "chatcmpl" if chat else "cmpl"
-        run = RequestRun(backend, metrics, f"{prefix}-{uuid.uuid4().hex}", req, model)
+        request_id = client_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
+        run = RequestRun(backend, metrics, f"{prefix}-{request_id}", req, model)
         first = await _first_event_unless_gone(request, run)
         if first is None:
             return Response(status_code=499)  # the client left before its first token; nobody reads this
         if req.stream:
-            return StreamingResponse(_stream(run, first), media_type="text/event-stream")
-        return await _whole(request, run, first)
+            response: Response = StreamingResponse(_stream(run, first), media_type="text/event-stream")
+        else:
+            response = await _whole(request, run, first)
+        response.headers["X-Request-Id"] = request_id
+        return response
 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
@@ -193,7 +198,18 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         return await serve(request, chat=True)
 
     app.include_router(v1)
+    root = APIRouter(dependencies=[Depends(check_key)])  # vLLM serves these beside /v1, not in it
+    add_tokenize_routes(app, root, backend, chat_template, lambda r: read_body(r, max_body_bytes))
+    app.include_router(root)
     return app
+
+
+def client_request_id(header: str | None) -> str | None:
+    """The client's ``X-Request-Id`` when it is a usable id (up to 128 of ``[A-Za-z0-9._:-]``), else None:
+    it names the request in the response id, the backend and the logs, and is echoed back."""
+    if header and len(header) <= 128 and all(c.isascii() and (c.isalnum() or c in "._:-") for c in header):
+        return header
+    return None
 
 
 async def _first_event_unless_gone(request: Request, run: RequestRun) -> Any:

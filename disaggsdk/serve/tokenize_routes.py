@@ -1,0 +1,82 @@
+"""vLLM's utility endpoints: ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``.
+
+``/tokenize`` takes ``{prompt}`` or, as vLLM's, ``{messages, add_generation_prompt, tools,
+chat_template_kwargs}`` (rendered exactly as a chat request would be) and answers ``{count,
+max_model_len, tokens}``; ``/detokenize`` takes ``{tokens}`` and answers ``{prompt}``. Bad bodies
+get the same OpenAI error objects as the completion endpoints.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, FastAPI, Request
+
+from disaggsdk.serve.chat_request import chat_prompt
+from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.openai_json import check_json_tree, decode_body
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.serve.chat_template import ChatTemplate
+
+
+def _token_list(body: dict[str, Any], vocab_size: int | None) -> list[int]:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequestError("'tokens' must be a list of integer token ids", param="tokens")
+    bad = next((t for t in tokens if t < 0 or (vocab_size is not None and t >= vocab_size)), None)
+    if bad is not None:
+        raise BadRequestError(f"'tokens': {bad} is not a token id of this model (0 .. {vocab_size})",
+                              param="tokens")
+    return tokens
+
+
+def _vocab_size(model: str) -> int | None:
+    from disaggsdk.errors import ModelError
+    from disaggsdk.models import resolve_model
+
+    try:
+        return resolve_model(model).vocab_size
+    except ModelError:  # a backend serving something the catalog does not know: no range check
+        return None
+
+
+def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend,
+                        chat_template: ChatTemplate | None, read: Any) -> None:
+    """Register the three endpoints: /version on ``app``, the others beside /v1 (``router``'s
+    checks, the API key included, apply), as vLLM serves them at the root.
+
+    Args:
+        read: ``request -> body bytes`` with the server's size limit.
+    (FastAPI reads the handlers' annotations by name, so `Request` is imported at module level.)
+    """
+    from disaggsdk import __version__
+
+    max_model_len = getattr(backend, "max_model_len", None)
+    vocab_size = _vocab_size(backend.model_name)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = decode_body(await read(request))
+        if not isinstance(body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        check_json_tree(body)
+        if "messages" in body:
+            tokens = backend.encode(chat_prompt(body, chat_template))
+        elif isinstance(body.get("prompt"), str):
+            tokens = backend.encode(body["prompt"])
+        else:
+            raise BadRequestError("give 'prompt' (a string) or 'messages'", param="prompt")
+        return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, str]:
+        body = decode_body(await read(request))
+        if not isinstance(body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        return {"prompt": backend.decode(_token_list(body, vocab_size))}
