@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="interface to bind (default: the spec's serve.host)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="the model name clients send and /v1/models lists (default: the spec's serve.model_name, "
+                             "else its model)")
     parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
                         help="restart a unit that dies up to N times (default 3; 0: never)")
@@ -69,7 +72,8 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
             raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 or more")
         options["max_restarts"] = args.max_restarts
     d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
-               port=port if port is not None else getattr(args, "port", None), api_key=args.api_key, **options)
+               port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
+               served_model_name=getattr(args, "served_model_name", None), **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
                   f"instances: {instances}", soft_wrap=True)

@@ -54,19 +54,22 @@ class Deployment:
         sock: a listening socket bound before the backend started (`serve.http_server.bind_listener`).
         allowed_hosts: the Host / Origin names answered (loopback by default; ``"*"`` for any).
         metrics_require_key: /metrics asks for ``api_key`` too.
+        served_model_name: the model name clients use (default: the backend's model).
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
 
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, name: str = "deployment", sock: Any = None,
-                 allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False):
+                 allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False,
+                 served_model_name: str | None = None):
         self.backend = backend
         self.name = name
         self.api_key = api_key
-        self.server_metrics = ServerMetrics(backend.stats, backend.model_name)
+        self._served_name = served_model_name or backend.model_name
+        self.server_metrics = ServerMetrics(backend.stats, self._served_name)
         app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
-                        metrics_require_key=metrics_require_key)
+                        metrics_require_key=metrics_require_key, served_model_name=self._served_name)
         self._server = HttpServer(app, host, port, sock)
         try:
             self._server.start()
@@ -84,7 +87,8 @@ class Deployment:
 
     @property
     def model_name(self) -> str:
-        return self.backend.model_name
+        """The name clients send (``serve.model_name`` / ``--served-model-name``, else the model)."""
+        return self._served_name
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -195,7 +199,7 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         model: a tiny catalog name or a checkpoint directory.
         engine_config: engine settings.
         host, port, api_key: see `Deployment`.
-        server_options: `Deployment`'s ``allowed_hosts`` and ``metrics_require_key``.
+        server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key`` and ``served_model_name``.
     """
     from disaggsdk.serve.inprocess_backend import InProcessBackend
 
@@ -204,7 +208,8 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
 
 
 def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | None = None,
-           port: int | None = None, api_key: str | None = None, **runtime_options: Any) -> Deployment:
+           port: int | None = None, api_key: str | None = None, served_model_name: str | None = None,
+           **runtime_options: Any) -> Deployment:
     """Start the processes of ``spec`` on this machine and serve them.
 
     Args:
@@ -213,6 +218,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         colocated: the comparison layout: the same CPU budget as mixed prefill+decode instances.
         host, port: override ``spec.serve``; port 0 picks a free one.
         api_key: see `Deployment`.
+        served_model_name: overrides ``spec.serve.model_name``.
         runtime_options: passed to `disaggsdk.launch.LocalRuntime` (``cpu_affinity``, ``log_dir``).
     Raises:
         HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
@@ -234,4 +240,5 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         raise
     layout = "colocated" if colocated else "disaggregated"
     return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
-                      allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key)
+                      allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
+                      served_model_name=served_model_name or spec.serve.model_name)

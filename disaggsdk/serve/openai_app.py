@@ -78,7 +78,7 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 
 def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-              metrics_require_key: bool = False) -> FastAPI:
+              metrics_require_key: bool = False, served_model_name: str | None = None) -> FastAPI:
     """The FastAPI application serving ``backend``.
 
     Every error, the framework's included (unknown route, wrong method, a crash), answers an
@@ -91,6 +91,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         max_body_bytes: larger request bodies get a 413 before they are parsed.
         allowed_hosts: Host / Origin names answered (`serve.http_guard`); others get a 403.
         metrics_require_key: /metrics asks for the API key too.
+        served_model_name: the name clients send and /v1/models lists (default: the backend's
+            model, which the tokenizer, template and grammars still come from).
     Returns:
         the app, ready for uvicorn.
     """
@@ -103,8 +105,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             raise BadRequestError(refusal, status=403, kind="permission_error")
 
     app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
-    model = backend.model_name
-    chat_template = model_chat_template(model)  # None: the built-in one, and /v1/models says so
+    model = served_model_name or backend.model_name
+    chat_template = model_chat_template(backend.model_name)  # None: the built-in one, and /v1/models says so
 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:

@@ -91,7 +91,17 @@ def _port(value: Any) -> str | None:
     return None
 
 
+def _served_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 128 or any(c.isspace() for c in value):
+        return f"must be 1 to 128 characters without spaces, got {value!r}"
+    return None
+
+
 positive = Check("positive", _positive, {"exclusiveMinimum": 0})
+served_name = Check("1..128 characters, no spaces", _served_name, {"minLength": 1, "maxLength": 128,
+                                                                    "pattern": "^\\S+$"})
 power_of_two = Check("power of two", _power_of_two, {"minimum": 1})
 port = Check("TCP port 0..65535", _port, {"minimum": 0, "maximum": 65535})
 

@@ -13,7 +13,16 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import about, check_fields, choice, in_range, port, positive, power_of_two
+from disaggsdk.spec.field_checks import (
+    about,
+    check_fields,
+    choice,
+    in_range,
+    port,
+    positive,
+    power_of_two,
+    served_name,
+)
 
 Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
@@ -214,6 +223,11 @@ class Serve:
     )
     metrics_require_key: bool = attrs.field(
         default=False, metadata=about("`/metrics` asks for the API key as `/v1` does."),
+    )
+    model_name: str | None = attrs.field(
+        default=None,
+        metadata=about("The model name clients send and `/v1/models` lists (vLLM's `--served-model-name`); "
+                       "unset: the spec's `model`.", served_name),
     )
 
     def __attrs_post_init__(self) -> None:
