@@ -53,12 +53,14 @@ def _safe_temperature(temperature: float) -> float:
 
 def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
     """The distribution ``p`` samples from for a cleaned row ([vocab], float32): temperature, then
-    top-k, then top-p; None when nothing is left to draw (the caller takes the argmax)."""
+    min-p, top-k, top-p (vLLM's order); None when nothing is left to draw (the caller takes the argmax)."""
     top = row.max()
     if not torch.isfinite(top):
         return None
     # subtract first: (x - max) <= 0 so dividing by a small temperature cannot overflow to +inf
     row = (row - top) / _safe_temperature(p.temperature)
+    if p.min_p:  # tokens less likely than min_p times the most likely one (whose logit is now 0)
+        row = row.masked_fill(row.exp() < p.min_p, _NEG_INF)
     if p.top_k and p.top_k < row.numel():
         kth = torch.topk(row, p.top_k).values[-1]
         row = row.masked_fill(row < kth, _NEG_INF)

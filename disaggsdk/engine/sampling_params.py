@@ -39,6 +39,9 @@ class SamplingParams:
     unfiltered distribution, as vLLM does; a grammar's mask is applied before, as in vLLM).
     ``structured``: what the output must match (JSON Schema, regex, choice, grammar); decode
     engines mask each step's logits with it.
+    Penalties, ``min_p``, ``min_tokens`` and ``logit_bias`` follow vLLM's formulas
+    (`engine.logits_processors`): presence and frequency penalties count the output, the repetition
+    penalty the prompt and the output; ``logit_bias`` is ``((token_id, bias), ...)``.
     """
 
     max_tokens: int = 16
@@ -50,6 +53,12 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     structured: StructuredOutput | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         problems = [p for p in (*_check_floats(self), *_check_ints(self)) if p]
@@ -59,6 +68,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether anything changes the logits before sampling (`engine.logits_processors`)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.logit_bias)
 
 
 def _finite(name: str, value: object) -> str | None:
@@ -75,6 +90,13 @@ def _finite(name: str, value: object) -> str | None:
 
 def _check_floats(p: SamplingParams) -> list[str | None]:
     problems = [_finite("temperature", p.temperature), _finite("top_p", p.top_p)]
+    for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0), ("min_p", 0.0, 1.0)):
+        value = getattr(p, name)
+        problems.append(_finite(name, value) or (None if low <= value <= high else
+                                                 f"{name}={value!r} must be in [{low}, {high}]"))
+    rep = p.repetition_penalty
+    problems.append(_finite("repetition_penalty", rep) or (None if 0 < rep <= 100 else
+                                                           f"repetition_penalty={rep!r} must be in (0, 100]"))
     if problems[0] is None:
         t = p.temperature
         if t < 0 or 0 < t < MIN_TEMPERATURE:
@@ -102,6 +124,13 @@ def _check_ints(p: SamplingParams) -> list[str | None]:
         problems.append(_bounded("seed", p.seed, 0, MAX_SEED))
     if p.logprobs is not None:
         problems.append(_bounded("logprobs", p.logprobs, 0, MAX_INT32))
+    problems.append(_bounded("min_tokens", p.min_tokens, 0, MAX_INT32))
+    if isinstance(p.min_tokens, int) and isinstance(p.max_tokens, int) and p.min_tokens > p.max_tokens:
+        problems.append(f"min_tokens={p.min_tokens} must not exceed max_tokens={p.max_tokens}")
+    if not isinstance(p.logit_bias, (tuple, list)) or not all(
+            isinstance(e, (tuple, list)) and len(e) == 2 and not _bounded("token", e[0], 0, MAX_INT32)
+            and not _finite("bias", e[1]) and -100 <= e[1] <= 100 for e in p.logit_bias):
+        problems.append(f"logit_bias={p.logit_bias!r} must be (token id, bias in [-100, 100]) pairs")
     if p.structured is not None and not isinstance(p.structured, StructuredOutput):
         problems.append(f"structured={p.structured!r} must be a StructuredOutput")
     if not isinstance(p.ignore_eos, bool):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from disaggsdk.engine.logits_processors import process_rows
 from disaggsdk.engine.sampling import sample
 from disaggsdk.engine.sampling_params import TokenLogprobs
 from disaggsdk.engine.scheduler import ScheduledChunk, Scheduler
@@ -43,6 +44,19 @@ class StepSettings:
     mode: str
     return_hidden_states: bool
     eos_ids: frozenset[int]
+
+
+def _process_logits(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor,
+                    eos_ids: frozenset[int]) -> None:
+    """Penalties, logit bias and min_tokens on the rows of every request that asks for them, in place;
+    verified row j of a request counts the drafts before it as output."""
+    for i, c in enumerate(chunks):
+        params = c.request.params
+        if c.sample and params.processes_logits:
+            out = c.request.output_ids
+            outputs = [out + list(c.draft_ids[:j]) for j in range(len(c.draft_ids) + 1)]
+            process_rows(logits[first_row[i] : first_row[i] + len(outputs)], params, c.request.prompt_ids,
+                         outputs, eos_ids)
 
 
 def _mask_grammars(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor) -> None:
@@ -87,6 +101,7 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
         hidden, logits: the runner's rows, in chunk order.
     """
     first_row = list(itertools.accumulate(rows, initial=0))
+    _process_logits(chunks, first_row, logits, settings.eos_ids)
     _mask_grammars(chunks, first_row, logits)
     chosen = _choose(chunks, first_row, logits, stats)
     outputs = []

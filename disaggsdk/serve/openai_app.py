@@ -31,7 +31,7 @@ from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.openai_request import check_context_length, parse_request
 from disaggsdk.serve.request_run import RequestRun
-from disaggsdk.serve.tokenize_routes import add_tokenize_routes
+from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
 DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
@@ -106,7 +106,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
     model = served_model_name or backend.model_name
-    chat_template = model_chat_template(backend.model_name)  # None: the built-in one, and /v1/models says so
+    chat_template = model_chat_template(backend.model_name)
+    vocab_size = model_vocab_size(backend.model_name)  # None: the built-in one, and /v1/models says so
 
     @app.exception_handler(BadRequestError)
     async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
@@ -172,6 +173,10 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         body = decode_body(await read_body(request, max_body_bytes))
         req = parse_request(body, chat, backend.encode, check_structured, chat_template)
         check_context_length(req, getattr(backend, "max_model_len", None))
+        outside = [t for t, _ in req.params.logit_bias if vocab_size is not None and t >= vocab_size]
+        if outside:
+            raise BadRequestError(f"'logit_bias': token {outside[0]} is not in this model's vocabulary "
+                                  f"(0 .. {vocab_size - 1})", param="logit_bias")
         if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
             name = "top_logprobs" if chat and req.logprobs else "logprobs"
             raise BadRequestError(f"'{name}': this deployment does not return logprobs; leave it out", param=name)

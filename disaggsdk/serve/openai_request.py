@@ -30,7 +30,7 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 # fields that change what the answer means: refused rather than silently ignored
-UNSUPPORTED_FIELDS = ("functions", "function_call", "logit_bias", "best_of", "suffix")
+UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
 
 
@@ -151,9 +151,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name in UNSUPPORTED_FIELDS:
         if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] == 1):
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0):
-            raise BadRequestError(f"'{name}' is not supported; leave it at 0", param=name)
 
 
 def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
@@ -215,6 +212,12 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         "seed": ("seed", _integer(body, "seed", 0, MAX_SEED, None)),
         "stop_token_ids": ("stop_token_ids", tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids"))),
         "ignore_eos": ("ignore_eos", _typed(body, "ignore_eos", (bool,), False, "a boolean")),
+        "presence_penalty": ("presence_penalty", _number(body, "presence_penalty", 0.0)),
+        "frequency_penalty": ("frequency_penalty", _number(body, "frequency_penalty", 0.0)),
+        "repetition_penalty": ("repetition_penalty", _number(body, "repetition_penalty", 1.0)),
+        "min_p": ("min_p", _number(body, "min_p", 0.0)),
+        "min_tokens": ("min_tokens", _integer(body, "min_tokens", 0, MAX_INT32, 0)),
+        "logit_bias": ("logit_bias", _logit_bias(body)),
     }
     logprobs = _logprobs(body, chat)
     structured = parse_structured(body, check_structured)
@@ -245,6 +248,18 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         include_usage=bool(include_usage) and stream, logprobs=logprobs,
         return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"), tool_setup=tool_setup,
     )
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ((token id, bias), ...), ids sorted."""
+    bias = _typed(body, "logit_bias", (dict,), {}, "an object of token id -> bias")
+    out = []
+    for key, value in bias.items():
+        if not key.isdigit() or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadRequestError(f"'logit_bias' maps token ids to numbers in [-100, 100], got {show_value(key)}: "
+                                  f"{show_value(value)}", param="logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(sorted(out))
 
 
 def _special_token_id(encode: Callable[[str], list[int]]) -> Callable[[str], int | None]:

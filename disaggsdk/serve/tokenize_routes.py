@@ -32,7 +32,8 @@ def _token_list(body: dict[str, Any], vocab_size: int | None) -> list[int]:
     return tokens
 
 
-def _vocab_size(model: str) -> int | None:
+def model_vocab_size(model: str) -> int | None:
+    """The served model's vocabulary size, None for a model the catalog cannot resolve."""
     from disaggsdk.errors import ModelError
     from disaggsdk.models import resolve_model
 
@@ -54,7 +55,7 @@ def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend
     from disaggsdk import __version__
 
     max_model_len = getattr(backend, "max_model_len", None)
-    vocab_size = _vocab_size(backend.model_name)
+    vocab_size = model_vocab_size(backend.model_name)
 
     @app.get("/version")
     async def version() -> dict[str, str]:

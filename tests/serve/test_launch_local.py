@@ -67,6 +67,11 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         lp = httpx.post(f"{d.url}/v1/completions", json=body).json()["choices"][0]["logprobs"]
         assert len(lp["token_logprobs"]) == 4 and all(1 <= len(top) <= 2 for top in lp["top_logprobs"])  # text keys may collide
         assert all(v <= 0.0 for v in lp["token_logprobs"])
+        # sampling settings cross the unit channel: a +100 logit bias decides every greedy token
+        biased = httpx.post(f"{d.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "temperature": 0,
+                                                            "logit_bias": {"9": 100}, "frequency_penalty": 0.5,
+                                                            "min_tokens": 4, "return_token_ids": True}).json()
+        assert biased["choices"][0]["token_ids"] == [9, 9, 9, 9]
         roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
         assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
         # a dead prefill unit: still serving (decode retries or prefills locally), and /health says so

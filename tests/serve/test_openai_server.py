@@ -78,12 +78,29 @@ def test_metrics_parse_and_ttft_count_equals_requests_served(deployment):
     ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type"),
     ({"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
     ({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
 ])
 def test_bad_completion_requests_get_400_naming_the_field(deployment, body, param):
     r = httpx.post(f"{deployment.url}/v1/completions", json=body)
     assert r.status_code == (404 if param == "model" else 400)
     err = r.json()["error"]
     assert err["param"] == param and param in err["message"]
+
+
+def test_penalties_bias_and_min_tokens_are_applied(deployment):
+    base = {"prompt": [5, 6, 7, 5, 6, 7], "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    plain = httpx.post(f"{deployment.url}/v1/completions", json=base).json()["choices"][0]["token_ids"]
+    biased = httpx.post(f"{deployment.url}/v1/completions",
+                        json=base | {"logit_bias": {"9": 100}}).json()["choices"][0]["token_ids"]
+    assert biased == [9] * 12 != plain  # +100 on token 9 makes it every greedy choice
+    penalised = httpx.post(f"{deployment.url}/v1/completions", json=base | {
+        "logit_bias": {"9": 100}, "frequency_penalty": 2.0, "repetition_penalty": 2.0,
+        "presence_penalty": 2.0, "min_tokens": 12, "min_p": 0.1}).json()["choices"][0]
+    assert penalised["token_ids"][0] == 9 and penalised["finish_reason"] == "length"
 
 
 def test_bad_chat_requests_and_bad_json(deployment):
