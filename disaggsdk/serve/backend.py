@@ -40,8 +40,8 @@ class ServingBackend(Protocol):
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one."""
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids``."""
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""
 
     def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``."""

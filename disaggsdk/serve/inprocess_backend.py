@@ -87,9 +87,9 @@ class InProcessBackend:
         """Token ids of ``text`` as a prompt (BOS first where the model has one)."""
         return self._tokenizer.encode(text, add_bos=True)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids`` without special tokens."""
-        return self._tokenizer.decode(list(token_ids))
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids`` (without special tokens unless asked)."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams

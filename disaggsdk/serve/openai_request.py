@@ -47,6 +47,8 @@ class ParsedRequest:
     logprobs: int | None  # top-N alternatives to return per token; None: no logprobs at all
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
     tool_setup: ToolSetup | None = None  # chat with tools: how calls are asked for and parsed
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is sent too
+    skip_special_tokens: bool = True  # vLLM's: False keeps special tokens in the text
 
 
 # fields
@@ -247,6 +249,8 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,
         include_usage=bool(include_usage) and stream, logprobs=logprobs,
         return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"), tool_setup=tool_setup,
+        include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False, "a boolean"),
+        skip_special_tokens=_typed(body, "skip_special_tokens", (bool,), True, "a boolean"),
     )
 
 

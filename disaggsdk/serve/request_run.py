@@ -6,6 +6,7 @@ token accounting here, so /metrics sees every request the same way.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -53,7 +54,8 @@ class RequestRun:
 
     def __post_init__(self) -> None:
         self.timeline = RequestTimeline(time.monotonic(), prompt_tokens=len(self.req.prompt_ids))
-        self._text = TextStream(self.backend.decode, self.req.stop)
+        decode = functools.partial(self.backend.decode, skip_special_tokens=self.req.skip_special_tokens)
+        self._text = TextStream(decode, self.req.stop, self.req.include_stop_str_in_output)
 
     @property
     def completion_tokens(self) -> int:

@@ -159,9 +159,9 @@ class Router:
         """Token ids of ``text`` (with BOS) under the model's tokenizer."""
         return self._tok().encode(text, add_bos=True)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids``."""
-        return self._tok().decode(list(token_ids))
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids`` (without special tokens unless asked)."""
+        return self._tok().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
                sink: Callable[[TokenEvent], None]) -> str:

@@ -2,7 +2,8 @@
 
 Text is released only when it is final: a trailing partial UTF-8 character (decoded as U+FFFD)
 waits for its next bytes, and the last ``len(longest stop) - 1`` characters wait until they can
-no longer begin a stop string. The stop string itself is never sent (OpenAI's behaviour).
+no longer begin a stop string. The stop string itself is not sent (OpenAI's behaviour) unless
+the request asks for it (vLLM's ``include_stop_str_in_output``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ class TextStream:
     Args:
         decode: token ids -> text of the served model.
         stop: stop strings (may be empty).
+        include_stop: send the stop string that ended the text too.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (), include_stop: bool = False):
         self._decode = decode
         self._stop = tuple(stop)
+        self._include_stop = include_stop
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self.token_ids: list[int] = []
         self.sent_text = ""
@@ -49,10 +52,11 @@ class TextStream:
         text = self._text
         # a stop string may straddle what was sent and what is new: search from before the cut
         start = max(0, len(self.sent_text) - self._holdback)
-        hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
+        hits = [(i, i + len(s)) for s, i in ((s, text.find(s, start)) for s in self._stop) if i >= 0]
         if hits:
             self.stopped = True
-            return self._release(text[: min(hits)])
+            begin, end = min(hits)
+            return self._release(text[: end if self._include_stop else begin])
         if not final:
             text = text[: max(len(self.sent_text), len(text) - self._holdback)]
         return self._release(text)

@@ -103,6 +103,20 @@ def test_penalties_bias_and_min_tokens_are_applied(deployment):
     assert penalised["token_ids"][0] == 9 and penalised["finish_reason"] == "length"
 
 
+def test_special_tokens_and_stop_strings_on_request(deployment):
+    base = {"prompt": "x", "max_tokens": 2, "temperature": 0, "logit_bias": {"3": 100}}  # 3: <tool_call>
+    hidden = httpx.post(f"{deployment.url}/v1/completions", json=base).json()["choices"][0]["text"]
+    shown = httpx.post(f"{deployment.url}/v1/completions",
+                       json=base | {"skip_special_tokens": False}).json()["choices"][0]["text"]
+    assert hidden == "" and shown == "<tool_call><tool_call>"
+    plain = {"prompt": "def f(x):", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    text = httpx.post(f"{deployment.url}/v1/completions", json=plain).json()["choices"][0]["text"]
+    stop = text[3:5]
+    kept = httpx.post(f"{deployment.url}/v1/completions",
+                      json=plain | {"stop": [stop], "include_stop_str_in_output": True}).json()["choices"][0]
+    assert kept["text"] == text[: text.index(stop) + len(stop)] and kept["finish_reason"] == "stop"
+
+
 def test_bad_chat_requests_and_bad_json(deployment):
     r = httpx.post(f"{deployment.url}/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"

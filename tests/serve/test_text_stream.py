@@ -26,6 +26,11 @@ def test_stop_string_split_over_tokens_is_cut_and_not_sent():
     assert s.stopped
 
 
+def test_the_stop_string_is_sent_when_asked():
+    s = TextStream(TOK.decode, stop=["END", "de"], include_stop=True)
+    assert feed(s, TOK.encode("abc ENDdef")) == "abc END" and s.stopped
+
+
 def test_partial_utf8_waits_for_its_last_byte():
     s = TextStream(TOK.decode)
     euro = TOK.encode("€")  # three bytes

@@ -109,8 +109,8 @@ class ScriptedBackend:
     def encode(self, text):
         return self.tok.encode(text)
 
-    def decode(self, ids):
-        return self.tok.decode(list(ids))
+    def decode(self, ids, skip_special_tokens=True):
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     async def generate(self, request_id, prompt_ids, params):
         from disaggsdk.serve.backend import TokenEvent
