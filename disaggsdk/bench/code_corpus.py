@@ -94,3 +94,35 @@ def held_out_prompts(num_prompts: int, num_lines: int = 24, root: Path | None = 
         if len(prompts) == num_prompts:
             break
     return prompts
+
+
+def held_out_sharegpt(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[dict]:
+    """`held_out_prompts` as a ShareGPT dataset (``disaggsdk bench --dataset``): each prompt is the
+    human turn and the ``num_lines`` lines after it are the reference answer."""
+    out = []
+    for text in texts([f for f in list_files(root) if f.held_out], held_out=True, root=root):
+        lines = text.splitlines(keepends=True)
+        start = next((i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), len(lines))
+        if len(lines) - start >= 2 * num_lines:
+            human = "".join(lines[start : start + num_lines])
+            answer = "".join(lines[start + num_lines : start + 2 * num_lines])
+            out.append({"conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": answer}]})
+        if len(out) == num_prompts:
+            break
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m disaggsdk.bench.code_corpus --sharegpt OUT``: write the held-out code dataset."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write held-out code prompts as a ShareGPT JSON dataset.")
+    p.add_argument("--sharegpt", required=True, metavar="OUT", help="the JSON file to write")
+    p.add_argument("--num-prompts", type=int, default=26)
+    p.add_argument("--num-lines", type=int, default=24, help="lines per prompt (and per reference answer)")
+    a = p.parse_args(argv)
+    Path(a.sharegpt).write_text(json.dumps(held_out_sharegpt(a.num_prompts, a.num_lines)))
+
+
+if __name__ == "__main__":
+    main()

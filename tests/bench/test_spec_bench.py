@@ -20,3 +20,14 @@ def test_spec_bench_reports_acceptance_speed_and_identical_greedy_tokens():
 def test_held_out_prompts_are_code_from_files_no_checkpoint_saw():
     prompts = held_out_prompts(3, num_lines=10)
     assert len(prompts) == 3 and all(p.startswith(("def ", "class ")) and p.count("\n") == 10 for p in prompts)
+
+
+def test_the_held_out_code_dataset_is_sharegpt(tmp_path):
+    import json
+
+    from disaggsdk.bench.code_corpus import main
+
+    main(["--sharegpt", str(tmp_path / "code.json"), "--num-prompts", "2", "--num-lines", "5"])
+    rows = json.loads((tmp_path / "code.json").read_text())
+    assert len(rows) == 2 and [t["from"] for t in rows[0]["conversations"]] == ["human", "gpt"]
+    assert rows[0]["conversations"][0]["value"].count("\n") == 5
