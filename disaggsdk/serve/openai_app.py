@@ -29,7 +29,7 @@ from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
-from disaggsdk.serve.openai_request import check_context_length, parse_request
+from disaggsdk.serve.openai_request import check_context_length, parse_request, rest_of_context_by_default
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
@@ -118,7 +118,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         where = f"{request.method} {request.url.path}"
         message = {
             404: f"no route {where}; this server has /v1/completions, /v1/chat/completions, /v1/models, "
-                 f"/health and /metrics",
+                 f"/tokenize, /detokenize, /version, /health and /metrics",
             405: f"{where} is not allowed; use {(exc.headers or {}).get('Allow', 'another method')}",
         }.get(exc.status_code, f"{where}: {exc.detail}")
         return _error(exc.status_code, message, headers=exc.headers)
@@ -172,6 +172,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
         req = parse_request(body, chat, backend.encode, check_structured, chat_template)
+        req = rest_of_context_by_default(req, getattr(backend, "max_model_len", None))
         check_context_length(req, getattr(backend, "max_model_len", None))
         outside = [t for t, _ in req.params.logit_bias if vocab_size is not None and t >= vocab_size]
         if outside:

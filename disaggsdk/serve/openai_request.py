@@ -9,6 +9,7 @@ The document as a whole (encoding, depth, NaN anywhere) is checked first, in `op
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from disaggsdk.serve.chat_template import ChatTemplate
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
-DEFAULT_CHAT_MAX_TOKENS = 256
+DEFAULT_CHAT_MAX_TOKENS = 256  # only where the context length is unknown (vLLM: the rest of the context)
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 # fields that change what the answer means: refused rather than silently ignored
@@ -47,6 +48,7 @@ class ParsedRequest:
     logprobs: int | None  # top-N alternatives to return per token; None: no logprobs at all
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
     tool_setup: ToolSetup | None = None  # chat with tools: how calls are asked for and parsed
+    max_tokens_given: bool = True  # False: the client left it out (chat then gets the rest of the context)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is sent too
     skip_special_tokens: bool = True  # vLLM's: False keeps special tokens in the text
 
@@ -155,6 +157,14 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
 
 
+def rest_of_context_by_default(req: ParsedRequest, max_model_len: int | None) -> ParsedRequest:
+    """A chat request without max_tokens may generate the rest of the context, as vLLM's does."""
+    if not req.chat or req.max_tokens_given or max_model_len is None or len(req.prompt_ids) >= max_model_len:
+        return req
+    rest = max(max_model_len - len(req.prompt_ids), req.params.min_tokens, 1)
+    return dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=rest))
+
+
 def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
     """Refuse a request whose prompt and output cannot fit the model's context (a 400 that says by how much).
 
@@ -249,6 +259,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,
         include_usage=bool(include_usage) and stream, logprobs=logprobs,
         return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"), tool_setup=tool_setup,
+        max_tokens_given=body.get(max_name) is not None,
         include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False, "a boolean"),
         skip_special_tokens=_typed(body, "skip_special_tokens", (bool,), True, "a boolean"),
     )

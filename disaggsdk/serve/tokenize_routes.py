@@ -32,6 +32,16 @@ def _token_list(body: dict[str, Any], vocab_size: int | None) -> list[int]:
     return tokens
 
 
+def _installed_version() -> str:
+    # the package metadata, not `disaggsdk.__version__`: the front end sits below the package's face
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("disaggsdk")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def model_vocab_size(model: str) -> int | None:
     """The served model's vocabulary size, None for a model the catalog cannot resolve."""
     from disaggsdk.errors import ModelError
@@ -52,14 +62,12 @@ def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend
         read: ``request -> body bytes`` with the server's size limit.
     (FastAPI reads the handlers' annotations by name, so `Request` is imported at module level.)
     """
-    from disaggsdk import __version__
-
     max_model_len = getattr(backend, "max_model_len", None)
     vocab_size = model_vocab_size(backend.model_name)
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": __version__}
+        return {"version": _installed_version()}
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
