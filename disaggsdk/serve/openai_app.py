@@ -1,17 +1,16 @@
 """The OpenAI-compatible HTTP front end (FastAPI) over any `ServingBackend`.
 
 Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
-``stream_options.include_usage``, or whole answers), ``/v1/models``, ``/health``, ``/metrics``.
+``stream_options.include_usage``, or whole answers; ``n`` and batched prompts as several choices,
+`serve.choices`), ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/version``, ``/health``, ``/metrics``.
 With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -22,23 +21,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from disaggsdk.engine.structured.output import StructuredOutput
-from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
-from disaggsdk.serve.openai_request import check_context_length, parse_request, rest_of_context_by_default
+from disaggsdk.serve.choices import Choices, expand_choices
+from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
+from disaggsdk.serve.openai_request import parse_request
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
-DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
 def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -171,9 +166,11 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
-        req = parse_request(body, chat, backend.encode, check_structured, chat_template)
-        req = rest_of_context_by_default(req, getattr(backend, "max_model_len", None))
-        check_context_length(req, getattr(backend, "max_model_len", None))
+        parsed = parse_request(body, chat, backend.encode, check_structured, chat_template)
+        reqs = [rest_of_context_by_default(r, getattr(backend, "max_model_len", None)) for r in expand_choices(parsed)]
+        for r in reqs:
+            check_context_length(r, getattr(backend, "max_model_len", None))
+        req = reqs[0]
         outside = [t for t, _ in req.params.logit_bias if vocab_size is not None and t >= vocab_size]
         if outside:
             raise BadRequestError(f"'logit_bias': token {outside[0]} is not in this model's vocabulary "
@@ -186,14 +183,18 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
                                   status=404, kind="model_not_found")
         prefix = "chatcmpl" if chat else "cmpl"
         request_id = client_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
-        run = RequestRun(backend, metrics, f"{prefix}-{request_id}", req, model)
-        first = await _first_event_unless_gone(request, run)
-        if first is None:
+        response_id = f"{prefix}-{request_id}"
+        run_ids = [response_id] if len(reqs) == 1 else [f"{response_id}-{k}" for k in range(len(reqs))]
+        runs = [RequestRun(backend, metrics, rid, r, model) for rid, r in zip(run_ids, reqs)]
+        prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
+        choices = Choices(runs, response_id, prompt_tokens)
+        firsts = await choices.start(request)
+        if firsts is None:
             return Response(status_code=499)  # the client left before its first token; nobody reads this
         if req.stream:
-            response: Response = StreamingResponse(_stream(run, first), media_type="text/event-stream")
+            response: Response = StreamingResponse(choices.stream(firsts), media_type="text/event-stream")
         else:
-            response = await _whole(request, run, first)
+            response = await choices.whole(request, firsts)
         response.headers["X-Request-Id"] = request_id
         return response
 
@@ -218,66 +219,3 @@ def client_request_id(header: str | None) -> str | None:
     if header and len(header) <= 128 and all(c.isascii() and (c.isalnum() or c in "._:-") for c in header):
         return header
     return None
-
-
-async def _first_event_unless_gone(request: Request, run: RequestRun) -> Any:
-    """The request's first event, or None when the client leaves first (the request is then
-    aborted in the backend, on decode and prefill alike, and counted as an abort)."""
-    task = asyncio.ensure_future(run.start())
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await run.abandon()
-            return None
-    return task.result()
-
-
-async def _stream(run: RequestRun, first) -> AsyncIterator[str]:  # noqa: ANN001 - a TokenEvent
-    """SSE chunks; starlette cancels this generator when the client goes away (-> abort)."""
-    async for piece in run.pieces(first):
-        yield _sse(resp.body(run.req.chat, run.request_id, run.created, run.model, [piece.choice], chunk=True))
-    if run.finish_reason == "error":
-        yield _sse(BadRequestError(run.error or "the request failed", status=500, kind="server_error").body())
-    if run.req.include_usage:
-        yield _sse(resp.body(run.req.chat, run.request_id, run.created, run.model, [], chunk=True,
-                             usage_=run.usage()))
-    yield _sse("[DONE]")
-
-
-async def _whole(request: Request, run: RequestRun, first) -> Response:  # noqa: ANN001 - a TokenEvent
-    """Collect the answer while watching for the client leaving (then abort the request)."""
-    token_ids: list[int] = []
-    logprobs: list[dict[str, Any]] = []
-
-    async def collect() -> None:
-        async for piece in run.pieces(first):
-            token_ids.extend(piece.choice.get("token_ids", ()))
-            if piece.choice["logprobs"]:
-                logprobs.append(piece.choice["logprobs"])
-
-    task = asyncio.ensure_future(collect())
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()  # run.pieces' cleanup aborts the request in the backend
-            await asyncio.gather(task, return_exceptions=True)
-            return Response(status_code=499)
-    task.result()
-    if run.finish_reason == "error":
-        err = BadRequestError(run.error or "the request failed", status=500, kind="server_error")
-        return JSONResponse(err.body(), status_code=500)
-    choice = resp.choice(run.req.chat, run.text, run.finish_reason, _merge_logprobs(logprobs, run.req.chat),
-                         token_ids if run.req.return_token_ids else None, delta=False, tool_calls=run.tool_calls)
-    return JSONResponse(resp.body(run.req.chat, run.request_id, run.created, run.model, [choice], chunk=False,
-                                  usage_=run.usage()))
-
-
-def _merge_logprobs(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
-    if not parts:
-        return None
-    if chat:
-        return {"content": [c for p in parts for c in p["content"]]}
-    return {key: [x for p in parts for x in p[key]] for key in ("tokens", "token_logprobs", "top_logprobs",
-                                                                "text_offset")}

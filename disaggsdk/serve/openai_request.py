@@ -9,7 +9,6 @@ The document as a whole (encoding, depth, NaN anywhere) is checked first, in `op
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 DEFAULT_CHAT_MAX_TOKENS = 256  # only where the context length is unknown (vLLM: the rest of the context)
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+MAX_CHOICES = 64  # choices of one request: prompts of a batch times n
 # fields that change what the answer means: refused rather than silently ignored
 UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
@@ -47,6 +47,8 @@ class ParsedRequest:
     include_usage: bool
     logprobs: int | None  # top-N alternatives to return per token; None: no logprobs at all
     return_token_ids: bool  # extension (as vLLM's): each choice carries its token ids
+    more_prompts: tuple[list[int], ...] = ()  # a batched completions request: the prompts after the first
+    n: int = 1  # samples per prompt
     tool_setup: ToolSetup | None = None  # chat with tools: how calls are asked for and parsed
     max_tokens_given: bool = True  # False: the client left it out (chat then gets the rest of the context)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is sent too
@@ -126,17 +128,19 @@ def _token_ids(value: Any, name: str) -> list[int]:
     return list(value)
 
 
-def _completion_prompt(body: dict[str, Any], encode: Callable[[str], list[int]]) -> list[int]:
+def _completion_prompts(body: dict[str, Any], encode: Callable[[str], list[int]]) -> list[list[int]]:
+    """The prompt, or each prompt of a batch (a list of strings or of token id lists)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return encode(prompt)
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        raise BadRequestError("batched prompts are not supported; send one prompt per request", param="prompt")
+        return [encode(prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_CHOICES:
+            raise BadRequestError(f"'prompt': at most {MAX_CHOICES} prompts in a batch", param="prompt")
+        return [encode(p) if isinstance(p, str) else _token_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     if isinstance(prompt, list):
-        return _token_ids(prompt, "prompt")
-    raise BadRequestError("'prompt' is required: a string or a list of token ids", param="prompt")
+        return [_token_ids(prompt, "prompt")]
+    raise BadRequestError("'prompt' is required: a string, a list of token ids, or a list of either",
+                          param="prompt")
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
@@ -148,39 +152,11 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if _typed(body, "n", (int,), 1, "an integer") != 1:
-        raise BadRequestError("only n=1 is supported; send several requests instead", param="n")
     if body.get("echo"):
         raise BadRequestError("'echo' is not supported", param="echo")
     for name in UNSUPPORTED_FIELDS:
         if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] == 1):
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
-
-
-def rest_of_context_by_default(req: ParsedRequest, max_model_len: int | None) -> ParsedRequest:
-    """A chat request without max_tokens may generate the rest of the context, as vLLM's does."""
-    if not req.chat or req.max_tokens_given or max_model_len is None or len(req.prompt_ids) >= max_model_len:
-        return req
-    rest = max(max_model_len - len(req.prompt_ids), req.params.min_tokens, 1)
-    return dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=rest))
-
-
-def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
-    """Refuse a request whose prompt and output cannot fit the model's context (a 400 that says by how much).
-
-    Raises:
-        BadRequestError: prompt + max_tokens over ``max_model_len``.
-    """
-    total = len(req.prompt_ids) + req.params.max_tokens
-    if max_model_len is None or total <= max_model_len:
-        return
-    over = total - max_model_len
-    raise BadRequestError(
-        f"this model's context is {max_model_len} tokens, but the request needs {total} "
-        f"({len(req.prompt_ids)} of prompt + {req.params.max_tokens} of max_tokens): {over} too many; "
-        f"shorten the prompt or lower max_tokens",
-        param="max_tokens" if len(req.prompt_ids) < max_model_len else ("messages" if req.chat else "prompt"),
-    )
 
 
 def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
@@ -204,17 +180,20 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         raise BadRequestError("the request body must be a JSON object")
     check_json_tree(body)
     _refuse_unsupported(body)
-    tool_setup = None
+    tool_setup, more_prompts = None, []
     if chat:
         prompt_ids = encode(chat_prompt(body, chat_template))
         tool_setup = parse_tool_choice(body, check_tools(body), _special_token_id(encode))
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         default_max = DEFAULT_CHAT_MAX_TOKENS
     else:
-        prompt_ids = _completion_prompt(body, encode)
+        prompt_ids, *more_prompts = _completion_prompts(body, encode)
         max_name, default_max = "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS
-    if not prompt_ids:
+    if not prompt_ids or not all(more_prompts):
         raise BadRequestError("the prompt is empty", param="messages" if chat else "prompt")
+    n = _integer(body, "n", 1, MAX_CHOICES, 1)
+    if n * (1 + len(more_prompts)) > MAX_CHOICES:
+        raise BadRequestError(f"'n' times the prompts is at most {MAX_CHOICES}", param="n")
     top_k = _integer(body, "top_k", -1, MAX_INT32, 0, " (0 or -1 switch it off)")
     fields = {
         "max_tokens": (max_name, _integer(body, max_name, 1, MAX_INT32, default_max)),
@@ -259,7 +238,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         chat=chat, prompt_ids=prompt_ids, params=params, stop=_stop_strings(body), stream=stream,
         include_usage=bool(include_usage) and stream, logprobs=logprobs,
         return_token_ids=_typed(body, "return_token_ids", (bool,), False, "a boolean"), tool_setup=tool_setup,
-        max_tokens_given=body.get(max_name) is not None,
+        max_tokens_given=body.get(max_name) is not None, more_prompts=tuple(more_prompts), n=n,
         include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False, "a boolean"),
         skip_special_tokens=_typed(body, "skip_special_tokens", (bool,), True, "a boolean"),
     )
