@@ -82,34 +82,32 @@ def texts(files: list[CorpusFile], held_out: bool, root: Path | None = None) -> 
         yield data.decode("utf-8", errors="replace")
 
 
-def held_out_prompts(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[str]:
-    """``num_lines`` lines from the first top-level ``def`` or ``class`` of each of the first
-    ``num_prompts`` held-out files that have that much code (code no tiny checkpoint was trained on)."""
-    prompts = []
+def _held_out_code(num_items: int, num_lines: int, root: Path | None) -> Iterator[list[str]]:
+    """The lines from the first top-level ``def`` or ``class`` on, of the first ``num_items``
+    held-out files that have at least ``num_lines`` of them."""
+    found = 0
     for text in texts([f for f in list_files(root) if f.held_out], held_out=True, root=root):
         lines = text.splitlines(keepends=True)
         start = next((i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), len(lines))
         if len(lines) - start >= num_lines:
-            prompts.append("".join(lines[start : start + num_lines]))
-        if len(prompts) == num_prompts:
-            break
-    return prompts
+            yield lines[start:]
+            found += 1
+        if found == num_items:
+            return
+
+
+def held_out_prompts(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[str]:
+    """``num_lines`` lines from the first top-level ``def`` or ``class`` of each of the first
+    ``num_prompts`` held-out files that have that much code (code no tiny checkpoint was trained on)."""
+    return ["".join(code[:num_lines]) for code in _held_out_code(num_prompts, num_lines, root)]
 
 
 def held_out_sharegpt(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[dict]:
     """`held_out_prompts` as a ShareGPT dataset (``disaggsdk bench --dataset``): each prompt is the
     human turn and the ``num_lines`` lines after it are the reference answer."""
-    out = []
-    for text in texts([f for f in list_files(root) if f.held_out], held_out=True, root=root):
-        lines = text.splitlines(keepends=True)
-        start = next((i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), len(lines))
-        if len(lines) - start >= 2 * num_lines:
-            human = "".join(lines[start : start + num_lines])
-            answer = "".join(lines[start + num_lines : start + 2 * num_lines])
-            out.append({"conversations": [{"from": "human", "value": human}, {"from": "gpt", "value": answer}]})
-        if len(out) == num_prompts:
-            break
-    return out
+    return [{"conversations": [{"from": "human", "value": "".join(code[:num_lines])},
+                               {"from": "gpt", "value": "".join(code[num_lines : 2 * num_lines])}]}
+            for code in _held_out_code(num_prompts, 2 * num_lines, root)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ from disaggsdk.engine.sequence import Request, RequestOutput
 from disaggsdk.engine.speculative.speculator import check_speculative, mtp_drafts, new_speculator
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
-from disaggsdk.engine.stopping import eos_token_ids
+from disaggsdk.engine.stopping import model_eos_ids
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
@@ -43,7 +43,6 @@ class LLMEngine:
     def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None):
         from disaggsdk.engine.models.base import check_tp
         from disaggsdk.models import resolve_model
-        from disaggsdk.models.shipped import read_generation_config
 
         self.config = config = config or EngineConfig()
         if config.mode not in MODES:
@@ -83,8 +82,7 @@ class LLMEngine:
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
-        # config.json's eos ids and generation_config.json's, as transformers and vLLM stop on both
-        self._eos_ids = eos_token_ids(self.arch.hf_config) | eos_token_ids(read_generation_config(model))
+        self._eos_ids = model_eos_ids(model, self.arch.hf_config)
         self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids)
 
     # lifecycle

@@ -14,6 +14,14 @@ def eos_token_ids(hf_config: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(eos) if isinstance(eos, list) else frozenset({eos})
 
 
+def model_eos_ids(model: str, hf_config: Mapping[str, Any]) -> frozenset[int]:
+    """The ids a request of ``model`` stops on: config.json's and generation_config.json's, as
+    transformers and vLLM stop on both (the engine's stop rule and its grammars' end tokens)."""
+    from disaggsdk.models.shipped import read_generation_config
+
+    return eos_token_ids(hf_config) | eos_token_ids(read_generation_config(model))
+
+
 def stop_reason(params: Any, num_output_tokens: int, token: int, eos_ids: frozenset[int]) -> str | None:
     """Why a request stops after sampling ``token`` as its ``num_output_tokens``-th output token.
 

@@ -36,9 +36,9 @@ def ll_tokenizer(model: str) -> Any:
     """
     from llguidance import LLTokenizer
 
-    from disaggsdk.engine.stopping import eos_token_ids
+    from disaggsdk.engine.stopping import model_eos_ids
     from disaggsdk.models import resolve_model
-    from disaggsdk.models.shipped import checkpoint_directory, read_generation_config
+    from disaggsdk.models.shipped import checkpoint_directory
 
     directory = checkpoint_directory(model)
     path = directory / "tokenizer.json" if directory else None
@@ -46,7 +46,7 @@ def ll_tokenizer(model: str) -> Any:
         raise StructuredOutputError(f"{model} has no tokenizer.json, so structured output cannot be compiled "
                                     f"for it; use a checkpoint directory that has one")
     arch = resolve_model(model)
-    eos = sorted(eos_token_ids(arch.hf_config) | eos_token_ids(read_generation_config(model)))
+    eos = sorted(model_eos_ids(model, arch.hf_config))
     return LLTokenizer(path.read_text(), n_vocab=arch.vocab_size, eos_token=eos or None)
 
 
