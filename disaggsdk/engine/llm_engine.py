@@ -252,7 +252,8 @@ class LLMEngine:
             prompts: token ids of each prompt.
             params: one for all, or one per prompt.
         Returns:
-            The final output of each prompt, in order (with ``output_logprobs`` in ``new_logprobs``).
+            The final output of each prompt, in order (with ``output_logprobs`` in ``new_logprobs``,
+            and the prompt's logprobs when asked).
         """
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
@@ -271,6 +272,9 @@ class LLMEngine:
                 )
             for out in outputs:
                 if out.finished and out.request_id in reqs:
-                    out.new_logprobs = list(reqs[out.request_id].output_logprobs)
+                    req = reqs[out.request_id]
+                    out.new_logprobs = list(req.output_logprobs)
+                    if req.params.prompt_logprobs is not None:
+                        out.prompt_logprobs = list(req.prompt_logprobs)
                     final[out.request_id] = out
         return [final[rid] for rid in ids]

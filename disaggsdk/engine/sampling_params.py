@@ -37,6 +37,9 @@ class SamplingParams:
     ``seed`` makes a sampled request reproducible on its own, whatever else is in the batch.
     ``logprobs = N`` returns the chosen token's logprob and the N most likely tokens' (from the
     unfiltered distribution, as vLLM does; a grammar's mask is applied before, as in vLLM).
+    ``prompt_logprobs = N`` returns, once the prompt is computed, each prompt token's logprob given
+    the tokens before it (None for the first) with the N most likely alternatives, from the raw
+    logits (no penalty, bias or grammar applies to the prompt), as vLLM's ``prompt_logprobs``.
     ``structured``: what the output must match (JSON Schema, regex, choice, grammar); decode
     engines mask each step's logits with it.
     Penalties, ``min_p``, ``min_tokens`` and ``logit_bias`` follow vLLM's formulas
@@ -52,6 +55,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     structured: StructuredOutput | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -124,6 +128,8 @@ def _check_ints(p: SamplingParams) -> list[str | None]:
         problems.append(_bounded("seed", p.seed, 0, MAX_SEED))
     if p.logprobs is not None:
         problems.append(_bounded("logprobs", p.logprobs, 0, MAX_INT32))
+    if p.prompt_logprobs is not None:
+        problems.append(_bounded("prompt_logprobs", p.prompt_logprobs, 0, MAX_INT32))
     problems.append(_bounded("min_tokens", p.min_tokens, 0, MAX_INT32))
     if isinstance(p.min_tokens, int) and isinstance(p.max_tokens, int) and p.min_tokens > p.max_tokens:
         problems.append(f"min_tokens={p.min_tokens} must not exceed max_tokens={p.max_tokens}")

@@ -35,6 +35,8 @@ class Request:
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # with params.prompt_logprobs: entry i is prompt token i's (None for token 0), filled chunk by chunk
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=lambda: [None])
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "prefilled" | "error"
@@ -73,6 +75,8 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None  # with finish_reason "error"
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # the whole prompt's logprobs (entry 0 None), given once: in the step that computed the last of them
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_computed_tokens: int = 0
     hidden_state: torch.Tensor | None = None  # [hidden_size], float32, CPU
     logits: torch.Tensor | None = None  # [vocab_size], float32, CPU

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from disaggsdk.engine.logits_processors import process_rows
+from disaggsdk.engine.prompt_logprobs import prompt_rows, record_prompt_logprobs
 from disaggsdk.engine.sampling import sample
 from disaggsdk.engine.sampling_params import TokenLogprobs
 from disaggsdk.engine.scheduler import ScheduledChunk, Scheduler
@@ -30,11 +31,11 @@ log = logging.getLogger(__name__)
 
 
 def logits_rows(chunk: ScheduledChunk, ends_prefill: bool) -> int:
-    """Rows of logits a chunk needs: one per verified position when it samples, one at the end of a
-    prefill (its hidden state and logits are the context a prefill unit ships), else none."""
-    if chunk.sample:
-        return 1 + len(chunk.draft_ids)
-    return 1 if ends_prefill else 0
+    """Rows of logits a chunk needs (its last ones): one per verified position when it samples, one
+    at the end of a prefill (its hidden state and logits are the context a prefill unit ships), and
+    from the first prompt token it scores on when it asks for prompt logprobs."""
+    own = 1 + len(chunk.draft_ids) if chunk.sample else int(ends_prefill)
+    return max(own, prompt_rows(chunk))
 
 
 @dataclass
@@ -100,7 +101,10 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
         chunks: the step's chunks; rows: logits rows of each (`logits_rows`).
         hidden, logits: the runner's rows, in chunk order.
     """
-    first_row = list(itertools.accumulate(rows, initial=0))
+    starts = list(itertools.accumulate(rows, initial=0))
+    scored = {i for i, c in enumerate(chunks) if record_prompt_logprobs(c, logits[starts[i] : starts[i] + rows[i]])}
+    # a sampling chunk's own rows are its last 1 + len(drafts): those before score the prompt
+    first_row = [s + r - 1 - len(c.draft_ids) for s, r, c in zip(starts, rows, chunks)]
     _process_logits(chunks, first_row, logits, settings.eos_ids)
     _mask_grammars(chunks, first_row, logits)
     chosen = _choose(chunks, first_row, logits, stats)
@@ -108,9 +112,12 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
     for i, chunk in enumerate(chunks):
         req = chunk.request
         out = RequestOutput(req.request_id, [], req.output_ids, False)
+        if i in scored or (req.params.prompt_logprobs is not None and len(req.prompt_ids) == 1
+                           and not req.output_ids and chunk.sample):
+            out.prompt_logprobs = list(req.prompt_logprobs)  # complete now (a 1-token prompt: at once)
         if rows[i] and settings.return_hidden_states:
-            out.hidden_state = hidden[first_row[i] + rows[i] - 1].float().cpu()
-            out.logits = logits[first_row[i] + rows[i] - 1].cpu()
+            out.hidden_state = hidden[starts[i] + rows[i] - 1].float().cpu()
+            out.logits = logits[starts[i] + rows[i] - 1].cpu()
         if i in chosen:
             tokens, lps, accepted = chosen[i]
             # the verified positions: the last known token and the accepted drafts
