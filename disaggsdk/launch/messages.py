@@ -8,11 +8,11 @@ it with any change of these structs that an older peer would misread.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 
-from disaggsdk.engine.sampling_params import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
@@ -89,6 +89,17 @@ class Logprob(msgspec.Struct, frozen=True, array_like=True):
     top: list[tuple[int, float]] = []
 
 
+def wire_logprobs(lps: Any) -> list[Logprob | None]:
+    """Engine `TokenLogprobs` (or None entries) as channel `Logprob`s."""
+    return [None if lp is None else Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in lps]
+
+
+def engine_logprobs(wire: list[Logprob | None]) -> list[Any]:
+    """Channel `Logprob`s (or None entries) as engine `TokenLogprobs`."""
+    return [None if lp is None else TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top))
+            for lp in wire]
+
+
 class Tokens(msgspec.Struct, frozen=True, tag=True):
     request_id: str
     token_ids: list[int]
@@ -96,6 +107,15 @@ class Tokens(msgspec.Struct, frozen=True, tag=True):
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list[Logprob] = []
+    prompt_logprobs: list[Logprob | None] | None = None  # when this unit computed the prompt and was asked
+
+
+class PromptLogprobs(msgspec.Struct, frozen=True, tag=True):
+    """A prefill unit's scores of a prompt it computed (entry 0 None): the router puts them in front
+    of the tokens the decode unit streams for the same request."""
+
+    request_id: str
+    logprobs: list[Logprob | None]
 
 
 class TokensBatch(msgspec.Struct, frozen=True, tag=True):
@@ -147,6 +167,6 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
 
 
 ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, Shutdown]
-FromUnit = Union[Ready, Started, Tokens, TokensBatch, UnitStats, Fatal, TransportStuck]
+FromUnit = Union[Ready, Started, Tokens, TokensBatch, PromptLogprobs, UnitStats, Fatal, TransportStuck]
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

@@ -123,6 +123,7 @@ class Unit:
                 self._report_failures()
             if engine.has_unfinished():
                 outputs = engine.step()
+                self._emit_prompt_logprobs(outputs)  # before the KV's context leaves: the router has them first
                 self._emit(self.parts.after_step(outputs, time.monotonic()))
             if self.watchdog is not None and (stuck := self.watchdog.check(time.monotonic())) is not None:
                 self._give_up_transport(stuck)
@@ -194,13 +195,20 @@ class Unit:
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
 
+    def _emit_prompt_logprobs(self, outputs: list) -> None:
+        """A prefill unit's prompt scores go to the router on their own (its tokens never do)."""
+        for out in outputs:
+            if out.prompt_logprobs is not None and out.finish_reason == "prefilled":
+                self.conn.send(ch.PromptLogprobs(out.request_id, ch.wire_logprobs(out.prompt_logprobs)))
+
     def _emit(self, outputs: list) -> None:
         items = []
         for out in outputs:
             if out.new_token_ids or out.finished:
-                logprobs = [ch.Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in out.new_logprobs]
+                prompt = ch.wire_logprobs(out.prompt_logprobs) if out.prompt_logprobs is not None else None
                 items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
-                                       out.finish_reason, error=out.error, logprobs=logprobs))
+                                       out.finish_reason, error=out.error, logprobs=ch.wire_logprobs(out.new_logprobs),
+                                       prompt_logprobs=prompt))
         if len(items) > 1:
             self.conn.send(ch.TokensBatch(items))
         elif items:

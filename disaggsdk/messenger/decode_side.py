@@ -227,6 +227,7 @@ class DecodeMessenger:
                           for r, region in enumerate(self.me.pool_regions)],
             context=pr.ContextSlot(self.me.context_region, h.slot * self.me.context_slot_bytes,
                                    self.me.context_slot_bytes),
+            prompt_logprobs=getattr(h.params, "prompt_logprobs", None),
         )
         self._handoffs[h.request_id] = h
         self._outstanding[name] += 1

@@ -166,7 +166,8 @@ class PrefillMessenger:
         job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers)
         job.arrived_s = time.monotonic()
         try:
-            self.engine.add_request(msg.request_id, msg.token_ids, SamplingParams(max_tokens=1))
+            params = SamplingParams(max_tokens=1, prompt_logprobs=msg.prompt_logprobs)
+            self.engine.add_request(msg.request_id, msg.token_ids, params)
         except DisaggError as exc:
             return Rejection(RejectReason.ENGINE, str(exc))
         job.slot = self._free_slots.pop()

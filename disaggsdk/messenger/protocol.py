@@ -98,6 +98,7 @@ class PrefillRequest(Message, frozen=True):
     decode_tp: int
     destinations: list[DestinationRank]
     context: ContextSlot | None = None
+    prompt_logprobs: int | None = None  # score the prompt too, with this many alternatives per token
 
 
 class PrefillRejected(Message, frozen=True):

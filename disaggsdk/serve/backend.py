@@ -28,6 +28,8 @@ class TokenEvent:
     new_logprobs: Sequence[TokenLogprobs] = ()
     error: str | None = None  # set with finish_reason "error": what went wrong, for the client
     instance: str = ""  # the decode (or mixed) instance that produced the tokens
+    # with params.prompt_logprobs: the prompt's logprobs (entry 0 None), on the request's first event
+    prompt_logprobs: Sequence[TokenLogprobs | None] | None = None
 
 
 class ServingBackend(Protocol):

@@ -183,6 +183,7 @@ class InProcessBackend:
             event = TokenEvent(
                 out.request_id, list(out.new_token_ids), out.finished, out.finish_reason,
                 new_logprobs=list(out.new_logprobs or ()), error=out.error, instance=self.name,
+                prompt_logprobs=out.prompt_logprobs,
             )
             self._send(out.request_id, event)
 

@@ -24,6 +24,8 @@ from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
 from disaggsdk.serve.first_token_clock import FirstTokenClock
+from disaggsdk.serve.model_tokenizer import ModelTokenizer
+from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
 from disaggsdk.serve.unit_gauges import instance_stats
 
 SERVING_ROLES = ("decode", "mixed")
@@ -55,8 +57,9 @@ class Router:
         self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}  # only for seqs unit_stats waits on
         self._stats_cond = threading.Condition(self._lock)
         self._last_stats: dict[str, ch.UnitStats] = {}
-        self._tokenizer = None
+        self._tokenizer = ModelTokenizer(self.spec.model)
         self.first_tokens = FirstTokenClock()  # guarded by _lock
+        self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 
@@ -68,6 +71,8 @@ class Router:
         elif isinstance(msg, ch.TokensBatch):
             for item in msg.items:
                 self._on_tokens(unit, item)
+        elif isinstance(msg, ch.PromptLogprobs):
+            self._deliver(self._join.scores(msg.request_id, ch.engine_logprobs(msg.logprobs)))
         elif isinstance(msg, ch.UnitStats):
             with self._stats_cond:
                 self._last_stats[msg.name] = msg
@@ -76,21 +81,27 @@ class Router:
                 self._stats_cond.notify_all()
 
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
-        from disaggsdk.engine.sampling_params import TokenLogprobs
-
-        logprobs = [TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top)) for lp in msg.logprobs]
-        event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason, logprobs,
-                           error=msg.error, instance=unit)
+        prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
+        event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason,
+                           ch.engine_logprobs(msg.logprobs), error=msg.error, instance=unit, prompt_logprobs=prompt)
         with self._lock:
-            sink = self._sinks.get(msg.request_id)
             self._not_started.pop(msg.request_id, None)
             self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
-            if msg.finished:
-                self._in_flight[unit].discard(msg.request_id)
-                self._sinks.pop(msg.request_id, None)
-                self._resubmitted.discard(msg.request_id)
-        if sink is not None:
-            sink(event)
+        self._deliver(self._join.event(event))
+
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        """Hand events to their requests' sinks; a finished one ends its request here."""
+        for event in events:
+            rid = event.request_id
+            with self._lock:
+                sink = self._sinks.get(rid)
+                if event.finished:
+                    for held in self._in_flight.values():
+                        held.discard(rid)
+                    self._sinks.pop(rid, None)
+                    self._resubmitted.discard(rid)
+            if sink is not None:
+                sink(event)
 
     def _on_unit_down(self, unit: str, _report: str) -> None:
         with self._lock:
@@ -99,6 +110,7 @@ class Router:
             self._last_stats.pop(unit, None)  # a dead unit's gauges go with it
         for rid in held:
             if not self._resubmit(rid):
+                self._join.forget(rid)
                 with self._lock:
                     sink = self._sinks.pop(rid, None)
                     self._not_started.pop(rid, None)
@@ -139,29 +151,17 @@ class Router:
 
     # ServingBackend
 
-    def _tok(self) -> Any:
-        if self._tokenizer is None:
-            from disaggsdk.engine.tokenizer import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.spec.model)
-            if self._tokenizer is None:
-                raise LaunchError(f"{self.spec.model} has no tokenizer; send token ids")
-        return self._tokenizer
-
     def tokenizer_or_none(self) -> Any:
         """The model's tokenizer, or None when the model has none."""
-        try:
-            return self._tok()
-        except LaunchError:
-            return None
+        return self._tokenizer.get_or_none()
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (with BOS) under the model's tokenizer."""
-        return self._tok().encode(text, add_bos=True)
+        return self._tokenizer.encode(text)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids`` (without special tokens unless asked)."""
-        return self._tok().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._tokenizer.decode(token_ids, skip_special_tokens)
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
                sink: Callable[[TokenEvent], None]) -> str:
@@ -184,6 +184,7 @@ class Router:
             self._sinks[request_id] = sink
             self._not_started[request_id] = (list(prompt_ids), params)
             self.first_tokens.received(request_id, time.monotonic())
+            self._join.expect(request_id, params)
         try:
             delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params))
         except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight

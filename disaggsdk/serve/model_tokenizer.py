@@ -1,0 +1,46 @@
+"""A model's tokenizer, loaded on first use: what a backend's ``encode`` and ``decode`` read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from disaggsdk.launch.tiny import LaunchError
+
+
+class ModelTokenizer:
+    """The tokenizer of ``model`` (a catalog name or a checkpoint directory), loaded once, lazily
+    (a deployment fed token ids never needs it)."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self._tokenizer: Any = None
+
+    def get(self) -> Any:
+        """The tokenizer.
+
+        Raises:
+            LaunchError: the model has none (send token ids instead of text).
+        """
+        if self._tokenizer is None:
+            from disaggsdk.engine.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model)
+            if self._tokenizer is None:
+                raise LaunchError(f"{self.model} has no tokenizer; send token ids")
+        return self._tokenizer
+
+    def get_or_none(self) -> Any:
+        """The tokenizer, or None when the model has none."""
+        try:
+            return self.get()
+        except LaunchError:
+            return None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with BOS)."""
+        return self.get().encode(text, add_bos=True)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids`` (without special tokens unless asked)."""
+        return self.get().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
