@@ -140,7 +140,7 @@ class Choices:
             return JSONResponse(err.body(), status_code=500)
         choices = []
         for k, (run, (token_ids, logprobs)) in enumerate(zip(self.runs, collected)):
-            choice = resp.choice(run.req.chat, run.text, run.finish_reason, merge_logprobs(logprobs, run.req.chat),
+            choice = resp.choice(run.req.chat, run.text, run.finish_reason, resp.merge_logprobs(logprobs, run.req.chat),
                                  token_ids if run.req.return_token_ids else None, delta=False,
                                  tool_calls=run.tool_calls)
             choices.append({**choice, "index": k})
@@ -158,12 +158,3 @@ def expand_choices(req: ParsedRequest) -> list[ParsedRequest]:
                                            params=dataclasses.replace(req.params, seed=seed)))
     return out
 
-
-def merge_logprobs(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
-    """One choice's logprobs objects of its pieces, as one."""
-    if not parts:
-        return None
-    if chat:
-        return {"content": [c for p in parts for c in p["content"]]}
-    return {key: [x for p in parts for x in p[key]] for key in ("tokens", "token_logprobs", "top_logprobs",
-                                                                "text_offset")}

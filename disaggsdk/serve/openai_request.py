@@ -31,7 +31,7 @@ MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_CHOICES = 64  # choices of one request: prompts of a batch times n
 # fields that change what the answer means: refused rather than silently ignored
-UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix")
+UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix", "prompt_logprobs")
 HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
 
 
@@ -53,6 +53,8 @@ class ParsedRequest:
     max_tokens_given: bool = True  # False: the client left it out (chat then gets the rest of the context)
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is sent too
     skip_special_tokens: bool = True  # vLLM's: False keeps special tokens in the text
+    echo: bool = False  # completions: the prompt comes first in the text (and its logprobs, when asked)
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone (one token is made and dropped)
 
 
 # fields
@@ -151,11 +153,17 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return _integer(body, "logprobs", 0, MAX_LOGPROBS, None)
 
 
+def _echo(body: dict[str, Any], chat: bool) -> bool:
+    echo = _typed(body, "echo", (bool,), False, "a boolean")
+    if echo and chat:
+        raise BadRequestError("'echo' is supported on /v1/completions only", param="echo")
+    return echo
+
+
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if body.get("echo"):
-        raise BadRequestError("'echo' is not supported", param="echo")
     for name in UNSUPPORTED_FIELDS:
-        if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] == 1):
+        # best_of = n asks for nothing more than n (vLLM V1 dropped best_of > n too)
+        if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] in (1, body.get("n", 1))):
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
 
 
@@ -180,6 +188,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         raise BadRequestError("the request body must be a JSON object")
     check_json_tree(body)
     _refuse_unsupported(body)
+    echo = _echo(body, chat)
     tool_setup, more_prompts = None, []
     if chat:
         prompt_ids = encode(chat_prompt(body, chat_template))
@@ -196,7 +205,9 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         raise BadRequestError(f"'n' times the prompts is at most {MAX_CHOICES}", param="n")
     top_k = _integer(body, "top_k", -1, MAX_INT32, 0, " (0 or -1 switch it off)")
     fields = {
-        "max_tokens": (max_name, _integer(body, max_name, 1, MAX_INT32, default_max)),
+        # max_tokens 0 asks for the echoed prompt alone: one token is made (decode must run) and dropped
+        "max_tokens": (max_name, max(1, _integer(body, max_name, 0 if echo else 1, MAX_INT32, default_max,
+                                                 "" if echo else " (0 only with 'echo')"))),
         "temperature": ("temperature", _temperature(body)),
         "top_p": ("top_p", _top_p(body)),
         "top_k": ("top_k", 0 if top_k == -1 else top_k),  # vLLM spells "off" as -1
@@ -224,7 +235,8 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         except StructuredOutputError as exc:  # a tool's parameters schema the grammar cannot take
             raise BadRequestError(f"'tools': {exc}", param="tools") from None
     try:  # SamplingParams checks again: what reaches a unit is valid however it was built
-        params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs, structured=structured)
+        params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs, structured=structured,
+                                prompt_logprobs=logprobs if echo else None)
     except SamplingError as exc:
         bad = next((field for k, (field, _) in fields.items() if f"{k}=" in str(exc)), None)
         raise BadRequestError(str(exc), param=bad) from None
@@ -241,6 +253,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         max_tokens_given=body.get(max_name) is not None, more_prompts=tuple(more_prompts), n=n,
         include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False, "a boolean"),
         skip_special_tokens=_typed(body, "skip_special_tokens", (bool,), True, "a boolean"),
+        echo=echo, echo_only=echo and body.get(max_name) == 0,
     )
 
 

@@ -40,6 +40,15 @@ def completion_logprobs(lps: Sequence[TokenLogprobs], decode: Decode, text_offse
     }
 
 
+def prompt_logprobs(prompt_ids: Sequence[int], lps: Sequence[TokenLogprobs | None], decode: Decode) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object of an echoed prompt: each token's logprob given the
+    ones before it (null for the first, as OpenAI and vLLM answer), offsets from the text's start."""
+    first = decode(prompt_ids[:1])
+    whole = completion_logprobs(lps[1:], decode, len(first))
+    return {"tokens": [first, *whole["tokens"]], "token_logprobs": [None, *whole["token_logprobs"]],
+            "top_logprobs": [None, *whole["top_logprobs"]], "text_offset": [0, *whole["text_offset"]]}
+
+
 def chat_logprobs(lps: Sequence[TokenLogprobs], decode: Decode) -> dict[str, Any]:
     """The chat ``logprobs`` object (``{"content": [...]}``) of some tokens."""
 
@@ -96,3 +105,13 @@ def body(chat: bool, request_id: str, created: int, model: str, choices: list[di
     if usage_ is not None:
         out["usage"] = usage_
     return out
+
+
+def merge_logprobs(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
+    """One choice's logprobs objects of its pieces, as one."""
+    if not parts:
+        return None
+    if chat:
+        return {"content": [c for p in parts for c in p["content"]]}
+    return {key: [x for p in parts for x in p[key]] for key in ("tokens", "token_logprobs", "top_logprobs",
+                                                                "text_offset")}

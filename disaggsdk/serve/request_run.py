@@ -51,6 +51,7 @@ class RequestRun:
     _recorded: bool = False
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed as each call completes
     _tool_ids: list[int] | None = None  # output from the first <tool_call> on (never sent as text)
+    _echo_text: str = ""  # the echoed prompt, sent before the output (completions with echo)
 
     def __post_init__(self) -> None:
         self.timeline = RequestTimeline(time.monotonic(), prompt_tokens=len(self.req.prompt_ids))
@@ -63,7 +64,7 @@ class RequestRun:
 
     @property
     def text(self) -> str:
-        return self._text.sent_text
+        return self._echo_text + self._text.sent_text
 
     async def start(self) -> TokenEvent:
         """Submit the request and wait for its first event.
@@ -113,10 +114,11 @@ class RequestRun:
     def _take(self, event: TokenEvent) -> Piece:
         now = time.monotonic()
         self._instance = event.instance or self._instance
-        tokens = list(event.new_token_ids)
+        tokens = [] if self.req.echo_only else list(event.new_token_ids)  # the one token made is dropped
         self.timeline.token_times_s.extend([now] * len(tokens))
-        offset = len(self._text.sent_text)
-        text = self._text.add(self._split_tool_calls(tokens), final=event.finished)
+        echo = self._echo(event) if self._first_chunk else ""
+        offset = len(self.text)
+        text = echo + self._text.add(self._split_tool_calls(tokens), final=event.finished)
         new_calls = self._new_tool_calls()
         finished = event.finished or self._text.stopped
         if finished:
@@ -124,11 +126,14 @@ class RequestRun:
             self.error = event.error if event.finish_reason == "error" else None
             if self.tool_calls and self.finish_reason == "stop":
                 self.finish_reason = "tool_calls"
-        logprobs = None
-        if self.req.logprobs is not None and event.new_logprobs:
+        parts = []
+        if echo and self.req.logprobs is not None:
+            parts.append(resp.prompt_logprobs(self.req.prompt_ids, event.prompt_logprobs, self.backend.decode))
+        if self.req.logprobs is not None and event.new_logprobs and tokens:
             lps = list(event.new_logprobs)
-            logprobs = (resp.chat_logprobs(lps, self.backend.decode) if self.req.chat
-                        else resp.completion_logprobs(lps, self.backend.decode, offset))
+            parts.append(resp.chat_logprobs(lps, self.backend.decode) if self.req.chat
+                         else resp.completion_logprobs(lps, self.backend.decode, offset))
+        logprobs = resp.merge_logprobs(parts, self.req.chat)
         choice = resp.choice(
             self.req.chat, text, self.finish_reason if finished else None, logprobs,
             tokens if self.req.return_token_ids else None, delta=True, first=self._first_chunk,
@@ -136,6 +141,21 @@ class RequestRun:
         )
         self._first_chunk = False
         return Piece(text, choice, finished)
+
+    def _echo(self, event: TokenEvent) -> str:
+        """The prompt's text, which an echo request's answer starts with ("" without echo).
+
+        Raises:
+            BadRequestError (500): the prompt's logprobs were asked for and did not come (a backend
+                that cannot score prompts must refuse such requests, never answer without them).
+        """
+        if not self.req.echo:
+            return ""
+        if self.req.logprobs is not None and event.prompt_logprobs is None:
+            raise BadRequestError("the prompt's logprobs did not come with its first tokens", status=500,
+                                  kind="server_error")
+        self._echo_text = self.backend.decode(self.req.prompt_ids, skip_special_tokens=self.req.skip_special_tokens)
+        return self._echo_text
 
     def _split_tool_calls(self, tokens: list[int]) -> list[int]:
         """The tokens that are message text; from the first <tool_call> on they are kept aside."""
