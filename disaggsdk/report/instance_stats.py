@@ -35,3 +35,8 @@ class InstanceStats:
     spec_accepted_per_position: list[int] = field(default_factory=list)
     spec_drafts_per_position: list[int] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV pages in use, 0..1 (vLLM's ``kv_cache_usage_perc``); 0 without a pool."""
+        return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0

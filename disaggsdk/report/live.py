@@ -70,7 +70,7 @@ def instance_rows(
             ttft_p99_ms=percentile(ttfts, 99) if ttfts else None,
             tokens_per_s_per_request=tokens_per_s_per_request(tpots) if tpots else None,
             running=st.running, waiting=st.waiting,
-            kv_usage=st.kv_pages_used / st.kv_pages_total if st.kv_pages_total else 0.0,
+            kv_usage=st.kv_cache_usage,
             transfer_gb_per_s=st.transfer_bytes / st.transfer_s / 1e9 if st.transfer_s > 0 else None,
             spec_acceptance=(st.spec_num_accepted_tokens / st.spec_num_draft_tokens
                              if st.spec_num_draft_tokens else None),

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def finished_by_reason(url: str) -> dict[str, float]:
     fams = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
-    return {s.labels["finish_reason"]: s.value for s in fams["disaggsdk_request_success"].samples
+    return {s.labels["finished_reason"]: s.value for s in fams["disaggsdk_request_success"].samples
             if s.name.endswith("_total")}
 
 

@@ -54,12 +54,17 @@ def test_metrics_parse_and_ttft_count_equals_requests_served(deployment):
     httpx.post(f"{deployment.url}/v1/completions", json={"prompt": "x", "max_tokens": 0})  # refused: not served
     fams = families(deployment.url)
     assert histogram_count(fams, "disaggsdk_time_to_first_token_seconds") == before + 3
-    for name in ("disaggsdk_inter_token_latency_seconds", "disaggsdk_time_per_output_token_seconds",
-                 "disaggsdk_e2e_request_latency_seconds"):
+    for name in ("disaggsdk_inter_token_latency_seconds", "disaggsdk_request_time_per_output_token_seconds",
+                 "disaggsdk_e2e_request_latency_seconds", "disaggsdk_request_decode_time_seconds",
+                 "disaggsdk_request_prompt_tokens", "disaggsdk_request_generation_tokens"):
         assert fams[name].type == "histogram"
-    gauges = {s.labels["instance"]: s.value for s in fams["disaggsdk_num_requests_running"].samples}
+    assert histogram_count(fams, "disaggsdk_request_generation_tokens") == histogram_count(
+        fams, "disaggsdk_time_to_first_token_seconds")
+    gauges = {s.labels["engine"]: s.value for s in fams["disaggsdk_num_requests_running"].samples}
     assert gauges == {"mixed-0": 0.0}
-    assert fams["disaggsdk_kv_pages_total"].samples[0].value == 256
+    assert fams["disaggsdk_kv_pages_capacity"].samples[0].value == 256
+    assert 0.0 <= fams["disaggsdk_kv_cache_usage_perc"].samples[0].value <= 1.0
+    assert "disaggsdk_num_preemptions" in fams  # the in-process engine counts them
     assert "disaggsdk_kv_transfer_bytes" in fams and "disaggsdk_kv_transfer_failures" in fams
 
 

@@ -155,7 +155,7 @@ def test_rejected_frames_reach_metrics_by_reason(fake):
     assert next(s for s in router.stats() if s.name == "prefill-0").rejected_frames == {"replayed": 2, "BadMac": 1}
     rt.state["prefill-0"] = {"rejected_frames": {"replayed": 2, "BadMac": 1}}
     text = generate_latest(ServerMetrics(router.stats, "fake").registry).decode()
-    assert ('disaggsdk_control_frames_rejected_total{instance="prefill-0",model_name="fake",reason="replayed",'
+    assert ('disaggsdk_control_frames_rejected_total{engine="prefill-0",model_name="fake",reason="replayed",'
             'role="prefill"} 2.0') in text
 
 
@@ -166,7 +166,7 @@ def test_a_scrape_shows_the_units_now_not_the_scrape_before(fake):
 
     rt, router = fake
     metrics = ServerMetrics(router.stats, "fake")
-    line = 'disaggsdk_kv_pages_used{instance="decode-1",model_name="fake",role="decode"}'
+    line = 'disaggsdk_kv_pages_used{engine="decode-1",model_name="fake",role="decode"}'
     rt.state["decode-1"] = {"used": 3}
     assert f"{line} 3.0" in generate_latest(metrics.registry).decode()
     rt.state["decode-1"] = {"used": 7}  # the units change between two scrapes
