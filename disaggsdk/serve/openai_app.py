@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
+from disaggsdk.serve.cors import CorsPolicy
+from disaggsdk.serve.error_bodies import add_error_handlers, unavailable_body
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
@@ -34,11 +34,8 @@ from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
-
-
-def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return JSONResponse(BadRequestError(message, param, status, kind).body(), status_code=status, headers=headers)
+ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health "
+          "and /metrics")
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -73,11 +70,12 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 
 def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-              metrics_require_key: bool = False, served_model_name: str | None = None) -> FastAPI:
+              metrics_require_key: bool = False, served_model_name: str | None = None,
+              allowed_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI application serving ``backend``.
 
     Every error, the framework's included (unknown route, wrong method, a crash), answers an
-    OpenAI error object ``{"error": {"message", "type", "param", "code"}}``.
+    OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` (`serve.error_bodies`).
 
     Args:
         backend: what produces tokens.
@@ -88,46 +86,27 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         metrics_require_key: /metrics asks for the API key too.
         served_model_name: the name clients send and /v1/models lists (default: the backend's
             model, which the tokenizer, template and grammars still come from).
+        allowed_origins: web origins whose pages may call the server (CORS, `serve.cors`; ``"*"``:
+            any); none by default.
     Returns:
         the app, ready for uvicorn.
     """
     guard = HostGuard(allowed_hosts)
+    cors = CorsPolicy(allowed_origins)
 
     # dependencies, not HTTP middlewares: starlette's BaseHTTPMiddleware re-streams every SSE chunk
     async def check_host(request: Request) -> None:
-        refusal = guard.refusal(request.headers.get("host"), request.headers.get("origin"))
+        origin = request.headers.get("origin")  # an origin allowed for CORS is a welcome web page
+        refusal = guard.refusal(request.headers.get("host"), None if cors.allows(origin) else origin)
         if refusal:
             raise BadRequestError(refusal, status=403, kind="permission_error")
 
     app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
+    add_error_handlers(app, ROUTES)
+    cors.install(app)
     model = served_model_name or backend.model_name
     chat_template = model_chat_template(backend.model_name)
     vocab_size = model_vocab_size(backend.model_name)  # None: the built-in one, and /v1/models says so
-
-    @app.exception_handler(BadRequestError)
-    async def _bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        where = f"{request.method} {request.url.path}"
-        message = {
-            404: f"no route {where}; this server has /v1/completions, /v1/chat/completions, /v1/models, "
-                 f"/tokenize, /detokenize, /version, /health and /metrics",
-            405: f"{where} is not allowed; use {(exc.headers or {}).get('Allow', 'another method')}",
-        }.get(exc.status_code, f"{where}: {exc.detail}")
-        return _error(exc.status_code, message, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = next(iter(exc.errors()), {})
-        param = ".".join(str(key) for key in first.get("loc", ())[1:]) or None
-        return _error(400, f"{param or 'the request'}: {first.get('msg', 'invalid')}", param)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # starlette sends this, then re-raises so the server logs the traceback
-        return _error(500, f"the server failed on this request ({type(exc).__name__}); it is logged")
 
     async def check_key(request: Request) -> None:
         given = request.headers.get("authorization", "")
@@ -145,6 +124,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         serving = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
         status = "ok" if all(s.healthy for s in stats) else "degraded" if serving else "down"
         body = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
+        if not serving:  # an OpenAI error object too, beside what probes read
+            body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down")
         return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/metrics", dependencies=[Depends(check_key)] if metrics_require_key else [])
