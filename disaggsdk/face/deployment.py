@@ -55,6 +55,7 @@ class Deployment:
         allowed_hosts: the Host / Origin names answered (loopback by default; ``"*"`` for any).
         metrics_require_key: /metrics asks for ``api_key`` too.
         served_model_name: the model name clients use (default: the backend's model).
+        allowed_origins: web origins whose pages may call the server (CORS; ``"*"``: any); none by default.
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
@@ -62,14 +63,16 @@ class Deployment:
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, name: str = "deployment", sock: Any = None,
                  allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False,
-                 served_model_name: str | None = None):
+                 served_model_name: str | None = None, allowed_origins: Sequence[str] = ()):
         self.backend = backend
         self.name = name
         self.api_key = api_key
         self._served_name = served_model_name or backend.model_name
-        self.server_metrics = ServerMetrics(backend.stats, self._served_name)
+        self.server_metrics = ServerMetrics(backend.stats, self._served_name,
+                                            max_model_len=getattr(backend, "max_model_len", None))
         app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
-                        metrics_require_key=metrics_require_key, served_model_name=self._served_name)
+                        metrics_require_key=metrics_require_key, served_model_name=self._served_name,
+                        allowed_origins=allowed_origins)
         self._server = HttpServer(app, host, port, sock)
         try:
             self._server.start()
@@ -199,7 +202,8 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         model: a tiny catalog name or a checkpoint directory.
         engine_config: engine settings.
         host, port, api_key: see `Deployment`.
-        server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key`` and ``served_model_name``.
+        server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``
+            and ``allowed_origins``.
     """
     from disaggsdk.serve.inprocess_backend import InProcessBackend
 
@@ -209,7 +213,7 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
 
 def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | None = None,
            port: int | None = None, api_key: str | None = None, served_model_name: str | None = None,
-           **runtime_options: Any) -> Deployment:
+           allowed_origins: Sequence[str] = (), **runtime_options: Any) -> Deployment:
     """Start the processes of ``spec`` on this machine and serve them.
 
     Args:
@@ -219,6 +223,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         host, port: override ``spec.serve``; port 0 picks a free one.
         api_key: see `Deployment`.
         served_model_name: overrides ``spec.serve.model_name``.
+        allowed_origins: see `Deployment`.
         runtime_options: passed to `disaggsdk.launch.LocalRuntime` (``cpu_affinity``, ``log_dir``).
     Raises:
         HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
@@ -241,4 +246,4 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     layout = "colocated" if colocated else "disaggregated"
     return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
                       allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
-                      served_model_name=served_model_name or spec.serve.model_name)
+                      served_model_name=served_model_name or spec.serve.model_name, allowed_origins=allowed_origins)

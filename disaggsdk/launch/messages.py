@@ -149,6 +149,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []
     spec_drafts_per_position: list[int] = []
+    num_preemptions: int = 0  # requests its scheduler preempted since start
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

@@ -238,6 +238,7 @@ class Unit:
             spec_num_accepted_tokens=e.spec_stats.num_accepted_tokens,
             spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
             spec_drafts_per_position=list(e.spec_stats.drafts_per_position),
+            num_preemptions=e.scheduler.num_preemptions,
         )
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         return InstanceStats(name=name, role=role, healthy=healthy, running=0, waiting=0, kv_pages_used=0,
                              kv_pages_total=0, transfer_bytes=0, transfer_writes=0, transfer_s=0.0,
                              exposed_transfer_s=0.0, transfer_failures=0, requests_retried=0,
-                             extra={"prefilled_locally": 0.0, "rejected_frames": 0.0})
+                             extra={"prefilled_locally": 0.0, "rejected_frames": 0.0, "num_preemptions": 0.0})
     return InstanceStats(
         name=name, role=role, healthy=healthy, running=s.running, waiting=s.waiting,
         kv_pages_used=s.num_pages - s.num_free_pages, kv_pages_total=s.num_pages,
@@ -20,7 +20,8 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         exposed_transfer_s=s.exposed_transfer_s, transfer_failures=s.transfer_failures,
         requests_retried=s.requests_retried, rejected_frames=dict(s.rejected_frames),
         rejected_requests=dict(s.rejected_requests),
-        extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values()))},
+        extra={"prefilled_locally": float(s.prefilled_locally), "rejected_frames": float(sum(s.rejected_frames.values())),
+               "num_preemptions": float(s.num_preemptions)},
         spec_num_drafts=s.spec_num_drafts, spec_num_draft_tokens=s.spec_num_draft_tokens,
         spec_num_accepted_tokens=s.spec_num_accepted_tokens,
         spec_accepted_per_position=list(s.spec_accepted_per_position),
