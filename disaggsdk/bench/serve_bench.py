@@ -1,30 +1,34 @@
-"""Load an OpenAI-compatible server with streamed completions and summarise what it did.
+"""Load an OpenAI-compatible server with streamed requests and summarise what it did, as vLLM does.
 
-Arrivals are Poisson at ``qps`` (gamma-distributed gaps with shape ``burstiness``: 1 is Poisson,
-lower is burstier), as vLLM's ``bench serve``. Each request streams from ``/v1/completions``;
-token times come from the chunks (our server tags each chunk with its token ids, so batched
-tokens are counted right). Results use vLLM's field names (`disaggsdk.report.latency.summarize`).
+Arrivals are Poisson at ``qps`` (vLLM's ``--request-rate``; gamma-distributed gaps with shape
+``burstiness``: 1 is Poisson, lower is burstier), as vLLM's ``bench serve``. Each request streams
+from /v1/completions or /v1/chat/completions (`serve_request`); chunks are timed as vLLM times
+them (`stream_timeline`: one ITL per chunk), and the result document has vLLM's keys
+(`serve_result`, `disaggsdk.report.latency.summarize`) plus a few of ours.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import httpx
 
 from disaggsdk.bench.dataset import BenchRequest
+from disaggsdk.bench.serve_request import RequestOptions, headers, send
+from disaggsdk.bench.serve_result import keep_percentiles_of, per_request_lists, per_second_peaks
+from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.errors import DisaggError
-from disaggsdk.report.latency import RequestTimeline, summarize
+from disaggsdk.report.latency import METRICS, RequestTimeline, summarize
 
+SLO_METRICS = ("ttft", "tpot", "e2el")
 OnDone = Callable[[RequestTimeline], None]
 
 
@@ -36,48 +40,19 @@ class BenchError(DisaggError):
 class LoadShape:
     """How requests arrive."""
 
-    qps: float = math.inf  # inf: all at once
+    qps: float = math.inf  # requests per second (vLLM's --request-rate); inf: all at once
     burstiness: float = 1.0  # gamma shape of the gaps; 1.0 is a Poisson process
     max_concurrency: int | None = None
     seed: int = 0
+    num_warmups: int = 0  # untimed copies of the first request before the load (vLLM's --num-warmups)
+    initial_test: bool = False  # vLLM's untimed single test request first (`disaggsdk bench` sends it)
 
     def __post_init__(self) -> None:
         if self.qps <= 0 or self.burstiness <= 0:
-            raise BenchError(f"--qps ({self.qps}) and --burstiness ({self.burstiness}) must be > 0")
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-async def _send(client: httpx.AsyncClient, url: str, model: str, req: BenchRequest, api_key: str | None,
-                temperature: float) -> RequestTimeline:
-    payload = {
-        "model": model, "prompt": req.prompt, "max_tokens": req.output_len, "temperature": temperature,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-    }
-    t = RequestTimeline(time.monotonic(), prompt_tokens=req.prompt_len)
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=payload, headers=_headers(api_key)) as r:
-            if r.status_code != 200:
-                t.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
-                return t
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: "):])
-                now = time.monotonic()
-                if "error" in chunk:
-                    t.error = str(chunk["error"].get("message", chunk["error"]))
-                for choice in chunk.get("choices", ()):
-                    # a server without token ids: one token per non-empty text chunk (vLLM's count)
-                    n = len(choice.get("token_ids") or ()) or (1 if choice.get("text") else 0)
-                    t.token_times_s.extend([now] * n)
-                if chunk.get("usage"):
-                    t.prompt_tokens = chunk["usage"].get("prompt_tokens", t.prompt_tokens)
-    except httpx.HTTPError as exc:
-        t.error = f"{type(exc).__name__}: {exc}"
-    return t
+            raise BenchError(f"--request-rate ({self.qps}) and --burstiness ({self.burstiness}) must be > 0")
+        if self.num_warmups < 0 or (self.max_concurrency is not None and self.max_concurrency < 1):
+            raise BenchError(f"--num-warmups ({self.num_warmups}) must be >= 0 and --max-concurrency "
+                             f"({self.max_concurrency}) >= 1")
 
 
 def arrival_gaps_s(shape: LoadShape, n: int) -> list[float]:
@@ -92,32 +67,47 @@ def arrival_gaps_s(shape: LoadShape, n: int) -> list[float]:
 
 async def run_load(
     url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
-    temperature: float = 0.0, on_done: OnDone | None = None,
-) -> tuple[list[RequestTimeline], float]:
+    options: RequestOptions = RequestOptions(), on_done: OnDone | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[list[StreamTimeline], float]:
     """Send ``requests`` with the arrival process ``shape``.
+
+    With ``shape.initial_test``, as vLLM's ``bench serve``, the first request is sent once alone
+    before the timed load (it fails fast on wrong settings, and both tools then start on a server
+    that has answered once); then ``shape.num_warmups`` copies of it, at most ``max_concurrency``
+    at a time. ``on_start`` is called when the timed load begins, after them.
 
     Returns:
         (timelines in request order, duration in seconds from the first send to the last answer).
+    Raises:
+        BenchError: the initial test request failed.
     """
     limit = asyncio.Semaphore(shape.max_concurrency or len(requests))
     limits = httpx.Limits(max_connections=len(requests) + 1, max_keepalive_connections=len(requests) + 1)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as client:
 
-        async def one(req: BenchRequest) -> RequestTimeline:
+        async def one(req: BenchRequest, timed: bool = True) -> StreamTimeline:
             async with limit:
-                t = await _send(client, url, model, req, api_key, temperature)
-            if on_done is not None:
+                t = await send(client, url, model, req, options, api_key)
+            if timed and on_done is not None:
                 on_done(t)
             return t
 
-        start = time.monotonic()
+        test = await one(requests[0], timed=False) if shape.initial_test else None
+        if test is not None and not test.ok:
+            raise BenchError(f"the initial test request failed against {url} ({test.error}); "
+                             f"check the model, endpoint and lengths")
+        await asyncio.gather(*(one(requests[0], timed=False) for _ in range(shape.num_warmups)))
+        if on_start is not None:
+            on_start()
+        start = time.perf_counter()
         tasks = []
         for req, gap_s in zip(requests, arrival_gaps_s(shape, len(requests))):
             tasks.append(asyncio.create_task(one(req)))
             if gap_s > 0:
                 await asyncio.sleep(gap_s)
         timelines = list(await asyncio.gather(*tasks))
-    return timelines, time.monotonic() - start
+    return timelines, time.perf_counter() - start
 
 
 def served_model(url: str, api_key: str | None = None) -> str:
@@ -127,7 +117,7 @@ def served_model(url: str, api_key: str | None = None) -> str:
         BenchError: the server cannot be reached or serves nothing.
     """
     try:
-        r = httpx.get(f"{url}/v1/models", headers=_headers(api_key), timeout=10)
+        r = httpx.get(f"{url}/v1/models", headers=headers(api_key), timeout=10)
         r.raise_for_status()
         return r.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
@@ -137,7 +127,9 @@ def served_model(url: str, api_key: str | None = None) -> str:
 def bench(
     url: str, requests: Sequence[BenchRequest], shape: LoadShape = LoadShape(), model: str | None = None,
     api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
-    percentiles: Sequence[float] = (50, 90, 99),
+    percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = RequestOptions(),
+    percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run a benchmark against ``url`` and return vLLM ``bench serve`` style results.
 
@@ -146,27 +138,36 @@ def bench(
 
     Args:
         url: the server, e.g. ``http://127.0.0.1:8000``.
-        requests: what to send.
+        requests: what to send (text prompts for the chat endpoint).
         shape: arrival process.
         model: the model name to ask for; the server's first model when None.
         api_key: bearer token, if the server wants one.
-        slos_ms: SLOs for goodput, e.g. ``{"ttft": 500, "tpot": 50}``.
+        slos_ms: SLOs for goodput, e.g. ``{"ttft": 500, "tpot": 50}``; without them
+            ``request_goodput`` is None, as vLLM writes it.
         on_done: called (on the benchmark's thread) as each request ends, for progress bars.
-        percentiles: which percentiles to report.
+        percentiles: which percentiles to report (vLLM's ``--metric-percentiles``).
+        options: endpoint, temperature, ignore_eos.
+        percentile_metrics: the metrics whose percentiles are reported (vLLM's ``--percentile-metrics``).
+        tokenizer_id: recorded as ``tokenizer_id`` (the tokenizer the prompts were made with).
+        on_start: called (on the benchmark's thread) when the timed load begins, after the
+            untimed initial test request and warm-ups.
     Returns:
-        the summary fields plus the run's settings, per-request lists (seconds, as vLLM) and
-        ``client_cpu_s``, the CPU time of this process during the load: the client's alone when it
-        has a process of its own, as `disaggsdk bench` has.
+        vLLM's result keys (`serve_result`) plus the run's settings, ``failed``, ``send_times_s``
+        and ``client_cpu_s``, the CPU time of this process during the load: the client's alone when
+        it has a process of its own, as `disaggsdk bench` has.
     Raises:
-        BenchError: the server is unreachable or every request failed.
+        BenchError: the server is unreachable, a token-id prompt for the chat endpoint, the
+            initial test request or every request failed.
     """
+    if options.chat and not all(isinstance(r.prompt, str) for r in requests):
+        raise BenchError("the chat endpoint needs text prompts; decode token-id prompts with the model's tokenizer")
     url = url.rstrip("/")
     model = model or served_model(url, api_key)
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["out"] = asyncio.run(run_load(url, model, requests, shape, api_key, on_done=on_done))
+            box["out"] = asyncio.run(run_load(url, model, requests, shape, api_key, options, on_done, on_start))
         except BaseException as exc:  # handed to the caller's thread below
             box["exc"] = exc
 
@@ -182,21 +183,15 @@ def bench(
         errors = {t.error for t in timelines if t.error}
         raise BenchError(f"every request failed against {url}: {sorted(errors)[:3]}")
     result: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": model,
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": options.backend,
+        "backend": options.backend, "label": None, "model_id": model, "tokenizer_id": tokenizer_id or model,
         "num_prompts": len(requests), "request_rate": "inf" if math.isinf(shape.qps) else shape.qps,
         "burstiness": shape.burstiness, "max_concurrency": shape.max_concurrency,
+        "endpoint": options.endpoint, "temperature": options.temperature, "ignore_eos": options.ignore_eos,
     }
-    result |= summarize(timelines, duration_s, percentiles, slos_ms)
-    first_send = min(t.sent_s for t in timelines)
-    result |= {
-        "send_times_s": [t.sent_s - first_send for t in timelines],  # a trace for `disaggsdk simulate`
-        "input_lens": [t.prompt_tokens for t in timelines],
-        "output_lens": [t.output_tokens for t in timelines],
-        "ttfts": [t.ttft_ms / 1e3 if t.ok else 0.0 for t in timelines],
-        "itls": [[x / 1e3 for x in t.itls_ms] if t.ok else [] for t in timelines],
-        "errors": [t.error or "" for t in timelines],
-        "client_cpu_s": client_cpu_s,
-    }
+    summary = summarize(timelines, duration_s, percentiles, slos_ms)
+    result |= {"request_goodput": None} | keep_percentiles_of(summary, percentile_metrics)
+    result |= per_request_lists(timelines) | per_second_peaks(timelines) | {"client_cpu_s": client_cpu_s}
     return result
 
 
@@ -215,20 +210,39 @@ def median_run(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     return chosen
 
 
+def _slo(flag: str, entry: str, name: str, value: str, example: str) -> tuple[str, float]:
+    name = name.strip()
+    if name not in SLO_METRICS:
+        raise BenchError(f"{flag} {entry!r}: use ttft, tpot or e2el, e.g. {flag} {example} (ms)")
+    try:
+        limit_ms = float(value)
+    except ValueError:
+        raise BenchError(f"{flag} {entry!r}: the value must be a number of milliseconds") from None
+    if limit_ms < 0:
+        raise BenchError(f"{flag} {entry!r}: a limit cannot be negative")
+    return name, limit_ms
+
+
 def parse_slos(text: str | None) -> dict[str, float]:
-    """``"ttft=500,tpot=50"`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds).
+    """Our ``--slo`` syntax: ``"ttft=500,tpot=50"`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds).
 
     Raises:
-        BenchError: a malformed entry or an unknown metric.
+        BenchError: a malformed entry, an unknown metric or a negative limit.
+    """
+    return dict(_slo("--slo", part, *part.partition("=")[::2], "ttft=500,tpot=50")
+                for part in filter(None, (text or "").split(",")))
+
+
+def parse_goodput(entries: Sequence[str] | None) -> dict[str, float]:
+    """vLLM's ``--goodput`` syntax: ``["ttft:500", "tpot:50"]`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (ms).
+
+    Raises:
+        BenchError: an entry without ``KEY:VALUE``, an unknown metric or a negative limit.
     """
     slos: dict[str, float] = {}
-    for part in filter(None, (text or "").split(",")):
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name not in ("ttft", "tpot", "e2el"):
-            raise BenchError(f"--slo {part!r}: use ttft, tpot or e2el, e.g. --slo ttft=500,tpot=50 (ms)")
-        try:
-            slos[name] = float(value)
-        except ValueError:
-            raise BenchError(f"--slo {part!r}: the value must be a number of milliseconds") from None
+    for entry in entries or ():
+        name, sep, value = entry.partition(":")
+        if not sep:
+            raise BenchError(f"--goodput {entry!r}: give KEY:MS pairs, e.g. --goodput ttft:500 tpot:50")
+        slos.update([_slo("--goodput", entry, name, value, "ttft:500 tpot:50")])
     return slos

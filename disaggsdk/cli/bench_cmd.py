@@ -1,66 +1,44 @@
 """`disaggsdk bench URL|SPEC`: load a server (or a deployment it launches) and report vLLM-style results.
 
-The disaggregation comparison on a 2-core machine (prefill and decode each pinned to one core
-against two colocated instances each pinned to one core; run it on an otherwise idle machine):
+The options are `vllm bench serve`'s where it has them (`cli.bench_args`). The disaggregation
+comparison on a 2-core machine (prefill and decode each pinned to one core against two colocated
+instances each pinned to one core; run it on an otherwise idle machine):
 
     disaggsdk bench specs/tiny_pd.yaml --compare --repeat 3 --input-len 1024 --output-len 128 \
-        --num-prompts 40 --qps 1.5 --metric-percentiles 50,99,99.9
+        --num-prompts 40 --request-rate 1.5 --metric-percentiles 50,99,99.9
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from disaggsdk.errors import DisaggError
+from disaggsdk.cli import bench_args
+from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
     from disaggsdk.face.deployment import Deployment
 
-HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM field names."
+HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM's flags and keys."
 API_KEY_ENV = "DISAGGSDK_API_KEY"
-DEFAULT_OUTPUT_LEN = 64
 REPEAT_KEY = "p99_itl_ms"  # --repeat reports the run with the median of this
 RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")  # printed for --compare
 
-
-class BenchArgsError(DisaggError):
-    """Command-line arguments of `bench` that cannot be used."""
-
-
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    """The load options, shared with ``disaggsdk launch --bench``."""
-    g = parser.add_argument_group("load")
-    g.add_argument("--num-prompts", type=int, default=50, help="requests to send")
-    g.add_argument("--qps", type=float, default=math.inf, help="mean arrival rate (Poisson); inf: all at once")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
-    g.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
-    g.add_argument("--input-len", type=int, default=256, help="prompt tokens (random dataset)")
-    g.add_argument("--output-len", type=int, default=None,
-                   help=f"output tokens (random dataset: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's when given)")
-    g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1-r)..len*(1+r)")
-    g.add_argument("--dataset", default=None, metavar="FILE", help="ShareGPT-format JSON instead of random prompts")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="SLOs for goodput (milliseconds)")
-    g.add_argument("--metric-percentiles", default="50,90,99", metavar="P,P", help="percentiles to report, e.g. 99,99.9")
-    g.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    g.add_argument("--output", default=None, metavar="FILE", help="write the results as JSON to FILE")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `bench`."""
-    parser.add_argument("target", help="server URL (http://host:port) or a spec file to launch")
+    parser.add_argument("target", nargs="?", default=None,
+                        help="server URL (http://host:port) or a spec file to launch (or --base-url)")
+    parser.add_argument("--base-url", default=None, metavar="URL", help="the server, as vLLM spells it")
     parser.add_argument("--model", default=None, help="model to ask for (default: the server's first)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--tiny", action="store_true", help="SPEC: run with the tiny variant of its model on CPU")
     parser.add_argument("--colocated", action="store_true", help="SPEC: benchmark the colocated layout instead")
     parser.add_argument("--compare", action="store_true",
@@ -73,18 +51,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser)
 
 
-def load_requests(args: argparse.Namespace, model: str | None) -> list[BenchRequest]:
-    """The benchmark's requests from the load options."""
-    from disaggsdk.bench.dataset import random_requests, sharegpt_requests
+def load_requests(args: argparse.Namespace, model: str | None, chat: bool = False) -> list[BenchRequest]:
+    """The benchmark's requests from the load options.
 
-    if args.dataset is None:
-        output_len = args.output_len or DEFAULT_OUTPUT_LEN
-        return random_requests(args.num_prompts, args.input_len, output_len, args.range_ratio, args.seed)
+    Random prompts are token ids; for the chat endpoint they become text of the same length in the
+    tokenizer (the server's usage then gives the real prompt length, chat template included).
+
+    Raises:
+        DisaggError: bad dataset options, or no tokenizer where one is needed.
+    """
+    from disaggsdk.bench.dataset import BenchRequest, random_requests, sharegpt_requests
+
+    name = bench_args.dataset_name(args)
+    if name == "random":
+        output_len = args.output_len or bench_args.DEFAULT_OUTPUT_LEN
+        requests = random_requests(args.num_prompts, args.input_len, output_len, args.range_ratio, args.seed)
+        if not chat:
+            return requests
+    tokenizer = _tokenizer(args.tokenizer or model)
+    if name == "random":
+        texts = [_text_of_length(tokenizer, list(r.prompt)) for r in requests]
+        return [BenchRequest(text, n, r.output_len) for (text, n), r in zip(texts, requests)]
+    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    return sharegpt_requests(args.dataset_path, args.num_prompts, count, args.output_len, args.seed)
+
+
+def _text_of_length(tokenizer: Any, ids: list[int], rounds: int = 4) -> tuple[str, int]:
+    """Text that encodes to about ``len(ids)`` tokens, and its length: random ids decode to text
+    that re-encodes longer (vLLM trims the same way), so cut the re-encoded ids and decode again."""
+    text = tokenizer.decode(ids)
+    for _ in range(rounds):
+        encoded = tokenizer.encode(text)
+        if len(encoded) <= len(ids):
+            return text, len(encoded)
+        text = tokenizer.decode(encoded[:len(ids)])
+    return text, len(tokenizer.encode(text))
+
+
+def _tokenizer(model: str | None) -> Any:
     from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
-    tokenizer = (load_tokenizer(model) if model else None) or ByteTokenizer()
-    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
-    return sharegpt_requests(args.dataset, args.num_prompts, count, args.output_len, args.seed)
+    # a full-size catalog model has no tokenizer here (None): byte-level ids are valid for every model
+    return (load_tokenizer(model) if model else None) or ByteTokenizer()
 
 
 def run_load(args: argparse.Namespace, console: Console, url: str, model: str | None, api_key: str | None,
@@ -92,13 +100,18 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from disaggsdk.bench.serve_bench import LoadShape, bench, parse_slos, served_model
+    from disaggsdk.bench.serve_bench import LoadShape, bench, served_model
+    from disaggsdk.bench.serve_request import RequestOptions
     from disaggsdk.report.live import InstanceRow
     from disaggsdk.report.live_table import LiveView, instance_table
 
+    options = RequestOptions(bench_args.endpoint(args), args.temperature, args.ignore_eos)
+    slos_ms, percentiles = bench_args.slos_ms(args), bench_args.percentiles(args)
+    percentile_metrics = bench_args.percentile_metrics(args)
     model = model or served_model(url, api_key)
-    requests = load_requests(args, model)
-    shape = LoadShape(args.qps, args.burstiness, args.max_concurrency, args.seed)
+    requests = load_requests(args, model, options.chat)
+    shape = LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed, args.num_warmups,
+                      initial_test=True)
     progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console)
     task = progress.add_task("requests", total=len(requests))
@@ -109,12 +122,18 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
         rows = deployment.metrics()["instances"]
         return [progress, instance_table([InstanceRow(**r) for r in rows], title=deployment.name)]
 
-    started_s = time.monotonic()
+    started_s = [time.monotonic()]  # moved to the timed load's start, past the untimed test request
+
+    def load_started() -> None:
+        started_s[0] = time.monotonic()
+
+    # (the speculative counters are read here, on this thread: the test request's drafts count too)
     spec_before = deployment.spec_stats() if deployment is not None else None
     with LiveView(render, console):
-        result = bench(url, requests, shape, model, api_key, parse_slos(args.slo),
-                       on_done=lambda _: progress.advance(task), percentiles=_percentiles(args.metric_percentiles))
-    phases = deployment.ttft_phases(started_s) if deployment is not None else None
+        result = bench(url, requests, shape, model, api_key, slos_ms, on_done=lambda _: progress.advance(task),
+                       percentiles=percentiles, options=options, percentile_metrics=percentile_metrics,
+                       tokenizer_id=args.tokenizer or model, on_start=load_started)
+    phases = deployment.ttft_phases(started_s[0]) if deployment is not None else None
     if phases and phases["requests"]:
         # the rest of the client's TTFT: HTTP, the server's text streaming, the client's parsing
         phases["mean_ms"]["http_and_client"] = result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"]
@@ -127,23 +146,15 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     return result
 
 
-def _percentiles(text: str) -> list[float]:
-    try:
-        values = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(0 < p <= 100 for p in values):
-        raise BenchArgsError(f"--metric-percentiles {text!r}: give numbers in (0, 100], e.g. 50,99,99.9")
-    return values
-
-
 def report(args: argparse.Namespace, console: Console, results: list[tuple[str, dict[str, Any]]]) -> None:
-    """Print the summary table (and JSON where asked); write ``--output``."""
+    """Print the summary table (and JSON where asked); write ``--output`` and ``--save-result``'s file."""
     from disaggsdk.report.live_table import summary_table
 
     doc: Any = results[0][1] if len(results) == 1 else {name: r for name, r in results}
-    if args.output:
-        Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+    paths = bench_args.result_paths(args, results[0][1])
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n")
     if args.json:
         Console(stderr=True).print(summary_table(results))
         json.dump(doc, sys.stdout)
@@ -159,12 +170,35 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
                 per_pos = " ".join(f"{x:.0%}" for x in sp["per_position_acceptance"])
                 console.print(f"{name}: speculative drafts accepted {sp['acceptance_rate']:.0%} (by position: "
                               f"{per_pos}), {sp['mean_accepted_length']:.2f} tokens per verify step")
-        if args.output:
-            console.print(f"results written to {args.output}")
+        for path in paths:
+            console.print(f"results written to {path}")
     if len(results) == 2:
         (name_a, a), (name_b, b) = results
         ratios = ", ".join(f"{key} {a[key] / b[key]:.2f}" for key in RATIO_KEYS if b.get(key))
         Console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
+
+
+def _target(args: argparse.Namespace) -> str:
+    if args.target and args.base_url and args.target.rstrip("/") != args.base_url.rstrip("/"):
+        raise BenchArgsError(f"two targets: {args.target} and --base-url {args.base_url}; give one")
+    target = args.target or args.base_url
+    if not target:
+        raise BenchArgsError("give a server URL or a SPEC to launch (or --base-url URL)")
+    if args.base_url and not args.base_url.startswith(("http://", "https://")):
+        raise BenchArgsError(f"--base-url {args.base_url}: expected http://host:port")
+    return target
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Raise BenchArgsError (or BenchError) for options that cannot work, before anything starts."""
+    bench_args.endpoint(args)
+    bench_args.dataset_name(args)
+    bench_args.slos_ms(args)
+    if args.repeat > 1 and (99 not in bench_args.percentiles(args) or "itl" not in bench_args.percentile_metrics(args)):
+        raise BenchArgsError(f"--repeat picks the run by {REPEAT_KEY}: keep 99 in --metric-percentiles and itl in "
+                             f"--percentile-metrics")
+    bench_args.percentiles(args)
+    bench_args.percentile_metrics(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,12 +209,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         DisaggError: bad options, an unreachable server, or a spec that cannot be launched.
     """
+    target = _target(args)
+    _check_options(args)  # before a spec's minute of start-up
     console = Console(stderr=args.json)
-    if args.target.startswith(("http://", "https://")):
+    if target.startswith(("http://", "https://")):
         if args.tiny or args.colocated or args.compare:
             raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")
-        result = run_load(args, console, args.target.rstrip("/"), args.model, args.api_key)
-        report(args, console, [(args.target, result)])
+        result = run_load(args, console, target.rstrip("/"), args.model, args.api_key)
+        report(args, console, [(target, result)])
         return 0
     from disaggsdk.cli.launch_cmd import launch_spec
 

@@ -6,18 +6,22 @@ import argparse
 import json
 import sys
 
+from disaggsdk.cli.options import add_hidden_alias
+
 HELP = "Time the local engine on a grid of batches and lengths and fit a hardware profile (cpu-local)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen3-coder-tiny", help="tiny catalog model or checkpoint directory")
-    parser.add_argument("--name", default="cpu-local", help="profile name (default cpu-local)")
-    parser.add_argument("--out", help="profile path (default: the user profile folder, found by name)")
+    parser.add_argument("--name", default="cpu-local", help="profile name")
+    parser.add_argument("--output", default=None, metavar="FILE",
+                        help="profile path (default: the user profile folder, found by name)")
+    add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--deployment", metavar="SPEC",
                         help="also launch this CPU spec (e.g. specs/tiny_local.yaml) and fit the serving stack's "
                              "overheads (per step, per messenger step, per request, per disaggregated handoff)")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="time the engine grid this many times, each sample the median (default 5, ~30 s)")
+                        help="time the engine grid this many times, each sample the median (5: about 30 s)")
     parser.add_argument("--json", action="store_true", help="print the samples, fit and path as JSON")
 
 
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             from disaggsdk.face.deployment import launch
 
             profile, serving = fit_serving_overheads(spec, profile, monitor=monitor, launch=launch)
-    path = save_profile(profile, Path(args.out) if args.out else user_profile_dir() / f"{args.name}.yaml")
+    path = save_profile(profile, Path(args.output) if args.output else user_profile_dir() / f"{args.name}.yaml")
     cost = StepCostModel(arch, profile, weight_dtype="float32", kv_dtype="float32")
     rows = [dict(attrs.asdict(s), predicted_s=cost.step_time_s(s.num_tokens, s.num_sequences, s.context_pairs,
                                                                  s.kv_read_tokens)) for s in samples]

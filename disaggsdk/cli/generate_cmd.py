@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.errors import DisaggError
 
 HELP = "Generate text offline with the engine (a tiny catalog model or a checkpoint directory)."
@@ -27,16 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-pages", type=int, default=1024, help="KV pages per rank")
     parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
     parser.add_argument("--prompt-ids", action="append", default=[], help="prompt token ids, e.g. 1,2,3 (repeatable)")
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=16, help="tokens to generate per prompt (max_tokens)")
+    add_hidden_alias(parser, "--max-tokens", dest="output_len", type=int)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 switches it off")
     parser.add_argument("--top-k", type=int, default=0, help="0 switches top-k off")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (per request)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--logprobs", type=int, default=None, metavar="N", help="return the top-N logprobs per token")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (chunked prefill)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--speculative", choices=("mtp", "ngram"), default=None,
                         help="speculative decoding: the model's MTP layer, or n-gram prompt lookup (--model only)")
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = [tokenizer.encode(p, add_bos=True) for p in args.prompt] if args.prompt else []
     prompts += [_parse_ids(p) for p in args.prompt_ids]
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.output_len, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, ignore_eos=args.ignore_eos, logprobs=args.logprobs,
     )
     config = EngineConfig(
@@ -125,7 +127,7 @@ def _run_spec(args: argparse.Namespace) -> int:
     from disaggsdk.spec import load_spec
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.output_len, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, ignore_eos=args.ignore_eos,
     )
     # SIGTERM unwinds through here (cli.main), closing the deployment like Ctrl-C does

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from disaggsdk.cli.options import add_hidden_alias
+
 HELP = "Measure the exposed KV transfer time, layer-streamed vs. sent after the forward pass (JSON)."
 
 
@@ -13,8 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `kv-bench`."""
     parser.add_argument("spec", help="deployment spec (YAML)")
     parser.add_argument("--tiny", action="store_true", help="a GPU spec's topology with its tiny model, on CPU")
-    parser.add_argument("--prompt-len", type=int, default=1024, help="tokens per prompt")
-    parser.add_argument("--requests", type=int, default=8, help="measured requests per mode (one at a time)")
+    parser.add_argument("--input-len", type=int, default=1024, help="tokens per prompt")
+    add_hidden_alias(parser, "--prompt-len", dest="input_len", type=int)
+    parser.add_argument("--num-prompts", type=int, default=8, help="measured requests per mode (one at a time)")
+    add_hidden_alias(parser, "--requests", dest="num_prompts", type=int)
     parser.add_argument("--provider", default=None, help="libfabric provider overriding the spec (shm, tcp)")
     parser.add_argument("--pin", action="store_true", help="pin each unit to one core (round robin)")
     parser.add_argument("--no-same-host-copy", action="store_true",
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
     with sigterm_unwinds():
-        result = compare(spec, args.prompt_len, args.requests, provider=args.provider,
+        result = compare(spec, args.input_len, args.num_prompts, provider=args.provider,
                          cpu_affinity="auto" if args.pin else None)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from disaggsdk.cli.bench_cmd import API_KEY_ENV, add_load_arguments, report, run_load
+from disaggsdk.cli.bench_args import add_load_arguments
+from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
 
 if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
@@ -30,18 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the comparison layout: mixed prefill+decode instances on the same CPU budget")
     parser.add_argument("--host", default=None, help="interface to bind (default: the spec's serve.host)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: the spec's serve.model_name, "
                              "else its model)")
     parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
-                        help="restart a unit that dies up to N times (default 3; 0: never)")
+                        help="restart a unit that dies up to N times (default: 3; 0: never)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
     parser.add_argument("--complete", action="append", default=[], metavar="TEXT",
                         help="once ready, complete TEXT through the endpoint (greedy) and print it (repeatable)")
-    parser.add_argument("--complete-tokens", type=int, default=48, metavar="N", help="tokens per --complete (default 48)")
+    parser.add_argument("--complete-tokens", type=int, default=48, metavar="N", help="tokens per --complete")
     add_load_arguments(parser)
 
 

@@ -2,7 +2,8 @@
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Command modules import heavy parts (torch, the native library) inside ``run`` so that ``--help``
-and spec commands stay fast. Every `DisaggError` becomes a message on stderr and exit code 2.
+and spec commands stay fast. Every `DisaggError` becomes a message on stderr and exit code 2; the
+exit codes are listed in every ``--help`` (`cli.options.EXIT_CODES_EPILOG`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import sys
 
 from rich.console import Console
 
+from disaggsdk.cli.options import (
+    EXIT_CODES_EPILOG,
+    EXIT_INTERRUPTED,
+    EXIT_USER_ERROR,
+    HelpFormatter,
+    add_global_options,
+    set_log_level,
+)
 from disaggsdk.errors import DisaggError
 
 # sub-command -> module; the order is the order of `disaggsdk --help`.
@@ -30,15 +39,15 @@ COMMANDS = {
     "calibrate": "disaggsdk.cli.calibrate_cmd",
 }
 
-USER_ERROR_EXIT = 2
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(
         prog="disaggsdk",
         description="Plan, launch and measure disaggregated prefill/decode LLM serving.",
+        epilog=EXIT_CODES_EPILOG, formatter_class=HelpFormatter,
     )
+    add_global_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
         try:
@@ -47,15 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != module_name:
                 raise
             continue  # a command whose module is not written yet is simply absent
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=EXIT_CODES_EPILOG,
+                             formatter_class=HelpFormatter)
         module.add_arguments(cmd)
+        add_global_options(cmd, top_level=False)
         cmd.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script. Returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # bad arguments: argparse prints usage and exits 2
+    set_log_level(args.log_level)
     from disaggsdk.launch.signals import sigterm_unwinds
 
     try:
@@ -67,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         err = Console(stderr=True, highlight=False)
         for line in str(exc).splitlines():
             err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True)
-        return USER_ERROR_EXIT
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""`disaggsdk plan SPEC [--json] [--tokens N]`: show how a deployment shards and moves its KV."""
+"""`disaggsdk plan SPEC [--json] [--input-len N]`: show how a deployment shards and moves its KV."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from disaggsdk.cli.options import add_hidden_alias
 
 HELP = "Show a spec's plan: ranks on nodes/GPUs/NICs, KV sharding, transfer routes, write counts."
 
@@ -28,12 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the plan as JSON (schema: docs/plan-json.md) instead of tables",
     )
     parser.add_argument(
-        "--tokens",
+        "--input-len",
         type=_token_count,
         default=1024,
         metavar="N",
-        help="prompt length for the expected write counts (default: 1024)",
+        help="prompt tokens for the expected write counts",
     )
+    add_hidden_alias(parser, "--tokens", dest="input_len", type=_token_count, metavar="N")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = make_plan(load_spec(args.spec))
     if args.json:
-        sys.stdout.write(json.dumps(plan.to_json(num_tokens=args.tokens), indent=2) + "\n")
+        sys.stdout.write(json.dumps(plan.to_json(num_tokens=args.input_len), indent=2) + "\n")
     else:
-        Console(highlight=False).print(plan_renderable(plan, num_tokens=args.tokens))
+        Console(highlight=False).print(plan_renderable(plan, num_tokens=args.input_len))
     return 0

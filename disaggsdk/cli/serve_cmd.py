@@ -18,15 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="tiny catalog name or Hugging Face checkpoint directory")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (env {API_KEY_ENV})")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: --model)")
     parser.add_argument("--num-pages", type=int, default=1024, help="KV pages")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests holding pages at once")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
 
 

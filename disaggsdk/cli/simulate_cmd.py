@@ -6,18 +6,22 @@ import argparse
 import json
 import sys
 
+from disaggsdk.cli.options import add_hidden_alias
+
 HELP = "Simulate a spec under a workload on a hardware profile (disaggregated and/or colocated)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="YAML spec file")
-    parser.add_argument("--qps", default="1", help="request rate(s), comma-separated (default 1)")
-    parser.add_argument("--duration-s", type=float, default=600.0, help="seconds of traffic (default 600)")
-    parser.add_argument("--input-len", type=int, default=2048)
-    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--request-rate", default="1", metavar="RATE[,RATE]",
+                        help="request rate(s) per second, comma-separated")
+    add_hidden_alias(parser, "--qps", dest="request_rate")
+    parser.add_argument("--duration-s", type=float, default=600.0, help="seconds of traffic")
+    parser.add_argument("--input-len", type=int, default=2048, help="mean prompt tokens")
+    parser.add_argument("--output-len", type=int, default=256, help="mean output tokens")
     parser.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1±r)")
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 is Poisson")
-    parser.add_argument("--trace", help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --qps)")
+    parser.add_argument("--trace", help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --request-rate)")
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
     parser.add_argument("--weight-dtype", help="fp8 or bfloat16 (default: fp8 for deepseek-r1, else bfloat16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="chunked-prefill budget per step")
@@ -30,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--colocated", action="store_true", help="simulate the same GPUs as colocated instances")
     mode.add_argument("--compare", action="store_true", help="simulate both layouts side by side")
     parser.add_argument("--validate", action="store_true",
-                        help="launch the spec and its colocated twin for real, bench them at --qps, "
+                        help="launch the spec and its colocated twin for real, bench them at --request-rate, "
                              "replay the same requests in the simulator (cpu-local profile) and compare")
     parser.add_argument("--num-prompts", type=int, default=40, help="requests per rate with --validate")
     parser.add_argument("--repeat", type=int, default=1,
@@ -38,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-speed-correction", action="store_true",
                         help="with --validate: simulate on the profile as calibrated, not re-timed to the speed "
                              "the speed monitor saw during each run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the workload (lengths, arrivals)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -48,9 +52,9 @@ def _rates(text: str) -> list[float]:
     try:
         rates = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SpecError(f"--qps: expected numbers separated by commas, got {text!r}") from None
+        raise SpecError(f"--request-rate (--qps): expected numbers separated by commas, got {text!r}") from None
     if not rates or any(r <= 0 for r in rates):
-        raise SpecError(f"--qps: every rate must be positive, got {text!r}")
+        raise SpecError(f"--request-rate (--qps): every rate must be positive, got {text!r}")
     return rates
 
 
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                        mtp_acceptance=acceptance)
     layouts = [False, True] if args.compare else [args.colocated]
     result = run_simulations(
-        spec, config, layouts, rates=None if args.trace else _rates(args.qps), trace=args.trace,
+        spec, config, layouts, rates=None if args.trace else _rates(args.request_rate), trace=args.trace,
         duration_s=args.duration_s, input_len=args.input_len, output_len=args.output_len,
         range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed,
     )
@@ -117,7 +121,7 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
                         f"not a {spec.device} one")
     if args.repeat < 1:
         raise SpecError(f"--repeat: expected a count of at least 1, got {args.repeat}")
-    rows = validate(spec, profile, _rates(args.qps), args.num_prompts, args.input_len, args.output_len,
+    rows = validate(spec, profile, _rates(args.request_rate), args.num_prompts, args.input_len, args.output_len,
                     args.range_ratio, args.seed, repeat=args.repeat, correct_speed=not args.no_speed_correction,
                     launch=launch)
     if args.json:

@@ -1,4 +1,8 @@
-"""The benchmark against a live server: vLLM field names, sane values; datasets; SLO parsing; CLI."""
+"""The benchmark against a live server: vLLM field names, sane values; datasets; SLO parsing; CLI.
+
+Chunk timing (one ITL per chunk, vLLM's TPOT) and the result keys were checked against vLLM 0.32's
+own request functions on a scripted SSE stream; the pure tests below pin the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,16 @@ import math
 import pytest
 
 from disaggsdk.bench.dataset import DatasetError, random_requests, sharegpt_requests
-from disaggsdk.bench.serve_bench import BenchError, LoadShape, bench, parse_slos
+from disaggsdk.bench.serve_bench import BenchError, LoadShape, bench, parse_goodput, parse_slos
+from disaggsdk.bench.serve_request import RequestOptions
 
+# the keys of vLLM 0.32's `bench serve` result (vllm/benchmarks/serve.py), audio and pooling ones aside
 VLLM_FIELDS = [
-    "duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
-    "output_throughput", "total_token_throughput", "request_goodput", "input_lens", "output_lens", "ttfts", "itls",
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
+    "burstiness", "max_concurrency", "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput", "input_lens",
+    "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors",
+    "max_output_tokens_per_s", "max_concurrent_requests",
     *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99")),
 ]
 
@@ -42,15 +51,38 @@ def test_bench_against_a_live_server_has_vllm_fields_and_sane_values(server):
     assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a 60 s TTFT SLO holds
     assert r["model_id"] == "qwen3-coder-tiny" and r["request_rate"] == 30
     assert r["client_cpu_s"] > 0  # this process's CPU time during the load (the test server's too)
+    assert all(len(r[k]) == 12 for k in ("latencies", "start_times", "generated_texts", "errors", "itls"))
+    assert all(t for t in r["generated_texts"]) and r["errors"] == [""] * 12
+    assert sum(r["latencies"]) / 12 * 1e3 == pytest.approx(r["mean_e2el_ms"])  # latency is vLLM's E2EL
+    assert all(len(itls) <= n - 1 for itls, n in zip(r["itls"], r["output_lens"]))  # one gap per chunk, not per token
+    assert 1 <= r["max_concurrent_requests"] <= 12 and r["max_output_tokens_per_s"] > 0
     json.dumps(r)  # the result is plain JSON
+
+
+def test_chat_endpoint_streams_messages_and_goodput_is_null_without_slo(server):
+    from disaggsdk.bench.dataset import BenchRequest
+
+    requests = [BenchRequest(f"write a function number {i}", 8, 6) for i in range(4)]
+    r = bench(server.url, requests, LoadShape(max_concurrency=2), api_key="k",
+              options=RequestOptions("/v1/chat/completions"), percentile_metrics=("ttft", "itl"))
+    assert r["completed"] == 4 and r["backend"] == "openai-chat" and r["endpoint"] == "/v1/chat/completions"
+    assert r["output_lens"] == [6] * 4 and all(r["generated_texts"])  # ignore_eos by default
+    assert r["input_lens"][0] > 8  # the server's usage: the chat template's tokens count
+    assert r["request_goodput"] is None and "p99_ttft_ms" in r and "p99_itl_ms" in r
+    assert "p99_tpot_ms" not in r and "mean_tpot_ms" in r  # percentiles only where asked
+    assert 1 <= r["max_concurrent_requests"] <= 4  # vLLM counts a request in every second it spans
+    with pytest.raises(BenchError, match="text prompts"):
+        bench(server.url, random_requests(1, 4, 2), api_key="k", options=RequestOptions("/v1/chat/completions"))
 
 
 def test_bench_reports_an_unreachable_or_refusing_server(server):
     with pytest.raises(BenchError, match="API key"):
         bench(server.url, random_requests(1, 4, 2), api_key="wrong")
+    too_long = [random_requests(1, 4, 2)[0].__class__([1] * 8, 8, 100_000)]
     with pytest.raises(BenchError, match="every request failed"):
-        bench(server.url, [random_requests(1, 4, 2)[0].__class__([1] * 8, 8, 100_000)], model="qwen3-coder-tiny",
-              api_key="k")
+        bench(server.url, too_long, model="qwen3-coder-tiny", api_key="k")
+    with pytest.raises(BenchError, match="initial test request failed"):  # vLLM's test request, as the CLI sends
+        bench(server.url, too_long, LoadShape(initial_test=True), model="qwen3-coder-tiny", api_key="k")
 
 
 def test_random_lengths_follow_the_range_ratio_and_the_seed():
@@ -81,9 +113,14 @@ def test_sharegpt_file_gives_first_turn_prompts_and_reply_lengths(tmp_path):
 
 def test_slo_parsing_and_load_shape_checks():
     assert parse_slos("ttft=500,tpot=50") == {"ttft": 500.0, "tpot": 50.0}
-    assert parse_slos(None) == {}
+    assert parse_goodput(["ttft:500", "tpot:50"]) == parse_slos("ttft=500,tpot=50")  # vLLM's syntax, same SLOs
+    assert parse_slos(None) == {} == parse_goodput(None)
     with pytest.raises(BenchError, match="ttft, tpot or e2el"):
         parse_slos("itl=3")
+    with pytest.raises(BenchError, match="KEY:MS"):
+        parse_goodput(["ttft=500"])
+    with pytest.raises(BenchError, match="negative"):
+        parse_goodput(["e2el:-1"])
     with pytest.raises(BenchError):
         LoadShape(qps=0)
     assert math.isinf(LoadShape().qps)
@@ -98,6 +135,40 @@ def test_bench_command_against_a_url_writes_vllm_json(server, run_cli, tmp_path)
     assert printed["completed"] == 4 and "p99_itl_ms" in printed and "request_goodput" in printed
     assert json.loads(out.read_text())["total_output_tokens"] == 16
     assert "mean_ttft_ms" in p.stderr  # the summary table goes to stderr with --json
+
+
+def test_bench_command_takes_vllm_spellings_and_saves_vllm_named_results(server, run_cli, tmp_path):
+    p = run_cli("bench", "--base-url", server.url, "--backend", "openai", "--dataset-name", "random",
+                "--random-input-len", "16", "--random-output-len", "4", "--random-range-ratio", "0",
+                "--num-prompts", "3", "--request-rate", "50", "--max-concurrency", "2", "--ignore-eos",
+                "--temperature", "0", "--goodput", "ttft:100000", "e2el:100000", "--percentile-metrics",
+                "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99.9", "--save-result", "--save-detailed",
+                "--result-dir", str(tmp_path / "results"), "--api-key", "k", "--num-warmups", "1")
+    assert p.returncode == 0, p.stderr
+    (saved,) = (tmp_path / "results").iterdir()
+    # vLLM's default name: BACKEND-RATEqps-concurrencyN-MODEL-DATE.json
+    assert saved.name.startswith("openai-50.0qps-concurrency2-qwen3-coder-tiny-") and saved.suffix == ".json"
+    r = json.loads(saved.read_text())
+    assert r["completed"] == 3 and r["max_concurrency"] == 2 and r["request_goodput"] == r["request_throughput"]
+    assert "p99.9_itl_ms" in r and "p50_e2el_ms" in r and r["output_lens"] == [4, 4, 4]
+    p = run_cli("bench", server.url, "--num-prompts", "2", "--input-len", "8", "--output-len", "3", "--api-key", "k",
+                "--endpoint", "/v1/chat/completions", "--tokenizer", "qwen3-coder-tiny",
+                "--result-filename", "chat.json", "--result-dir", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    r = json.loads((tmp_path / "chat.json").read_text())
+    assert r["backend"] == "openai-chat" and r["completed"] == 2 and r["output_lens"] == [3, 3]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "openai", "--endpoint", "/v1/chat/completions"], "--backend openai sends to"),
+    (["--dataset-name", "sharegpt"], "--dataset-path"),
+    (["--percentile-metrics", "ttft,queue"], "--percentile-metrics"),
+    (["--goodput", "ttft=5"], "KEY:MS"),
+    (["--metric-percentiles", "0"], "--metric-percentiles"),
+])
+def test_bench_command_refuses_options_that_cannot_work_before_sending(run_cli, argv, message):
+    p = run_cli("bench", "http://127.0.0.1:9", *argv)  # nothing listens there: options fail first
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
 
 
 def test_arrival_gaps_have_the_rate_and_burstiness_asked_for():

@@ -1,0 +1,167 @@
+"""The load options of `disaggsdk bench` (and `launch --bench`), in ``vllm bench serve``'s spellings.
+
+vLLM's flag is the primary name wherever vLLM has one for the same thing; ours stays beside it
+(``--request-rate``/``--qps``, ``--random-input-len``/``--input-len``, ``--goodput``/``--slo``,
+``--save-result``/``--output``...), so a ``vllm bench serve`` command line runs here unchanged
+for the OpenAI backends. This module also turns the parsed options into what
+`disaggsdk.bench.serve_bench.bench` takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from disaggsdk.errors import DisaggError
+from disaggsdk.report.latency import METRICS
+
+DEFAULT_OUTPUT_LEN = 64
+DATASETS = ("random", "sharegpt")
+BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}  # vLLM's --backend -> endpoint
+
+
+class BenchArgsError(DisaggError):
+    """Command-line arguments of `bench` that cannot be used."""
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load, request, metric and output options, shared with ``disaggsdk launch --bench``."""
+    g = parser.add_argument_group("load")
+    g.add_argument("--num-prompts", type=int, default=50, help="requests to send")
+    g.add_argument("--request-rate", "--qps", dest="request_rate", type=float, default=math.inf,
+                   help="mean arrival rate in requests/s (Poisson); inf: all at once")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
+    g.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    g.add_argument("--num-warmups", type=int, default=0,
+                   help="untimed copies of the first request sent before the load (after vLLM's one test request)")
+    g.add_argument("--dataset-name", choices=DATASETS, default=None,
+                   help="random token ids, or ShareGPT conversations from --dataset-path "
+                        "(default: sharegpt when a path is given, else random)")
+    g.add_argument("--dataset-path", "--dataset", dest="dataset_path", default=None, metavar="FILE",
+                   help="ShareGPT-format JSON")
+    g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=256,
+                   help="prompt tokens (random dataset)")
+    g.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
+                   help=f"output tokens (random dataset: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's when given)")
+    g.add_argument("--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, default=0.0,
+                   help="lengths uniform in len*(1-r)..len*(1+r)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the prompts, their lengths and the arrival gaps")
+    r = parser.add_argument_group("requests")
+    r.add_argument("--endpoint", choices=tuple(BACKENDS.values()), default=None,
+                   help="API to load; chat sends one user message per prompt (default: --backend's, "
+                        "else /v1/completions)")
+    r.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+                   help="vLLM's name for the endpoint (openai-chat: /v1/chat/completions)")
+    r.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature sent with every request (vLLM leaves it to the server)")
+    r.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate exactly the asked lengths (vLLM's flag; on here unless --no-ignore-eos)")
+    r.add_argument("--tokenizer", default=None, metavar="MODEL",
+                   help="catalog name or checkpoint directory that counts ShareGPT lengths and turns random "
+                        "ids into chat text (default: the served model)")
+    m = parser.add_argument_group("metrics")
+    m.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                   help="SLOs for goodput in vLLM's syntax, e.g. --goodput ttft:500 tpot:50 (ms)")
+    m.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="the same in our syntax")
+    m.add_argument("--percentile-metrics", default=",".join(METRICS), metavar="M,M",
+                   help="metrics whose percentiles are reported (mean and median are always)")
+    m.add_argument("--metric-percentiles", default="50,90,99", metavar="P,P",
+                   help="percentiles to report, e.g. 99,99.9")
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    o.add_argument("--output", default=None, metavar="FILE", help="write the results as JSON to FILE")
+    o.add_argument("--save-result", action="store_true",
+                   help="write the results as JSON to --result-dir/--result-filename (vLLM's naming)")
+    o.add_argument("--result-dir", default=None, metavar="DIR",
+                   help="folder for --save-result (default: the current one; implies --save-result)")
+    o.add_argument("--result-filename", default=None, metavar="NAME",
+                   help="file name for --save-result (default: vLLM's BACKEND-RATEqps-MODEL-DATE.json; "
+                        "implies --save-result)")
+    o.add_argument("--save-detailed", action="store_true",
+                   help="accepted for vLLM: the per-request lists (ttfts, itls, ...) are always written")
+
+
+def endpoint(args: argparse.Namespace) -> str:
+    """The endpoint from ``--endpoint`` and ``--backend``.
+
+    Raises:
+        BenchArgsError: the two name different endpoints.
+    """
+    by_backend = BACKENDS[args.backend] if args.backend else None
+    if args.endpoint and by_backend and args.endpoint != by_backend:
+        raise BenchArgsError(f"--backend {args.backend} sends to {by_backend}, not --endpoint {args.endpoint}")
+    return args.endpoint or by_backend or BACKENDS["openai"]
+
+
+def dataset_name(args: argparse.Namespace) -> str:
+    """``random`` or ``sharegpt``, from ``--dataset-name`` and ``--dataset-path``.
+
+    Raises:
+        BenchArgsError: sharegpt without a path, or a path for the random dataset.
+    """
+    name = args.dataset_name or ("sharegpt" if args.dataset_path else "random")
+    if name == "sharegpt" and not args.dataset_path:
+        raise BenchArgsError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON)")
+    if name == "random" and args.dataset_path:
+        raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt; the random dataset has no file")
+    return name
+
+
+def slos_ms(args: argparse.Namespace) -> dict[str, float]:
+    """The SLOs of ``--goodput`` and ``--slo`` together (milliseconds).
+
+    Raises:
+        BenchError: a malformed entry.
+    """
+    from disaggsdk.bench.serve_bench import parse_goodput, parse_slos
+
+    return parse_goodput(args.goodput) | parse_slos(args.slo)
+
+
+def percentiles(args: argparse.Namespace) -> list[float]:
+    """``--metric-percentiles`` as numbers.
+
+    Raises:
+        BenchArgsError: a value that is not a number in (0, 100].
+    """
+    text = args.metric_percentiles
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0 < p <= 100 for p in values):
+        raise BenchArgsError(f"--metric-percentiles {text!r}: give numbers in (0, 100], e.g. 50,99,99.9")
+    return values
+
+
+def percentile_metrics(args: argparse.Namespace) -> list[str]:
+    """``--percentile-metrics`` as names.
+
+    Raises:
+        BenchArgsError: a name outside ttft, tpot, itl, e2el.
+    """
+    names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METRICS]
+    if not names or unknown:
+        raise BenchArgsError(f"--percentile-metrics {args.percentile_metrics!r}: choose among {','.join(METRICS)}")
+    return names
+
+
+def result_paths(args: argparse.Namespace, result: dict[str, Any]) -> list[Path]:
+    """Where to write ``result``: ``--output``, and vLLM's ``--result-dir/--result-filename`` when saving.
+
+    Args:
+        result: the (first) run's result, whose backend, rate and model name vLLM's file name.
+    """
+    from disaggsdk.bench.serve_result import result_filename
+
+    paths = [Path(args.output)] if args.output else []
+    if args.save_result or args.result_dir or args.result_filename:
+        name = args.result_filename or result_filename(
+            result["backend"], args.request_rate, args.max_concurrency, result["model_id"],
+            result.get("date") or datetime.now().strftime("%Y%m%d-%H%M%S"))
+        paths.append(Path(args.result_dir or ".") / name)
+    return paths
