@@ -60,7 +60,7 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         ttft = fams["disaggsdk_time_to_first_token_seconds"]
         count = sum(s.value for s in ttft.samples if s.name.endswith("_count"))
         assert count == 7 == d.server_metrics.num_served
-        served_by = {s.labels["instance"] for s in ttft.samples if s.name.endswith("_count")}
+        served_by = {s.labels["engine"] for s in ttft.samples if s.name.endswith("_count")}
         assert served_by <= {"decode-0", "decode-1"}  # tokens come from decode instances only
         # logprobs come back from the decode units through the router
         body = {"prompt": "x", "logprobs": 2, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
