@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py n
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q -e '.[engine,transfer,notebook,serve,dev]'
+	$(PY) -m pip install -q -e '.[engine,transfer,notebook,serve,ray,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

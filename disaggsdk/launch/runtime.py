@@ -1,12 +1,11 @@
 """LocalRuntime: a spec's units as processes on this machine (the `Runtime` seam's default).
 
-One process per unit (an instance, or one dp group of it); each spawns its own tp workers.
-Start-up waits for every unit's `Ready`, hands each the others' addresses and region
-descriptors, waits for `Started`, and says so. Afterwards one reader thread hands every message a
-unit sends to the listener (`serve.router.Router`). A unit that dies is reported with its log
-tail, its shared-memory files are removed, and the other units are told (decode units retry its
-prefills elsewhere). `close()` (also at interpreter exit) stops every unit and leaves no process
-behind. Requests are not this module's business: routing lives in `disaggsdk.serve.router`.
+One process per unit (an instance, or one dp group of it); each spawns its own tp workers. Start-up
+waits for every unit's `Ready`, hands each the others' addresses and region descriptors, waits for
+`Started`. Then one reader thread hands every unit message to the listener (`serve.router.Router`).
+A unit that dies is reported with its log tail, its shm files removed, the others told (decode units
+retry its prefills elsewhere). `close()` (also at exit) leaves no process behind. Routing requests
+lives in `disaggsdk.serve.router`; where units start, in the launcher (`units.ProcessLauncher`).
 """
 
 from __future__ import annotations
@@ -31,12 +30,12 @@ from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.units import (
+    ProcessLauncher,
     UnitHandle,
     core_sets,
     log_tail,
     process_tree_cpu_s,
     rejoin_unit,
-    spawn_unit,
     start_units,
     stop_units,
     unit_names,
@@ -54,18 +53,16 @@ class LocalRuntime:
     Args:
         spec: the deployment.
         tiny: run a GPU spec's topology with its tiny model on the CPU (see `tiny_spec`).
-        colocated: every instance "mixed" (prefill and decode in one engine), no messenger: the
-            baseline disaggregation is compared with.
-        cpu_affinity: None; "auto" (unit i on core i mod cores); or one list of cores per unit
-            in start order (prefill units first).
-        log_dir: where unit logs go. When None, a temporary directory that close() removes
-            unless a unit failed (then its logs are kept for the report).
+        colocated: every instance "mixed" (prefill and decode in one engine): the baseline.
+        cpu_affinity: None; "auto" (unit i on core i mod cores); or cores per unit in start order.
+        log_dir: where unit logs go; None: a temporary directory close() removes unless a unit failed.
         provider: libfabric provider overriding the spec ("shm", "tcp").
         start_timeout_s: how long start-up may take.
         on_event: optional callback for start-up and failure lines (default: print to stderr).
         secret: the control-frame secret (random when None).
         max_restarts: how often a unit that dies is started again (a new incarnation, after a
             back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
+        launcher: what starts units (default `units.ProcessLauncher`; `ray_launcher.RayLauncher`).
     Raises:
         LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
     """
@@ -73,7 +70,7 @@ class LocalRuntime:
     def __init__(self, spec: Spec, tiny: bool = False, colocated: bool = False, cpu_affinity: Any = None,
                  log_dir: str | None = None, provider: str | None = None, start_timeout_s: float = 300.0,
                  on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS):
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, launcher: Any = None):
         from disaggsdk.plan import make_plan
         from disaggsdk.spec import spec_to_yaml
 
@@ -101,7 +98,7 @@ class LocalRuntime:
         names = unit_names(self.plan)
         affinity = core_sets(cpu_affinity, len(names))
         spec_yaml = spec_to_yaml(self.spec)
-        self._ctx = mp.get_context("spawn")
+        self._launcher = launcher or ProcessLauncher(mp.get_context("spawn"))
         self.max_restarts, self._start_timeout_s = max_restarts, start_timeout_s
         self._restarts = {name: 0 for name, _ in names}
         self._restarting: set[str] = set()
@@ -118,7 +115,7 @@ class LocalRuntime:
                 args = ch.UnitArgs(name, inst.name, role, spec_yaml, secret, provider,
                                    os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
                                    parent_pid=os.getpid())
-                self.units[name] = spawn_unit(self._ctx, args)
+                self.units[name] = self._launcher.spawn(args)
             start_units(self.units, start_timeout_s)
         except BaseException:
             self._own_log_dir = False  # a failed start keeps its logs: the error names them
@@ -126,6 +123,8 @@ class LocalRuntime:
             raise
         self._restarter.start()
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
+        for line in self._launcher.placement_lines():
+            self._say(line)
         self._say(f"ready: {len(self.units)} units over {provider}: {roles}; logs in {self.log_dir}")
 
     # the Runtime seam
@@ -166,9 +165,14 @@ class LocalRuntime:
             return False
         return True
 
+    def placement(self) -> dict[str, str]:
+        """Unit name -> where it runs, when the launcher places units beyond this machine (else {})."""
+        return self._launcher.placement()
+
     def unit_cpu_s(self) -> dict[str, float]:
         """CPU seconds each live unit (with its tp workers) has used so far, by unit name."""
-        return {name: process_tree_cpu_s(u.process.pid) for name, u in self.units.items() if u.process.is_alive()}
+        return {name: process_tree_cpu_s(u.process.pid) for name, u in self.units.items()
+                if u.process.pid > 0 and u.process.is_alive()}
 
     def kill_unit(self, name: str) -> None:
         """SIGKILL one unit (fault-injection for tests and demos); its death is handled as a crash."""
@@ -183,6 +187,8 @@ class LocalRuntime:
         for u in list(getattr(self, "_rejoining", {}).values()):
             u.process.kill()  # its handshake fails at once; the restart thread stops it
         stop_units(getattr(self, "units", {}))
+        if getattr(self, "_launcher", None) is not None:
+            self._launcher.close()
         if getattr(self, "_restarter", None) is not None and self._restarter.is_alive():
             self._restarts_due.put(None)
             self._restarter.join(timeout=30)
@@ -206,7 +212,8 @@ class LocalRuntime:
                 time.sleep(0.05)
                 continue
             by_channel = {u.channel: u for u in live}
-            by_sentinel = {u.process.sentinel: u for u in live}
+            # a unit on another machine has no sentinel here: its channel's end says it died
+            by_sentinel = {u.process.sentinel: u for u in live if u.process.sentinel is not None}
             try:
                 ready = wait_any(list(by_channel) + list(by_sentinel), timeout=0.2)
             except (OSError, ValueError):  # a channel closed under us: the next round sees why
@@ -270,7 +277,7 @@ class LocalRuntime:
                 attempt = self._restarts[name] = self._restarts[name] + 1
                 if self._closing.wait(RESTART_BACKOFF_S * 2 ** (attempt - 1)):
                     return
-                u = self._rejoining[name] = spawn_unit(self._ctx, args)
+                u = self._rejoining[name] = self._launcher.spawn(args)
                 try:
                     rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again

@@ -36,6 +36,12 @@ def unit_main(sock: socket.socket) -> None:
         raise RuntimeError(f"a unit's first frame must be UnitArgs, not {type(args).__name__}")
     if args.parent_pid and os.getppid() != args.parent_pid:
         os._exit(1)  # the launcher died before PDEATHSIG was armed: nobody will stop this unit
+    serve_unit(conn, args)
+
+
+def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
+    """Run the unit ``args`` describes over its channel to the runtime until told to stop; exits
+    the process non-zero (after a `Fatal` frame) when it fails. Output goes to ``args.log_path``."""
     log_fd = os.open(args.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)

@@ -85,6 +85,32 @@ def spawn_unit(ctx: Any, args: UnitArgs) -> UnitHandle:
     return handle
 
 
+class ProcessLauncher:
+    """Starts units as child processes of this one ("spawn"): `LocalRuntime`'s default launcher.
+
+    A launcher's contract: ``spawn(args)`` returns a `UnitHandle` whose channel is connected and
+    whose unit has its `UnitArgs`; ``placement_lines()`` says where units run; ``close()`` frees
+    what the launcher holds, after the units stopped.
+    """
+
+    def __init__(self, ctx: Any):
+        self._ctx = ctx
+
+    def spawn(self, args: UnitArgs) -> UnitHandle:
+        """Start one unit process (`spawn_unit`)."""
+        return spawn_unit(self._ctx, args)
+
+    def placement(self) -> dict[str, str]:
+        """Every unit runs on this machine: nothing to say."""
+        return {}
+
+    def placement_lines(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Nothing held beyond the processes, which `stop_units` stops."""
+
+
 def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> None:
     """The start-up handshake of a restarted unit: its `Ready`, the address book of the live
     units and itself, its `Started`.

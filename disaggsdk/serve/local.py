@@ -22,9 +22,14 @@ def serve_locally(spec: Any, **runtime_options: Any) -> Router:
     Raises:
         LaunchError: the units could not start (with the failing unit's log tail).
     """
-    from disaggsdk.launch.runtime import LocalRuntime
+    if spec.launch.backend == "ray":
+        from disaggsdk.launch.ray_runtime import RayRuntime
 
-    runtime = LocalRuntime(spec, **runtime_options)
+        runtime = RayRuntime(spec, address=spec.launch.address, **runtime_options)
+    else:
+        from disaggsdk.launch.runtime import LocalRuntime
+
+        runtime = LocalRuntime(spec, **runtime_options)
     try:
         return Router(runtime)
     except BaseException:

@@ -124,6 +124,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         serving = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
         status = "ok" if all(s.healthy for s in stats) else "degraded" if serving else "down"
         body = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
+        placement = getattr(getattr(backend, "runtime", None), "placement", dict)()
+        if placement:  # units beyond this machine (Ray): where each runs
+            body["placement"] = placement
         if not serving:  # an OpenAI error object too, beside what probes read
             body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down")
         return JSONResponse(body, status_code=200 if serving else 503)

@@ -113,6 +113,14 @@ def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def address_needs_ray(spec: Spec, arch: ModelArch) -> list[str]:
+    """A cluster address means nothing to the local backend: the spec meant Ray, or the address is stale."""
+    if spec.launch.address and spec.launch.backend != "ray":
+        return [f"$.launch.address: {spec.launch.address!r} is a Ray cluster address; set launch.backend: ray "
+                f"or remove it"]
+    return []
+
+
 # `model` is checked first, by resolving it: every other rule needs its architecture.
 MODEL_KEYS = ("$.model",)
 RULES: tuple[Rule, ...] = (
@@ -123,6 +131,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
     Rule(("$.speculative.method",), speculation_fits_the_model),
+    Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
 )
 
 

@@ -30,6 +30,7 @@ Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
+Backend = Literal["local", "ray"]
 
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
@@ -235,6 +236,26 @@ class Serve:
 
 
 @attrs.frozen
+class Launch:
+    """Where the units run: processes on this machine, or Ray actors on a cluster's nodes."""
+
+    backend: Backend = attrs.field(
+        default="local",
+        metadata=about("`local`: one process per unit on this machine; `ray`: one Ray actor per unit, in a "
+                       "placement group per instance on the node the plan says (docs/ray.md).",
+                       choice(("local", "ray"))),
+    )
+    address: str | None = attrs.field(
+        default=None,
+        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: a new "
+                       "one-node cluster. Only with `backend: ray`."),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+
+
+@attrs.frozen
 class Spec:
     """A whole disaggregated deployment. Load with `load_spec`, build with `Cluster`."""
 
@@ -256,6 +277,7 @@ class Spec:
     kv: KV = attrs.field(factory=KV, metadata=about("The KV cache format."))
     transport: Transport = attrs.field(factory=Transport, metadata=about("How KV pages travel."))
     serve: Serve = attrs.field(factory=Serve, metadata=about("The OpenAI-compatible front end."))
+    launch: Launch = attrs.field(factory=Launch, metadata=about("Where the units run (this machine, or Ray)."))
     transfer: TransferSettings = attrs.field(
         factory=TransferSettings, metadata=about("How the KV messenger moves a request's KV.")
     )

@@ -1,0 +1,244 @@
+"""Units as Ray actors on a cluster's nodes: the launcher `launch.ray_runtime.RayRuntime` uses.
+
+One placement group per instance, its bundles one per unit (a unit holds its tp ranks), packed
+(STRICT_PACK) on the Ray node the plan's node maps to (`launch.ray_nodes`). Where the bundles
+landed is checked against the plan before any unit starts, and again for every unit actor. Each
+unit connects back to this driver over TCP (`launch.ray_unit_host`), so the runtime reads it as it
+reads a local unit; only its process handle differs (`RayUnitProcess`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import socket
+import time
+from typing import Any
+
+import msgspec
+
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.channel import FrameChannel
+from disaggsdk.launch.ray_nodes import RayNode, map_plan_nodes, rank_resource
+from disaggsdk.launch.ray_unit_host import TOKEN_BYTES, UnitStart, keepalive, unit_host_actor
+from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.units import UnitHandle, unit_names
+
+PLACEMENT_TIMEOUT_S = 60.0
+ACTOR_CALL_TIMEOUT_S = 30.0
+
+
+class RayUnitProcess:
+    """A unit process on a Ray node, with the few `multiprocessing.Process` members the runtime uses."""
+
+    sentinel = None  # nothing to wait on here: the unit's channel closing says it died
+
+    def __init__(self, actor: Any, pid: int, same_host: bool):
+        self.actor = actor
+        self._pid, self._same_host = pid, same_host
+        self._exitcode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """The unit's pid where it can name a process here: on this host; else -1 (its shm files and
+        CPU time are its own node's business)."""
+        return self._pid if self._same_host else -1
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        import ray
+
+        if self._exitcode is not None:
+            return False
+        try:
+            return bool(ray.get(self.actor.alive.remote(), timeout=ACTOR_CALL_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - the actor (or its node) is gone
+            return False
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the unit to exit; then the actor goes too, freeing its bundle for a restart."""
+        import ray
+
+        if self._exitcode is not None:
+            return
+        try:
+            code = ray.get(self.actor.join.remote(timeout), timeout=(timeout or 0) + ACTOR_CALL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the actor died with it (killed, or its node lost)
+            code = -9
+        if code is not None:
+            self._exitcode = code
+            ray.kill(self.actor, no_restart=True)
+
+    def kill(self) -> None:
+        """End the unit by ending its actor (the unit dies with it)."""
+        import ray
+
+        ray.kill(self.actor, no_restart=True)
+
+
+class RayLauncher:
+    """Start units as actors in placement groups that follow ``plan``'s placement.
+
+    Args:
+        plan: the deployment's plan.
+        address: the cluster (``"auto"``, ``"HOST:PORT"``); None: ``ray.init``'s default, which
+            starts a one-node cluster when none runs. A driver already connected stays connected.
+    Raises:
+        LaunchError: the cluster lacks room for the plan, or a placement group did not land on
+            the node the plan says (what is missing is named, per node).
+    """
+
+    def __init__(self, plan: Any, address: str | None = None):
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        self.plan = plan
+        self._own_ray = not ray.is_initialized()
+        if self._own_ray:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        self._groups: dict[str, Any] = {}
+        self._actors: list[Any] = []  # every unit actor started, for close() to see gone
+        self._listener: socket.socket | None = None
+        try:
+            resource = rank_resource(plan.spec)
+            self.nodes = map_plan_nodes(plan, ray.nodes(), resource)
+            self._bundle: dict[str, tuple[str, int, int]] = {}  # unit -> (instance, bundle index, tp)
+            for inst in plan.instances:
+                units = [name for name, i in unit_names(plan) if i.name == inst.name]
+                node = self.nodes[inst.nodes[0]]
+                pg = placement_group([{resource: inst.tp} for _ in units], strategy="STRICT_PACK",
+                                     name=f"disaggsdk-{inst.name}", _soft_target_node_id=node.node_id)
+                self._groups[inst.name] = pg
+                for k, name in enumerate(units):
+                    self._bundle[name] = (inst.name, k, inst.tp)
+            for inst_name, pg in self._groups.items():
+                self._check_group(inst_name, pg, placement_group_table)
+            self._resource = resource
+            self.host = ray.util.get_node_ip_address()
+            self._listener = socket.create_server((self.host, 0))
+            self._early: dict[bytes, socket.socket] = {}
+            self.unit_nodes: dict[str, RayNode] = {}
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_group(self, inst_name: str, pg: Any, table: Any) -> None:
+        import ray
+
+        node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
+        try:
+            ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - GetTimeoutError and friends
+            raise LaunchError(f"the placement group of {inst_name} did not fit on Ray node {node.short_id} "
+                              f"({node.address}) in {PLACEMENT_TIMEOUT_S:.0f} s: {exc}") from None
+        landed = set(table(pg)["bundles_to_node_id"].values())
+        if landed != {node.node_id}:
+            raise LaunchError(f"{inst_name}'s bundles landed on Ray nodes {sorted(n[:8] for n in landed)}, not on "
+                              f"{node.short_id} as the plan says; free room on that node")
+
+    def spawn(self, args: ch.UnitArgs) -> UnitHandle:
+        """Start one unit's actor in its bundle and wait for the unit to connect.
+
+        Raises:
+            LaunchError: the actor did not start, landed on another node, or its unit did not connect.
+        """
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        inst_name, index, tp = self._bundle[args.name]
+        node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
+        strategy = PlacementGroupSchedulingStrategy(self._groups[inst_name], placement_group_bundle_index=index)
+        actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: tp},
+                                          name=None).remote()
+        self._actors.append(actor)
+        token = secrets.token_bytes(TOKEN_BYTES)
+        # no parent pid: the unit's parent is its actor, which it dies with
+        unit_args = msgspec.msgpack.encode(msgspec.structs.replace(args, parent_pid=0))
+        payload = msgspec.msgpack.encode(UnitStart(unit_args, self.host, self._listener.getsockname()[1], token))
+        try:
+            started = ray.get(actor.start.remote(payload), timeout=PLACEMENT_TIMEOUT_S)
+            if started["node_id"] != node.node_id:
+                raise LaunchError(f"unit {args.name} started on Ray node {started['node_id'][:8]}, "
+                                  f"not {node.short_id} as the plan says (was its node lost?)")
+            sock = self._accept(token, PLACEMENT_TIMEOUT_S)
+        except BaseException as exc:
+            ray.kill(actor, no_restart=True)
+            if isinstance(exc, LaunchError):
+                raise
+            raise LaunchError(f"unit {args.name} did not start on Ray node {node.short_id}: {exc}") from None
+        self.unit_nodes[args.name] = node
+        process = RayUnitProcess(actor, started["pid"], same_host=started["address"] == self.host)
+        return UnitHandle(args, process, FrameChannel(sock, ch.FROM_UNIT))
+
+    def _accept(self, token: bytes, timeout_s: float) -> socket.socket:
+        """The connection that opens with ``token`` (others that arrive first wait for their turn)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for seen, sock in list(self._early.items()):
+                if hmac.compare_digest(seen, token):
+                    return self._early.pop(seen)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LaunchError(f"no unit connected back to {self.host} within {timeout_s:.0f} s")
+            self._listener.settimeout(remaining)
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(10)
+            try:
+                seen = sock.recv(TOKEN_BYTES, socket.MSG_WAITALL)
+            except OSError:
+                sock.close()
+                continue
+            if len(seen) != TOKEN_BYTES:
+                sock.close()
+                continue
+            sock.settimeout(None)
+            keepalive(sock)
+            self._early[seen] = sock
+
+    def placement(self) -> dict[str, str]:
+        """Unit name -> where it runs: its plan node and the Ray node (id, address)."""
+        plan_node = {n.node_id: p for p, n in self.nodes.items()}
+        return {name: f"plan node {plan_node[node.node_id]}, Ray node {node.short_id} ({node.address})"
+                for name, node in self.unit_nodes.items()}
+
+    def placement_lines(self) -> list[str]:
+        """One start-up line per unit (`placement`)."""
+        return [f"placement: {name} -> {where}" for name, where in self.placement().items()]
+
+    def close(self) -> None:
+        """After the units stopped: end their actors and wait until they are gone, remove the
+        placement groups, close the listener, leave Ray if this launcher joined it. Idempotent."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        deadline = time.monotonic() + ACTOR_CALL_TIMEOUT_S
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        for actor in self._actors:
+            while time.monotonic() < deadline:
+                try:  # a call to a dead actor fails at once; to a dying one, once it died
+                    ray.get(actor.alive.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - RayActorError: gone, as wanted
+                    break
+                time.sleep(0.05)
+        self._actors = []
+        for pg in self._groups.values():
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - the cluster is gone already
+                pass
+        self._groups = {}
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            for sock in self._early.values():
+                sock.close()
+        if self._own_ray and ray.is_initialized():
+            ray.shutdown()
+            self._own_ray = False

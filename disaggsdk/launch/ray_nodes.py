@@ -1,0 +1,84 @@
+"""Which Ray node runs each node of a plan, checked before any actor starts.
+
+The plan numbers its nodes 0, 1, ... and places every rank on one (`plan.placement`). A Ray
+cluster offers nodes with resources: GPUs for a CUDA spec, and for a CPU spec the custom resource
+`SLOT_RESOURCE` (how many ranks a node hosts: ``ray start --resources '{"disaggsdk_slot": 8}'``),
+so a CPU test cluster of logical nodes on one machine says what each node may hold. Plan nodes
+take the cluster's alive nodes in Ray's order, each the first unused one with room for all its
+ranks; a cluster without room is one error that lists, per plan node, what it needs and lacks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from disaggsdk.launch.tiny import LaunchError
+
+SLOT_RESOURCE = "disaggsdk_slot"
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """One alive node of the cluster, as `ray.nodes()` describes it."""
+
+    node_id: str
+    address: str  # its IP (NodeManagerAddress)
+    resources: dict[str, float]
+
+    @property
+    def short_id(self) -> str:
+        return self.node_id[:8]
+
+
+def rank_resource(spec: Any) -> str:
+    """The Ray resource one rank of ``spec`` takes: a GPU, or a CPU slot."""
+    return "GPU" if spec.device == "cuda" else SLOT_RESOURCE
+
+
+def ranks_per_node(plan: Any) -> dict[int, int]:
+    """How many ranks the plan puts on each of its nodes.
+
+    Raises:
+        LaunchError: an instance spans nodes (a unit keeps its tp workers on its own node: they
+            share its KV pools through memfds).
+    """
+    for inst in plan.instances:
+        if len(inst.nodes) > 1:
+            raise LaunchError(f"instance {inst.name} spans nodes {list(inst.nodes)}: a unit and its tp workers run "
+                              f"on one node; use a tp that fits a node ({plan.spec.hardware.gpus_per_node} ranks)")
+    return dict(sorted(Counter(r.node for inst in plan.instances for r in inst.ranks).items()))
+
+
+def map_plan_nodes(plan: Any, ray_nodes: list[dict[str, Any]], resource: str) -> dict[int, RayNode]:
+    """Plan node -> the Ray node that runs it.
+
+    Args:
+        plan: the deployment's plan.
+        ray_nodes: `ray.nodes()`.
+        resource: what a rank takes (`rank_resource`).
+    Raises:
+        LaunchError: the cluster lacks room; the message says what each plan node needs and misses.
+    """
+    alive = [RayNode(n["NodeID"], n.get("NodeManagerAddress", "?"), dict(n.get("Resources", {})))
+             for n in ray_nodes if n.get("Alive")]
+    free = [n for n in alive if n.resources.get(resource, 0) >= 1]
+    mapping: dict[int, RayNode] = {}
+    problems = []
+    for plan_node, need in ranks_per_node(plan).items():
+        node = next((n for n in free if n.resources[resource] >= need), None)
+        if node is None:
+            largest = max((n.resources[resource] for n in free), default=0)
+            problems.append(f"plan node {plan_node} needs {need} {resource} on one Ray node; "
+                            + (f"the largest unused node offers {largest:g}" if free else "no unused node offers any"))
+            continue
+        free.remove(node)
+        mapping[plan_node] = node
+    if problems:
+        offered = ", ".join(f"{n.short_id} ({n.address}): {n.resources.get(resource, 0):g}" for n in alive) or "none"
+        hint = (f"start nodes with `ray start --address HEAD:PORT --resources '{{\"{SLOT_RESOURCE}\": N}}'`"
+                if resource == SLOT_RESOURCE else "add GPU nodes to the cluster")
+        raise LaunchError("the Ray cluster cannot hold this plan: " + "; ".join(problems)
+                          + f". Alive nodes and their {resource}: {offered}; {hint}")
+    return mapping

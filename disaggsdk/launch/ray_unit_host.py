@@ -1,0 +1,123 @@
+"""A unit on a Ray node: the actor that holds the unit's placement-group bundle, and the unit
+process it starts there (``python -m disaggsdk.launch.ray_unit_host``).
+
+The unit is a child process of the actor rather than the actor itself: it runs exactly the code a
+local unit runs (`launch.unit.serve_unit`: its own log file, signals, ``os._exit`` on failure),
+which a Ray worker process must not be put through. It dies with the actor (PDEATHSIG), so
+``ray.kill`` of the actor ends the unit and its tp workers.
+
+The unit connects back to the driver over TCP and opens with a 32-byte token the driver chose
+for it; from then on the connection carries the same typed frames a local unit's socketpair does.
+Its `UnitArgs` (with the deployment's secret) reach it through Ray's actor call and a pipe, never
+over that TCP connection: Ray's own channel is the cluster's trust boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+
+TOKEN_BYTES = 32
+KEEPALIVE_IDLE_S = 5  # a driver on a lost machine is noticed in ~idle + interval * count seconds
+KEEPALIVE_INTERVAL_S = 1
+KEEPALIVE_COUNT = 5
+
+
+class UnitStart(msgspec.Struct, frozen=True):
+    """What the actor pipes to the unit process: its args and where the driver waits for it."""
+
+    args: bytes  # msgpack of `launch.messages.UnitArgs`
+    driver_host: str
+    driver_port: int
+    token: bytes
+
+
+def keepalive(sock: socket.socket) -> None:
+    """TCP keepalive on a runtime channel: a peer whose machine vanished (no FIN) is found dead."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class UnitHost:
+    """The actor side (`unit_host_actor` makes it a Ray actor class): starts, watches and reaps one
+    unit process on this node."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, payload: bytes) -> dict[str, Any]:
+        """Start the unit process with ``payload`` (msgpack `UnitStart`) on its stdin.
+
+        Returns:
+            ``pid`` (on this node), ``node_id`` and ``address`` (this node's IP).
+        """
+        import ray
+
+        self._proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.launch.ray_unit_host"], stdin=subprocess.PIPE)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(payload)
+        self._proc.stdin.close()
+        ctx = ray.get_runtime_context()
+        return {"pid": self._proc.pid, "node_id": ctx.get_node_id(), "address": ray.util.get_node_ip_address()}
+
+    def alive(self) -> bool:
+        """Whether the unit process is running."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def join(self, timeout_s: float | None) -> int | None:
+        """Wait up to ``timeout_s`` for the unit to exit; its exit code (negative: the signal), or
+        None while it runs. A unit that did not exit cleanly has its libfabric shm files removed
+        here, on its own node."""
+        from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+        if self._proc is None:
+            return None
+        try:
+            code = self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        if code != 0:
+            remove_fabric_shm(self._proc.pid)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the unit process (its tp workers follow it)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+
+
+def unit_host_actor() -> Any:
+    """`UnitHost` as a Ray actor class (no CPU of its own: the bundle's resources are asked per actor)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(UnitHost)
+
+
+def main() -> None:
+    """The unit process: read `UnitStart`, connect to the driver, send the token, serve."""
+    from disaggsdk.launch import messages as ch
+    from disaggsdk.launch.channel import FrameChannel
+    from disaggsdk.launch.unit import serve_unit
+    from disaggsdk.memory.pool_handover import die_with_parent
+
+    die_with_parent()
+    start = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=UnitStart)
+    args = msgspec.msgpack.decode(start.args, type=ch.UnitArgs)
+    for directory in (os.path.dirname(args.log_path), args.work_dir):  # on another machine they are new
+        os.makedirs(directory, exist_ok=True)
+    sock = socket.create_connection((start.driver_host, start.driver_port), timeout=60)
+    keepalive(sock)
+    sock.sendall(start.token)
+    serve_unit(FrameChannel(sock, ch.TO_UNIT), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The Ray runtime on a local cluster of two logical nodes (Ray's `cluster_utils.Cluster`: a head
+without resources, two nodes of 8 `disaggsdk_slot`s and one CPU each, no dashboard, small object
+stores). Prefill and decode land on different nodes, KV moves over libfabric's tcp provider, and
+greedy tokens equal the engine's for a GQA and an MLA model; a cluster without room is a clear error
+before any actor starts; a unit actor killed under load costs retries or clear errors, the unit
+comes back in its bundle, and shutdown leaves no actor, placement group, process or shm file."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import attrs
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.launch import LaunchError  # noqa: E402
+from disaggsdk.launch.ray_runtime import RayRuntime  # noqa: E402
+from disaggsdk.serve.router import Router  # noqa: E402
+from tests.launch._helpers import make_spec  # noqa: E402
+
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], list(range(30, 70)), list(range(100, 113))]
+SLOTS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    small = 80 << 20  # object store bytes per node: nothing big goes through it
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                      "object_store_memory": small})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={"disaggsdk_slot": SLOTS}, object_store_memory=small)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def two_node_spec(model: str, **kw):
+    """One prefill and one decode instance, one rank a node: the plan puts them on nodes 0 and 1."""
+    spec = make_spec(model, **kw)
+    return attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=1),
+                        transport=attrs.evolve(spec.transport, same_host_copy=False))  # KV over tcp
+
+
+def tokens(events) -> list[int]:
+    return [t for e in events for t in e.new_token_ids]
+
+
+def our_processes(wait_s: float = 10.0) -> list[str]:
+    """Unit processes and unit actors of this project still on the machine after ``wait_s`` (Ray
+    ends a killed actor's worker process shortly after the actor is dead)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if entry.isdigit() and (b"ray_unit_host" in cmd or b"UnitHost" in cmd):
+                found.append(f"{entry}: {cmd.replace(bytes(1), b' ')[:120].decode(errors='replace')}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def placement_groups_left() -> list[str]:
+    return [pg["name"] for pg in ray.util.placement_group_table().values()
+            if pg["name"].startswith("disaggsdk-") and pg["state"] != "REMOVED"]
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "deepseek-r1-tiny"])
+def test_prefill_and_decode_on_different_nodes_give_the_engines_tokens(cluster, model):
+    want = [o.output_ids for o in LLMEngine(model, EngineConfig(compile=False)).generate(PROMPTS, GREEDY)]
+    with Router(RayRuntime(two_node_spec(model), max_restarts=0, on_event=lambda _l: None)) as r:
+        placement = r.runtime.placement()
+        got = [tokens(ev) for ev in r.generate_batch(PROMPTS, GREEDY, timeout_s=120)]
+        stats = r.unit_stats()
+    assert got == want
+    assert placement["prefill-0"].startswith("plan node 0") and placement["decode-0"].startswith("plan node 1")
+    assert placement["prefill-0"].split("Ray node ")[1] != placement["decode-0"].split("Ray node ")[1]
+    assert stats["prefill-0"].transfer_bytes > 0 and stats["decode-0"].prefilled_locally == 0
+    assert not placement_groups_left() and not our_processes()
+
+
+def test_a_cluster_without_room_fails_before_any_actor_starts(cluster):
+    spec = two_node_spec("qwen3-tiny")
+    spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=2))  # three one-rank nodes
+    with pytest.raises(LaunchError, match=r"plan node 2 needs 1 disaggsdk_slot.*no unused node"):
+        RayRuntime(spec, max_restarts=0, on_event=lambda _l: None)
+    assert not placement_groups_left() and not our_processes()
+
+
+def test_unit_actors_killed_under_load(cluster):
+    shm_before = set(os.listdir("/dev/shm"))
+    lines: list[str] = []
+    with Router(RayRuntime(two_node_spec("qwen3-tiny", num_pages=256, budget=16), max_restarts=1,
+                           on_event=lines.append)) as r:
+        prompts = [list(range(200 + i, 260 + i)) for i in range(6)]  # 60 tokens over a 16-token budget
+        done: dict[int, list] = {}
+        for i, p in enumerate(prompts):
+            r.submit(f"load-{i}", p, GREEDY, lambda ev, i=i: done.setdefault(i, []).append(ev))
+        deadline = time.monotonic() + 60
+        while r.unit_stats()["prefill-0"].running == 0:
+            assert time.monotonic() < deadline, "prefill-0 never started"
+            time.sleep(0.01)
+        r.runtime.kill_unit("prefill-0")  # its actor: the unit dies with it
+        while sum(1 for evs in done.values() if evs[-1].finished) < len(prompts):
+            assert time.monotonic() < deadline + 60, "requests hung after a prefill actor died"
+            time.sleep(0.05)
+        # every request completed (retried elsewhere or prefilled by the decode unit) or ended clearly
+        for evs in done.values():
+            assert evs[-1].finish_reason == "length" or (evs[-1].finish_reason == "error" and evs[-1].error)
+        assert sum(evs[-1].finish_reason == "length" for evs in done.values()) >= 1
+        assert any("prefill-0" in f and "died" in f for f in r.runtime.failures)
+        deadline = time.monotonic() + 90
+        while not (r.runtime.units["prefill-0"].healthy and r.runtime.units["prefill-0"].started):
+            assert time.monotonic() < deadline, "prefill-0 was not restarted in its bundle"
+            time.sleep(0.2)
+        events = r.generate_batch([PROMPTS[0]], GREEDY, timeout_s=60)[0]
+        assert events[-1].finish_reason == "length"
+        deadline = time.monotonic() + 15
+        while True:  # pages of the killed attempts come back once nothing can land in them
+            stats = r.unit_stats()
+            if all(s.num_free_pages == s.num_pages for s in stats.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert all(s.num_free_pages == s.num_pages for s in stats.values())
+    assert any("restarted" in line for line in lines)
+    assert not placement_groups_left() and not our_processes()
+    assert set(os.listdir("/dev/shm")) <= shm_before
