@@ -39,14 +39,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+IDLE_WAIT_LIMIT_S = 30 * 24 * 3600  # how long a worker waits for its next step: "forever", in gloo terms
+
+
 def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tuple[TensorParallel, Any]:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
         timeout=timedelta(seconds=timeout_s),
     )
-    # step metadata is small and lives on the CPU: a gloo group even when the model uses NCCL
-    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    # step metadata is small and lives on the CPU: a gloo group even when the model uses NCCL. Its
+    # timeout is what an idle engine waits for the next step, so it must not be the collectives'
+    # (an instance without requests for 2 minutes lost its workers); a dead head still ends the
+    # wait at once: its connection closes (and the workers die with it)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=IDLE_WAIT_LIMIT_S))
     return TensorParallel(rank=rank, size=size, group=dist.group.WORLD), control
 
 

@@ -49,3 +49,20 @@ def test_a_dead_worker_is_an_error_not_a_hang():
     finally:
         engine.close()
     assert all(not p.is_alive() for p in procs)
+
+
+def test_an_idle_engine_outlives_the_collective_timeout(monkeypatch):
+    """Workers wait for the next step without the collectives' timeout (it once killed a tp>1
+    instance that had no request for 2 minutes)."""
+    import time
+
+    from disaggsdk.engine.tp_group import TPGroup
+
+    monkeypatch.setattr(TPGroup.__init__, "__defaults__", (3.0,))  # collectives time out after 3 s
+    engine = LLMEngine("qwen3-tiny", EngineConfig(tp=2, page_size=4, num_pages=32, compile=False))
+    try:
+        time.sleep(5)  # idle past it
+        out = engine.generate([[1, 2, 3]], PARAMS)[0]
+        assert len(out.output_ids) == PARAMS.max_tokens
+    finally:
+        engine.close()
