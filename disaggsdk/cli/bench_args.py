@@ -21,6 +21,7 @@ from disaggsdk.report.latency import METRICS
 DEFAULT_OUTPUT_LEN = 64
 DATASETS = ("random", "sharegpt")
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}  # vLLM's --backend -> endpoint
+RUNTIME_BACKENDS = ("local", "ray")  # --backend's other meaning: where a spec's units run (cli.runtime_options)
 
 
 class BenchArgsError(DisaggError):
@@ -53,8 +54,10 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--endpoint", choices=tuple(BACKENDS.values()), default=None,
                    help="API to load; chat sends one user message per prompt (default: --backend's, "
                         "else /v1/completions)")
-    r.add_argument("--backend", choices=tuple(BACKENDS), default=None,
-                   help="vLLM's name for the endpoint (openai-chat: /v1/chat/completions)")
+    # one --backend for both meanings, their values disjoint: vLLM's client API, or where a SPEC's units run
+    r.add_argument("--backend", choices=(*BACKENDS, *RUNTIME_BACKENDS), default=None,
+                   help="openai | openai-chat: vLLM's name for the endpoint (openai-chat: /v1/chat/completions); "
+                        "local | ray: where a SPEC's units run (default: the spec's launch.backend)")
     r.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature sent with every request (vLLM leaves it to the server)")
     r.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
@@ -90,7 +93,7 @@ def endpoint(args: argparse.Namespace) -> str:
     Raises:
         BenchArgsError: the two name different endpoints.
     """
-    by_backend = BACKENDS[args.backend] if args.backend else None
+    by_backend = BACKENDS.get(args.backend or "")
     if args.endpoint and by_backend and args.endpoint != by_backend:
         raise BenchArgsError(f"--backend {args.backend} sends to {by_backend}, not --endpoint {args.endpoint}")
     return args.endpoint or by_backend or BACKENDS["openai"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from disaggsdk.cli.runtime_options import add_runtime_options
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--tiny", action="store_true", help="SPEC: run with the tiny variant of its model on CPU")
     parser.add_argument("--colocated", action="store_true", help="SPEC: benchmark the colocated layout instead")
+    add_runtime_options(parser, with_backend=False)  # --backend is among the load options
     parser.add_argument("--compare", action="store_true",
                         help="SPEC: the same load disaggregated, then colocated (every instance mixed), each unit "
                              "pinned to one core (unit i on core i mod cores): the same CPU budget, side by side")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.errors import DisaggError
 
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="a deployment spec: run its processes (prefill -> KV transfer -> decode)")
     parser.add_argument("--tiny", action="store_true", help="with --spec: the spec's topology with its tiny model, on CPU")
     parser.add_argument("--colocated", action="store_true", help="with --spec: every instance mixed, no KV transfer")
+    add_runtime_options(parser)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (processes)")
     parser.add_argument("--layout", choices=("HND", "NHD"), default="HND", help="KV page layout")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
@@ -131,7 +133,7 @@ def _run_spec(args: argparse.Namespace) -> int:
         seed=args.seed, ignore_eos=args.ignore_eos,
     )
     # SIGTERM unwinds through here (cli.main), closing the deployment like Ctrl-C does
-    result = generate_with_spec(load_spec(args.spec), [_parse_ids(p) for p in args.prompt_ids], params,
+    result = generate_with_spec(with_runtime_options(load_spec(args.spec), args), [_parse_ids(p) for p in args.prompt_ids], params,
                                 texts=args.prompt, tiny=args.tiny, colocated=args.colocated)
     if args.json:
         json.dump(result, sys.stdout)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
+from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 
 if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
@@ -35,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: the spec's serve.model_name, "
                              "else its model)")
+    parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
+                        help="web origins whose pages may call the server (CORS); '*' for any")
+    add_runtime_options(parser, with_backend=False)  # --backend is among the load options
     parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
                         help="restart a unit that dies up to N times (default: 3; 0: never)")
@@ -61,7 +65,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     from disaggsdk.launch.tiny import LaunchError
     from disaggsdk.spec import load_spec
 
-    spec = load_spec(args.target)
+    spec = with_runtime_options(load_spec(args.target), args)
     layout = "colocated" if colocated else "disaggregated"
     console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
     start = time.monotonic()
@@ -74,7 +78,8 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
         options["max_restarts"] = args.max_restarts
     d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
                port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
-               served_model_name=getattr(args, "served_model_name", None), **options)
+               served_model_name=getattr(args, "served_model_name", None),
+               allowed_origins=getattr(args, "allowed_origins", ()), **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
                   f"instances: {instances}", soft_wrap=True)

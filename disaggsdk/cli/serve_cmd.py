@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: --model)")
+    parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
+                        help="web origins whose pages may call the server (CORS); '*' for any")
     parser.add_argument("--num-pages", type=int, default=1024, help="KV pages")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype,
     )
     start = time.monotonic()
-    d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name)
+    d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name,
+                    allowed_origins=args.allowed_origins)
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}")
     serve_until_signal(d, console, live=not args.no_live)
     return 0

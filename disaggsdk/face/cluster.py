@@ -93,6 +93,11 @@ class Cluster:
         """Where the OpenAI-compatible endpoint listens."""
         return Cluster(attrs.evolve(self.draft, serve=_set(self.draft.serve, host=host, port=port)))
 
+    def on_ray(self, address: str | None = None) -> Cluster:
+        """Run the units as Ray actors on a cluster's nodes (``address``: ``"auto"``, ``"HOST:PORT"``;
+        None: a new one-node cluster), each instance in a placement group on the node the plan says."""
+        return Cluster(attrs.evolve(self.draft, launch=_set(self.draft.launch, backend="ray", address=address)))
+
     # results
     @property
     def spec(self) -> Spec:
@@ -119,7 +124,7 @@ class Cluster:
         return make_plan(self.spec)
 
     def launch(self, **options: Any) -> Deployment:
-        """Start this deployment on this machine behind an OpenAI-compatible server.
+        """Start this deployment (on this machine, or on Ray after `on_ray`) behind an OpenAI-compatible server.
 
         Args:
             options: `disaggsdk.face.deployment.launch` options (``tiny``, ``colocated``,

@@ -141,3 +141,63 @@ def test_unit_actors_killed_under_load(cluster):
     assert any("restarted" in line for line in lines)
     assert not placement_groups_left() and not our_processes()
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def _launch_cli(address: str, spec_path: str, *extra: str):
+    """`disaggsdk launch SPEC --backend ray --address ADDRESS`; returns the process, its start-up
+    lines and the server's URL once it says it is ready."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", "launch", spec_path, "--backend", "ray",
+                             "--address", address, "--port", "0", "--no-live", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("ready in"):
+            return proc, lines, "http" + line.split("http", 1)[1].split("/v1")[0]
+    proc.wait(30)
+    raise AssertionError("launch exited before it was ready:\n" + "".join(lines))
+
+
+def _stop_cli(proc) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _serve_and_check(cluster, spec_path: str, *extra: str) -> None:
+    import httpx
+    import openai
+
+    proc, lines, url = _launch_cli(cluster.address, spec_path, *extra)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model=client.models.list().data[0].id, prompt="def f(x):", max_tokens=8)
+        assert answer.choices[0].finish_reason in ("length", "stop")
+        health = httpx.get(f"{url}/health", timeout=30).json()
+    finally:
+        _stop_cli(proc)
+    placed = [line for line in lines if line.startswith("placement: ")]
+    assert placed and len(placed) == len(health["placement"]) and health["status"] == "ok"
+    for line in placed:
+        name, where = line.removeprefix("placement: ").strip().split(" -> ")
+        assert health["placement"][name] == where
+    assert not placement_groups_left() and not our_processes()
+
+
+def test_cli_launch_on_ray_serves_the_openai_client_and_shows_placement(cluster):
+    _serve_and_check(cluster, os.path.join(os.path.dirname(__file__), "..", "..", "specs", "tiny_local.yaml"))
+
+
+@pytest.mark.slow
+def test_r1_dp_tiny_on_two_logical_nodes(cluster):
+    """The acceptance line: specs/r1_dp.yaml --tiny (prefill tp 8 on one node, 8 dp decode units on
+    the other) served to the openai client, placement in the start-up lines and /health."""
+    _serve_and_check(cluster, os.path.join(os.path.dirname(__file__), "..", "..", "specs", "r1_dp.yaml"), "--tiny")

@@ -50,3 +50,12 @@ def test_bad_values_fail_at_the_call_and_cross_rules_at_spec():
 
 def test_html_repr_shows_the_yaml():
     assert "qwen3-coder" in Cluster()._repr_html_()
+
+
+def test_on_ray_sets_the_launch_section_and_round_trips():
+    from disaggsdk.spec import parse_spec_yaml, spec_to_yaml
+
+    c = Cluster().model("qwen3-tiny").device("cpu").hardware(gpu="cpu").on_ray("auto")
+    assert (c.spec.launch.backend, c.spec.launch.address) == ("ray", "auto")
+    assert parse_spec_yaml(spec_to_yaml(c.spec)).launch == c.spec.launch
+    assert Cluster().spec.launch.backend == "local"
