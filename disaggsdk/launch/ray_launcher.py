@@ -150,6 +150,10 @@ class RayLauncher:
 
         inst_name, index, tp = self._bundle[args.name]
         node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
+        if not any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes()):
+            # Ray would move the bundle to another node; the plan's routes and NICs say this one
+            raise LaunchError(f"unit {args.name}'s Ray node {node.short_id} ({node.address}) is gone: not the "
+                              f"plan's node any more, so the unit stays down")
         strategy = PlacementGroupSchedulingStrategy(self._groups[inst_name], placement_group_bundle_index=index)
         actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: tp},
                                           name=None).remote()

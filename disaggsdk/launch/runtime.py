@@ -277,11 +277,13 @@ class LocalRuntime:
                 attempt = self._restarts[name] = self._restarts[name] + 1
                 if self._closing.wait(RESTART_BACKOFF_S * 2 ** (attempt - 1)):
                     return
-                u = self._rejoining[name] = self._launcher.spawn(args)
-                try:
+                u = None
+                try:  # a launcher may refuse the start itself (a Ray node lost: not the plan's node)
+                    u = self._rejoining[name] = self._launcher.spawn(args)
                     rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again
-                    stop_units({name: u}, timeout_s=1.0)
+                    if u is not None:
+                        stop_units({name: u}, timeout_s=1.0)
                     self._say(f"restart {attempt} of unit {name} failed: {exc}")
                     continue
                 finally:

@@ -1,6 +1,6 @@
-"""The Ray runtime on a local cluster of two logical nodes (Ray's `cluster_utils.Cluster`: a head
-without resources, two nodes of 8 `disaggsdk_slot`s and one CPU each, no dashboard, small object
-stores). Prefill and decode land on different nodes, KV moves over libfabric's tcp provider, and
+"""The Ray runtime on a local cluster of logical nodes (Ray's `cluster_utils.Cluster`: a head
+without resources, three nodes of 8 `disaggsdk_slot`s and one CPU each, no dashboard, small object
+stores; the last test removes one). Prefill and decode land on different nodes, KV moves over libfabric's tcp provider, and
 greedy tokens equal the engine's for a GQA and an MLA model; a cluster without room is a clear error
 before any actor starts; a unit actor killed under load costs retries or clear errors, the unit
 comes back in its bundle, and shutdown leaves no actor, placement group, process or shm file."""
@@ -35,7 +35,7 @@ def cluster():
     small = 80 << 20  # object store bytes per node: nothing big goes through it
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
                                                       "object_store_memory": small})
-    for _ in range(2):
+    for _ in range(3):
         c.add_node(num_cpus=1, resources={"disaggsdk_slot": SLOTS}, object_store_memory=small)
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
@@ -97,8 +97,8 @@ def test_prefill_and_decode_on_different_nodes_give_the_engines_tokens(cluster, 
 
 def test_a_cluster_without_room_fails_before_any_actor_starts(cluster):
     spec = two_node_spec("qwen3-tiny")
-    spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=2))  # three one-rank nodes
-    with pytest.raises(LaunchError, match=r"plan node 2 needs 1 disaggsdk_slot.*no unused node"):
+    spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=3))  # four one-rank nodes
+    with pytest.raises(LaunchError, match=r"plan node 3 needs 1 disaggsdk_slot.*no unused node"):
         RayRuntime(spec, max_restarts=0, on_event=lambda _l: None)
     assert not placement_groups_left() and not our_processes()
 
@@ -201,3 +201,24 @@ def test_r1_dp_tiny_on_two_logical_nodes(cluster):
     """The acceptance line: specs/r1_dp.yaml --tiny (prefill tp 8 on one node, 8 dp decode units on
     the other) served to the openai client, placement in the start-up lines and /health."""
     _serve_and_check(cluster, os.path.join(os.path.dirname(__file__), "..", "..", "specs", "r1_dp.yaml"), "--tiny")
+
+
+def test_a_lost_node_takes_its_units_down_and_the_rest_keep_serving(cluster):
+    """Last in this module: it removes a node. decode-1's node goes; decode-0 keeps serving, and
+    decode-1's restarts, which Ray would place elsewhere, are refused (not the plan's node)."""
+    spec = two_node_spec("qwen3-tiny")
+    spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=2))  # prefill, decode-0, decode-1
+    lines: list[str] = []
+    with Router(RayRuntime(spec, max_restarts=1, on_event=lines.append)) as r:
+        lost = r.runtime.ray_launcher.unit_nodes["decode-1"].node_id
+        node = next(n for n in cluster.worker_nodes if n.node_id == lost)
+        cluster.remove_node(node)
+        deadline = time.monotonic() + 150  # a restart may wait for Ray to move the bundle, then be refused
+        while r.runtime.is_healthy("decode-1") or "decode-1" in r.runtime._restarting:
+            assert time.monotonic() < deadline, "decode-1 was not taken down with its node"
+            time.sleep(0.2)
+        events = r.generate_batch(PROMPTS, GREEDY, timeout_s=60)
+        assert all(ev[-1].finish_reason == "length" and ev[-1].instance == "decode-0" for ev in events)
+    # refused at once when Ray already knows the node died, else when the actor lands elsewhere
+    assert any("decode-1" in line and ("is gone" in line or "as the plan says" in line) for line in lines), lines
+    assert not placement_groups_left() and not our_processes()
