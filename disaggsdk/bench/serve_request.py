@@ -1,8 +1,9 @@
 """One benchmark request over HTTP: the payload for an endpoint, streamed into a `StreamTimeline`.
 
 The payloads are the ones vLLM's ``bench serve`` sends (``openai`` backend to /v1/completions,
-``openai-chat`` to /v1/chat/completions: one user message, ``max_completion_tokens``), plus
-``return_token_ids`` on completions so that our server's chunks say how many tokens they carry.
+``openai-chat`` to /v1/chat/completions: one user message, ``max_completion_tokens``) and nothing
+more (token ids in every chunk were server work vLLM's client does not ask for): output lengths
+come from the final ``usage``, as vLLM's client takes them.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def payload(model: str, req: BenchRequest, options: RequestOptions) -> dict[str,
             raise RequestOptionsError("the chat endpoint needs text prompts: decode token-id prompts first")
         body |= {"messages": [{"role": "user", "content": req.prompt}], "max_completion_tokens": req.output_len}
     else:
-        body |= {"prompt": req.prompt, "max_tokens": req.output_len, "return_token_ids": True}
+        body |= {"prompt": req.prompt, "max_tokens": req.output_len}
     if options.temperature is not None:
         body["temperature"] = options.temperature
     if options.ignore_eos:

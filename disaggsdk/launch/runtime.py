@@ -29,17 +29,8 @@ from disaggsdk.launch.channel import ChannelClosed, ChannelError
 from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
-from disaggsdk.launch.units import (
-    ProcessLauncher,
-    UnitHandle,
-    core_sets,
-    log_tail,
-    process_tree_cpu_s,
-    rejoin_unit,
-    start_units,
-    stop_units,
-    unit_names,
-)
+from disaggsdk.launch.units import (ProcessLauncher, UnitHandle, core_sets, log_tail, process_tree_cpu_s,
+                                    rejoin_unit, start_units, stop_units, unit_names)
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
@@ -187,11 +178,10 @@ class LocalRuntime:
         for u in list(getattr(self, "_rejoining", {}).values()):
             u.process.kill()  # its handshake fails at once; the restart thread stops it
         stop_units(getattr(self, "units", {}))
-        if getattr(self, "_launcher", None) is not None:
-            self._launcher.close()
         if getattr(self, "_restarter", None) is not None and self._restarter.is_alive():
             self._restarts_due.put(None)
             self._restarter.join(timeout=30)
+        getattr(self, "_launcher", ProcessLauncher(None)).close()  # after restarts: none starts later
         shutil.rmtree(self._work_dir, ignore_errors=True)
         if self._own_log_dir and not self.failures and not any(u.fatal for u in getattr(self, "units", {}).values()):
             shutil.rmtree(self.log_dir, ignore_errors=True)
