@@ -33,10 +33,12 @@ class RayUnitProcess:
 
     sentinel = None  # nothing to wait on here: the unit's channel closing says it died
 
-    def __init__(self, actor: Any, pid: int, same_host: bool):
+    def __init__(self, actor: Any, pid: int, same_host: bool, log_path: str | None = None):
         self.actor = actor
+        self._log_path = log_path
         self._pid, self._same_host = pid, same_host
         self._exitcode: int | None = None
+        self._tail: str | None = None  # read from its node before its actor goes
 
     @property
     def pid(self) -> int:
@@ -70,7 +72,27 @@ class RayUnitProcess:
             code = -9
         if code is not None:
             self._exitcode = code
+            self._tail = self._remote_tail()
             ray.kill(self.actor, no_restart=True)
+
+    def log_tail(self, path: str) -> str:
+        """The last lines of the unit's log: read on this host when it runs here, else by its actor
+        on its node (kept from before the actor went)."""
+        from disaggsdk.launch.units import log_tail
+
+        if self._same_host:
+            return log_tail(path)
+        return self._tail if self._tail is not None else self._remote_tail(path) or "(no log)"
+
+    def _remote_tail(self, path: str | None = None) -> str | None:
+        import ray
+
+        if self._same_host or (path is None and self._log_path is None):
+            return None
+        try:
+            return ray.get(self.actor.log_tail.remote(path or self._log_path), timeout=ACTOR_CALL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - its node is gone, and its log with it
+            return None
 
     def kill(self) -> None:
         """End the unit by ending its actor (the unit dies with it)."""
@@ -174,7 +196,8 @@ class RayLauncher:
                 raise
             raise LaunchError(f"unit {args.name} did not start on Ray node {node.short_id}: {exc}") from None
         self.unit_nodes[args.name] = node
-        process = RayUnitProcess(actor, started["pid"], same_host=started["address"] == self.host)
+        process = RayUnitProcess(actor, started["pid"], same_host=started["address"] == self.host,
+                                 log_path=args.log_path)
         return UnitHandle(args, process, FrameChannel(sock, ch.FROM_UNIT))
 
     def _accept(self, token: bytes, timeout_s: float) -> socket.socket:

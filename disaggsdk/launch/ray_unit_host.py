@@ -88,6 +88,12 @@ class UnitHost:
             remove_fabric_shm(self._proc.pid)
         return code
 
+    def log_tail(self, path: str) -> str:
+        """The last lines of the unit's log, on this node."""
+        from disaggsdk.launch.units import log_tail
+
+        return log_tail(path)
+
     def kill(self) -> None:
         """SIGKILL the unit process (its tp workers follow it)."""
         if self._proc is not None and self._proc.poll() is None:

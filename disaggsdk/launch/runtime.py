@@ -29,8 +29,8 @@ from disaggsdk.launch.channel import ChannelClosed, ChannelError
 from disaggsdk.launch.runtime_api import DownListener, MessageListener
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
-from disaggsdk.launch.units import (ProcessLauncher, UnitHandle, core_sets, log_tail, process_tree_cpu_s,
-                                    rejoin_unit, start_units, stop_units, unit_names)
+from disaggsdk.launch.units import (ProcessLauncher, UnitHandle, core_sets, process_tree_cpu_s,
+                                    rejoin_unit, start_units, stop_units, unit_log_tail, unit_names)
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
@@ -244,7 +244,7 @@ class LocalRuntime:
         remove_fabric_shm(u.process.pid)
         report = (f"unit {u.args.name} ({u.args.role}) died with exit code {u.process.exitcode}"
                   f"{': ' + u.fatal if u.fatal else ''}; last lines of {u.args.log_path}:\n"
-                  f"{log_tail(u.args.log_path)}")
+                  f"{unit_log_tail(u)}")
         u.exit_report = report
         self.failures.append(report)
         self._say(report)

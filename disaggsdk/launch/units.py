@@ -43,6 +43,13 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)"
 
 
+def unit_log_tail(u: UnitHandle) -> str:
+    """The last lines of a unit's log, read where the unit runs: a unit on another machine (Ray)
+    hands its tail over through its process handle, whose ``log_tail`` reads it on that node."""
+    remote = getattr(u.process, "log_tail", None)
+    return remote(u.args.log_path) if remote is not None else log_tail(u.args.log_path)
+
+
 def unit_names(plan: Any) -> list[tuple[str, Any]]:
     """(unit name, instance) for every unit of a plan: one per instance, or per dp group."""
     out = []
@@ -162,12 +169,12 @@ def _startup_reply(u: UnitHandle, deadline: float) -> Any:
         if not u.process.is_alive() or time.monotonic() > deadline:
             what = "died" if not u.process.is_alive() else "did not start in time"
             raise LaunchError(f"unit {u.args.name} {what}; last lines of {u.args.log_path}:\n"
-                              f"{log_tail(u.args.log_path)}")
+                              f"{unit_log_tail(u)}")
     msg = u.channel.recv()
     if isinstance(msg, ch.Fatal):
         u.process.join(10)
         raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"
-                          f"last lines of {u.args.log_path}:\n{log_tail(u.args.log_path)}")
+                          f"last lines of {u.args.log_path}:\n{unit_log_tail(u)}")
     return msg
 
 

@@ -203,6 +203,24 @@ def test_r1_dp_tiny_on_two_logical_nodes(cluster):
     _serve_and_check(cluster, os.path.join(os.path.dirname(__file__), "..", "..", "specs", "r1_dp.yaml"), "--tiny")
 
 
+def test_a_remote_units_log_tail_is_read_on_its_node(cluster, tmp_path):
+    """A unit on another machine writes its log there: its failure report reads the tail through its
+    actor (the driver cannot open the path)."""
+    from disaggsdk.launch.ray_launcher import RayUnitProcess
+    from disaggsdk.launch.ray_unit_host import unit_host_actor
+
+    log = tmp_path / "unit.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    actor = unit_host_actor().remote()
+    try:
+        process = RayUnitProcess(actor, pid=12345, same_host=False, log_path=str(log))
+        assert process.pid == -1  # no pid names a remote process here
+        tail = process.log_tail(str(log))
+        assert tail.startswith("line 70") and tail.endswith("line 99\n")
+    finally:
+        ray.kill(actor, no_restart=True)
+
+
 def test_a_lost_node_takes_its_units_down_and_the_rest_keep_serving(cluster):
     """Last in this module: it removes a node. decode-1's node goes; decode-0 keeps serving, and
     decode-1's restarts, which Ray would place elsewhere, are refused (not the plan's node)."""
