@@ -19,7 +19,7 @@ import msgspec
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import FrameChannel
-from disaggsdk.launch.ray_nodes import RayNode, map_plan_nodes, rank_resource
+from disaggsdk.launch.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, rank_resource, ranks_per_node
 from disaggsdk.launch.ray_unit_host import TOKEN_BYTES, UnitStart, keepalive, unit_host_actor
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.launch.units import UnitHandle, unit_names
@@ -106,8 +106,8 @@ class RayLauncher:
 
     Args:
         plan: the deployment's plan.
-        address: the cluster (``"auto"``, ``"HOST:PORT"``); None: ``ray.init``'s default, which
-            starts a one-node cluster when none runs. A driver already connected stays connected.
+        address: the cluster (``"auto"``, ``"HOST:PORT"``); None: the one running on this machine,
+            else a new one-node cluster (`_join_or_start`). A driver already connected stays connected.
     Raises:
         LaunchError: the cluster lacks room for the plan, or a placement group did not land on
             the node the plan says (what is missing is named, per node).
@@ -120,7 +120,7 @@ class RayLauncher:
         self.plan = plan
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+            _join_or_start(address, plan)
         self._groups: dict[str, Any] = {}
         self._actors: list[Any] = []  # every unit actor started, for close() to see gone
         self._listener: socket.socket | None = None
@@ -269,3 +269,23 @@ class RayLauncher:
         if self._own_ray and ray.is_initialized():
             ray.shutdown()
             self._own_ray = False
+
+
+def _join_or_start(address: str | None, plan: Any) -> None:
+    """Join the cluster at ``address``; without one, the cluster running on this machine (as
+    ``ray start`` left it), else a new one-node cluster that offers the `SLOT_RESOURCE`s a CPU
+    spec's largest plan node needs (Ray's own default would offer none)."""
+    import ray
+
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}
+    if address is not None:
+        ray.init(address=address, **quiet)
+        return
+    try:
+        ray.init(address="auto", **quiet)
+        return
+    except ConnectionError:  # no cluster runs here: start one
+        pass
+    slots = ({SLOT_RESOURCE: float(max(ranks_per_node(plan).values()))}
+             if rank_resource(plan.spec) == SLOT_RESOURCE else None)
+    ray.init(resources=slots, **quiet)

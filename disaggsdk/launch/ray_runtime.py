@@ -21,7 +21,8 @@ class RayRuntime(LocalRuntime):
     Args:
         spec: the deployment.
         address: the Ray cluster (``"auto"``: the one ``ray start`` started here; ``"HOST:PORT"``);
-            None: the cluster this process already joined, or a new one-node cluster.
+            None: the cluster this process already joined, the one running on this machine, or a new
+            one-node cluster (with the `disaggsdk_slot`s a CPU spec needs).
         tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
         options: `LocalRuntime`'s other keyword arguments (``provider``, ``max_restarts``, ...);
             ``cpu_affinity`` does not apply (Ray places the units).

@@ -247,8 +247,8 @@ class Launch:
     )
     address: str | None = attrs.field(
         default=None,
-        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: a new "
-                       "one-node cluster. Only with `backend: ray`."),
+        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one "
+                       "running here, else a new one-node cluster. Only with `backend: ray`."),
     )
 
     def __attrs_post_init__(self) -> None:
