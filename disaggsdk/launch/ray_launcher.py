@@ -172,10 +172,7 @@ class RayLauncher:
 
         inst_name, index, tp = self._bundle[args.name]
         node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
-        if not any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes()):
-            # Ray would move the bundle to another node; the plan's routes and NICs say this one
-            raise LaunchError(f"unit {args.name}'s Ray node {node.short_id} ({node.address}) is gone: not the "
-                              f"plan's node any more, so the unit stays down")
+        self._check_alive(args.name, node)
         strategy = PlacementGroupSchedulingStrategy(self._groups[inst_name], placement_group_bundle_index=index)
         actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: tp},
                                           name=None).remote()
@@ -194,11 +191,21 @@ class RayLauncher:
             ray.kill(actor, no_restart=True)
             if isinstance(exc, LaunchError):
                 raise
+            self._check_alive(args.name, node)  # its node died meanwhile: say that, not Ray's cancellation
             raise LaunchError(f"unit {args.name} did not start on Ray node {node.short_id}: {exc}") from None
         self.unit_nodes[args.name] = node
         process = RayUnitProcess(actor, started["pid"], same_host=started["address"] == self.host,
                                  log_path=args.log_path)
         return UnitHandle(args, process, FrameChannel(sock, ch.FROM_UNIT))
+
+    @staticmethod
+    def _check_alive(unit: str, node: RayNode) -> None:
+        """Raise `LaunchError` when ``unit``'s planned node is gone (Ray would move the bundle off the plan)."""
+        import ray
+
+        if not any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes()):
+            raise LaunchError(f"unit {unit}'s Ray node {node.short_id} ({node.address}) is gone: not the plan's "
+                              f"node any more, so the unit stays down")
 
     def _accept(self, token: bytes, timeout_s: float) -> socket.socket:
         """The connection that opens with ``token`` (others that arrive first wait for their turn)."""

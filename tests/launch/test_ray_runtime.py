@@ -237,6 +237,8 @@ def test_a_lost_node_takes_its_units_down_and_the_rest_keep_serving(cluster):
             time.sleep(0.2)
         events = r.generate_batch(PROMPTS, GREEDY, timeout_s=60)
         assert all(ev[-1].finish_reason == "length" and ev[-1].instance == "decode-0" for ev in events)
-    # refused at once when Ray already knows the node died, else when the actor lands elsewhere
-    assert any("decode-1" in line and ("is gone" in line or "as the plan says" in line) for line in lines), lines
+    # refused at once when Ray already knows the node died, else once the start fails or lands elsewhere
+    refusals = [line for line in lines if line.startswith("restart 1 of unit decode-1 failed")]
+    assert refusals and ("is gone" in refusals[0] or "as the plan says" in refusals[0]), lines
+    assert any(line.startswith("unit decode-1 stays down") for line in lines), lines
     assert not placement_groups_left() and not our_processes()
