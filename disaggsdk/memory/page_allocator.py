@@ -3,6 +3,11 @@
 Pure Python, no torch: the same allocator serves every rank of an instance (all ranks hold the
 same page ids), and the messenger uses it on the decode side to grant pages to remote writers.
 
+With a prefix cache (`page_cache`), a page may be held by several owners at once: each holder
+counts one reference, and a page with no holder left goes back to the free list, or, when it is
+cached under a hash, to the cache's evictable pages, still findable by a later prompt until the
+free list runs dry and it is evicted (its hash forgotten, a new generation on its next grant).
+
 A *grant* records the pages an owner received and a generation number. Each page remembers the
 generation of its current grant, so a late write carrying an old generation can be recognised and
 dropped after the page was freed and handed to someone else (see shared/LESSONS.md).
@@ -14,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from disaggsdk.errors import DisaggError
+from disaggsdk.memory.page_cache import PageCache
 
 
 class OutOfPagesError(DisaggError):
@@ -53,16 +59,23 @@ class PageAllocator:
         self._generation_of_page = [0] * num_pages  # 0: never granted
         self._pinned_owners: set[str] = set()
         self._next_generation = 1
+        self._refs = [0] * num_pages  # owners holding each page
+        self.cache = PageCache()
 
     # queries
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free_page_ids)
+        """Pages an allocation can take now: free ones and cached ones nobody holds."""
+        return len(self._free_page_ids) + self.cache.num_evictable
 
     def can_allocate(self, num_pages: int) -> bool:
         """True when ``num_pages`` pages are free now."""
-        return num_pages <= len(self._free_page_ids)
+        return num_pages <= self.num_free_pages
+
+    def num_holders(self, page_id: int) -> int:
+        """How many owners hold ``page_id`` (0: free or evictable)."""
+        return self._refs[page_id]
 
     def page_ids(self, owner: str) -> list[int]:
         """The pages ``owner`` holds, in allocation order (a copy; empty when none)."""
@@ -99,16 +112,18 @@ class PageAllocator:
         """
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
-        if num_pages > len(self._free_page_ids):
+        if num_pages > self.num_free_pages:
             raise OutOfPagesError(
-                f"{owner}: needs {num_pages} KV pages but {len(self._free_page_ids)} of "
+                f"{owner}: needs {num_pages} KV pages but {self.num_free_pages} of "
                 f"{self.num_pages} are free; raise num_pages or lower max_num_seqs / prompt length"
             )
         generation = self._next_generation
         self._next_generation += 1
-        new = [self._free_page_ids.popleft() for _ in range(num_pages)]
+        # free pages first; cached pages nobody holds only when none is left (vLLM's order)
+        new = [self._free_page_ids.popleft() if self._free_page_ids else self.cache.evict() for _ in range(num_pages)]
         for p in new:
             self._generation_of_page[p] = generation
+            self._refs[p] = 1
         self._page_ids_of.setdefault(owner, []).extend(new)
         if pinned:
             self._pinned_owners.add(owner)
@@ -120,7 +135,7 @@ class PageAllocator:
         pages = self._page_ids_of.get(owner, [])
         tail = pages[num_pages:]
         del pages[num_pages:]
-        self._free_page_ids.extend(tail)
+        self._release(tail)
         return len(tail)
 
     def free(self, owner: str) -> int:
@@ -132,6 +147,48 @@ class PageAllocator:
         """
         pages = self._page_ids_of.pop(owner, [])
         self._pinned_owners.discard(owner)
+        self._release(pages)
+        return len(pages)
+
+    def _release(self, pages: list[int]) -> None:
+        for p in pages:
+            self._refs[p] -= 1
+            if self._refs[p] > 0:
+                continue  # another request still reads it
+            if self.cache.is_cached(p):
+                self.cache.park(p)
+            else:
+                self._free_page_ids.append(p)
+
+    # the prefix cache
+
+    def lookup(self, page_hashes: list[bytes]) -> list[int]:
+        """The cached pages holding the longest prefix of ``page_hashes`` (see `block_hash`)."""
+        return self.cache.lookup(page_hashes)
+
+    def share(self, owner: str, page_ids: list[int]) -> None:
+        """Add cached pages (from `lookup`) to ``owner``'s list: one more holder each, and none of
+        them evictable while held. Call before the owner's other pages: they hold its first tokens.
+
+        Raises:
+            PageOwnershipError: a page is not cached (only pages under a hash may be shared).
+        """
+        for p in page_ids:
+            if not self.cache.is_cached(p):
+                raise PageOwnershipError(f"{owner}: page {p} is not in the prefix cache; only cached pages are shared")
+        for p in page_ids:
+            self._refs[p] += 1
+            self.cache.unpark(p)
+        self._page_ids_of.setdefault(owner, []).extend(page_ids)
+
+    def cache_pages(self, page_ids: list[int], page_hashes: list[bytes]) -> int:
+        """Cache held pages whose every token is computed under their hashes (``page_ids[i]`` holds
+        ``page_hashes[i]``). Returns how many were newly cached."""
+        return sum(self.cache.insert(p, h) for p, h in zip(page_ids, page_hashes) if self._refs[p] > 0)
+
+    def reset_cache(self) -> int:
+        """Forget every cached page nobody holds (they become free). Returns their count."""
+        pages = self.cache.clear_evictable()
         self._free_page_ids.extend(pages)
         return len(pages)
 
