@@ -46,6 +46,9 @@ class EngineConfig:
     count_layers: bool = False
     # speculative decoding (mixed engines; prefill_only ones fill the MTP layer's KV): None is off
     speculative: SpeculativeConfig | None = None
+    # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
+    # (engine.scheduler); off with MTP drafting (see prefix_caching_on)
+    prefix_caching: bool = True
 
     @classmethod
     def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
@@ -67,8 +70,16 @@ class EngineConfig:
             mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
             count_layers=role == "prefill", load_format=spec.engine.load_format,
-            speculative=_speculative(spec, role),
+            speculative=_speculative(spec, role), prefix_caching=spec.engine.prefix_caching,
         )
+
+
+def prefix_caching_on(config: EngineConfig) -> bool:
+    """Whether an engine of ``config`` caches prompt pages. Not with MTP drafting: the MTP layer's KV
+    at a page's last position depends on the token after the page (its input is that token's
+    embedding), so two prompts that share a page can disagree on it."""
+    mtp = config.speculative is not None and config.speculative.method == "mtp"
+    return config.prefix_caching and not mtp
 
 
 def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:

@@ -12,7 +12,7 @@ import torch
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compiled_step import compile_by_default
-from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt
+from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, prefix_caching_on
 from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
@@ -23,6 +23,7 @@ from disaggsdk.engine.speculative.speculator import check_speculative, mtp_draft
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
+from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
@@ -72,7 +73,8 @@ class LLMEngine:
             raise
         self.allocator = PageAllocator(config.num_pages)
         self.scheduler = Scheduler(
-            self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode
+            self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
+            prefix_caching=prefix_caching_on(config),
         )
         self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group)
         self.layer_counter = LayerCounter()
@@ -168,13 +170,25 @@ class LLMEngine:
         num_pages = -(-num_tokens // self.config.page_size)
         return self.allocator.allocate(request_id, num_pages, pinned=pinned)
 
-    def add_prefilled_request(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None
-    ) -> None:
-        """Admit a request whose KV for ``prompt_ids[:-1]`` is already in its pages.
+    def share_cached_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
+        """Give ``request_id`` the cached pages holding the longest cached prefix of ``prompt_ids[:-1]``
+        (a decode unit, before it grants pages for the rest). Returns how many pages (0 with the
+        prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
+        if not self.scheduler.prefix_caching:
+            return 0
+        pages = self.allocator.lookup(page_hashes(list(prompt_ids[:-1]), self.config.page_size))
+        self.allocator.share(request_id, pages)
+        if count:
+            self.scheduler.count_lookup(len(prompt_ids), len(pages) * self.config.page_size)
+        return len(pages)
 
-        The pages are those granted with `allocate_pages` (their pin is lifted now: nothing
-        writes to them any more). The last prompt token is run as the request's first decode token.
+    def add_prefilled_request(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None, num_cached_tokens: int = 0
+    ) -> None:
+        """Admit a request whose KV for ``prompt_ids[:-1]`` is already in its pages (`share_cached_prompt`'s,
+        then `allocate_pages`'; their pin is lifted now: nothing writes to them any more). The last
+        prompt token is run as its first decode token; its full pages join the prefix cache.
+        ``num_cached_tokens``: prompt tokens no unit computed for it (its usage reports them).
 
         Raises:
             EngineError: no pages granted, too few for the prompt, or the id is already running.
@@ -189,8 +203,10 @@ class LLMEngine:
             )
         req = self._new_request(request_id, prompt_ids, params)
         req.num_computed_tokens = len(prompt_ids) - 1
+        req.num_cached_tokens = num_cached_tokens
         self.allocator.unpin(request_id)
         self.scheduler.add_running(req)
+        self.scheduler.cache_computed(req)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages. Returns False when it was unknown (a late abort)."""
@@ -231,6 +247,9 @@ class LLMEngine:
         hidden_all, hidden, logits = self.runner.run_keeping_hidden(batch)
         outputs = postprocess(plan.chunks, rows, hidden, logits, self.scheduler, self._step_settings,
                               self.spec_stats)
+        for c in plan.chunks:  # finished ones offered theirs as they let go of them
+            if not c.request.is_finished:
+                self.scheduler.cache_computed(c.request)
         if self._speculator is not None:
             self._speculator.after_step(batch, hidden_all, plan.chunks, self._on_layer_done)
         return outputs

@@ -8,6 +8,12 @@ are freed and it waits to be recomputed from its tokens (prompt and output so fa
 Modes: ``mixed`` (the colocated baseline) does both; ``prefill_only`` computes ``prompt[:-1]`` and
 never samples, the request then ends with reason "prefilled" and keeps its pages until released;
 ``decode_only`` never prefills new requests (they arrive with KV already in their pages).
+
+With ``prefix_caching`` (vLLM's automatic prefix caching), a new request first takes the cached
+pages that hold its prompt's longest cached prefix of whole pages (never all of what it must
+compute: the last token it needs is always computed) and prefills from there; every page whose
+tokens are all computed is offered to the cache, when the step computed it and at the latest
+before the request lets its pages go.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from disaggsdk.engine.sequence import Request, RequestStatus
+from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator
 
 Mode = Literal["mixed", "prefill_only", "decode_only"]
@@ -60,6 +67,7 @@ class Scheduler:
         max_num_batched_tokens: token budget of one step (prefill chunks are cut to fit).
         max_num_seqs: most requests holding pages at once.
         mode: "mixed", "prefill_only" or "decode_only".
+        prefix_caching: share cached prompt pages between requests (see the module's docstring).
     """
 
     def __init__(
@@ -69,6 +77,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int = 256,
         mode: Mode = "mixed",
+        prefix_caching: bool = False,
     ):
         assert mode in MODES and max_num_batched_tokens >= 1 and max_num_seqs >= 1
         self.allocator = allocator
@@ -79,6 +88,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0  # since start, for stats and tests
+        self.prefix_caching = prefix_caching
+        # vLLM's prefix-cache counters, in prompt tokens: looked up, and found cached
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # requests in and out
 
@@ -100,6 +113,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.cache_computed(request)
         if not keep_pages:
             self.allocator.free(request.request_id)
 
@@ -151,12 +165,19 @@ class Scheduler:
             is_new = req.status is RequestStatus.WAITING
             if is_new and len(self.running) >= self.max_num_seqs:
                 break
+            if is_new:
+                hit = self._share_cached_prefix(req)
+                remaining -= hit
             n = min(remaining, budget)
             if is_new:
                 needed = self._pages_needed(req, n)
                 if not self.allocator.can_allocate(needed):
+                    if hit:  # give the shared pages back: they stay cached for its next try
+                        self.allocator.free(req.request_id)
+                        req.num_computed_tokens = 0
                     break  # new requests never evict others; they wait for pages to free up
                 self.allocator.allocate(req.request_id, needed)
+                self._count_lookup(req, hit)
             elif not self._reserve(req, n, scheduled, out):
                 continue  # an unfinished prefill may evict, else it would hold pages forever
             if is_new:
@@ -167,6 +188,48 @@ class Scheduler:
             scheduled.add(req.request_id)
             budget -= n
         return out
+
+    # the prefix cache
+
+    def _share_cached_prefix(self, req: Request) -> int:
+        """Give a request about to be admitted the cached pages of its prompt's longest cached prefix;
+        returns the tokens they hold (its computed tokens now)."""
+        if not self.prefix_caching or req.num_computed_tokens or req.params.prompt_logprobs is not None:
+            return 0  # prompt logprobs need every prompt position computed (vLLM skips the cache too)
+        limit = cacheable_tokens(self.target_tokens(req), self.page_size) // self.page_size
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit)
+        pages = self.allocator.lookup(req.page_hashes[:limit])
+        if not pages:
+            return 0
+        self.allocator.share(req.request_id, pages)
+        req.num_pages_cached = len(pages)
+        req.num_computed_tokens = len(pages) * self.page_size
+        return req.num_computed_tokens
+
+    def _count_lookup(self, req: Request, hit: int) -> None:
+        if not self.prefix_caching or req.num_preemptions:
+            return  # a preempted request's recompute is not a new query (usage keeps its first hit)
+        self.count_lookup(len(req.prompt_ids), hit)
+        req.num_cached_tokens = hit
+
+    def count_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        """Count one prompt looked up in the prefix cache (vLLM's queries and hits, in tokens)."""
+        self.prefix_cache_queries += num_prompt_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def cache_computed(self, req: Request) -> int:
+        """Offer the request's pages whose tokens are all computed to the cache. Returns how many
+        were newly cached (pages whose tokens another page already holds stay private)."""
+        if not self.prefix_caching:
+            return 0
+        full = req.num_computed_tokens // self.page_size
+        if full <= req.num_pages_cached:
+            return 0
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full)
+        pages = self.allocator.page_ids(req.request_id)[req.num_pages_cached : full]
+        added = self.allocator.cache_pages(pages, req.page_hashes[req.num_pages_cached : full])
+        req.num_pages_cached = full
+        return added
 
     def _pages_needed(self, req: Request, num_new_tokens: int) -> int:
         have = len(self.allocator.page_ids(req.request_id))
@@ -201,7 +264,9 @@ class Scheduler:
         return self.allocator.truncate(req.request_id, keep)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.cache_computed(req)  # its computed pages stay findable: its recompute may find them
         self.allocator.free(req.request_id)
+        req.num_pages_cached = 0
         self.running.remove(req)
         req.num_computed_tokens = 0
         req.draft_ids = []

@@ -46,6 +46,11 @@ class Request:
     num_draft_tokens: int = 0  # drafts proposed for it, in total
     num_accepted_tokens: int = 0  # of which accepted
     grammar: GrammarState | None = None  # its structured output's matcher (decoding engines only)
+    # the prefix cache: hashes of its full pages so far, how many of its pages were offered to the
+    # cache, and how many prompt tokens its first admission found cached (usage's cached_tokens)
+    page_hashes: list[bytes] = field(default_factory=list)
+    num_pages_cached: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def all_ids(self) -> list[int]:
@@ -78,5 +83,6 @@ class RequestOutput:
     # the whole prompt's logprobs (entry 0 None), given once: in the step that computed the last of them
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served (not computed here)
     hidden_state: torch.Tensor | None = None  # [hidden_size], float32, CPU
     logits: torch.Tensor | None = None  # [vocab_size], float32, CPU

@@ -146,6 +146,7 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
                 scheduler.finish(req, "prefilled", keep_pages=True)
         req.draft_ids = []
         out.num_computed_tokens = req.num_computed_tokens
+        out.num_cached_tokens = req.num_cached_tokens
         out.output_ids = list(req.output_ids)
         out.finished, out.finish_reason, out.error = req.is_finished, req.finish_reason, req.error
         outputs.append(out)

@@ -78,6 +78,13 @@ class Cluster:
         kv = _set(self.draft.kv, layout=layout, page_size=page_size, dtype=dtype)
         return Cluster(attrs.evolve(self.draft, kv=kv))
 
+    def engine(self, num_pages: int | None = None, max_num_batched_tokens: int | None = None,
+               max_num_seqs: int | None = None, prefix_caching: bool | None = None) -> Cluster:
+        """Per-rank engine sizes, and the prefix cache (on by default, as vLLM's; see `EngineSettings`)."""
+        engine = _set(self.draft.engine, num_pages=num_pages, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs, prefix_caching=prefix_caching)
+        return Cluster(attrs.evolve(self.draft, engine=engine))
+
     def transport(self, provider: str, same_host_copy: bool | None = None) -> Cluster:
         """``auto``, ``shm``, ``tcp``, ``efa`` or ``verbs``; ``same_host_copy`` see `Transport`."""
         return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
@@ -89,9 +96,11 @@ class Cluster:
         spec = _set(self.draft.speculative, method=method, num_tokens=num_tokens)
         return Cluster(attrs.evolve(self.draft, speculative=spec))
 
-    def serve(self, host: str | None = None, port: int | None = None) -> Cluster:
-        """Where the OpenAI-compatible endpoint listens."""
-        return Cluster(attrs.evolve(self.draft, serve=_set(self.draft.serve, host=host, port=port)))
+    def serve(self, host: str | None = None, port: int | None = None, routing: str | None = None) -> Cluster:
+        """Where the OpenAI-compatible endpoint listens, and how it picks a decode unit per request
+        (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`)."""
+        serve = _set(self.draft.serve, host=host, port=port, routing=routing)
+        return Cluster(attrs.evolve(self.draft, serve=serve))
 
     def on_ray(self, address: str | None = None) -> Cluster:
         """Run the units as Ray actors on a cluster's nodes (``address``: ``"auto"``, ``"HOST:PORT"``;

@@ -18,11 +18,12 @@ from disaggsdk.spec.field_checks import (
     check_fields,
     choice,
     in_range,
-    port,
     positive,
     power_of_two,
-    served_name,
 )
+
+# the front end's and the runtime's sections live beside (Spec's fields name them)
+from disaggsdk.spec.serving_types import Launch, Serve
 
 Device = Literal["cpu", "cuda"]
 Layout = Literal["HND", "NHD"]
@@ -30,7 +31,6 @@ Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
-Backend = Literal["local", "ray"]
 
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
@@ -179,6 +179,12 @@ class EngineSettings:
                        "unless the environment says `DISAGGSDK_COMPILE=0`. Each unit compiles before it "
                        "reports ready (seconds; cached on disk afterwards)."),
     )
+    prefix_caching: bool = attrs.field(
+        default=True,
+        metadata=about("Cache the KV pages of prompts and reuse them for later prompts that start the same "
+                       "(vLLM's automatic prefix caching): a hit computes only the new suffix, and a decode unit "
+                       "asks prefill only for the pages it lacks. Off with MTP drafting."),
+    )
     load_format: LoadFormat = attrs.field(
         default="auto",
         metadata=about("`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships "
@@ -204,51 +210,6 @@ class Speculative:
     num_tokens: int = attrs.field(
         default=1, metadata=about("Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).",
                                   in_range(1, 4)),
-    )
-
-    def __attrs_post_init__(self) -> None:
-        check_fields(self)
-
-
-@attrs.frozen
-class Serve:
-    """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
-
-    host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
-    port: int = attrs.field(default=8000, metadata=about("TCP port of the front end; 0 picks a free one.", port))
-    allowed_hosts: tuple[str, ...] = attrs.field(
-        default=("localhost", "127.0.0.1", "::1"), converter=tuple,
-        metadata=about("Host names the front end answers in the Host and Origin headers (any port); "
-                       "`*` for any. Loopback by default, so a web page can neither post to a local server "
-                       "nor rebind a DNS name to it."),
-    )
-    metrics_require_key: bool = attrs.field(
-        default=False, metadata=about("`/metrics` asks for the API key as `/v1` does."),
-    )
-    model_name: str | None = attrs.field(
-        default=None,
-        metadata=about("The model name clients send and `/v1/models` lists (vLLM's `--served-model-name`); "
-                       "unset: the spec's `model`.", served_name),
-    )
-
-    def __attrs_post_init__(self) -> None:
-        check_fields(self)
-
-
-@attrs.frozen
-class Launch:
-    """Where the units run: processes on this machine, or Ray actors on a cluster's nodes."""
-
-    backend: Backend = attrs.field(
-        default="local",
-        metadata=about("`local`: one process per unit on this machine; `ray`: one Ray actor per unit, in a "
-                       "placement group per instance on the node the plan says (docs/ray.md).",
-                       choice(("local", "ray"))),
-    )
-    address: str | None = attrs.field(
-        default=None,
-        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one "
-                       "running here, else a new one-node cluster. Only with `backend: ray`."),
     )
 
     def __attrs_post_init__(self) -> None:

@@ -1,0 +1,65 @@
+"""The spec's front-end and runtime sections (`Serve`, `Launch`): frozen attrs data, as `types`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from disaggsdk.spec.field_checks import about, check_fields, choice, port, served_name
+
+Backend = Literal["local", "ray"]
+Routing = Literal["cache_aware", "least_loaded"]
+ROUTINGS = ("cache_aware", "least_loaded")
+
+
+@attrs.frozen
+class Serve:
+    """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
+
+    host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
+    port: int = attrs.field(default=8000, metadata=about("TCP port of the front end; 0 picks a free one.", port))
+    allowed_hosts: tuple[str, ...] = attrs.field(
+        default=("localhost", "127.0.0.1", "::1"), converter=tuple,
+        metadata=about("Host names the front end answers in the Host and Origin headers (any port); "
+                       "`*` for any. Loopback by default, so a web page can neither post to a local server "
+                       "nor rebind a DNS name to it."),
+    )
+    metrics_require_key: bool = attrs.field(
+        default=False, metadata=about("`/metrics` asks for the API key as `/v1` does."),
+    )
+    model_name: str | None = attrs.field(
+        default=None,
+        metadata=about("The model name clients send and `/v1/models` lists (vLLM's `--served-model-name`); "
+                       "unset: the spec's `model`.", served_name),
+    )
+    routing: Routing = attrs.field(
+        default="cache_aware",
+        metadata=about("Which decode unit takes a request. `cache_aware`: the unit already sent the prompt's "
+                       "prefix (whole KV pages), unless it is busier by more than the cache saves (pages to "
+                       "prefill plus pages in flight, as NVIDIA Dynamo's KV router weighs them); no prefix seen: "
+                       "the least busy. `least_loaded`: the fewest requests in flight.", choice(ROUTINGS)),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+
+
+@attrs.frozen
+class Launch:
+    """Where the units run: processes on this machine, or Ray actors on a cluster's nodes."""
+
+    backend: Backend = attrs.field(
+        default="local",
+        metadata=about("`local`: one process per unit on this machine; `ray`: one Ray actor per unit, in a "
+                       "placement group per instance on the node the plan says (docs/ray.md).",
+                       choice(("local", "ray"))),
+    )
+    address: str | None = attrs.field(
+        default=None,
+        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one "
+                       "running here, else a new one-node cluster. Only with `backend: ray`."),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)

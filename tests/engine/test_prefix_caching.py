@@ -1,0 +1,122 @@
+"""Prefix caching in the engine: a hit computes only the suffix, and changes no token, under
+multi-turn load with evictions, preemptions and aborts; evicted pages are never read as cached."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.memory.block_hash import page_hashes  # noqa: E402
+
+MODEL = "qwen3-tiny"
+GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+def conversations(n: int, turns: int, seed: int = 0) -> list[list[list[int]]]:
+    """Prompts of ``n`` conversations sharing a system prompt; turn k + 1 extends turn k."""
+    rng = random.Random(seed)
+    system = [rng.randrange(256) for _ in range(21)]
+    out = []
+    for _ in range(n):
+        history, prompts = list(system), []
+        for _ in range(turns):
+            history += [rng.randrange(256) for _ in range(rng.randint(3, 9))]
+            prompts.append(list(history))
+            history += [rng.randrange(256) for _ in range(5)]  # the assistant's reply
+        out.append(prompts)
+    return out
+
+
+def run_turns(engine: LLMEngine, convs: list[list[list[int]]], abort_every: int = 0) -> dict[str, list[int]]:
+    """Turn by turn (every conversation's turn k as one batch); every ``abort_every``-th request is
+    aborted after one step."""
+    tokens, n = {}, 0
+    for k in range(len(convs[0])):
+        for c, conv in enumerate(convs):
+            engine.add_request(f"c{c}t{k}", conv[k], GREEDY)
+            n += 1
+            if abort_every and n % abort_every == 0:
+                engine.step()
+                engine.abort(f"c{c}t{k}")
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished and out.finish_reason != "abort":
+                    tokens[out.request_id] = out.output_ids
+    return tokens
+
+
+def test_a_repeated_prompt_computes_only_its_last_page():
+    prompt = list(range(3, 40))  # 37 tokens: 9 full pages of 4
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64)) as engine:
+        first = engine.generate([prompt], GREEDY)[0]
+        steps = []
+        engine.on_step = lambda chunks: steps.extend(chunks)
+        second = engine.generate([prompt], GREEDY)[0]
+    assert second.output_ids == first.output_ids
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 36
+    assert steps[0].start_pos == 36 and steps[0].num_tokens == 1  # the prefill was one token
+    assert engine.scheduler.prefix_cache_hits == 36
+    assert engine.scheduler.prefix_cache_queries == 2 * len(prompt)
+
+
+@pytest.mark.parametrize("num_pages", [256, 40])
+def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(num_pages):
+    convs = conversations(4, 3)
+    config = EngineConfig(page_size=4, num_pages=num_pages, max_num_batched_tokens=32)
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+        expected = run_turns(engine, convs, abort_every=5)
+        assert engine.scheduler.prefix_cache_hits == 0
+    with LLMEngine(MODEL, config) as engine:
+        got = run_turns(engine, convs, abort_every=5)
+        hits, queries = engine.scheduler.prefix_cache_hits, engine.scheduler.prefix_cache_queries
+        assert engine.num_free_pages == num_pages  # drained: every page free or evictable
+        evictions = engine.allocator.cache.num_evictions
+    assert got == expected
+    assert hits > 0.4 * queries
+    if num_pages == 40:
+        assert evictions > 0  # the small pool reused cached pages for other prompts
+
+
+def test_an_evicted_page_is_never_read_as_the_prompt_it_held():
+    # prompt A is cached, then B and C fill the pool, evicting A's pages and writing their own KV
+    # into them; A again must find nothing cached (or only pages still holding A) and equal a
+    # fresh engine's tokens
+    rng = random.Random(3)
+    a, b, c = ([rng.randrange(256) for _ in range(30)] for _ in range(3))
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=24, prefix_caching=False)) as engine:
+        fresh = engine.generate([a], GREEDY)[0].output_ids
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=24)) as engine:
+        engine.generate([a], GREEDY)
+        a_pages = set(engine.allocator.lookup(page_hashes(a, 4)))
+        assert len(a_pages) == 7
+        engine.generate([b, c], GREEDY)
+        assert engine.allocator.cache.num_evictions > 0
+        reused = a_pages & {p for p in range(24) if engine.allocator.cache.is_cached(p)}
+        again = engine.generate([a], GREEDY)[0]
+    assert len(reused) < len(a_pages)  # some of A's pages now hold B's or C's tokens
+    assert again.output_ids == fresh
+    assert again.num_cached_tokens < 28
+
+
+def test_prompt_logprobs_requests_compute_every_position():
+    prompt = list(range(3, 30))
+    params = SamplingParams(max_tokens=2, ignore_eos=True, prompt_logprobs=0)
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64)) as engine:
+        first = engine.generate([prompt], params)[0]
+        second = engine.generate([prompt], params)[0]
+    assert second.num_cached_tokens == 0
+    assert [lp and lp.token_id for lp in second.prompt_logprobs] == [lp and lp.token_id for lp in first.prompt_logprobs]
+
+
+def test_mtp_drafting_turns_the_cache_off():
+    from disaggsdk.engine.config import prefix_caching_on
+    from disaggsdk.engine.speculative.config import SpeculativeConfig
+
+    assert prefix_caching_on(EngineConfig())
+    assert not prefix_caching_on(EngineConfig(speculative=SpeculativeConfig("mtp", 1)))
+    assert prefix_caching_on(EngineConfig(speculative=SpeculativeConfig("ngram", 3)))

@@ -1,0 +1,35 @@
+"""`engine.prefix_caching`: on by default (as vLLM's), off by YAML or the builder, and what a unit's
+engine does with it (off under MTP drafting, whose KV at a page's end depends on the next page)."""
+
+import pytest
+
+from disaggsdk.errors import SpecError
+from disaggsdk.face.cluster import Cluster
+from disaggsdk.spec import spec_from_dict, spec_to_dict
+
+
+def test_prefix_caching_defaults_on_and_round_trips():
+    assert spec_from_dict({}).engine.prefix_caching is True
+    spec = spec_from_dict({"engine": {"prefix_caching": False}})
+    assert spec.engine.prefix_caching is False and spec_from_dict(spec_to_dict(spec)) == spec
+    with pytest.raises(SpecError):
+        spec_from_dict({"engine": {"prefix_caching": "sometimes"}})
+
+
+def test_the_builder_sets_it_beside_the_engine_sizes():
+    c = Cluster().engine(num_pages=512, prefix_caching=False)
+    assert (c.draft.engine.num_pages, c.draft.engine.prefix_caching) == (512, False)
+    assert Cluster().engine(num_pages=512).draft.engine.prefix_caching is True
+
+
+def test_each_units_engine_follows_it_except_under_mtp():
+    pytest.importorskip("torch")
+    from disaggsdk.engine.config import EngineConfig, prefix_caching_on
+
+    on = spec_from_dict({"model": "deepseek-r1-tiny"})
+    off = spec_from_dict({"model": "deepseek-r1-tiny", "engine": {"prefix_caching": False}})
+    mtp = spec_from_dict({"model": "deepseek-r1-tiny", "speculative": {"method": "mtp", "num_tokens": 1}})
+    assert prefix_caching_on(EngineConfig.from_spec(on, tp=1, role="decode"))
+    assert not prefix_caching_on(EngineConfig.from_spec(off, tp=1, role="prefill"))
+    assert not prefix_caching_on(EngineConfig.from_spec(mtp, tp=1, role="decode"))
+    assert not prefix_caching_on(EngineConfig.from_spec(mtp, tp=1, role="prefill"))
