@@ -83,10 +83,11 @@ static inline v16 exp_nonpositive(v16 x) {
 #define NV (TK / 16)  /* score vectors per row and key tile */
 
 /* One tile: query tokens [q0, q0 + nq) of every query head of kv head `kv_head` against all the
- * keys they may see, R rows (tokens of one query head) at a time. */
+ * keys they may see, R rows (tokens of one query head) at a time. Query i sits at position
+ * offset + i: it sees keys [0, offset + i] (offset: keys before the first query, a cached prefix). */
 static void attend_tile(
     const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
-    const float *v, int64_t v_row_stride, int64_t q0, int64_t nq, int64_t head_dim, int64_t v_dim,
+    const float *v, int64_t v_row_stride, int64_t q0, int64_t nq, int64_t offset, int64_t head_dim, int64_t v_dim,
     int64_t kv_head, int64_t group, float sm_scale, float *out, int64_t out_row_stride) {
     v16 kt[MAX_DIM][NV];             /* the key tile, transposed: key 16c+j's dim d at kt[d][c][j] */
     float acc[8][TQ][MAX_DIM];       /* output accumulators per (query head of the group, row) */
@@ -99,7 +100,7 @@ static void attend_tile(
             row_sum[g][i] = 0.f;
             memset(acc[g][i], 0, sizeof(float) * v_dim);
         }
-    int64_t q_end = q0 + nq;  /* keys [0, q_end) are visible to some row of the tile */
+    int64_t q_end = offset + q0 + nq;  /* keys [0, q_end) are visible to some row of the tile */
     for (int64_t k0 = 0; k0 < q_end; k0 += TK) {
         int64_t nk = q_end - k0 < TK ? q_end - k0 : TK;
         for (int64_t j = 0; j < TK; j++) {
@@ -111,7 +112,7 @@ static void attend_tile(
         for (int64_t g = 0; g < group; g++) {
             const float *qh = q + (kv_head * group + g) * head_dim;
             for (int64_t i0 = 0; i0 < nq; i0 += R) {
-                if (k0 > q0 + i0 + R - 1)
+                if (k0 > offset + q0 + i0 + R - 1)
                     continue;  /* none of these R rows sees any of these keys */
                 /* scores of R rows (rows past nq read row nq - 1 and are dropped) */
                 const float *qr[R];
@@ -131,7 +132,7 @@ static void attend_tile(
                 float correction[R];
                 int64_t used = 0;  /* keys any of the R rows sees */
                 for (int r = 0; r < R; r++) {
-                    int64_t i = i0 + r, t = q0 + i;
+                    int64_t i = i0 + r, t = offset + q0 + i;
                     int64_t visible = t - k0 + 1 < nk ? t - k0 + 1 : nk;  /* causal: keys <= t */
                     if (i >= nq || visible <= 0) {
                         memset(p[r], 0, sizeof p[r]);
@@ -199,9 +200,26 @@ int causal_prefill_attention(
             for (int64_t q0 = 0; q0 < lens[r]; q0 += TQ) {
                 int64_t nq = lens[r] - q0 < TQ ? lens[r] - q0 : TQ;
                 attend_tile(q + s * q_row_stride, q_row_stride, k + s * k_row_stride, k_row_stride,
-                            v + s * v_row_stride, v_row_stride, q0, nq, head_dim, v_dim, h, group, sm_scale,
+                            v + s * v_row_stride, v_row_stride, q0, nq, 0, head_dim, v_dim, h, group, sm_scale,
                             out + s * out_row_stride, out_row_stride);
             }
     }
+    return 0;
+}
+
+int prefix_prefill_attention(
+    const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
+    const float *v, int64_t v_row_stride, int64_t num_q, int64_t num_prefix,
+    int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim, float sm_scale,
+    float *out, int64_t out_row_stride) {
+    int64_t group = num_q_heads / num_kv_heads;
+    if (head_dim > MAX_DIM || v_dim > MAX_DIM || v_dim % 16 || group > 8 || num_prefix < 0)
+        return -1;
+    for (int64_t h = 0; h < num_kv_heads; h++)
+        for (int64_t q0 = 0; q0 < num_q; q0 += TQ) {
+            int64_t nq = num_q - q0 < TQ ? num_q - q0 : TQ;
+            attend_tile(q, q_row_stride, k, k_row_stride, v, v_row_stride, q0, nq, num_prefix, head_dim, v_dim, h,
+                        group, sm_scale, out, out_row_stride);
+        }
     return 0;
 }

@@ -1,4 +1,5 @@
-/* Causal prefill attention on CPU: fresh prompts (no earlier KV), queries over their own new keys.
+/* Causal prefill attention on CPU: fresh prompts (no earlier KV), queries over their own new keys;
+ * and one chunk over a prefix of earlier keys (a prefix-cache hit, a later chunk of a long prompt).
  *
  * cffi cdef: build_cpu_attention.py strips comments and preprocessor lines from this header.
  */
@@ -20,5 +21,16 @@
 int causal_prefill_attention(
     const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
     const float *v, int64_t v_row_stride, const int64_t *starts, const int64_t *lens, int64_t num_requests,
+    int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim, float sm_scale,
+    float *out, int64_t out_row_stride);
+
+/* Causal attention of one request's chunk of num_q new tokens over num_prefix earlier keys and
+ * themselves: query i (row i of q and out) sees keys [0, num_prefix + i] of k and v, which hold
+ * num_prefix + num_q token rows (the prefix's keys gathered from its pages, then the chunk's).
+ * Layouts and the -1 return as causal_prefill_attention's; also -1 for a negative num_prefix.
+ */
+int prefix_prefill_attention(
+    const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
+    const float *v, int64_t v_row_stride, int64_t num_q, int64_t num_prefix,
     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim, float sm_scale,
     float *out, int64_t out_row_stride);

@@ -5,8 +5,7 @@ backend. `plan` turns the step's FlashInfer-style metadata into gather indices a
 `run` stores the new tokens' KV in the pages and attends with `scaled_dot_product_attention`:
 one-token (decode) requests in padded calls of about a cache's worth of gathered KV each,
 prefill chunks grouped by length (a padded call for mixed lengths would waste memory on
-[batch, max_q, max_kv] masks), and chunks with no earlier KV by SDPA's causal fast path over the
-new tokens alone (no gather, no mask).
+[batch, max_q, max_kv] masks), chunks with no earlier KV by SDPA's causal fast path (no mask).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ class _Group:
     page_table: torch.Tensor | None  # [B, max_pages], int64, each request's pages (padded with page 0)
     attn_mask: torch.Tensor | None  # [B, 1, max_q, max_pages * page_size], bool, True where q may attend
     fresh: bool = False  # causal over the new tokens alone (page_table and attn_mask are None)
+    spans: tuple[tuple[int, int, int], ...] = ()  # (first query row, queries, KV length) per request
 
 
 def _decode_attention(
@@ -164,7 +164,8 @@ class TorchRefBackend:
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         row_mask_t = torch.tensor(row_mask, dtype=torch.bool, device=device)
         page_t = torch.tensor(page_table, dtype=torch.int64, device=device)
-        return _Group(rows_t, None if all(map(all, row_mask)) else row_mask_t, page_t, attn_mask)
+        spans = tuple((q_start, q_len, kv_len) for q_start, q_len, _, kv_len in reqs)
+        return _Group(rows_t, None if all(map(all, row_mask)) else row_mask_t, page_t, attn_mask, spans=spans)
 
     @staticmethod
     def _fresh_group(reqs: list, device: torch.device) -> _Group:
@@ -201,6 +202,8 @@ class TorchRefBackend:
             if g.fresh:
                 self._attend_fresh(g, q, new_keys, new_values, sm_scale, out)
                 continue
+            if g.rows.shape[1] > 1 and self._attend_chunks(g, q, keys, values, token_major, out, sm_scale):
+                continue  # no masked SDPA call for these chunks
             qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
             kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
             vg = self._gather(values, g.page_table, token_major).to(q.dtype)
@@ -217,6 +220,11 @@ class TorchRefBackend:
             else:
                 out[g.rows[g.row_mask]] = og[g.row_mask]
         return out
+
+    def _attend_chunks(self, g: _Group, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       token_major: bool, out: torch.Tensor, sm_scale: float) -> bool:
+        """Chunks over earlier KV by a path faster than masked SDPA, into ``out`` (CpuBackend: its kernel)."""
+        return False
 
     def _attend_fresh(self, g: _Group, q: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
                       sm_scale: float, out: torch.Tensor) -> None:

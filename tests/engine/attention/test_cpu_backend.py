@@ -157,3 +157,27 @@ def test_causal_kernel_declines_head_dims_it_does_not_tile(monkeypatch):
     out = run_step(KVCache(geo, 64, PAGE_SIZE), "cpu", reqs, pages, qs, ks, vs)
     assert ran == [False]
     torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_chunks_over_earlier_kv_go_through_the_prefix_kernel(monkeypatch, layout):
+    """Prefill chunks over earlier KV (a prefix-cache hit: 48 cached tokens and 24 new; a later
+    chunk of 9 over 20; two of one length in one group) beside a fresh prompt and a decode: the
+    prefix kernel computes them, equal to the reference and to dense attention."""
+    reqs = [(48, 24), (20, 9), (0, 12), (31, 1), (30, 24)]
+    qs, ks, vs, pages = gqa_inputs(6, reqs, hq=8, hkv=2, d=32)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=32)
+    ref = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "torch_ref", reqs, pages, qs, ks, vs)
+    calls = []
+    real = cpu_backend.prefix_prefill
+    monkeypatch.setattr(cpu_backend, "prefix_prefill",
+                        lambda q, *a: calls.append((q.shape[0], a[2])) or real(q, *a))
+    out = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "cpu", reqs, pages, qs, ks, vs)
+    assert sorted(calls) == [(9, 20), (24, 30), (24, 48)]  # (queries, cached keys) of each chunk
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    rows = 0
+    for i, (cached, new) in enumerate(reqs):
+        torch.testing.assert_close(out[rows : rows + new],
+                                   dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3),
+                                   rtol=1e-5, atol=1e-5)
+        rows += new
