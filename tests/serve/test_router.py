@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.serve.router import Router
+from disaggsdk.spec import Spec
 
 
 class FakeRuntime:
     """Records what the router sends; the test plays the units' side through the listeners."""
 
     model_name = "fake"
-    spec = SimpleNamespace(model="qwen3-coder-tiny")
+    spec = Spec(model="qwen3-coder-tiny")  # the router reads serve.routing, kv.page_size, engine.num_pages
 
     def __init__(self, roles: dict[str, str]):
         self.roles = roles
