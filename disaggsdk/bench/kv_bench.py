@@ -62,7 +62,9 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
     spec = attrs.evolve(
         spec, transfer=attrs.evolve(spec.transfer, streaming=streaming),
         engine=attrs.evolve(spec.engine, num_pages=max(spec.engine.num_pages, 2 * pages),
-                            max_num_batched_tokens=max(spec.engine.max_num_batched_tokens, prompt_len)),
+                            max_num_batched_tokens=max(spec.engine.max_num_batched_tokens, prompt_len),
+                            # every request moves its whole prompt: a cache hit would time a smaller transfer
+                            prefix_caching=False),
     )
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     with serve_locally(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:

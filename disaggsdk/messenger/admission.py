@@ -27,7 +27,7 @@ class RejectReason(enum.Enum):
     MISMATCH = "mismatch"  # model, layout, page size, dtype or tp differ between the sides
     BAD_REQUEST = "bad_request"  # an immediate or prompt no request can have
     BAD_REGION = "bad_region"  # a destination that is not the pool the decode unit registered
-    BAD_PAGES = "bad_pages"  # page ids outside the pool, repeated, or too few for the prompt
+    BAD_PAGES = "bad_pages"  # page ids outside the pool, repeated, too few for the prompt, or a bad cached count
     BAD_CONTEXT = "bad_context"  # a context slot outside the decode unit's buffer
     DUPLICATE = "duplicate"  # the request is already being prefilled here
     OVERLOADED = "overloaded"  # no context staging slot free: retry elsewhere
@@ -82,6 +82,10 @@ def check_request(msg: pr.PrefillRequest, decode: UnitInfo | None, dst_num_pages
     if msg.decode_tp != tp or sorted(d.tp_rank for d in msg.destinations) != list(range(tp)):
         return Rejection(R.MISMATCH, f"decode has tp={tp}, request names ranks {[d.tp_rank for d in msg.destinations]}")
     need = num_prefill_pages(len(msg.token_ids), local.page_size)
+    if not 0 <= msg.num_cached_pages < need:
+        return Rejection(R.BAD_PAGES, f"num_cached_pages {msg.num_cached_pages} outside [0, {need}): "
+                                      f"a prompt of {len(msg.token_ids)} tokens moves {need} pages")
+    need -= msg.num_cached_pages
     first = msg.destinations[0].page_ids
     for d in msg.destinations:
         if d.region != decode.pool_regions[d.tp_rank]:

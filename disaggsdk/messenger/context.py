@@ -4,12 +4,14 @@ Written by prefill into the decode's context slot as one write; checked at both 
 speculative decoding across PD broke on hidden states of the wrong shape). Layout of a slot::
 
     header (32 bytes): magic b"DKCX" | version u16 | reserved u16 | hidden_size u32 |
-                       vocab_size u32 | forward_end_s f64 | reserved u64
+                       vocab_size u32 | forward_end_s f64 | num_cached_tokens u64
     hidden_state: [hidden_size], float32
     logits:       [vocab_size], float32
 
 ``forward_end_s`` is prefill's ``time.monotonic()`` when its forward pass ended: on one machine
 the decode side subtracts it from the moment its counter fired to get the exposed transfer time.
+``num_cached_tokens``: prompt tokens prefill found in its prefix cache and did not compute (the
+request's usage reports them).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ContextPayload:
     hidden_state: array  # [hidden_size], float32
     logits: array  # [vocab_size], float32
     forward_end_s: float
+    num_cached_tokens: int = 0
 
 
 def context_bytes(hidden_size: int, vocab_size: int) -> int:
@@ -43,7 +46,8 @@ def context_bytes(hidden_size: int, vocab_size: int) -> int:
 
 
 def pack_context(
-    out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float
+    out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float,
+    num_cached_tokens: int = 0,
 ) -> int:
     """Write a payload into ``out`` (a slot of the staging buffer).
 
@@ -56,7 +60,8 @@ def pack_context(
     size = context_bytes(len(hidden), len(logit))
     if len(out) < size:
         raise ContextShapeError(f"context slot of {len(out)} bytes cannot hold {size}; size slots with context_bytes()")
-    _HEADER.pack_into(out, 0, _MAGIC, _VERSION, 0, len(hidden), len(logit), forward_end_s, 0)
+    _HEADER.pack_into(out, 0, _MAGIC, _VERSION, 0, len(hidden), len(logit), forward_end_s,
+                      num_cached_tokens)
     start = _HEADER.size
     out[start : start + len(hidden) * _FLOAT_BYTES] = hidden.tobytes()
     start += len(hidden) * _FLOAT_BYTES
@@ -72,7 +77,7 @@ def unpack_context(data: memoryview | bytes, hidden_size: int, vocab_size: int) 
     """
     if len(data) < context_bytes(hidden_size, vocab_size):
         raise ContextShapeError(f"context of {len(data)} bytes, need {context_bytes(hidden_size, vocab_size)}")
-    magic, version, _r, hidden_n, vocab_n, forward_end_s, _r2 = _HEADER.unpack_from(data, 0)
+    magic, version, _r, hidden_n, vocab_n, forward_end_s, num_cached = _HEADER.unpack_from(data, 0)
     if magic != _MAGIC or version != _VERSION:
         raise ContextShapeError(f"context slot holds no version-{_VERSION} payload (magic {magic!r}): prefill did not write it")
     if (hidden_n, vocab_n) != (hidden_size, vocab_size):
@@ -84,7 +89,7 @@ def unpack_context(data: memoryview | bytes, hidden_size: int, vocab_size: int) 
     hidden = array("f", bytes(data[start : start + hidden_n * _FLOAT_BYTES]))
     start += hidden_n * _FLOAT_BYTES
     logits = array("f", bytes(data[start : start + vocab_n * _FLOAT_BYTES]))
-    return ContextPayload(hidden, logits, forward_end_s)
+    return ContextPayload(hidden, logits, forward_end_s, num_cached)
 
 
 def clear_context(out: memoryview) -> None:

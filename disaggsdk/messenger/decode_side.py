@@ -3,9 +3,11 @@
 Runs on the decode unit's main thread, next to the engine (which is not thread-safe); only the
 counter futures resolve on the transfer engine's pump thread. One request's life here
 (shared/DESIGN.md, "The KV messenger"): pinned pages for ``prompt[:-1]`` and a context slot are
-granted; the prefill unit with the fewest outstanding requests gets a `PrefillRequest`; an
-immediate counter waits for exactly the writes the route predicts; when it fires the context's
-shape is checked and the request joins decode scheduling with its last prompt token.
+granted, after the pages of its longest prefix this unit's prefix cache holds (shared, never
+written: prefill skips them; all of them: no prefill at all); the prefill unit `serve.routing`
+picks gets a `PrefillRequest`; an immediate counter waits for exactly the writes the route
+predicts for the pages that move; when it fires the context's shape is checked and the request
+joins decode scheduling with its last prompt token.
 
 Failure rules: a retried or aborted attempt's pages and slot are *quarantined* (renamed to a
 quarantine owner) until the old prefill unit confirms it drained its writes, or is known dead
@@ -24,10 +26,12 @@ from typing import Any
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
 from disaggsdk.messenger.freshness import FrameCodec
-from disaggsdk.messenger.handoff import Handoff, Quarantine
+from disaggsdk.messenger.handoff import Handoff, Quarantine, prefill_request, release_quarantine
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
+from disaggsdk.messenger.prefix_affinity import RoutingPolicy
 from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
@@ -67,6 +71,7 @@ class DecodeMessenger:
         self.totals = TransferTotals()
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
+        self._routing = RoutingPolicy(plan.spec.serve.routing, capacity_pages=plan.spec.engine.num_pages)
 
     def close(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""
@@ -82,6 +87,8 @@ class DecodeMessenger:
 
     def add_prefill(self, info: UnitInfo) -> None:
         """Learn a prefill unit (address book from the launcher), or its new incarnation after a restart."""
+        if info.name in self._prefills:
+            self._routing.forget(info.name)  # a new incarnation: its prefix cache starts empty
         self._prefills[info.name] = (info, self.transfer.add_peer(info.address))
         self._outstanding.setdefault(info.name, 0)
         self._down.pop(info.name, None)  # quarantined pages of the old one keep their release times
@@ -97,8 +104,6 @@ class DecodeMessenger:
                 q.release_at = now + DEAD_PEER_GRACE_S
         for h in [h for h in self._handoffs.values() if h.prefill == name]:
             self._retry(h, f"prefill unit {name} went down", drained=False, now=now)
-
-    # requests
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
         """Start a request: it runs on the decode engine once its KV has arrived."""
@@ -168,22 +173,12 @@ class DecodeMessenger:
                 self._retry(h, f"cannot reach {h.prefill}: {h.send_future.exception()}", drained=True, now=now)
             elif now > h.deadline:
                 self._retry(h, f"{h.prefill} missed the {self.deadline_s:g} s deadline", drained=False, now=now)
-        kept = []
-        for q in self._quarantine:
-            if q.release_at is not None and now >= q.release_at:
-                self.engine.allocator.free(q.owner)
-                if q.slot >= 0:
-                    self._free_slots.append(q.slot)
-            else:
-                kept.append(q)
-        self._quarantine = kept
+        self._quarantine = release_quarantine(self._quarantine, now, self.engine.allocator, self._free_slots)
         self._start_pending(now)
 
     def drain_quarantine(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more."""
-        for q in self._quarantine:
-            self.engine.allocator.free(q.owner)
-        self._quarantine = []
+        self._quarantine = release_quarantine(self._quarantine, None, self.engine.allocator, self._free_slots)
 
     # internals
 
@@ -197,8 +192,15 @@ class DecodeMessenger:
             self._send(h, now)
 
     def _choose_prefill(self, h: Handoff) -> str | None:
+        """The prefill unit for ``h`` by ``serve.routing``: the one that was sent its prefix (its cache
+        may hold it) against the fewest outstanding requests, or just the fewest."""
         live = [n for n in self._prefills if n not in self._down and n not in h.tried]
-        return min(live, key=lambda n: (self._outstanding[n], n)) if live else None
+        if not live:
+            return None
+        hashes = page_hashes(h.prompt_ids[:-1], self.page_size) if self._routing.name == "cache_aware" else []
+        name = self._routing.choose(live, hashes, self._outstanding)
+        self._routing.routed(name, hashes)
+        return name
 
     def _send(self, h: Handoff, now: float) -> None:
         name = self._choose_prefill(h)
@@ -206,29 +208,22 @@ class DecodeMessenger:
             self._prefill_locally(h)
             return
         info, peer = self._prefills[name]
-        h.attempt += 1
-        h.prefill = name
-        h.grant = self.engine.allocate_pages(h.request_id, len(h.prompt_ids) - 1, pinned=True)
+        need = num_prefill_pages(len(h.prompt_ids), self.page_size)
+        scored = getattr(h.params, "prompt_logprobs", None) is not None  # prefill scores it whole (vLLM skips the cache)
+        cached = 0 if scored else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
+        if cached == need:  # every page of prompt[:-1] is here: nothing to prefill
+            return self._admit_cached(h, cached)
+        h.attempt, h.prefill, h.num_cached_pages = h.attempt + 1, name, cached
+        h.grant = self.engine.allocator.allocate(h.request_id, need - cached, pinned=True)
         h.slot = self._free_slots.pop()
         h.imm = self._next_imm()
         h.fired_at = 0.0
-        slot_view = self._slot(h.slot)
-        clear_context(slot_view)
+        clear_context(self._slot(h.slot))
         route = self.plan.route(info.instance, self.me.instance)
-        count = expected_writes(route, len(h.prompt_ids), self.layout).total
+        count = expected_writes(route, len(h.prompt_ids), self.layout, num_cached_pages=cached).total
         h.counter = self.transfer.expect(h.imm, count)
         h.counter.add_done_callback(lambda _f, h=h: setattr(h, "fired_at", time.monotonic()))
-        spec = self.plan.spec
-        msg = pr.PrefillRequest(
-            request_id=h.request_id, decode_instance=str(self.me.peer_id),
-            generation=h.grant.generation, imm=h.imm, token_ids=h.prompt_ids, model=spec.model,
-            layout=self.layout, page_size=self.page_size, kv_dtype=spec.kv.dtype, decode_tp=len(self.me.pool_regions),
-            destinations=[pr.DestinationRank(r, region, list(h.grant.page_ids))
-                          for r, region in enumerate(self.me.pool_regions)],
-            context=pr.ContextSlot(self.me.context_region, h.slot * self.me.context_slot_bytes,
-                                   self.me.context_slot_bytes),
-            prompt_logprobs=getattr(h.params, "prompt_logprobs", None),
-        )
+        msg = prefill_request(h, self.me, self.plan.spec, self.page_size)
         self._handoffs[h.request_id] = h
         self._outstanding[name] += 1
         h.deadline, h.sent_s = now + self.deadline_s, now
@@ -249,7 +244,20 @@ class DecodeMessenger:
             return
         self._free_slots.append(h.slot)
         self.totals.add(h.record(payload.forward_end_s, admitted_s=time.monotonic()))
-        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params)
+        self._count_not_sent(h.num_cached_pages)
+        cached_tokens = max(h.num_cached_pages * self.page_size, payload.num_cached_tokens)
+        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=cached_tokens)
+
+    def _admit_cached(self, h: Handoff, num_pages: int) -> None:
+        """Admit a request whose prompt KV this unit's prefix cache held whole: no prefill unit is asked."""
+        self.totals.fully_cached += 1
+        self._count_not_sent(num_pages)
+        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=0))
+        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=num_pages * self.page_size)
+
+    def _count_not_sent(self, num_pages: int) -> None:
+        fmt = self.engine.kv_cache.fmt  # rank 0's: every rank of this unit holds the same page ids
+        self.totals.count_not_sent(num_pages, num_pages * fmt.num_layers * fmt.page_bytes * len(self.me.pool_regions))
 
     def _end_attempt(self, h: Handoff, drained: bool, now: float) -> None:
         """Stop counting the current attempt and park its pages until no write can land."""
@@ -281,8 +289,7 @@ class DecodeMessenger:
 
     def _prefill_locally(self, h: Handoff) -> None:
         self.totals.prefilled_locally += 1
-        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt,
-                                        prefilled_locally=True))
+        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True))
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)
 
     def _slot(self, slot: int) -> memoryview:

@@ -60,12 +60,14 @@ class DecodeEngine(Protocol):
 
     arch: Any
     config: Any
-    allocator: Any
+    allocator: Any  # grants the pages a prefill unit writes into
+    kv_cache: Any  # its ``fmt`` sizes the bytes a cached page saves
 
-    def allocate_pages(self, request_id: str, num_tokens: int, pinned: bool = True) -> Any:
-        """Pages for ``num_tokens`` tokens of a request whose KV arrives from elsewhere."""
+    def share_cached_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
+        """Give the request the cached pages of its prompt's longest cached prefix; how many."""
 
-    def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+    def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+                              num_cached_tokens: int = 0) -> None:
         """Start decoding a request whose prompt KV is in its pages."""
 
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:

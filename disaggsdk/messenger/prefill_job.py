@@ -66,7 +66,9 @@ class PrefillJob:
         from disaggsdk.transfer import RegionDescriptor
 
         route = plan.route(src_instance, info.instance)
+        # the pages decode holds already never move: the job starts as if they were queued
         return cls(msg=msg, decode=sender, peer=peer, transfers=route.transfers_for(msg.request_id),
+                   pages_queued=msg.num_cached_pages,
                    dst_regions=[RegionDescriptor.from_bytes(r) for r in info.pool_regions],
                    dst_geometry=dst_geometry(plan, src_instance, info, num_layers),
                    context_dst=RegionDescriptor.from_bytes(info.context_region))

@@ -226,13 +226,13 @@ class PrefillMessenger:
         for job, first, stop, page_ids in items:
             if job.aborted:
                 continue
+            skip = job.msg.num_cached_pages  # destinations list the pages after decode's cached ones
             try:
                 pairs = layer_writes(job.transfers, self.layout, layer_id, self.src_geometry, job.dst_geometry,
-                                     page_ids[first:stop], job.msg.destinations[0].page_ids[first:stop])
+                                     page_ids[first:stop], job.msg.destinations[0].page_ids[first - skip : stop - skip])
                 for w in pairs:
                     batch = WriteBatch(self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
-                                       w.src_offsets, w.dst_offsets, w.lengths,
-                                       imms(job.msg.imm, len(w)))
+                                       w.src_offsets, w.dst_offsets, w.lengths, imms(job.msg.imm, len(w)))
                     self._track(job, self.transfer.submit(job.peer, batch), w.num_bytes, len(w))
             except Exception as exc:  # a failed submit fails the request, never the unit
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
@@ -247,7 +247,7 @@ class PrefillMessenger:
             hidden, logits = out.hidden_state, out.logits
             if hidden is None or logits is None:
                 raise ValueError("the engine returned no hidden state: build it with return_hidden_states=True")
-            pack_context(staging, hidden.tolist(), logits.tolist(), forward_end_s)
+            pack_context(staging, hidden.tolist(), logits.tolist(), forward_end_s, out.num_cached_tokens)
             c = job.msg.context
             batch = WriteBatch.of(self.context_region, job.context_dst, [job.slot * size], [c.offset_bytes], size,
                                   job.msg.imm)

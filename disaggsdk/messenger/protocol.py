@@ -99,6 +99,9 @@ class PrefillRequest(Message, frozen=True):
     destinations: list[DestinationRank]
     context: ContextSlot | None = None
     prompt_logprobs: int | None = None  # score the prompt too, with this many alternatives per token
+    # the prompt's first pages decode holds already (its prefix cache): prefill writes none of them,
+    # and ``destinations`` list only the pages after them
+    num_cached_pages: int = 0
 
 
 class PrefillRejected(Message, frozen=True):

@@ -50,7 +50,17 @@ class TransferTotals:
     failures: int = 0  # attempts that failed (deadline, peer down, rejected, transfer error)
     retries: int = 0  # attempts re-sent to another prefill instance
     prefilled_locally: int = 0
+    # decode: prompt pages (of every layer and rank) its prefix cache held, so nobody sent them,
+    # and their bytes; requests whose whole prompt was cached here needed no prefill at all
+    pages_not_sent: int = 0
+    bytes_not_sent: int = 0
+    fully_cached: int = 0
     recent: deque[RequestTransfer] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
+
+    def count_not_sent(self, num_pages: int, num_bytes: int) -> None:
+        """Count prompt pages the decode side's prefix cache held (they did not move)."""
+        self.pages_not_sent += num_pages
+        self.bytes_not_sent += num_bytes
 
     def add(self, record: RequestTransfer) -> None:
         """Count one finished request."""

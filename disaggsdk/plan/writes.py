@@ -32,7 +32,7 @@ class ExpectedWrites:
     """Writes a decode dp group receives for one request, per rank and in total."""
 
     num_tokens: int
-    num_pages: int  # pages per layer
+    num_pages: int  # pages per layer that move (the decode side's cached ones excluded)
     layout: str
     ranks: tuple[RankWrites, ...]  # indexed by destination tp rank
 
@@ -61,24 +61,30 @@ def num_prefill_pages(num_tokens: int, page_size: int) -> int:
     return -(-max(num_tokens - 1, 0) // page_size)
 
 
-def expected_writes(route: Route, num_tokens: int, layout: str) -> ExpectedWrites:
+def expected_writes(route: Route, num_tokens: int, layout: str, num_cached_pages: int = 0) -> ExpectedWrites:
     """Writes each destination rank of ``route`` receives for a prompt of ``num_tokens`` tokens.
 
     Args:
         route: the (prefill, decode) route the request travels.
         num_tokens: prompt length N, the token decode starts from included.
         layout: "HND" or "NHD" (the spec's ``kv.layout``).
+        num_cached_pages: the prompt's first pages the decode side holds already (its prefix
+            cache): they do not move, so only the pages after them are counted.
 
     Returns:
         Per destination tp rank: page writes (``pages * layers * sum of writes per page-layer``
         over its incoming transfers) and context writes, and their total.
 
     Raises:
-        ValueError: an unknown layout or a negative token count.
+        ValueError: an unknown layout, a negative token count, or more cached pages than the
+            prompt moves.
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"layout must be 'HND' or 'NHD', got {layout!r}")
     pages = num_prefill_pages(num_tokens, route.dst_shape.page_size)
+    if not 0 <= num_cached_pages <= pages:
+        raise ValueError(f"num_cached_pages must be in [0, {pages}] for {num_tokens} tokens, got {num_cached_pages}")
+    pages -= num_cached_pages
     ranks = []
     for dst_rank in range(route.dst.tp):
         per_page_layer = sum(t.page_runs(layout).count for t in route.transfers_to(dst_rank))

@@ -30,7 +30,10 @@ def test_dead_units_are_restarted_and_rejoin_their_peers():
     before = live_descendants()
     spec = make_spec("qwen3-coder-tiny", provider="tcp")  # tcp: see test_lifecycle.py on shm and SIGKILL
     with serve_locally(spec, on_event=lambda _l: None, max_restarts=2) as rt:
-        baseline = [t for e in rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY)[0] for t in e.new_token_ids]
+        # two prompts with no page in common: after a restart the decode unit's prefix cache holds
+        # the first one, and only a prompt it has not seen makes it ask the prefill unit again
+        baseline, other = ([t for e in ev for t in e.new_token_ids]
+                           for ev in rt.generate_batch([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]], GREEDY))
 
         old = rt.runtime.units["decode-0"].info.incarnation
         rt.runtime.kill_unit("decode-0")
@@ -42,8 +45,8 @@ def test_dead_units_are_restarted_and_rejoin_their_peers():
         rt.runtime.kill_unit("prefill-0")
         wait_healthy_again(rt, "prefill-0", old)
         writes_before = rt.unit_stats()["prefill-0"].transfer_writes
-        events = rt.generate_batch([[5, 6, 7, 8, 9]], GREEDY, timeout_s=60)[0]
-        assert [t for e in events for t in e.new_token_ids] == baseline
+        events = rt.generate_batch([[9, 8, 7, 6, 5]], GREEDY, timeout_s=60)[0]
+        assert [t for e in events for t in e.new_token_ids] == other
         stats = rt.unit_stats()
         # the decode unit learnt the new prefill incarnation: the KV came from it, not a local prefill
         assert stats["prefill-0"].transfer_writes > writes_before and stats["decode-0"].prefilled_locally == 0

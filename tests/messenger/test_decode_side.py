@@ -59,13 +59,14 @@ class FakeEngine:
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
         self.arch = SimpleNamespace(hidden_size=HIDDEN, vocab_size=VOCAB)
         self.allocator = PageAllocator(NUM_PAGES)
+        self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=4, page_bytes=64))
         self.admitted: list[str] = []
         self.local: list[str] = []
 
-    def allocate_pages(self, request_id, num_tokens, pinned=True):
-        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
+    def share_cached_prompt(self, request_id, prompt_ids, count=True):
+        return 0  # no prefix cache here: tests/messenger/test_decode_prefix_hit.py has one
 
-    def add_prefilled_request(self, request_id, prompt_ids, params):
+    def add_prefilled_request(self, request_id, prompt_ids, params, num_cached_tokens=0):
         self.admitted.append(request_id)
 
     def add_request(self, request_id, prompt_ids, params):

@@ -12,13 +12,14 @@ from types import SimpleNamespace
 import pytest
 
 from disaggsdk.engine.hooks import LayerCounter
+from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes
 from disaggsdk.messenger.decode_side import DecodeMessenger
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
-from disaggsdk.plan import make_plan
+from disaggsdk.plan import expected_writes, make_plan
 from disaggsdk.transfer import RegionDescriptor
 from tests.plan.helpers import make_spec
 
@@ -31,6 +32,7 @@ class RawTransfer:
 
     def __init__(self):
         self.frames: list[tuple[str, bytes]] = []
+        self.expected: list[tuple[int, int]] = []  # (imm, count) of each counter
 
     def add_peer(self, address: bytes) -> str:
         return address.decode()
@@ -42,6 +44,7 @@ class RawTransfer:
         return fut
 
     def expect(self, imm: int, count: int) -> Future:
+        self.expected.append((imm, count))
         return Future()
 
     def cancel(self, imm: int) -> None:
@@ -62,8 +65,13 @@ class FakeEngine:
     def add_request(self, request_id, prompt_ids, params):
         self.added.append(request_id)
 
-    def allocate_pages(self, request_id, num_tokens, pinned=True):
-        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
+    def share_cached_prompt(self, request_id, prompt_ids, count=True):
+        pages = self.allocator.lookup(page_hashes(list(prompt_ids[:-1]), PAGE_SIZE))
+        self.allocator.share(request_id, pages)
+        return len(pages)
+
+    def add_prefilled_request(self, request_id, prompt_ids, params, num_cached_tokens=0):
+        self.added.append((request_id, num_cached_tokens))
 
     def abort(self, request_id):
         pass
@@ -135,3 +143,53 @@ def test_an_abort_of_a_request_it_never_had_is_answered_so_the_pages_can_free(pa
     assert isinstance(answer, pr.PrefillFailed) and "nothing in flight" in answer.reason
     dm.on_frame(p_transfer.frames[-1][1])
     assert dm.frames.total == 0  # the decode side takes the answer as the drain report
+
+
+def cache_prompt(engine: FakeEngine, prompt: list[int]) -> list[int]:
+    """Put ``prompt``'s full pages in the engine's prefix cache, held by nobody; returns the pages."""
+    hashes = page_hashes(prompt, PAGE_SIZE)
+    grant = engine.allocator.allocate("earlier", len(hashes))
+    engine.allocator.cache_pages(list(grant.page_ids), hashes)
+    engine.allocator.free("earlier")
+    return list(grant.page_ids)
+
+
+def test_a_decode_prefix_hit_asks_prefill_only_for_the_pages_it_lacks(pair):
+    dm, pm, engine, d_transfer, _ = pair
+    prompt = list(range(2, 2 + 4 * PAGE_SIZE + 3))  # 3 full pages + a part of prompt[:-1] move without a cache
+    cached = cache_prompt(dm.engine, prompt[: 2 * PAGE_SIZE])
+    dm.submit("r", prompt, None)
+    request = pr.decode_message(d_transfer.frames[0][1], SECRET)
+    assert request.num_cached_pages == 2
+    granted = request.destinations[0].page_ids
+    assert len(granted) == 3 and not set(granted) & set(cached)
+    assert dm.engine.allocator.page_ids("r") == cached + granted  # the prompt's pages, in order
+    assert d_transfer.expected[-1][1] == expected_writes(
+        pm.plan.route("prefill-0", "decode-0"), len(prompt), "HND", num_cached_pages=2).total
+    pm.on_frame(d_transfer.frames[0][1])
+    assert engine.added == ["r"] and pm._jobs["r"].pages_queued == 2  # the cached pages never move
+    forged = pr.PrefillRequest(**{f: getattr(request, f) for f in request.__struct_fields__}
+                               | {"request_id": "s", "num_cached_pages": 5})
+    pm.on_frame(pr.encode_message(forged, SECRET, "decode-0#inc", 1000))
+    assert pm.rejected == {"bad_pages": 1}
+
+
+def test_a_prompt_cached_whole_on_decode_needs_no_prefill(pair):
+    dm, _, _, d_transfer, _ = pair
+    prompt = list(range(2, 2 + 2 * PAGE_SIZE + 1))  # prompt[:-1] is exactly two pages
+    cache_prompt(dm.engine, prompt)
+    dm.submit("r", prompt, None)
+    assert d_transfer.frames == [] and dm.engine.added == [("r", 2 * PAGE_SIZE)]
+    assert dm.totals.fully_cached == 1 and dm.totals.pages_not_sent == 2 and dm.totals.bytes_not_sent > 0
+
+
+def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair):
+    from disaggsdk.engine.sampling import SamplingParams
+
+    dm, _, _, d_transfer, _ = pair
+    prompt = list(range(2, 2 + 2 * PAGE_SIZE + 1))
+    cache_prompt(dm.engine, prompt)
+    dm.submit("r", prompt, SamplingParams(max_tokens=1, prompt_logprobs=0))
+    request = pr.decode_message(d_transfer.frames[0][1], SECRET)
+    assert request.num_cached_pages == 0 and len(request.destinations[0].page_ids) == 2
+    assert request.prompt_logprobs == 0 and dm.engine.added == []

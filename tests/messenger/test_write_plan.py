@@ -5,6 +5,8 @@ is what the planner tells the decode side to expect."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -109,3 +111,24 @@ def test_layer_writes_refuse_pages_outside_the_pool():
                                                  (0, 5, True, 2), (4, 8, False, 3), (12, 1, True, 4)])
 def test_pages_ready_sends_a_partial_page_only_at_the_prompt_end(start, n, last, ready):
     assert pages_ready(start, n, PAGE_SIZE, last) == ready
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=st.sampled_from(CASES), layout=st.sampled_from(["HND", "NHD"]), num_tokens=st.integers(2, 40),
+       data=st.data())
+def test_a_decode_prefix_hit_expects_exactly_the_writes_of_the_pages_that_move(case, layout, num_tokens, data):
+    attention, p_tp, d_tp, d_dp = case
+    arch = tiny_arch(attention, KV_HEADS, HEAD_DIM, NUM_LAYERS, latent=LATENT)
+    plan = make_plan(make_spec(p_tp, d_tp, d_dp=d_dp, layout=layout, page_size=PAGE_SIZE, dtype="float32"), arch)
+    route = plan.routes[0]
+    need = num_prefill_pages(num_tokens, PAGE_SIZE)
+    cached = data.draw(st.integers(0, need))
+    geo = PoolGeometry(NUM_LAYERS, 16, 64)
+    moving = list(range(cached, need))
+    entries = sum(len(w) for layer in range(NUM_LAYERS)
+                  for w in layer_writes(route.transfers_for("r"), layout, layer, geo, geo, moving, moving))
+    expected = expected_writes(route, num_tokens, layout, num_cached_pages=cached)
+    assert expected.kv_writes == entries and expected.num_pages == need - cached
+    assert expected.context_writes == (1 if need - cached else 0)
+    with pytest.raises(ValueError):
+        expected_writes(route, num_tokens, layout, num_cached_pages=need + 1)
