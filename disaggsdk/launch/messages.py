@@ -17,8 +17,9 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
 
-# 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters
-PROTOCOL_VERSION = 6
+# 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
+# 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats)
+PROTOCOL_VERSION = 7
 
 # runtime -> unit
 
@@ -108,6 +109,7 @@ class Tokens(msgspec.Struct, frozen=True, tag=True):
     error: str | None = None
     logprobs: list[Logprob] = []
     prompt_logprobs: list[Logprob | None] | None = None  # when this unit computed the prompt and was asked
+    num_cached_tokens: int = 0  # prompt tokens no unit computed (prefix caches): usage's cached_tokens
 
 
 class PromptLogprobs(msgspec.Struct, frozen=True, tag=True):
@@ -150,6 +152,14 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     spec_accepted_per_position: list[int] = []
     spec_drafts_per_position: list[int] = []
     num_preemptions: int = 0  # requests its scheduler preempted since start
+    # prefix caching, since start: prompt tokens its scheduler looked up / found cached (vLLM's
+    # queries and hits); decode: prompt pages (every layer and rank) and bytes its cache held so
+    # nobody sent them, and requests whose whole prompt was cached (no prefill at all)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    pages_not_sent: int = 0
+    bytes_not_sent: int = 0
+    requests_fully_cached: int = 0
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

@@ -214,7 +214,7 @@ class Unit:
                 prompt = ch.wire_logprobs(out.prompt_logprobs) if out.prompt_logprobs is not None else None
                 items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
                                        out.finish_reason, error=out.error, logprobs=ch.wire_logprobs(out.new_logprobs),
-                                       prompt_logprobs=prompt))
+                                       prompt_logprobs=prompt, num_cached_tokens=out.num_cached_tokens))
         if len(items) > 1:
             self.conn.send(ch.TokensBatch(items))
         elif items:
@@ -245,6 +245,10 @@ class Unit:
             spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
             spec_drafts_per_position=list(e.spec_stats.drafts_per_position),
             num_preemptions=e.scheduler.num_preemptions,
+            prefix_cache_queries=e.scheduler.prefix_cache_queries, prefix_cache_hits=e.scheduler.prefix_cache_hits,
+            pages_not_sent=totals.pages_not_sent if totals else 0,
+            bytes_not_sent=totals.bytes_not_sent if totals else 0,
+            requests_fully_cached=totals.fully_cached if totals else 0,
         )
 
     def close(self) -> None:

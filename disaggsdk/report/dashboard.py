@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from disaggsdk.report.instance_stats import InstanceStats
 
 COLUMNS = ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting", "KV used",
-           "xfer GB/s", "drafts accepted")
+           "xfer GB/s", "prefix cache hits", "drafts accepted")
 
 
 def rows_html(rows: Sequence[InstanceRow]) -> str:
@@ -34,6 +34,7 @@ def rows_html(rows: Sequence[InstanceRow]) -> str:
             r.name if r.healthy else f"{r.name} (down)", r.role, r.num_requests, num(r.ttft_p50_ms, ".1f"),
             num(r.ttft_p99_ms, ".1f"), num(r.tokens_per_s_per_request, ".1f"), r.running, r.waiting,
             f"{r.kv_usage:.0%}", num(r.transfer_gb_per_s, ".2f"),
+            "-" if r.prefix_cache_hit_rate is None else f"{r.prefix_cache_hit_rate:.0%}",
             "-" if r.spec_acceptance is None else f"{r.spec_acceptance:.0%}",
         )) + "</tr>"
         for r in rows

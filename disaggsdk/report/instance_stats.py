@@ -34,9 +34,22 @@ class InstanceStats:
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
     spec_drafts_per_position: list[int] = field(default_factory=list)
+    # prefix caching, cumulative: prompt tokens looked up / found cached (vLLM's prefix_cache_queries
+    # and _hits); decode: prompt pages and bytes its cache held so nobody sent them, and requests
+    # whose whole prompt was cached there (no prefill at all)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    pages_not_sent: int = 0
+    bytes_not_sent: int = 0
+    requests_fully_cached: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:
         """Fraction of the KV pages in use, 0..1 (vLLM's ``kv_cache_usage_perc``); 0 without a pool."""
         return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prompt tokens found in the prefix cache / looked up, 0..1; None before any lookup."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None

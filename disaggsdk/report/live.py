@@ -42,6 +42,8 @@ class InstanceRow:
     transfer_gb_per_s: float | None  # KV bytes moved / time spent moving them
     # speculative decoding: draft tokens accepted / proposed since start (None: it drafts nothing)
     spec_acceptance: float | None = None
+    # prefix caching: prompt tokens found cached / looked up since start (None: nothing looked up)
+    prefix_cache_hit_rate: float | None = None
 
 
 def instance_rows(
@@ -74,6 +76,7 @@ def instance_rows(
             transfer_gb_per_s=st.transfer_bytes / st.transfer_s / 1e9 if st.transfer_s > 0 else None,
             spec_acceptance=(st.spec_num_accepted_tokens / st.spec_num_draft_tokens
                              if st.spec_num_draft_tokens else None),
+            prefix_cache_hit_rate=st.prefix_cache_hit_rate,
         ))
     return rows
 

@@ -22,11 +22,16 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Table:
-    """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s."""
+    """A rich table of ``rows``: TTFT p50/p99, tokens/s per request, queue, KV usage, transfer GB/s;
+    under it, each instance's prefix cache hit rate (where it looked anything up)."""
     # short headers so the table fits an 80-column terminal; the caption spells them out
-    # the acceptance column only where an instance drafts: the table must fit 80 columns without it
+    # the acceptance column only where an instance drafts: the table must fit 80 columns without it;
+    # the hit rates go in the caption, which wraps: a column would not fit (prefix caching is on by default)
     drafting = any(r.spec_acceptance is not None for r in rows)
     caption = CAPTION + ("; acc: speculative drafts accepted" if drafting else "")
+    hits = [f"{r.name} {r.prefix_cache_hit_rate:.0%}" for r in rows if r.prefix_cache_hit_rate is not None]
+    if hits:
+        caption += "; prefix cache hits (prompt tokens found cached): " + ", ".join(hits)
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     headers = ("instance", "role", "reqs", "TTFT p50", "TTFT p99", "tok/s", "run", "wait", "KV", "xfer GB/s")
     for header in headers + (("acc",) if drafting else ()):

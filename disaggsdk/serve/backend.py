@@ -30,6 +30,9 @@ class TokenEvent:
     instance: str = ""  # the decode (or mixed) instance that produced the tokens
     # with params.prompt_logprobs: the prompt's logprobs (entry 0 None), on the request's first event
     prompt_logprobs: Sequence[TokenLogprobs | None] | None = None
+    # prompt tokens no engine computed for it (prefix caches; usage's ``cached_tokens``): fixed when the
+    # engine admits the request, so every event of it carries the same number
+    num_cached_tokens: int = 0
 
 
 class ServingBackend(Protocol):

@@ -3,7 +3,8 @@
 
 Choice ``k`` is prompt ``k // n``'s sample ``k % n`` (OpenAI's order). All runs start at once (their
 prefills overlap) and stream concurrently: SSE chunks carry one choice each, with its index, as
-its tokens come. The usage counts each prompt once and every choice's tokens. A client that leaves
+its tokens come. The usage counts each prompt once (its tokens, and those of them a prefix cache
+served, as its first sample found them) and every choice's tokens. A client that leaves
 aborts every run; a run that fails ends the whole answer with its error, as a single one does.
 """
 
@@ -38,20 +39,23 @@ class Choices:
         runs: one per choice, in choice order.
         response_id: the response's ``id`` (the runs' own ids are unique per choice).
         prompt_tokens: the prompts' token count, each prompt once.
+        n: samples per prompt (runs ``k * n`` .. ``k * n + n - 1`` are prompt ``k``'s).
     """
 
-    def __init__(self, runs: Sequence[RequestRun], response_id: str, prompt_tokens: int):
+    def __init__(self, runs: Sequence[RequestRun], response_id: str, prompt_tokens: int, n: int = 1):
         self.runs = list(runs)
         self.response_id = response_id
         self.prompt_tokens = prompt_tokens
+        self.n = n
+        self.cached_tokens = 0  # of prompt_tokens, those a prefix cache served; known once the runs started
         self.chat = self.runs[0].req.chat
 
-    def body(self, choices: list[dict[str, Any]], chunk: bool, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    def body(self, choices: list[dict[str, Any]], chunk: bool, usage: dict[str, Any] | None = None) -> dict[str, Any]:
         first = self.runs[0]
         return resp.body(self.chat, self.response_id, first.created, first.model, choices, chunk=chunk, usage_=usage)
 
-    def usage(self) -> dict[str, int]:
-        return resp.usage(self.prompt_tokens, sum(r.completion_tokens for r in self.runs))
+    def usage(self) -> dict[str, Any]:
+        return resp.usage(self.prompt_tokens, sum(r.completion_tokens for r in self.runs), self.cached_tokens)
 
     def error(self) -> str | None:
         return next((r.error or "the request failed" for r in self.runs if r.finish_reason == "error"), None)
@@ -80,7 +84,11 @@ class Choices:
             if isinstance(exc, ConnectionAbortedError):
                 return None
             raise
-        return [t.result() for t in tasks]
+        firsts = [t.result() for t in tasks]
+        # an engine fixes a request's cached tokens when it admits it, so its first event has them;
+        # each prompt counts once, as in prompt_tokens: its first sample's
+        self.cached_tokens = sum(f.num_cached_tokens for f in firsts[::self.n])
+        return firsts
 
     async def stream(self, firsts: list[Any]) -> AsyncIterator[str]:
         """SSE chunks; starlette cancels this generator when the client goes away (-> abort all)."""

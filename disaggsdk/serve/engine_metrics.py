@@ -1,12 +1,14 @@
 """The per-engine gauges and counters of /metrics, read from the backend's `InstanceStats` at each scrape.
 
 Names and meanings follow vLLM's (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
-``vllm:num_preemptions``, ``vllm:spec_decode_*``) under our ``disaggsdk_`` prefix, with vLLM's
-``engine`` label: a label named ``instance`` would collide with the target label Prometheus adds
-itself (the scrape renames ours ``exported_instance``). What vLLM has no name for is ours: the KV
-handoff between prefill and decode engines (``kv_transfer_*``, ``kv_exposed_transfer_seconds``),
-retries and refused control frames. Each series also carries the engine's ``role`` (prefill,
-decode or mixed) so a dashboard can split a disaggregated deployment.
+``vllm:num_preemptions``, ``vllm:spec_decode_*``, ``vllm:prefix_cache_queries`` / ``_hits``) under
+our ``disaggsdk_`` prefix, with vLLM's ``engine`` label: a label named ``instance`` would collide
+with the target label Prometheus adds itself (the scrape renames ours ``exported_instance``). What
+vLLM has no name for is ours: the KV handoff between prefill and decode engines (``kv_transfer_*``,
+``kv_exposed_transfer_seconds``, and what a decode engine's prefix cache spared it:
+``kv_not_sent_*``, ``requests_fully_cached``), retries and refused control frames. Each series also
+carries the engine's ``role`` (prefill, decode or mixed) so a dashboard can split a disaggregated
+deployment.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ COUNTERS = (
     ("spec_num_drafts", "spec_decode_num_drafts", "Verify steps that carried draft tokens."),
     ("spec_num_draft_tokens", "spec_decode_num_draft_tokens", "Draft tokens proposed."),
     ("spec_num_accepted_tokens", "spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+    ("prefix_cache_queries", "prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."),
+    ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in prompt tokens found cached."),
+    ("pages_not_sent", "kv_not_sent_pages",
+     "KV pages (of every layer and rank) a decode engine's prefix cache held, so no prefill engine sent them."),
+    ("bytes_not_sent", "kv_not_sent_bytes", "KV bytes a decode engine's prefix cache spared the transfer."),
+    ("requests_fully_cached", "requests_fully_cached",
+     "Requests whose whole prompt a decode engine had cached: no prefill at all."),
 )
 BY_REASON = (
     ("rejected_frames", "control_frames_rejected", "Control frames dropped, by reason (bad MAC, replayed, ...)."),
@@ -80,8 +89,7 @@ class EngineCollector:
             for attr, family in (gauges | counters).items():
                 family.add_metric(values, float(getattr(s, attr)))
             usage.add_metric(values, s.kv_cache_usage)
-            # only engines that count preemptions report them (the in-process one does; a
-            # launched unit's stats do not carry the number yet): no sample rather than a false 0
+            # only engines that count preemptions report them: no sample rather than a false 0
             if PREEMPTIONS_KEY in s.extra:
                 preemptions.add_metric(values, float(s.extra[PREEMPTIONS_KEY]))
             for attr, family in by_reason.items():

@@ -183,7 +183,7 @@ class InProcessBackend:
             event = TokenEvent(
                 out.request_id, list(out.new_token_ids), out.finished, out.finish_reason,
                 new_logprobs=list(out.new_logprobs or ()), error=out.error, instance=self.name,
-                prompt_logprobs=out.prompt_logprobs,
+                prompt_logprobs=out.prompt_logprobs, num_cached_tokens=out.num_cached_tokens,
             )
             self._send(out.request_id, event)
 
@@ -209,6 +209,8 @@ class InProcessBackend:
         self._stats.waiting = len(sched.waiting)
         self._stats.kv_pages_used = self._engine.config.num_pages - self._engine.num_free_pages
         self._stats.extra = {"num_preemptions": float(sched.num_preemptions)}
+        self._stats.prefix_cache_queries = sched.prefix_cache_queries
+        self._stats.prefix_cache_hits = sched.prefix_cache_hits
         spec = self._engine.spec_stats
         self._stats.spec_num_drafts, self._stats.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
         self._stats.spec_num_accepted_tokens = spec.num_accepted_tokens

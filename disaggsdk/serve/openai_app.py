@@ -171,7 +171,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         run_ids = [response_id] if len(reqs) == 1 else [f"{response_id}-{k}" for k in range(len(reqs))]
         runs = [RequestRun(backend, metrics, rid, r, model) for rid, r in zip(run_ids, reqs)]
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
-        choices = Choices(runs, response_id, prompt_tokens)
+        choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)
         firsts = await choices.start(request)
         if firsts is None:
             return Response(status_code=499)  # the client left before its first token; nobody reads this

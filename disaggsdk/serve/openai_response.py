@@ -14,9 +14,13 @@ if TYPE_CHECKING:
 Decode = Callable[[Sequence[int]], str]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """The ``usage`` object. ``prompt_tokens_details.cached_tokens`` (prompt tokens a prefix cache
+    served) is always there, 0 included, as OpenAI answers; vLLM adds it only with
+    ``--enable-prompt-tokens-details`` and a non-zero count."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion_logprobs(lps: Sequence[TokenLogprobs], decode: Decode, text_offset: int) -> dict[str, Any]:
@@ -98,7 +102,7 @@ def choice(
 
 
 def body(chat: bool, request_id: str, created: int, model: str, choices: list[dict[str, Any]],
-         chunk: bool, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+         chunk: bool, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
     """A whole response or one SSE chunk around ``choices``."""
     kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     out: dict[str, Any] = {"id": request_id, "object": kind, "created": created, "model": model, "choices": choices}

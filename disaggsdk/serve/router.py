@@ -1,11 +1,9 @@
 """The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events.
 
-Requests go to the healthy decode (or, colocated, mixed) unit with the fewest requests in flight;
-the unit's `Tokens` messages become `TokenEvent`s for the request's sink. When a unit dies, a
-request it held that has not streamed a token yet is sent once more, to another live unit (the
-client never sees the death); one already streaming ends with an error event at once (the
-client can retry); the dead unit's gauges go. Stats are asked of every unit and gathered here,
-so a snapshot is the router's view, not the runtime's.
+Requests go to the healthy decode (or, colocated, mixed) unit `serve.routing` picks (`unit_routing`);
+its `Tokens` become the request's `TokenEvent`s. A request a dying unit held moves once to another
+live unit if it has streamed no token yet (the client never sees the death), else ends with a
+retryable error event; the dead unit's gauges and routed prefixes go. Stats are gathered here.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
 from disaggsdk.serve.unit_gauges import instance_stats
-
-SERVING_ROLES = ("decode", "mixed")
+from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 
 
 class Router:
@@ -47,6 +44,7 @@ class Router:
         self.model_name = runtime.model_name
         self.max_model_len = resolve_model(self.spec.model).max_context_tokens  # checked at the HTTP edge
         self._roles = runtime.unit_roles()
+        self.routing = UnitRouting.from_spec(self.spec)  # guarded by _lock
         self._lock = threading.Lock()
         self._closed = False
         self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
@@ -83,7 +81,8 @@ class Router:
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
         prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
         event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason,
-                           ch.engine_logprobs(msg.logprobs), error=msg.error, instance=unit, prompt_logprobs=prompt)
+                           ch.engine_logprobs(msg.logprobs), error=msg.error, instance=unit, prompt_logprobs=prompt,
+                           num_cached_tokens=msg.num_cached_tokens)
         with self._lock:
             self._not_started.pop(msg.request_id, None)
             self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
@@ -108,6 +107,7 @@ class Router:
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self._last_stats.pop(unit, None)  # a dead unit's gauges go with it
+            self.routing.forget(unit)  # and what it cached
         for rid in held:
             if not self._resubmit(rid):
                 self._join.forget(rid)
@@ -126,7 +126,7 @@ class Router:
             start = self._not_started.get(request_id)
             if start is None or request_id in self._resubmitted or request_id not in self._sinks:
                 return False
-            unit = self._least_busy()
+            unit = self._pick_unit(self.routing.hashes(start[0]))
             if unit is None:
                 return False
             self._resubmitted.add(request_id)
@@ -137,9 +137,9 @@ class Router:
             self._in_flight[unit].discard(request_id)
         return False
 
-    def _least_busy(self) -> str | None:
+    def _pick_unit(self, hashes: list[bytes]) -> str | None:
         serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
-        return min(serving, key=lambda n: (len(self._in_flight[n]), n)) if serving else None
+        return self.routing.pick(serving, hashes, {n: len(self._in_flight[n]) for n in serving})
 
     def unrecoverable(self) -> str | None:
         """Why no request can be served again (every decode unit dead, no restart left), or None."""
@@ -165,19 +165,20 @@ class Router:
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
                sink: Callable[[TokenEvent], None]) -> str:
-        """Send a request to the least busy serving unit; ``sink`` gets its events (reader thread).
+        """Send a request to the serving unit `serve.routing` picks; ``sink`` gets its events (reader thread).
 
         Returns:
             The unit's name.
         Raises:
             LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
         """
+        hashes = self.routing.hashes(prompt_ids)  # before the lock: a long prompt takes milliseconds
         with self._lock:
             if self._closed:
                 raise LaunchError("the runtime is closed; start a new one")
             if request_id in self._sinks:
                 raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
-            unit = self._least_busy()
+            unit = self._pick_unit(hashes)
             if unit is None:
                 raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
             self._in_flight[unit].add(request_id)

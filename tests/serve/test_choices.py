@@ -23,7 +23,8 @@ def test_batched_prompts_times_n_whole(deployment):
     one = httpx.post(f"{deployment.url}/v1/completions", json=body | {"prompt": [5, 6, 7], "n": 1}).json()
     assert one["choices"][0]["token_ids"] == r["choices"][2]["token_ids"]  # prompt 1, sample 0: seed 11
     prompt_tokens = httpx.post(f"{deployment.url}/tokenize", json={"prompt": "def f(x):"}).json()["count"] + 3
-    assert r["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 24, "total_tokens": prompt_tokens + 24}
+    assert r["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 24, "total_tokens": prompt_tokens + 24,
+                          "prompt_tokens_details": {"cached_tokens": 0}}  # both prompts shorter than a page
 
 
 def test_n_streamed_with_the_openai_client(deployment):

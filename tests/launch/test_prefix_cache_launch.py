@@ -1,0 +1,91 @@
+"""Prefix caching across prefill and decode (real units, real libfabric): under a multi-turn load
+with a small KV pool (cached pages are evicted and reused), greedy tokens equal an uncached
+colocated engine's, the decode unit asks prefill only for the pages it lacks, and fewer bytes move."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
+from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+
+MODEL = "qwen3-coder-tiny"
+PARAMS = SamplingParams(max_tokens=5, ignore_eos=True)
+NUM_PAGES = 48  # of 4 tokens: the three conversations' histories do not all fit, so pages are evicted
+
+
+def conversations(n: int = 3, turns: int = 3, seed: int = 1) -> list[list[list[int]]]:
+    """Turn k's prompt is turn k - 1's plus a synthetic reply and a new user message; all share a system prompt."""
+    rng = random.Random(seed)
+    system = [rng.randrange(256) for _ in range(38)]
+    out = []
+    for _ in range(n):
+        history, prompts = list(system), []
+        for _ in range(turns):
+            history += [rng.randrange(256) for _ in range(rng.randint(5, 11))]
+            prompts.append(list(history))
+            history += [rng.randrange(256) for _ in range(6)]
+        out.append(prompts)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    convs = conversations()
+    prompts = [p for k in range(3) for p in (c[k] for c in convs)]
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+        return convs, [o.output_ids for o in engine.generate(prompts, PARAMS)]
+
+
+def run(spec, convs):
+    """Each turn of every conversation at once, turn after turn; tokens in turn-major order, and stats."""
+    before = live_descendants()
+    tokens, cached = [], []
+    with serve_locally(spec, on_event=lambda _line: None) as rt:
+        for k in range(len(convs[0])):
+            events = rt.generate_batch([c[k] for c in convs], PARAMS, timeout_s=120)
+            assert all(ev[-1].finish_reason == "length" for ev in events), [ev[-1].error for ev in events]
+            tokens += [[t for e in ev for t in e.new_token_ids] for ev in events]
+            cached += [ev[-1].num_cached_tokens for ev in events]
+        stats = rt.unit_stats()
+    assert live_descendants() <= before, "a unit or tp worker outlived close()"
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())  # free or evictable: no page leaked
+    assert sum(s.transfer_failures for s in stats.values()) == 0 and not any(s.rejected_requests for s in stats.values())
+    return tokens, stats, cached
+
+
+def sent_bytes(stats) -> int:
+    return sum(s.transfer_bytes for s in stats.values() if s.role == "prefill")
+
+
+def test_cached_and_uncached_deployments_give_the_same_tokens_and_the_cache_sends_less(reference):
+    convs, expected = reference
+    spec = make_spec(MODEL, num_pages=NUM_PAGES, budget=16)
+    cached_tokens, cached, usage = run(spec, convs)
+    plain_tokens, plain, plain_usage = run(attrs.evolve(spec, engine=attrs.evolve(spec.engine, prefix_caching=False)),
+                                           convs)
+    assert cached_tokens == expected and plain_tokens == expected
+    assert sent_bytes(cached) < 0.6 * sent_bytes(plain)
+    assert sum(s.prefilled_locally for s in cached.values()) == 0
+    decode, prefill = cached["decode-0"], cached["prefill-0"]
+    assert decode.pages_not_sent > 0 and decode.bytes_not_sent > 0 and decode.prefix_cache_hits > 0
+    assert prefill.prefix_cache_hits > 0  # the prefill unit computed only suffixes too
+    assert all(n > 0 for n in usage[3:]) and not any(plain_usage)  # later turns report cached prompt tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("provider,prefill_tp,decode_tp", [("tcp", 1, 1), ("shm", 2, 1), ("tcp", 1, 2)])
+def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill_tp, decode_tp):
+    convs, expected = reference
+    spec = make_spec(MODEL, prefill_tp=prefill_tp, decode_tp=decode_tp, provider=provider, num_pages=NUM_PAGES,
+                     budget=16)
+    tokens, stats, _ = run(spec, convs)
+    assert tokens == expected
+    assert sum(s.pages_not_sent for s in stats.values()) > 0

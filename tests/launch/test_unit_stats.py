@@ -1,0 +1,66 @@
+"""A unit's prefix caching figures reach the router: cached tokens in `Tokens`, the prefix cache and
+not-sent counters in `UnitStats`, through the channel's msgpack and into `InstanceStats`."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgspec
+
+from disaggsdk.engine.speculative.stats import SpecStats
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.unit import Unit
+from disaggsdk.messenger.stats import TransferTotals
+from disaggsdk.serve.unit_gauges import instance_stats
+
+
+class Conn:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def unit(role: str, totals: TransferTotals | None) -> Unit:
+    """A `Unit` over fakes: only what `_stats` and `_emit` read."""
+    scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2, prefix_cache_queries=96,
+                                prefix_cache_hits=64)
+    engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, config=SimpleNamespace(num_pages=40),
+                             spec_stats=SpecStats())
+    messenger = None if totals is None else SimpleNamespace(
+        totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={})
+    u = Unit.__new__(Unit)
+    u.args, u.conn, u.engine, u.messenger = SimpleNamespace(name=f"{role}-0", role=role), Conn(), engine, messenger
+    return u
+
+
+def round_trip(msg):
+    return ch.FROM_UNIT.decode(msgspec.msgpack.encode(msg))
+
+
+def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
+    totals = TransferTotals(pages_not_sent=12, bytes_not_sent=49152, fully_cached=1)
+    sent = round_trip(unit("decode", totals)._stats(seq=3, with_recent=False))
+    assert (sent.prefix_cache_queries, sent.prefix_cache_hits) == (96, 64)
+    assert (sent.pages_not_sent, sent.bytes_not_sent, sent.requests_fully_cached) == (12, 49152, 1)
+    snapshot = instance_stats("decode-0", "decode", True, sent)
+    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (96, 64)
+    assert (snapshot.pages_not_sent, snapshot.bytes_not_sent, snapshot.requests_fully_cached) == (12, 49152, 1)
+    assert snapshot.prefix_cache_hit_rate == 64 / 96
+
+
+def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
+    sent = round_trip(unit("mixed", None)._stats(seq=0, with_recent=False))
+    assert (sent.prefix_cache_queries, sent.pages_not_sent, sent.requests_fully_cached) == (96, 0, 0)
+    empty = instance_stats("decode-1", "decode", False, None)
+    assert (empty.prefix_cache_queries, empty.bytes_not_sent, empty.prefix_cache_hit_rate) == (0, 0, None)
+
+
+def test_tokens_carry_the_requests_cached_tokens():
+    u = unit("decode", None)
+    out = SimpleNamespace(request_id="r", new_token_ids=[5], finished=False, finish_reason=None, error=None,
+                          new_logprobs=[], prompt_logprobs=None, num_cached_tokens=32)
+    u._emit([out])
+    assert round_trip(u.conn.sent[0]).num_cached_tokens == 32
+    assert round_trip(ch.Tokens("r", [1])).num_cached_tokens == 0  # default: nothing cached
