@@ -11,6 +11,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from disaggsdk.errors import DisaggError
 
@@ -69,6 +70,21 @@ def random_requests(
     ]
 
 
+def read_sharegpt(path: str | Path) -> list[Any]:
+    """The entries of a ShareGPT-format file (a JSON list), unchecked beyond that.
+
+    Raises:
+        DatasetError: unreadable file, not JSON, or not a list.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"--dataset {path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"--dataset {path}: expected a JSON list of ShareGPT entries with 'conversations'")
+    return data
+
+
 def sharegpt_requests(
     path: str | Path, num_prompts: int, count_tokens, output_len: int | None = None, seed: int = 0  # noqa: ANN001
 ) -> list[BenchRequest]:
@@ -83,14 +99,8 @@ def sharegpt_requests(
     Raises:
         DatasetError: unreadable file, wrong shape, or too few usable conversations.
     """
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"--dataset {path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, list):
-        raise DatasetError(f"--dataset {path}: expected a JSON list of ShareGPT entries with 'conversations'")
     rng = random.Random(seed)
-    entries = list(data)
+    entries = read_sharegpt(path)
     rng.shuffle(entries)
     out: list[BenchRequest] = []
     for entry in entries:

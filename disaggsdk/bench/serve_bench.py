@@ -5,6 +5,10 @@ Arrivals are Poisson at ``qps`` (vLLM's ``--request-rate``; gamma-distributed ga
 from /v1/completions or /v1/chat/completions (`serve_request`); chunks are timed as vLLM times
 them (`stream_timeline`: one ITL per chunk), and the result document has vLLM's keys
 (`serve_result`, `disaggsdk.report.latency.summarize`) plus a few of ours.
+
+A multi-turn load (`multi_turn.MultiTurnWorkload`) starts conversations, not requests, at those
+arrivals; a conversation sends its next turn once the last one's response ended, as a user waits
+for the reply. A plain request list is a load of one-turn conversations, sent exactly as before.
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from typing import Any
 import httpx
 
 from disaggsdk.bench.dataset import BenchRequest
+from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.bench.serve_request import RequestOptions, headers, send
-from disaggsdk.bench.serve_result import keep_percentiles_of, per_request_lists, per_second_peaks
+from disaggsdk.bench.serve_result import (
+    cached_token_counts, keep_percentiles_of, per_request_lists, per_second_peaks,
+)
 from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS, RequestTimeline, summarize
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 OnDone = Callable[[RequestTimeline], None]
+Load = Sequence[BenchRequest] | MultiTurnWorkload  # independent requests, or conversations
 
 
 class BenchError(DisaggError):
@@ -46,6 +54,7 @@ class LoadShape:
     seed: int = 0
     num_warmups: int = 0  # untimed copies of the first request before the load (vLLM's --num-warmups)
     initial_test: bool = False  # vLLM's untimed single test request first (`disaggsdk bench` sends it)
+    think_time_s: float = 0.0  # multi-turn: a user's pause between a reply and the next turn
 
     def __post_init__(self) -> None:
         if self.qps <= 0 or self.burstiness <= 0:
@@ -53,6 +62,8 @@ class LoadShape:
         if self.num_warmups < 0 or (self.max_concurrency is not None and self.max_concurrency < 1):
             raise BenchError(f"--num-warmups ({self.num_warmups}) must be >= 0 and --max-concurrency "
                              f"({self.max_concurrency}) >= 1")
+        if not 0 <= self.think_time_s < math.inf:
+            raise BenchError(f"--multi-turn-think-s must be a number of seconds >= 0, got {self.think_time_s}")
 
 
 def arrival_gaps_s(shape: LoadShape, n: int) -> list[float]:
@@ -65,25 +76,47 @@ def arrival_gaps_s(shape: LoadShape, n: int) -> list[float]:
     return gaps + [0.0]  # nothing to wait for after the last send
 
 
+def conversations_of(load: Load) -> list[Sequence[BenchRequest]]:
+    """The conversations of ``load``: a plain request list is one-turn conversations."""
+    return list(load.conversations) if isinstance(load, MultiTurnWorkload) else [[req] for req in load]
+
+
 async def run_load(
     url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
     options: RequestOptions = RequestOptions(), on_done: OnDone | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[list[StreamTimeline], float]:
-    """Send ``requests`` with the arrival process ``shape``.
+    """Send ``requests`` with the arrival process ``shape``: `run_conversations` of one turn each,
+    whose returns (timelines in request order, duration) and raises it shares."""
+    return await run_conversations(url, model, [[req] for req in requests], shape, api_key, options, on_done,
+                                   on_start)
 
-    With ``shape.initial_test``, as vLLM's ``bench serve``, the first request is sent once alone
-    before the timed load (it fails fast on wrong settings, and both tools then start on a server
-    that has answered once); then ``shape.num_warmups`` copies of it, at most ``max_concurrency``
-    at a time. ``on_start`` is called when the timed load begins, after them.
+
+async def run_conversations(
+    url: str, model: str, conversations: Sequence[Sequence[BenchRequest]], shape: LoadShape,
+    api_key: str | None = None, options: RequestOptions = RequestOptions(), on_done: OnDone | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[list[StreamTimeline], float]:
+    """Start ``conversations`` with the arrival process ``shape``; each sends its turns in order.
+
+    Turn k+1 is sent once turn k's response has ended and ``shape.think_time_s`` has passed, and
+    then waits for a slot like any request: ``max_concurrency`` caps requests in flight, not
+    conversations. A failed turn does not end its conversation (the next prompt does not depend on
+    the reply). With ``shape.initial_test``, as vLLM's ``bench serve``, the first request is sent
+    once alone before the timed load (it fails fast on wrong settings, and both tools then start on
+    a server that has answered once; for a multi-turn load it also puts the shared system prompt in
+    the server's cache, as a running chat service has it); then ``shape.num_warmups`` copies of it,
+    at most ``max_concurrency`` at a time. ``on_start`` is called when the timed load begins.
 
     Returns:
-        (timelines in request order, duration in seconds from the first send to the last answer).
+        (timelines conversation by conversation, turns in order; duration in seconds from the
+        first send to the last answer).
     Raises:
         BenchError: the initial test request failed.
     """
-    limit = asyncio.Semaphore(shape.max_concurrency or len(requests))
-    limits = httpx.Limits(max_connections=len(requests) + 1, max_keepalive_connections=len(requests) + 1)
+    n = len(conversations)  # at most one request per conversation is in flight
+    limit = asyncio.Semaphore(shape.max_concurrency or n)
+    limits = httpx.Limits(max_connections=n + 1, max_keepalive_connections=n + 1)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as client:
 
         async def one(req: BenchRequest, timed: bool = True) -> StreamTimeline:
@@ -93,20 +126,28 @@ async def run_load(
                 on_done(t)
             return t
 
-        test = await one(requests[0], timed=False) if shape.initial_test else None
+        async def talk(turns: Sequence[BenchRequest]) -> list[StreamTimeline]:
+            timelines = []
+            for k, req in enumerate(turns):
+                if k and shape.think_time_s > 0:
+                    await asyncio.sleep(shape.think_time_s)
+                timelines.append(await one(req))  # returns once the response has ended
+            return timelines
+
+        test = await one(conversations[0][0], timed=False) if shape.initial_test else None
         if test is not None and not test.ok:
             raise BenchError(f"the initial test request failed against {url} ({test.error}); "
                              f"check the model, endpoint and lengths")
-        await asyncio.gather(*(one(requests[0], timed=False) for _ in range(shape.num_warmups)))
+        await asyncio.gather(*(one(conversations[0][0], timed=False) for _ in range(shape.num_warmups)))
         if on_start is not None:
             on_start()
         start = time.perf_counter()
         tasks = []
-        for req, gap_s in zip(requests, arrival_gaps_s(shape, len(requests))):
-            tasks.append(asyncio.create_task(one(req)))
+        for turns, gap_s in zip(conversations, arrival_gaps_s(shape, len(conversations))):
+            tasks.append(asyncio.create_task(talk(turns)))
             if gap_s > 0:
                 await asyncio.sleep(gap_s)
-        timelines = list(await asyncio.gather(*tasks))
+        timelines = [t for conversation in await asyncio.gather(*tasks) for t in conversation]
     return timelines, time.perf_counter() - start
 
 
@@ -125,7 +166,7 @@ def served_model(url: str, api_key: str | None = None) -> str:
 
 
 def bench(
-    url: str, requests: Sequence[BenchRequest], shape: LoadShape = LoadShape(), model: str | None = None,
+    url: str, requests: Load, shape: LoadShape = LoadShape(), model: str | None = None,
     api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
     percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = RequestOptions(),
     percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
@@ -138,7 +179,8 @@ def bench(
 
     Args:
         url: the server, e.g. ``http://127.0.0.1:8000``.
-        requests: what to send (text prompts for the chat endpoint).
+        requests: what to send (text prompts for the chat endpoint): requests, or a multi-turn
+            workload whose conversations arrive as ``shape`` says.
         shape: arrival process.
         model: the model name to ask for; the server's first model when None.
         api_key: bearer token, if the server wants one.
@@ -154,12 +196,15 @@ def bench(
     Returns:
         vLLM's result keys (`serve_result`) plus the run's settings, ``failed``, ``send_times_s``
         and ``client_cpu_s``, the CPU time of this process during the load: the client's alone when
-        it has a process of its own, as `disaggsdk bench` has.
+        it has a process of its own, as `disaggsdk bench` has; ``total_cached_tokens`` and
+        ``cached_token_ratio`` when the server reported cached prompt tokens; for a multi-turn
+        workload its ``multi_turn`` block (``num_prompts`` counts requests, not conversations).
     Raises:
         BenchError: the server is unreachable, a token-id prompt for the chat endpoint, the
             initial test request or every request failed.
     """
-    if options.chat and not all(isinstance(r.prompt, str) for r in requests):
+    conversations = conversations_of(requests)
+    if options.chat and not all(isinstance(r.prompt, str) for turns in conversations for r in turns):
         raise BenchError("the chat endpoint needs text prompts; decode token-id prompts with the model's tokenizer")
     url = url.rstrip("/")
     model = model or served_model(url, api_key)
@@ -167,7 +212,8 @@ def bench(
 
     def work() -> None:
         try:
-            box["out"] = asyncio.run(run_load(url, model, requests, shape, api_key, options, on_done, on_start))
+            box["out"] = asyncio.run(
+                run_conversations(url, model, conversations, shape, api_key, options, on_done, on_start))
         except BaseException as exc:  # handed to the caller's thread below
             box["exc"] = exc
 
@@ -185,13 +231,16 @@ def bench(
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": options.backend,
         "backend": options.backend, "label": None, "model_id": model, "tokenizer_id": tokenizer_id or model,
-        "num_prompts": len(requests), "request_rate": "inf" if math.isinf(shape.qps) else shape.qps,
+        "num_prompts": len(timelines), "request_rate": "inf" if math.isinf(shape.qps) else shape.qps,
         "burstiness": shape.burstiness, "max_concurrency": shape.max_concurrency,
         "endpoint": options.endpoint, "temperature": options.temperature, "ignore_eos": options.ignore_eos,
     }
     summary = summarize(timelines, duration_s, percentiles, slos_ms)
     result |= {"request_goodput": None} | keep_percentiles_of(summary, percentile_metrics)
     result |= per_request_lists(timelines) | per_second_peaks(timelines) | {"client_cpu_s": client_cpu_s}
+    result |= cached_token_counts(timelines)
+    if isinstance(requests, MultiTurnWorkload):
+        result["multi_turn"] = requests.describe() | {"think_time_s": shape.think_time_s}
     return result
 
 

@@ -6,6 +6,7 @@ The keys are vLLM 0.32's (``vllm/benchmarks/serve.py``): the summary numbers of
 peaks ``max_output_tokens_per_s`` and ``max_concurrent_requests``, and ``request_goodput`` (None
 without an SLO). Percentile keys (``p99_itl_ms``) appear for the metrics ``--percentile-metrics``
 selects; mean, median and std of every metric are always there, since our tools read them.
+Ours beside them: ``send_times_s``, and the prefix cache's share when the server reports it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def per_request_lists(timelines: Sequence[StreamTimeline]) -> dict[str, list[Any
         "errors": [t.error or "" for t in timelines],
         "send_times_s": [t.sent_s - first_send_s for t in timelines],  # ours: a trace for `disaggsdk simulate`
     }
+
+
+def cached_token_counts(timelines: Sequence[StreamTimeline]) -> dict[str, float | int]:
+    """``total_cached_tokens`` and ``cached_token_ratio`` (over ``total_input_tokens``) of the
+    completed requests, when any of them carried ``usage.prompt_tokens_details.cached_tokens``;
+    nothing otherwise, so a server that does not report them leaves vLLM's keys as they were."""
+    done = [t for t in timelines if t.ok]
+    if all(t.cached_tokens is None for t in done):
+        return {}
+    cached = sum(t.cached_tokens or 0 for t in done)
+    input_tokens = sum(t.prompt_tokens for t in done)
+    return {"total_cached_tokens": cached, "cached_token_ratio": cached / input_tokens if input_tokens else 0.0}
 
 
 def per_second_peaks(timelines: Sequence[StreamTimeline]) -> dict[str, float | int]:

@@ -28,6 +28,9 @@ class StreamTimeline(RequestTimeline):
     usage_output_tokens: int | None = None  # the server's usage.completion_tokens, when it sent one
     tagged_output_tokens: int = 0  # token ids the chunks carried (our server's return_token_ids)
     generated_text: str = ""
+    # prompt tokens the server's prefix cache served (usage.prompt_tokens_details.cached_tokens:
+    # vLLM with --enable-prompt-tokens-details); None when the server did not say
+    cached_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -64,3 +67,6 @@ class StreamTimeline(RequestTimeline):
         if usage:
             self.usage_output_tokens = usage.get("completion_tokens") or self.usage_output_tokens
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            details = usage.get("prompt_tokens_details") or {}  # servers send null without the option
+            if details.get("cached_tokens") is not None:
+                self.cached_tokens = details["cached_tokens"]

@@ -13,13 +13,18 @@ import argparse
 import math
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS
 
+if TYPE_CHECKING:
+    from disaggsdk.bench.multi_turn import MultiTurnShape
+    from disaggsdk.bench.serve_bench import LoadShape
+
 DEFAULT_OUTPUT_LEN = 64
-DATASETS = ("random", "sharegpt")
+DEFAULT_USER_LEN = 64  # multi-turn: each user message, unless --input-len is given
+DATASETS = ("random", "sharegpt", "multi-turn")
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}  # vLLM's --backend -> endpoint
 RUNTIME_BACKENDS = ("local", "ray")  # --backend's other meaning: where a spec's units run (cli.runtime_options)
 
@@ -28,10 +33,20 @@ class BenchArgsError(DisaggError):
     """Command-line arguments of `bench` that cannot be used."""
 
 
+class _StoreGiven(argparse.Action):
+    """Store the value and set ``<dest>_given``: --input-len's default is the random dataset's prompt
+    length, too long for one multi-turn user message, which then defaults to `DEFAULT_USER_LEN`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """The load, request, metric and output options, shared with ``disaggsdk launch --bench``."""
     g = parser.add_argument_group("load")
-    g.add_argument("--num-prompts", type=int, default=50, help="requests to send")
+    g.add_argument("--num-prompts", type=int, default=50,
+                   help="requests to send (multi-turn: conversations, each of --multi-turn-turns requests)")
     g.add_argument("--request-rate", "--qps", dest="request_rate", type=float, default=math.inf,
                    help="mean arrival rate in requests/s (Poisson); inf: all at once")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
@@ -39,17 +54,28 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-warmups", type=int, default=0,
                    help="untimed copies of the first request sent before the load (after vLLM's one test request)")
     g.add_argument("--dataset-name", choices=DATASETS, default=None,
-                   help="random token ids, or ShareGPT conversations from --dataset-path "
-                        "(default: sharegpt when a path is given, else random)")
+                   help="random token ids, ShareGPT conversations from --dataset-path, or multi-turn chats "
+                        "that resend their history (synthetic token ids, or every turn of --dataset-path's "
+                        "conversations) (default: sharegpt when a path is given, else random)")
     g.add_argument("--dataset-path", "--dataset", dest="dataset_path", default=None, metavar="FILE",
                    help="ShareGPT-format JSON")
     g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=256,
-                   help="prompt tokens (random dataset)")
+                   action=_StoreGiven, help=f"prompt tokens of the random dataset (multi-turn: each user "
+                                            f"message, {DEFAULT_USER_LEN} unless given)")
+    parser.set_defaults(input_len_given=False)
     g.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
-                   help=f"output tokens (random dataset: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's when given)")
+                   help=f"output tokens (random and multi-turn: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's "
+                        f"when given)")
     g.add_argument("--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, default=0.0,
                    help="lengths uniform in len*(1-r)..len*(1+r)")
     g.add_argument("--seed", type=int, default=0, help="seeds the prompts, their lengths and the arrival gaps")
+    g.add_argument("--multi-turn-turns", type=int, default=4,
+                   help="multi-turn: requests per conversation, each sent once the previous answer ended "
+                        "(at most, for --dataset-path)")
+    g.add_argument("--multi-turn-system-len", type=int, default=512,
+                   help="multi-turn: tokens of the system prompt every synthetic conversation starts with")
+    g.add_argument("--multi-turn-think-s", type=float, default=0.0,
+                   help="multi-turn: seconds a user waits after an answer before the next turn")
     r = parser.add_argument_group("requests")
     r.add_argument("--endpoint", choices=tuple(BACKENDS.values()), default=None,
                    help="API to load; chat sends one user message per prompt (default: --backend's, "
@@ -100,17 +126,49 @@ def endpoint(args: argparse.Namespace) -> str:
 
 
 def dataset_name(args: argparse.Namespace) -> str:
-    """``random`` or ``sharegpt``, from ``--dataset-name`` and ``--dataset-path``.
+    """``random``, ``sharegpt`` or ``multi-turn``, from ``--dataset-name`` and ``--dataset-path``.
 
     Raises:
-        BenchArgsError: sharegpt without a path, or a path for the random dataset.
+        BenchArgsError: sharegpt without a path, a path for the random dataset, or synthetic
+            multi-turn prompts (token ids) for the chat endpoint.
     """
     name = args.dataset_name or ("sharegpt" if args.dataset_path else "random")
     if name == "sharegpt" and not args.dataset_path:
         raise BenchArgsError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON)")
     if name == "random" and args.dataset_path:
-        raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt; the random dataset has no file")
+        raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt or multi-turn; the random dataset "
+                             "has no file")
+    if name == "multi-turn" and not args.dataset_path and endpoint(args) == BACKENDS["openai-chat"]:
+        raise BenchArgsError("synthetic multi-turn prompts are token ids, which /v1/chat/completions cannot take: "
+                             "use /v1/completions, or give --dataset-path FILE (ShareGPT multi-turn text)")
     return name
+
+
+def multi_turn_shape(args: argparse.Namespace) -> MultiTurnShape:
+    """The synthetic conversations of ``--dataset-name multi-turn``: ``--multi-turn-turns``,
+    ``--multi-turn-system-len``, user messages of ``--input-len`` (`DEFAULT_USER_LEN` when not
+    given) and replies of ``--output-len`` (`DEFAULT_OUTPUT_LEN`).
+
+    Raises:
+        DatasetError: a count or length out of range.
+    """
+    from disaggsdk.bench.multi_turn import MultiTurnShape
+
+    user_len = args.input_len if args.input_len_given else DEFAULT_USER_LEN
+    output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
+    return MultiTurnShape(args.multi_turn_turns, args.multi_turn_system_len, user_len, output_len)
+
+
+def load_shape(args: argparse.Namespace) -> LoadShape:
+    """The arrival process of the load options, with vLLM's untimed test request first.
+
+    Raises:
+        BenchError: a rate, burstiness, concurrency, warm-up count or think time out of range.
+    """
+    from disaggsdk.bench.serve_bench import LoadShape
+
+    return LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed, args.num_warmups,
+                     initial_test=True, think_time_s=args.multi_turn_think_s)
 
 
 def slos_ms(args: argparse.Namespace) -> dict[str, float]:

@@ -25,6 +25,7 @@ from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.bench.multi_turn import MultiTurnWorkload
     from disaggsdk.face.deployment import Deployment
 
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM's flags and keys."
@@ -53,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser)
 
 
-def load_requests(args: argparse.Namespace, model: str | None, chat: bool = False) -> list[BenchRequest]:
-    """The benchmark's requests from the load options.
+def load_requests(args: argparse.Namespace, model: str | None,
+                  chat: bool = False) -> list[BenchRequest] | MultiTurnWorkload:
+    """The benchmark's requests (or multi-turn conversations) from the load options.
 
     Random prompts are token ids; for the chat endpoint they become text of the same length in the
     tokenizer (the server's usage then gives the real prompt length, chat template included).
@@ -63,8 +65,13 @@ def load_requests(args: argparse.Namespace, model: str | None, chat: bool = Fals
         DisaggError: bad dataset options, or no tokenizer where one is needed.
     """
     from disaggsdk.bench.dataset import BenchRequest, random_requests, sharegpt_requests
+    from disaggsdk.bench.multi_turn import sharegpt_conversations, synthetic_conversations
 
     name = bench_args.dataset_name(args)
+    if name == "multi-turn":
+        shape = bench_args.multi_turn_shape(args)
+        if not args.dataset_path:
+            return synthetic_conversations(args.num_prompts, shape, args.seed)
     if name == "random":
         output_len = args.output_len or bench_args.DEFAULT_OUTPUT_LEN
         requests = random_requests(args.num_prompts, args.input_len, output_len, args.range_ratio, args.seed)
@@ -75,6 +82,9 @@ def load_requests(args: argparse.Namespace, model: str | None, chat: bool = Fals
         texts = [_text_of_length(tokenizer, list(r.prompt)) for r in requests]
         return [BenchRequest(text, n, r.output_len) for (text, n), r in zip(texts, requests)]
     count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    if name == "multi-turn":
+        return sharegpt_conversations(args.dataset_path, args.num_prompts, count, shape.turns, args.output_len,
+                                      args.seed)
     return sharegpt_requests(args.dataset_path, args.num_prompts, count, args.output_len, args.seed)
 
 
@@ -102,7 +112,7 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from disaggsdk.bench.serve_bench import LoadShape, bench, served_model
+    from disaggsdk.bench.serve_bench import bench, conversations_of, served_model
     from disaggsdk.bench.serve_request import RequestOptions
     from disaggsdk.report.live import InstanceRow
     from disaggsdk.report.live_table import LiveView, instance_table
@@ -112,11 +122,10 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     percentile_metrics = bench_args.percentile_metrics(args)
     model = model or served_model(url, api_key)
     requests = load_requests(args, model, options.chat)
-    shape = LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed, args.num_warmups,
-                      initial_test=True)
+    shape = bench_args.load_shape(args)
     progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console)
-    task = progress.add_task("requests", total=len(requests))
+    task = progress.add_task("requests", total=sum(map(len, conversations_of(requests))))
 
     def render() -> Any:
         if deployment is None or getattr(args, "no_live", False):
@@ -172,6 +181,11 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
                 per_pos = " ".join(f"{x:.0%}" for x in sp["per_position_acceptance"])
                 console.print(f"{name}: speculative drafts accepted {sp['acceptance_rate']:.0%} (by position: "
                               f"{per_pos}), {sp['mean_accepted_length']:.2f} tokens per verify step")
+            if r.get("multi_turn"):
+                mt, cached = r["multi_turn"], r.get("cached_token_ratio")
+                served = f"; the server's cache served {cached:.0%} of the prompt tokens" if cached is not None else ""
+                console.print(f"{name}: {mt['conversations']} conversations; earlier prompts held "
+                              f"{mt['prefix_reuse_ratio']:.0%} of the prompt {mt['prefix_reuse_unit']}{served}")
         for path in paths:
             console.print(f"results written to {path}")
     if len(results) == 2:
@@ -192,9 +206,11 @@ def _target(args: argparse.Namespace) -> str:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    """Raise BenchArgsError (or BenchError) for options that cannot work, before anything starts."""
+    """Raise BenchArgsError (or BenchError, DatasetError) for options that cannot work, before anything starts."""
     bench_args.endpoint(args)
-    bench_args.dataset_name(args)
+    if bench_args.dataset_name(args) == "multi-turn":
+        bench_args.multi_turn_shape(args)
+    bench_args.load_shape(args)
     bench_args.slos_ms(args)
     if args.repeat > 1 and (99 not in bench_args.percentiles(args) or "itl" not in bench_args.percentile_metrics(args)):
         raise BenchArgsError(f"--repeat picks the run by {REPEAT_KEY}: keep 99 in --metric-percentiles and itl in "
