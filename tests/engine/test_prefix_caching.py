@@ -64,14 +64,14 @@ def test_a_repeated_prompt_computes_only_its_last_page():
     assert engine.scheduler.prefix_cache_queries == 2 * len(prompt)
 
 
-@pytest.mark.parametrize("num_pages", [256, 40])
-def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(num_pages):
+@pytest.mark.parametrize("model,num_pages", [(MODEL, 256), (MODEL, 40), ("deepseek-r1-tiny", 40)])
+def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(model, num_pages):
     convs = conversations(4, 3)
     config = EngineConfig(page_size=4, num_pages=num_pages, max_num_batched_tokens=32)
-    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+    with LLMEngine(model, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
         expected = run_turns(engine, convs, abort_every=5)
         assert engine.scheduler.prefix_cache_hits == 0
-    with LLMEngine(MODEL, config) as engine:
+    with LLMEngine(model, config) as engine:
         got = run_turns(engine, convs, abort_every=5)
         hits, queries = engine.scheduler.prefix_cache_hits, engine.scheduler.prefix_cache_queries
         assert engine.num_free_pages == num_pages  # drained: every page free or evictable
@@ -80,6 +80,21 @@ def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(n
     assert hits > 0.4 * queries
     if num_pages == 40:
         assert evictions > 0  # the small pool reused cached pages for other prompts
+
+
+def test_a_preempted_request_that_shared_pages_recomputes_to_the_same_tokens():
+    system = list(range(10, 34))  # 6 pages of 4, cached by a first request
+    prompts = [system + [40, 41, 42], system + [50, 51, 52]]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=64, prefix_caching=False)) as engine:
+        expected = [o.output_ids for o in engine.generate(prompts, params)]
+    # both share the 6 system pages; each then needs 6 more of its own: 18 > 16, one is preempted
+    with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=16, max_num_batched_tokens=16)) as engine:
+        engine.generate([system + [60]], SamplingParams(max_tokens=1))
+        outs = engine.generate(prompts, params)
+        assert engine.scheduler.num_preemptions > 0 and engine.num_free_pages == 16
+    assert [o.output_ids for o in outs] == expected
+    assert [o.num_cached_tokens for o in outs] == [24, 24]
 
 
 def test_an_evicted_page_is_never_read_as_the_prompt_it_held():
