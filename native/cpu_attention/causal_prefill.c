@@ -142,8 +142,9 @@ static void attend_tile(
                     used = visible > used ? visible : used;
                     v16 m = splat(NEG_BIG);
                     for (int c = 0; c < NV; c++) {
-                        s[r][c] = select(lane + 16 * c < (v16i){0} + (int32_t)visible, s[r][c] * splat(sm_scale),
-                                         splat(NEG_BIG));
+                        s[r][c] *= splat(sm_scale);
+                        if (visible < TK)  /* the diagonal or the end: mask keys past the row's own */
+                            s[r][c] = select(lane + 16 * c < (v16i){0} + (int32_t)visible, s[r][c], splat(NEG_BIG));
                         m = vmax(m, s[r][c]);
                     }
                     float old_max = row_max[g][i], tile_max = hmax(m);
@@ -154,7 +155,8 @@ static void attend_tile(
                         sum += e;
                         __builtin_memcpy(&p[r][16 * c], &e, sizeof e);
                     }
-                    correction[r] = exp_nonpositive(splat(old_max - mx))[0];
+                    /* past the first tiles the running max rarely moves: no exp for a factor of 1 */
+                    correction[r] = mx == old_max ? 1.f : exp_nonpositive(splat(old_max - mx))[0];
                     row_max[g][i] = mx;
                     row_sum[g][i] = row_sum[g][i] * correction[r] + hsum(sum);
                 }
