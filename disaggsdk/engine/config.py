@@ -47,7 +47,7 @@ class EngineConfig:
     # speculative decoding (mixed engines; prefill_only ones fill the MTP layer's KV): None is off
     speculative: SpeculativeConfig | None = None
     # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
-    # (engine.scheduler); off with MTP drafting (see prefix_caching_on)
+    # (engine.scheduler; with MTP drafting, keyed one token further: see hash_lookahead)
     prefix_caching: bool = True
 
     @classmethod
@@ -74,12 +74,11 @@ class EngineConfig:
         )
 
 
-def prefix_caching_on(config: EngineConfig) -> bool:
-    """Whether an engine of ``config`` caches prompt pages. Not with MTP drafting: the MTP layer's KV
-    at a page's last position depends on the token after the page (its input is that token's
-    embedding), so two prompts that share a page can disagree on it."""
-    mtp = config.speculative is not None and config.speculative.method == "mtp"
-    return config.prefix_caching and not mtp
+def hash_lookahead(config: EngineConfig) -> int:
+    """Tokens after a page its prefix-cache key covers: 1 with DeepSeek's MTP layer, whose KV at a
+    page's last position was computed from the token after the page (two prompts that share a page
+    but not that token must not share the page's MTP KV), else 0."""
+    return 1 if config.speculative is not None and config.speculative.method == "mtp" else 0
 
 
 def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:

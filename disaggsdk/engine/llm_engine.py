@@ -12,7 +12,7 @@ import torch
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compiled_step import compile_by_default
-from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, prefix_caching_on
+from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, hash_lookahead
 from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
@@ -74,7 +74,7 @@ class LLMEngine:
         self.allocator = PageAllocator(config.num_pages)
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
-            prefix_caching=prefix_caching_on(config),
+            prefix_caching=config.prefix_caching, hash_lookahead=hash_lookahead(config),
         )
         self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group)
         self.layer_counter = LayerCounter()
@@ -176,7 +176,8 @@ class LLMEngine:
         prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
         if not self.scheduler.prefix_caching:
             return 0
-        pages = self.allocator.lookup(page_hashes(list(prompt_ids[:-1]), self.config.page_size))
+        ps, n = self.config.page_size, len(prompt_ids)  # the full pages of prompt[:-1], keyed as the scheduler does
+        pages = self.allocator.lookup(page_hashes(list(prompt_ids), ps, (n - 1) // ps, lookahead=self.scheduler.hash_lookahead))
         self.allocator.share(request_id, pages)
         if count:
             self.scheduler.count_lookup(len(prompt_ids), len(pages) * self.config.page_size)

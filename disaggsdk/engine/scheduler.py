@@ -68,6 +68,8 @@ class Scheduler:
         max_num_seqs: most requests holding pages at once.
         mode: "mixed", "prefill_only" or "decode_only".
         prefix_caching: share cached prompt pages between requests (see the module's docstring).
+        hash_lookahead: tokens after a page its cache key also covers (1 with an MTP layer, whose KV
+            at a page's last position depends on the next token; `block_hash.page_hashes`).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Scheduler:
         max_num_seqs: int = 256,
         mode: Mode = "mixed",
         prefix_caching: bool = False,
+        hash_lookahead: int = 0,
     ):
         assert mode in MODES and max_num_batched_tokens >= 1 and max_num_seqs >= 1
         self.allocator = allocator
@@ -89,6 +92,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0  # since start, for stats and tests
         self.prefix_caching = prefix_caching
+        self.hash_lookahead = hash_lookahead
         # vLLM's prefix-cache counters, in prompt tokens: looked up, and found cached
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -197,7 +201,7 @@ class Scheduler:
         if not self.prefix_caching or req.num_computed_tokens or req.params.prompt_logprobs is not None:
             return 0  # prompt logprobs need every prompt position computed (vLLM skips the cache too)
         limit = cacheable_tokens(self.target_tokens(req), self.page_size) // self.page_size
-        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit)
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit, lookahead=self.hash_lookahead)
         pages = self.allocator.lookup(req.page_hashes[:limit])
         if not pages:
             return 0
@@ -225,7 +229,8 @@ class Scheduler:
         full = req.num_computed_tokens // self.page_size
         if full <= req.num_pages_cached:
             return 0
-        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full)
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full, lookahead=self.hash_lookahead)
+        full = min(full, len(req.page_hashes))  # with a lookahead, the last page waits for its next token
         pages = self.allocator.page_ids(req.request_id)[req.num_pages_cached : full]
         added = self.allocator.cache_pages(pages, req.page_hashes[req.num_pages_cached : full])
         req.num_pages_cached = full

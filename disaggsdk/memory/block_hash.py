@@ -22,7 +22,7 @@ ROOT_HASH = b"\x00" * HASH_BYTES  # the parent of page 0
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int, max_pages: int | None = None,
-                salt: bytes = b"") -> list[bytes]:
+                salt: bytes = b"", lookahead: int = 0) -> list[bytes]:
     """The chained hash of each full page of ``token_ids``.
 
     Args:
@@ -31,32 +31,36 @@ def page_hashes(token_ids: Sequence[int], page_size: int, max_pages: int | None 
         max_pages: hash at most this many pages (None: every full page).
         salt: mixed into page 0's hash; requests with different salts never share pages (a cache
             keyed by more than tokens, such as a different adapter).
+        lookahead: tokens after each page its hash also covers: a page's KV that depends on the
+            token after it (DeepSeek's MTP layer reads position i with token i + 1) is shared only
+            by prompts that agree on that token too.
     Returns:
-        ``len(token_ids) // page_size`` hashes (at most ``max_pages``), each ``HASH_BYTES`` long.
+        ``(len(token_ids) - lookahead) // page_size`` hashes (at most ``max_pages``), each
+        ``HASH_BYTES`` long.
     Raises:
         ValueError: ``page_size`` below 1.
     """
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    n = len(token_ids) // page_size
+    n = max(0, len(token_ids) - lookahead) // page_size
     if max_pages is not None:
         n = min(n, max(0, max_pages))
     out: list[bytes] = []
-    extend_page_hashes(out, token_ids, page_size, n, salt)
+    extend_page_hashes(out, token_ids, page_size, n, salt, lookahead)
     return out
 
 
 def extend_page_hashes(hashes: list[bytes], token_ids: Sequence[int], page_size: int, num_pages: int,
-                       salt: bytes = b"") -> None:
+                       salt: bytes = b"", lookahead: int = 0) -> None:
     """Append to ``hashes`` (the chained hashes of ``token_ids``' first pages) until it holds
-    ``num_pages`` of them, or every full page's: a request's hashes grow with its computed tokens
-    without hashing its earlier pages again."""
-    num_pages = min(num_pages, len(token_ids) // page_size)
+    ``num_pages`` of them, or every full page's (with ``lookahead`` tokens after it): a request's
+    hashes grow with its computed tokens without hashing its earlier pages again."""
+    num_pages = min(num_pages, max(0, len(token_ids) - lookahead) // page_size)
     while len(hashes) < num_pages:
         i = len(hashes)
         parent = hashes[-1] if hashes else (hashlib.blake2b(salt, digest_size=HASH_BYTES).digest() if salt else ROOT_HASH)
         # token ids as little-endian int64: any vocabulary, and the same bytes on every machine
-        tokens = array("q", token_ids[i * page_size : (i + 1) * page_size])
+        tokens = array("q", token_ids[i * page_size : (i + 1) * page_size + lookahead])
         if sys.byteorder == "big":  # pragma: no cover - no big-endian host here
             tokens.byteswap()
         hashes.append(hashlib.blake2b(parent + tokens.tobytes(), digest_size=HASH_BYTES).digest())

@@ -183,7 +183,7 @@ class EngineSettings:
         default=True,
         metadata=about("Cache the KV pages of prompts and reuse them for later prompts that start the same "
                        "(vLLM's automatic prefix caching): a hit computes only the new suffix, and a decode unit "
-                       "asks prefill only for the pages it lacks. Off with MTP drafting."),
+                       "asks prefill only for the pages it lacks. With MTP drafting pages are keyed one token further."),
     )
     load_format: LoadFormat = attrs.field(
         default="auto",

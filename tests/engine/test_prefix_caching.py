@@ -128,10 +128,30 @@ def test_prompt_logprobs_requests_compute_every_position():
     assert [lp and lp.token_id for lp in second.prompt_logprobs] == [lp and lp.token_id for lp in first.prompt_logprobs]
 
 
-def test_mtp_drafting_turns_the_cache_off():
-    from disaggsdk.engine.config import prefix_caching_on
+@pytest.mark.parametrize("num_drafts", [1, 3])
+def test_mtp_drafting_with_the_cache_gives_the_uncached_tokens(num_drafts):
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 
-    assert prefix_caching_on(EngineConfig())
-    assert not prefix_caching_on(EngineConfig(speculative=SpeculativeConfig("mtp", 1)))
-    assert prefix_caching_on(EngineConfig(speculative=SpeculativeConfig("ngram", 3)))
+    convs = conversations(3, 3, seed=2)
+    spec = SpeculativeConfig("mtp", num_drafts)
+    with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+        expected = run_turns(engine, convs)
+    with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=256, speculative=spec)) as engine:
+        got = run_turns(engine, convs)
+        assert engine.scheduler.hash_lookahead == 1 and engine.scheduler.prefix_cache_hits > 0
+        assert engine.spec_stats.num_accepted_tokens > 0  # drafts were accepted, from cached MTP KV too
+    assert got == expected
+
+
+def test_with_an_mtp_layer_a_page_is_shared_only_with_the_token_after_it():
+    from disaggsdk.engine.speculative.config import SpeculativeConfig
+
+    config = EngineConfig(page_size=4, num_pages=64, speculative=SpeculativeConfig("mtp", 1))
+    first = list(range(10, 30))  # 5 pages of 4
+    with LLMEngine("deepseek-r1-tiny", config) as engine:
+        engine.generate([first], GREEDY)
+        # the same first 12 tokens, then another token: page 2's MTP KV read token 12 of the first
+        # prompt, so only pages 0 and 1 may be shared
+        second = engine.generate([first[:12] + [99] + first[13:]], GREEDY)[0]
+        same = engine.generate([first[:13] + [99, 98]], GREEDY)[0]
+    assert second.num_cached_tokens == 8 and same.num_cached_tokens == 12

@@ -95,3 +95,22 @@ def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill
     tokens, stats, _ = run(spec, convs)
     assert tokens == expected
     assert sum(s.pages_not_sent for s in stats.values()) > 0
+
+
+@pytest.mark.slow
+def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
+    """DeepSeek's MTP layer: the prefill unit streams its KV as one more layer, both sides key pages
+    one token further (the MTP KV at a page's end read the next token); drafts are accepted and the
+    tokens equal plain uncached decoding."""
+    from disaggsdk.spec.types import Speculative
+
+    convs = conversations()
+    prompts = [p for k in range(3) for p in (c[k] for c in convs)]
+    with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+        expected = [o.output_ids for o in engine.generate(prompts, PARAMS)]
+    spec = make_spec("deepseek-r1-tiny", num_pages=NUM_PAGES, budget=16)
+    spec = attrs.evolve(spec, speculative=Speculative(method="mtp", num_tokens=1))
+    tokens, stats, usage = run(spec, convs)
+    assert tokens == expected
+    assert sum(s.spec_num_accepted_tokens for s in stats.values()) > 0
+    assert sum(s.pages_not_sent for s in stats.values()) > 0 and any(usage)

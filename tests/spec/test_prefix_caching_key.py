@@ -1,5 +1,5 @@
 """`engine.prefix_caching`: on by default (as vLLM's), off by YAML or the builder, and what a unit's
-engine does with it (off under MTP drafting, whose KV at a page's end depends on the next page)."""
+engine does with it (under MTP drafting, pages are keyed one token further)."""
 
 import pytest
 
@@ -22,14 +22,16 @@ def test_the_builder_sets_it_beside_the_engine_sizes():
     assert Cluster().engine(num_pages=512).draft.engine.prefix_caching is True
 
 
-def test_each_units_engine_follows_it_except_under_mtp():
+def test_each_units_engine_follows_it_and_keys_pages_one_token_further_under_mtp():
     pytest.importorskip("torch")
-    from disaggsdk.engine.config import EngineConfig, prefix_caching_on
+    from disaggsdk.engine.config import EngineConfig, hash_lookahead
 
     on = spec_from_dict({"model": "deepseek-r1-tiny"})
     off = spec_from_dict({"model": "deepseek-r1-tiny", "engine": {"prefix_caching": False}})
     mtp = spec_from_dict({"model": "deepseek-r1-tiny", "speculative": {"method": "mtp", "num_tokens": 1}})
-    assert prefix_caching_on(EngineConfig.from_spec(on, tp=1, role="decode"))
-    assert not prefix_caching_on(EngineConfig.from_spec(off, tp=1, role="prefill"))
-    assert not prefix_caching_on(EngineConfig.from_spec(mtp, tp=1, role="decode"))
-    assert not prefix_caching_on(EngineConfig.from_spec(mtp, tp=1, role="prefill"))
+    assert EngineConfig.from_spec(on, tp=1, role="decode").prefix_caching
+    assert not EngineConfig.from_spec(off, tp=1, role="prefill").prefix_caching
+    assert hash_lookahead(EngineConfig.from_spec(on, tp=1, role="decode")) == 0
+    for role in ("prefill", "decode"):  # both sides key MTP pages alike: decode looks up what prefill sent
+        config = EngineConfig.from_spec(mtp, tp=1, role=role)
+        assert config.prefix_caching and hash_lookahead(config) == 1
