@@ -12,24 +12,10 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.memory.block_hash import page_hashes  # noqa: E402
+from tests.multi_turn_prompts import conversations  # noqa: E402
 
 MODEL = "qwen3-tiny"
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
-
-
-def conversations(n: int, turns: int, seed: int = 0) -> list[list[list[int]]]:
-    """Prompts of ``n`` conversations sharing a system prompt; turn k + 1 extends turn k."""
-    rng = random.Random(seed)
-    system = [rng.randrange(256) for _ in range(21)]
-    out = []
-    for _ in range(n):
-        history, prompts = list(system), []
-        for _ in range(turns):
-            history += [rng.randrange(256) for _ in range(rng.randint(3, 9))]
-            prompts.append(list(history))
-            history += [rng.randrange(256) for _ in range(5)]  # the assistant's reply
-        out.append(prompts)
-    return out
 
 
 def run_turns(engine: LLMEngine, convs: list[list[list[int]]], abort_every: int = 0) -> dict[str, list[int]]:

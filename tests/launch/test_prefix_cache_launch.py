@@ -4,8 +4,6 @@ colocated engine's, the decode unit asks prefill only for the pages it lacks, an
 
 from __future__ import annotations
 
-import random
-
 import attrs
 import pytest
 
@@ -15,25 +13,16 @@ from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from tests.multi_turn_prompts import conversations as multi_turn  # noqa: E402
 
 MODEL = "qwen3-coder-tiny"
 PARAMS = SamplingParams(max_tokens=5, ignore_eos=True)
 NUM_PAGES = 32  # of 4 tokens: the ~45 pages the conversations' prompts fill do not fit, so pages are evicted
 
 
-def conversations(n: int = 3, turns: int = 3, seed: int = 1) -> list[list[list[int]]]:
-    """Turn k's prompt is turn k - 1's plus a synthetic reply and a new user message; all share a system prompt."""
-    rng = random.Random(seed)
-    system = [rng.randrange(256) for _ in range(38)]
-    out = []
-    for _ in range(n):
-        history, prompts = list(system), []
-        for _ in range(turns):
-            history += [rng.randrange(256) for _ in range(rng.randint(5, 11))]
-            prompts.append(list(history))
-            history += [rng.randrange(256) for _ in range(6)]
-        out.append(prompts)
-    return out
+def conversations() -> list[list[list[int]]]:
+    """Three conversations of three turns sharing a 38-token system prompt (`tests.multi_turn_prompts`)."""
+    return multi_turn(3, 3, seed=1, system_len=38, user_len=8, reply_len=6)
 
 
 @pytest.fixture(scope="module")

@@ -26,14 +26,7 @@ bench() {  # bench PORT RESULT SEED
 sent_bytes() {  # sent_bytes PORT: KV bytes the prefill units wrote so far
   curl -s "http://127.0.0.1:$1/metrics" | awk '/^disaggsdk_kv_transfer_bytes_total/ {s += $NF} END {printf "%d\n", s}'
 }
-wait_up() {  # wait_up PORT PID
-  for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
+. "$(dirname "$0")/wait_up.sh"  # wait_up PORT PID
 ours() {  # ours NAME PREFIX_CACHING
   $PY - "$W/m" "$SPEC" "$W/$1.yaml" "$2" <<'PY'
 import sys, yaml

@@ -28,14 +28,7 @@ bench() {  # bench PORT MODEL_NAME RESULT [SEED]
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99,99.9 \
     --save-result --result-dir "$W" --result-filename "$3" >"$W/$3.log" 2>&1
 }
-wait_up() {  # wait_up PORT PID
-  for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
+. "$(dirname "$0")/wait_up.sh"  # wait_up PORT PID
 $PY - "$W/m" "$SPEC" "$W/spec.yaml" <<'PY'
 import sys, yaml
 s = yaml.safe_load(open(sys.argv[2])); s["model"] = sys.argv[1]

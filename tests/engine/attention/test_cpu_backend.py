@@ -139,12 +139,7 @@ def test_fresh_prompts_go_through_the_causal_kernel(monkeypatch, layout):
     # prompt; (20, 6) is a later chunk (the masked reference path)
     assert ran == [True, True, True, True]
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    rows = 0
-    for i, (cached, new) in enumerate(reqs):
-        torch.testing.assert_close(out[rows : rows + new],
-                                   dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3),
-                                   rtol=1e-5, atol=1e-5)
-        rows += new
+    assert_dense(out, reqs, qs, ks, vs)
 
 
 def test_causal_kernel_declines_head_dims_it_does_not_tile(monkeypatch):
@@ -175,6 +170,11 @@ def test_chunks_over_earlier_kv_go_through_the_prefix_kernel(monkeypatch, layout
     out = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "cpu", reqs, pages, qs, ks, vs)
     assert sorted(calls) == [(9, 20), (24, 30), (24, 48)]  # (queries, cached keys) of each chunk
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert_dense(out, reqs, qs, ks, vs)
+
+
+def assert_dense(out, reqs, qs, ks, vs) -> None:
+    """Each request's output rows equal dense causal attention over its whole K and V."""
     rows = 0
     for i, (cached, new) in enumerate(reqs):
         torch.testing.assert_close(out[rows : rows + new],
