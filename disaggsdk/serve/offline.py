@@ -57,7 +57,10 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
         transfer = {
             name: {"role": s.role, "bytes": s.transfer_bytes, "writes": s.transfer_writes,
                    "transfer_s": s.transfer_s, "exposed_transfer_s": s.exposed_transfer_s,
-                   "failures": s.transfer_failures, "retried": s.requests_retried}
+                   "failures": s.transfer_failures, "retried": s.requests_retried,
+                   # the prefix cache: prompt tokens found cached, pages and bytes a decode unit held already
+                   "prefix_cache_hits": s.prefix_cache_hits, "pages_not_sent": s.pages_not_sent,
+                   "bytes_not_sent": s.bytes_not_sent, "fully_cached": s.requests_fully_cached}
             for name, s in stats.items()
         }
         return {"model": rt.spec.model, "units": sorted(rt.runtime.units), "outputs": outputs, "transfer": transfer}

@@ -179,9 +179,6 @@ class RequestRun:
         self.tool_calls.extend(new)
         return [{"index": len(self.tool_calls) - len(new) + i} | c for i, c in enumerate(new)]
 
-    def usage(self) -> dict[str, int]:
-        return resp.usage(len(self.req.prompt_ids), self.completion_tokens)
-
     def record(self) -> None:
         """Account the request in the metrics (once)."""
         if not self._recorded:
