@@ -23,7 +23,6 @@ from disaggsdk.engine.speculative.speculator import check_speculative, mtp_draft
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
-from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
 
 if TYPE_CHECKING:
@@ -174,14 +173,7 @@ class LLMEngine:
         """Give ``request_id`` the cached pages holding the longest cached prefix of ``prompt_ids[:-1]``
         (a decode unit, before it grants pages for the rest). Returns how many pages (0 with the
         prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
-        if not self.scheduler.prefix_caching:
-            return 0
-        ps, n = self.config.page_size, len(prompt_ids)  # the full pages of prompt[:-1], keyed as the scheduler does
-        pages = self.allocator.lookup(page_hashes(list(prompt_ids), ps, (n - 1) // ps, lookahead=self.scheduler.hash_lookahead))
-        self.allocator.share(request_id, pages)
-        if count:
-            self.scheduler.count_lookup(len(prompt_ids), len(pages) * self.config.page_size)
-        return len(pages)
+        return self.scheduler.share_cached_prompt(request_id, prompt_ids, count)
 
     def add_prefilled_request(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None, num_cached_tokens: int = 0

@@ -9,11 +9,10 @@ Modes: ``mixed`` (the colocated baseline) does both; ``prefill_only`` computes `
 never samples, the request then ends with reason "prefilled" and keeps its pages until released;
 ``decode_only`` never prefills new requests (they arrive with KV already in their pages).
 
-With ``prefix_caching`` (vLLM's automatic prefix caching), a new request first takes the cached
-pages that hold its prompt's longest cached prefix of whole pages (never all of what it must
-compute: the last token it needs is always computed) and prefills from there; every page whose
-tokens are all computed is offered to the cache, when the step computed it and at the latest
-before the request lets its pages go.
+With ``prefix_caching`` (vLLM's), a new request first takes the cached pages of its prompt's
+longest cached prefix (never all it must compute: its last token always is) and prefills from
+there; each page whose tokens are all computed is offered to the cache, when the step computed it
+and at the latest before the request lets its pages go.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from disaggsdk.engine.sequence import Request, RequestStatus
-from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes
+from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator
 
 Mode = Literal["mixed", "prefill_only", "decode_only"]
@@ -68,8 +67,7 @@ class Scheduler:
         max_num_seqs: most requests holding pages at once.
         mode: "mixed", "prefill_only" or "decode_only".
         prefix_caching: share cached prompt pages between requests (see the module's docstring).
-        hash_lookahead: tokens after a page its cache key also covers (1 with an MTP layer, whose KV
-            at a page's last position depends on the next token; `block_hash.page_hashes`).
+        hash_lookahead: tokens after a page its cache key covers too (`config.hash_lookahead`).
     """
 
     def __init__(
@@ -93,9 +91,7 @@ class Scheduler:
         self.num_preemptions = 0  # since start, for stats and tests
         self.prefix_caching = prefix_caching
         self.hash_lookahead = hash_lookahead
-        # vLLM's prefix-cache counters, in prompt tokens: looked up, and found cached
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
+        self.prefix_cache_queries = self.prefix_cache_hits = 0  # vLLM's counters, prompt tokens
 
     # requests in and out
 
@@ -196,28 +192,38 @@ class Scheduler:
     # the prefix cache
 
     def _share_cached_prefix(self, req: Request) -> int:
-        """Give a request about to be admitted the cached pages of its prompt's longest cached prefix;
-        returns the tokens they hold (its computed tokens now)."""
+        """Give a new request the cached pages of its longest cached prefix; returns their tokens."""
         if not self.prefix_caching or req.num_computed_tokens or req.params.prompt_logprobs is not None:
             return 0  # prompt logprobs need every prompt position computed (vLLM skips the cache too)
         limit = cacheable_tokens(self.target_tokens(req), self.page_size) // self.page_size
         extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit, lookahead=self.hash_lookahead)
-        pages = self.allocator.lookup(req.page_hashes[:limit])
-        if not pages:
-            return 0
-        self.allocator.share(req.request_id, pages)
-        req.num_pages_cached = len(pages)
-        req.num_computed_tokens = len(pages) * self.page_size
+        req.num_pages_cached = self._share(req.request_id, req.page_hashes[:limit])
+        req.num_computed_tokens = req.num_pages_cached * self.page_size
         return req.num_computed_tokens
 
-    def _count_lookup(self, req: Request, hit: int) -> None:
-        if not self.prefix_caching or req.num_preemptions:
-            return  # a preempted request's recompute is not a new query (usage keeps its first hit)
-        self.count_lookup(len(req.prompt_ids), hit)
-        req.num_cached_tokens = hit
+    def share_cached_prompt(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], count: bool = True) -> int:
+        """As a new request's admission does, for a request whose KV arrives from elsewhere (a decode
+        unit's): the cached pages of ``prompt_ids[:-1]``'s longest cached prefix. Returns how many."""
+        if not self.prefix_caching:
+            return 0
+        max_pages = (len(prompt_ids) - 1) // self.page_size
+        num_pages = self._share(request_id, page_hashes(list(prompt_ids), self.page_size, max_pages,
+                                                         lookahead=self.hash_lookahead))
+        if count:
+            self._count(len(prompt_ids), num_pages * self.page_size)
+        return num_pages
 
-    def count_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
-        """Count one prompt looked up in the prefix cache (vLLM's queries and hits, in tokens)."""
+    def _share(self, owner: str, hashes: list[bytes]) -> int:
+        pages = self.allocator.lookup(hashes)
+        self.allocator.share(owner, pages)
+        return len(pages)
+
+    def _count_lookup(self, req: Request, hit: int) -> None:
+        if self.prefix_caching and not req.num_preemptions:  # a recompute is not a new query (usage keeps its first hit)
+            self._count(len(req.prompt_ids), hit)
+            req.num_cached_tokens = hit
+
+    def _count(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens
         self.prefix_cache_hits += num_hit_tokens
 

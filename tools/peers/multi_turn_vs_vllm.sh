@@ -11,12 +11,7 @@
 # KV bytes sent are the prefill units' `disaggsdk_kv_transfer_bytes` counters before and after the run.
 set -u
 SPEC=${1:-specs/tiny_pd.yaml}; RATE=${2:-1}; N=${3:-16}; TURNS=${4:-4}; SYS=${5:-512}; USER=${6:-64}; OUT=${7:-64}
-HERE="$(cd "$(dirname "$0")/../../../shared/peers/vllm" && pwd)"
-PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
-VPY=$("$HERE/env.sh") || { echo "vllm venv failed"; exit 1; }
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-$PY "$HERE/make_model.py" "$W/m" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
-export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
+. "$(dirname "$0")/common.sh"  # $HERE $PY $EXE $VPY $W (with $W/m), wait_up
 bench() {  # bench PORT RESULT SEED
   $EXE bench "http://127.0.0.1:$1" --dataset-name multi-turn --num-prompts $N --multi-turn-turns $TURNS \
     --multi-turn-system-len $SYS --input-len $USER --output-len $OUT --ignore-eos --request-rate $RATE \
@@ -26,7 +21,6 @@ bench() {  # bench PORT RESULT SEED
 sent_bytes() {  # sent_bytes PORT: KV bytes the prefill units wrote so far
   curl -s "http://127.0.0.1:$1/metrics" | awk '/^disaggsdk_kv_transfer_bytes_total/ {s += $NF} END {printf "%d\n", s}'
 }
-. "$(dirname "$0")/wait_up.sh"  # wait_up PORT PID
 ours() {  # ours NAME PREFIX_CACHING
   $PY - "$W/m" "$SPEC" "$W/$1.yaml" "$2" <<'PY'
 import sys, yaml

@@ -10,17 +10,12 @@
 # other prompts (seed 2) than the measured run (seed 1). With the same seed, `vllm serve`'s prefix
 # cache (on by default) holds every measured prompt after the warm-up, so its measured TTFT is the
 # cost of one token: 23-56 ms against ~100 ms for its own prefill of 1,024 tokens (LLM.generate,
-# max_tokens=1, on this machine). disaggsdk has no prefix cache yet, so the original compares a
-# cache hit with a full prefill. Random prompts share no prefix, so with distinct warm-up prompts
-# the cache helps neither side; it stays on, as vLLM ships it.
+# max_tokens=1, on this machine): the original compares a cache hit with a full prefill. Random
+# prompts share no prefix, so with distinct warm-up prompts the cache helps neither side; it stays
+# on in both, as each ships it (tools/peers/multi_turn_vs_vllm.sh measures it).
 set -u
 SPEC=${1:-specs/tiny_pd.yaml}; RATE=${2:-2.5}; IN=${3:-1024}; OUT=${4:-128}; N=${5:-40}
-HERE="$(cd "$(dirname "$0")/../../../shared/peers/vllm" && pwd)"
-PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
-VPY=$("$HERE/env.sh") || { echo "vllm venv failed"; exit 1; }
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-$PY "$HERE/make_model.py" "$W/m" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
-export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
+. "$(dirname "$0")/common.sh"  # $HERE $PY $EXE $VPY $W (with $W/m), wait_up
 bench() {  # bench PORT MODEL_NAME RESULT [SEED]
   "$VPY" "$HERE/vllm_cli.py" bench serve --backend openai --base-url "http://127.0.0.1:$1" \
     --model "$2" --tokenizer "$W/m" --dataset-name random --random-input-len $IN \
@@ -28,7 +23,6 @@ bench() {  # bench PORT MODEL_NAME RESULT [SEED]
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99,99.9 \
     --save-result --result-dir "$W" --result-filename "$3" >"$W/$3.log" 2>&1
 }
-. "$(dirname "$0")/wait_up.sh"  # wait_up PORT PID
 $PY - "$W/m" "$SPEC" "$W/spec.yaml" <<'PY'
 import sys, yaml
 s = yaml.safe_load(open(sys.argv[2])); s["model"] = sys.argv[1]

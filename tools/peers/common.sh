@@ -1,0 +1,20 @@
+# Sourced by the peer scripts (from the project root, after `make install`): the shared harness's
+# vLLM venv ($VPY), our interpreter and CLI ($PY, $EXE), a work folder removed at exit ($W) holding
+# the harness's tiny Qwen3 directory ($W/m), and wait_up.
+HERE="$(cd "$(dirname "$0")/../../../shared/peers/vllm" && pwd)"
+PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
+VPY=$("$HERE/env.sh") || { echo "vllm venv failed"; exit 1; }
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+$PY "$HERE/make_model.py" "$W/m" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
+
+# wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health; fail at once when
+# process PID (the server) is gone.
+wait_up() {
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
