@@ -175,6 +175,11 @@ class LLMEngine:
         prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
         return self.scheduler.share_cached_prompt(request_id, prompt_ids, count)
 
+    def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
+        """How many pages of ``prompt_ids[:-1]``'s longest cached prefix this engine's cache holds,
+        without taking them (0 with the prefix cache off)."""
+        return self.scheduler.cached_prompt_pages(tuple(prompt_ids))
+
     def add_prefilled_request(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None, num_cached_tokens: int = 0
     ) -> None:

@@ -213,6 +213,15 @@ class Scheduler:
             self._count(len(prompt_ids), num_pages * self.page_size)
         return num_pages
 
+    def cached_prompt_pages(self, prompt_ids: list[int] | tuple[int, ...]) -> int:
+        """How many pages of ``prompt_ids[:-1]``'s longest cached prefix the cache holds now, taking
+        none of them and counting no query (a decode unit choosing where to prefill)."""
+        if not self.prefix_caching:
+            return 0
+        max_pages = (len(prompt_ids) - 1) // self.page_size
+        return len(self.allocator.lookup(page_hashes(list(prompt_ids), self.page_size, max_pages,
+                                                     lookahead=self.hash_lookahead)))
+
     def _share(self, owner: str, hashes: list[bytes]) -> int:
         pages = self.allocator.lookup(hashes)
         self.allocator.share(owner, pages)

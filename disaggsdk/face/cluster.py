@@ -90,6 +90,15 @@ class Cluster:
         return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
                                                                same_host_copy=same_host_copy)))
 
+    def transfer(self, streaming: bool | None = None, deadline_s: float | None = None,
+                 max_local_prefill_tokens: int | None = None) -> Cluster:
+        """How the KV moves: layer streaming, the per-attempt deadline, and the prompts a decode
+        instance prefills itself (at most ``max_local_prefill_tokens`` missing from its prefix cache;
+        see `TransferSettings`)."""
+        transfer = _set(self.draft.transfer, streaming=streaming, deadline_s=deadline_s,
+                        max_local_prefill_tokens=max_local_prefill_tokens)
+        return Cluster(attrs.evolve(self.draft, transfer=transfer))
+
     def speculative(self, method: str, num_tokens: int | None = None) -> Cluster:
         """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"none"``, with
         ``num_tokens`` drafts per step (1..4)."""

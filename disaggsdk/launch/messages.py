@@ -160,6 +160,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     pages_not_sent: int = 0
     bytes_not_sent: int = 0
     requests_fully_cached: int = 0
+    requests_prefilled_short: int = 0  # decode: prefilled here, short after the cache (transfer.max_local_prefill_tokens)
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

@@ -249,6 +249,7 @@ class Unit:
             pages_not_sent=totals.pages_not_sent if totals else 0,
             bytes_not_sent=totals.bytes_not_sent if totals else 0,
             requests_fully_cached=totals.fully_cached if totals else 0,
+            requests_prefilled_short=totals.prefilled_here_short if totals else 0,
         )
 
     def close(self) -> None:

@@ -13,6 +13,11 @@ Failure rules: a retried or aborted attempt's pages and slot are *quarantined* (
 quarantine owner) until the old prefill unit confirms it drained its writes, or is known dead
 and a grace period passed; only then are they freed. A deadline, a rejection, a failure report
 or a dead peer all lead to a retry on another prefill unit, or to a local prefill.
+
+Conditional disaggregation (Dynamo's): a prompt with at most ``transfer.max_local_prefill_tokens``
+tokens missing from this unit's prefix cache is prefilled here, in the decode engine's own chunked
+prefill, with no handoff: for a short suffix after a cached history the hops and the separate first
+decode step cost more than the stall the running requests take.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class DecodeMessenger:
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
         self._routing = RoutingPolicy(plan.spec.serve.routing, capacity_pages=plan.spec.engine.num_pages)
+        self.max_local_prefill_tokens = plan.spec.transfer.max_local_prefill_tokens
 
     def close(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""
@@ -202,7 +208,23 @@ class DecodeMessenger:
         self._routing.routed(name, hashes)
         return name
 
+    def _cached_pages_if_short(self, h: Handoff) -> int | None:
+        """The cached pages of ``h``'s prompt when few enough of its tokens are missing from the cache
+        for its first attempt to be prefilled here; None when it goes to a prefill unit."""
+        if h.attempt or self.max_local_prefill_tokens <= 0:
+            return None
+        scored = getattr(h.params, "prompt_logprobs", None) is not None  # computed whole (the cache is skipped)
+        cached_pages = 0 if scored else self.engine.cached_prompt_pages(h.prompt_ids)
+        short = len(h.prompt_ids) - 1 - cached_pages * self.page_size <= self.max_local_prefill_tokens
+        return cached_pages if short else None
+
     def _send(self, h: Handoff, now: float) -> None:
+        cached_here = self._cached_pages_if_short(h)
+        if cached_here is not None:
+            self.totals.prefilled_here_short += 1
+            self._count_not_sent(cached_here)
+            self._prefill_locally(h)
+            return
         name = self._choose_prefill(h)
         if name is None:
             self._prefill_locally(h)

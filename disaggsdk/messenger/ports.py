@@ -66,12 +66,15 @@ class DecodeEngine(Protocol):
     def share_cached_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
         """Give the request the cached pages of its prompt's longest cached prefix; how many."""
 
+    def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
+        """How many pages of the prompt's longest cached prefix the cache holds, taking none."""
+
     def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: Any,
                               num_cached_tokens: int = 0) -> None:
         """Start decoding a request whose prompt KV is in its pages."""
 
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
-        """Prefill and decode a request here (no prefill unit could)."""
+        """Prefill and decode a request here (no prefill unit could, or its missing part is short)."""
 
 
 class Messenger(Protocol):

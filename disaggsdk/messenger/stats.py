@@ -55,6 +55,9 @@ class TransferTotals:
     pages_not_sent: int = 0
     bytes_not_sent: int = 0
     fully_cached: int = 0
+    # decode: requests prefilled here, without a prefill unit, because few enough of their prompt
+    # tokens were missing from the cache (transfer.max_local_prefill_tokens); also in prefilled_locally
+    prefilled_here_short: int = 0
     recent: deque[RequestTransfer] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
 
     def count_not_sent(self, num_pages: int, num_bytes: int) -> None:

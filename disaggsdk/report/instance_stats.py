@@ -36,12 +36,14 @@ class InstanceStats:
     spec_drafts_per_position: list[int] = field(default_factory=list)
     # prefix caching, cumulative: prompt tokens looked up / found cached (vLLM's prefix_cache_queries
     # and _hits); decode: prompt pages and bytes its cache held so nobody sent them, and requests
-    # whose whole prompt was cached there (no prefill at all)
+    # whose whole prompt was cached there (no prefill at all), or short enough after it to be
+    # prefilled there (transfer.max_local_prefill_tokens)
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     pages_not_sent: int = 0
     bytes_not_sent: int = 0
     requests_fully_cached: int = 0
+    requests_prefilled_short: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

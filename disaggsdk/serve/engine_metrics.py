@@ -49,6 +49,9 @@ COUNTERS = (
     ("bytes_not_sent", "kv_not_sent_bytes", "KV bytes a decode engine's prefix cache spared the transfer."),
     ("requests_fully_cached", "requests_fully_cached",
      "Requests whose whole prompt a decode engine had cached: no prefill at all."),
+    ("requests_prefilled_short", "requests_prefilled_short",
+     "Requests a decode engine prefilled itself because few of their prompt tokens were missing from its "
+     "cache (transfer.max_local_prefill_tokens)."),
 )
 BY_REASON = (
     ("rejected_frames", "control_frames_rejected", "Control frames dropped, by reason (bad MAC, replayed, ...)."),

@@ -60,7 +60,8 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
                    "failures": s.transfer_failures, "retried": s.requests_retried,
                    # the prefix cache: prompt tokens found cached, pages and bytes a decode unit held already
                    "prefix_cache_hits": s.prefix_cache_hits, "pages_not_sent": s.pages_not_sent,
-                   "bytes_not_sent": s.bytes_not_sent, "fully_cached": s.requests_fully_cached}
+                   "bytes_not_sent": s.bytes_not_sent, "fully_cached": s.requests_fully_cached,
+                   "prefilled_short": s.requests_prefilled_short}
             for name, s in stats.items()
         }
         return {"model": rt.spec.model, "units": sorted(rt.runtime.units), "outputs": outputs, "transfer": transfer}

@@ -78,6 +78,12 @@ def _positive(value: Any) -> str | None:
     return None
 
 
+def _non_negative(value: Any) -> str | None:
+    if value < 0:
+        return f"must be 0 or more, got {value!r}"
+    return None
+
+
 def _power_of_two(value: Any) -> str | None:
     if value <= 0 or value & (value - 1):
         lower = 1 << max(0, int(value).bit_length() - 1) if value > 0 else 1
@@ -100,6 +106,7 @@ def _served_name(value: Any) -> str | None:
 
 
 positive = Check("positive", _positive, {"exclusiveMinimum": 0})
+non_negative = Check("0 or more", _non_negative, {"minimum": 0})
 served_name = Check("1..128 characters, no spaces", _served_name, {"minLength": 1, "maxLength": 128,
                                                                     "pattern": "^\\S+$"})
 power_of_two = Check("power of two", _power_of_two, {"minimum": 1})

@@ -18,6 +18,7 @@ from disaggsdk.spec.field_checks import (
     check_fields,
     choice,
     in_range,
+    non_negative,
     positive,
     power_of_two,
 )
@@ -154,6 +155,14 @@ class TransferSettings:
         default=30.0,
         metadata=about("Seconds a decode instance waits for a request's KV before it retries on "
                        "another prefill instance (or prefills locally when none is left).", positive),
+    )
+    max_local_prefill_tokens: int = attrs.field(
+        default=0,
+        metadata=about("A decode instance computes a prompt itself, with no prefill instance and no transfer, when "
+                       "at most this many of its tokens are missing from its prefix cache (Dynamo's conditional "
+                       "disaggregation: a short suffix after a cached history costs less there than a handoff). "
+                       "Its running requests wait for that chunk, so keep it small; 0: every prompt goes to a "
+                       "prefill instance.", non_negative),
     )
 
     def __attrs_post_init__(self) -> None:

@@ -103,3 +103,29 @@ def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
     assert tokens == expected
     assert sum(s.spec_num_accepted_tokens for s in stats.values()) > 0
     assert sum(s.pages_not_sent for s in stats.values()) > 0 and any(usage)
+
+
+@pytest.mark.parametrize("model", [MODEL, pytest.param("deepseek-r1-tiny", marks=pytest.mark.slow)])
+def test_short_suffixes_prefilled_on_decode_give_the_same_tokens(model):
+    """`transfer.max_local_prefill_tokens` (conditional disaggregation): later turns, whose new
+    tokens after decode's cached history are few, are prefilled on the decode unit with no transfer;
+    first turns still go to the prefill unit; tokens equal plain uncached decoding (with MTP drafting
+    on DeepSeek, drafts accepted)."""
+    from disaggsdk.spec.types import Speculative
+
+    convs = conversations()
+    prompts = [p for k in range(3) for p in (c[k] for c in convs)]
+    with LLMEngine(model, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
+        expected = [o.output_ids for o in engine.generate(prompts, PARAMS)]
+    spec = make_spec(model, num_pages=NUM_PAGES, budget=16)
+    spec = attrs.evolve(spec, transfer=attrs.evolve(spec.transfer, max_local_prefill_tokens=20))
+    if model != MODEL:
+        spec = attrs.evolve(spec, speculative=Speculative(method="mtp", num_tokens=1))
+    tokens, stats, usage = run(spec, convs)
+    assert tokens == expected
+    decode, prefill = stats["decode-0"], stats["prefill-0"]
+    assert decode.requests_prefilled_short > 0 and decode.prefilled_locally == decode.requests_prefilled_short
+    assert prefill.transfer_bytes > 0  # the first turns (38 + 8 new tokens) still went to prefill
+    assert decode.prefix_cache_hits > 0 and any(usage[3:])
+    if model != MODEL:
+        assert sum(s.spec_num_accepted_tokens for s in stats.values()) > 0

@@ -40,13 +40,14 @@ def round_trip(msg):
 
 
 def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
-    totals = TransferTotals(pages_not_sent=12, bytes_not_sent=49152, fully_cached=1)
+    totals = TransferTotals(pages_not_sent=12, bytes_not_sent=49152, fully_cached=1, prefilled_here_short=3)
     sent = round_trip(unit("decode", totals)._stats(seq=3, with_recent=False))
     assert (sent.prefix_cache_queries, sent.prefix_cache_hits) == (96, 64)
     assert (sent.pages_not_sent, sent.bytes_not_sent, sent.requests_fully_cached) == (12, 49152, 1)
     snapshot = instance_stats("decode-0", "decode", True, sent)
     assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (96, 64)
     assert (snapshot.pages_not_sent, snapshot.bytes_not_sent, snapshot.requests_fully_cached) == (12, 49152, 1)
+    assert sent.requests_prefilled_short == snapshot.requests_prefilled_short == 3
     assert snapshot.prefix_cache_hit_rate == 64 / 96
 
 

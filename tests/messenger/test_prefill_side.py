@@ -70,6 +70,9 @@ class FakeEngine:
         self.allocator.share(request_id, pages)
         return len(pages)
 
+    def cached_prompt_pages(self, prompt_ids):
+        return len(self.allocator.lookup(page_hashes(list(prompt_ids[:-1]), PAGE_SIZE)))
+
     def add_prefilled_request(self, request_id, prompt_ids, params, num_cached_tokens=0):
         self.added.append((request_id, num_cached_tokens))
 
@@ -193,3 +196,23 @@ def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair)
     request = pr.decode_message(d_transfer.frames[0][1], SECRET)
     assert request.num_cached_pages == 0 and len(request.destinations[0].page_ids) == 2
     assert request.prompt_logprobs == 0 and dm.engine.added == []
+
+
+def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
+    """Conditional disaggregation: a prompt with few tokens missing from decode's cache never
+    leaves the unit; a longer one, a retry or a prompt to score (cache skipped) still goes out."""
+    from disaggsdk.engine.sampling import SamplingParams
+
+    dm, _, _, d_transfer, _ = pair
+    dm.max_local_prefill_tokens = PAGE_SIZE
+    history = list(range(2, 2 + 2 * PAGE_SIZE))
+    cache_prompt(dm.engine, history)
+    dm.submit("short", history + list(range(100, 100 + PAGE_SIZE + 1)), None)  # PAGE_SIZE tokens to compute
+    assert d_transfer.frames == [] and dm.engine.added == ["short"]
+    assert dm.totals.prefilled_here_short == 1 and dm.totals.prefilled_locally == 1
+    assert dm.totals.pages_not_sent == 2 and dm.engine.allocator.page_ids("short") == []  # the engine shares them
+    dm.submit("long", history + list(range(100, 100 + PAGE_SIZE + 2)), None)  # one token too many
+    assert pr.decode_message(d_transfer.frames[-1][1], SECRET).num_cached_pages == 2
+    dm.submit("scored", history + [7], SamplingParams(max_tokens=1, prompt_logprobs=0))
+    assert pr.decode_message(d_transfer.frames[-1][1], SECRET).request_id == "scored"
+    assert dm.engine.added == ["short"] and dm.totals.prefilled_here_short == 1

@@ -83,7 +83,7 @@ def test_chat_completions_report_cached_tokens(deployment):
 def test_prefix_cache_and_not_sent_counters_per_engine_pass_the_lint():
     stats = [InstanceStats("prefill-0", "prefill", prefix_cache_queries=300, prefix_cache_hits=96),
              InstanceStats("decode-0", "decode", prefix_cache_queries=300, prefix_cache_hits=160, pages_not_sent=40,
-                           bytes_not_sent=163840, requests_fully_cached=2)]
+                           bytes_not_sent=163840, requests_fully_cached=2, requests_prefilled_short=5)]
     text = ServerMetrics(lambda wait_s=0.0: stats, "m").exposition().decode()
     assert lint(text) == []
     totals = {(s.name, s.labels["engine"]): s.value for f in text_string_to_metric_families(text)
@@ -94,6 +94,7 @@ def test_prefix_cache_and_not_sent_counters_per_engine_pass_the_lint():
     assert totals[("disaggsdk_kv_not_sent_bytes_total", "decode-0")] == 163840
     assert totals[("disaggsdk_requests_fully_cached_total", "decode-0")] == 2
     assert totals[("disaggsdk_requests_fully_cached_total", "prefill-0")] == 0
+    assert totals[("disaggsdk_requests_prefilled_short_total", "decode-0")] == 5
 
 
 @pytest.mark.parametrize("queries, hits, rate", [(0, 0, None), (200, 50, 0.25)])

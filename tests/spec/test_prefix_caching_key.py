@@ -35,3 +35,14 @@ def test_each_units_engine_follows_it_and_keys_pages_one_token_further_under_mtp
     for role in ("prefill", "decode"):  # both sides key MTP pages alike: decode looks up what prefill sent
         config = EngineConfig.from_spec(mtp, tp=1, role=role)
         assert config.prefix_caching and hash_lookahead(config) == 1
+
+
+def test_max_local_prefill_tokens_defaults_off_is_checked_and_set_by_the_builder():
+    assert spec_from_dict({}).transfer.max_local_prefill_tokens == 0  # every prompt to a prefill unit
+    spec = spec_from_dict({"transfer": {"max_local_prefill_tokens": 256}})
+    assert spec.transfer.max_local_prefill_tokens == 256 and spec_from_dict(spec_to_dict(spec)) == spec
+    with pytest.raises(SpecError, match=r"transfer\.max_local_prefill_tokens.*0 or more"):
+        spec_from_dict({"transfer": {"max_local_prefill_tokens": -1}})
+    c = Cluster().transfer(max_local_prefill_tokens=128, deadline_s=5.0)
+    assert (c.draft.transfer.max_local_prefill_tokens, c.draft.transfer.deadline_s, c.draft.transfer.streaming) == (
+        128, 5.0, True)

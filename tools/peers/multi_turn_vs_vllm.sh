@@ -9,6 +9,8 @@
 # Defaults: specs/tiny_pd.yaml 1 16 4 512 64 64 (~86% of prompt tokens repeat an earlier prompt).
 # Each server gets an untimed warm-up on other conversations (seed 2), then the measured run (seed 1).
 # KV bytes sent are the prefill units' `disaggsdk_kv_transfer_bytes` counters before and after the run.
+# MAX_LOCAL_PREFILL_TOKENS=N sets `transfer.max_local_prefill_tokens` in both of our runs (conditional
+# disaggregation: decode prefills prompts with at most N tokens missing from its cache itself).
 set -u
 SPEC=${1:-specs/tiny_pd.yaml}; RATE=${2:-1}; N=${3:-16}; TURNS=${4:-4}; SYS=${5:-512}; USER=${6:-64}; OUT=${7:-64}
 . "$(dirname "$0")/common.sh"  # $HERE $PY $EXE $VPY $W (with $W/m), wait_up
@@ -22,11 +24,13 @@ sent_bytes() {  # sent_bytes PORT: KV bytes the prefill units wrote so far
   curl -s "http://127.0.0.1:$1/metrics" | awk '/^disaggsdk_kv_transfer_bytes_total/ {s += $NF} END {printf "%d\n", s}'
 }
 ours() {  # ours NAME PREFIX_CACHING
-  $PY - "$W/m" "$SPEC" "$W/$1.yaml" "$2" <<'PY'
+  $PY - "$W/m" "$SPEC" "$W/$1.yaml" "$2" "${MAX_LOCAL_PREFILL_TOKENS:-}" <<'PY'
 import sys, yaml
 s = yaml.safe_load(open(sys.argv[2])); s["model"] = sys.argv[1]
 s.setdefault("serve", {})["port"] = 8393
 s.setdefault("engine", {})["prefix_caching"] = sys.argv[4] == "on"
+if sys.argv[5]:
+    s.setdefault("transfer", {})["max_local_prefill_tokens"] = int(sys.argv[5])
 yaml.safe_dump(s, open(sys.argv[3], "w"))
 PY
   setsid $EXE launch "$W/$1.yaml" >"$W/$1.launch.log" 2>&1 & local pid=$!
@@ -67,6 +71,7 @@ if c and u:
 if c and v:
     out["cached_over_vllm"] = {"p50_ttft": c["median_ttft_ms"] / v["median_ttft_ms"],
                                "mean_tpot": c["mean_tpot_ms"] / v["mean_tpot_ms"],
-                               "output_throughput": c["output_throughput"] / v["output_throughput"]}
+                               "output_throughput": c["output_throughput"] / v["output_throughput"],
+                               "p99_itl": c["p99_itl_ms"] / v["p99_itl_ms"]}
 print(json.dumps(out, indent=1))
 PY
