@@ -8,6 +8,9 @@ experts run eagerly inside it (their token counts are data). Shapes are dynamic:
 one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
 decoding, engine.models.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
 before the first request.
+DeepSeek's MTP layer (speculative drafting) runs after every step: its forward and its draft
+argmax are compiled the same way (`mtp`, `mtp_argmax`), with the same ops, so a prefill unit still
+counts the MTP KV as one more streamed layer.
 On CUDA the same ops would let decode steps be captured as CUDA graphs; not built yet (no GPU
 to test it on).
 """
@@ -50,22 +53,53 @@ class CompiledStep:
         # of a process adds three. Past the limit (8 by default) it would run the step eagerly.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self._forward = torch.compile(self._trace, dynamic=True)
+        self._mtp_layer = model.mtp[0] if getattr(model, "mtp", None) is not None else None
+        self._mtp_forward = torch.compile(self._trace_mtp, dynamic=True)
+        self._mtp_argmax = torch.compile(self._trace_mtp_argmax, dynamic=True)
 
     def _trace(self, input_ids: torch.Tensor, positions: torch.Tensor,
                counter: GraphLayerCounter | None) -> torch.Tensor:
         return self.model.forward_tokens(input_ids, positions, self.attn, counter)
 
-    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""
-        callback = batch.on_layer_done
+    def _trace_mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                   counter: GraphLayerCounter | None) -> torch.Tensor:
+        return self._mtp_layer(hidden, next_ids, positions, self.attn, counter)
+
+    def _trace_mtp_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._mtp_layer.compute_logits(hidden).argmax(dim=-1)
+
+    def _graph_counter(self, callback: Any) -> GraphLayerCounter | None | bool:
+        """The graph op for an engine's `LayerCounter` callback; None for none; False for any other
+        callable (only eager code can call it)."""
         owner = getattr(callback, "__self__", None)
         if callback is not None and not isinstance(owner, LayerCounter):
+            return False
+        if owner is None:
+            return None
+        counter = self._counters.get(id(owner))
+        if counter is None:
+            counter = self._counters[id(owner)] = GraphLayerCounter(owner)
+        return counter
+
+    def mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+            on_layer_done: Any = None) -> torch.Tensor:
+        """The MTP layer's forward (``model.mtp[0](...)``, the backend planned for these rows) compiled."""
+        counter = self._graph_counter(on_layer_done)
+        if counter is False:
+            return self._mtp_layer(hidden, next_ids, positions, self.attn.backend, on_layer_done)
+        with torch.inference_mode():  # see __call__
+            return self._mtp_forward(hidden, next_ids.clone(), positions.clone(), counter)
+
+    def mtp_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The MTP layer's greedy draft for each row of its ``hidden`` output (int64 [rows])."""
+        with torch.inference_mode():
+            return self._mtp_argmax(hidden)
+
+    def __call__(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""
+        counter = self._graph_counter(batch.on_layer_done)
+        if counter is False:
             return self.model(batch, self.attn.backend)  # an arbitrary callback: only eager can call it
-        counter = None
-        if owner is not None:
-            counter = self._counters.get(id(owner))
-            if counter is None:
-                counter = self._counters[id(owner)] = GraphLayerCounter(owner)
         with torch.inference_mode():
             # inputs made inside or outside inference mode differ in dispatch keys, and the graph is
             # guarded on them: copies made here (a few ints per token) are always inference tensors

@@ -88,10 +88,17 @@ class ModelRunner:
         """Run the step with one token, two, and more than `skinny.MAX_ROWS` (the compiled step's
         three graphs: the skinny matmuls branch on the rows), so that compiling happens now rather
         than in the first requests. The tokens go to page 0 of a pool nothing uses yet;
-        ``on_layer_done`` is the engine's layer counter (the graphs are specialised on having one)."""
+        ``on_layer_done`` is the engine's layer counter (the graphs are specialised on having one).
+        With the MTP layer's KV in the pool (drafting), its compiled forward and argmax warm up too."""
         from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
         from disaggsdk.engine.models.layers.skinny import MAX_ROWS
 
+        with_mtp = (self.compiled is not None and self.config.extra_kv_layers > 0
+                    and getattr(self.model, "mtp", None) is not None)
         for n in (1, 2, MAX_ROWS + 1):
             item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.page_size))
-            self.run(build_forward_batch([item], self.config.page_size, self.device, on_layer_done))
+            batch = build_forward_batch([item], self.config.page_size, self.device, on_layer_done)
+            hidden_all = self.run_keeping_hidden(batch)[0]
+            if with_mtp:
+                drafted = self.compiled.mtp(hidden_all, batch.input_ids, batch.positions, on_layer_done)
+                self.compiled.mtp_argmax(drafted[-1:])

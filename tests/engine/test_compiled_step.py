@@ -101,3 +101,60 @@ def test_compile_default_follows_the_environment(monkeypatch):
     assert not compile_by_default()
     with LLMEngine("qwen3-tiny", EngineConfig(page_size=4, num_pages=16)) as engine:
         assert engine.runner.compiled is None
+
+
+def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
+    """The smoke test of the two below (which compile every graph of an engine): one compiled MTP
+    forward and argmax over a planned batch, against the eager layer on the same batch."""
+    from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+    from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
+    from disaggsdk.engine.parallel import TensorParallel
+
+    runner = ModelRunner(RunnerConfig("deepseek-r1-tiny", num_pages=8, page_size=4, extra_kv_layers=1),
+                         TensorParallel())
+    compiled = CompiledStep(runner.model, runner.attn)
+    batch = build_forward_batch([BatchItem([5, 6, 7, 8, 9], 0, [1, 2])], 4)
+    with torch.inference_mode():
+        hidden_all = runner.run_keeping_hidden(batch)[0]  # plans the backend for the batch
+        eager = runner.model.mtp[0](hidden_all, batch.input_ids, batch.positions, runner.attn)
+        out = compiled.mtp(hidden_all, batch.input_ids, batch.positions)
+        assert torch.allclose(out, eager, atol=1e-5)
+        expected = runner.model.mtp[0].compute_logits(eager).argmax(dim=-1)
+        assert compiled.mtp_argmax(out).tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3])
+def test_compiled_mtp_drafting_accepts_what_eager_does(k, monkeypatch):
+    """DeepSeek's MTP layer runs compiled beside the compiled step (its forward and its argmax):
+    the same tokens and the same accepted drafts as eager drafting, and the compiled layer ran."""
+    from disaggsdk.engine.speculative.config import SpeculativeConfig
+
+    calls = []
+    original = CompiledStep.mtp
+    monkeypatch.setattr(CompiledStep, "mtp", lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+    runs = {}
+    for compiled in (False, True):
+        config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=32, compile=compiled,
+                              speculative=SpeculativeConfig("mtp", k))
+        with LLMEngine("deepseek-r1-tiny", config) as engine:
+            outs = engine.generate(prompts(), SamplingParams(max_tokens=12, ignore_eos=True))
+            runs[compiled] = ([o.output_ids for o in outs], engine.spec_stats.num_accepted_tokens)
+    assert runs[True] == runs[False] and runs[True][1] > 0
+    assert calls  # the compiled MTP forward ran (warm-up and every step)
+
+
+@pytest.mark.slow
+def test_a_prefill_unit_counts_the_compiled_mtp_layer_as_one_more_layer():
+    """A prefill-only engine filling the MTP KV: the graph op bumps the counter to num_layers + 1,
+    the layer its pages stream as."""
+    from disaggsdk.engine.speculative.config import SpeculativeConfig
+
+    config = EngineConfig(page_size=4, num_pages=64, compile=True, count_layers=True, mode="prefill_only",
+                          speculative=SpeculativeConfig("mtp", 1))
+    with LLMEngine("deepseek-r1-tiny", config) as engine:
+        assert engine.runner.compiled is not None
+        engine.add_request("a", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=1))
+        engine.step()
+        step_id, layers = engine.layer_counter.read()
+        assert layers == engine.arch.num_layers + 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -56,20 +56,34 @@ class MTPPass:
         model: this rank's target model (its ``mtp`` layer is used).
         attn: this rank's attention backend (the target's step is still planned on it).
         device: where the rank's tensors live.
+        compiled: the rank's `CompiledStep` when its step is compiled: the layer runs compiled too.
     """
 
-    def __init__(self, model: torch.nn.Module, attn: object, device: torch.device):
+    def __init__(self, model: torch.nn.Module, attn: object, device: torch.device, compiled: Any = None):
         self.mtp = model.mtp[0]
         self.mtp.share_with(model)
         self.attn = attn
         self.device = device
+        self.compiled = compiled
         self.hidden: torch.Tensor | None = None  # [drafting rows, hidden]: the last call's kept rows
+
+    def _layer(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+               on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled.mtp(hidden, next_ids, positions, on_layer_done)
+        return self.mtp(hidden, next_ids, positions, self.attn, on_layer_done)
+
+    def argmax(self, hidden: torch.Tensor) -> list[int]:
+        """The greedy draft of each row of the layer's output."""
+        if self.compiled is not None:
+            return self.compiled.mtp_argmax(hidden).tolist()
+        return self.mtp.compute_logits(hidden).argmax(dim=-1).tolist()
 
     def fill(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: Sequence[int], rows: Sequence[int],
              on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Run the layer over every row of ``batch`` (still planned; its MTP KV is written), keep ``rows``."""
         ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
-        out = self.mtp(hidden_all, ids, batch.positions, self.attn, on_layer_done)
+        out = self._layer(hidden_all, ids, batch.positions, on_layer_done)
         self.hidden = out[torch.tensor(rows, dtype=torch.int64, device=self.device)]
         return self.hidden
 
@@ -77,7 +91,7 @@ class MTPPass:
         """One more draft: the kept rows ``keep`` fed their last draft (``chain``'s one token each)."""
         self.attn.plan(chain)
         h = self.hidden[torch.tensor(keep, dtype=torch.int64, device=self.device)]
-        self.hidden = self.mtp(h, chain.input_ids, chain.positions, self.attn)
+        self.hidden = self._layer(h, chain.input_ids, chain.positions)
         return self.hidden
 
 
@@ -99,11 +113,12 @@ class MTPDrafter:
         page_size: tokens per page.
         device: where batches go.
         mirror: the tp workers, told each call before the head makes it (None at tp 1).
+        compiled: the head rank's `CompiledStep` when its step is compiled (tp 1).
     """
 
     def __init__(self, model: torch.nn.Module, attn: object, allocator: PageAllocator, page_size: int,
-                 device: torch.device, mirror: MTPMirror | None = None):
-        self.rank_pass = MTPPass(model, attn, device)
+                 device: torch.device, mirror: MTPMirror | None = None, compiled: Any = None):
+        self.rank_pass = MTPPass(model, attn, device, compiled)
         self.mtp = self.rank_pass.mtp
         self.allocator = allocator
         self.page_size = page_size
@@ -145,7 +160,7 @@ class MTPDrafter:
         return drafts
 
     def _argmax(self, hidden: torch.Tensor) -> list[int]:
-        return self.mtp.compute_logits(hidden).argmax(dim=-1).tolist()
+        return self.rank_pass.argmax(hidden)
 
     def _cover(self, req: Request, c: int) -> bool:
         """Pages for the chain position of draft c + 1 (the next step needs them anyway)."""

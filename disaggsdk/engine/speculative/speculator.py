@@ -111,6 +111,7 @@ def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAll
         if getattr(runner.model, "mtp", None) is None:
             raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
                               f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
-        drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror)
+        drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror,
+                             compiled=runner.compiled)
     return Speculator(spec, drafter)
 
