@@ -175,6 +175,12 @@ class LLMEngine:
         prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
         return self.scheduler.share_cached_prompt(request_id, prompt_ids, count)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached page no request holds (vLLM's ``reset_prefix_cache``: between
+        benchmark runs, after new weights); pages held by running requests keep their hashes.
+        Returns how many pages became free."""
+        return self.allocator.reset_cache()
+
     def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
         """How many pages of ``prompt_ids[:-1]``'s longest cached prefix this engine's cache holds,
         without taking them (0 with the prefix cache off)."""

@@ -69,6 +69,12 @@ class GetStats(msgspec.Struct, frozen=True, tag=True):
     with_recent: bool = False  # include the per-request records (large; the benchmark wants them)
 
 
+class ResetPrefixCache(msgspec.Struct, frozen=True, tag=True):
+    """Forget every cached page nobody holds; the unit answers with its `UnitStats` (``seq``) after."""
+
+    seq: int
+
+
 class Shutdown(msgspec.Struct, frozen=True, tag=True):
     pass
 
@@ -178,7 +184,7 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
     poisoned_peer: str | None = None
 
 
-ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, Shutdown]
+ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, ResetPrefixCache, Shutdown]
 FromUnit = Union[Ready, Started, Tokens, TokensBatch, PromptLogprobs, UnitStats, Fatal, TransportStuck]
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

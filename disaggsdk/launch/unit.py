@@ -196,6 +196,11 @@ class Unit:
                 self.messenger.peer_down(msg.name)
         elif isinstance(msg, ch.PeerUp):
             self._add_peers([msg.info])
+        elif isinstance(msg, ch.ResetPrefixCache):
+            self.engine.reset_prefix_cache()
+            if self.messenger is not None:
+                self.messenger.forget_prefixes()
+            self.conn.send(self._stats(msg.seq, False))
         elif isinstance(msg, ch.GetStats):
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):

@@ -111,6 +111,11 @@ class DecodeMessenger:
         for h in [h for h in self._handoffs.values() if h.prefill == name]:
             self._retry(h, f"prefill unit {name} went down", drained=False, now=now)
 
+    def forget_prefixes(self) -> None:
+        """The deployment's prefix caches were reset: ``serve.routing`` forgets what each prefill unit was sent."""
+        for name in self._prefills:
+            self._routing.forget(name)
+
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
         """Start a request: it runs on the decode engine once its KV has arrived."""
         prompt = list(prompt_ids)

@@ -107,5 +107,8 @@ class Messenger(Protocol):
     def peer_down(self, name: str) -> None:
         """A unit of the other role died."""
 
+    def forget_prefixes(self) -> None:
+        """The deployment's prefix caches were reset: forget which prefixes went where."""
+
     def close(self) -> None:
         """Stop threads; free what may be freed."""

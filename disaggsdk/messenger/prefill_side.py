@@ -84,6 +84,9 @@ class PrefillMessenger:
             if info.role == "decode":  # a restarted decode unit is a new PeerId: its old jobs stay dead
                 self._decodes[info.peer_id] = (info, self.transfer.add_peer(info.address))
 
+    def forget_prefixes(self) -> None:
+        """Prefix caches were reset: nothing to forget here (decode units choose the prefill unit)."""
+
     def peer_down(self, name: str) -> None:
         """A decode unit died: stop sending its requests (they drain, then free)."""
         self._down |= {peer for peer in self._decodes if peer.name == name}

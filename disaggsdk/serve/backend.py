@@ -57,5 +57,8 @@ class ServingBackend(Protocol):
     def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
         """One snapshot per instance; ``wait_s`` > 0: wait up to that long for fresh ones."""
 
+    def reset_prefix_cache(self) -> dict[str, int]:
+        """Every instance forgets the cached KV pages no request holds; free pages after, by instance."""
+
     def close(self) -> None:
         """Stop everything this backend started. Idempotent."""

@@ -48,6 +48,14 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Reset:
+    """Reset the prefix cache on the engine thread; ``done`` is set once ``free_pages`` holds the result."""
+
+    done: threading.Event
+    free_pages: int = 0
+
+
 class InProcessBackend:
     """A single ``mixed`` engine stepping in a thread.
 
@@ -74,7 +82,7 @@ class InProcessBackend:
         self.name = name
         self._tokenizer = load_tokenizer(model) or ByteTokenizer()
         self._engine: LLMEngine = LLMEngine(model, replace(config or EngineConfig(), mode="mixed"))
-        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Reset | None] = queue.SimpleQueue()
         self._subscribers: dict[str, _Subscriber] = {}  # engine thread only
         self._stats = InstanceStats(name, "mixed", kv_pages_total=self._engine.config.num_pages)
         self._closed = threading.Event()
@@ -114,6 +122,13 @@ class InProcessBackend:
     async def abort(self, request_id: str) -> None:
         """Stop a request; a late abort of a finished request does nothing."""
         self._inbox.put(_Abort(request_id))
+
+    def reset_prefix_cache(self, timeout_s: float = 10.0) -> dict[str, int]:
+        """Forget every cached page no request holds (on the engine thread); the free pages after,
+        by instance name (empty when the engine did not answer within ``timeout_s``)."""
+        cmd = _Reset(threading.Event())
+        self._inbox.put(cmd)
+        return {self.name: cmd.free_pages} if cmd.done.wait(timeout_s) else {}
 
     def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
         """A copy of the engine thread's latest snapshot (kept current each loop: nothing to wait for)."""
@@ -162,6 +177,11 @@ class InProcessBackend:
             block = False
             if cmd is None:
                 return False
+            if isinstance(cmd, _Reset):
+                self._engine.reset_prefix_cache()
+                cmd.free_pages = self._engine.num_free_pages
+                cmd.done.set()
+                continue
             if isinstance(cmd, _Abort):
                 if self._engine.abort(cmd.request_id):
                     self._send(cmd.request_id, TokenEvent(cmd.request_id, [], True, "abort", instance=self.name))

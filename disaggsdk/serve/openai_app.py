@@ -22,7 +22,7 @@ from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.cors import CorsPolicy
-from disaggsdk.serve.error_bodies import add_error_handlers, unavailable_body
+from disaggsdk.serve.error_bodies import add_error_handlers, error_kind, unavailable_body
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
@@ -34,8 +34,8 @@ from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
-ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health "
-          "and /metrics")
+ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, "
+          "/metrics and POST /reset_prefix_cache")
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -134,6 +134,17 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @app.get("/metrics", dependencies=[Depends(check_key)] if metrics_require_key else [])
     def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/reset_prefix_cache", dependencies=[Depends(check_key)])
+    def reset_prefix_cache() -> JSONResponse:  # sync: the units answer in milliseconds; FastAPI threads it
+        # vLLM's endpoint (there behind VLLM_SERVER_DEV_MODE): between benchmark runs, so that a run
+        # does not start on the last one's cache
+        free = backend.reset_prefix_cache()
+        down = [s.name for s in metrics.stats() if s.healthy and s.name not in free]
+        if down:
+            raise BadRequestError(f"instances {down} did not answer; their caches may still hold pages: "
+                                  "try again", status=503, kind=error_kind(503))
+        return JSONResponse({"reset": True, "num_free_pages": free})
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:

@@ -252,6 +252,15 @@ class Router:
         """A fresh snapshot from every healthy unit (blocks until they answer or ``timeout_s``)."""
         return self._gather(timeout_s, with_recent=True)
 
+    def reset_prefix_cache(self, timeout_s: float = 10.0) -> dict[str, int]:
+        """Every unit forgets the cached pages nobody holds, and routing what it sent where
+        (vLLM's ``/reset_prefix_cache``). Returns each answering unit's free pages after."""
+        with self._lock:
+            for name in self._roles:
+                self.routing.forget(name)
+        replies = self._gather(timeout_s, message=ch.ResetPrefixCache)
+        return {name: s.num_free_pages for name, s in replies.items()}
+
     def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
         """One snapshot per unit: with ``wait_s`` > 0 fresh ones (waits that long at most for the
         units' answers, as a /metrics scrape does), else the latest (a fresh one is asked for)."""
@@ -265,11 +274,13 @@ class Router:
         return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
                 for name, role in self._roles.items()]
 
-    def _gather(self, timeout_s: float, with_recent: bool) -> dict[str, ch.UnitStats]:
+    def _gather(self, timeout_s: float, with_recent: bool = False, message: Any = None) -> dict[str, ch.UnitStats]:
+        """Send each unit ``message(seq)`` (default: GetStats) and wait for their `UnitStats` answers."""
         seq = next(self._seq)
         with self._lock:
             self._stats_replies[seq] = {}
-        asked = [n for n in self._roles if self.runtime.send(n, ch.GetStats(seq, with_recent=with_recent))]
+        ask = message(seq) if message is not None else ch.GetStats(seq, with_recent=with_recent)
+        asked = [n for n in self._roles if self.runtime.send(n, ask)]
         deadline = time.monotonic() + timeout_s
         with self._stats_cond:
             while True:

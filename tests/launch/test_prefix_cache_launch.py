@@ -75,6 +75,22 @@ def test_cached_and_uncached_deployments_give_the_same_tokens_and_the_cache_send
     assert all(n > 0 for n in usage[3:]) and not any(plain_usage)  # later turns report cached prompt tokens
 
 
+def test_reset_prefix_cache_empties_every_units_cache_and_routing():
+    """`Router.reset_prefix_cache` (POST /reset_prefix_cache): both units free every page nobody
+    holds, the router and the decode unit forget where prefixes went, and the prompt that hit
+    before is computed whole again (over real units)."""
+    prompt = conversations()[0][1]
+    with serve_locally(make_spec(MODEL, num_pages=NUM_PAGES), on_event=lambda _line: None) as rt:
+        runs = [rt.generate_batch([prompt], PARAMS, timeout_s=60)[0] for _ in range(2)]
+        assert runs[0][-1].num_cached_tokens == 0 and runs[1][-1].num_cached_tokens > 0
+        assert rt.reset_prefix_cache() == {"prefill-0": NUM_PAGES, "decode-0": NUM_PAGES}
+        with rt._lock:
+            assert not any(rt.routing.policy.index._pages.values())  # the router forgot what it sent
+        again = rt.generate_batch([prompt], PARAMS, timeout_s=60)[0]
+        assert again[-1].num_cached_tokens == 0
+        assert [t for e in again for t in e.new_token_ids] == [t for e in runs[0] for t in e.new_token_ids]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("provider,prefill_tp,decode_tp", [("tcp", 1, 1), ("shm", 2, 1), ("tcp", 1, 2)])
 def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill_tp, decode_tp):

@@ -118,3 +118,16 @@ def test_live_views_show_each_engines_hit_rate():
     console.print(instance_table(rows))
     assert "prefix cache hits (prompt tokens found cached): decode-0 25%" in " ".join(console.export_text().split())
     assert "<th>prefix cache hits</th>" in rows_html(rows) and "<td>25%</td>" in rows_html(rows)
+
+
+def test_reset_prefix_cache_forgets_what_was_cached(deployment):
+    """vLLM's POST /reset_prefix_cache: every page nobody holds is free again and a repeated prompt
+    is computed whole; a GET is refused with an OpenAI error object."""
+    url = deployment.url
+    complete(url, prompt=PROMPT)
+    assert complete(url, prompt=PROMPT)["usage"]["prompt_tokens_details"]["cached_tokens"] == 4 * PAGE_SIZE
+    r = httpx.post(f"{url}/reset_prefix_cache", timeout=30)
+    assert r.status_code == 200 and r.json() == {"reset": True, "num_free_pages": {"mixed-0": 256}}
+    assert complete(url, prompt=PROMPT)["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    wrong = httpx.get(f"{url}/reset_prefix_cache", timeout=30)
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == 405
