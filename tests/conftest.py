@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # a spec's engine.compile: true): compiling costs seconds per engine and process, and the suite
 # builds hundreds of them. The units and CLIs the tests start inherit this.
 os.environ.setdefault("DISAGGSDK_COMPILE", "0")
+# Decode matmuls take one fixed form (engine.models.layers.skinny) rather than the one a timing in
+# each process picks: every engine of a test, in any process, computes the same float32 numbers.
+os.environ.setdefault("DISAGGSDK_SKINNY", "on")
 # Nothing here reaches the network: a wrong checkpoint path must fail at once, not after
 # huggingface_hub's retries to a hub it cannot reach.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,15 +11,85 @@ verification (k + 1 rows per request) needs. A single row goes through GEMV, whi
 ``F.linear`` on large weights; duplicating the row makes it a 2-column GEMM (142 against 505 us for
 4096 x 256), worth it from a quarter million elements. Other dtypes and devices keep ``F.linear`` (bfloat16 runs on oneDNN, whose cost is
 already flat in the rows; GPUs have their own kernels).
+
+Which form wins depends on the machine: on another host of the same CPU family (2026-12-05) MKL's
+``F.linear`` read every one of these weights 1.1-2.7x faster than the transposed form, and a decode
+step of 4 requests took 3.9-5.3 ms with it against 6.0-6.3 with the skinny form. So by default
+(``DISAGGSDK_SKINNY=auto``) `calibrate` times both forms once per process for each weight shape of
+the model, one row and a few, and each shape keeps the faster (the transposed one only when it wins
+by `MIN_GAIN`); ``on`` always takes the transposed form where the rules above allow (the test
+suite's choice: the same numbers in every process), ``off`` never does.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 
 MAX_ROWS = 32  # measured ahead of F.linear up to here
 MIN_PADDED_NUMEL = 1 << 18  # one row is duplicated only for weights this large (smaller: no gain)
+MODE_ENV = "DISAGGSDK_SKINNY"  # auto (default) | on | off
+MIN_GAIN = 0.9  # the transposed form is kept only below this fraction of F.linear's time
+CALIBRATION_ROWS = (1, 4)  # one row (the one-row rule), and a few (standing for 2..MAX_ROWS)
+CALIBRATION_CALLS = 8  # timed calls per form and round; the best of 3 rounds counts
+
+# (out_features, in_features, one_row) -> whether the transposed form is faster here (calibrate)
+_faster: dict[tuple[int, int, bool], bool] = {}
+
+
+def mode() -> str:
+    """``DISAGGSDK_SKINNY``: auto, on or off (anything else reads as auto)."""
+    value = os.environ.get(MODE_ENV, "auto")
+    return value if value in ("on", "off") else "auto"
+
+
+MODE = mode()  # read once: a compiled graph is traced with the choice as a constant
+
+
+def _rule(weight: torch.Tensor, one_row: bool) -> bool:
+    """The fixed rule ("on", and "auto" before calibration): few rows always, one row for large weights."""
+    return not one_row or weight.numel() >= MIN_PADDED_NUMEL
+
+
+def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:
+        return (weight @ torch.cat([x, x]).t())[:, :1].t().contiguous()
+    return (weight @ x.t()).t().contiguous()
+
+
+def _best_s(fn, x: torch.Tensor, weight: torch.Tensor) -> float:
+    fn(x, weight)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(CALIBRATION_CALLS):
+            fn(x, weight)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int, bool], bool]:
+    """Time ``F.linear`` and the transposed form on each new weight shape (float32 CPU ones; a 3-D
+    stack of experts counts as its [out, in] slices), one row and a few, and remember the faster for
+    this process. Does nothing unless the mode is auto. Returns the choices made so far."""
+    if MODE != "auto":
+        return dict(_faster)
+    with torch.inference_mode():
+        for w in weights:
+            if w.dtype != torch.float32 or w.device.type != "cpu" or w.dim() not in (2, 3):
+                continue
+            w = w if w.dim() == 2 else w[0]
+            for rows in CALIBRATION_ROWS:
+                key = (w.shape[0], w.shape[1], rows == 1)
+                if key in _faster or (rows == 1 and not _rule(w, True)):
+                    continue
+                x = torch.randn(rows, w.shape[1])
+                _faster[key] = _best_s(_transposed, x, w) < MIN_GAIN * _best_s(F.linear, x, w)
+    return dict(_faster)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -33,8 +103,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight)
-    if x.shape[0] == 1:
-        if weight.numel() < MIN_PADDED_NUMEL:
-            return F.linear(x, weight)
-        return (weight @ torch.cat([x, x]).t())[:, :1].t().contiguous()
-    return (weight @ x.t()).t().contiguous()
+    one_row = x.shape[0] == 1
+    if MODE == "off" or not _rule(weight, one_row):
+        return F.linear(x, weight)
+    if MODE == "auto" and not _faster.get((weight.shape[0], weight.shape[1], one_row), True):
+        return F.linear(x, weight)
+    return _transposed(x, weight)
