@@ -216,10 +216,10 @@ class DecodeMessenger:
     def _cached_pages_if_short(self, h: Handoff) -> int | None:
         """The cached pages of ``h``'s prompt when few enough of its tokens are missing from the cache
         for its first attempt to be prefilled here; None when it goes to a prefill unit."""
-        if h.attempt or self.max_local_prefill_tokens <= 0:
+        scored = getattr(h.params, "prompt_logprobs", None) is not None  # a prefill unit scores it whole
+        if h.attempt or scored or self.max_local_prefill_tokens <= 0:
             return None
-        scored = getattr(h.params, "prompt_logprobs", None) is not None  # computed whole (the cache is skipped)
-        cached_pages = 0 if scored else self.engine.cached_prompt_pages(h.prompt_ids)
+        cached_pages = self.engine.cached_prompt_pages(h.prompt_ids)
         short = len(h.prompt_ids) - 1 - cached_pages * self.page_size <= self.max_local_prefill_tokens
         return cached_pages if short else None
 

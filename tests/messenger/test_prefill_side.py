@@ -200,7 +200,7 @@ def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair)
 
 def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     """Conditional disaggregation: a prompt with few tokens missing from decode's cache never
-    leaves the unit; a longer one, a retry or a prompt to score (cache skipped) still goes out."""
+    leaves the unit; a longer one, or a prompt to score (a prefill unit scores it whole), goes out."""
     from disaggsdk.engine.sampling import SamplingParams
 
     dm, _, _, d_transfer, _ = pair
@@ -213,6 +213,6 @@ def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     assert dm.totals.pages_not_sent == 2 and dm.engine.allocator.page_ids("short") == []  # the engine shares them
     dm.submit("long", history + list(range(100, 100 + PAGE_SIZE + 2)), None)  # one token too many
     assert pr.decode_message(d_transfer.frames[-1][1], SECRET).num_cached_pages == 2
-    dm.submit("scored", history + [7], SamplingParams(max_tokens=1, prompt_logprobs=0))
+    dm.submit("scored", history[:3], SamplingParams(max_tokens=1, prompt_logprobs=0))  # short, yet scored whole
     assert pr.decode_message(d_transfer.frames[-1][1], SECRET).request_id == "scored"
     assert dm.engine.added == ["short"] and dm.totals.prefilled_here_short == 1
