@@ -206,9 +206,7 @@ class Scheduler:
         unit's): the cached pages of ``prompt_ids[:-1]``'s longest cached prefix. Returns how many."""
         if not self.prefix_caching:
             return 0
-        max_pages = (len(prompt_ids) - 1) // self.page_size
-        num_pages = self._share(request_id, page_hashes(list(prompt_ids), self.page_size, max_pages,
-                                                         lookahead=self.hash_lookahead))
+        num_pages = self._share(request_id, self._prompt_hashes(prompt_ids))
         if count:
             self._count(len(prompt_ids), num_pages * self.page_size)
         return num_pages
@@ -218,9 +216,12 @@ class Scheduler:
         none of them and counting no query (a decode unit choosing where to prefill)."""
         if not self.prefix_caching:
             return 0
+        return len(self.allocator.lookup(self._prompt_hashes(prompt_ids)))
+
+    def _prompt_hashes(self, prompt_ids: list[int] | tuple[int, ...]) -> list[bytes]:
+        """The page hashes of ``prompt_ids[:-1]``'s full pages, keyed as this engine caches them."""
         max_pages = (len(prompt_ids) - 1) // self.page_size
-        return len(self.allocator.lookup(page_hashes(list(prompt_ids), self.page_size, max_pages,
-                                                     lookahead=self.hash_lookahead)))
+        return page_hashes(list(prompt_ids), self.page_size, max_pages, lookahead=self.hash_lookahead)
 
     def _share(self, owner: str, hashes: list[bytes]) -> int:
         pages = self.allocator.lookup(hashes)
