@@ -239,6 +239,9 @@ class LocalRuntime:
     def _unit_died(self, u: UnitHandle) -> None:
         if self._closed or not u.healthy:
             return
+        will_restart = self._restarts[u.args.name] < self.max_restarts
+        if will_restart:  # before it reads unhealthy: a watcher never sees it down and not restarting
+            self._restarting.add(u.args.name)
         u.healthy = False
         u.process.join(5)
         remove_fabric_shm(u.process.pid)
@@ -251,8 +254,7 @@ class LocalRuntime:
         for other in self.units.values():
             self.send(other.args.name, ch.PeerDown(u.args.name))
         self._on_unit_down(u.args.name, report)
-        if self._restarts[u.args.name] < self.max_restarts:
-            self._restarting.add(u.args.name)
+        if will_restart:
             self._restarts_due.put(u.args)
 
     def _restart_loop(self) -> None:
