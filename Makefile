@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: demo test install sysdeps clean
+.PHONY: demo test test-all install sysdeps clean
 
 # libfabric comes from Debian; the native transfer library is built against it.
 sysdeps:
@@ -31,8 +31,13 @@ demo: install
 	  --complete 'def fib(n):' --complete 'class Stack:' \
 	  --num-prompts 24 --qps 6 --input-len 256 --output-len 32
 
+# The default suite (about 15 minutes on 2 cores) leaves out the tests marked slow: each is a
+# bigger case of something the default run covers. test-all runs everything.
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-all: install
+	$(PY) -m pytest -q -p no:cacheprovider -m 'slow or not slow'
 
 clean:
 	rm -rf $(VENV) build *.egg-info disaggsdk/transfer/_fabric*.so disaggsdk/engine/attention/_cpu_kernels*.so

@@ -19,7 +19,6 @@ def test_summarize_is_pure_arithmetic():
     assert s["p99_exposed_ms"] == pytest.approx(3.0) and s["bytes_per_request"] == 100 and s["mean_lead_ms"] == pytest.approx(-2.0)
 
 
-@pytest.mark.slow
 def test_kv_bench_cli_reports_both_modes(run_cli, tmp_path):
     pytest.importorskip("torch")
     from disaggsdk.spec import save_spec

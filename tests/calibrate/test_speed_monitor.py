@@ -39,7 +39,6 @@ def test_retimed_follows_the_speed_the_monitor_saw():
     assert retimed(CALIBRATED, None) == CALIBRATED and speed_factors(CALIBRATED, None) == (1.0, 1.0)  # unknown now
 
 
-@pytest.mark.slow
 def test_the_monitor_samples_in_windows_and_leaves_no_process():
     with SpeedMonitor() as monitor:
         start_s = time.monotonic()

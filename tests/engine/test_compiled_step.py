@@ -51,8 +51,7 @@ def test_compiled_dense_model_generates_what_eager_does():
     check_compiled_equals_eager("qwen3-tiny")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["qwen3-coder-tiny", "deepseek-r1-tiny"])
+@pytest.mark.parametrize("model", ["qwen3-coder-tiny", pytest.param("deepseek-r1-tiny", marks=pytest.mark.slow)])
 def test_compiled_moe_and_mla_models_generate_what_eager_does(model):
     """MoE experts run eagerly inside the graph (their token counts are data); MLA goes through
     the attention_mla op."""
@@ -123,8 +122,7 @@ def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
         assert compiled.mtp_argmax(out).tolist() == expected.tolist()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_compiled_mtp_drafting_accepts_what_eager_does(k, monkeypatch):
     """DeepSeek's MTP layer runs compiled beside the compiled step (its forward and its argmax):
     the same tokens and the same accepted drafts as eager drafting, and the compiled layer ran."""

@@ -14,7 +14,6 @@ PROMPTS = [[1, 2, 3, 4, 5], [7] * 11, [300, 20]]
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
-@pytest.mark.slow
 def test_tp2_equals_tp1_and_workers_are_reaped():
     with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=8)) as one:
         want = [o.output_ids for o in one.generate(PROMPTS, PARAMS)]
@@ -34,7 +33,6 @@ def test_tp_that_does_not_divide_fails_before_spawning():
         LLMEngine("qwen3-tiny", EngineConfig(tp=3))
 
 
-@pytest.mark.slow
 def test_a_dead_worker_is_an_error_not_a_hang():
     from disaggsdk.engine.tp_group import TensorParallelError
 

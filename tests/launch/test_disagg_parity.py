@@ -34,6 +34,10 @@ CASES += [
     ("deepseek-r1-tiny", 2, 1, 2, "shm", True),
     ("deepseek-r1-tiny", 2, 1, 2, "tcp", True),
 ]
+# The default run keeps three cases that between them cross both families, both providers, a
+# prefill tp above and below decode's, and a data-parallel decode; `make test-all` runs the matrix.
+SMOKE = {("qwen3-coder-tiny", 2, 1, 1, "tcp", True), ("deepseek-r1-tiny", 1, 2, 1, "shm", True),
+         ("deepseek-r1-tiny", 2, 1, 2, "tcp", True)}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,8 @@ def references(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model,ptp,dtp,ddp,provider,streaming", CASES,
+@pytest.mark.parametrize("model,ptp,dtp,ddp,provider,streaming",
+                         [pytest.param(*c, marks=() if c in SMOKE else pytest.mark.slow) for c in CASES],
                          ids=[f"{c[0].split('-')[0]}-p{c[1]}-d{c[2]}x{c[3]}-{c[4]}{'' if c[5] else '-ablation'}"
                               for c in CASES])
 def test_disaggregated_tokens_equal_colocated_and_transformers(references, model, ptp, dtp, ddp, provider,

@@ -16,7 +16,6 @@ from tests.launch._helpers import live_descendants  # noqa: E402
 PROMPTS = [[5, 6, 7, 8, 9], [300, 2, 3] * 9, [42]]
 
 
-@pytest.mark.slow
 def test_generate_with_a_spec_equals_the_engine(run_cli):
     argv = ["generate", "--spec", "specs/tiny_local.yaml", "--max-tokens", "5", "--ignore-eos", "--json"]
     for p in PROMPTS:

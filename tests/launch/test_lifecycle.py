@@ -28,7 +28,6 @@ SECRET = b"lifecycle-test-secret-0123456789"
 DEADLINE_S = 3.0
 PROVIDER = "tcp"
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
-pytestmark = pytest.mark.slow
 
 
 def prompt(i: int, n: int) -> list[int]:

@@ -91,8 +91,8 @@ def test_reset_prefix_cache_empties_every_units_cache_and_routing():
         assert [t for e in again for t in e.new_token_ids] == [t for e in runs[0] for t in e.new_token_ids]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("provider,prefill_tp,decode_tp", [("tcp", 1, 1), ("shm", 2, 1), ("tcp", 1, 2)])
+@pytest.mark.parametrize("provider,prefill_tp,decode_tp", [("tcp", 1, 1), ("shm", 2, 1),
+                                                                pytest.param("tcp", 1, 2, marks=pytest.mark.slow)])
 def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill_tp, decode_tp):
     convs, expected = reference
     spec = make_spec(MODEL, prefill_tp=prefill_tp, decode_tp=decode_tp, provider=provider, num_pages=NUM_PAGES,
@@ -102,7 +102,6 @@ def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill
     assert sum(s.pages_not_sent for s in stats.values()) > 0
 
 
-@pytest.mark.slow
 def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
     """DeepSeek's MTP layer: the prefill unit streams its KV as one more layer, both sides key pages
     one token further (the MTP KV at a page's end read the next token); drafts are accepted and the

@@ -13,7 +13,6 @@ from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
-pytestmark = pytest.mark.slow
 
 
 def wait_healthy_again(rt, name: str, old_incarnation: str, timeout_s: float = 90.0) -> None:

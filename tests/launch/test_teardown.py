@@ -19,7 +19,6 @@ from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.launch._helpers import child_pids, make_spec  # noqa: E402
 
-pytestmark = pytest.mark.slow
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -39,7 +38,7 @@ def _fabric_shm_of(pids: set[int]) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.split(":")[0].isdigit() and int(n.split(":")[0]) in pids]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_mid_generation_leaves_nothing_behind(sig):
     # a long generation, so the signal arrives while every unit is up and busy
     argv = [sys.executable, "-m", "disaggsdk.cli.main", "generate", "--spec", "specs/tiny_local.yaml",

@@ -17,7 +17,6 @@ from disaggsdk.face.deployment import Deployment  # noqa: E402
 from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.launch._helpers import make_spec  # noqa: E402
 
-pytestmark = pytest.mark.slow
 
 
 def finished_by_reason(url: str) -> dict[str, float]:

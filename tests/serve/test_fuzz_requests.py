@@ -60,7 +60,6 @@ def test_no_body_gets_a_5xx_or_takes_the_engine_down(deployment, path):
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
-@pytest.mark.slow
 def test_fuzzed_bodies_kill_no_unit_of_a_launched_deployment():
     from disaggsdk.face.deployment import launch
     from tests.launch._helpers import make_spec

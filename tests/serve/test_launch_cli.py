@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import ROOT, start_cli_server
 
-pytestmark = pytest.mark.slow
 
 
 def descendants(pid: int) -> set[int]:

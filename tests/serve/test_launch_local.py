@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from disaggsdk.spec import load_spec
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
 
 
 def child_pids() -> set[int]:

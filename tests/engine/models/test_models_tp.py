@@ -21,7 +21,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_tp2_logits_equal_tp1(tmp_path):
     models = []
     for name, overrides in [
