@@ -21,6 +21,7 @@ typedef struct {
     float *scores;    /* [group][kv_len] */
     float *row;       /* one K or V row as float32 (bf16 caches only) */
     float *block;     /* 16 K rows as float32 (bf16 caches, the vector path only) */
+    float *zeros;     /* one row of zeros: the K row of the keys past a page's last */
 } scratch_t;
 
 static inline float bf16_to_float(uint16_t x) {
@@ -86,6 +87,39 @@ static inline v16 sum16x16(const v16 *a) {
 
 #define GB 8  /* query heads whose output accumulators stay in registers through the value pass */
 
+/* out_g = sum_t w[g][t] v_t for ng (<= GB) query heads whose weights are rows of kv_len floats
+ * at w; inlined where ng is a constant, so the head loop unrolls around the accumulators. */
+static inline __attribute__((always_inline)) void value_block(
+    int64_t ng, const float *w, const void *v_cache, int is_bf16, int64_t head_base, int64_t page_stride,
+    int64_t token_stride, const int64_t *pages, int64_t kv_len, int64_t page_size, int64_t v_dim,
+    float *out) {
+    const v16 zero = {0};
+    for (int64_t e = 0; e < v_dim; e += 16) {
+        v16 o[GB];
+        for (int64_t g = 0; g < GB; g++)
+            o[g] = zero;
+        for (int64_t t0 = 0, p = 0; t0 < kv_len; t0 += page_size, p++) {
+            int64_t in_page = kv_len - t0 < page_size ? kv_len - t0 : page_size;
+            int64_t page_at = pages[p] * page_stride + head_base;
+            for (int64_t j = 0; j < in_page; j++) {
+                v16 vj;
+                if (is_bf16) {
+                    const uint16_t *src = (const uint16_t *)v_cache + page_at + j * token_stride + e;
+                    for (int l = 0; l < 16; l++)
+                        vj[l] = bf16_to_float(src[l]);
+                } else {
+                    vj = *(const v16 *)((const float *)v_cache + page_at + j * token_stride + e);
+                }
+                const float *wt = w + t0 + j;
+                for (int64_t g = 0; g < ng; g++)
+                    o[g] += wt[g * kv_len] * vj;
+            }
+        }
+        for (int64_t g = 0; g < ng; g++)
+            *(v16 *)(out + g * v_dim + e) = o[g];
+    }
+}
+
 /* attend_one_head for head and value dims that are multiples of 16: the scores of 16 keys at a
  * time finished by sum16x16, the value pass with GB x 16 output floats in registers. */
 static void attend_one_head_v16(
@@ -102,52 +136,50 @@ static void attend_one_head_v16(
         int64_t page_at = pages[p] * page_stride + head_base;
         for (int64_t j0 = 0; j0 < in_page; j0 += 16) {
             int64_t n = in_page - j0 < 16 ? in_page - j0 : 16;
+            /* rows past the page's last key read zeros, so the loops below have no branch and
+             * always run 16 keys: GCC then keeps the 16 accumulators in registers (with a
+             * per-key trip count they lived on the stack, zeroed by a memset per block) */
             const float *krow[16];
-            for (int64_t j = 0; j < n; j++)
-                krow[j] = row_f32(k_cache, page_at + (j0 + j) * token_stride, is_bf16, s->block + j * head_dim, head_dim);
+            for (int64_t j = 0; j < 16; j++)
+                krow[j] = j < n ? row_f32(k_cache, page_at + (j0 + j) * token_stride, is_bf16,
+                                          s->block + j * head_dim, head_dim)
+                                : s->zeros;
             for (int64_t g = 0; g < group; g++) {
                 const float *qg = q_group + g * head_dim;
                 v16 acc[16];
-                for (int64_t j = 0; j < 16; j++) {
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++)
                     acc[j] = zero;
-                    if (j < n)
-                        for (int64_t c = 0; c < nd; c++)
-                            acc[j] += *(const v16 *)(krow[j] + 16 * c) * *(const v16 *)(qg + 16 * c);
+                for (int64_t c = 0; c < nd; c++) {
+                    v16 qc = *(const v16 *)(qg + 16 * c);
+#pragma GCC unroll 16
+                    for (int j = 0; j < 16; j++)
+                        acc[j] += *(const v16 *)(krow[j] + 16 * c) * qc;
                 }
-                v16 sj = sum16x16(acc);
+                v16 sj = sum16x16(acc) * sm_scale;
                 float *dst = scores + g * kv_len + t0 + j0;
-                for (int64_t j = 0; j < n; j++)
-                    dst[j] = sj[j] * sm_scale;
+                if (n == 16)
+                    *(v16 *)dst = sj;
+                else
+                    for (int64_t j = 0; j < n; j++)
+                        dst[j] = sj[j];
             }
         }
     }
     softmax_rows(scores, group, kv_len);
-    /* pass 3: out_g = sum_t p[g][t] v_t, GB query heads x 16 output dims in registers */
+    /* pass 3: out_g = sum_t p[g][t] v_t, up to GB query heads x 16 output dims in registers.
+     * The head count of a block is a constant in each call of value_block (a per-token loop over
+     * a variable count compiled to a chain of compares that took a third of the kernel). */
     for (int64_t g0 = 0; g0 < group; g0 += GB) {
         int64_t ng = group - g0 < GB ? group - g0 : GB;
-        for (int64_t e = 0; e < v_dim; e += 16) {
-            v16 o[GB];
-            for (int64_t g = 0; g < GB; g++)
-                o[g] = zero;
-            for (int64_t t0 = 0, p = 0; t0 < kv_len; t0 += page_size, p++) {
-                int64_t in_page = kv_len - t0 < page_size ? kv_len - t0 : page_size;
-                int64_t page_at = pages[p] * page_stride + head_base;
-                for (int64_t j = 0; j < in_page; j++) {
-                    v16 vj;
-                    if (is_bf16) {
-                        const uint16_t *src = (const uint16_t *)v_cache + page_at + j * token_stride + e;
-                        for (int l = 0; l < 16; l++)
-                            vj[l] = bf16_to_float(src[l]);
-                    } else {
-                        vj = *(const v16 *)((const float *)v_cache + page_at + j * token_stride + e);
-                    }
-                    const float *w = scores + g0 * kv_len + t0 + j;
-                    for (int64_t g = 0; g < ng; g++)
-                        o[g] += w[g * kv_len] * vj;
-                }
-            }
-            for (int64_t g = 0; g < ng; g++)
-                *(v16 *)(out_group + (g0 + g) * v_dim + e) = o[g];
+        const float *w = scores + g0 * kv_len;
+        float *o = out_group + g0 * v_dim;
+        switch (ng) {
+        case GB: value_block(GB, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
+        case 4: value_block(4, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
+        case 2: value_block(2, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
+        case 1: value_block(1, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
+        default: value_block(ng, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o);
         }
     }
 }
@@ -209,10 +241,12 @@ int paged_decode_attention(
     s.scores = malloc(sizeof(float) * (group * max_len + 1));
     s.row = malloc(sizeof(float) * row_len);
     s.block = malloc(sizeof(float) * 16 * row_len);
-    if (!s.scores || !s.row || !s.block) {
+    s.zeros = calloc(row_len, sizeof(float));
+    if (!s.scores || !s.row || !s.block || !s.zeros) {
         free(s.scores);
         free(s.row);
         free(s.block);
+        free(s.zeros);
         return -1;
     }
     int vector_path = head_dim % 16 == 0 && v_dim % 16 == 0;
@@ -228,5 +262,6 @@ int paged_decode_attention(
     free(s.scores);
     free(s.row);
     free(s.block);
+    free(s.zeros);
     return 0;
 }

@@ -71,6 +71,35 @@ def test_kernel_mla_matches_reference_backend(rank, rope):
     torch.testing.assert_close(outs["cpu"], outs["torch_ref"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8, 12, 16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_head_blocks_and_full_key_blocks_match_dense_attention(group, kv_dtype):
+    """The vector path's specialised value passes (query heads per block 1, 2, 4, 8, and the
+    general count: 3, and 12 = 8 + 4) and its 16-key score blocks, whole (pages of 32) and cut
+    short by a page's or a request's end, against dense attention over the same keys."""
+    rng = torch.Generator().manual_seed(group)
+    hkv, d, dv, page_size, num_pages = 2, 32, 48, 32, 24
+    kv_lens = [1, 15, 16, 17, 33, 64, 100]
+    # keys and values as views of one buffer (the kernel takes one set of strides for both), with
+    # a value dim other than the key dim, as MLA's
+    pool = torch.randn(num_pages, page_size, hkv, d + dv, generator=rng).to(kv_dtype)
+    keys, values = pool[..., :d], pool[..., d:]
+    order = torch.randperm(num_pages, generator=rng)
+    per_request = [-(-n // page_size) for n in kv_lens]
+    indptr = torch.tensor([0, *torch.tensor(per_request).cumsum(0).tolist()], dtype=torch.int64)
+    page_indices = order[: int(indptr[-1])].to(torch.int64).contiguous()
+    q = torch.randn(len(kv_lens), group * hkv, d, generator=rng)
+    out = torch.zeros(len(kv_lens), group * hkv, dv)
+    cpu_backend.paged_decode(q, torch.arange(len(kv_lens)), keys, values, page_indices, indptr,
+                             torch.tensor(kv_lens), 0.2, out)
+    for b, n in enumerate(kv_lens):
+        pages = page_indices[indptr[b] : indptr[b + 1]]
+        k = keys[pages].reshape(-1, hkv, d)[:n].float()
+        v = values[pages].reshape(-1, hkv, dv)[:n].float()
+        ref = dense(q[b : b + 1], k, v, [n - 1], 0.2)
+        torch.testing.assert_close(out[b : b + 1], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_bfloat16_queries_are_attended_in_float32():
     """A bfloat16 model: queries go through the kernel in float32, the output comes back bfloat16."""
     qs, ks, vs, pages = gqa_inputs(1, DECODES)
