@@ -2,8 +2,9 @@
 `engine.models.layers.skinny.linear`, and the memory-bandwidth bound of each.
 
     python -m disaggsdk.bench.skinny_gemm [--rows 1 --rows 2 ...] [--threads 2] [--repeats 200]
+        [--dtype float32|bfloat16]
 
-For each weight shape (the tiny models' projections, experts and head, float32) and row count it
+For each weight shape (the tiny models' projections, experts and head) and row count it
 evicts the caches (by writing a buffer larger than the last-level cache), times one product, and
 reports the mean microseconds of each way, their ratio, and the GB/s each reads the weight at. Prints
 one JSON object; run it alone on the machine.
@@ -33,23 +34,26 @@ def _mean_us(fn: Any, evict: Any, repeats: int) -> float:
     return total / repeats * 1e6
 
 
-def run_skinny_gemm(rows: list[int], repeats: int = 200) -> dict[str, Any]:
-    """The comparison for every shape and row count (see the module docstring)."""
+def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32") -> dict[str, Any]:
+    """The comparison for every shape and row count (see the module docstring), weights and x in
+    ``dtype`` (float32 or bfloat16: oneDNN's matmuls)."""
     import torch
     import torch.nn.functional as F
 
     from disaggsdk.engine.models.layers import skinny
 
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     evict = torch.zeros(EVICT_BYTES // 4)
     results = []
     for out_features, in_features in SHAPES:
-        weight = torch.randn(out_features, in_features)
+        weight = torch.randn(out_features, in_features).to(torch_dtype)
         for n in rows:
-            x = torch.randn(n, in_features)
-            torch.testing.assert_close(skinny.linear(x, weight), F.linear(x, weight), rtol=1e-4, atol=1e-4)
+            x = torch.randn(n, in_features).to(torch_dtype)
+            tolerance = 1e-4 if dtype == "float32" else 2e-2
+            torch.testing.assert_close(skinny.linear(x, weight), F.linear(x, weight), rtol=tolerance, atol=tolerance)
             linear_us = _mean_us(lambda: F.linear(x, weight), evict, repeats)
             skinny_us = _mean_us(lambda: skinny.linear(x, weight), evict, repeats)
-            weight_gb = weight.numel() * 4 / 1e9
+            weight_gb = weight.numel() * weight.element_size() / 1e9
             results.append({
                 "weight": [out_features, in_features], "rows": n,
                 "f_linear_us": round(linear_us, 1), "skinny_us": round(skinny_us, 1),
@@ -57,7 +61,7 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200) -> dict[str, Any]:
                 "f_linear_weight_gb_per_s": round(weight_gb / (linear_us * 1e-6), 1),
                 "skinny_weight_gb_per_s": round(weight_gb / (skinny_us * 1e-6), 1),
             })
-    return {"threads": torch.get_num_threads(), "dtype": "float32", "results": results}
+    return {"threads": torch.get_num_threads(), "dtype": dtype, "results": results}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, action="append", help="rows of x (repeatable; default 1 2 4 8 16 32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
-    print(json.dumps(run_skinny_gemm(a.rows or [1, 2, 4, 8, 16, 32], a.repeats), indent=1))
+    print(json.dumps(run_skinny_gemm(a.rows or [1, 2, 4, 8, 16, 32], a.repeats, a.dtype), indent=1))
 
 
 if __name__ == "__main__":

@@ -13,3 +13,13 @@ def test_skinny_gemm_reports_every_shape_and_row_count():
     row = result["results"][0]
     assert row["f_linear_us"] > 0 and row["skinny_us"] > 0 and row["speedup"] > 0
     assert row["skinny_weight_gb_per_s"] > 0
+
+
+def test_skinny_gemm_in_bfloat16_reads_two_bytes_a_weight():
+    result = run_skinny_gemm([2], repeats=2, dtype="bfloat16")
+    assert result["dtype"] == "bfloat16" and len(result["results"]) == len(SHAPES)
+    row = result["results"][0]
+    # the bandwidth figure is the weight's bytes (2 each) over the time taken
+    out_features, in_features = row["weight"]
+    expected = out_features * in_features * 2 / 1e9 / (row["f_linear_us"] * 1e-6)
+    assert row["f_linear_weight_gb_per_s"] == pytest.approx(expected, rel=0.05, abs=0.1)
