@@ -23,6 +23,18 @@ os.environ.setdefault("DISAGGSDK_SKINNY", "on")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Leave out the tests marked slow (bigger cases of what the default run covers) unless the run
+    names them: a marker expression (`make test-all` passes ``-m "slow or not slow"``) or a test's
+    node id (``pytest tests/x.py::test_y`` runs it, slow or not)."""
+    if config.option.markexpr or any("::" in arg for arg in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 @pytest.fixture
 def run_cli():
     """Run ``disaggsdk ARGS`` as a real process; returns the CompletedProcess."""
