@@ -29,10 +29,12 @@ def pytest_collection_modifyitems(config, items):
     node id (``pytest tests/x.py::test_y`` runs it, slow or not)."""
     if config.option.markexpr or any("::" in arg for arg in config.args):
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
+    kept, slow = [], []
+    for item in items:
+        (slow if item.get_closest_marker("slow") else kept).append(item)
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        items[:] = kept
 
 
 @pytest.fixture

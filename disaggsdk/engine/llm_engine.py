@@ -173,7 +173,7 @@ class LLMEngine:
         """Give ``request_id`` the cached pages holding the longest cached prefix of ``prompt_ids[:-1]``
         (a decode unit, before it grants pages for the rest). Returns how many pages (0 with the
         prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
-        return self.scheduler.share_cached_prompt(request_id, prompt_ids, count)
+        return self.scheduler.prefix_cache.share_prompt(request_id, prompt_ids, count)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached page no request holds (vLLM's ``reset_prefix_cache``: between
@@ -184,7 +184,7 @@ class LLMEngine:
     def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
         """How many pages of ``prompt_ids[:-1]``'s longest cached prefix this engine's cache holds,
         without taking them (0 with the prefix cache off)."""
-        return self.scheduler.cached_prompt_pages(tuple(prompt_ids))
+        return self.scheduler.prefix_cache.cached_pages(tuple(prompt_ids))
 
     def add_prefilled_request(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None, num_cached_tokens: int = 0
@@ -210,7 +210,7 @@ class LLMEngine:
         req.num_cached_tokens = num_cached_tokens
         self.allocator.unpin(request_id)
         self.scheduler.add_running(req)
-        self.scheduler.cache_computed(req)
+        self.scheduler.prefix_cache.cache_computed(req)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages. Returns False when it was unknown (a late abort)."""
@@ -253,7 +253,7 @@ class LLMEngine:
                               self.spec_stats)
         for c in plan.chunks:  # finished ones offered theirs as they let go of them
             if not c.request.is_finished:
-                self.scheduler.cache_computed(c.request)
+                self.scheduler.prefix_cache.cache_computed(c.request)
         if self._speculator is not None:
             self._speculator.after_step(batch, hidden_all, plan.chunks, self._on_layer_done)
         return outputs

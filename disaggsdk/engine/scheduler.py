@@ -10,9 +10,7 @@ never samples, the request then ends with reason "prefilled" and keeps its pages
 ``decode_only`` never prefills new requests (they arrive with KV already in their pages).
 
 With ``prefix_caching`` (vLLM's), a new request first takes the cached pages of its prompt's
-longest cached prefix (never all it must compute: its last token always is) and prefills from
-there; each page whose tokens are all computed is offered to the cache, when the step computed it
-and at the latest before the request lets its pages go.
+longest cached prefix and prefills from there (`engine.prefix_cache`, ``self.prefix_cache``).
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from disaggsdk.engine.prefix_cache import PrefixCache
 from disaggsdk.engine.sequence import Request, RequestStatus
-from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator
 
 Mode = Literal["mixed", "prefill_only", "decode_only"]
@@ -89,9 +87,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0  # since start, for stats and tests
-        self.prefix_caching = prefix_caching
-        self.hash_lookahead = hash_lookahead
-        self.prefix_cache_queries = self.prefix_cache_hits = 0  # vLLM's counters, prompt tokens
+        self.prefix_cache = PrefixCache(allocator, page_size, prefix_caching, hash_lookahead)
 
     # requests in and out
 
@@ -113,7 +109,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.cache_computed(request)
+        self.prefix_cache.cache_computed(request)
         if not keep_pages:
             self.allocator.free(request.request_id)
 
@@ -166,7 +162,7 @@ class Scheduler:
             if is_new and len(self.running) >= self.max_num_seqs:
                 break
             if is_new:
-                hit = self._share_cached_prefix(req)
+                hit = self.prefix_cache.share_prefix(req, self.target_tokens(req))
                 remaining -= hit
             n = min(remaining, budget)
             if is_new:
@@ -177,7 +173,7 @@ class Scheduler:
                         req.num_computed_tokens = 0
                     break  # new requests never evict others; they wait for pages to free up
                 self.allocator.allocate(req.request_id, needed)
-                self._count_lookup(req, hit)
+                self.prefix_cache.count_lookup(req, hit)
             elif not self._reserve(req, n, scheduled, out):
                 continue  # an unfinished prefill may evict, else it would hold pages forever
             if is_new:
@@ -188,69 +184,6 @@ class Scheduler:
             scheduled.add(req.request_id)
             budget -= n
         return out
-
-    # the prefix cache
-
-    def _share_cached_prefix(self, req: Request) -> int:
-        """Give a new request the cached pages of its longest cached prefix; returns their tokens."""
-        if not self.prefix_caching or req.num_computed_tokens or req.params.prompt_logprobs is not None:
-            return 0  # prompt logprobs need every prompt position computed (vLLM skips the cache too)
-        limit = cacheable_tokens(self.target_tokens(req), self.page_size) // self.page_size
-        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit, lookahead=self.hash_lookahead)
-        req.num_pages_cached = self._share(req.request_id, req.page_hashes[:limit])
-        req.num_computed_tokens = req.num_pages_cached * self.page_size
-        return req.num_computed_tokens
-
-    def share_cached_prompt(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], count: bool = True) -> int:
-        """As a new request's admission does, for a request whose KV arrives from elsewhere (a decode
-        unit's): the cached pages of ``prompt_ids[:-1]``'s longest cached prefix. Returns how many."""
-        if not self.prefix_caching:
-            return 0
-        num_pages = self._share(request_id, self._prompt_hashes(prompt_ids))
-        if count:
-            self._count(len(prompt_ids), num_pages * self.page_size)
-        return num_pages
-
-    def cached_prompt_pages(self, prompt_ids: list[int] | tuple[int, ...]) -> int:
-        """How many pages of ``prompt_ids[:-1]``'s longest cached prefix the cache holds now, taking
-        none of them and counting no query (a decode unit choosing where to prefill)."""
-        if not self.prefix_caching:
-            return 0
-        return len(self.allocator.lookup(self._prompt_hashes(prompt_ids)))
-
-    def _prompt_hashes(self, prompt_ids: list[int] | tuple[int, ...]) -> list[bytes]:
-        """The page hashes of ``prompt_ids[:-1]``'s full pages, keyed as this engine caches them."""
-        max_pages = (len(prompt_ids) - 1) // self.page_size
-        return page_hashes(list(prompt_ids), self.page_size, max_pages, lookahead=self.hash_lookahead)
-
-    def _share(self, owner: str, hashes: list[bytes]) -> int:
-        pages = self.allocator.lookup(hashes)
-        self.allocator.share(owner, pages)
-        return len(pages)
-
-    def _count_lookup(self, req: Request, hit: int) -> None:
-        if self.prefix_caching and not req.num_preemptions:  # a recompute is not a new query (usage keeps its first hit)
-            self._count(len(req.prompt_ids), hit)
-            req.num_cached_tokens = hit
-
-    def _count(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
-        self.prefix_cache_queries += num_prompt_tokens
-        self.prefix_cache_hits += num_hit_tokens
-
-    def cache_computed(self, req: Request) -> int:
-        """Offer the request's pages whose tokens are all computed to the cache. Returns how many
-        were newly cached (pages whose tokens another page already holds stay private)."""
-        if not self.prefix_caching:
-            return 0
-        full = req.num_computed_tokens // self.page_size
-        if full <= req.num_pages_cached:
-            return 0
-        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full, lookahead=self.hash_lookahead)
-        full = min(full, len(req.page_hashes))  # with a lookahead, the last page waits for its next token
-        pages = self.allocator.page_ids(req.request_id)[req.num_pages_cached : full]
-        added = self.allocator.cache_pages(pages, req.page_hashes[req.num_pages_cached : full])
-        req.num_pages_cached = full
-        return added
 
     def _pages_needed(self, req: Request, num_new_tokens: int) -> int:
         have = len(self.allocator.page_ids(req.request_id))
@@ -285,7 +218,7 @@ class Scheduler:
         return self.allocator.truncate(req.request_id, keep)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        self.cache_computed(req)  # its computed pages stay findable: its recompute may find them
+        self.prefix_cache.cache_computed(req)  # its computed pages stay findable: its recompute may find them
         self.allocator.free(req.request_id)
         req.num_pages_cached = 0
         self.running.remove(req)

@@ -250,7 +250,7 @@ class Unit:
             spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
             spec_drafts_per_position=list(e.spec_stats.drafts_per_position),
             num_preemptions=e.scheduler.num_preemptions,
-            prefix_cache_queries=e.scheduler.prefix_cache_queries, prefix_cache_hits=e.scheduler.prefix_cache_hits,
+            prefix_cache_queries=e.scheduler.prefix_cache.queries, prefix_cache_hits=e.scheduler.prefix_cache.hits,
             pages_not_sent=totals.pages_not_sent if totals else 0,
             bytes_not_sent=totals.bytes_not_sent if totals else 0,
             requests_fully_cached=totals.fully_cached if totals else 0,

@@ -216,8 +216,7 @@ class DecodeMessenger:
     def _cached_pages_if_short(self, h: Handoff) -> int | None:
         """The cached pages of ``h``'s prompt when few enough of its tokens are missing from the cache
         for its first attempt to be prefilled here; None when it goes to a prefill unit."""
-        scored = getattr(h.params, "prompt_logprobs", None) is not None  # a prefill unit scores it whole
-        if h.attempt or scored or self.max_local_prefill_tokens <= 0:
+        if h.attempt or _scores_prompt(h) or self.max_local_prefill_tokens <= 0:
             return None
         cached_pages = self.engine.cached_prompt_pages(h.prompt_ids)
         short = len(h.prompt_ids) - 1 - cached_pages * self.page_size <= self.max_local_prefill_tokens
@@ -236,8 +235,7 @@ class DecodeMessenger:
             return
         info, peer = self._prefills[name]
         need = num_prefill_pages(len(h.prompt_ids), self.page_size)
-        scored = getattr(h.params, "prompt_logprobs", None) is not None  # prefill scores it whole (vLLM skips the cache)
-        cached = 0 if scored else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
+        cached = 0 if _scores_prompt(h) else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
         if cached == need:  # every page of prompt[:-1] is here: nothing to prefill
             return self._admit_cached(h, cached)
         h.attempt, h.prefill, h.num_cached_pages = h.attempt + 1, name, cached
@@ -325,3 +323,9 @@ class DecodeMessenger:
 
     def _next_imm(self) -> int:
         return next(self._imms) % (1 << 32) or next(self._imms)
+
+
+def _scores_prompt(h: Handoff) -> bool:
+    """Whether ``h`` asks for prompt logprobs: a prefill unit then computes (scores) its prompt whole,
+    never from a cache (as vLLM skips the cache for them)."""
+    return getattr(h.params, "prompt_logprobs", None) is not None

@@ -229,8 +229,8 @@ class InProcessBackend:
         self._stats.waiting = len(sched.waiting)
         self._stats.kv_pages_used = self._engine.config.num_pages - self._engine.num_free_pages
         self._stats.extra = {"num_preemptions": float(sched.num_preemptions)}
-        self._stats.prefix_cache_queries = sched.prefix_cache_queries
-        self._stats.prefix_cache_hits = sched.prefix_cache_hits
+        self._stats.prefix_cache_queries = sched.prefix_cache.queries
+        self._stats.prefix_cache_hits = sched.prefix_cache.hits
         spec = self._engine.spec_stats
         self._stats.spec_num_drafts, self._stats.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
         self._stats.spec_num_accepted_tokens = spec.num_accepted_tokens

@@ -174,13 +174,16 @@ static void attend_one_head_v16(
         int64_t ng = group - g0 < GB ? group - g0 : GB;
         const float *w = scores + g0 * kv_len;
         float *o = out_group + g0 * v_dim;
+#define VALUE_BLOCK(heads) \
+    value_block(heads, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o)
         switch (ng) {
-        case GB: value_block(GB, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
-        case 4: value_block(4, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
-        case 2: value_block(2, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
-        case 1: value_block(1, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o); break;
-        default: value_block(ng, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o);
+        case GB: VALUE_BLOCK(GB); break;
+        case 4: VALUE_BLOCK(4); break;
+        case 2: VALUE_BLOCK(2); break;
+        case 1: VALUE_BLOCK(1); break;
+        default: VALUE_BLOCK(ng);
         }
+#undef VALUE_BLOCK
     }
 }
 

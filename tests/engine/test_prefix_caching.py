@@ -46,8 +46,8 @@ def test_a_repeated_prompt_computes_only_its_last_page():
     assert second.output_ids == first.output_ids
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 36
     assert steps[0].start_pos == 36 and steps[0].num_tokens == 1  # the prefill was one token
-    assert engine.scheduler.prefix_cache_hits == 36
-    assert engine.scheduler.prefix_cache_queries == 2 * len(prompt)
+    assert engine.scheduler.prefix_cache.hits == 36
+    assert engine.scheduler.prefix_cache.queries == 2 * len(prompt)
 
 
 @pytest.mark.parametrize("model,num_pages", [(MODEL, 256), (MODEL, 40), ("deepseek-r1-tiny", 40)])
@@ -56,10 +56,10 @@ def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(m
     config = EngineConfig(page_size=4, num_pages=num_pages, max_num_batched_tokens=32)
     with LLMEngine(model, EngineConfig(page_size=4, num_pages=256, prefix_caching=False)) as engine:
         expected = run_turns(engine, convs, abort_every=5)
-        assert engine.scheduler.prefix_cache_hits == 0
+        assert engine.scheduler.prefix_cache.hits == 0
     with LLMEngine(model, config) as engine:
         got = run_turns(engine, convs, abort_every=5)
-        hits, queries = engine.scheduler.prefix_cache_hits, engine.scheduler.prefix_cache_queries
+        hits, queries = engine.scheduler.prefix_cache.hits, engine.scheduler.prefix_cache.queries
         assert engine.num_free_pages == num_pages  # drained: every page free or evictable
         evictions = engine.allocator.cache.num_evictions
     assert got == expected
@@ -124,7 +124,7 @@ def test_mtp_drafting_with_the_cache_gives_the_uncached_tokens(num_drafts):
         expected = run_turns(engine, convs)
     with LLMEngine("deepseek-r1-tiny", EngineConfig(page_size=4, num_pages=256, speculative=spec)) as engine:
         got = run_turns(engine, convs)
-        assert engine.scheduler.hash_lookahead == 1 and engine.scheduler.prefix_cache_hits > 0
+        assert engine.scheduler.prefix_cache.hash_lookahead == 1 and engine.scheduler.prefix_cache.hits > 0
         assert engine.spec_stats.num_accepted_tokens > 0  # drafts were accepted, from cached MTP KV too
     assert got == expected
 

@@ -24,8 +24,8 @@ class Conn:
 
 def unit(role: str, totals: TransferTotals | None) -> Unit:
     """A `Unit` over fakes: only what `_stats` and `_emit` read."""
-    scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2, prefix_cache_queries=96,
-                                prefix_cache_hits=64)
+    scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2,
+                                prefix_cache=SimpleNamespace(queries=96, hits=64))
     engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, config=SimpleNamespace(num_pages=40),
                              spec_stats=SpecStats())
     messenger = None if totals is None else SimpleNamespace(

@@ -1,0 +1,96 @@
+"""An engine's prefix cache (vLLM's automatic prefix caching) over its page allocator.
+
+A new request first takes the cached pages of its prompt's longest cached prefix (never all it
+must compute: its last token always is) and prefills from there; each page whose tokens are all
+computed is offered to the cache, when the step computed it and at the latest before the request
+lets its pages go. Pages are keyed by chained hashes of their tokens (`memory.block_hash`), with
+MTP drafting one token further (``hash_lookahead``: the MTP KV at a page's end read the next token).
+"""
+
+from __future__ import annotations
+
+from disaggsdk.engine.sequence import Request
+from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
+from disaggsdk.memory.page_allocator import PageAllocator
+
+
+class PrefixCache:
+    """Which pages a prompt can share, which computed pages to offer, and the query/hit counters.
+
+    Args:
+        allocator: the engine's page allocator (it holds the hash -> page index).
+        page_size: tokens per page.
+        enabled: with False every lookup finds nothing and nothing is offered.
+        hash_lookahead: tokens after a page its key covers too (`config.hash_lookahead`).
+    """
+
+    def __init__(self, allocator: PageAllocator, page_size: int, enabled: bool, hash_lookahead: int = 0):
+        self.allocator = allocator
+        self.page_size = page_size
+        self.enabled = enabled
+        self.hash_lookahead = hash_lookahead
+        self.queries = self.hits = 0  # vLLM's prefix_cache_queries / _hits, in prompt tokens
+
+    def share_prefix(self, req: Request, target_tokens: int) -> int:
+        """Give a new request (``target_tokens`` to compute in all) the cached pages of its longest
+        cached prefix; returns their tokens. Counted by `count_lookup` once it is admitted."""
+        if not self.enabled or req.num_computed_tokens or req.params.prompt_logprobs is not None:
+            return 0  # prompt logprobs need every prompt position computed (vLLM skips the cache too)
+        limit = cacheable_tokens(target_tokens, self.page_size) // self.page_size
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, limit, lookahead=self.hash_lookahead)
+        req.num_pages_cached = self._share(req.request_id, req.page_hashes[:limit])
+        req.num_computed_tokens = req.num_pages_cached * self.page_size
+        return req.num_computed_tokens
+
+    def count_lookup(self, req: Request, hit: int) -> None:
+        """Count an admitted request's lookup (``hit`` tokens found), once: a recompute after a
+        preemption is not a new query, and the request's usage keeps its first hit."""
+        if self.enabled and not req.num_preemptions:
+            self._count(len(req.prompt_ids), hit)
+            req.num_cached_tokens = hit
+
+    def share_prompt(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], count: bool = True) -> int:
+        """As `share_prefix` does, for a request whose KV arrives from elsewhere (a decode unit's):
+        the cached pages of ``prompt_ids[:-1]``'s longest cached prefix. Returns how many."""
+        if not self.enabled:
+            return 0
+        num_pages = self._share(request_id, self._prompt_hashes(prompt_ids))
+        if count:
+            self._count(len(prompt_ids), num_pages * self.page_size)
+        return num_pages
+
+    def cached_pages(self, prompt_ids: list[int] | tuple[int, ...]) -> int:
+        """How many pages of ``prompt_ids[:-1]``'s longest cached prefix the cache holds now, taking
+        none of them and counting no query (a decode unit choosing where to prefill)."""
+        if not self.enabled:
+            return 0
+        return len(self.allocator.lookup(self._prompt_hashes(prompt_ids)))
+
+    def cache_computed(self, req: Request) -> int:
+        """Offer the request's pages whose tokens are all computed to the cache. Returns how many
+        were newly cached (pages whose tokens another page already holds stay private)."""
+        if not self.enabled:
+            return 0
+        full = req.num_computed_tokens // self.page_size
+        if full <= req.num_pages_cached:
+            return 0
+        extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full, lookahead=self.hash_lookahead)
+        full = min(full, len(req.page_hashes))  # with a lookahead, the last page waits for its next token
+        pages = self.allocator.page_ids(req.request_id)[req.num_pages_cached : full]
+        added = self.allocator.cache_pages(pages, req.page_hashes[req.num_pages_cached : full])
+        req.num_pages_cached = full
+        return added
+
+    def _prompt_hashes(self, prompt_ids: list[int] | tuple[int, ...]) -> list[bytes]:
+        """The page hashes of ``prompt_ids[:-1]``'s full pages, keyed as this engine caches them."""
+        max_pages = (len(prompt_ids) - 1) // self.page_size
+        return page_hashes(list(prompt_ids), self.page_size, max_pages, lookahead=self.hash_lookahead)
+
+    def _share(self, owner: str, hashes: list[bytes]) -> int:
+        pages = self.allocator.lookup(hashes)
+        self.allocator.share(owner, pages)
+        return len(pages)
+
+    def _count(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.queries += num_prompt_tokens
+        self.hits += num_hit_tokens
