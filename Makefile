@@ -14,7 +14,7 @@ sysdeps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfabric-dev libfabric-bin; \
 	fi
 
-$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/*)
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/* native/cpu_linear/*)
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi

@@ -5,7 +5,8 @@ where libfabric's headers are missing, or the compile fails, the package install
 and `disaggsdk.transfer` raises a TransferError naming the Debian package `libfabric-dev`.
 The extension `disaggsdk.engine.attention._cpu_kernels` (native/cpu_attention/, the CPU decode
 attention kernel) needs only a C compiler; it is optional too: without it the CPU engine runs the
-torch reference attention.
+torch reference attention. So is `disaggsdk.engine.models.layers._amx_linear` (native/cpu_linear/,
+the bfloat16 AMX matmul of decode steps): without it bfloat16 linears run on torch's F.linear.
 """
 
 import os
@@ -29,14 +30,18 @@ def fabric_extensions():
     return [ext]
 
 
-def cpu_attention_extensions():
-    """The CPU attention kernels' cffi extension (optional: a failed compile warns)."""
+def cpu_kernel_extensions():
+    """The CPU attention kernels' and the AMX linear's cffi extensions (optional: a failed compile warns)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
-    from build_cpu_attention import make_ffibuilder
+    import build_cpu_attention
+    import build_cpu_linear
 
-    ext = make_ffibuilder().distutils_extension(tmpdir="build/cffi_cpu_attention")
-    ext.optional = True
-    return [ext]
+    extensions = []
+    for builder, tmpdir in ((build_cpu_attention, "build/cffi_cpu_attention"), (build_cpu_linear, "build/cffi_cpu_linear")):
+        ext = builder.make_ffibuilder().distutils_extension(tmpdir=tmpdir)
+        ext.optional = True
+        extensions.append(ext)
+    return extensions
 
 
-setup(ext_modules=fabric_extensions() + cpu_attention_extensions())
+setup(ext_modules=fabric_extensions() + cpu_kernel_extensions())

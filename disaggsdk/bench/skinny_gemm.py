@@ -1,5 +1,6 @@
 """The matmuls of decoding, with caches as cold as a decode step leaves them: ``F.linear`` against
-`engine.models.layers.skinny.linear`, and the memory-bandwidth bound of each.
+`engine.models.layers.skinny.linear` (bfloat16: on the packed AMX kernel where this CPU has AMX,
+``"amx": true``), and the memory-bandwidth bound of each.
 
     python -m disaggsdk.bench.skinny_gemm [--rows 1 --rows 2 ...] [--threads 2] [--repeats 200]
         [--dtype float32|bfloat16]
@@ -40,19 +41,21 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32")
     import torch
     import torch.nn.functional as F
 
-    from disaggsdk.engine.models.layers import skinny
+    from disaggsdk.engine.models.layers import amx_linear, skinny
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     evict = torch.zeros(EVICT_BYTES // 4)
     results = []
     for out_features, in_features in SHAPES:
         weight = torch.randn(out_features, in_features).to(torch_dtype)
+        packed = amx_linear.pack_if_useful(weight)  # as a bfloat16 model's layers pack it at load
         for n in rows:
             x = torch.randn(n, in_features).to(torch_dtype)
             tolerance = 1e-4 if dtype == "float32" else 2e-2
-            torch.testing.assert_close(skinny.linear(x, weight), F.linear(x, weight), rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(skinny.linear(x, weight, packed), F.linear(x, weight), rtol=tolerance,
+                                       atol=tolerance)
             linear_us = _mean_us(lambda: F.linear(x, weight), evict, repeats)
-            skinny_us = _mean_us(lambda: skinny.linear(x, weight), evict, repeats)
+            skinny_us = _mean_us(lambda: skinny.linear(x, weight, packed), evict, repeats)
             weight_gb = weight.numel() * weight.element_size() / 1e9
             results.append({
                 "weight": [out_features, in_features], "rows": n,
@@ -61,7 +64,8 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32")
                 "f_linear_weight_gb_per_s": round(weight_gb / (linear_us * 1e-6), 1),
                 "skinny_weight_gb_per_s": round(weight_gb / (skinny_us * 1e-6), 1),
             })
-    return {"threads": torch.get_num_threads(), "dtype": dtype, "results": results}
+    return {"threads": torch.get_num_threads(), "dtype": dtype, "amx": dtype == "bfloat16" and amx_linear.available(),
+            "results": results}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,9 +52,10 @@ class ModelRunner:
         self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed,
                                  load_format=config.load_format)
         if self.device.type == "cpu":  # which matmul form decoding takes on this machine, per weight shape
-            from disaggsdk.engine.models.layers import skinny
+            from disaggsdk.engine.models.layers import amx_linear, skinny
 
             skinny.calibrate(self.model.parameters())
+            amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX
         geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
         self.kv_cache = KVCache(
             geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers import skinny
+from disaggsdk.engine.models.layers import amx_linear, skinny
 from disaggsdk.engine.models.layers.decoder import DecoderLayer, DecoderModel, Embedding
 from disaggsdk.engine.models.layers.linear import (
     ColumnParallelLinear,
@@ -144,6 +144,7 @@ class MTPLayer(nn.Module):
         self.shared_head_norm = RMSNorm(f"{p}shared_head.norm.weight", hidden, eps, dtype, MTP)
         self.shared_head = Embedding(f"{p}shared_head.head.weight", arch.vocab_size, hidden, dtype, MTP)
         self._rotary = [rotary]  # the target's (a list: not a second owner of its buffers)
+        self.register_buffer("packed_head", None, persistent=False)  # amx_linear.pack(head), or None
 
     def forward(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend, on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
@@ -173,7 +174,11 @@ class MTPLayer(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
-        return skinny.linear(self.shared_head_norm(hidden), self.shared_head.weight).float()
+        return skinny.linear(self.shared_head_norm(hidden), self.shared_head.weight, self.packed_head).float()
+
+    def pack_for_decode(self) -> None:
+        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+        self.packed_head = amx_linear.pack_if_useful(self.shared_head.weight)
 
 
 class DeepseekV3ForCausalLM(DecoderModel):

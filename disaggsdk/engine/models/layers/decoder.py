@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers import skinny
+from disaggsdk.engine.models.layers import amx_linear, skinny
 from disaggsdk.engine.models.layers.norm import RMSNorm
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
@@ -88,6 +88,7 @@ class DecoderModel(nn.Module):
             else Embedding("lm_head.weight", arch.vocab_size, arch.hidden_size, dtype)
         )
         self.layers = nn.ModuleList()
+        self.register_buffer("packed_head", None, persistent=False)  # amx_linear.pack(head), or None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden_size]."""
@@ -104,8 +105,14 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, vocab_size] float32 logits of hidden [n, hidden_size]; identical on every rank."""
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return skinny.linear(hidden, head).float()
+        return skinny.linear(hidden, self._head_weight(), self.packed_head).float()
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def pack_for_decode(self) -> None:
+        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+        self.packed_head = amx_linear.pack_if_useful(self._head_weight())
 
     def weight_slots(self) -> Iterator[WeightSlot]:
         """Every checkpoint tensor this rank holds a slice of, in module order."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers import skinny
+from disaggsdk.engine.models.layers import amx_linear, skinny
 from disaggsdk.engine.weights import WeightSlot
 
 
@@ -27,7 +27,22 @@ class OutputPart:
     rows: tuple[int, int]  # [start, stop) of the rows this rank keeps
 
 
-class ColumnParallelLinear(nn.Module):
+class _Linear(nn.Module):
+    """y = x W^T with ``self.weight`` [out_features, in_features], and its decode-time packed form."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("packed", None, persistent=False)  # amx_linear.pack(weight), or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny.linear(x, self.weight, self.packed)
+
+    def pack_for_decode(self) -> None:
+        """Keep the weight in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+        self.packed = amx_linear.pack_if_useful(self.weight)
+
+
+class ColumnParallelLinear(_Linear):
     """y = x W^T for this rank's output rows of one or several stacked checkpoint tensors."""
 
     def __init__(self, in_features: int, parts: list[OutputPart], dtype: torch.dtype, optional_group: str | None = None):
@@ -42,9 +57,6 @@ class ColumnParallelLinear(nn.Module):
     def split_sizes(self) -> list[int]:
         """Local output width of each part, in order (for torch.split of the output)."""
         return [p.rows[1] - p.rows[0] for p in self.parts]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny.linear(x, self.weight)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         offset = 0
@@ -63,7 +75,7 @@ class ColumnParallelLinear(nn.Module):
             offset += size
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """Partial y = x_local W_local^T over this rank's input columns (caller all-reduces)."""
 
     def __init__(
@@ -77,9 +89,6 @@ class RowParallelLinear(nn.Module):
         self.optional_group = optional_group
         self.weight = nn.Parameter(torch.empty(out_features, cols[1] - cols[0], dtype=dtype), requires_grad=False)
         # weight: [out_features, local in_features]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny.linear(x, self.weight)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         split = self.cols[1] - self.cols[0] != self.full_in

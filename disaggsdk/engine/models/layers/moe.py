@@ -14,10 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers import skinny
+from disaggsdk.engine.models.layers import amx_linear, skinny
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
 from disaggsdk.errors import ModelError
+
+
+def _expert(packed: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if packed is None else packed[expert]
 
 
 class Experts(nn.Module):
@@ -37,6 +41,8 @@ class Experts(nn.Module):
         # w13: [num_experts, 2 * local intermediate (gate | up), hidden_size]
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, local, dtype=dtype), requires_grad=False)
         # w2: [num_experts, hidden_size, local intermediate]
+        self.register_buffer("packed_w13", None, persistent=False)  # amx_linear.pack(w13), or None
+        self.register_buffer("packed_w2", None, persistent=False)
 
     # Eager even inside a compiled step: the per-expert token counts are data (a graph would be
     # specialised on, and recompiled for, every routing); the step's graph breaks around it.
@@ -64,11 +70,16 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             tokens = token_of[start : start + count]
-            gate, up = skinny.linear(x[tokens], self.w13[expert]).chunk(2, dim=-1)
-            h = skinny.linear(F.silu(gate) * up, self.w2[expert])
+            gate, up = skinny.linear(x[tokens], self.w13[expert], _expert(self.packed_w13, expert)).chunk(2, dim=-1)
+            h = skinny.linear(F.silu(gate) * up, self.w2[expert], _expert(self.packed_w2, expert))
             out.index_add_(0, tokens, h * weight_of[start : start + count, None])
             start += count
         return out
+
+    def pack_for_decode(self) -> None:
+        """Keep the experts in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+        self.packed_w13 = amx_linear.pack_if_useful(self.w13)
+        self.packed_w2 = amx_linear.pack_if_useful(self.w2)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         full, local = self.intermediate_size, self.rows[1] - self.rows[0]

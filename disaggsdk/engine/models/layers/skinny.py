@@ -9,8 +9,9 @@ caches, for x of 2 rows and W of 4096 x 256, 539 us against 132 us, and ``(W @ x
 up to 32 rows. It also makes 2 to 8 rows cost about what 1 row does, which is what speculative
 verification (k + 1 rows per request) needs. A single row goes through GEMV, which is as slow as
 ``F.linear`` on large weights; duplicating the row makes it a 2-column GEMM (142 against 505 us for
-4096 x 256), worth it from a quarter million elements. Other dtypes and devices keep ``F.linear`` (bfloat16 runs on oneDNN, whose cost is
-already flat in the rows; GPUs have their own kernels).
+4096 x 256), worth it from a quarter million elements. bfloat16 goes to the AMX kernel of
+`amx_linear` where the layer packed its weight for it (oneDNN's ``F.linear`` costs ~40-80 us a call
+there however few the rows); other dtypes and devices keep ``F.linear`` (GPUs have their own kernels).
 
 Which form wins depends on the machine: on another host of the same CPU family (2026-12-05) MKL's
 ``F.linear`` read every one of these weights 1.1-2.7x faster than the transposed form, and a decode
@@ -92,15 +93,19 @@ def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int, bool], bo
     return dict(_faster)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias), faster for float32 CPU inputs of at most `MAX_ROWS` rows.
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias), faster for CPU inputs of at most `MAX_ROWS` rows: float32
+    in the orientation above, bfloat16 on the AMX kernel where ``packed`` is given.
 
     Args:
         x: [rows, in_features].
         weight: [out_features, in_features].
+        packed: ``amx_linear.pack(weight)``, or None.
     Returns:
         [rows, out_features], contiguous; equal to ``F.linear`` up to float rounding.
     """
+    if packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.shape[0] <= MAX_ROWS:
+        return torch.ops.disaggsdk.amx_linear(x, packed)
     if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[0] > MAX_ROWS:
         return F.linear(x, weight)
     one_row = x.shape[0] == 1
