@@ -115,3 +115,18 @@ AMX int amx_bf16_linear(const uint16_t *x, int64_t rows, int64_t x_row_stride, c
     _tile_release();
     return 0;
 }
+
+AMX int amx_bf16_grouped_linear(const uint16_t *x, int64_t x_row_stride, const int32_t *group_ends, int64_t groups,
+                                const uint16_t *packed_w, int64_t out_features, int64_t in_features, uint16_t *out,
+                                int64_t out_row_stride) {
+    if (!ready) return -1;
+    int64_t start = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t end = group_ends[g];
+        if (end > start)
+            amx_bf16_linear(x + start * x_row_stride, end - start, x_row_stride, packed_w + g * out_features * in_features,
+                            out_features, in_features, out + start * out_row_stride, out_row_stride);
+        start = end > start ? end : start;
+    }
+    return 0;
+}

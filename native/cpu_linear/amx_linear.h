@@ -26,3 +26,12 @@ int amx_linear_init(void);
  */
 int amx_bf16_linear(const uint16_t *x, int64_t rows, int64_t x_row_stride, const uint16_t *packed_w,
                      int64_t out_features, int64_t in_features, uint16_t *out, int64_t out_row_stride);
+
+/* A mixture of experts' products: rows [group_ends[g - 1], group_ends[g]) of x (group_ends[-1] = 0)
+ * times expert g's packed weight, at packed_w + g * out_features * in_features (amx_linear.pack of
+ * the stacked [groups, out_features, in_features] weights), into the same rows of out. Rows are
+ * sorted by expert; the ends are read here, so the caller never waits for them (no host sync).
+ * Returns 0, or -1 as amx_bf16_linear. */
+int amx_bf16_grouped_linear(const uint16_t *x, int64_t x_row_stride, const int32_t *group_ends, int64_t groups,
+                            const uint16_t *packed_w, int64_t out_features, int64_t in_features, uint16_t *out,
+                            int64_t out_row_stride);

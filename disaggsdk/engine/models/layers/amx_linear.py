@@ -96,6 +96,26 @@ def _amx_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def grouped(x: torch.Tensor, packed: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts' products on the kernel: rows [group_ends[g - 1], group_ends[g]) of x
+    (sorted by expert) times expert g's packed weight (`pack` of [experts, out, in]); [rows, out]
+    bfloat16. The kernel reads the group ends itself: no host sync."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    ends = group_ends.to(torch.int32).contiguous()
+    out_features = packed.shape[1] * TILE_N
+    out = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+    kernels = _kernels()
+    cast = kernels.ffi.cast
+    status = kernels.lib.amx_bf16_grouped_linear(
+        cast("uint16_t *", x.data_ptr()), x.stride(0), cast("int32_t *", ends.data_ptr()), ends.shape[0],
+        cast("uint16_t *", packed.data_ptr()), out_features, x.shape[1], cast("uint16_t *", out.data_ptr()),
+        out_features)
+    if status != 0:
+        raise RuntimeError("amx_linear: the AMX tile state was not granted to this process")
+    return out
+
+
 # ``torch.ops.disaggsdk.amx_linear``: a graph op, so that a compiled step calls the kernel as one
 # opaque call. Defined with torch.library.Library rather than the custom_op decorator: the
 # decorator's wrapping costs ~5 us more a call, and a decode step makes dozens of these calls.

@@ -14,14 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers import amx_linear, skinny
+from disaggsdk.engine.models.layers import amx_linear
+from disaggsdk.engine.models.layers.grouped_linear import grouped_linear
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
 from disaggsdk.errors import ModelError
-
-
-def _expert(packed: torch.Tensor | None, expert: int) -> torch.Tensor | None:
-    return None if packed is None else packed[expert]
 
 
 class Experts(nn.Module):
@@ -44,11 +41,12 @@ class Experts(nn.Module):
         self.register_buffer("packed_w13", None, persistent=False)  # amx_linear.pack(w13), or None
         self.register_buffer("packed_w2", None, persistent=False)
 
-    # Eager even inside a compiled step: the per-expert token counts are data (a graph would be
-    # specialised on, and recompiled for, every routing); the step's graph breaks around it.
-    @torch.compiler.disable
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """Weighted sum of each token's experts (this rank's partial sum).
+
+        The (token, expert) pairs are sorted by expert and each expert multiplies its rows in one
+        grouped op (`grouped_linear`): no per-expert Python loop and no host sync, so a compiled
+        step holds the whole layer.
 
         Args:
             x: [num_tokens, hidden_size]
@@ -57,24 +55,17 @@ class Experts(nn.Module):
         Returns:
             [num_tokens, hidden_size]
         """
-        out = torch.zeros_like(x)
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        experts = torch.arange(self.num_experts, device=x.device, dtype=flat_ids.dtype)
+        group_ends = torch.searchsorted(flat_ids[order], experts, right=True)
         token_of = order // topk_ids.shape[1]
         weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
-        start = 0
-        # Experts in ascending order, tokens in ascending order within each: the same summation
-        # order as transformers, so float32 results match to the last bits where possible.
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tokens = token_of[start : start + count]
-            gate, up = skinny.linear(x[tokens], self.w13[expert], _expert(self.packed_w13, expert)).chunk(2, dim=-1)
-            h = skinny.linear(F.silu(gate) * up, self.w2[expert], _expert(self.packed_w2, expert))
-            out.index_add_(0, tokens, h * weight_of[start : start + count, None])
-            start += count
-        return out
+        gate, up = grouped_linear(x[token_of], self.w13, group_ends, self.packed_w13).chunk(2, dim=-1)
+        h = grouped_linear(F.silu(gate) * up, self.w2, group_ends, self.packed_w2)
+        # Pairs in expert order, tokens ascending within each: the same summation order as
+        # transformers' per-expert loop, so float32 results match to the last bits where possible.
+        return torch.zeros_like(x).index_add_(0, token_of, h * weight_of[:, None])
 
     def pack_for_decode(self) -> None:
         """Keep the experts in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
