@@ -4,15 +4,16 @@ The graph holds the whole step between the attention backend's ``plan`` (before 
 logits (after it): embeddings, norms, rope, projections and MLPs are compiled by Inductor (fused
 elementwise work, no per-op Python dispatch); attention and the layer counter are the custom ops
 of `engine.graph_ops`, so the layer-by-layer KV streaming of a prefill unit works unchanged; MoE
-experts run eagerly inside it (their token counts are data). Shapes are dynamic: one graph for
+experts are one grouped op inside it (`models.layers.grouped_linear`: no per-expert loop, no host
+sync, so no graph break). Shapes are dynamic: one graph for
 one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
 decoding, engine.models.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
 before the first request.
 DeepSeek's MTP layer (speculative drafting) runs after every step: its forward and its draft
 argmax are compiled the same way (`mtp`, `mtp_argmax`), with the same ops, so a prefill unit still
 counts the MTP KV as one more streamed layer.
-On CUDA the same ops would let decode steps be captured as CUDA graphs; not built yet (no GPU
-to test it on).
+On CUDA the same ops would let decode steps be captured as CUDA graphs (the MoE layer no longer
+syncs with the host); not built yet (no GPU to test it on).
 """
 
 from __future__ import annotations
