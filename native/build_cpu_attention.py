@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 
-from cffi import FFI
-from cffi_build import NATIVE_DIR, build_in_place, header_cdef
+from cffi_build import build_in_place, kernel_ffibuilder
 
-SOURCES = ["cpu_attention/paged_decode.c", "cpu_attention/causal_prefill.c"]
-HEADERS = ["cpu_attention/paged_decode.h", "cpu_attention/causal_prefill.h"]
 MODULE_NAME = "disaggsdk.engine.attention._cpu_kernels"
 # -ffast-math lets the dot products and sums reassociate into SIMD lanes and lets glibc's libmvec
 # vectorise expf; -fopenmp-simd honours the `omp simd` pragmas without linking an OpenMP runtime
@@ -25,20 +22,10 @@ MODULE_NAME = "disaggsdk.engine.attention._cpu_kernels"
 COMPILE_ARGS = ["-O3", "-std=gnu11", "-Wall", "-Wno-psabi", "-march=native", "-ffast-math", "-fopenmp-simd"]
 
 
-def make_ffibuilder(relative: bool = True) -> FFI:
+def make_ffibuilder(relative: bool = True):
     """The FFI builder. Source paths are relative to the repository root for setuptools."""
-    base = "native" if relative else NATIVE_DIR
-    ffibuilder = FFI()
-    ffibuilder.cdef(header_cdef(*HEADERS))
-    ffibuilder.set_source(
-        MODULE_NAME,
-        '#include "paged_decode.h"\n#include "causal_prefill.h"',
-        sources=[os.path.join(base, s) for s in SOURCES],
-        include_dirs=[os.path.join(base, "cpu_attention")],
-        libraries=["mvec", "m"],
-        extra_compile_args=COMPILE_ARGS,
-    )
-    return ffibuilder
+    return kernel_ffibuilder(MODULE_NAME, "cpu_attention", ["paged_decode", "causal_prefill"], COMPILE_ARGS,
+                             ["mvec", "m"], relative)
 
 
 ffibuilder = make_ffibuilder()

@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import os
 
-from cffi import FFI
-from cffi_build import NATIVE_DIR, build_in_place, header_cdef
+from cffi_build import build_in_place, kernel_ffibuilder
 
-SOURCES = ["cpu_linear/amx_linear.c"]
-HEADERS = ["cpu_linear/amx_linear.h"]
 MODULE_NAME = "disaggsdk.engine.models.layers._amx_linear"
 COMPILE_ARGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-psabi"]
 
 
-def make_ffibuilder(relative: bool = True) -> FFI:
+def make_ffibuilder(relative: bool = True):
     """The FFI builder. Source paths are relative to the repository root for setuptools."""
-    base = "native" if relative else NATIVE_DIR
-    ffibuilder = FFI()
-    ffibuilder.cdef(header_cdef(*HEADERS))
-    ffibuilder.set_source(
-        MODULE_NAME,
-        '#include "amx_linear.h"',
-        sources=[os.path.join(base, s) for s in SOURCES],
-        include_dirs=[os.path.join(base, "cpu_linear")],
-        extra_compile_args=COMPILE_ARGS,
-    )
-    return ffibuilder
+    return kernel_ffibuilder(MODULE_NAME, "cpu_linear", ["amx_linear"], COMPILE_ARGS, [], relative)
 
 
 ffibuilder = make_ffibuilder()

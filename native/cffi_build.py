@@ -23,6 +23,27 @@ def header_cdef(*headers: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
+def kernel_ffibuilder(module_name: str, directory: str, names: list[str], compile_args: list[str],
+                      libraries: list[str], relative: bool) -> Any:
+    """The FFI builder of a kernel module: the C files ``directory/NAME.c`` of each name, their
+    headers as the cdef (and the module's includes). Source paths are relative to the repository
+    root for setuptools (``relative``), absolute for an in-place build."""
+    from cffi import FFI
+
+    base = "native" if relative else NATIVE_DIR
+    ffibuilder = FFI()
+    ffibuilder.cdef(header_cdef(*[f"{directory}/{n}.h" for n in names]))
+    ffibuilder.set_source(
+        module_name,
+        "\n".join(f'#include "{n}.h"' for n in names),
+        sources=[os.path.join(base, directory, f"{n}.c") for n in names],
+        include_dirs=[os.path.join(base, directory)],
+        libraries=libraries,
+        extra_compile_args=compile_args,
+    )
+    return ffibuilder
+
+
 def build_in_place(ffibuilder: Any, tmp_name: str, package_dir: str, module_glob: str) -> None:
     """Compile ``ffibuilder`` under build/``tmp_name`` and replace the module in ``package_dir``
     (relative to the repository root) for development, as `pip install -e .` would."""
