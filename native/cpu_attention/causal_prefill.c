@@ -160,8 +160,34 @@ static void attend_tile(
                     row_max[g][i] = mx;
                     row_sum[g][i] = row_sum[g][i] * correction[r] + hsum(sum);
                 }
-                /* acc = acc * correction + p . V, 16 output dims at a time */
-                for (int64_t e = 0; e < v_dim; e += 16) {
+                /* acc = acc * correction + p . V, 32 output dims at a time (R x 2 independent FMA
+                 * chains: with R alone each chain's 4-cycle latency held the loop to one FMA a
+                 * cycle, perf annotate), then 16 at a time for the rest */
+                int64_t e = 0;
+                for (; e + 32 <= v_dim; e += 32) {
+                    v16 lo[R], hi[R];
+                    for (int r = 0; r < R; r++) {
+                        __builtin_memcpy(&lo[r], &acc[g][(i0 + r) % TQ][e], sizeof(v16));
+                        __builtin_memcpy(&hi[r], &acc[g][(i0 + r) % TQ][e + 16], sizeof(v16));
+                        lo[r] *= splat(correction[r]);
+                        hi[r] *= splat(correction[r]);
+                    }
+                    for (int64_t j = 0; j < used; j++) {
+                        v16 v_lo = *(const v16 *)(vt + j * v_row_stride + e);
+                        v16 v_hi = *(const v16 *)(vt + j * v_row_stride + e + 16);
+                        for (int r = 0; r < R; r++) {
+                            v16 pj = splat(p[r][j]);
+                            lo[r] += pj * v_lo;
+                            hi[r] += pj * v_hi;
+                        }
+                    }
+                    for (int r = 0; r < R; r++)
+                        if (i0 + r < nq) {
+                            __builtin_memcpy(&acc[g][i0 + r][e], &lo[r], sizeof(v16));
+                            __builtin_memcpy(&acc[g][i0 + r][e + 16], &hi[r], sizeof(v16));
+                        }
+                }
+                for (; e < v_dim; e += 16) {
                     v16 o[R];
                     for (int r = 0; r < R; r++) {
                         __builtin_memcpy(&o[r], &acc[g][(i0 + r) % TQ][e], sizeof(v16));

@@ -154,13 +154,15 @@ def _spy_causal_prefill(monkeypatch) -> list[bool]:
     return results
 
 
+@pytest.mark.parametrize("head_dim", [16, 48], ids=["16-wide", "32-wide-then-16"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_fresh_prompts_go_through_the_causal_kernel(monkeypatch, layout):
+def test_fresh_prompts_go_through_the_causal_kernel(monkeypatch, layout, head_dim):
     """Fresh prompts of two lengths (two fresh groups) beside decodes and a later chunk: equal to
-    the reference and to dense attention, with the kernel computing both fresh groups."""
+    the reference and to dense attention, with the kernel computing both fresh groups (its value
+    pass runs 32 dims at a time, then 16)."""
     reqs = [(0, 37), (0, 5), (0, 37), (9, 1), (20, 6)]
-    qs, ks, vs, pages = gqa_inputs(4, reqs, hq=8, hkv=2, d=16)
-    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=16)
+    qs, ks, vs, pages = gqa_inputs(4, reqs, hq=8, hkv=2, d=head_dim)
+    geo = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=head_dim)
     ref = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "torch_ref", reqs, pages, qs, ks, vs)
     ran = _spy_causal_prefill(monkeypatch)
     out = run_step(KVCache(geo, 64, PAGE_SIZE, layout), "cpu", reqs, pages, qs, ks, vs)
