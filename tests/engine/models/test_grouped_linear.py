@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from disaggsdk.engine.models.layers import amx_linear  # noqa: E402
+from disaggsdk.engine.models.layers import grouped_linear as _grouped  # noqa: E402
 from disaggsdk.engine.models.layers.grouped_linear import grouped_linear  # noqa: E402
 from disaggsdk.engine.models.layers.moe import Experts  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
@@ -31,6 +32,8 @@ def test_equals_a_per_expert_loop(dtype, ends):
     group_ends = torch.tensor(ends)
     expected = _per_expert(x, weight, group_ends)
     torch.testing.assert_close(grouped_linear(x, weight, group_ends), expected)
+    # the loop other devices' non-bfloat16 inputs take (here on CPU tensors)
+    torch.testing.assert_close(_grouped._per_group(x, weight, group_ends), expected)
     packed = amx_linear.pack_if_useful(weight)
     if dtype == torch.bfloat16 and amx_linear.available():
         assert packed is not None

@@ -39,7 +39,9 @@ def available() -> bool:
     global _available
     if _available is None:
         _available = False
-        if os.environ.get(ENV, "1") != "0" and torch.cpu._is_amx_tile_supported():
+        # torch's AMX check is private API: without it, Linux's answer below decides alone
+        amx_cpu = getattr(torch.cpu, "_is_amx_tile_supported", lambda: True)()
+        if os.environ.get(ENV, "1") != "0" and amx_cpu:
             try:
                 _available = _kernels().lib.amx_linear_init() == 0
             except ImportError:  # the optional extension was not built
