@@ -94,7 +94,10 @@ def test_hundred_requests_return_every_page(env):
 
 def test_streamed_writes_start_during_the_forward_pass(env):
     rt, _ = env
-    rt.generate_batch([prompt(7, 41)], GREEDY)  # one 40-token chunk: 10 pages, within one step
+    # one 40-token chunk: 10 pages, within one step. prompt(150, .) shares no page with another
+    # prompt of this module (prompt(7, 41) did: the 100-request test's prompt(7, 12) left 3 of its
+    # pages in the decode unit's prefix cache, unless 100 requests had evicted them first)
+    rt.generate_batch([prompt(150, 41)], GREEDY)
     records = [r for s in rt.unit_stats().values() if s.role == "prefill" for r in s.recent if r.num_tokens == 41]
     assert records and records[-1].lead_s > 0, records  # first write went before the forward ended
     assert records[-1].writes == 10 * 4 + 1  # pages x layers + context (identical sharding, HND)
