@@ -1,33 +1,36 @@
 """Speculative decoding against plain decoding, same engine, same prompts: acceptance and tok/s.
 
     python -m disaggsdk.bench.spec_bench --model deepseek-r1-tiny --method mtp --num-tokens 1
-        [--batch 1 --batch 8] [--output-len 128] [--threads 2] [--repeats 3]
+        [--batch 1 --batch 8] [--output-len 128] [--threads 2] [--repeats 5]
 
 Prompts are code no tiny checkpoint was trained on (`code_corpus.held_out_prompts`). For each batch
 size it times greedy generation of ``output-len`` tokens per request with and without speculation
-(best of ``repeats``, after a warm-up) and prints one JSON object: per-request decode tok/s of both,
-their ratio, the acceptance counters of the speculative runs (first-draft acceptance, per position,
-mean accepted length), and whether the greedy tokens were identical. Run it alone on the machine.
+and prints one JSON object: per-request decode tok/s of both, their ratio, the acceptance counters
+of the speculative runs (first-draft acceptance, per position, mean accepted length), and whether
+the greedy tokens were identical. Run it alone on the machine.
+
+Both engines live in one process and take turns, ``repeats`` rounds after a warm-up, the order
+swapped every round. The dev boxes' speed drifts by a third between identical runs a minute apart,
+so two engines timed one after the other compare two machine states; taking turns, each round's
+ratio compares the same one. The figures are the medians over the rounds (``speedup``: the median
+of the per-round ratios; ``round_speedups``: each of them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
 
-def _timed_generate(engine: Any, prompts: list[list[int]], output_len: int, repeats: int) -> tuple[float, list]:
+def _timed_generate(engine: Any, prompts: list[list[int]], output_len: int) -> tuple[float, list]:
     from disaggsdk.engine.sampling import SamplingParams
 
-    engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    best, outs = float("inf"), []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        outs = engine.generate(prompts, SamplingParams(max_tokens=output_len, ignore_eos=True))
-        best = min(best, time.perf_counter() - started)
-    return best, outs
+    started = time.perf_counter()
+    outs = engine.generate(prompts, SamplingParams(max_tokens=output_len, ignore_eos=True))
+    return time.perf_counter() - started, outs
 
 
 def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int], output_len: int = 128,
@@ -35,26 +38,38 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
     """The comparison for each batch size (see the module docstring)."""
     from disaggsdk.bench.code_corpus import held_out_prompts
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
     texts = held_out_prompts(max(batches))
     result: dict[str, Any] = {"model": model, "method": method, "num_tokens": num_tokens, "output_len": output_len,
-                              "dtype": dtype,
+                              "dtype": dtype, "rounds": repeats,
                               "prompt_tokens": [len(tok.encode(t)) for t in texts], "batches": []}
     for batch in batches:
         prompts = [tok.encode(t) for t in texts[:batch]]
-        row: dict[str, Any] = {"batch": batch}
-        outputs = {}
-        for name, spec in (("plain", None), ("speculative", SpeculativeConfig(method, num_tokens))):
-            config = EngineConfig(num_pages=64 * batch, compile=compile_step, speculative=spec, dtype=dtype)
-            with LLMEngine(model, config) as engine:
-                seconds, outputs[name] = _timed_generate(engine, prompts, output_len, repeats)
-                if spec is not None:
-                    row["acceptance"] = engine.spec_stats.to_json()
-            row[f"{name}_tokens_per_s_per_request"] = round(output_len / seconds, 1)
-        row["speedup"] = round(row["speculative_tokens_per_s_per_request"] / row["plain_tokens_per_s_per_request"], 3)
+        specs = {"plain": None, "speculative": SpeculativeConfig(method, num_tokens)}
+        engines = {name: LLMEngine(model, EngineConfig(num_pages=64 * batch, compile=compile_step, speculative=spec,
+                                                        dtype=dtype)) for name, spec in specs.items()}
+        try:
+            for engine in engines.values():
+                engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+            seconds: dict[str, list[float]] = {name: [] for name in engines}
+            outputs: dict[str, list] = {}
+            for r in range(repeats):
+                for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+                    took, outputs[name] = _timed_generate(engines[name], prompts, output_len)
+                    seconds[name].append(took)
+            row: dict[str, Any] = {"batch": batch, "acceptance": engines["speculative"].spec_stats.to_json()}
+        finally:
+            for engine in engines.values():
+                engine.close()
+        for name in engines:
+            row[f"{name}_tokens_per_s_per_request"] = round(output_len / statistics.median(seconds[name]), 1)
+        ratios = [p / s for p, s in zip(seconds["plain"], seconds["speculative"])]
+        row["speedup"] = round(statistics.median(ratios), 3)
+        row["round_speedups"] = [round(x, 3) for x in ratios]
         row["identical_greedy_tokens"] = [o.output_ids for o in outputs["plain"]] == [
             o.output_ids for o in outputs["speculative"]]
         result["batches"].append(row)
@@ -70,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-tokens", type=int, default=1, help="drafts per step (1..4)")
     p.add_argument("--batch", type=int, action="append", help="requests at once (repeatable; default 1 and 8)")
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="rounds of turns (the figures are medians)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weights and KV (bfloat16 runs matmuls on oneDNN, whose cost hardly grows from 1 to 8 rows)")

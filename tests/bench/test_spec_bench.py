@@ -9,8 +9,9 @@ from disaggsdk.bench.spec_bench import run_spec_bench  # noqa: E402
 
 
 def test_spec_bench_reports_acceptance_speed_and_identical_greedy_tokens():
-    result = run_spec_bench("qwen3-coder-tiny", "ngram", 2, [2], output_len=16, repeats=1, compile_step=False)
+    result = run_spec_bench("qwen3-coder-tiny", "ngram", 2, [2], output_len=16, repeats=2, compile_step=False)
     (row,) = result["batches"]
+    assert result["rounds"] == 2 and len(row["round_speedups"]) == 2 and all(r > 0 for r in row["round_speedups"])
     assert result["dtype"] == "float32"
     assert row["batch"] == 2 and row["identical_greedy_tokens"] is True
     assert row["acceptance"]["num_draft_tokens"] > 0 and len(row["acceptance"]["per_position_acceptance"]) == 2
