@@ -9,9 +9,10 @@ sync, so no graph break). Shapes are dynamic: one graph for
 one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
 decoding, engine.models.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
 before the first request.
-DeepSeek's MTP layer (speculative drafting) runs after every step: its forward and its draft
-argmax are compiled the same way (`mtp`, `mtp_argmax`), with the same ops, so a prefill unit still
-counts the MTP KV as one more streamed layer.
+DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the same way and with
+the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
+runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
+call a step where the layer and its argmax were two).
 On CUDA the same ops would let decode steps be captured as CUDA graphs (the MoE layer no longer
 syncs with the host); not built yet (no GPU to test it on).
 """
@@ -55,19 +56,16 @@ class CompiledStep:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self._forward = torch.compile(self._trace, dynamic=True)
         self._mtp_layer = model.mtp[0] if getattr(model, "mtp", None) is not None else None
-        self._mtp_forward = torch.compile(self._trace_mtp, dynamic=True)
-        self._mtp_argmax = torch.compile(self._trace_mtp_argmax, dynamic=True)
+        self._mtp_draft = torch.compile(self._trace_mtp_draft, dynamic=True)
 
     def _trace(self, input_ids: torch.Tensor, positions: torch.Tensor,
                counter: GraphLayerCounter | None) -> torch.Tensor:
         return self.model.forward_tokens(input_ids, positions, self.attn, counter)
 
-    def _trace_mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-                   counter: GraphLayerCounter | None) -> torch.Tensor:
-        return self._mtp_layer(hidden, next_ids, positions, self.attn, counter)
-
-    def _trace_mtp_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._mtp_layer.compute_logits(hidden).argmax(dim=-1)
+    def _trace_mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                         rows: torch.Tensor, counter: GraphLayerCounter | None) -> tuple[torch.Tensor, torch.Tensor]:
+        kept = self._mtp_layer(hidden, next_ids, positions, self.attn, counter)[rows]
+        return kept, self._mtp_layer.compute_logits(kept).argmax(dim=-1)
 
     def _graph_counter(self, callback: Any) -> GraphLayerCounter | None | bool:
         """The graph op for an engine's `LayerCounter` callback; None for none; False for any other
@@ -82,19 +80,17 @@ class CompiledStep:
             counter = self._counters[id(owner)] = GraphLayerCounter(owner)
         return counter
 
-    def mtp(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-            on_layer_done: Any = None) -> torch.Tensor:
-        """The MTP layer's forward (``model.mtp[0](...)``, the backend planned for these rows) compiled."""
+    def mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                  on_layer_done: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MTP layer's forward over every row (``model.mtp[0](...)``, the backend planned for
+        these rows), then the output of ``rows`` and its greedy draft (int64 [len(rows)]), in one
+        compiled call."""
         counter = self._graph_counter(on_layer_done)
         if counter is False:
-            return self._mtp_layer(hidden, next_ids, positions, self.attn.backend, on_layer_done)
+            kept = self._mtp_layer(hidden, next_ids, positions, self.attn.backend, on_layer_done)[rows]
+            return kept, self._mtp_layer.compute_logits(kept).argmax(dim=-1)
         with torch.inference_mode():  # see __call__
-            return self._mtp_forward(hidden, next_ids.clone(), positions.clone(), counter)
-
-    def mtp_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The MTP layer's greedy draft for each row of its ``hidden`` output (int64 [rows])."""
-        with torch.inference_mode():
-            return self._mtp_argmax(hidden)
+            return self._mtp_draft(hidden, next_ids.clone(), positions.clone(), rows.clone(), counter)
 
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""

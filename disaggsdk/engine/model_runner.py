@@ -94,7 +94,7 @@ class ModelRunner:
         three graphs: the skinny matmuls branch on the rows), so that compiling happens now rather
         than in the first requests. The tokens go to page 0 of a pool nothing uses yet;
         ``on_layer_done`` is the engine's layer counter (the graphs are specialised on having one).
-        With the MTP layer's KV in the pool (drafting), its compiled forward and argmax warm up too."""
+        With the MTP layer's KV in the pool (drafting), its compiled forward and draft warm up too."""
         from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
         from disaggsdk.engine.models.layers.skinny import MAX_ROWS
 
@@ -105,5 +105,5 @@ class ModelRunner:
             batch = build_forward_batch([item], self.config.page_size, self.device, on_layer_done)
             hidden_all = self.run_keeping_hidden(batch)[0]
             if with_mtp:
-                drafted = self.compiled.mtp(hidden_all, batch.input_ids, batch.positions, on_layer_done)
-                self.compiled.mtp_argmax(drafted[-1:])
+                last_row = torch.tensor([n - 1], dtype=torch.int64, device=self.device)
+                self.compiled.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)

@@ -104,7 +104,7 @@ def test_compile_default_follows_the_environment(monkeypatch):
 
 def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
     """The smoke test of the two below (which compile every graph of an engine): one compiled MTP
-    forward and argmax over a planned batch, against the eager layer on the same batch."""
+    forward and draft (one call) over a planned batch, against the eager layer on the same batch."""
     from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
     from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
     from disaggsdk.engine.parallel import TensorParallel
@@ -116,21 +116,22 @@ def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
     with torch.inference_mode():
         hidden_all = runner.run_keeping_hidden(batch)[0]  # plans the backend for the batch
         eager = runner.model.mtp[0](hidden_all, batch.input_ids, batch.positions, runner.attn)
-        out = compiled.mtp(hidden_all, batch.input_ids, batch.positions)
-        assert torch.allclose(out, eager, atol=1e-5)
-        expected = runner.model.mtp[0].compute_logits(eager).argmax(dim=-1)
-        assert compiled.mtp_argmax(out).tolist() == expected.tolist()
+        rows = torch.tensor([4, 1])
+        kept, drafts = compiled.mtp_draft(hidden_all, batch.input_ids, batch.positions, rows)
+        assert torch.allclose(kept, eager[rows], atol=1e-5)
+        expected = runner.model.mtp[0].compute_logits(eager[rows]).argmax(dim=-1)
+        assert drafts.tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_compiled_mtp_drafting_accepts_what_eager_does(k, monkeypatch):
-    """DeepSeek's MTP layer runs compiled beside the compiled step (its forward and its argmax):
+    """DeepSeek's MTP layer runs compiled beside the compiled step (its forward and its draft):
     the same tokens and the same accepted drafts as eager drafting, and the compiled layer ran."""
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 
     calls = []
-    original = CompiledStep.mtp
-    monkeypatch.setattr(CompiledStep, "mtp", lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+    original = CompiledStep.mtp_draft
+    monkeypatch.setattr(CompiledStep, "mtp_draft", lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
     runs = {}
     for compiled in (False, True):
         config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=32, compile=compiled,

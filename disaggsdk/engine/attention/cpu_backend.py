@@ -147,6 +147,7 @@ class CpuBackend(TorchRefBackend):
         super().__init__(kv_cache)
         self._kernel_ok = kv_cache.dtype in KERNEL_CACHE_DTYPES
         self._decode: tuple[torch.Tensor, ...] | None = None  # rows, page_indices, page_indptr, kv_lens
+        self._new_slots: torch.Tensor | None = None  # [num_tokens] int64: page * page_size + offset
 
     def plan(self, batch: ForwardBatch) -> None:
         """As `TorchRefBackend.plan`; a decode-only step from tensors alone, no loop over requests."""
@@ -199,20 +200,62 @@ class CpuBackend(TorchRefBackend):
                 return False  # the same shapes for every request: none was written
         return True
 
+    def _decode_only(self) -> bool:
+        """Whether every query of the planned step goes to the decode kernel (no group left)."""
+        return self._decode is not None and not self._groups
+
+    def run(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        """As `TorchRefBackend.run`; a step the decode kernel takes whole stores the new K/V and calls
+        the kernel, nothing else (see `run_mla`)."""
+        if not self._decode_only():
+            return super().run(layer_id, q, k, v, sm_scale)
+        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
+        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
+        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
+        self._decode_into(q, k_tm, v_tm, out, sm_scale)
+        return out
+
+    def run_mla(self, layer_id: int, q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor,
+                k_rope: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        """As `TorchRefBackend.run_mla`. A step the decode kernel takes whole (every decode step; a
+        speculative step's verified positions) stores the new latents with one ``index_copy_`` and
+        calls the kernel, nothing else: the reference's general path (two-index store, the fresh
+        prompts' keys, the loop over groups) cost 100 us a layer call where the kernel takes 28."""
+        if not self._decode_only():
+            return super().run_mla(layer_id, q_latent, q_rope, kv_latent, k_rope, sm_scale)
+        cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, latent_dim], token-major
+        rank = kv_latent.shape[1]
+        new = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype)
+        cache.view(-1, cache.shape[2]).index_copy_(0, self._new_slots, new)
+        q = torch.cat([q_latent, q_rope], dim=-1)
+        out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype)
+        self._decode_into(q, cache.unsqueeze(2), cache[..., :rank].unsqueeze(2), out, sm_scale)
+        return out
+
+    def _plan_new_tokens(self, batch: ForwardBatch) -> None:
+        super()._plan_new_tokens(batch)
+        self._new_slots = batch.kv_slot_ids.to(torch.int64)
+
+    def _decode_into(self, q: torch.Tensor, k_tm: torch.Tensor, v_tm: torch.Tensor, out: torch.Tensor,
+                     sm_scale: float) -> None:
+        """The planned decode queries' rows of ``out`` by the kernel, over token-major K/V views."""
+        rows, page_indices, page_indptr, kv_lens = self._decode
+        if q.dtype == torch.float32:
+            paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out)
+        else:  # a bfloat16 model: the kernel computes in float32
+            out_f32 = torch.empty(out.shape, dtype=torch.float32)
+            paged_decode(q.float(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out_f32)
+            out[rows] = out_f32[rows].to(out.dtype)
+
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
         sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
     ) -> torch.Tensor:
         if self._decode is not None:
-            rows, page_indices, page_indptr, kv_lens = self._decode
             k_tm = keys if token_major else keys.transpose(1, 2)
             v_tm = values if token_major else values.transpose(1, 2)
-            if q.dtype == torch.float32:
-                paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out)
-            else:  # a bfloat16 model: the kernel computes in float32
-                out_f32 = torch.empty(out.shape, dtype=torch.float32)
-                paged_decode(q.float(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out_f32)
-                out[rows] = out_f32[rows].to(out.dtype)
+            self._decode_into(q, k_tm, v_tm, out, sm_scale)
         return super()._attend(q, keys, values, token_major, out, sm_scale, new_keys, new_values)
 
 

@@ -67,32 +67,41 @@ class MTPPass:
         self.compiled = compiled
         self.hidden: torch.Tensor | None = None  # [drafting rows, hidden]: the last call's kept rows
 
-    def _layer(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-               on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
-        if self.compiled is not None:
-            return self.compiled.mtp(hidden, next_ids, positions, on_layer_done)
-        return self.mtp(hidden, next_ids, positions, self.attn, on_layer_done)
-
-    def argmax(self, hidden: torch.Tensor) -> list[int]:
-        """The greedy draft of each row of the layer's output."""
-        if self.compiled is not None:
-            return self.compiled.mtp_argmax(hidden).tolist()
-        return self.mtp.compute_logits(hidden).argmax(dim=-1).tolist()
+    def _run(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+             draft: bool, on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> list[int]:
+        """The layer over every row; keep the output of ``rows`` (``self.hidden``); with ``draft``
+        return their greedy drafts, else []. Compiled, the layer and the argmax are one call, made
+        whether or not a row drafts (a step that drafts nothing, a prefill, takes its last row's
+        draft and drops it): one family of graphs, not two."""
+        if self.compiled is None:
+            self.hidden = self.mtp(hidden, next_ids, positions, self.attn, on_layer_done)[rows]
+            return self.mtp.compute_logits(self.hidden).argmax(dim=-1).tolist() if draft and len(rows) else []
+        take = rows if len(rows) else torch.tensor([hidden.shape[0] - 1], dtype=torch.int64, device=self.device)
+        kept, ids = self.compiled.mtp_draft(hidden, next_ids, positions, take, on_layer_done)
+        self.hidden = kept[: len(rows)]
+        return ids.tolist() if draft and len(rows) else []
 
     def fill(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: Sequence[int], rows: Sequence[int],
-             on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Run the layer over every row of ``batch`` (still planned; its MTP KV is written), keep ``rows``."""
-        ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
-        out = self._layer(hidden_all, ids, batch.positions, on_layer_done)
-        self.hidden = out[torch.tensor(rows, dtype=torch.int64, device=self.device)]
-        return self.hidden
+             on_layer_done: Callable[[int, torch.Tensor], None] | None = None, draft: bool = False) -> list[int]:
+        """Run the layer over every row of ``batch`` (still planned; its MTP KV is written), keep ``rows``.
 
-    def chain(self, keep: Sequence[int], chain: ForwardBatch) -> torch.Tensor:
-        """One more draft: the kept rows ``keep`` fed their last draft (``chain``'s one token each)."""
+        Returns:
+            With ``draft`` (the head rank), the greedy draft of each of ``rows``; else [].
+        """
+        ids = torch.tensor(next_ids, dtype=torch.int64, device=self.device)
+        kept = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        return self._run(hidden_all, ids, batch.positions, kept, draft, on_layer_done)
+
+    def chain(self, keep: Sequence[int], chain: ForwardBatch, draft: bool = False) -> list[int]:
+        """One more draft: the kept rows ``keep`` fed their last draft (``chain``'s one token each).
+
+        Returns:
+            With ``draft`` (the head rank), each row's next greedy draft; else [].
+        """
         self.attn.plan(chain)
         h = self.hidden[torch.tensor(keep, dtype=torch.int64, device=self.device)]
-        self.hidden = self._layer(h, chain.input_ids, chain.positions)
-        return self.hidden
+        every_row = torch.arange(len(keep), dtype=torch.int64, device=self.device)
+        return self._run(h, chain.input_ids, chain.positions, every_row, draft)
 
 
 class MTPMirror(Protocol):
@@ -138,10 +147,10 @@ class MTPDrafter:
         rows = [s.row for s in slots]
         if self.mirror is not None:
             self.mirror.mtp_fill(next_ids, rows)
-        h = self.rank_pass.fill(batch, hidden_all, next_ids, rows, on_layer_done)
+        first = self.rank_pass.fill(batch, hidden_all, next_ids, rows, on_layer_done, draft=True)
         if not slots:
             return {}
-        drafts = {s.request.request_id: [t] for s, t in zip(slots, self._argmax(h))}
+        drafts = {s.request.request_id: [t] for s, t in zip(slots, first)}
         live = list(range(len(slots)))  # slots still drafting, in the order of h's rows
         for c in range(1, max(s.num_drafts for s in slots)):
             keep = [j for j, i in enumerate(live) if slots[i].num_drafts > c and self._cover(slots[i].request, c)]
@@ -154,13 +163,9 @@ class MTPDrafter:
             chain = build_forward_batch(items, self.page_size, self.device)
             if self.mirror is not None:
                 self.mirror.mtp_chain(keep, chain)
-            h = self.rank_pass.chain(keep, chain)
-            for i, t in zip(live, self._argmax(h)):
+            for i, t in zip(live, self.rank_pass.chain(keep, chain, draft=True)):
                 drafts[slots[i].request.request_id].append(t)
         return drafts
-
-    def _argmax(self, hidden: torch.Tensor) -> list[int]:
-        return self.rank_pass.argmax(hidden)
 
     def _cover(self, req: Request, c: int) -> bool:
         """Pages for the chain position of draft c + 1 (the next step needs them anyway)."""
