@@ -14,10 +14,8 @@ quarantine owner) until the old prefill unit confirms it drained its writes, or 
 and a grace period passed; only then are they freed. A deadline, a rejection, a failure report
 or a dead peer all lead to a retry on another prefill unit, or to a local prefill.
 
-Conditional disaggregation (Dynamo's): a prompt with at most ``transfer.max_local_prefill_tokens``
-tokens missing from this unit's prefix cache is prefilled here, in the decode engine's own chunked
-prefill, with no handoff: for a short suffix after a cached history the hops and the separate first
-decode step cost more than the stall the running requests take.
+Where each prompt is prefilled (here when short after the cache, else which prefill unit) is
+`prefill_choice.PrefillChoice`'s decision.
 """
 
 from __future__ import annotations
@@ -33,10 +31,9 @@ from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack
 from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.handoff import Handoff, Quarantine, prefill_request, release_quarantine
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
-from disaggsdk.messenger.prefix_affinity import RoutingPolicy
+from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
-from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
@@ -76,8 +73,8 @@ class DecodeMessenger:
         self.totals = TransferTotals()
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
-        self._routing = RoutingPolicy(plan.spec.serve.routing, capacity_pages=plan.spec.engine.num_pages)
-        self.max_local_prefill_tokens = plan.spec.transfer.max_local_prefill_tokens
+        self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing, plan.spec.engine.num_pages,
+                                     plan.spec.transfer.max_local_prefill_tokens)
 
     def close(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""
@@ -94,7 +91,7 @@ class DecodeMessenger:
     def add_prefill(self, info: UnitInfo) -> None:
         """Learn a prefill unit (address book from the launcher), or its new incarnation after a restart."""
         if info.name in self._prefills:
-            self._routing.forget(info.name)  # a new incarnation: its prefix cache starts empty
+            self.prefill_choice.forget(info.name)  # a new incarnation: its prefix cache starts empty
         self._prefills[info.name] = (info, self.transfer.add_peer(info.address))
         self._outstanding.setdefault(info.name, 0)
         self._down.pop(info.name, None)  # quarantined pages of the old one keep their release times
@@ -114,7 +111,7 @@ class DecodeMessenger:
     def forget_prefixes(self) -> None:
         """The deployment's prefix caches were reset: ``serve.routing`` forgets what each prefill unit was sent."""
         for name in self._prefills:
-            self._routing.forget(name)
+            self.prefill_choice.forget(name)
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
         """Start a request: it runs on the decode engine once its KV has arrived."""
@@ -202,40 +199,21 @@ class DecodeMessenger:
             self._pending.popleft()
             self._send(h, now)
 
-    def _choose_prefill(self, h: Handoff) -> str | None:
-        """The prefill unit for ``h`` by ``serve.routing``: the one that was sent its prefix (its cache
-        may hold it) against the fewest outstanding requests, or just the fewest."""
-        live = [n for n in self._prefills if n not in self._down and n not in h.tried]
-        if not live:
-            return None
-        hashes = page_hashes(h.prompt_ids[:-1], self.page_size) if self._routing.name == "cache_aware" else []
-        name = self._routing.choose(live, hashes, self._outstanding)
-        self._routing.routed(name, hashes)
-        return name
-
-    def _cached_pages_if_short(self, h: Handoff) -> int | None:
-        """The cached pages of ``h``'s prompt when few enough of its tokens are missing from the cache
-        for its first attempt to be prefilled here; None when it goes to a prefill unit."""
-        if h.attempt or _scores_prompt(h) or self.max_local_prefill_tokens <= 0:
-            return None
-        cached_pages = self.engine.cached_prompt_pages(h.prompt_ids)
-        short = len(h.prompt_ids) - 1 - cached_pages * self.page_size <= self.max_local_prefill_tokens
-        return cached_pages if short else None
-
     def _send(self, h: Handoff, now: float) -> None:
-        cached_here = self._cached_pages_if_short(h)
+        cached_here = self.prefill_choice.cached_pages_if_short(h)
         if cached_here is not None:
             self.totals.prefilled_here_short += 1
             self._count_not_sent(cached_here)
             self._prefill_locally(h)
             return
-        name = self._choose_prefill(h)
+        live = [n for n in self._prefills if n not in self._down and n not in h.tried]
+        name = self.prefill_choice.prefill_unit(h, live, self._outstanding)
         if name is None:
             self._prefill_locally(h)
             return
         info, peer = self._prefills[name]
         need = num_prefill_pages(len(h.prompt_ids), self.page_size)
-        cached = 0 if _scores_prompt(h) else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
+        cached = 0 if scores_prompt(h) else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
         if cached == need:  # every page of prompt[:-1] is here: nothing to prefill
             return self._admit_cached(h, cached)
         h.attempt, h.prefill, h.num_cached_pages = h.attempt + 1, name, cached
@@ -324,8 +302,3 @@ class DecodeMessenger:
     def _next_imm(self) -> int:
         return next(self._imms) % (1 << 32) or next(self._imms)
 
-
-def _scores_prompt(h: Handoff) -> bool:
-    """Whether ``h`` asks for prompt logprobs: a prefill unit then computes (scores) its prompt whole,
-    never from a cache (as vLLM skips the cache for them)."""
-    return getattr(h.params, "prompt_logprobs", None) is not None

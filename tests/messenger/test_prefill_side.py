@@ -204,7 +204,7 @@ def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     from disaggsdk.engine.sampling import SamplingParams
 
     dm, _, _, d_transfer, _ = pair
-    dm.max_local_prefill_tokens = PAGE_SIZE
+    dm.prefill_choice.max_local_prefill_tokens = PAGE_SIZE
     history = list(range(2, 2 + 2 * PAGE_SIZE))
     cache_prompt(dm.engine, history)
     dm.submit("short", history + list(range(100, 100 + PAGE_SIZE + 1)), None)  # PAGE_SIZE tokens to compute
@@ -216,3 +216,14 @@ def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     dm.submit("scored", history[:3], SamplingParams(max_tokens=1, prompt_logprobs=0))  # short, yet scored whole
     assert pr.decode_message(d_transfer.frames[-1][1], SECRET).request_id == "scored"
     assert dm.engine.added == ["short"] and dm.totals.prefilled_here_short == 1
+
+
+def test_the_prefill_choice_names_no_unit_when_none_is_left(pair):
+    """`PrefillChoice.prefill_unit`: every unit down or tried -> None (the caller prefills locally);
+    otherwise the one with the fewest outstanding requests (routing "least_loaded" by default)."""
+    from disaggsdk.messenger.handoff import Handoff
+
+    dm = pair[0]
+    h = Handoff("r", list(range(2, 40)), None, submitted_s=0.0)
+    assert dm.prefill_choice.prefill_unit(h, [], {}) is None
+    assert dm.prefill_choice.prefill_unit(h, ["a", "b"], {"a": 2, "b": 1}) == "b"
