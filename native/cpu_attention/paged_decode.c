@@ -14,6 +14,7 @@
 #include "paged_decode.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -228,6 +229,14 @@ static void attend_one_head(
     }
 }
 
+/* Below this many multiply-adds a call stays on one thread: waking the other threads (~5-10 us)
+ * would cost more than it saves. One request of ~200 tokens with 8 query heads of 32 is ~100k. */
+#define PARALLEL_MIN_FMAS (1 << 18)
+
+int paged_decode_threads(void) {
+    return omp_get_max_threads();
+}
+
 int paged_decode_attention(
     const float *q, int64_t q_row_stride, const int64_t *rows, int64_t batch,
     const void *k_cache, const void *v_cache, int cache_is_bf16,
@@ -236,35 +245,42 @@ int paged_decode_attention(
     int64_t page_size, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim,
     float sm_scale, float *out, int64_t out_row_stride) {
     int64_t group = num_q_heads / num_kv_heads;
-    int64_t max_len = 0;
-    for (int64_t b = 0; b < batch; b++)
+    int64_t max_len = 0, total_len = 0;
+    for (int64_t b = 0; b < batch; b++) {
         max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
+        total_len += kv_lens[b];
+    }
     int64_t row_len = head_dim > v_dim ? head_dim : v_dim;
-    scratch_t s;
-    s.scores = malloc(sizeof(float) * (group * max_len + 1));
-    s.row = malloc(sizeof(float) * row_len);
-    s.block = malloc(sizeof(float) * 16 * row_len);
-    s.zeros = calloc(row_len, sizeof(float));
-    if (!s.scores || !s.row || !s.block || !s.zeros) {
+    int vector_path = head_dim % 16 == 0 && v_dim % 16 == 0;
+    int64_t pairs = batch * num_kv_heads;  /* independent (request, kv head) units of work */
+    int64_t fmas = total_len * num_q_heads * (head_dim + v_dim);
+    int failed = 0;
+    /* the (request, kv head) pairs dealt round-robin to the threads of torch's own OpenMP pool
+     * (one libgomp per process: see build_cpu_attention.py), each with its own scratch */
+#pragma omp parallel if (pairs > 1 && fmas >= PARALLEL_MIN_FMAS) reduction(| : failed)
+    {
+        scratch_t s;
+        s.scores = malloc(sizeof(float) * (group * max_len + 1));
+        s.row = malloc(sizeof(float) * row_len);
+        s.block = malloc(sizeof(float) * 16 * row_len);
+        s.zeros = calloc(row_len, sizeof(float));
+        if (!s.scores || !s.row || !s.block || !s.zeros) {
+            failed = 1;
+        } else {
+            int64_t threads = omp_get_num_threads();
+            for (int64_t i = omp_get_thread_num(); i < pairs; i += threads) {
+                int64_t b = i / num_kv_heads, h = i % num_kv_heads;
+                (vector_path ? attend_one_head_v16 : attend_one_head)(
+                    q + rows[b] * q_row_stride + h * group * head_dim, group, head_dim, v_dim,
+                    k_cache, v_cache, cache_is_bf16, h * head_stride, page_stride, token_stride,
+                    page_indices + page_indptr[b], kv_lens[b], page_size, sm_scale,
+                    out + rows[b] * out_row_stride + h * group * v_dim, &s);
+            }
+        }
         free(s.scores);
         free(s.row);
         free(s.block);
         free(s.zeros);
-        return -1;
     }
-    int vector_path = head_dim % 16 == 0 && v_dim % 16 == 0;
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t *pages = page_indices + page_indptr[b];
-        for (int64_t h = 0; h < num_kv_heads; h++) {
-            (vector_path ? attend_one_head_v16 : attend_one_head)(q + rows[b] * q_row_stride + h * group * head_dim, group, head_dim, v_dim,
-                            k_cache, v_cache, cache_is_bf16, h * head_stride, page_stride, token_stride,
-                            pages, kv_lens[b], page_size, sm_scale,
-                            out + rows[b] * out_row_stride + h * group * v_dim, &s);
-        }
-    }
-    free(s.scores);
-    free(s.row);
-    free(s.block);
-    free(s.zeros);
-    return 0;
+    return failed ? -1 : 0;
 }

@@ -18,6 +18,9 @@
  * kv_lens:    [batch] tokens of KV of each request (its last page holds the rest).
  * out:        float32, request b's output row at out + rows[b] * out_row_stride
  *             ([num_tokens, num_q_heads, v_dim]).
+ * Runs on the threads of the process's OpenMP pool (torch's: `torch.set_num_threads`) when the
+ * call has more than one (request, kv head) pair and enough work; each pair on one thread, so the
+ * result does not depend on the thread count.
  * Returns 0, or -1 when a scratch allocation fails (out is then incomplete).
  */
 int paged_decode_attention(
@@ -27,3 +30,7 @@ int paged_decode_attention(
     const int64_t *page_indices, const int64_t *page_indptr, const int64_t *kv_lens,
     int64_t page_size, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim,
     float sm_scale, float *out, int64_t out_row_stride);
+
+/* The OpenMP pool's thread count as this module sees it: torch's `get_num_threads()` when the
+ * module shares torch's OpenMP runtime, as it must (one libgomp per process). */
+int paged_decode_threads(void);

@@ -100,6 +100,34 @@ def test_kernel_head_blocks_and_full_key_blocks_match_dense_attention(group, kv_
         torch.testing.assert_close(out[b : b + 1], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_the_decode_kernel_shares_torchs_thread_pool_and_gives_the_same_result_on_any_thread_count():
+    """The kernel links the libgomp torch ships (one per process), so `torch.set_num_threads` sets
+    its threads too; a call big enough to share out (16 requests x 2 kv heads) gives bit-identical
+    output on one thread and on two (each (request, kv head) pair runs whole on one thread)."""
+    rng = torch.Generator().manual_seed(7)
+    hkv, group, d, page_size = 2, 4, 32, 16
+    kv_lens = [150 + 7 * b for b in range(16)]
+    per_request = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(per_request)
+    pool = torch.randn(num_pages, page_size, hkv, 2 * d, generator=rng)
+    keys, values = pool[..., :d], pool[..., d:]
+    indptr = torch.tensor([0, *torch.tensor(per_request).cumsum(0).tolist()], dtype=torch.int64)
+    page_indices = torch.randperm(num_pages, generator=rng).to(torch.int64)
+    q = torch.randn(len(kv_lens), group * hkv, d, generator=rng)
+    before = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert cpu_backend._cpu_kernels.lib.paged_decode_threads() == threads
+            outs[threads] = torch.zeros(len(kv_lens), group * hkv, d)
+            cpu_backend.paged_decode(q, torch.arange(len(kv_lens)), keys, values, page_indices, indptr,
+                                     torch.tensor(kv_lens), 0.2, outs[threads])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[1], outs[2]) and outs[1].abs().sum() > 0
+
+
 def test_bfloat16_queries_are_attended_in_float32():
     """A bfloat16 model: queries go through the kernel in float32, the output comes back bfloat16."""
     qs, ks, vs, pages = gqa_inputs(1, DECODES)
