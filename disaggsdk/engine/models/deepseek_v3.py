@@ -176,9 +176,11 @@ class MTPLayer(nn.Module):
         """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
         return skinny.linear(self.shared_head_norm(hidden), self.shared_head.weight, self.packed_head).float()
 
-    def pack_for_decode(self) -> None:
-        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+    def pack_for_decode(self) -> int:
+        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear).
+        Returns how many tensors were packed (0 or 1)."""
         self.packed_head = amx_linear.pack_if_useful(self.shared_head.weight)
+        return int(self.packed_head is not None)
 
 
 class DeepseekV3ForCausalLM(DecoderModel):

@@ -74,12 +74,8 @@ def pack_if_useful(weight: torch.Tensor) -> torch.Tensor | None:
 
 def pack_model(model: torch.nn.Module) -> int:
     """Call ``pack_for_decode`` of every module of ``model`` that has one (layers that multiply by
-    a weight keep its packed form there); returns how many tensors are packed now."""
-    for module in model.modules():
-        hook = getattr(module, "pack_for_decode", None)
-        if hook is not None:
-            hook()
-    return sum(1 for name, b in model.named_buffers() if name.rsplit(".", 1)[-1].startswith("packed") and b is not None)
+    a weight keep its packed form there); returns how many tensors they packed."""
+    return sum(module.pack_for_decode() for module in model.modules() if hasattr(module, "pack_for_decode"))
 
 
 def _amx_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

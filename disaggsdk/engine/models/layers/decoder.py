@@ -110,9 +110,11 @@ class DecoderModel(nn.Module):
     def _head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def pack_for_decode(self) -> None:
-        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+    def pack_for_decode(self) -> int:
+        """Keep the head in the AMX kernel's layout too, where that kernel runs (amx_linear).
+        Returns how many tensors were packed (0 or 1)."""
         self.packed_head = amx_linear.pack_if_useful(self._head_weight())
+        return int(self.packed_head is not None)
 
     def weight_slots(self) -> Iterator[WeightSlot]:
         """Every checkpoint tensor this rank holds a slice of, in module order."""

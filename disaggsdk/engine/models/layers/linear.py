@@ -37,9 +37,11 @@ class _Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return skinny.linear(x, self.weight, self.packed)
 
-    def pack_for_decode(self) -> None:
-        """Keep the weight in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+    def pack_for_decode(self) -> int:
+        """Keep the weight in the AMX kernel's layout too, where that kernel runs (amx_linear).
+        Returns how many tensors were packed (0 or 1)."""
         self.packed = amx_linear.pack_if_useful(self.weight)
+        return int(self.packed is not None)
 
 
 class ColumnParallelLinear(_Linear):

@@ -67,10 +67,12 @@ class Experts(nn.Module):
         # transformers' per-expert loop, so float32 results match to the last bits where possible.
         return torch.zeros_like(x).index_add_(0, token_of, h * weight_of[:, None])
 
-    def pack_for_decode(self) -> None:
-        """Keep the experts in the AMX kernel's layout too, where that kernel runs (amx_linear)."""
+    def pack_for_decode(self) -> int:
+        """Keep the experts in the AMX kernel's layout too, where that kernel runs (amx_linear).
+        Returns how many tensors were packed (0 or 2)."""
         self.packed_w13 = amx_linear.pack_if_useful(self.w13)
         self.packed_w2 = amx_linear.pack_if_useful(self.w2)
+        return int(self.packed_w13 is not None) + int(self.packed_w2 is not None)
 
     def own_slots(self) -> Iterator[WeightSlot]:
         full, local = self.intermediate_size, self.rows[1] - self.rows[0]
