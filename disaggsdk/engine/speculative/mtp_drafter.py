@@ -151,7 +151,7 @@ class MTPDrafter:
         if not slots:
             return {}
         drafts = {s.request.request_id: [t] for s, t in zip(slots, first)}
-        live = list(range(len(slots)))  # slots still drafting, in the order of h's rows
+        live = list(range(len(slots)))  # slots still drafting, in the order of the layer's kept rows
         for c in range(1, max(s.num_drafts for s in slots)):
             keep = [j for j, i in enumerate(live) if slots[i].num_drafts > c and self._cover(slots[i].request, c)]
             if not keep:
