@@ -8,8 +8,10 @@
  * Per (request, kv head): scores of the group's query heads against every key (pass 1), a softmax
  * per query head (pass 2), the probability-weighted sum of values (pass 3). Scores live in a
  * scratch of group * kv_len floats, small enough for L2 at the context lengths served on a CPU.
- * Built with -ffast-math and OpenMP SIMD pragmas (no OpenMP runtime): the dot products and the
- * exp (glibc's libmvec) vectorise, for the CPU it is built on (-march=native).
+ * Built with -ffast-math and OpenMP: the dot products and the exp (glibc's libmvec) vectorise,
+ * for the CPU it is built on (-march=native), and a call with enough work deals its
+ * (request, kv head) pairs to torch's threads (at batch 16 on two threads attention went from
+ * 26-27% to 21-24% of a decode step: before, one core attended while the other waited).
  */
 #include "paged_decode.h"
 
