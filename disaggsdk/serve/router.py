@@ -3,7 +3,8 @@
 Requests go to the healthy decode (or, colocated, mixed) unit `serve.routing` picks (`unit_routing`);
 its `Tokens` become the request's `TokenEvent`s. A request a dying unit held moves once to another
 live unit if it has streamed no token yet (the client never sees the death), else ends with a
-retryable error event; the dead unit's gauges and routed prefixes go. Stats are gathered here.
+retryable error event; the dead unit's gauges and routed prefixes go. The units' stats answers are
+collected by `unit_stats_replies`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
+from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
 
 
 class Router:
@@ -52,9 +54,7 @@ class Router:
         self._not_started: dict[str, tuple[list[int], Any]] = {}  # prompt and params until a first token
         self._resubmitted: set[str] = set()  # requests already moved once off a dead unit
         self._seq = itertools.count(1)
-        self._stats_replies: dict[int, dict[str, ch.UnitStats]] = {}  # only for seqs unit_stats waits on
-        self._stats_cond = threading.Condition(self._lock)
-        self._last_stats: dict[str, ch.UnitStats] = {}
+        self._stats = UnitStatsReplies(runtime)
         self._tokenizer = ModelTokenizer(self.spec.model)
         self.first_tokens = FirstTokenClock()  # guarded by _lock
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
@@ -72,11 +72,7 @@ class Router:
         elif isinstance(msg, ch.PromptLogprobs):
             self._deliver(self._join.scores(msg.request_id, ch.engine_logprobs(msg.logprobs)))
         elif isinstance(msg, ch.UnitStats):
-            with self._stats_cond:
-                self._last_stats[msg.name] = msg
-                if msg.seq in self._stats_replies:
-                    self._stats_replies[msg.seq][msg.name] = msg
-                self._stats_cond.notify_all()
+            self._stats.received(msg)
 
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
         prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
@@ -106,8 +102,7 @@ class Router:
         with self._lock:
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
-            self._last_stats.pop(unit, None)  # a dead unit's gauges go with it
-            self.routing.forget(unit)  # and what it cached
+            self.routing.forget(unit)  # what it cached goes with it
         for rid in held:
             if not self._resubmit(rid):
                 self._join.forget(rid)
@@ -117,8 +112,7 @@ class Router:
                 if sink is not None:
                     sink(TokenEvent(rid, [], True, "error", error=f"unit {unit} died; retry the request",
                                     instance=unit))
-        with self._stats_cond:
-            self._stats_cond.notify_all()
+        self._stats.unit_down(unit)
 
     def _resubmit(self, request_id: str) -> bool:
         """Send a request that lost its unit before its first token to another live unit, once."""
@@ -269,27 +263,15 @@ class Router:
         else:
             for name in self._roles:
                 self.runtime.send(name, ch.GetStats(0))
-        with self._lock:
-            last = dict(self._last_stats)
+        last = self._stats.last()
         return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
                 for name, role in self._roles.items()]
 
     def _gather(self, timeout_s: float, with_recent: bool = False, message: Any = None) -> dict[str, ch.UnitStats]:
         """Send each unit ``message(seq)`` (default: GetStats) and wait for their `UnitStats` answers."""
         seq = next(self._seq)
-        with self._lock:
-            self._stats_replies[seq] = {}
         ask = message(seq) if message is not None else ch.GetStats(seq, with_recent=with_recent)
-        asked = [n for n in self._roles if self.runtime.send(n, ask)]
-        deadline = time.monotonic() + timeout_s
-        with self._stats_cond:
-            while True:
-                got = self._stats_replies.get(seq, {})
-                want = {n for n in asked if self.runtime.is_healthy(n)}
-                remaining_s = deadline - time.monotonic()
-                if want <= set(got) or remaining_s <= 0:
-                    return dict(self._stats_replies.pop(seq, {}))
-                self._stats_cond.wait(min(0.1, remaining_s))
+        return self._stats.gather(self._roles, seq, ask, timeout_s)
 
     def close(self) -> None:
         """Close the runtime; requests still in flight end with an error event. Idempotent."""
