@@ -64,8 +64,7 @@ class CompiledStep:
 
     def _trace_mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
                          rows: torch.Tensor, counter: GraphLayerCounter | None) -> tuple[torch.Tensor, torch.Tensor]:
-        kept = self._mtp_layer(hidden, next_ids, positions, self.attn, counter)[rows]
-        return kept, self._mtp_layer.compute_logits(kept).argmax(dim=-1)
+        return self._mtp_layer.draft(hidden, next_ids, positions, self.attn, rows, counter)
 
     def _graph_counter(self, callback: Any) -> GraphLayerCounter | None | bool:
         """The graph op for an engine's `LayerCounter` callback; None for none; False for any other
@@ -82,13 +81,10 @@ class CompiledStep:
 
     def mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                   on_layer_done: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MTP layer's forward over every row (``model.mtp[0](...)``, the backend planned for
-        these rows), then the output of ``rows`` and its greedy draft (int64 [len(rows)]), in one
-        compiled call."""
+        """``model.mtp[0].draft(...)`` (the backend planned for these rows) in one compiled call."""
         counter = self._graph_counter(on_layer_done)
         if counter is False:
-            kept = self._mtp_layer(hidden, next_ids, positions, self.attn.backend, on_layer_done)[rows]
-            return kept, self._mtp_layer.compute_logits(kept).argmax(dim=-1)
+            return self._mtp_layer.draft(hidden, next_ids, positions, self.attn.backend, rows, on_layer_done)
         with torch.inference_mode():  # see __call__
             return self._mtp_draft(hidden, next_ids.clone(), positions.clone(), rows.clone(), counter)
 

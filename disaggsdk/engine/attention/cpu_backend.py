@@ -209,9 +209,7 @@ class CpuBackend(TorchRefBackend):
         the kernel, nothing else (see `run_mla`)."""
         if not self._decode_only():
             return super().run(layer_id, q, k, v, sm_scale)
-        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
-        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
-        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        k_tm, v_tm = self._store_kv(layer_id, k, v)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
         self._decode_into(q, k_tm, v_tm, out, sm_scale)
         return out

@@ -244,28 +244,23 @@ class TorchRefBackend:
         og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=sm_scale)
         return og.transpose(1, 2).reshape(-1, hq, v.shape[-1])
 
-    def run(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
-    ) -> torch.Tensor:
-        """GQA attention of one layer (see `AttentionBackend.run`).
-
-        Args:
-            q: [num_tokens, num_q_heads_local, head_dim]
-            k: [num_tokens, num_kv_heads_local, head_dim], new tokens
-            v: [num_tokens, num_kv_heads_local, head_dim], new tokens
-            sm_scale: softmax scale
-        Returns:
-            [num_tokens, num_q_heads_local, head_dim]
-        """
+    def run(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
+        """GQA attention of one layer (see `AttentionBackend.run`): q [num_tokens, q heads, head_dim],
+        the new tokens' k and v [num_tokens, kv heads, head_dim]; returns [num_tokens, q heads, head_dim]."""
         assert q.shape[0] == self._num_tokens, "run() called with a batch other than the planned one"
-        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
-        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
-        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        k_tm, v_tm = self._store_kv(layer_id, k, v)
         k_cache, v_cache = self.kv_cache.k_v(layer_id)  # the stored layout: gather whole pages
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
         # fresh prefill reads the new K/V as stored (rounded to the cache dtype), as decode will
         new_k, new_v = k.to(k_tm.dtype).to(q.dtype), v.to(v_tm.dtype).to(q.dtype)
         return self._attend(q, k_cache, v_cache, self.kv_cache.layout == "NHD", out, sm_scale, new_k, new_v)
+
+    def _store_kv(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's new K and V in the layer's pages; returns the layer's token-major views."""
+        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
+        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
+        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
+        return k_tm, v_tm
 
     def run_mla(
         self,

@@ -172,6 +172,14 @@ class MTPLayer(nn.Module):
                 shared += 1
         return shared
 
+    def draft(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+              attn: AttentionBackend, rows: torch.Tensor,
+              on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` over every row, then the output of ``rows`` and its greedy draft (int64
+        [len(rows)]): what speculative decoding keeps of a step."""
+        kept = self(hidden_prev, next_ids, positions, attn, on_layer_done)[rows]
+        return kept, self.compute_logits(kept).argmax(dim=-1)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits [n, vocab] (float32) of the layer's hidden states: t_{i+2} for row i."""
         return skinny.linear(self.shared_head_norm(hidden), self.shared_head.weight, self.packed_head).float()

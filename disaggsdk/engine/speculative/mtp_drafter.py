@@ -70,16 +70,20 @@ class MTPPass:
     def _run(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
              draft: bool, on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> list[int]:
         """The layer over every row; keep the output of ``rows`` (``self.hidden``); with ``draft``
-        return their greedy drafts, else []. Compiled, the layer and the argmax are one call, made
-        whether or not a row drafts (a step that drafts nothing, a prefill, takes its last row's
-        draft and drops it): one family of graphs, not two."""
-        if self.compiled is None:
-            self.hidden = self.mtp(hidden, next_ids, positions, self.attn, on_layer_done)[rows]
-            return self.mtp.compute_logits(self.hidden).argmax(dim=-1).tolist() if draft and len(rows) else []
-        take = rows if len(rows) else torch.tensor([hidden.shape[0] - 1], dtype=torch.int64, device=self.device)
-        kept, ids = self.compiled.mtp_draft(hidden, next_ids, positions, take, on_layer_done)
-        self.hidden = kept[: len(rows)]
-        return ids.tolist() if draft and len(rows) else []
+        return their greedy drafts, else []. Compiled, the layer and the argmax are one call
+        (`MTPLayer.draft`), made whether or not a row drafts (a step that drafts nothing, a
+        prefill, takes its last row's draft and drops it): one family of graphs, not two."""
+        drafting = draft and len(rows) > 0
+        if self.compiled is not None:
+            take = rows if len(rows) else torch.tensor([hidden.shape[0] - 1], dtype=torch.int64, device=self.device)
+            kept, ids = self.compiled.mtp_draft(hidden, next_ids, positions, take, on_layer_done)
+            self.hidden = kept[: len(rows)]
+            return ids.tolist() if drafting else []
+        if drafting:
+            self.hidden, ids = self.mtp.draft(hidden, next_ids, positions, self.attn, rows, on_layer_done)
+            return ids.tolist()
+        self.hidden = self.mtp(hidden, next_ids, positions, self.attn, on_layer_done)[rows]  # a tp worker, or no row drafts
+        return []
 
     def fill(self, batch: ForwardBatch, hidden_all: torch.Tensor, next_ids: Sequence[int], rows: Sequence[int],
              on_layer_done: Callable[[int, torch.Tensor], None] | None = None, draft: bool = False) -> list[int]:
