@@ -41,7 +41,9 @@ def test_instance_rows_window_percentiles_speed_kv_and_transfer():
 def test_latency_series_puts_ttft_at_first_token_and_gaps_at_later_tokens():
     s = latency_series([served("d", 10.0, [10.5, 10.6, 10.8], 10.8)], origin_s=10.0)
     assert s.ttft == [(pytest.approx(0.5), pytest.approx(500.0))]
-    assert [round(x, 3) for x, _ in s.itl] == [0.6, 0.8] and [round(y) for _, y in s.itl] == [100, 200]
+    # seconds and milliseconds made from float64 sums of 10.x times: exact to ~1e-12
+    assert [x for x, _ in s.itl] == pytest.approx([0.6, 0.8], rel=0, abs=1e-9)
+    assert [y for _, y in s.itl] == pytest.approx([100, 200], rel=0, abs=1e-6)
 
 
 def test_tables_and_plot_render():
