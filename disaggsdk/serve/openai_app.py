@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import hmac
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
+from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
 from disaggsdk.serve.cors import CorsPolicy
 from disaggsdk.serve.error_bodies import add_error_handlers, error_kind, unavailable_body
 from disaggsdk.serve.metrics import ServerMetrics
@@ -29,7 +31,7 @@ from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
-from disaggsdk.serve.openai_request import parse_request
+from disaggsdk.serve.openai_request import ParsedRequest, parse_request
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
@@ -92,6 +94,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         the app, ready for uvicorn.
     """
     guard = HostGuard(allowed_hosts)
+    client_ids = ClientRequestIds()
     cors = CorsPolicy(allowed_origins)
 
     # dependencies, not HTTP middlewares: starlette's BaseHTTPMiddleware re-streams every SSE chunk
@@ -177,21 +180,39 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
                                   status=404, kind="model_not_found")
         prefix = "chatcmpl" if chat else "cmpl"
-        request_id = client_request_id(request.headers.get("x-request-id")) or uuid.uuid4().hex
-        response_id = f"{prefix}-{request_id}"
-        run_ids = [response_id] if len(reqs) == 1 else [f"{response_id}-{k}" for k in range(len(reqs))]
+        client_id = client_request_id(request.headers.get("x-request-id"))
+        echoed_id = client_id or uuid.uuid4().hex
+        response_id = f"{prefix}-{echoed_id}"
+        # the backend's key is never the client's id: `serve.client_request_ids`
+        key = response_id if client_id is None else internal_request_id(response_id)
+        release = client_ids.claim(client_id)  # a duplicate is refused here, before the backend hears of it
+        try:
+            response = await answer(request, parsed, reqs, response_id, key)
+        except BaseException:
+            release()
+            raise
+        response.headers["X-Request-Id"] = echoed_id
+        if isinstance(response, StreamingResponse):
+            # freed when the stream ends, however it ends: the background task runs after a
+            # disconnect too, the wrapper's finally when the stream fails
+            response.body_iterator = released_after(response.body_iterator, release)
+            response.background = BackgroundTask(release)
+        else:
+            release()
+        return response
+
+    async def answer(request: Request, parsed: ParsedRequest, reqs: list[ParsedRequest], response_id: str,
+                     key: str) -> Response:
+        run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
         runs = [RequestRun(backend, metrics, rid, r, model) for rid, r in zip(run_ids, reqs)]
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
         choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)
         firsts = await choices.start(request)
         if firsts is None:
             return Response(status_code=499)  # the client left before its first token; nobody reads this
-        if req.stream:
-            response: Response = StreamingResponse(choices.stream(firsts), media_type="text/event-stream")
-        else:
-            response = await choices.whole(request, firsts)
-        response.headers["X-Request-Id"] = request_id
-        return response
+        if reqs[0].stream:
+            return StreamingResponse(choices.stream(firsts), media_type="text/event-stream")
+        return await choices.whole(request, firsts)
 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
@@ -208,9 +229,10 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     return app
 
 
-def client_request_id(header: str | None) -> str | None:
-    """The client's ``X-Request-Id`` when it is a usable id (up to 128 of ``[A-Za-z0-9._:-]``), else None:
-    it names the request in the response id, the backend and the logs, and is echoed back."""
-    if header and len(header) <= 128 and all(c.isascii() and (c.isalnum() or c in "._:-") for c in header):
-        return header
-    return None
+async def released_after(chunks: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
+    """``chunks``, then ``release()`` once they end, fail or are closed."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        release()
