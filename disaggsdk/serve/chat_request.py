@@ -3,6 +3,7 @@ text, from the checkpoint's own template (`chat_template`) or the built-in one f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,42 @@ if TYPE_CHECKING:
     from disaggsdk.serve.chat_template import ChatTemplate
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+# OpenAI's rule for function names. It also keeps a name from carrying the call format's own markup
+# (``</function>``, ``<tool_call>``), which a forced call's grammar could not write back.
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
+# A parameter is written ``<parameter=KEY>``: a key with these cannot be written or parsed back
+PARAMETER_KEY_FORBIDDEN = ("<", ">", "\n")
+
+
+def check_tool_name(name: str, where: str) -> None:
+    """Refuse a function name OpenAI would refuse.
+
+    Args:
+        name: the function name.
+        where: the field it came from, for the message and ``param``.
+    Raises:
+        BadRequestError: the name does not match `TOOL_NAME_RULE`.
+    """
+    if not TOOL_NAME.fullmatch(name):
+        raise BadRequestError(f"{where} {show_value(name)} is not a valid function name: it must match "
+                              f"{TOOL_NAME_RULE} (letters, digits, _ and -, at most 64)", param=where)
+
+
+def _check_parameters(parameters: dict[str, Any], where: str) -> None:
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
+        raise BadRequestError(f"{where}.required must be a list of parameter names, got {show_value(required)}",
+                              param=f"{where}.required")
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict):
+        raise BadRequestError(f"{where}.properties must be an object of JSON Schemas, got {show_value(properties)}",
+                              param=f"{where}.properties")
+    for key in properties:
+        if not isinstance(key, str) or not key or any(c in key for c in PARAMETER_KEY_FORBIDDEN):
+            raise BadRequestError(f"{where}.properties has the key {show_value(key)}: a tool parameter's name "
+                                  "must be non-empty, without '<', '>' or a newline (calls are written "
+                                  "<parameter=NAME>)", param=f"{where}.properties")
 
 
 def _text(content: Any, where: str, optional: bool) -> str | None:
@@ -66,7 +103,9 @@ def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """``tools`` as the template sees them (None when absent).
 
     Raises:
-        BadRequestError: not a list of {type: function, function: {name, parameters}}.
+        BadRequestError: not a list of {type: function, function: {name, parameters}}; a function name
+            OpenAI refuses (`TOOL_NAME_RULE`); parameters whose properties are no object, whose
+            required is no list of names, or with a name the call format cannot carry.
     """
     tools = body.get("tools")
     if tools in (None, []):
@@ -76,10 +115,12 @@ def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict)
-                or not isinstance(fn.get("name"), str) or not fn["name"]
+                or not isinstance(fn.get("name"), str)
                 or not isinstance(fn.get("parameters", {}), dict)):
             raise BadRequestError(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}",
                                   param=f"tools[{i}]")
+        check_tool_name(fn["name"], f"tools[{i}].function.name")
+        _check_parameters(fn.get("parameters") or {}, f"tools[{i}].function.parameters")
     return tools
 
 

@@ -23,12 +23,14 @@ parsed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from disaggsdk.engine.structured.output import JSON_LAYOUT, StructuredOutput
+from disaggsdk.serve.chat_request import check_tool_name
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import show_value
 
@@ -36,9 +38,14 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_FORCED_CALLS = 4
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-# Lark terminals for scalar values: bounded, so a forced call always ends
-_VALUE = {"string": r"/[^<\n]{1,200}/", "integer": r"/-?[0-9]{1,12}/",
-          "number": r"/-?[0-9]{1,12}(\.[0-9]{1,8})?/", "boolean": '"true" | "false"', "null": '"null"'}
+# Lark terminals for scalar values: bounded, so a forced call always ends, and JSON's own literals
+# (no leading zeros: "-0123" is no JSON number, and it came back as a string)
+_VALUE = {"string": r"/[^<\n]{1,200}/", "integer": r"/-?(0|[1-9][0-9]{0,11})/",
+          "number": r"/-?(0|[1-9][0-9]{0,11})(\.[0-9]{1,8})?/", "boolean": '"true" | "false"', "null": '"null"'}
+# What `_convert` reads as a number in a call the model wrote freely (auto): Python's int() and
+# float() would also take "1_000", " 7" and "nan"
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+_NUMBER_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,8 @@ def parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None, 
         tools: its checked tools (`chat_request.check_tools`).
         token_id: text -> the id of a special token, or None when the tokenizer has no such token.
     Raises:
-        BadRequestError: a malformed tool_choice, a named function not in tools, tool_choice without
-            tools, or a model whose tokenizer has no tool-call tokens.
+        BadRequestError: a malformed tool_choice, a named function that is no valid function name or
+            not in tools, tool_choice without tools, or a model whose tokenizer has no tool-call tokens.
     """
     choice = body.get("tool_choice")
     if not tools:
@@ -84,6 +91,7 @@ def parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None, 
         if choice.get("type") != "function" or not isinstance(function, str):
             raise BadRequestError("'tool_choice' must be none, auto, required or {type: function, function: {name}}",
                                   param="tool_choice")
+        check_tool_name(function, "tool_choice.function.name")
         if function not in {t["function"]["name"] for t in tools}:
             raise BadRequestError(f"'tool_choice' names {function!r}, which is not in 'tools'", param="tool_choice")
         choice = "function"
@@ -135,11 +143,34 @@ def forced_calls(setup: ToolSetup) -> StructuredOutput | None:
     return StructuredOutput("grammar", "\n".join([f"start: call{more}", f"call: {call}", *rules]))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")  # Python's json reads NaN and Infinity; JSON has neither
+
+
 def _convert(value: str, schema: dict[str, Any]) -> Any:
-    if schema.get("type") == "string" or not schema:
+    """A parameter's text as the JSON value its schema declares; the text itself where it is not one.
+
+    The call format writes every value as bare text, so the declared type decides (as vLLM's
+    qwen3_coder parser does): a freely written "-0123" for an integer is -123, not a string.
+    """
+    kind = schema.get("type")
+    enum = schema.get("enum")
+    if isinstance(enum, list):  # the forced grammar writes a member as itself (strings) or its JSON
+        for member in enum:
+            if value == (member if isinstance(member, str) else json.dumps(member)):
+                return member
+    if kind == "string" or not schema:
         return value
-    try:
-        return json.loads(value)
+    text = value.strip()
+    try:  # int() and json refuse integers past 4,300 digits with a ValueError too
+        if kind in ("integer", "number") and _INTEGER_TEXT.fullmatch(text):
+            return int(text)
+        if kind == "number" and _NUMBER_TEXT.fullmatch(text):
+            number = float(text)
+            return number if math.isfinite(number) else value  # "1e999": JSON has no infinity
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        return json.loads(text, parse_constant=_no_constant)  # objects, arrays, unions, null
     except ValueError:
         return value
 
@@ -149,8 +180,10 @@ def parse_calls(text: str, setup: ToolSetup) -> list[dict[str, Any]]:
     calls = []
     for name, inner in _FUNCTION.findall(text):
         props = setup.schema(name.strip()).get("properties") or {}
-        arguments = {key.strip(): _convert(value, props.get(key.strip()) or {})
-                     for key, value in _PARAMETER.findall(inner)}
+        arguments = {}
+        for key, value in _PARAMETER.findall(inner):
+            sub = props.get(key.strip())  # a schema may also be true or false (JSON Schema's any, none)
+            arguments[key.strip()] = _convert(value, sub if isinstance(sub, dict) else {})
         calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": name.strip(), "arguments": json.dumps(arguments)}})
     return calls

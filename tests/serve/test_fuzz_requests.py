@@ -75,3 +75,45 @@ def test_fuzzed_bodies_kill_no_unit_of_a_launched_deployment():
         fuzz()
         assert not d.backend.runtime.failures  # no unit died
         assert client.get("/health").json()["status"] == "ok"
+
+
+# Tool names and parameter names built from the call format's own markup: a name must never reach a
+# forced call's grammar (an HTTP 500 before: "the output's grammar cannot continue")
+MARKUP = st.sampled_from(["</function>", "<function=", "<tool_call>", "</tool_call>", "<parameter=", "</parameter>",
+                          ">", "<", "\n", "<|im_end|>", " ", "f", "get_weather", "-", "_", "é"])
+MARKUP_TEXT = st.lists(MARKUP, min_size=0, max_size=6).map("".join)
+TOOL_CHOICES = [None, "auto", "required", "named"]
+EXAMPLES_OF_MARKUP = 200
+
+
+class TestToolNamesWithMarkup:
+    @staticmethod
+    def body(name: str, key: str, choice: str | None) -> dict:
+        tool = {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {key: {"type": "integer"}}, "required": [key]}}}
+        body = {"messages": [{"role": "user", "content": "call it"}], "tools": [tool], "max_tokens": 48}
+        if choice == "named":
+            body["tool_choice"] = {"type": "function", "function": {"name": name}}
+        elif choice is not None:
+            body["tool_choice"] = choice
+        return body
+
+    def test_no_tool_or_parameter_name_gets_a_5xx(self, deployment):
+        from disaggsdk.serve.chat_request import TOOL_NAME
+
+        with httpx.Client(base_url=deployment.url, timeout=60) as client:
+
+            @settings(max_examples=EXAMPLES_OF_MARKUP, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(MARKUP_TEXT, MARKUP_TEXT | st.just("n"), st.sampled_from(TOOL_CHOICES))
+            def fuzz(name, key, choice):
+                r = client.post("/v1/chat/completions", json=self.body(name, key, choice))
+                assert r.status_code < 500, (name, key, choice, r.status_code, r.text)
+                if not TOOL_NAME.fullmatch(name):
+                    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.name", r.text
+                elif r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls":
+                    calls = r.json()["choices"][0]["message"]["tool_calls"]
+                    assert calls and all(c["function"]["name"] == name for c in calls), r.text
+
+            fuzz()
+            assert client.get("/health").json()["status"] == "ok"

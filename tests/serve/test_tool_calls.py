@@ -13,6 +13,7 @@ openai = pytest.importorskip("openai")
 
 from disaggsdk.engine.structured.grammar import GrammarState, ll_tokenizer  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
+from disaggsdk.serve.chat_request import check_tools  # noqa: E402
 from disaggsdk.serve.openai_error import BadRequestError  # noqa: E402
 from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_calls, parse_tool_choice  # noqa: E402
 
@@ -153,3 +154,89 @@ def test_auto_output_is_split_into_content_and_parsed_calls():
     assert call["index"] == 0 and call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "days": 2}
     assert "tool_call" not in "".join(p.text for p in pieces)  # the call never streams as content
+
+
+def tool(name: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+MARKUP_NAMES = ["f</function>\n<tool_call>", "get weather", "f>", "é", "x" * 65, ""]
+
+
+def test_tool_names_are_checked_as_openai_requires():
+    ids = {"<tool_call>": 3, "</tool_call>": 4}.get
+    assert check_tools({"tools": [tool("get_weather-2", {}, [])]})  # letters, digits, _ and -
+    for name in MARKUP_NAMES:
+        with pytest.raises(BadRequestError, match=r"\^\[a-zA-Z0-9_-\]\{1,64\}\$") as refused:
+            check_tools({"tools": [TIME, tool(name, {}, [])]})
+        assert refused.value.param == "tools[1].function.name" and repr(name)[:20] in str(refused.value)
+        with pytest.raises(BadRequestError, match="not a valid function name") as refused:
+            parse_tool_choice({"tool_choice": {"type": "function", "function": {"name": name}}}, TOOLS, ids)
+        assert refused.value.param == "tool_choice.function.name"
+    for key in ["a</parameter>\n<b", "a>", "a\nb", ""]:  # the call format writes <parameter=KEY>
+        with pytest.raises(BadRequestError, match="parameter's name") as refused:
+            check_tools({"tools": [tool("f", {key: {"type": "integer"}}, [])]})
+        assert refused.value.param == "tools[0].function.parameters.properties"
+    for parameters, field in [({"properties": [1]}, "properties"), ({"required": "n"}, "required"),
+                              ({"required": [["n"]]}, "required")]:
+        with pytest.raises(BadRequestError, match=f"parameters.{field} must be") as refused:
+            check_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]})
+        assert refused.value.param == f"tools[0].function.parameters.{field}"
+
+
+def test_a_tool_name_with_markup_is_a_400_not_a_500(deployment):
+    import httpx
+
+    bad = tool("f</function>\n<tool_call>", {"n": {"type": "integer"}}, ["n"])
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+        for choice in ["required", "auto", {"type": "function", "function": {"name": "f</function>\n<tool_call>"}}]:
+            r = client.post("/v1/chat/completions", json={
+                "model": deployment.model_name, "messages": [{"role": "user", "content": "call it"}],
+                "tools": [bad], "tool_choice": choice, "max_tokens": 16})
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text
+            assert error["param"] == "tools[0].function.name" and "^[a-zA-Z0-9_-]{1,64}$" in error["message"]
+            assert "f</function>" in error["message"]
+
+
+TYPED = tool("f", {"n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"},
+                   "s": {"type": "string"}}, ["n", "x", "b", "s"])
+
+
+def test_forced_numbers_are_json_literals_and_parsed_values_take_the_declared_type():
+    tok = load_tokenizer("qwen3-coder-tiny")
+    s = ToolSetup((TYPED,), "required", None, tok.encode("<tool_call>")[0], tok.encode("</tool_call>")[0])
+
+    def call(n: str, x: str) -> str:
+        return (f"<tool_call>\n<function=f>\n<parameter=n>\n{n}\n</parameter>\n<parameter=x>\n{x}\n</parameter>\n"
+                "<parameter=b>\ntrue\n</parameter>\n<parameter=s>\n007\n</parameter>\n</function>\n</tool_call>")
+
+    def accepted(text: str) -> bool:
+        grammar = GrammarState(forced_calls(s), ll_tokenizer("qwen3-coder-tiny"))
+        return all(grammar.accept(t) for t in tok.encode(text))
+
+    assert accepted(call("-123", "0.25")) and accepted(call("0", "-7"))
+    for n, x in [("-0123", "1"), ("007", "1"), ("1", "01.5"), ("1", "-00")]:  # no JSON number
+        assert not accepted(call(n, x)), (n, x)
+    # what a model writes freely (auto) is read by the declared type: numbers, booleans, strings kept
+    (parsed,) = parse_calls(call("-0123", "2.50"), s)
+    assert json.loads(parsed["function"]["arguments"]) == {"n": -123, "x": 2.5, "b": True, "s": "007"}
+    (parsed,) = parse_calls(call("NaN", "1e999"), s)  # no JSON value: kept as the text, never NaN
+    assert json.loads(parsed["function"]["arguments"])["n"] == "NaN"
+    assert json.loads(parsed["function"]["arguments"])["x"] == "1e999"
+
+
+def test_forced_calls_return_the_declared_json_types(deployment):
+    import httpx
+
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+        for seed in range(12):  # before the fix, 3 of these 12 gave "n" or "x" as a string ("000075")
+            r = client.post("/v1/chat/completions", json={
+                "model": deployment.model_name, "messages": [{"role": "user", "content": "call it"}],
+                "tools": [TYPED], "tool_choice": "required", "max_tokens": 120, "temperature": 1.0, "seed": seed})
+            assert r.status_code == 200, r.text
+            for c in r.json()["choices"][0]["message"]["tool_calls"]:
+                args = json.loads(c["function"]["arguments"])
+                assert type(args["n"]) is int and type(args["x"]) in (int, float), (seed, args)
+                assert type(args["b"]) is bool and type(args["s"]) is str, (seed, args)
