@@ -5,7 +5,7 @@
 
 #include "fab_internal.h"
 
-int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device,
+int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device, int remote_write,
                  uint64_t *handle_out, fab_region_desc *desc_out)
 {
     fab_set_error("%s", ""); /* no stale message from an earlier call */
@@ -30,7 +30,9 @@ int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device
     struct fi_mr_attr attr = {
         .mr_iov = &iov,
         .iov_count = 1,
-        .access = FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ | FI_SEND | FI_RECV,
+        /* No remote read ever (nothing here reads a peer's memory); remote write only where a
+         * peer is meant to write: a source region's key then opens nothing (ofi_mr_verify). */
+        .access = FI_WRITE | FI_READ | FI_SEND | FI_RECV | (remote_write ? FI_REMOTE_WRITE : 0),
         .requested_key = key,
         .iface = iface == 1 ? FI_HMEM_CUDA : FI_HMEM_SYSTEM,
     };

@@ -76,8 +76,10 @@ void fab_get_stats(fab_engine *eng, fab_stats *out);
 int fab_address(fab_engine *eng, uint8_t *buf, size_t *len);
 int fab_insert_peer(fab_engine *eng, const uint8_t *addr, size_t len, uint64_t *peer_out);
 
-/* Memory registration. iface 0 = host memory, 1 = CUDA device memory (device = ordinal). */
-int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device,
+/* Memory registration. iface 0 = host memory, 1 = CUDA device memory (device = ordinal).
+ * remote_write 0: local access only (a write source; peers' writes with its key are refused by
+ * the provider), 1: peers holding the descriptor may write into it. */
+int fab_register(fab_engine *eng, void *ptr, uint64_t len, int iface, int device, int remote_write,
                  uint64_t *handle_out, fab_region_desc *desc_out);
 int fab_deregister(fab_engine *eng, uint64_t handle);
 

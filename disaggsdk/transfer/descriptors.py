@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from array import array
 from typing import Any, Sequence
@@ -79,6 +80,13 @@ class MemoryRegion:
     length_bytes: int
     descriptor: RegionDescriptor
     keepalive: Any = attrs.field(repr=False)  # the buffer or its cffi view: must outlive `handle`
+
+    def view(self) -> memoryview:
+        """The region's bytes, read in place (host memory only: a CUDA region cannot be read here).
+
+        Valid while the registered memory stays mapped; nothing is copied.
+        """
+        return memoryview((ctypes.c_char * self.length_bytes).from_address(self.address)).cast("B")
 
 
 def _u64(values: Any, n: int | None) -> array:

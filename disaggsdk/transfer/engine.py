@@ -108,7 +108,8 @@ class TransferEngine:
 
     # memory
 
-    def register(self, buffer: Any, *, shared_fd: int | None = None, shared_offset: int = 0) -> MemoryRegion:
+    def register(self, buffer: Any, *, shared_fd: int | None = None, shared_offset: int = 0,
+                 remote_write: bool = True) -> MemoryRegion:
         """Registers a writable Python buffer (bytearray, mmap, memoryview, numpy array).
 
         The buffer stays exported (an mmap cannot be closed) until `deregister`.
@@ -116,6 +117,8 @@ class TransferEngine:
         Args:
             shared_fd: the shared-memory file (memfd) the buffer maps, from byte ``shared_offset``:
                 peers on this machine may then map it and write with memcpy (``direct``).
+            remote_write: peers holding the descriptor may write into it; False for a region that
+                is only ever a write source (its key then opens nothing to a peer).
 
         Raises:
             TransferError: the buffer is read-only, empty or the provider refuses it.
@@ -126,14 +129,14 @@ class TransferEngine:
             raise TransferError(f"cannot register this buffer: {exc}; pass a writable "
                                 "buffer such as a bytearray or an mmap") from exc
         address = int(self._ffi.cast("uintptr_t", view))
-        region = self._register(address, len(view), 0, 0, keepalive=view)
+        region = self._register(address, len(view), 0, 0, keepalive=view, remote_write=remote_write)
         if shared_fd is None:
             return region
         share = SameHostShare.of_fd(shared_fd, shared_offset)
         return attrs.evolve(region, descriptor=attrs.evolve(region.descriptor, same_host=share))
 
     def register_pointer(self, address: int, length_bytes: int, *, cuda_device: int | None = None,
-                         keepalive: Any = None) -> MemoryRegion:
+                         keepalive: Any = None, remote_write: bool = True) -> MemoryRegion:
         """Registers raw memory (e.g. a cuMem mapping); the caller keeps it mapped meanwhile.
 
         Args:
@@ -141,19 +144,20 @@ class TransferEngine:
             length_bytes: region length.
             cuda_device: CUDA device ordinal for device memory (needs hmem=True), None for host.
             keepalive: any object that must live as long as the registration.
+            remote_write: as in `register`.
 
         Raises:
             TransferError: the provider refuses the registration.
         """
         iface = 0 if cuda_device is None else 1
-        return self._register(address, length_bytes, iface, cuda_device or 0, keepalive)
+        return self._register(address, length_bytes, iface, cuda_device or 0, keepalive, remote_write)
 
     def _register(self, address: int, length_bytes: int, iface: int, device: int,
-                  keepalive: Any) -> MemoryRegion:
+                  keepalive: Any, remote_write: bool = True) -> MemoryRegion:
         handle = self._ffi.new("uint64_t *")
         desc = self._ffi.new("fab_region_desc *")
         rc = self._lib.fab_register(self._live(), self._ffi.cast("void *", address),
-                                    length_bytes, iface, device, handle, desc)
+                                    length_bytes, iface, device, int(remote_write), handle, desc)
         self._check(rc, f"registering {length_bytes} bytes")
         descriptor = RegionDescriptor(int(desc.addr_base), int(desc.key), int(desc.len),
                                       int(desc.mr_mode), int(desc.check))
