@@ -110,7 +110,7 @@ def assemble_prefill(args: Any, spec: Any, plan: Any) -> UnitParts:
         parts.messenger = PrefillMessenger(
             parts.info, engine=parts.engine, transfer=parts.transfer, plan=plan, pool_regions=registrations,
             staging=ContextStaging(context_mr, memoryview(parts.context)), secret=args.secret,
-            streaming=spec.transfer.streaming,
+            streaming=spec.transfer.streaming, verify_pages=spec.transport.verify_pages,
         )
     except BaseException:
         parts.close()
@@ -122,9 +122,15 @@ def assemble_decode(args: Any, spec: Any, plan: Any) -> UnitParts:
     """A decode unit: pools, transfer engine, and the decode side of the messenger."""
     from disaggsdk.messenger.decode_side import DecodeMessenger
 
-    parts, _registrations, _context_mr = _kv_unit(DecodeParts, args, spec, plan)
-    parts.messenger = DecodeMessenger(parts.info, parts.engine, parts.transfer, plan, memoryview(parts.context),
-                                      args.secret, deadline_s=spec.transfer.deadline_s)
+    parts, registrations, context_mr = _kv_unit(DecodeParts, args, spec, plan)
+    try:
+        parts.messenger = DecodeMessenger(
+            parts.info, parts.engine, parts.transfer, plan, memoryview(parts.context), args.secret,
+            deadline_s=spec.transfer.deadline_s, pools=registrations, context_region=context_mr,
+            grant_keys=spec.transport.grant_keys_on(args.provider), verify_pages=spec.transport.verify_pages)
+    except BaseException:
+        parts.close()
+        raise
     return parts
 
 
@@ -157,12 +163,16 @@ def _kv_unit(kind: type[UnitParts], args: Any, spec: Any, plan: Any) -> tuple[Un
             if collector is not None:
                 collector.close()
         parts.transfer = TransferEngine(args.provider, direct=spec.transport.same_host_copy)
-        # pools are memfds: prefill units on this machine map them and copy with memcpy
-        registrations = [parts.transfer.register(r.buffer, shared_fd=r.fd) for r in parts.regions]
+        # Peers write only into a decode unit's pools and context, and there only under the
+        # whole-region key when grant keys are off; a prefill unit's regions are write sources.
+        targets = args.role == "decode" and not spec.transport.grant_keys_on(args.provider)
+        # pools are memfds: prefill units on this machine map a target's and copy with memcpy
+        registrations = [parts.transfer.register(r.buffer, shared_fd=r.fd if targets else None, remote_write=targets)
+                         for r in parts.regions]
         parts.registrations = list(registrations)
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)
         parts.context = bytearray(slot_bytes * args.num_context_slots)
-        context_mr = parts.transfer.register(parts.context)
+        context_mr = parts.transfer.register(parts.context, remote_write=targets)
         parts.registrations = [*registrations, context_mr]
         parts.info = unit_info(args, parts.transfer.address, [m.descriptor.to_bytes() for m in registrations],
                                context_mr.descriptor.to_bytes(), slot_bytes)

@@ -29,12 +29,16 @@ from typing import Any
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
 from disaggsdk.messenger.freshness import FrameCodec
+from disaggsdk.messenger.grant_keys import open_grant
+from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.handoff import Handoff, Quarantine, prefill_request, release_quarantine
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
+from disaggsdk.transfer.errors import TransferError
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
 DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
@@ -51,12 +55,22 @@ class DecodeMessenger:
         context_buffer: the registered context buffer ``[num_context_slots * context_slot_bytes]``.
         secret: the deployment secret for control frames.
         deadline_s: how long one attempt may take before it is retried.
+        pools: each tp rank's registered KV pool (`MemoryRegion`), in tp order: what per-grant keys
+            open and page digests read; needed when either is on.
+        context_region: the registration of ``context_buffer`` (for per-grant keys).
+        grant_keys: open only each attempt's pages, under keys revoked when it ends (`grant_keys`).
+        verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
     """
 
     def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Any, context_buffer: memoryview,
-                 secret: bytes, deadline_s: float):
+                 secret: bytes, deadline_s: float, *, pools: Sequence[Any] = (), context_region: Any = None,
+                 grant_keys: bool = False, verify_pages: bool = False):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.secret, self.deadline_s = secret, deadline_s
+        self.pools, self.context_region = list(pools), context_region
+        self.grant_keys, self.verify_pages = grant_keys, verify_pages
+        if (grant_keys or verify_pages) and (not self.pools or (grant_keys and context_region is None)):
+            raise ValueError("grant keys and page verification need the unit's pool and context registrations")
         self.codec = FrameCodec(str(me.peer_id), secret)
         self.context_buffer = context_buffer
         self.layout = plan.spec.kv.layout
@@ -72,6 +86,7 @@ class DecodeMessenger:
         self.frames = FrameCounters()
         self.totals = TransferTotals()
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
+        self.failed_grants: list[str] = []  # why grant keys could not be registered (those requests prefilled here)
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
         self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing, plan.spec.engine.num_pages,
                                      plan.spec.transfer.max_local_prefill_tokens)
@@ -154,6 +169,13 @@ class DecodeMessenger:
             self.frames.count(opened)
             return
         msg = opened.message
+        if isinstance(msg, pr.PageDigest):
+            h = self._handoffs.get(msg.request_id)
+            if h is None or h.grant is None or h.grant.generation != msg.generation or not self.verify_pages:
+                self.frames.count("stale")
+                return
+            h.digest = msg.digest
+            return
         if not isinstance(msg, (pr.PrefillRejected, pr.PrefillFailed)):
             self.frames.count("unexpected_kind")
             return
@@ -173,20 +195,35 @@ class DecodeMessenger:
         now = time.monotonic() if now is None else now
         for h in list(self._handoffs.values()):
             if h.counter is not None and h.counter.done() and not h.counter.cancelled():
-                if h.counter.exception() is None:
-                    self._admit(h)
-                else:
+                if h.counter.exception() is not None:
                     self._retry(h, f"counter failed: {h.counter.exception()}", drained=False, now=now)
+                    continue
+                if h.keys is not None:  # every write landed: nothing may land in these pages any more
+                    h.keys.revoke(self.transfer)
+                if not self.verify_pages:
+                    self._admit(h)
+                elif h.digest is not None:
+                    if self._pages_verified(h):
+                        self._admit(h)
+                    else:
+                        self.totals.pages_failed_verification += 1
+                        self._retry(h, "its KV does not match prefill's digest (forged or corrupted writes)",
+                                    drained=True, now=now)
+                elif now > h.deadline:
+                    self._retry(h, f"{h.prefill} sent no page digest within {self.deadline_s:g} s",
+                                drained=True, now=now)
             elif h.send_future is not None and h.send_future.done() and h.send_future.exception() is not None:
                 self._retry(h, f"cannot reach {h.prefill}: {h.send_future.exception()}", drained=True, now=now)
             elif now > h.deadline:
                 self._retry(h, f"{h.prefill} missed the {self.deadline_s:g} s deadline", drained=False, now=now)
-        self._quarantine = release_quarantine(self._quarantine, now, self.engine.allocator, self._free_slots)
+        self._quarantine = release_quarantine(self._quarantine, now, self.engine.allocator, self._free_slots,
+                                              self.transfer)
         self._start_pending(now)
 
     def drain_quarantine(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more."""
-        self._quarantine = release_quarantine(self._quarantine, None, self.engine.allocator, self._free_slots)
+        self._quarantine = release_quarantine(self._quarantine, None, self.engine.allocator, self._free_slots,
+                                              self.transfer)
 
     # internals
 
@@ -220,8 +257,20 @@ class DecodeMessenger:
         h.grant = self.engine.allocator.allocate(h.request_id, need - cached, pinned=True)
         h.slot = self._free_slots.pop()
         h.imm = self._next_imm()
-        h.fired_at = 0.0
+        h.fired_at, h.digest = 0.0, None
         clear_context(self._slot(h.slot))
+        if self.grant_keys:
+            size = self.me.context_slot_bytes
+            try:
+                h.keys = open_grant(self.transfer, self.pools, self._geometry(), h.grant.page_ids,
+                                    self.context_region, h.slot * size, size)
+            except TransferError as exc:  # the provider refused a registration: prefill here instead
+                self.failed_grants.append(str(exc))
+                self.engine.allocator.free(h.request_id)
+                self._free_slots.append(h.slot)
+                h.prefill, h.grant, h.slot = None, None, -1
+                self._prefill_locally(h)
+                return
         route = self.plan.route(info.instance, self.me.instance)
         count = expected_writes(route, len(h.prompt_ids), self.layout, num_cached_pages=cached).total
         h.counter = self.transfer.expect(h.imm, count)
@@ -278,8 +327,8 @@ class DecodeMessenger:
                 self.transfer.send(self._prefills[name][1], self.codec.seal(abort))
         owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
         self.engine.allocator.rename(h.request_id, owner)
-        self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at))
-        h.prefill, h.grant, h.slot, h.counter, h.send_future = None, None, -1, None, None
+        self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at, h.keys))
+        h.prefill, h.grant, h.slot, h.counter, h.send_future, h.keys = None, None, -1, None, None, None
 
     def _retry(self, h: Handoff, reason: str, drained: bool, now: float) -> None:
         self.totals.failures += 1
@@ -294,6 +343,17 @@ class DecodeMessenger:
         self.totals.prefilled_locally += 1
         self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True))
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)
+
+    def _geometry(self) -> PoolGeometry:
+        fmt = self.engine.kv_cache.fmt  # every rank of this unit has rank 0's geometry
+        return PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
+
+    def _pages_verified(self, h: Handoff) -> bool:
+        """Whether the attempt's pages and context slot, as held here, give prefill's digest."""
+        digest = PageDigest(attempt_key(self.secret, h.request_id, h.grant.generation, h.imm))
+        add_granted_pages(digest, [p.view() for p in self.pools], self._geometry(), h.grant.page_ids)
+        digest.add_context(self._slot(h.slot))
+        return digest.matches(h.digest)
 
     def _slot(self, slot: int) -> memoryview:
         size = self.me.context_slot_bytes

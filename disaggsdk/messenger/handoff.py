@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.grant_keys import GrantKeys
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
@@ -31,6 +32,8 @@ class Handoff:
     submitted_s: float = 0.0  # time.monotonic() when the request reached this unit
     sent_s: float = 0.0  # ... when the current attempt's prefill request was sent
     num_cached_pages: int = 0  # the current attempt's prompt pages decode held already (not sent)
+    keys: GrantKeys | None = None  # the current attempt's per-grant registrations (None: whole pool open)
+    digest: bytes | None = None  # the current attempt's page digest from prefill (transport.verify_pages)
 
     def record(self, forward_end_s: float, admitted_s: float) -> RequestTransfer:
         """The measurements of a request whose KV arrived (``forward_end_s``: prefill's, from the context)."""
@@ -51,28 +54,39 @@ class Quarantine:
     request_id: str
     generation: int
     release_at: float | None = None  # None: wait for the prefill unit's drain report
+    keys: GrantKeys | None = None  # revoked on release, when no write of the attempt can still be coming
 
 
 def prefill_request(h: Handoff, me: UnitInfo, spec: Any, page_size: int) -> pr.PrefillRequest:
     """The `PrefillRequest` of ``h``'s current attempt from decode unit ``me``: its granted pages
-    (those after the ``h.num_cached_pages`` decode holds already) on every rank, and its context slot."""
+    (those after the ``h.num_cached_pages`` decode holds already) on every rank, and its context slot;
+    with per-grant keys (``h.keys``), the registrations that open exactly those."""
+    keys = h.keys
     return pr.PrefillRequest(
         request_id=h.request_id, decode_instance=str(me.peer_id), generation=h.grant.generation, imm=h.imm,
         token_ids=h.prompt_ids, model=spec.model, layout=spec.kv.layout, page_size=page_size,
         kv_dtype=spec.kv.dtype, decode_tp=len(me.pool_regions),
-        destinations=[pr.DestinationRank(r, region, list(h.grant.page_ids)) for r, region in enumerate(me.pool_regions)],
-        context=pr.ContextSlot(me.context_region, h.slot * me.context_slot_bytes, me.context_slot_bytes),
+        destinations=[pr.DestinationRank(r, region, list(h.grant.page_ids), keys.segments[r] if keys else [])
+                      for r, region in enumerate(me.pool_regions)],
+        context=pr.ContextSlot(me.context_region, h.slot * me.context_slot_bytes, me.context_slot_bytes,
+                               keys.context if keys else None),
         prompt_logprobs=getattr(h.params, "prompt_logprobs", None), num_cached_pages=h.num_cached_pages,
     )
 
 
 def release_quarantine(quarantine: list[Quarantine], now: float | None, allocator: Any,
-                       free_slots: list[int]) -> list[Quarantine]:
-    """Free the pages (and return the context slots) of every entry due at ``now`` (None: all, at
-    shutdown); returns the entries still held."""
+                       free_slots: list[int], transfer: Any = None) -> list[Quarantine]:
+    """Revoke the grant keys, free the pages (and return the context slots) of every entry due at
+    ``now`` (None: all, at shutdown); returns the entries still held.
+
+    Args:
+        transfer: the `Transport` the entries' grant keys were registered with (needed when any has keys).
+    """
     kept = []
     for q in quarantine:
         if now is None or (q.release_at is not None and now >= q.release_at):
+            if q.keys is not None:
+                q.keys.revoke(transfer)  # before the pages can be granted again
             allocator.free(q.owner)
             if q.slot >= 0:
                 free_slots.append(q.slot)

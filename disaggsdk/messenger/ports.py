@@ -34,6 +34,12 @@ class Transport(Protocol):
     def cancel(self, imm: int) -> None:
         """Stop waiting for writes carrying ``imm``."""
 
+    def register_pointer(self, address: int, length_bytes: int) -> Any:
+        """Open ``[address, + length_bytes)`` to peers' writes under a fresh key (a `MemoryRegion`)."""
+
+    def deregister(self, region: Any) -> None:
+        """Close a registration: writes with its key land nowhere from now on."""
+
 
 class PrefillEngine(Protocol):
     """The prefill unit's engine: mode "prefill_only", hidden states returned."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.grant_keys import GrantTargets
+from disaggsdk.messenger.page_digest import PageDigest, attempt_key
 from disaggsdk.messenger.peers import PeerId, UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 from disaggsdk.messenger.write_plan import PoolGeometry
@@ -37,6 +39,11 @@ class PrefillJob:
     dst_regions: list  # RegionDescriptor per decode tp rank
     dst_geometry: PoolGeometry
     context_dst: Any  # RegionDescriptor of the decode's context buffer
+    # with per-grant keys: where each decode rank's granted runs are (None: the whole pool is open)
+    dst_targets: list[GrantTargets | None] = field(default_factory=list)
+    context_target: GrantTargets | None = None
+    digest: PageDigest | None = None  # with transport.verify_pages: of every byte sent
+    grant_index: dict[int, int] = field(default_factory=dict)  # decode page id -> index in the grant
     pages_queued: int = 0
     inflight_steps: int = 0  # queued step work not yet submitted by the streamer
     futures: list[Future] = field(default_factory=list)
@@ -61,17 +68,30 @@ class PrefillJob:
 
     @classmethod
     def for_request(cls, msg: pr.PrefillRequest, sender: PeerId, info: UnitInfo, peer: Any, plan: Any,
-                    src_instance: str, num_layers: int) -> PrefillJob:
-        """A new job for an admitted request from decode unit ``info`` (``peer``: its endpoint)."""
+                    src_instance: str, num_layers: int, secret: bytes | None = None) -> PrefillJob:
+        """A new job for an admitted request from decode unit ``info`` (``peer``: its endpoint).
+
+        Args:
+            secret: the deployment secret when pages are verified (``transport.verify_pages``), else None.
+        Raises:
+            ValueError: the request's grant segments lie outside the decode unit's pool or slot.
+        """
         from disaggsdk.transfer import RegionDescriptor
 
         route = plan.route(src_instance, info.instance)
+        pools = [RegionDescriptor.from_bytes(r) for r in info.pool_regions]
+        context = RegionDescriptor.from_bytes(info.context_region)
+        targets = [GrantTargets(pools[d.tp_rank], d.segments) if d.segments else None
+                   for d in sorted(msg.destinations, key=lambda d: d.tp_rank)]
+        c = msg.context
+        context_target = GrantTargets(context, [c.segment]) if c is not None and c.segment is not None else None
+        digest = PageDigest(attempt_key(secret, msg.request_id, msg.generation, msg.imm)) if secret else None
         # the pages decode holds already never move: the job starts as if they were queued
         return cls(msg=msg, decode=sender, peer=peer, transfers=route.transfers_for(msg.request_id),
-                   pages_queued=msg.num_cached_pages,
-                   dst_regions=[RegionDescriptor.from_bytes(r) for r in info.pool_regions],
-                   dst_geometry=dst_geometry(plan, src_instance, info, num_layers),
-                   context_dst=RegionDescriptor.from_bytes(info.context_region))
+                   pages_queued=msg.num_cached_pages, dst_regions=pools,
+                   dst_geometry=dst_geometry(plan, src_instance, info, num_layers), context_dst=context,
+                   dst_targets=targets, context_target=context_target, digest=digest,
+                   grant_index={p: i for i, p in enumerate(msg.destinations[0].page_ids)})
 
 
 def dst_geometry(plan: Any, src_instance: str, info: UnitInfo, num_layers: int) -> PoolGeometry:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -21,6 +22,8 @@ from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.admission import LocalFormat, Rejection, RejectReason, check_request
 from disaggsdk.messenger.context import context_bytes, pack_context
 from disaggsdk.messenger.freshness import FrameCodec
+from disaggsdk.messenger.grant_keys import GrantTargets
+from disaggsdk.messenger.page_digest import add_layer
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
 from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.ports import PrefillEngine, Transport
@@ -43,12 +46,17 @@ class PrefillMessenger:
         staging: the registered buffer outgoing context payloads are staged in.
         secret: the deployment secret.
         streaming: send layer by layer during the forward pass (False: after it).
+        verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
     """
 
     def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Any,
-                 pool_regions: Sequence[Any], staging: ContextStaging, secret: bytes, streaming: bool = True):
+                 pool_regions: Sequence[Any], staging: ContextStaging, secret: bytes, streaming: bool = True,
+                 verify_pages: bool = False):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.pool_regions = list(pool_regions)
+        self.verify_pages = verify_pages
+        # the source bytes a page digest reads (host pools only: verify_pages is refused on CUDA)
+        self._pool_views = [r.view() for r in self.pool_regions] if verify_pages else []
         self.context_region, self.context_buffer = staging.region, staging.buffer
         self.secret, self.streaming = secret, streaming
         self.codec = FrameCodec(str(me.peer_id), secret)
@@ -166,7 +174,11 @@ class PrefillMessenger:
 
         sender = PeerId.parse(msg.decode_instance)
         info, peer = self._decodes[sender]
-        job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers)
+        try:
+            job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers,
+                                         secret=self.secret if self.verify_pages else None)
+        except ValueError as exc:
+            return Rejection(RejectReason.BAD_REGION, str(exc))
         job.arrived_s = time.monotonic()
         try:
             params = SamplingParams(max_tokens=1, prompt_logprobs=msg.prompt_logprobs)
@@ -224,8 +236,6 @@ class PrefillMessenger:
                 job.inflight_steps -= 1
 
     def _submit_layer(self, items: list, layer_id: int) -> None:
-        from disaggsdk.transfer import WriteBatch
-
         for job, first, stop, page_ids in items:
             if job.aborted:
                 continue
@@ -234,15 +244,28 @@ class PrefillMessenger:
                 pairs = layer_writes(job.transfers, self.layout, layer_id, self.src_geometry, job.dst_geometry,
                                      page_ids[first:stop], job.msg.destinations[0].page_ids[first - skip : stop - skip])
                 for w in pairs:
-                    batch = WriteBatch(self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
-                                       w.src_offsets, w.dst_offsets, w.lengths, imms(job.msg.imm, len(w)))
-                    self._track(job, self.transfer.submit(job.peer, batch), w.num_bytes, len(w))
+                    self._submit_writes(job, self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
+                                        job.dst_targets[w.dst_tp_rank], w.src_offsets, w.dst_offsets, w.lengths)
+                if job.digest is not None:  # after submitting: the hashing overlaps the writes
+                    add_layer(job.digest, layer_id, pairs, self._pool_views, job.dst_geometry, job.grant_index)
             except Exception as exc:  # a failed submit fails the request, never the unit
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
 
-    def _send_context(self, job: PrefillJob, out: Any, forward_end_s: float) -> None:
+    def _submit_writes(self, job: PrefillJob, src: Any, dst: Any, targets: GrantTargets | None,
+                       src_offsets: array, dst_offsets: array, lengths: array) -> None:
+        """Submit writes from ``src`` into a decode region: one batch into the whole region, or with
+        per-grant keys one batch per granted segment the writes land in."""
         from disaggsdk.transfer import WriteBatch
 
+        if targets is None:
+            batches = [(dst, dst_offsets, [src_offsets, lengths])]
+        else:
+            batches = list(targets.split(dst_offsets, src_offsets, lengths))  # all or nothing: checked first
+        for desc, dst_offs, (src_offs, lens) in batches:
+            batch = WriteBatch(src, desc, src_offs, dst_offs, lens, imms(job.msg.imm, len(lens)))
+            self._track(job, self.transfer.submit(job.peer, batch), sum(lens), len(lens))
+
+    def _send_context(self, job: PrefillJob, out: Any, forward_end_s: float) -> None:
         job.forward_end_s = forward_end_s
         size = self.context_slot_bytes
         staging = self.context_buffer[job.slot * size : (job.slot + 1) * size]
@@ -251,13 +274,14 @@ class PrefillMessenger:
             if hidden is None or logits is None:
                 raise ValueError("the engine returned no hidden state: build it with return_hidden_states=True")
             pack_context(staging, hidden.tolist(), logits.tolist(), forward_end_s, out.num_cached_tokens)
+            if job.digest is not None:
+                job.digest.add_context(staging)
             c = job.msg.context
-            batch = WriteBatch.of(self.context_region, job.context_dst, [job.slot * size], [c.offset_bytes], size,
-                                  job.msg.imm)
             with self._lock:
                 if job.aborted:
                     return
-            self._track(job, self.transfer.submit(job.peer, batch), size, 1)
+            self._submit_writes(job, self.context_region, job.context_dst, job.context_target,
+                                array("Q", [job.slot * size]), array("Q", [c.offset_bytes]), array("Q", [size]))
         except Exception as exc:
             self._fail(job, f"sending the context: {exc}")
             return
@@ -298,6 +322,9 @@ class PrefillMessenger:
                 if job.decode not in self._down:
                     self.transfer.send(job.peer, self.codec.seal(reply))
                 continue
+            if job.digest is not None and job.decode not in self._down:
+                digest = pr.PageDigest(rid, job.msg.generation, job.digest.digest())
+                self.transfer.send(job.peer, self.codec.seal(digest))
             self.engine.release(rid)
             self.totals.add(job.record(rid))
 

@@ -25,7 +25,7 @@ import msgspec
 from disaggsdk.errors import DisaggError
 
 MAGIC = b"DSGK"
-PROTOCOL_VERSION = 2  # 2: sender and sequence number inside the MAC
+PROTOCOL_VERSION = 3  # 2: sender and sequence number inside the MAC; 3: grant segments, digests
 HEADER = struct.Struct("<4sBBHIQ")
 MAX_SENDER_BYTES = 255
 MAC_BYTES = 32
@@ -62,12 +62,24 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     KIND: ClassVar[int] = 0
 
 
+class GrantSegment(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One run of granted bytes, registered under a key of its own for one attempt (`grant_keys`)."""
+
+    offset_bytes: int  # where the run starts in the rank's pool (or context buffer)
+    length_bytes: int
+    key: int  # the run's registration key, revoked when the attempt ends
+    check: int  # the target library's check of the run's descriptor
+
+
 class DestinationRank(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where one decode rank wants a request's KV: its pool's descriptor and the granted pages."""
 
     tp_rank: int
     region: bytes  # serialized transfer-engine descriptor of the rank's KV pool
     page_ids: list[int]  # in prompt order; page i holds tokens [i*page_size, (i+1)*page_size)
+    # with per-grant keys, the only bytes of the pool open to this attempt's writes (empty: the
+    # whole pool is open under ``region``'s key, as on shm)
+    segments: list[GrantSegment] = []
 
 
 class ContextSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -76,6 +88,7 @@ class ContextSlot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     region: bytes  # serialized descriptor of the decode head rank's context buffer
     offset_bytes: int
     length_bytes: int
+    segment: GrantSegment | None = None  # with per-grant keys: the slot's own registration
 
 
 class PrefillRequest(Message, frozen=True):
@@ -150,8 +163,19 @@ class Hello(Message, frozen=True):
     addresses: list[bytes]  # transfer-engine endpoint address of each rank, in rank order
 
 
+class PageDigest(Message, frozen=True):
+    """Prefill -> decode, with ``transport.verify_pages``: the keyed digest of every byte this attempt
+    wrote (`messenger.page_digest`), sent once all its writes completed locally. Decode admits the
+    request only when the pages it holds give the same digest."""
+
+    KIND: ClassVar[int] = 6
+    request_id: str
+    generation: int
+    digest: bytes
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.KIND: cls for cls in (PrefillRequest, PrefillRejected, PrefillFailed, AbortPrefill, Hello)
+    cls.KIND: cls for cls in (PrefillRequest, PrefillRejected, PrefillFailed, AbortPrefill, Hello, PageDigest)
 }
 _DECODERS = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in MESSAGE_TYPES.items()}
 _ENCODER = msgspec.msgpack.Encoder()

@@ -58,6 +58,9 @@ class TransferTotals:
     # decode: requests prefilled here, without a prefill unit, because few enough of their prompt
     # tokens were missing from the cache (transfer.max_local_prefill_tokens); also in prefilled_locally
     prefilled_here_short: int = 0
+    # decode, with transport.verify_pages: attempts whose pages did not match prefill's digest
+    # (forged or corrupted writes); each was retried and its pages never used or cached
+    pages_failed_verification: int = 0
     recent: deque[RequestTransfer] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
 
     def count_not_sent(self, num_pages: int, num_bytes: int) -> None:

@@ -36,6 +36,8 @@ SpecMethod = Literal["none", "mtp", "ngram"]
 DEVICES = ("cpu", "cuda")
 LAYOUTS = ("HND", "NHD")
 PROVIDERS = ("auto", "shm", "tcp", "efa", "verbs")
+GrantKeysSetting = Literal["auto", "on", "off"]
+GRANT_KEYS_SETTINGS = ("auto", "on", "off")
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 GPU_KINDS = ("h100", "h200", "cpu")
 
@@ -137,6 +139,33 @@ class Transport:
             positive,
         ),
     )
+    grant_keys: GrantKeysSetting = attrs.field(
+        default="auto",
+        metadata=about(
+            "Open to remote writes only the pages granted to one transfer, each run under a fresh key "
+            "revoked when the transfer ends, instead of the whole KV pool under one key: a write "
+            "with a captured or stale key lands nowhere. `auto`: on for tcp (reachable through "
+            "sockets), off for shm (the OS user is the boundary there) and for NICs (a registration "
+            "pins memory: hundreds per request). README, 'Trust boundaries'.",
+            choice(GRANT_KEYS_SETTINGS),
+        ),
+    )
+    verify_pages: bool = attrs.field(
+        default=False,
+        metadata=about(
+            "Prefill sends a keyed digest (BLAKE2b under the deployment secret) of every byte it "
+            "wrote; decode admits a request only when its pages give the same digest, else retries "
+            "it and counts it (`disaggsdk_kv_pages_failed_verification_total`). Costs one hash pass "
+            "over the KV on each side; host memory only."
+        ),
+    )
+
+    def grant_keys_on(self, provider: str) -> bool:
+        """Whether units on libfabric ``provider`` (as resolved: "tcp", "tcp;ofi_rxm", "shm", ...) use
+        per-grant keys."""
+        if self.grant_keys != "auto":
+            return self.grant_keys == "on"
+        return provider.split(";")[0] == "tcp"
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)

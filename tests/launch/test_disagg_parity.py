@@ -5,7 +5,8 @@ Cases cover the route kinds for both families on both providers: identical (1,1)
 (2,1, with NHD pages for Qwen3-MoE: a write per token per head slice), split (1,2), (2,2), MLA
 rank to rank and one to two, and MLA with a data-parallel decode of 2 ranks (the writer rotates per
 request); 8 concurrent requests of mixed lengths; a step budget of 12 tokens so longer prompts
-prefill in chunks; one case with the streaming ablation.
+prefill in chunks; one case with the streaming ablation. Over tcp, writes go into per-grant keys
+and every page is verified against prefill's digest.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def test_disaggregated_tokens_equal_colocated_and_transformers(references, model
                                                                streaming):
     directory, prompts, ref_tokens, ref_tops, colocated = references[model]
     layout = "NHD" if (model, ptp, dtp) == ("qwen3-coder-tiny", 2, 1) else "HND"
-    spec = make_spec(directory, ptp, dtp, ddp, provider, streaming=streaming, layout=layout)
+    # over tcp every attempt also checks prefill's page digest (grant keys are on there by default):
+    # a digest that differs for any route kind would show as a transfer failure below
+    spec = make_spec(directory, ptp, dtp, ddp, provider, streaming=streaming, layout=layout,
+                     verify_pages=provider == "tcp")
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
     before = live_descendants()
     with serve_locally(spec, on_event=lambda _line: None) as rt:

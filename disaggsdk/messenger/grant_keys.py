@@ -1,0 +1,164 @@
+"""Per-grant keys: a decode unit opens only the pages it granted to one attempt, and only until it ends.
+
+Without them a decode unit registers each rank's whole KV pool for remote writes under one key
+that every `PrefillRequest` names: whoever reaches the endpoint with that key (captured once from
+the wire, where every RMA write carries it) can write any page, cached prefixes included, for as
+long as the unit lives. With them the pool itself is registered for local access only, and each
+attempt registers its granted pages, one run of consecutive pages of one layer at a time, and its
+context slot, each under a fresh random 64-bit key; the decode side revokes them (deregisters)
+when the attempt's counter fires, or once an ended attempt's writes can no longer land. A write
+outside a grant, or after it, is refused by the provider: it lands nowhere (on tcp the initiator
+is not even told, the target drops it).
+
+Cost: one registration per (rank, layer, run of pages) and per context slot, at grant time, on
+the decode unit's main thread. On tcp and shm a registration is a software table entry (a few
+microseconds); on NICs (verbs, efa) it pins memory and costs tens of microseconds each, hundreds
+of them a request for DeepSeek-R1's 61 layers, so `transport.grant_keys: auto` turns them on for
+tcp only (README, "Trust boundaries", says what guards each provider).
+
+Decode side: `open_grant` / `GrantKeys.revoke`. Prefill side: `GrantTargets` turns pool offsets
+into writes into the right segment's registration.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.messenger.write_plan import PoolGeometry
+
+if TYPE_CHECKING:
+    from disaggsdk.messenger.ports import Transport
+    from disaggsdk.transfer import MemoryRegion, RegionDescriptor
+
+
+def page_runs(geometry: PoolGeometry, page_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """The byte ranges ``(offset, length)`` of ``page_ids`` in every layer of a pool, consecutive
+    pages merged, in pool order."""
+    pages = sorted(page_ids)
+    runs: list[tuple[int, int]] = []
+    for layer in range(geometry.num_layers):
+        start = prev = None
+        for p in [*pages, None]:
+            if start is not None and (p is None or p != prev + 1):
+                runs.append((geometry.page_offset(layer, start), (prev - start + 1) * geometry.page_bytes))
+                start = None
+            if p is not None and start is None:
+                start = p
+            prev = p
+    return runs
+
+
+@dataclass
+class GrantKeys:
+    """The registrations that open one attempt's pages and context slot (decode side)."""
+
+    registrations: list[MemoryRegion] = field(default_factory=list)
+    segments: list[list[pr.GrantSegment]] = field(default_factory=list)  # per decode tp rank
+    context: pr.GrantSegment | None = None
+
+    def revoke(self, transfer: Transport) -> None:
+        """Deregister every key of the grant: from now on its writes land nowhere. Idempotent."""
+        for region in self.registrations:
+            transfer.deregister(region)
+        self.registrations = []
+
+
+def open_grant(transfer: Transport, pools: Sequence[MemoryRegion], geometry: PoolGeometry,
+               page_ids: Sequence[int], context: MemoryRegion, slot_offset_bytes: int,
+               slot_bytes: int) -> GrantKeys:
+    """Register ``page_ids`` of every rank's pool and one context slot, each run under its own key.
+
+    Args:
+        transfer: the decode unit's transport.
+        pools: each tp rank's registered pool (local access), in tp order.
+        geometry: the pools' geometry (the same on every rank of a unit).
+        page_ids: the granted pages (the same ids on every rank).
+        context: the registered context buffer; the slot is ``[slot_offset_bytes, + slot_bytes)``.
+    Returns:
+        The keys; revoke them with `GrantKeys.revoke` (also when this raises, nothing stays open).
+    Raises:
+        TransferError: the provider refused a registration.
+    """
+    keys = GrantKeys()
+    try:
+        runs = page_runs(geometry, page_ids)
+        for pool in pools:
+            rank_segments = []
+            for offset, length in runs:
+                region = transfer.register_pointer(pool.address + offset, length)
+                keys.registrations.append(region)
+                rank_segments.append(_segment(offset, region.descriptor))
+            keys.segments.append(rank_segments)
+        region = transfer.register_pointer(context.address + slot_offset_bytes, slot_bytes)
+        keys.registrations.append(region)
+        keys.context = _segment(slot_offset_bytes, region.descriptor)
+    except BaseException:
+        keys.revoke(transfer)
+        raise
+    return keys
+
+
+def _segment(offset: int, d: RegionDescriptor) -> pr.GrantSegment:
+    return pr.GrantSegment(offset, d.length_bytes, d.key, d.check)
+
+
+class GrantTargets:
+    """Where one decode rank's granted runs are, and how a write into its pool lands in them (prefill side).
+
+    Args:
+        pool: the decode rank's pool descriptor (from the address book: its addressing and mr_mode).
+        segments: the grant's runs of that rank, from the `PrefillRequest`.
+    Raises:
+        ValueError: a segment lies outside the pool or overlaps another.
+    """
+
+    def __init__(self, pool: RegionDescriptor, segments: Sequence[pr.GrantSegment]):
+        from disaggsdk.transfer import RegionDescriptor
+
+        ordered = sorted(segments, key=lambda s: s.offset_bytes)
+        end = 0
+        for s in ordered:
+            if s.offset_bytes < end or s.length_bytes <= 0 or s.offset_bytes + s.length_bytes > pool.length_bytes:
+                raise ValueError(f"grant segment [{s.offset_bytes}, +{s.length_bytes}) is outside the "
+                                 f"{pool.length_bytes}-byte pool or overlaps another")
+            end = s.offset_bytes + s.length_bytes
+        self._starts = [s.offset_bytes for s in ordered]
+        self._segments = ordered
+        # a segment is a registration of its own: byte 0 is the pool's byte `offset` (a virtual
+        # address where the provider addresses by address, else offsets start again at 0)
+        self.descriptors = [
+            RegionDescriptor(pool.addr_base + s.offset_bytes if pool.addr_base else 0, s.key, s.length_bytes,
+                             pool.mr_mode, s.check)
+            for s in ordered
+        ]
+
+    def split(self, dst_offsets: array, *columns: array) -> Iterator[tuple[RegionDescriptor, array, list[array]]]:
+        """The entries of a batch grouped by the segment they land in, offsets made relative to it.
+
+        Args:
+            dst_offsets: [n], uint64, into the pool.
+            columns: other [n] arrays that travel with the entries (source offsets, lengths: the
+                last one is the lengths).
+        Yields:
+            (segment descriptor, dst offsets in it, the columns' entries), one per segment used.
+        Raises:
+            ValueError: an entry is not inside one granted segment (nothing of the batch was sent).
+        """
+        lengths = columns[-1]
+        groups: dict[int, tuple[array, list[array]]] = {}
+        for i, off in enumerate(dst_offsets):
+            k = bisect.bisect_right(self._starts, off) - 1
+            seg = self._segments[k] if k >= 0 else None
+            if seg is None or off + lengths[i] > seg.offset_bytes + seg.length_bytes:
+                raise ValueError(f"a write to pool bytes [{off}, +{lengths[i]}) is outside every granted segment")
+            dst, cols = groups.setdefault(k, (array("Q"), [array(c.typecode) for c in columns]))
+            dst.append(off - seg.offset_bytes)
+            for out, col in zip(cols, columns):
+                out.append(col[i])
+        for k, (dst, cols) in groups.items():
+            yield self.descriptors[k], dst, cols
