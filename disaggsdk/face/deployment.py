@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS
+from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
 
@@ -56,6 +57,7 @@ class Deployment:
         metrics_require_key: /metrics asks for ``api_key`` too.
         served_model_name: the model name clients use (default: the backend's model).
         allowed_origins: web origins whose pages may call the server (CORS; ``"*"``: any); none by default.
+        limits: header and idle timeouts, the queue bound (`serve.http_limits`); None: the spec's defaults.
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
@@ -63,7 +65,8 @@ class Deployment:
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, name: str = "deployment", sock: Any = None,
                  allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False,
-                 served_model_name: str | None = None, allowed_origins: Sequence[str] = ()):
+                 served_model_name: str | None = None, allowed_origins: Sequence[str] = (),
+                 limits: HttpLimits | None = None):
         self.backend = backend
         self.name = name
         self.api_key = api_key
@@ -72,8 +75,8 @@ class Deployment:
                                             max_model_len=getattr(backend, "max_model_len", None))
         app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
                         metrics_require_key=metrics_require_key, served_model_name=self._served_name,
-                        allowed_origins=allowed_origins)
-        self._server = HttpServer(app, host, port, sock)
+                        allowed_origins=allowed_origins, limits=limits)
+        self._server = HttpServer(app, host, port, sock, limits)
         try:
             self._server.start()
         except BaseException:
@@ -202,8 +205,8 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         model: a tiny catalog name or a checkpoint directory.
         engine_config: engine settings.
         host, port, api_key: see `Deployment`.
-        server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``
-            and ``allowed_origins``.
+        server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``,
+            ``allowed_origins`` and ``limits``.
     """
     from disaggsdk.serve.inprocess_backend import InProcessBackend
 
@@ -246,4 +249,5 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     layout = "colocated" if colocated else "disaggregated"
     return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
                       allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
-                      served_model_name=served_model_name or spec.serve.model_name, allowed_origins=allowed_origins)
+                      served_model_name=served_model_name or spec.serve.model_name, allowed_origins=allowed_origins,
+                      limits=HttpLimits.from_spec(spec.serve))

@@ -1,6 +1,8 @@
 """uvicorn in a background thread, so the caller's thread stays free for live views and signals.
 
-Port 0 asks the OS for a free port; `url` reports the real one once the server listens.
+Port 0 asks the OS for a free port; `url` reports the real one once the server listens. Slow or
+silent connections are closed: a request's head has ``serve.header_timeout_s`` to arrive
+(`serve.head_deadline`), an idle kept-alive connection ``serve.idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 import uvicorn
 
 from disaggsdk.errors import DisaggError
+from disaggsdk.serve.head_deadline import HeadDeadlineProtocol
+from disaggsdk.serve.http_limits import HttpLimits
 
 START_TIMEOUT_S = 30.0
 
@@ -52,12 +56,16 @@ class HttpServer:
         host: interface to bind (127.0.0.1 unless asked otherwise).
         port: TCP port; 0 picks a free one.
         sock: a socket already listening (`bind_listener`); ``host`` and ``port`` then only name it.
+        limits: the connection timeouts (`serve.http_limits`); None: the spec's defaults.
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0,  # noqa: ANN001 - any ASGI app
-                 sock: socket.socket | None = None):
+                 sock: socket.socket | None = None, limits: HttpLimits | None = None):
+        limits = limits or HttpLimits.from_spec()
+        # h11 named explicitly: uvicorn would take httptools when installed, and the head deadline is h11's
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5, timeout_keep_alive=limits.idle_timeout_s,
+                                http=HeadDeadlineProtocol.with_deadline(limits.header_timeout_s))
         self._server = uvicorn.Server(config)
         sockets = [sock] if sock is not None else None
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": sockets}, name="http-server",

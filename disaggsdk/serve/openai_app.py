@@ -25,6 +25,7 @@ from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
 from disaggsdk.serve.cors import CorsPolicy
 from disaggsdk.serve.error_bodies import add_error_handlers, error_kind, unavailable_body
+from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
@@ -32,6 +33,7 @@ from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
 from disaggsdk.serve.openai_request import ParsedRequest, parse_request
+from disaggsdk.serve.queued_requests import QueuedRequests
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
@@ -73,7 +75,7 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
               metrics_require_key: bool = False, served_model_name: str | None = None,
-              allowed_origins: Sequence[str] = ()) -> FastAPI:
+              allowed_origins: Sequence[str] = (), limits: HttpLimits | None = None) -> FastAPI:
     """The FastAPI application serving ``backend``.
 
     Every error, the framework's included (unknown route, wrong method, a crash), answers an
@@ -90,11 +92,14 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             model, which the tokenizer, template and grammars still come from).
         allowed_origins: web origins whose pages may call the server (CORS, `serve.cors`; ``"*"``:
             any); none by default.
+        limits: the bounds on clients (`serve.http_limits`; here the queue of requests without a
+            first token); None: the spec's defaults.
     Returns:
         the app, ready for uvicorn.
     """
     guard = HostGuard(allowed_hosts)
     client_ids = ClientRequestIds()
+    queued = QueuedRequests((limits or HttpLimits.from_spec()).max_queued_requests)
     cors = CorsPolicy(allowed_origins)
 
     # dependencies, not HTTP middlewares: starlette's BaseHTTPMiddleware re-streams every SSE chunk
@@ -203,11 +208,17 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     async def answer(request: Request, parsed: ParsedRequest, reqs: list[ParsedRequest], response_id: str,
                      key: str) -> Response:
+        leave = queued.enter()
+        if leave is None:
+            return queued.full_response()
         run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
         runs = [RequestRun(backend, metrics, rid, r, model) for rid, r in zip(run_ids, reqs)]
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
         choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)
-        firsts = await choices.start(request)
+        try:
+            firsts = await choices.start(request)
+        finally:
+            leave()  # its first tokens came (or it failed): it no longer queues
         if firsts is None:
             return Response(status_code=499)  # the client left before its first token; nobody reads this
         if reqs[0].stream:

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import about, check_fields, choice, port, served_name
+from disaggsdk.spec.field_checks import about, check_fields, choice, port, positive, served_name
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
@@ -39,6 +39,23 @@ class Serve:
                        "prefix (whole KV pages), unless it is busier by more than the cache saves (pages to "
                        "prefill plus pages in flight, as NVIDIA Dynamo's KV router weighs them); no prefix seen: "
                        "the least busy. `least_loaded`: the fewest requests in flight.", choice(ROUTINGS)),
+    )
+    header_timeout_s: float = attrs.field(
+        default=10.0,
+        metadata=about("Seconds a connection has to send a request's line and headers, from its opening or "
+                       "its next request's first byte; past it: 408 and closed, so slow clients cannot hold "
+                       "connections.", positive),
+    )
+    idle_timeout_s: float = attrs.field(
+        default=5.0,
+        metadata=about("Seconds a kept-alive connection may wait for its next request before it is closed "
+                       "(uvicorn's `timeout_keep_alive`, 5 in vLLM too).", positive),
+    )
+    max_queued_requests: int = attrs.field(
+        default=1024,
+        metadata=about("Requests handed to the engines that have no first token yet; past it a request gets "
+                       "503 with `Retry-After` at once instead of a first token minutes later (SGLang's "
+                       "`--max-queued-requests`). One HTTP request counts once, whatever its `n`.", positive),
     )
 
     def __attrs_post_init__(self) -> None:

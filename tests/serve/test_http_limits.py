@@ -1,0 +1,168 @@
+"""The HTTP edge's bounds over real sockets: a request head that dribbles in (or never comes) is
+answered 408 and closed, an idle kept-alive connection is closed, and past the queue bound a request
+gets 503 with ``Retry-After`` until the queue drains; the server answers others all along."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.http_limits import HttpLimits
+from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_app import build_app
+from disaggsdk.spec.field_checks import FieldErrors
+from disaggsdk.spec.serving_types import Serve
+
+HEADER_TIMEOUT_S = 1.0
+IDLE_TIMEOUT_S = 0.5
+MAX_QUEUED_REQUESTS = 2
+MARGIN_S = 2.0  # a loaded 2-core machine may run the timer late; a missing deadline never closes at all
+
+
+class HeldBackend:
+    """Bytes as tokens; every request waits for ``gate`` before its first (and only) event."""
+
+    model_name = "fake-model"  # not in the catalog: no chat template, no vocabulary check
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.num_waiting = 0
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i % 256 for i in ids).decode(errors="replace")
+
+    async def generate(self, request_id, prompt_ids, params):
+        self.num_waiting += 1
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.01)
+        finally:
+            self.num_waiting -= 1
+        yield TokenEvent(request_id, [104, 105], True, "length", instance="decode-0")
+
+    async def abort(self, request_id):
+        pass
+
+    def stats(self, wait_s=0.0):
+        return [InstanceStats("decode-0", "decode")]
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def served():
+    backend = HeldBackend()
+    limits = HttpLimits(HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_QUEUED_REQUESTS)
+    app = build_app(backend, ServerMetrics(backend.stats, backend.model_name), limits=limits)
+    http = HttpServer(app, limits=limits).start()
+    try:
+        yield backend, http.url
+    finally:
+        backend.gate.set()
+        http.stop()
+
+
+def connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    return socket.create_connection((parts.hostname, parts.port), timeout=HEADER_TIMEOUT_S + MARGIN_S + 5)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(4096):
+        received += chunk
+    return received
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and ``content-length`` bytes of body), leaving the connection open."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(4096)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_head_sent_one_byte_at_a_time_is_answered_408_and_closed(served):
+    backend, url = served
+    backend.gate.set()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    sock = connect(url)
+    started = time.monotonic()
+    for i, byte in enumerate(head):  # 0.1 s a byte: the whole head would take 8 s
+        if select.select([sock], [], [], 0.1)[0]:  # the server spoke (or closed): stop before a reset
+            break
+        sock.sendall(bytes([byte]))
+        if i % 10 == 0:
+            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    answer = read_until_closed(sock)
+    closed_at = time.monotonic()
+    sock.close()
+    assert closed_at - started < HEADER_TIMEOUT_S + MARGIN_S, closed_at - started
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"serve.header_timeout_s" in answer, answer
+
+
+def test_a_silent_connection_is_closed_and_a_prompt_one_is_served(served):
+    backend, url = served
+    backend.gate.set()
+    silent = connect(url)
+    started = time.monotonic()
+    assert read_until_closed(silent).startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - started < HEADER_TIMEOUT_S + MARGIN_S
+    silent.close()
+    prompt = connect(url)
+    prompt.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert read_response(prompt).startswith(b"HTTP/1.1 200 ")  # answered, and kept alive ...
+    started = time.monotonic()
+    assert read_until_closed(prompt) == b""  # ... until idle_timeout_s, with nothing more said
+    assert time.monotonic() - started < IDLE_TIMEOUT_S + MARGIN_S
+    prompt.close()
+
+
+def test_past_the_queue_bound_a_request_gets_503_with_retry_after_until_it_drains(served):
+    backend, url = served
+    backend.gate.clear()
+    body = {"prompt": "hi", "max_tokens": 2}
+    with ThreadPoolExecutor(MAX_QUEUED_REQUESTS) as pool:
+        held = [pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=30)
+                for _ in range(MAX_QUEUED_REQUESTS)]
+        deadline = time.monotonic() + 10
+        while backend.num_waiting < MAX_QUEUED_REQUESTS:
+            assert time.monotonic() < deadline, "the held requests never reached the backend"
+            time.sleep(0.01)
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        error = refused.json()["error"]
+        assert error["code"] == 503 and error["type"] == "server_error"
+        assert "serve.max_queued_requests" in error["message"]
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # the server itself is fine
+        backend.gate.set()
+        assert [h.result().status_code for h in held] == [200] * MAX_QUEUED_REQUESTS
+    again = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert again.status_code == 200 and again.json()["choices"][0]["text"] == "hi"
+
+
+def test_the_bounds_are_spec_keys_and_must_be_positive():
+    limits = HttpLimits.from_spec(Serve(header_timeout_s=3, idle_timeout_s=2, max_queued_requests=7))
+    assert limits == HttpLimits(3, 2, 7)
+    with pytest.raises(FieldErrors) as refused:
+        Serve(header_timeout_s=0, max_queued_requests=-1)
+    assert {name for name, _ in refused.value.problems} == {"header_timeout_s", "max_queued_requests"}
