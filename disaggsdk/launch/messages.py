@@ -167,6 +167,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     bytes_not_sent: int = 0
     requests_fully_cached: int = 0
     requests_prefilled_short: int = 0  # decode: prefilled here, short after the cache (transfer.max_local_prefill_tokens)
+    kv_pages_failed_verification: int = 0  # decode: attempts whose pages did not match prefill's digest
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

@@ -255,6 +255,7 @@ class Unit:
             bytes_not_sent=totals.bytes_not_sent if totals else 0,
             requests_fully_cached=totals.fully_cached if totals else 0,
             requests_prefilled_short=totals.prefilled_here_short if totals else 0,
+            kv_pages_failed_verification=totals.pages_failed_verification if totals else 0,
         )
 
     def close(self) -> None:

@@ -44,6 +44,9 @@ class InstanceStats:
     bytes_not_sent: int = 0
     requests_fully_cached: int = 0
     requests_prefilled_short: int = 0
+    # decode, with transport.verify_pages: handoff attempts whose pages did not match prefill's
+    # digest (forged or corrupted writes); each was retried, its pages never used or cached
+    kv_pages_failed_verification: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -52,6 +52,9 @@ COUNTERS = (
     ("requests_prefilled_short", "requests_prefilled_short",
      "Requests a decode engine prefilled itself because few of their prompt tokens were missing from its "
      "cache (transfer.max_local_prefill_tokens)."),
+    ("kv_pages_failed_verification", "kv_pages_failed_verification",
+     "KV handoff attempts whose pages did not match the prefill engine's digest (transport.verify_pages): "
+     "forged or corrupted writes, retried and never used."),
 )
 BY_REASON = (
     ("rejected_frames", "control_frames_rejected", "Control frames dropped, by reason (bad MAC, replayed, ...)."),

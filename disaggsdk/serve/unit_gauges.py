@@ -29,4 +29,5 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
         pages_not_sent=s.pages_not_sent, bytes_not_sent=s.bytes_not_sent, requests_fully_cached=s.requests_fully_cached,
         requests_prefilled_short=s.requests_prefilled_short,
+        kv_pages_failed_verification=s.kv_pages_failed_verification,
     )
