@@ -117,3 +117,101 @@ class TestToolNamesWithMarkup:
 
             fuzz()
             assert client.get("/health").json()["status"] == "ok"
+
+
+# Client request ids, valid, invalid and repeated, on requests in flight together: a repeat may be
+# refused (400 naming X-Request-Id), but no request is ever cut short by another's id
+REQUEST_IDS = st.sampled_from(["dup", "dup", "other"]) | st.text(st.characters(min_codepoint=32, max_codepoint=126),
+                                                                max_size=140)
+EXAMPLES_OF_REQUEST_IDS = 60
+NUM_TOGETHER = 4
+
+
+def test_repeated_request_ids_get_a_400_or_a_whole_answer_never_a_5xx(deployment):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from disaggsdk.serve.client_request_ids import client_request_id
+
+    body = {"prompt": [5, 6, 7], "max_tokens": MAX_TOKENS_GENERATED, "ignore_eos": True}
+    with httpx.Client(base_url=deployment.url, timeout=60) as client, ThreadPoolExecutor(NUM_TOGETHER) as pool:
+
+        @settings(max_examples=EXAMPLES_OF_REQUEST_IDS, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(REQUEST_IDS, min_size=2, max_size=NUM_TOGETHER))
+        def fuzz(ids):
+            answers = list(pool.map(lambda i: client.post("/v1/completions", json=body, headers={"X-Request-Id": i}),
+                                    ids))
+            usable = [client_request_id(i.strip(" \t")) for i in ids]  # h11 trims a header value's ends
+            for sent, server_id, r in zip(ids, usable, answers):
+                assert r.status_code in (200, 400), (sent, r.status_code, r.text)
+                if r.status_code == 400:
+                    assert server_id is not None and usable.count(server_id) > 1, (sent, r.text)
+                    assert r.json()["error"]["param"] == "X-Request-Id"
+                    continue
+                assert r.json()["choices"][0]["finish_reason"] == "length", (sent, r.text)
+                assert r.json()["usage"]["completion_tokens"] == MAX_TOKENS_GENERATED
+                assert (r.headers["x-request-id"] == server_id) if server_id else r.headers["x-request-id"]
+
+        fuzz()
+        assert client.get("/health").json()["status"] == "ok"
+
+
+# Request heads that never complete, sent a byte at a time: each connection is answered 408 (or 400
+# for bytes that are not HTTP) and closed, while whole requests are served beside them
+QUICK_HEADER_TIMEOUT_S = 1.0
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Pad: "
+PARTIAL_HEADS = st.integers(0, len(HEAD)).map(lambda n: HEAD[:n]) | st.binary(max_size=60).filter(
+    lambda b: b"\r\n\r\n" not in b and b"\n\n" not in b)
+NUM_SLOW_CONNECTIONS = 12
+
+
+def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
+    import select
+    import socket
+    import threading
+    import time
+    from urllib.parse import urlsplit
+
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.face.deployment import serve_model
+    from disaggsdk.serve.http_limits import HttpLimits
+    from tests.serve.conftest import SERVED_MODEL
+
+    limits = HttpLimits(QUICK_HEADER_TIMEOUT_S, idle_timeout_s=5.0, max_queued_requests=1024)
+    heads = st.lists(PARTIAL_HEADS, min_size=NUM_SLOW_CONNECTIONS, max_size=NUM_SLOW_CONNECTIONS)
+    answers: list[tuple[bytes, bytes, float]] = []
+
+    def dribble(address: tuple[str, int], head: bytes) -> None:
+        sock = socket.create_connection(address, timeout=30)
+        started = time.monotonic()
+        for byte in head + b"x" * 100:  # past the head: padding, so the connection never goes quiet
+            if select.select([sock], [], [], 0.05)[0]:
+                break
+            sock.sendall(bytes([byte]))
+        received = b""
+        while chunk := sock.recv(4096):
+            received += chunk
+        answers.append((head, received, time.monotonic() - started))
+        sock.close()
+
+    with serve_model(SERVED_MODEL, EngineConfig(num_pages=64, max_num_seqs=4), port=0, limits=limits) as d:
+        parts = urlsplit(d.url)
+        address = (parts.hostname, parts.port)
+
+        @settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(heads)
+        def fuzz(partial_heads):
+            answers.clear()
+            threads = [threading.Thread(target=dribble, args=(address, h)) for h in partial_heads]
+            for t in threads:
+                t.start()
+            ok = httpx.post(f"{d.url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30)
+            assert ok.status_code == 200
+            for t in threads:
+                t.join(timeout=30)
+            assert len(answers) == len(partial_heads)
+            for head, received, held_s in answers:
+                assert received.startswith((b"HTTP/1.1 408 ", b"HTTP/1.1 400 ")), (head, received)
+                assert held_s < QUICK_HEADER_TIMEOUT_S + 3.0, (head, held_s)
+
+        fuzz()
