@@ -105,6 +105,14 @@ def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def verified_pages_are_host_memory(spec: Spec, arch: ModelArch) -> list[str]:
+    """`transport.verify_pages` hashes KV pages on the host; GPU pools have no such path yet."""
+    if spec.transport.verify_pages and spec.device == "cuda":
+        return ["$.transport.verify_pages: page digests are computed on the host and cannot read a "
+                "CUDA KV pool yet; set it to false on device 'cuda'"]
+    return []
+
+
 def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
     """Speculative decoding: `mtp` needs a model with an MTP layer."""
     if spec.speculative.method == "mtp" and not arch.num_mtp_layers:
@@ -130,6 +138,7 @@ RULES: tuple[Rule, ...] = (
          instance_fits_nodes),
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
+    Rule(("$.transport.verify_pages", "$.device"), verified_pages_are_host_memory),
     Rule(("$.speculative.method",), speculation_fits_the_model),
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
 )
