@@ -3,8 +3,9 @@ process it starts there (``python -m disaggsdk.launch.ray_unit_host``).
 
 The unit is a child process of the actor rather than the actor itself: it runs exactly the code a
 local unit runs (`launch.unit.serve_unit`: its own log file, signals, ``os._exit`` on failure),
-which a Ray worker process must not be put through. It dies with the actor (PDEATHSIG), so
-``ray.kill`` of the actor ends the unit and its tp workers.
+which a Ray worker process must not be put through. It stops with the actor (PDEATHSIG as
+SIGTERM, and `launch.launcher_lease` watching its parent), so ``ray.kill`` of the actor, or Ray
+killing the actors of a dead driver, ends the unit and its tp workers, its /dev/shm file removed.
 
 The unit connects back to the driver over TCP and opens with a 32-byte token the driver chose
 for it; from then on the connection carries the same typed frames a local unit's socketpair does.
@@ -15,6 +16,7 @@ over that TCP connection: Ray's own channel is the cluster's trust boundary.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -114,7 +116,7 @@ def main() -> None:
     from disaggsdk.launch.unit import serve_unit
     from disaggsdk.memory.pool_handover import die_with_parent
 
-    die_with_parent()
+    die_with_parent(signal.SIGTERM)  # serve_unit's `LauncherLease` closes the unit on it
     start = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=UnitStart)
     args = msgspec.msgpack.decode(start.args, type=ch.UnitArgs)
     for directory in (os.path.dirname(args.log_path), args.work_dir):  # on another machine they are new

@@ -29,7 +29,7 @@ def unit_main(sock: socket.socket) -> None:
     """Entry point of a unit process: ``sock`` is its end of the channel; the first frame says what it is."""
     from disaggsdk.memory.pool_handover import die_with_parent
 
-    die_with_parent()
+    die_with_parent(signal.SIGTERM)  # handled by `LauncherLease`: the unit closes, its /dev/shm file goes
     conn = FrameChannel(sock, ch.TO_UNIT)
     args = conn.recv(timeout_s=60)
     if not isinstance(args, UnitArgs):
@@ -41,14 +41,19 @@ def unit_main(sock: socket.socket) -> None:
 
 def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
     """Run the unit ``args`` describes over its channel to the runtime until told to stop; exits
-    the process non-zero (after a `Fatal` frame) when it fails. Output goes to ``args.log_path``."""
+    the process non-zero (after a `Fatal` frame) when it fails. Output goes to ``args.log_path``.
+    SIGTERM, or its launcher's death, stops it as `Shutdown` does, within `UNIT_EXIT_GRACE_S`."""
+    from disaggsdk.launch.launcher_lease import LauncherLease, exit_now
+
     log_fd = os.open(args.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when units stop
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    lease = LauncherLease(os.getppid())
+    signal.signal(signal.SIGTERM, lease.on_sigterm)
+    lease.start()
     if args.cpu_ids:
         os.sched_setaffinity(0, args.cpu_ids)
     parts = None
@@ -63,6 +68,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
         spec = parse_spec_yaml(args.spec_yaml)
         parts = assemble(args, spec, make_plan(spec))
         unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s)
+        lease.on_stop(unit.stop)
         unit.await_peers()
         unit.run()
     except BaseException as exc:  # report, then exit non-zero: the launcher shows the log tail
@@ -72,9 +78,12 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
         except ChannelClosed:
             pass
         if parts is not None:
-            parts.close()
+            try:
+                parts.close()
+            except Exception:
+                traceback.print_exc()
         sys.stdout.flush()
-        os._exit(1)
+        exit_now(1)  # with the /dev/shm file a failed close (or a stop during start-up) left
     parts.close()
     print(f"{args.name}: stopped", flush=True)
 
@@ -257,6 +266,11 @@ class Unit:
             requests_prefilled_short=totals.prefilled_here_short if totals else 0,
             kv_pages_failed_verification=totals.pages_failed_verification if totals else 0,
         )
+
+    def stop(self) -> None:
+        """End the loop after its current round, as `Shutdown` does (SIGTERM, a dead launcher).
+        Only sets a flag: it runs in a signal handler or in `LauncherLease`'s thread."""
+        self.stopping = True
 
     def close(self) -> None:
         """Stop the messenger, the tp workers and the transfer engine; unmap the pools."""

@@ -46,11 +46,18 @@ def send_pool(path: str, rank: int, region: SharedRegion, timeout_s: float = 60.
         raise SharedKVError(f"tp rank {rank}: cannot hand the KV pool to the head at {path}: {exc}") from exc
 
 
-def die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies, so no rank outlives its launcher."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to send this process ``signum`` when its parent dies, so no rank outlives its launcher.
+
+    Linux sends it when the parent *thread* that started this process exits. A process that must
+    clean up first (a unit removing its /dev/shm files) asks for SIGTERM and handles it.
+
+    Args:
+        signum: the signal; SIGKILL (the default) needs no handler.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: the launcher's close() still stops every process
 

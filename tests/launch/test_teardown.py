@@ -16,9 +16,10 @@ pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, start_cli_server  # noqa: E402
 from tests.launch._helpers import child_pids, make_spec  # noqa: E402
 
+LAUNCHER_DEATH_CLEANUP_S = 15  # issue 33: a unit's /dev/shm files go within this of its launcher's SIGKILL
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -63,6 +64,36 @@ def test_a_signal_mid_generation_leaves_nothing_behind(sig):
     time.sleep(0.5)
     assert not _alive(seen), "a unit or tp worker outlived its launcher"
     assert not _fabric_shm_of(seen), "shared memory left behind"
+
+
+def test_units_of_a_launcher_killed_with_sigkill_exit_and_remove_their_shm_files():
+    import httpx
+
+    from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+    proc, url = start_cli_server("launch", "specs/tiny_pd.yaml", "--port", "0", "--no-live")
+    units: set[int] = set()
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2, "ignore_eos": True})
+        assert r.status_code == 200, r.text  # a KV handoff ran: both units' endpoints are in use
+        units = child_pids(proc.pid)
+        assert len(units) >= 2 and _fabric_shm_of(units), "the reproduction needs the units' shm files"
+        proc.kill()  # no unwinding in the launcher, no Shutdown for its units
+        proc.wait(10)
+        deadline = time.monotonic() + LAUNCHER_DEATH_CLEANUP_S
+        while (_alive(units) or _fabric_shm_of(units)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(units), "a unit or tp worker outlived its launcher"
+        assert not _fabric_shm_of(units), f"left in /dev/shm: {_fabric_shm_of(units)}"
+    finally:  # what a failed run left: the launcher, its units, their files
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _alive(units):
+            os.kill(pid, signal.SIGKILL)
+        for pid in units:
+            remove_fabric_shm(pid)
+        proc.stdout.close()
 
 
 def test_colocated_pinned_units_serve_the_same_tokens():
