@@ -50,29 +50,101 @@ def ll_tokenizer(model: str) -> Any:
     return LLTokenizer(path.read_text(), n_vocab=arch.vocab_size, eos_token=eos or None)
 
 
-def check_structured(model: str, output: StructuredOutput) -> None:
-    """Whether ``output`` compiles for ``model`` (what a server checks before admitting a request).
+# The limits every matcher of this package is built with, at the HTTP edge and in a unit alike:
+# what a server admits, a unit can build (issue 33). llguidance asserts that a grammar has fewer
+# than u16::MAX - 10 = 65,525 symbols and panics past it (a rule of 70,000 string alternatives, as
+# choice lists were compiled then); its own symbol limit, kept below that, turns such a grammar
+# into an error before the assertion is reached.
+MAX_GRAMMAR_SYMBOLS = 60_000
+# llguidance text of one constraint: a schema, a pattern, a choice list or a Lark grammar, as given
+# and as compiled. Compiling grows with it (a rule of 250 KB of alternatives: 0.5 s on one core;
+# 830 KB: 8 s); 128 KiB holds tool and JSON schemas hundreds of times larger than usual ones.
+MAX_GRAMMAR_BYTES = 128 * 1024
+MAX_ERROR_CHARS = 2000  # of llguidance's message in an error that reaches a client
+GRAMMAR_TIME_LIMIT_S = 2.0  # a unit refuses a build that runs longer (it finishes on its worker thread)
+
+
+def parser_limits() -> Any:
+    """The `llguidance.LLParserLimits` every matcher is built with (`MAX_GRAMMAR_SYMBOLS`; the
+    lexer's fuel and the parser's items at llguidance's defaults). Errors are terse: a verbose one
+    carries the parser state and the whole grammar, 120 KB for a large choice list, into the
+    client's error body and the logs."""
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, verbose_errors=False)
+
+
+def check_grammar_bytes(output: StructuredOutput, num_bytes: int) -> None:
+    """Refuse a constraint whose text is over `MAX_GRAMMAR_BYTES`, before anything compiles it.
 
     Raises:
-        StructuredOutputError: it does not, or the model has no tokenizer for grammars.
+        StructuredOutputError: it is.
     """
-    compile_grammar(output, ll_tokenizer(model))
+    if num_bytes > MAX_GRAMMAR_BYTES:
+        raise StructuredOutputError(
+            f"structured output {output.kind}: {num_bytes} bytes of grammar is over the limit of "
+            f"{MAX_GRAMMAR_BYTES} bytes; send a smaller schema, pattern or choice list")
 
 
-def compile_grammar(output: StructuredOutput, tokenizer: Any) -> str:
-    """``output`` as a grammar llguidance accepted for ``tokenizer``.
+def check_value_bytes(output: StructuredOutput) -> None:
+    """`check_grammar_bytes` on the text the request gave, before it is turned into a grammar.
 
     Raises:
-        StructuredOutputError: the schema, pattern or grammar is invalid or uses an unsupported
-            feature (llguidance's message says which).
+        StructuredOutputError: it is over `MAX_GRAMMAR_BYTES`.
     """
+    check_grammar_bytes(output, len(output.value.encode("utf-8", "surrogatepass")))
+
+
+def build_matcher(output: StructuredOutput, tokenizer: Any) -> Any:
+    """A fresh `llguidance.LLMatcher` for ``output``: exactly what a unit's engine builds for a
+    request, with `parser_limits` and `MAX_GRAMMAR_BYTES`. Compiled matchers are kept (`_compiled`)
+    and copied, so the unit's engine, building it again after the unit's own check, pays ~20 us.
+
+    Args:
+        output: the request's constraint.
+        tokenizer: `ll_tokenizer` of the engine's model.
+    Returns:
+        a matcher at the start of the grammar.
+    Raises:
+        StructuredOutputError: the text is over `MAX_GRAMMAR_BYTES`; the schema, pattern or grammar
+            is invalid, uses an unsupported feature or is over `parser_limits` (llguidance's
+            message says which); or llguidance panicked building it.
+    """
+    return _compiled(output, tokenizer).deep_copy()
+
+
+@functools.lru_cache(maxsize=64)  # a process-wide cache, as `ll_tokenizer`: a matcher is never handed out
+def _compiled(output: StructuredOutput, tokenizer: Any) -> Any:
     from llguidance import LLMatcher
 
+    check_value_bytes(output)
     grammar = output.lark()
-    problem = LLMatcher.validate_grammar(grammar, tokenizer)
-    if problem and not problem.startswith("WARNING"):
-        raise StructuredOutputError(f"structured output {output.kind}: {problem}")
-    return grammar
+    check_grammar_bytes(output, len(grammar.encode("utf-8", "surrogatepass")))
+    try:  # drops the GIL while it builds: other threads run meanwhile
+        matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - pyo3's PanicException is a BaseException
+        raise StructuredOutputError(f"structured output {output.kind}: the grammar cannot be built "
+                                    f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if matcher.is_error():  # llguidance reports refusals, limits and caught panics this way
+        raise StructuredOutputError(f"structured output {output.kind}: {matcher.get_error()[:MAX_ERROR_CHARS]}")
+    return matcher
+
+
+def check_structured(model: str, output: StructuredOutput) -> None:
+    """Whether ``output`` builds for ``model`` as a unit builds it: what a server checks before
+    admitting a request (`grammar_compiler.GrammarCompiler.check`: what fails within a tenth of a
+    second is refused here; a longer build is admitted, and the unit that builds it, with the same
+    limits, answers that request with its error).
+
+    Raises:
+        StructuredOutputError: it is over `MAX_GRAMMAR_BYTES`, or does not build; or the model has
+            no tokenizer for grammars.
+    """
+    from disaggsdk.engine.structured.grammar_compiler import grammar_compiler
+
+    grammar_compiler(model).check(output)
 
 
 class GrammarState:
@@ -82,15 +154,11 @@ class GrammarState:
         output: the request's constraint.
         tokenizer: `ll_tokenizer` of the engine's model.
     Raises:
-        StructuredOutputError: the constraint does not compile.
+        StructuredOutputError: the constraint does not build (`build_matcher`).
     """
 
     def __init__(self, output: StructuredOutput, tokenizer: Any):
-        from llguidance import LLMatcher
-
-        self.matcher = LLMatcher(tokenizer, compile_grammar(output, tokenizer), log_level=0)
-        if self.matcher.is_error():
-            raise StructuredOutputError(f"structured output {output.kind}: {self.matcher.get_error()}")
+        self.matcher = build_matcher(output, tokenizer)
 
     def fill_masks(self, drafts: Sequence[int], bitmask: torch.Tensor) -> int:
         """Fill ``bitmask`` row j with the tokens allowed after drafts[:j], for every j the grammar
@@ -118,7 +186,8 @@ class GrammarState:
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error()
+        """Why the matcher stopped (llguidance's message, at most `MAX_ERROR_CHARS`)."""
+        return self.matcher.get_error()[:MAX_ERROR_CHARS]
 
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

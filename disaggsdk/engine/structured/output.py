@@ -60,7 +60,7 @@ class StructuredOutput:
         return cls("choice", json.dumps(options))
 
     def lark(self) -> str:
-        """The constraint as llguidance grammar text (what `grammar.compile_grammar` builds).
+        """The constraint as llguidance grammar text (what `grammar.build_matcher` compiles).
 
         Raises:
             StructuredOutputError: a schema or choice list that is not valid JSON.
@@ -81,6 +81,9 @@ class StructuredOutput:
                 options = json.loads(self.value)
             except ValueError as exc:
                 raise StructuredOutputError(f"structured output choice: not a JSON list: {exc}") from None
-            # JSON string literals are Lark string literals too (same escapes)
-            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
+            # JSON string literals are Lark string literals too (same escapes). One terminal, not one
+            # rule of alternatives: the lexer matches the options as one automaton, where a rule of
+            # more than 2,000 of them fails at the first token (llguidance's max_items_in_row) and
+            # one of 70,000 cannot even be built; 70,000 options build in 0.6 s this way
+            return LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(json.dumps(o) for o in options))
         return LLMatcher.grammar_from_lark(self.value)
