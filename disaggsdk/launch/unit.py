@@ -67,7 +67,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
         torch.set_num_threads(len(args.cpu_ids) if args.cpu_ids else 1)
         spec = parse_spec_yaml(args.spec_yaml)
         parts = assemble(args, spec, make_plan(spec))
-        unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s)
+        unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model)
         lease.on_stop(unit.stop)
         unit.await_peers()
         unit.run()
@@ -97,12 +97,15 @@ class Unit:
         parts: the engine, messenger and transfer engine (`launch.unit_parts.assemble`).
         stuck_after_s: how long the transfer engine's thread may be stuck inside libfabric before
             this unit gives up on it (`launch.transport_watchdog`).
+        model: the served model, whose tokenizer requests' grammars are compiled for.
     """
 
-    def __init__(self, args: UnitArgs, conn: Any, parts: Any, *, stuck_after_s: float):
+    def __init__(self, args: UnitArgs, conn: Any, parts: Any, *, stuck_after_s: float, model: str):
+        from disaggsdk.launch.grammar_admission import GrammarAdmission
         from disaggsdk.launch.transport_watchdog import TransportWatchdog
 
         self.args, self.conn, self.parts = args, conn, parts
+        self.grammars = GrammarAdmission(model)  # structured requests wait there, not in the loop
         self.engine, self.messenger, self.transfer = parts.engine, parts.messenger, parts.transfer
         self.watchdog = TransportWatchdog(self.transfer, stuck_after_s) if self.transfer is not None else None
         self.stopping = False
@@ -132,6 +135,8 @@ class Unit:
             else:
                 wait_s = IDLE_WAIT_S
             self._drain_parent(wait_s)
+            for msg, error in self.grammars.ready():
+                self._admit(msg, error)
             self._drain_frames()
             if self.messenger is not None:
                 self.messenger.poll()
@@ -191,14 +196,15 @@ class Unit:
 
         if isinstance(msg, ch.Generate):
             try:
-                params = msg.params
                 # before a decode unit's messenger holds it for KV: the engine sees it only later
-                self.engine.check_prompt(msg.request_id, msg.prompt_ids, params)
-                self.parts.submit(msg.request_id, msg.prompt_ids, params)
+                self.engine.check_prompt(msg.request_id, msg.prompt_ids, msg.params)
+                if not self.grammars.hold(msg):  # a grammar is built first, off this loop
+                    self._admit(msg, None)
             except DisaggError as exc:
                 self.conn.send(ch.Tokens(msg.request_id, [], True, "error", str(exc)))
         elif isinstance(msg, ch.Abort):
-            self.parts.abort(msg.request_id)
+            if not self.grammars.abort(msg.request_id):
+                self.parts.abort(msg.request_id)
             self.conn.send(ch.Tokens(msg.request_id, [], True, "abort"))
         elif isinstance(msg, ch.PeerDown):
             if self.messenger is not None:
@@ -214,6 +220,18 @@ class Unit:
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
+
+    def _admit(self, msg: ch.Generate, error: str | None) -> None:
+        """Start a checked request, or answer it with ``error`` (its grammar did not build)."""
+        from disaggsdk.errors import DisaggError
+
+        if error is None:
+            try:
+                self.parts.submit(msg.request_id, msg.prompt_ids, msg.params)
+                return
+            except DisaggError as exc:
+                error = str(exc)
+        self.conn.send(ch.Tokens(msg.request_id, [], True, "error", error))
 
     def _emit_prompt_logprobs(self, outputs: list) -> None:
         """A prefill unit's prompt scores go to the router on their own (its tokens never do)."""
@@ -274,4 +292,5 @@ class Unit:
 
     def close(self) -> None:
         """Stop the messenger, the tp workers and the transfer engine; unmap the pools."""
+        self.grammars.close()
         self.parts.close()
