@@ -4,8 +4,10 @@ One process per unit (an instance, or one dp group of it); each spawns its own t
 waits for every unit's `Ready`, hands each the others' addresses and region descriptors, waits for
 `Started`. Then one reader thread hands every unit message to the listener (`serve.router.Router`).
 A unit that dies is reported with its log tail, its shm files removed, the others told (decode units
-retry its prefills elsewhere). `close()` (also at exit) leaves no process behind. Routing requests
-lives in `disaggsdk.serve.router`; where units start, in the launcher (`units.ProcessLauncher`).
+retry its prefills elsewhere). A live unit silent for `serve.unit_stall_s` is stalled
+(`launch.unit_stall`): unhealthy, and the listener told (`UnitStalled`), until it speaks again.
+`close()` (also at exit) leaves no process behind. Routing requests lives in
+`disaggsdk.serve.router`; where units start, in the launcher (`units.ProcessLauncher`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, ChannelError
-from disaggsdk.launch.runtime_api import DownListener, MessageListener
+from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
+from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (ProcessLauncher, UnitHandle, core_sets, process_tree_cpu_s,
                                     rejoin_unit, start_units, stop_units, unit_log_tail, unit_names)
 from disaggsdk.spec.types import Spec
@@ -99,6 +102,7 @@ class LocalRuntime:
         self._restarts_due: queue.Queue[ch.UnitArgs | None] = queue.Queue()
         self._restarter = threading.Thread(target=self._restart_loop, name="disaggsdk-restarts", daemon=True)
         self.units: dict[str, UnitHandle] = {}
+        self._stalls = StallWatch(self.spec.serve.unit_stall_s, [name for name, _ in names], time.monotonic())
         atexit.register(self.close)
         try:
             for i, (name, inst) in enumerate(names):
@@ -125,8 +129,8 @@ class LocalRuntime:
         return {name: u.args.role for name, u in self.units.items()}
 
     def is_healthy(self, unit: str) -> bool:
-        """Whether ``unit`` is alive and not reported down."""
-        return self.units[unit].healthy
+        """Whether ``unit`` is alive, not reported down and not stalled (silent for `serve.unit_stall_s`)."""
+        return self.units[unit].healthy and not self._stalls.is_stalled(unit)
 
     def may_recover(self, unit: str) -> bool:
         """Whether ``unit`` is healthy, being restarted, or still has restarts left."""
@@ -142,6 +146,9 @@ class LocalRuntime:
         if self._reader is not None:
             raise LaunchError("this runtime already has a listener")
         self._on_message, self._on_unit_down = on_message, on_unit_down
+        now_s = time.monotonic()
+        for name in self.units:  # silence is counted from here: nobody read the units before
+            self._stalls.restarted(name, now_s)
         self._reader = threading.Thread(target=self._read_loop, name="disaggsdk-runtime-reader", daemon=True)
         self._reader.start()
 
@@ -212,12 +219,29 @@ class LocalRuntime:
                 u = by_channel.get(obj) or by_sentinel[obj]
                 if self._drain(u) or obj in by_sentinel:
                     self._unit_died(u)
+            self._watch_stalls([u.args.name for u in live if u.healthy])
+
+    def _watch_stalls(self, live: list[str]) -> None:
+        """Ask silent units for their stats; report those silent for `serve.unit_stall_s`."""
+        now_s = time.monotonic()
+        stalled, probe = self._stalls.check(live, now_s)
+        for name in probe:
+            self.send(name, ch.GetStats(0))
+        for name in stalled:
+            silent_s = self._stalls.silent_s(name, now_s)
+            self._say(f"unit {name} stalled: nothing heard from it for {silent_s:.1f} s (serve.unit_stall_s); "
+                      "it takes no new requests until it speaks again")
+            self._on_message(name, UnitStalled(silent_s))
 
     def _drain(self, u: UnitHandle) -> bool:
         """Deliver every whole frame ``u`` sent; True when its channel is closed or broken."""
         try:
+            heard = False
             while u.channel.poll(0):
+                heard = True
                 self._deliver(u, u.channel.recv())
+            if heard and self._stalls.heard(u.args.name, time.monotonic()):
+                self._say(f"unit {u.args.name} speaks again: it takes requests again")
         except ChannelClosed:
             return True
         except ChannelError as exc:  # a unit that speaks garbage is treated as dead
@@ -283,6 +307,7 @@ class LocalRuntime:
                 if self._closed:
                     stop_units({name: u})
                     return
+                self._stalls.restarted(name, time.monotonic())
                 old, self.units[name] = self.units[name], u
                 old.channel.close()
                 for other in self.units.values():

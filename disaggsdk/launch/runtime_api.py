@@ -12,7 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-# on_message(unit name, one `launch.messages` unit -> runtime message), from the runtime's reader
+import msgspec
+
+
+class UnitStalled(msgspec.Struct, frozen=True):
+    """The runtime's own notice (never on a unit's channel): nothing was heard from a live unit for
+    ``silent_s`` (`serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
+
+    silent_s: float
+
+
+# on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` notice),
+# from the runtime's reader
 MessageListener = Callable[[str, Any], None]
 # on_unit_down(unit name, report): the unit died; the report says how, with its log tail
 DownListener = Callable[[str, str], None]
@@ -29,7 +40,7 @@ class Runtime(Protocol):
         """Every unit's role by name ("prefill" | "decode" | "mixed"), in start order."""
 
     def is_healthy(self, unit: str) -> bool:
-        """Whether ``unit`` is alive and has not been reported down."""
+        """Whether ``unit`` is alive, has not been reported down, and is not stalled (`UnitStalled`)."""
 
     def may_recover(self, unit: str) -> bool:
         """Whether ``unit`` is healthy or may be again (a restart pending or left)."""

@@ -57,6 +57,14 @@ class Serve:
                        "503 with `Retry-After` at once instead of a first token minutes later (SGLang's "
                        "`--max-queued-requests`). One HTTP request counts once, whatever its `n`.", positive),
     )
+    unit_stall_s: float = attrs.field(
+        default=10.0,
+        metadata=about("Seconds a live unit may send nothing (no tokens, no answer to the stats it is asked "
+                       "for every quarter of this) before it is stalled: down in `/health` and "
+                       "`disaggsdk_engine_healthy`, given no new requests, and its requests without a first "
+                       "token moved to another unit. It serves again once it speaks. Above the longest step "
+                       "a unit may take.", positive),
+    )
 
     def __attrs_post_init__(self) -> None:
         check_fields(self)
