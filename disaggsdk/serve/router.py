@@ -1,10 +1,16 @@
 """The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events.
 
 Requests go to the healthy decode (or, colocated, mixed) unit `serve.routing` picks (`unit_routing`);
-its `Tokens` become the request's `TokenEvent`s. A request a dying unit held moves once to another
-live unit if it has streamed no token yet (the client never sees the death), else ends with a
-retryable error event; the dead unit's gauges and routed prefixes go. The units' stats answers are
-collected by `unit_stats_replies`.
+its `Tokens` become the request's `TokenEvent`s; a unit's tokens for a request it no longer holds
+(it was moved away) are dropped. A request a dying unit held moves once to another live unit if it
+has streamed no token yet (the client never sees the death), else ends with a retryable error
+event; the dead unit's gauges and routed prefixes go. A request is never moved a second time, and
+never once units have died holding an identical request `poison_requests.MAX_UNIT_DEATHS` times: it
+is then poison, ends with an error and an identical one is refused before any unit sees it, so one
+request cannot spend the units' restarts. A unit the runtime reports stalled (`UnitStalled`: silent
+for `serve.unit_stall_s`) is not picked (`Runtime.is_healthy`) and its requests without a first
+token move once, as from a dead unit, with an abort to it for when it wakes. The units' stats
+answers are collected by `unit_stats_replies`.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.runtime_api import Runtime
+from disaggsdk.launch.runtime_api import Runtime, UnitStalled
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
 from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
+from disaggsdk.serve.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
@@ -52,7 +59,9 @@ class Router:
         self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
         self._in_flight: dict[str, set[str]] = {name: set() for name in self._roles}
         self._not_started: dict[str, tuple[list[int], Any]] = {}  # prompt and params until a first token
-        self._resubmitted: set[str] = set()  # requests already moved once off a dead unit
+        self._resubmitted: set[str] = set()  # requests already moved once off a dead or stalled unit
+        self._fingerprints: dict[str, bytes | None] = {}  # of each request in flight (`poison_requests`)
+        self._poison = PoisonRequests()
         self._seq = itertools.count(1)
         self._stats = UnitStatsReplies(runtime)
         self._tokenizer = ModelTokenizer(self.spec.model)
@@ -73,6 +82,8 @@ class Router:
             self._deliver(self._join.scores(msg.request_id, ch.engine_logprobs(msg.logprobs)))
         elif isinstance(msg, ch.UnitStats):
             self._stats.received(msg)
+        elif isinstance(msg, UnitStalled):
+            self._on_unit_stalled(unit)
 
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
         prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
@@ -80,6 +91,8 @@ class Router:
                            ch.engine_logprobs(msg.logprobs), error=msg.error, instance=unit, prompt_logprobs=prompt,
                            num_cached_tokens=msg.num_cached_tokens)
         with self._lock:
+            if msg.request_id not in self._in_flight[unit]:
+                return  # moved off this unit while it was stalled (its abort answer too), or finished
             self._not_started.pop(msg.request_id, None)
             self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
         self._deliver(self._join.event(event))
@@ -95,6 +108,7 @@ class Router:
                         held.discard(rid)
                     self._sinks.pop(rid, None)
                     self._resubmitted.discard(rid)
+                    self._fingerprints.pop(rid, None)
             if sink is not None:
                 sink(event)
 
@@ -103,32 +117,59 @@ class Router:
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self.routing.forget(unit)  # what it cached goes with it
+            # each waiting request's fingerprint counts this death once, however many copies waited
+            waiting = {self._fingerprints.get(rid) for rid in held if rid in self._not_started}
+            deaths = {fp: self._poison.unit_died_holding(fp) for fp in waiting}
         for rid in held:
-            if not self._resubmit(rid):
-                self._join.forget(rid)
-                with self._lock:
-                    sink = self._sinks.pop(rid, None)
-                    self._not_started.pop(rid, None)
-                if sink is not None:
-                    sink(TokenEvent(rid, [], True, "error", error=f"unit {unit} died; retry the request",
-                                    instance=unit))
+            with self._lock:
+                fp_deaths = deaths.get(self._fingerprints.get(rid), 0) if rid in self._not_started else 0
+            if fp_deaths >= self._poison.max_unit_deaths:
+                error = self._poison.refusal(fp_deaths)
+            elif self._resubmit(rid):
+                continue
+            else:
+                error = f"unit {unit} died; retry the request"
+            self._join.forget(rid)
+            with self._lock:
+                sink = self._sinks.pop(rid, None)
+                self._not_started.pop(rid, None)
+                self._fingerprints.pop(rid, None)
+            if sink is not None:
+                sink(TokenEvent(rid, [], True, "error", error=error, instance=unit))
         self._stats.unit_down(unit)
 
-    def _resubmit(self, request_id: str) -> bool:
-        """Send a request that lost its unit before its first token to another live unit, once."""
+    def _on_unit_stalled(self, unit: str) -> None:
+        """Move the requests waiting on a stalled unit for their first token (once, as from a dead
+        unit), and abort them there; those streaming stay (their tokens resume if it wakes)."""
+        with self._lock:
+            waiting = [rid for rid in self._in_flight[unit] if rid in self._not_started]
+        for rid in waiting:
+            if self._resubmit(rid, leaving=unit):
+                self.runtime.send(unit, ch.Abort(rid))
+
+    def _resubmit(self, request_id: str, leaving: str | None = None) -> bool:
+        """Send a request that lost its unit before its first token to another live unit, once.
+
+        Args:
+            leaving: the unit it leaves when that unit still lives (stalled); None: it died.
+        """
         with self._lock:
             start = self._not_started.get(request_id)
             if start is None or request_id in self._resubmitted or request_id not in self._sinks:
                 return False
             unit = self._pick_unit(self.routing.hashes(start[0]))
-            if unit is None:
+            if unit is None or unit == leaving:
                 return False
             self._resubmitted.add(request_id)
             self._in_flight[unit].add(request_id)
+            if leaving is not None:
+                self._in_flight[leaving].discard(request_id)
         if self.runtime.send(unit, ch.Generate(request_id, *start)):
             return True
         with self._lock:
             self._in_flight[unit].discard(request_id)
+            if leaving is not None:
+                self._in_flight[leaving].add(request_id)
         return False
 
     def _pick_unit(self, hashes: list[bytes]) -> str | None:
@@ -165,18 +206,23 @@ class Router:
             The unit's name.
         Raises:
             LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
+            RefusedRequestError: units died holding an identical request (`poison_requests`).
         """
         hashes = self.routing.hashes(prompt_ids)  # before the lock: a long prompt takes milliseconds
+        fp = fingerprint(prompt_ids, params)
         with self._lock:
             if self._closed:
                 raise LaunchError("the runtime is closed; start a new one")
             if request_id in self._sinks:
                 raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
+            if self._poison.is_poison(fp):
+                raise RefusedRequestError(self._poison.refusal(self._poison.deaths(fp)))
             unit = self._pick_unit(hashes)
             if unit is None:
                 raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
+            self._fingerprints[request_id] = fp
             self._not_started[request_id] = (list(prompt_ids), params)
             self.first_tokens.received(request_id, time.monotonic())
             self._join.expect(request_id, params)
@@ -187,6 +233,7 @@ class Router:
                 self._in_flight[unit].discard(request_id)
                 self._sinks.pop(request_id, None)
                 self._not_started.pop(request_id, None)
+                self._fingerprints.pop(request_id, None)
             raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
         if not delivered:
             self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
@@ -262,7 +309,8 @@ class Router:
             self._gather(wait_s, with_recent=False)
         else:
             for name in self._roles:
-                self.runtime.send(name, ch.GetStats(0))
+                if self.runtime.is_healthy(name):  # a stopped unit reads nothing: sends would pile up
+                    self.runtime.send(name, ch.GetStats(0))
         last = self._stats.last()
         return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
                 for name, role in self._roles.items()]
@@ -271,7 +319,7 @@ class Router:
         """Send each unit ``message(seq)`` (default: GetStats) and wait for their `UnitStats` answers."""
         seq = next(self._seq)
         ask = message(seq) if message is not None else ch.GetStats(seq, with_recent=with_recent)
-        return self._stats.gather(self._roles, seq, ask, timeout_s)
+        return self._stats.gather([n for n in self._roles if self.runtime.is_healthy(n)], seq, ask, timeout_s)
 
     def close(self) -> None:
         """Close the runtime; requests still in flight end with an error event. Idempotent."""

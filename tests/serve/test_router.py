@@ -19,6 +19,7 @@ class FakeRuntime:
     def __init__(self, roles: dict[str, str]):
         self.roles = roles
         self.healthy = dict.fromkeys(roles, True)
+        self.stalled: set[str] = set()  # alive (sends reach them) but unhealthy, as LocalRuntime's stalled units
         self.sent: list[tuple[str, object]] = []
         self.failures: list[str] = []
         self.closed = False
@@ -28,7 +29,7 @@ class FakeRuntime:
         return dict(self.roles)
 
     def is_healthy(self, unit):
-        return self.healthy[unit]
+        return self.healthy[unit] and unit not in self.stalled
 
     def may_recover(self, unit):
         return self.healthy[unit]  # this fake never restarts a unit
@@ -127,7 +128,7 @@ def test_a_request_moves_only_once_and_not_when_no_unit_is_left(fake):
     rt.die("decode-1")
     assert events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="no decode unit is healthy"):
-        router.submit("c", [1], None, lambda ev: None)
+        router.submit("c", [2], None, lambda ev: None)  # not [1]: that one is poison now (two units died)
     assert "none can be restarted" in router.unrecoverable()
 
 
@@ -171,3 +172,65 @@ def test_a_scrape_shows_the_units_now_not_the_scrape_before(fake):
     rt.state["decode-1"] = {"used": 7}  # the units change between two scrapes
     assert f"{line} 7.0" in generate_latest(metrics.registry).decode()
     assert next(s for s in router.stats() if s.name == "decode-1").kv_pages_used == 7
+
+
+def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fake):
+    """The probe's poison (issue 33): a request that takes down the unit it waits on, then the one it
+    moved to, ends with an error that says why; it is not sent a third time, and an identical
+    request under another id is refused before any unit sees it. A different request still goes."""
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.serve.poison_requests import RefusedRequestError
+
+    rt, router = fake
+    params = SamplingParams(max_tokens=4, seed=3)
+    events = []
+    assert router.submit("poison", [1, 2, 3], params, events.append) == "decode-0"
+    rt.die("decode-0")
+    assert events == [] and rt.sent[-1][0] == "decode-1"  # the first death may be bad luck: moved once
+    rt.healthy["decode-0"] = True  # restarted meanwhile
+    rt.die("decode-1")
+    assert events[-1].finished and events[-1].finish_reason == "error" and "2 units died" in events[-1].error
+    generates = [m for _, m in rt.sent if isinstance(m, ch.Generate)]
+    assert [m.request_id for m in generates] == ["poison", "poison"]  # never a third time
+    rt.healthy["decode-1"] = True
+    with pytest.raises(RefusedRequestError, match="2 units died"):
+        router.submit("poison-again", [1, 2, 3], SamplingParams(max_tokens=4, seed=3), events.append)
+    assert len([m for _, m in rt.sent if isinstance(m, ch.Generate)]) == 2
+    assert "poison-again" not in router._sinks  # nothing of it stays in flight
+    router.submit("other-seed", [1, 2, 3], SamplingParams(max_tokens=4, seed=4), events.append)
+    assert rt.sent[-1][1].request_id == "other-seed"
+
+
+def test_a_request_that_was_streaming_counts_no_death_against_its_fingerprint(fake):
+    rt, router = fake
+    events = []
+    for attempt in range(3):  # a unit dies under the same streaming request three times: bad luck
+        rid = f"s{attempt}"
+        unit = router.submit(rid, [4, 5], None, events.append)
+        rt.on_message(unit, ch.Tokens(rid, [7]))
+        rt.die(unit)
+        rt.healthy[unit] = True
+        assert events[-1].finish_reason == "error" and "retry the request" in events[-1].error
+
+
+def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are_dropped(fake):
+    from disaggsdk.launch.runtime_api import UnitStalled
+
+    rt, router = fake
+    waiting, streaming = [], []
+    assert router.submit("w", [1, 2], None, waiting.append) == "decode-0"
+    assert router.submit("other", [5], None, lambda ev: None) == "decode-1"
+    assert router.submit("s", [3], None, streaming.append) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("s", [9]))
+    rt.stalled.add("decode-0")  # the runtime reads a stalled unit unhealthy, then tells the router
+    rt.on_message("decode-0", UnitStalled(10.0))
+    assert ("decode-1", ch.Generate("w", [1, 2], None)) in rt.sent and ("decode-0", ch.Abort("w")) in rt.sent
+    assert not any(isinstance(m, ch.Abort) and m.request_id == "s" for _, m in rt.sent)  # streaming: stays
+    assert router.submit("new", [8], None, lambda ev: None) == "decode-1"  # never the stalled unit
+    rt.stalled.discard("decode-0")  # it wakes: its answer to the abort, and any token for "w", are not w's
+    rt.on_message("decode-0", ch.Tokens("w", [], True, "abort"))
+    assert waiting == []
+    rt.on_message("decode-1", ch.Tokens("w", [6], True, "length"))
+    assert [t for ev in waiting for t in ev.new_token_ids] == [6] and waiting[-1].instance == "decode-1"
+    rt.on_message("decode-0", ch.Tokens("s", [10], True, "length"))
+    assert [t for ev in streaming for t in ev.new_token_ids] == [9, 10]

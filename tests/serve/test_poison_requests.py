@@ -1,0 +1,30 @@
+"""Poison fingerprints: what makes two requests the same, how long deaths are remembered, how many."""
+
+from __future__ import annotations
+
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.serve.poison_requests import PoisonRequests, fingerprint
+
+
+def test_same_prompt_and_parameters_are_the_same_request_whatever_else_differs():
+    a = fingerprint([1, 2, 3], SamplingParams(max_tokens=4, seed=1))
+    assert a == fingerprint((1, 2, 3), SamplingParams(max_tokens=4, seed=1))
+    assert a != fingerprint([1, 2, 3], SamplingParams(max_tokens=4, seed=2))
+    assert a != fingerprint([1, 2, 4], SamplingParams(max_tokens=4, seed=1))
+    assert fingerprint([2**70], None) is None  # not encodable: the send refuses it, nothing to remember
+
+
+def test_deaths_are_counted_per_fingerprint_and_forgotten_after_memory_s():
+    poison = PoisonRequests(max_unit_deaths=2, memory_s=100.0)
+    assert poison.unit_died_holding(b"p", now_s=0.0) == 1 and not poison.is_poison(b"p", now_s=1.0)
+    assert poison.unit_died_holding(b"p", now_s=50.0) == 2 and poison.is_poison(b"p", now_s=51.0)
+    assert not poison.is_poison(b"q", now_s=51.0) and not poison.is_poison(None, now_s=51.0)
+    assert not poison.is_poison(b"p", now_s=151.0)  # 100 s after the last death
+    assert poison.unit_died_holding(b"p", now_s=152.0) == 1
+
+
+def test_the_oldest_fingerprints_go_past_capacity():
+    poison = PoisonRequests(max_unit_deaths=1, capacity=3)
+    for i in range(5):
+        poison.unit_died_holding(bytes([i]), now_s=float(i))
+    assert [poison.is_poison(bytes([i]), now_s=5.0) for i in range(5)] == [False, False, True, True, True]
