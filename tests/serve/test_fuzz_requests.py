@@ -215,3 +215,48 @@ def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
                 assert held_s < QUICK_HEADER_TIMEOUT_S + 3.0, (head, held_s)
 
         fuzz()
+
+
+# The probe's poison (issue 33) and its relatives: constraints whose grammars are huge. Each must be
+# refused (or served) by the edge or by the decode unit alone; before, a 70,000-string choice list
+# passed the edge's validation and took down every decode unit that built its matcher in turn.
+HUGE = 70_000
+HUGE_CONSTRAINTS = {
+    "choice": {"structured_outputs": {"choice": [f"option number {i}" for i in range(HUGE)]}},
+    "enum schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": {
+        "type": "object", "properties": {"pick": {"enum": [f"v{i}" for i in range(HUGE)]}}}}}},
+    "lark rule": {"structured_outputs": {"grammar": "start: " + " | ".join(f'"w{i}"' for i in range(30_000))}},
+    "lark rule under the size limit": {  # builds; a rule this wide fails at its first token
+        "structured_outputs": {"grammar": "start: " + " | ".join(f'"w{i}"' for i in range(5_000))}},
+    "regex": {"structured_outputs": {"regex": "(" + "|".join(f"r{i}" for i in range(HUGE)) + ")"}},
+    "choice under the size limit": {"structured_outputs": {"choice": [f"c{i}" for i in range(10_000)]}},
+    "tool schema": {"tools": [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"x": {"enum": [f"t{i}" for i in range(HUGE)]}}}}}],
+        "tool_choice": "required"},
+}
+
+
+def test_huge_constraints_get_no_5xx_and_kill_no_unit_of_a_launched_deployment():
+    import attrs
+
+    from disaggsdk.face.deployment import launch
+    from tests.launch._helpers import make_spec
+
+    spec = make_spec("qwen3-coder-tiny", decode_replicas=2, num_pages=128, budget=32)
+    spec = attrs.evolve(spec, engine=attrs.evolve(spec.engine, compile=False))
+    with launch(spec, port=0, max_restarts=0) as d, httpx.Client(base_url=d.url, timeout=60) as client:
+        statuses = {}
+        for name, constraint in HUGE_CONSTRAINTS.items():
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                if path == "/v1/completions" and "tools" in constraint:
+                    continue
+                body = {"prompt": "Pick one:"} if path == "/v1/completions" else {
+                    "messages": [{"role": "user", "content": "Pick one."}]}
+                r = client.post(path, json=body | constraint | {"max_tokens": 8})
+                assert r.status_code < 500, (name, path, r.status_code, r.text[:500])
+                assert len(r.content) < 20_000, (name, "an error carries the whole grammar")
+                statuses[name, path] = r.status_code
+        assert all(statuses[n, p] == 400 for n, p in statuses if "under the size limit" not in n), statuses
+        assert statuses["choice under the size limit", "/v1/chat/completions"] == 200
+        assert not d.backend.runtime.failures  # no unit died
+        assert client.get("/health").json()["status"] == "ok"

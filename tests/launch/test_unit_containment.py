@@ -1,0 +1,142 @@
+"""No request can poison a deployment, and a unit that stops is routed around (issue 33), on a
+launched deployment (one prefill and two decode units, over HTTP):
+
+* the probe's 70,000-string choice list is a 400 in well under a second, and /health answers
+  meanwhile; a choice list just under the grammar limit is served;
+* a decode unit handed a request whose grammar it cannot build (past the HTTP edge's check) answers
+  that request with an error and serves the next ones: it used to die, and the router's retry took
+  the other decode unit with it;
+* a decode unit stopped with SIGSTOP is down in /health and /metrics within `serve.unit_stall_s`,
+  its waiting request moves and completes on the other unit, new requests go there, and once
+  continued it is up and serving again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import attrs
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("llguidance")
+httpx = pytest.importorskip("httpx")
+
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
+from disaggsdk.face.deployment import launch  # noqa: E402
+from tests.launch._helpers import make_spec  # noqa: E402
+
+UNIT_STALL_S = 3.0
+PROBE_CHOICES = [f"option number {i}" for i in range(70_000)]  # 689 KB as JSON, as the probe sent
+PLAIN = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    spec = make_spec("qwen3-coder-tiny", decode_replicas=2, num_pages=128, budget=32)
+    spec = attrs.evolve(spec, engine=attrs.evolve(spec.engine, compile=False),
+                        serve=attrs.evolve(spec.serve, unit_stall_s=UNIT_STALL_S, routing="least_loaded"))
+    with launch(spec, port=0, max_restarts=0) as d:
+        yield d
+        assert not d.backend.runtime.failures  # no unit died in any test of this module
+
+
+def chat(client, **body):
+    return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Pick one."}],
+                                                      "max_tokens": 8} | body)
+
+
+def test_the_probes_choice_list_is_a_quick_400_while_health_answers(deployment):
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+        # the server builds its grammar tokenizer once, on the first structured request (~1 s)
+        first = chat(client, structured_outputs={"choice": ["yes", "no"]})
+        assert first.status_code == 200, first.text
+        health_s, done = [], threading.Event()
+
+        def poll_health():
+            while not done.is_set():
+                started_s = time.monotonic()
+                assert client.get("/health").status_code == 200
+                health_s.append(time.monotonic() - started_s)
+
+        poller = threading.Thread(target=poll_health)
+        poller.start()
+        try:
+            started_s = time.monotonic()
+            r = chat(client, structured_outputs={"choice": PROBE_CHOICES})
+            refused_s = time.monotonic() - started_s
+            fits = [f"o{i}" for i in range(12_000)]  # ~120 KB of grammar: under the limit, served
+            ok = chat(client, structured_outputs={"choice": fits}, max_tokens=12, temperature=0)
+        finally:
+            done.set()
+            poller.join()
+        assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
+        assert "over the limit" in r.json()["error"]["message"]
+        assert refused_s < 2.0  # the server compiled it for 5 s before (then a unit died building it)
+        assert max(health_s) < 0.5, health_s
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] in fits, ok.text
+
+
+def test_a_unit_answers_a_request_whose_grammar_it_cannot_build_and_serves_on(deployment):
+    router = deployment.backend
+    poisons = [SamplingParams(max_tokens=4, structured=StructuredOutput.choice(PROBE_CHOICES)),
+               SamplingParams(max_tokens=4, structured=StructuredOutput("regex", "(unclosed"))]
+    for params in poisons:  # past the HTTP edge's check: straight to the decode units, twice each
+        for events in router.generate_batch([[5, 6, 7, 8], [9, 10, 11, 12]], params, timeout_s=60):
+            assert events[-1].finish_reason == "error" and "structured output" in events[-1].error
+            assert events[-1].instance.startswith("decode-")  # the unit's own answer, not its death
+    assert not router.runtime.failures
+    regex = SamplingParams(max_tokens=6, structured=StructuredOutput("regex", "[a-c]{2}x"))
+    for events in router.generate_batch([[5, 6, 7], [8, 9, 10]], [PLAIN, regex], timeout_s=60):
+        assert events[-1].finished and events[-1].finish_reason in ("length", "stop")
+    assert {s.name: s.healthy for s in router.stats()} == dict.fromkeys(["prefill-0", "decode-0", "decode-1"], True)
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_stopped_decode_unit_is_stalled_routed_around_and_serves_again_when_continued(deployment):
+    router, rt = deployment.backend, deployment.backend.runtime
+    pid = rt.units["decode-1"].process.pid
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+        instances = lambda: client.get("/health").json()["instances"]  # noqa: E731
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped_s = time.monotonic()
+            done, events = threading.Event(), []
+
+            def sink(ev):
+                events.append(ev)
+                if ev.finished:
+                    done.set()
+
+            # the router does not know yet: least_loaded sends the second one to the stopped unit
+            fine = []
+            assert router.submit("fine", [1, 2, 3], PLAIN, fine.append) == "decode-0"
+            assert router.submit("waits-on-stopped", [5, 6, 7, 8], PLAIN, sink) == "decode-1"
+            wait_for(lambda: instances()["decode-1"] == "down", UNIT_STALL_S + 5, "decode-1 never read down")
+            assert time.monotonic() - stopped_s >= UNIT_STALL_S * 0.9
+            assert client.get("/health").json()["status"] == "degraded"
+            assert ('disaggsdk_engine_healthy{engine="decode-1",model_name="qwen3-coder-tiny",role="decode"} 0.0'
+                    in client.get("/metrics").text)
+            assert done.wait(60), "the waiting request did not move"
+            assert events[-1].finish_reason == "length" and events[-1].instance == "decode-0"
+            assert sum(len(ev.new_token_ids) for ev in events) == 4
+            assert fine[-1].finish_reason == "length" and fine[-1].instance == "decode-0"
+            for events in router.generate_batch([[1, 2, 3]] * 3, PLAIN, timeout_s=60):
+                assert events[-1].finish_reason == "length" and events[-1].instance == "decode-0"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: instances()["decode-1"] == "up", 2 * UNIT_STALL_S + 5, "decode-1 never came back")
+        served = {events[-1].instance for events in router.generate_batch([[4, 3, 2, 1]] * 4, PLAIN, timeout_s=60)
+                  if events[-1].finish_reason == "length"}
+        assert served == {"decode-0", "decode-1"}
+        assert client.get("/health").json()["status"] == "ok"
