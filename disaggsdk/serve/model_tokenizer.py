@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ class ModelTokenizer:
     def __init__(self, model: str):
         self.model = model
         self._tokenizer: Any = None
+        self._lock = threading.Lock()  # the HTTP edge parses requests on several worker threads
 
     def get(self) -> Any:
         """The tokenizer.
@@ -22,13 +24,14 @@ class ModelTokenizer:
         Raises:
             LaunchError: the model has none (send token ids instead of text).
         """
-        if self._tokenizer is None:
-            from disaggsdk.engine.tokenizer import load_tokenizer
-
-            self._tokenizer = load_tokenizer(self.model)
+        with self._lock:
             if self._tokenizer is None:
-                raise LaunchError(f"{self.model} has no tokenizer; send token ids")
-        return self._tokenizer
+                from disaggsdk.engine.tokenizer import load_tokenizer
+
+                self._tokenizer = load_tokenizer(self.model)
+                if self._tokenizer is None:
+                    raise LaunchError(f"{self.model} has no tokenizer; send token ids")
+            return self._tokenizer
 
     def get_or_none(self) -> Any:
         """The tokenizer, or None when the model has none."""

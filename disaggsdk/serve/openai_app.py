@@ -8,6 +8,8 @@ With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
 
 from __future__ import annotations
 
+import asyncio
+
 import hmac
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -169,7 +171,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     async def serve(request: Request, chat: bool) -> Response:
         body = decode_body(await read_body(request, max_body_bytes))
-        parsed = parse_request(body, chat, backend.encode, check_structured, chat_template)
+        # on a worker thread: tokenizing a long prompt and building a request's grammar take
+        # milliseconds to seconds, and /health and every other client share this event loop
+        parsed = await asyncio.to_thread(parse_request, body, chat, backend.encode, check_structured, chat_template)
         reqs = [rest_of_context_by_default(r, getattr(backend, "max_model_len", None)) for r in expand_choices(parsed)]
         for r in reqs:
             check_context_length(r, getattr(backend, "max_model_len", None))
