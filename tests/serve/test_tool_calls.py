@@ -240,3 +240,22 @@ def test_forced_calls_return_the_declared_json_types(deployment):
                 args = json.loads(c["function"]["arguments"])
                 assert type(args["n"]) is int and type(args["x"]) in (int, float), (seed, args)
                 assert type(args["b"]) is bool and type(args["s"]) is str, (seed, args)
+
+
+def test_a_forced_value_that_spells_a_special_token_is_answered(deployment):
+    import httpx
+
+    marked = tool("f", {"tag": {"enum": ["<tool_call>", "<|im_end|>"]}}, ["tag"])
+    with httpx.Client(base_url=deployment.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json={
+            "model": deployment.model_name, "messages": [{"role": "user", "content": "call it"}],
+            "tools": [marked], "tool_choice": "required", "max_tokens": 120})
+        assert r.status_code == 200, r.text  # was a 500: "the output's grammar cannot continue"
+        calls = r.json()["choices"][0]["message"]["tool_calls"]  # one or more: the grammar allows several
+        assert calls and all(json.loads(c["function"]["arguments"])["tag"] in ("<tool_call>", "<|im_end|>")
+                             for c in calls)
+        r = client.post("/v1/chat/completions", json={
+            "model": deployment.model_name, "messages": [{"role": "user", "content": "tag"}], "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": {"const": "<tool_call>"}}}})
+        assert r.status_code == 200, r.text
+        assert json.loads(r.json()["choices"][0]["message"]["content"]) == "<tool_call>"

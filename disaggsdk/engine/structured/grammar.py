@@ -14,9 +14,11 @@ request's accepted tokens are consumed for good.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from disaggsdk.engine.structured.byte_level_vocab import byte_level_ll_tokenizer, is_byte_level
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 
 if TYPE_CHECKING:
@@ -47,7 +49,10 @@ def ll_tokenizer(model: str) -> Any:
                                     f"for it; use a checkpoint directory that has one")
     arch = resolve_model(model)
     eos = sorted(model_eos_ids(model, arch.hf_config))
-    return LLTokenizer(path.read_text(), n_vocab=arch.vocab_size, eos_token=eos or None)
+    text = path.read_text()
+    if eos and is_byte_level(json.loads(text)):  # special tokens' text in a grammar stays text
+        return byte_level_ll_tokenizer(path, arch.vocab_size, eos)
+    return LLTokenizer(text, n_vocab=arch.vocab_size, eos_token=eos or None)
 
 
 # The limits every matcher of this package is built with, at the HTTP edge and in a unit alike:
