@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime_options(parser, with_backend=False)  # --backend is among the load options
     parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
-                        help="restart a unit that dies up to N times (default: 3; 0: never)")
+                        help="restart a unit that dies up to N times within the restart window (default: 3; 0: never)")
+    parser.add_argument("--restart-window-s", type=float, default=None, metavar="S",
+                        help="how long a restart counts against --max-restarts (default: 600)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
     parser.add_argument("--complete", action="append", default=[], metavar="TEXT",
@@ -76,6 +78,10 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
         if args.max_restarts < 0:
             raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 or more")
         options["max_restarts"] = args.max_restarts
+    if getattr(args, "restart_window_s", None) is not None:
+        if not args.restart_window_s > 0:
+            raise LaunchError(f"--restart-window-s {args.restart_window_s}: give a positive number of seconds")
+        options["restart_window_s"] = args.restart_window_s
     d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
                port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
                served_model_name=getattr(args, "served_model_name", None),

@@ -28,6 +28,7 @@ from typing import Any
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, ChannelError
+from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
@@ -54,8 +55,10 @@ class LocalRuntime:
         start_timeout_s: how long start-up may take.
         on_event: optional callback for start-up and failure lines (default: print to stderr).
         secret: the control-frame secret (random when None).
-        max_restarts: how often a unit that dies is started again (a new incarnation, after a
-            back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
+        max_restarts: how often a unit that dies is started again within ``restart_window_s`` (a new
+            incarnation, after a back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
+        restart_window_s: how long a restart counts against ``max_restarts`` (`launch.restart_budget`):
+            older ones are forgiven, so sporadic deaths never end a deployment, a crash loop does.
         launcher: what starts units (default `units.ProcessLauncher`; `ray_launcher.RayLauncher`).
     Raises:
         LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
@@ -64,7 +67,8 @@ class LocalRuntime:
     def __init__(self, spec: Spec, tiny: bool = False, colocated: bool = False, cpu_affinity: Any = None,
                  log_dir: str | None = None, provider: str | None = None, start_timeout_s: float = 300.0,
                  on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS, launcher: Any = None):
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, launcher: Any = None,
+                 restart_window_s: float = DEFAULT_RESTART_WINDOW_S):
         from disaggsdk.plan import make_plan
         from disaggsdk.spec import spec_to_yaml
 
@@ -94,7 +98,7 @@ class LocalRuntime:
         spec_yaml = spec_to_yaml(self.spec)
         self._launcher = launcher or ProcessLauncher(mp.get_context("spawn"))
         self.max_restarts, self._start_timeout_s = max_restarts, start_timeout_s
-        self._restarts = {name: 0 for name, _ in names}
+        self._restarts = {name: RestartBudget(max_restarts, restart_window_s) for name, _ in names}
         self._restarting: set[str] = set()
         self._rejoining: dict[str, UnitHandle] = {}  # restarted processes still in their handshake
         # restarted units are spawned by one thread that lives as long as the runtime: a unit's
@@ -135,7 +139,7 @@ class LocalRuntime:
     def may_recover(self, unit: str) -> bool:
         """Whether ``unit`` is healthy, being restarted, or still has restarts left."""
         u = self.units[unit]
-        return u.healthy or unit in self._restarting or self._restarts[unit] < self.max_restarts
+        return u.healthy or unit in self._restarting or self._restarts[unit].allows()
 
     def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
         """Deliver every unit message and death to the listeners from one reader thread.
@@ -263,7 +267,7 @@ class LocalRuntime:
     def _unit_died(self, u: UnitHandle) -> None:
         if self._closed or not u.healthy:
             return
-        will_restart = self._restarts[u.args.name] < self.max_restarts
+        will_restart = self._restarts[u.args.name].allows()
         if will_restart:  # before it reads unhealthy: a watcher never sees it down and not restarting
             self._restarting.add(u.args.name)
         u.healthy = False
@@ -289,8 +293,8 @@ class LocalRuntime:
         """Start a dead unit again (bounded, with back-off) and tell the others it is back."""
         name = args.name
         try:
-            while self._restarts[name] < self.max_restarts and not self._closed:
-                attempt = self._restarts[name] = self._restarts[name] + 1
+            while self._restarts[name].allows() and not self._closed:
+                attempt = self._restarts[name].spend()
                 if self._closing.wait(RESTART_BACKOFF_S * 2 ** (attempt - 1)):
                     return
                 u = None
@@ -313,8 +317,10 @@ class LocalRuntime:
                 for other in self.units.values():
                     if other is not u:
                         self.send(other.args.name, ch.PeerUp(u.info))
-                self._say(f"unit {name} restarted ({attempt} of {self.max_restarts}), incarnation {u.info.incarnation}")
+                self._say(f"unit {name} restarted ({attempt} of {self.max_restarts} within "
+                          f"{self._restarts[name].window_s:g} s), incarnation {u.info.incarnation}")
                 return
-            self._say(f"unit {name} stays down: {self.max_restarts} restarts used")
+            self._say(f"unit {name} stays down: {self.max_restarts} restarts used within "
+                      f"{self._restarts[name].window_s:g} s")
         finally:
             self._restarting.discard(name)
