@@ -48,8 +48,13 @@ class ServingBackend(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""
 
-    def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
-        """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``."""
+    def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+                 client: str = "") -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``.
+
+        ``client`` names who sent it (the HTTP edge gives the client's address; "" for a caller in
+        this process): a backend whose units can die bounds what one client's requests may cost
+        (`serve.poison_requests`)."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its pages are freed once no write can still land."""

@@ -100,9 +100,10 @@ class InProcessBackend:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = ""
     ) -> AsyncIterator[TokenEvent]:
-        """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event."""
+        """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event.
+        ``client`` is not used: a request that takes this engine down takes the server with it."""
         if self._closed.is_set():
             yield TokenEvent(request_id, [], True, "error", error="this backend is closed; start a new one",
                              instance=self.name)

@@ -216,7 +216,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         if leave is None:
             return queued.full_response()
         run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
-        runs = [RequestRun(backend, metrics, rid, r, model) for rid, r in zip(run_ids, reqs)]
+        client = request.client.host if request.client else ""  # what poison_requests counts deaths by
+        runs = [RequestRun(backend, metrics, rid, r, model, client) for rid, r in zip(run_ids, reqs)]
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
         choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)
         try:

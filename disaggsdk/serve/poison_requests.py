@@ -10,6 +10,14 @@ an error, is never sent again, and an identical request is refused before it rea
 The cost: a request that happened to wait on the same two dying units as a poison one (it moved
 with it) is taken for poison too; an identical resubmission of it is refused with a message that
 says why, until `MEMORY_S` passes. Any change to it (prompt, seed, parameters) goes through.
+
+A client that changes its poison each time is bounded by who sent it: the HTTP edge names each
+request's client (its address). Once a client has sent a poison request, the next of its requests
+that waits on a dying unit is poison at that first death (never moved), and a client that has sent
+`MAX_POISON_PER_CLIENT` is refused outright until `MEMORY_S` passes. So one client takes units down
+at most 2 + 1 times an hour, within the runtime's restart budget (3 a unit per 10 minutes,
+`launch.restart_budget`). Requests with no client name (an SDK caller in the same process) are
+not counted: they come from the deployment's own code.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch.tiny import LaunchError
 
 MAX_UNIT_DEATHS = 2  # a first death may be bad luck; a second, with the same request waiting, is not
+MAX_POISON_PER_CLIENT = 2  # poison requests of one client before its requests are refused
 MEMORY_S = 3600.0  # how long a fingerprint's deaths are remembered
 CAPACITY = 4096  # fingerprints remembered at most (the oldest go first)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -46,9 +55,11 @@ class PoisonRequests:
     """
 
     def __init__(self, max_unit_deaths: int = MAX_UNIT_DEATHS, memory_s: float = MEMORY_S,
-                 capacity: int = CAPACITY):
+                 capacity: int = CAPACITY, max_poison_per_client: int = MAX_POISON_PER_CLIENT):
         self.max_unit_deaths, self.memory_s, self.capacity = max_unit_deaths, memory_s, capacity
+        self.max_poison_per_client = max_poison_per_client
         self._deaths: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # -> (deaths, last one's time)
+        self._clients: OrderedDict[str, tuple[int, float]] = OrderedDict()  # -> (poison requests, last one's time)
 
     def unit_died_holding(self, fp: bytes | None, now_s: float | None = None) -> int:
         """A unit died while a request of fingerprint ``fp`` waited on it for its first token.
@@ -77,9 +88,40 @@ class PoisonRequests:
         """Whether requests of fingerprint ``fp`` must not reach a unit any more."""
         return self.deaths(fp, now_s) >= self.max_unit_deaths
 
+    def sent_poison(self, client: str, now_s: float | None = None) -> int:
+        """``client`` sent a request that became poison; returns how many it has sent (0 for no client)."""
+        if not client:
+            return 0
+        now_s = time.monotonic() if now_s is None else now_s
+        count = self.poison_sent_by(client, now_s) + 1
+        self._clients[client] = (count, now_s)
+        self._clients.move_to_end(client)
+        while len(self._clients) > self.capacity:
+            self._clients.popitem(last=False)
+        return count
+
+    def poison_sent_by(self, client: str, now_s: float | None = None) -> int:
+        """Poison requests ``client`` sent within `memory_s` (0 for no client)."""
+        if not client or client not in self._clients:
+            return 0
+        count, at_s = self._clients[client]
+        if (time.monotonic() if now_s is None else now_s) - at_s > self.memory_s:
+            del self._clients[client]
+            return 0
+        return count
+
+    def client_refusal(self, client: str, now_s: float | None = None) -> str | None:
+        """Why ``client``'s requests are refused (it sent `max_poison_per_client` poison requests), or None."""
+        count = self.poison_sent_by(client, now_s)
+        if count < self.max_poison_per_client:
+            return None
+        return (f"requests from {client} are refused: {count} of its requests took units down (each waited on "
+                f"units that died), for {self.memory_s:g} s after the last one; report them with the units' logs")
+
     def refusal(self, deaths: int) -> str:
         """The error a poison request ends with, or an identical one is refused with."""
-        return (f"this request was refused: {deaths} units died while it waited on them for its first token, "
+        units = "1 unit" if deaths == 1 else f"{deaths} units"
+        return (f"this request was refused: {units} died while it waited on them for its first token, "
                 f"so it is not sent to a unit again (for {self.memory_s:g} s); if it is valid, change it or "
                 f"report it with the units' logs")
 

@@ -40,6 +40,7 @@ class RequestRun:
     request_id: str
     req: ParsedRequest
     model: str
+    client: str = ""  # who sent it: the client's address (`ServingBackend.generate`)
     created: int = field(default_factory=lambda: int(time.time()))
     timeline: RequestTimeline = field(init=False)
     error: str | None = None
@@ -73,7 +74,8 @@ class RequestRun:
             BadRequestError: the backend refused the request before producing a token (400), or
                 no instance that produces tokens is up (503).
         """
-        self._events = aiter(self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params))
+        self._events = aiter(self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params,
+                                                   self.client))
         first = await anext(self._events)
         if first.finish_reason == "error" and not first.new_token_ids:
             self.error = first.error or "the request failed"

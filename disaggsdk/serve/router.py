@@ -61,6 +61,7 @@ class Router:
         self._not_started: dict[str, tuple[list[int], Any]] = {}  # prompt and params until a first token
         self._resubmitted: set[str] = set()  # requests already moved once off a dead or stalled unit
         self._fingerprints: dict[str, bytes | None] = {}  # of each request in flight (`poison_requests`)
+        self._clients: dict[str, str] = {}  # who sent each request in flight ("": an in-process caller)
         self._poison = PoisonRequests()
         self._seq = itertools.count(1)
         self._stats = UnitStatsReplies(runtime)
@@ -109,6 +110,7 @@ class Router:
                     self._sinks.pop(rid, None)
                     self._resubmitted.discard(rid)
                     self._fingerprints.pop(rid, None)
+                    self._clients.pop(rid, None)
             if sink is not None:
                 sink(event)
 
@@ -118,13 +120,22 @@ class Router:
             self._in_flight[unit].clear()
             self.routing.forget(unit)  # what it cached goes with it
             # each waiting request's fingerprint counts this death once, however many copies waited
-            waiting = {self._fingerprints.get(rid) for rid in held if rid in self._not_started}
-            deaths = {fp: self._poison.unit_died_holding(fp) for fp in waiting}
+            waiting = [rid for rid in held if rid in self._not_started]
+            deaths = {fp: self._poison.unit_died_holding(fp) for fp in {self._fingerprints.get(r) for r in waiting}}
+            # A waiting request is poison once units died holding it max_unit_deaths times, or at its
+            # first death when its client sent poison before; its client is counted once per request.
+            poison: dict[str, int] = {}
+            suspects = {c for c in {self._clients.get(r, "") for r in waiting} if self._poison.poison_sent_by(c)}
+            for fp, client in {(self._fingerprints.get(r), self._clients.get(r, "")) for r in waiting}:
+                if deaths[fp] >= self._poison.max_unit_deaths or client in suspects:
+                    self._poison.sent_poison(client)
+            for rid in waiting:
+                fp_deaths = deaths[self._fingerprints.get(rid)]
+                if fp_deaths >= self._poison.max_unit_deaths or self._clients.get(rid, "") in suspects:
+                    poison[rid] = fp_deaths
         for rid in held:
-            with self._lock:
-                fp_deaths = deaths.get(self._fingerprints.get(rid), 0) if rid in self._not_started else 0
-            if fp_deaths >= self._poison.max_unit_deaths:
-                error = self._poison.refusal(fp_deaths)
+            if rid in poison:
+                error = self._poison.refusal(poison[rid])
             elif self._resubmit(rid):
                 continue
             else:
@@ -134,6 +145,7 @@ class Router:
                 sink = self._sinks.pop(rid, None)
                 self._not_started.pop(rid, None)
                 self._fingerprints.pop(rid, None)
+                self._clients.pop(rid, None)
             if sink is not None:
                 sink(TokenEvent(rid, [], True, "error", error=error, instance=unit))
         self._stats.unit_down(unit)
@@ -199,14 +211,19 @@ class Router:
         return self._tokenizer.decode(token_ids, skip_special_tokens)
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
-               sink: Callable[[TokenEvent], None]) -> str:
+               sink: Callable[[TokenEvent], None], client: str = "") -> str:
         """Send a request to the serving unit `serve.routing` picks; ``sink`` gets its events (reader thread).
+
+        Args:
+            client: who sent it (the HTTP edge gives the client's address), for `poison_requests`;
+                "" for a caller in this process.
 
         Returns:
             The unit's name.
         Raises:
             LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
-            RefusedRequestError: units died holding an identical request (`poison_requests`).
+            RefusedRequestError: units died holding an identical request, or requests of ``client`` took
+                units down too often (`poison_requests`).
         """
         hashes = self.routing.hashes(prompt_ids)  # before the lock: a long prompt takes milliseconds
         fp = fingerprint(prompt_ids, params)
@@ -217,12 +234,16 @@ class Router:
                 raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
             if self._poison.is_poison(fp):
                 raise RefusedRequestError(self._poison.refusal(self._poison.deaths(fp)))
+            barred = self._poison.client_refusal(client)
+            if barred is not None:
+                raise RefusedRequestError(barred)
             unit = self._pick_unit(hashes)
             if unit is None:
                 raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
             self._fingerprints[request_id] = fp
+            self._clients[request_id] = client
             self._not_started[request_id] = (list(prompt_ids), params)
             self.first_tokens.received(request_id, time.monotonic())
             self._join.expect(request_id, params)
@@ -234,17 +255,21 @@ class Router:
                 self._sinks.pop(request_id, None)
                 self._not_started.pop(request_id, None)
                 self._fingerprints.pop(request_id, None)
+                self._clients.pop(request_id, None)
             raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
         if not delivered:
             self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
         return unit
 
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> AsyncIterator[TokenEvent]:
-        """Stream a request's tokens (errors arrive as a final event with finish_reason "error")."""
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+                       client: str = "") -> AsyncIterator[TokenEvent]:
+        """Stream a request's tokens (errors arrive as a final event with finish_reason "error");
+        ``client`` as in `submit`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         try:
-            self.submit(request_id, prompt_ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+            self.submit(request_id, prompt_ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+                        client)
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return

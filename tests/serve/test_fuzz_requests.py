@@ -121,8 +121,9 @@ class TestToolNamesWithMarkup:
 
 # Client request ids, valid, invalid and repeated, on requests in flight together: a repeat may be
 # refused (400 naming X-Request-Id), but no request is ever cut short by another's id
+# (h11, under httpx, refuses to send a value with a space at either end: such an id never leaves the client)
 REQUEST_IDS = st.sampled_from(["dup", "dup", "other"]) | st.text(st.characters(min_codepoint=32, max_codepoint=126),
-                                                                max_size=140)
+                                                                max_size=140).filter(lambda v: v == v.strip(" "))
 EXAMPLES_OF_REQUEST_IDS = 60
 NUM_TOGETHER = 4
 

@@ -234,3 +234,33 @@ def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are
     assert [t for ev in waiting for t in ev.new_token_ids] == [6] and waiting[-1].instance == "decode-1"
     rt.on_message("decode-0", ch.Tokens("s", [10], True, "length"))
     assert [t for ev in streaming for t in ev.new_token_ids] == [9, 10]
+
+
+def test_one_client_cannot_keep_spending_restarts_with_ever_new_poison(fake):
+    """A client that varies its poison (issue 33): its first poison request costs two unit deaths, the
+    next one a single death (never moved), then its requests are refused; other clients are served."""
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.serve.poison_requests import RefusedRequestError
+
+    rt, router = fake
+    events = []
+
+    def revive():
+        rt.healthy.update(dict.fromkeys(rt.healthy, True))
+
+    unit = router.submit("p1", [1, 2, 3], SamplingParams(seed=1), events.append, client="198.18.0.5")
+    rt.die(unit)
+    rt.die(rt.sent[-1][0])  # it moved once; its second unit dies too: poison
+    assert events[-1].request_id == "p1" and events[-1].finish_reason == "error"
+    revive()
+    unit = router.submit("p2", [9, 9, 9], SamplingParams(seed=2), events.append, client="198.18.0.5")
+    rt.die(unit)
+    assert events[-1].request_id == "p2" and "1 unit died" in events[-1].error  # not moved this time
+    revive()
+    deaths = len([m for _, m in rt.sent if isinstance(m, ch.Generate)])
+    assert deaths == 3
+    with pytest.raises(RefusedRequestError, match="requests from 198.18.0.5 are refused"):
+        router.submit("p3", [5, 6], SamplingParams(seed=3), events.append, client="198.18.0.5")
+    router.submit("fine", [5, 6], SamplingParams(seed=3), events.append, client="198.18.0.6")
+    router.submit("in-process", [5, 6], SamplingParams(seed=4), events.append)
+    assert [m.request_id for _, m in rt.sent if isinstance(m, ch.Generate)][deaths:] == ["fine", "in-process"]
