@@ -16,6 +16,8 @@ class HttpLimits:
     Attributes:
         header_timeout_s: a request's line and headers must arrive within this (`serve.head_deadline`).
         idle_timeout_s: a kept-alive connection with no request in it is closed after this.
+        body_timeout_s: a request's body must arrive within this once its headers did (408 past it).
+        max_connections: connections (and their requests) held at once; past it, 503.
         max_queued_requests: requests handed to the engines and still without a first token; past
             it, 503 with ``Retry-After`` (`serve.queued_requests`).
     """
@@ -23,6 +25,8 @@ class HttpLimits:
     header_timeout_s: float
     idle_timeout_s: float
     max_queued_requests: int
+    body_timeout_s: float = 30.0
+    max_connections: int = 4096
 
     @classmethod
     def from_spec(cls, serve: Serve | None = None) -> HttpLimits:
@@ -30,4 +34,5 @@ class HttpLimits:
         from disaggsdk.spec.serving_types import Serve
 
         serve = serve or Serve()
-        return cls(serve.header_timeout_s, serve.idle_timeout_s, serve.max_queued_requests)
+        return cls(serve.header_timeout_s, serve.idle_timeout_s, serve.max_queued_requests, serve.body_timeout_s,
+                   serve.max_connections)

@@ -65,6 +65,8 @@ class HttpServer:
         # h11 named explicitly: uvicorn would take httptools when installed, and the head deadline is h11's
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=5, timeout_keep_alive=limits.idle_timeout_s,
+                                # uvicorn answers 503 once connections (the new one included) reach its limit
+                                limit_concurrency=limits.max_connections + 1,
                                 http=HeadDeadlineProtocol.with_deadline(limits.header_timeout_s))
         self._server = uvicorn.Server(config)
         sockets = [sock] if sock is not None else None

@@ -101,7 +101,15 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     """
     guard = HostGuard(allowed_hosts)
     client_ids = ClientRequestIds()
-    queued = QueuedRequests((limits or HttpLimits.from_spec()).max_queued_requests)
+    limits = limits or HttpLimits.from_spec()
+    queued = QueuedRequests(limits.max_queued_requests)
+
+    async def body_of(request: Request) -> bytes:
+        try:
+            return await asyncio.wait_for(read_body(request, max_body_bytes), limits.body_timeout_s)
+        except TimeoutError:
+            raise BadRequestError(f"the request body did not arrive within {limits.body_timeout_s:g} s of its "
+                                  f"headers (serve.body_timeout_s); send it whole", status=408) from None
     cors = CorsPolicy(allowed_origins)
 
     # dependencies, not HTTP middlewares: starlette's BaseHTTPMiddleware re-streams every SSE chunk
@@ -170,7 +178,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         compiles(backend.model_name, output)
 
     async def serve(request: Request, chat: bool) -> Response:
-        body = decode_body(await read_body(request, max_body_bytes))
+        body = decode_body(await body_of(request))
         # on a worker thread: tokenizing a long prompt and building a request's grammar take
         # milliseconds to seconds, and /health and every other client share this event loop
         parsed = await asyncio.to_thread(parse_request, body, chat, backend.encode, check_structured, chat_template)
@@ -240,7 +248,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     app.include_router(v1)
     root = APIRouter(dependencies=[Depends(check_key)])  # vLLM serves these beside /v1, not in it
-    add_tokenize_routes(app, root, backend, chat_template, lambda r: read_body(r, max_body_bytes))
+    add_tokenize_routes(app, root, backend, chat_template, body_of)
     app.include_router(root)
     return app
 

@@ -51,6 +51,17 @@ class Serve:
         metadata=about("Seconds a kept-alive connection may wait for its next request before it is closed "
                        "(uvicorn's `timeout_keep_alive`, 5 in vLLM too).", positive),
     )
+    body_timeout_s: float = attrs.field(
+        default=30.0,
+        metadata=about("Seconds a request's body has to arrive once its headers did; past it: 408, so a client "
+                       "that sends its body a byte at a time cannot hold a connection and a worker.", positive),
+    )
+    max_connections: int = attrs.field(
+        default=4096,
+        metadata=about("Open connections (and their requests) the server holds at once; past it a new one "
+                       "gets 503 (uvicorn's `limit_concurrency`), so no client can take every socket.",
+                       positive),
+    )
     max_queued_requests: int = attrs.field(
         default=1024,
         metadata=about("Requests handed to the engines that have no first token yet; past it a request gets "

@@ -26,6 +26,7 @@ from disaggsdk.spec.serving_types import Serve
 
 HEADER_TIMEOUT_S = 1.0
 IDLE_TIMEOUT_S = 0.5
+BODY_TIMEOUT_S = 1.0
 MAX_QUEUED_REQUESTS = 2
 MARGIN_S = 2.0  # a loaded 2-core machine may run the timer late; a missing deadline never closes at all
 
@@ -67,7 +68,7 @@ class HeldBackend:
 @pytest.fixture(scope="module")
 def served():
     backend = HeldBackend()
-    limits = HttpLimits(HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_QUEUED_REQUESTS)
+    limits = HttpLimits(HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_QUEUED_REQUESTS, BODY_TIMEOUT_S)
     app = build_app(backend, ServerMetrics(backend.stats, backend.model_name), limits=limits)
     http = HttpServer(app, limits=limits).start()
     try:
@@ -166,3 +167,45 @@ def test_the_bounds_are_spec_keys_and_must_be_positive():
     with pytest.raises(FieldErrors) as refused:
         Serve(header_timeout_s=0, max_queued_requests=-1)
     assert {name for name, _ in refused.value.problems} == {"header_timeout_s", "max_queued_requests"}
+
+
+def test_a_body_sent_one_byte_at_a_time_is_answered_408(served):
+    backend, url = served
+    backend.gate.set()
+    body = b'{"prompt": "hello there, a body that takes its time", "max_tokens": 2}'
+    sock = connect(url)
+    started = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    for byte in body:  # 0.1 s a byte: the whole body would take 7 s
+        if select.select([sock], [], [], 0.1)[0]:
+            break
+        sock.sendall(bytes([byte]))
+    answer = read_response(sock)
+    answered_at = time.monotonic()
+    sock.close()
+    assert answered_at - started < BODY_TIMEOUT_S + MARGIN_S, answered_at - started
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"serve.body_timeout_s" in answer, answer
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+
+
+def test_past_max_connections_a_new_connection_gets_503():
+    backend = HeldBackend()
+    limits = HttpLimits(HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_QUEUED_REQUESTS, BODY_TIMEOUT_S, max_connections=2)
+    app = build_app(backend, ServerMetrics(backend.stats, backend.model_name), limits=limits)
+    http = HttpServer(app, limits=limits).start()
+    body = {"prompt": "hi", "max_tokens": 2}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(httpx.post, f"{http.url}/v1/completions", json=body, timeout=30) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while backend.num_waiting < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert backend.num_waiting == 2
+            assert httpx.post(f"{http.url}/v1/completions", json=body, timeout=10).status_code == 503
+            backend.gate.set()
+            assert [f.result().status_code for f in held] == [200, 200]
+        assert httpx.post(f"{http.url}/v1/completions", json=body, timeout=10).status_code == 200
+    finally:
+        backend.gate.set()
+        http.stop()
