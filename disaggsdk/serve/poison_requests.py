@@ -48,41 +48,57 @@ def fingerprint(prompt_ids: Sequence[int], params: SamplingParams | None) -> byt
         return None
 
 
+class RecentCounts:
+    """Counts per key that are forgotten ``memory_s`` after the key's last count, at most ``capacity``
+    keys (the least recently counted go first). Not thread-safe."""
+
+    def __init__(self, memory_s: float, capacity: int):
+        self.memory_s, self.capacity = memory_s, capacity
+        self._counts: OrderedDict[bytes | str, tuple[int, float]] = OrderedDict()  # -> (count, last count's time)
+
+    def add(self, key: bytes | str, now_s: float | None = None) -> int:
+        """Count ``key`` once more; returns its count."""
+        now_s = time.monotonic() if now_s is None else now_s
+        count = self.get(key, now_s) + 1
+        self._counts[key] = (count, now_s)
+        self._counts.move_to_end(key)
+        while len(self._counts) > self.capacity:
+            self._counts.popitem(last=False)
+        return count
+
+    def get(self, key: bytes | str, now_s: float | None = None) -> int:
+        """``key``'s count, 0 once ``memory_s`` passed since its last."""
+        if key not in self._counts:
+            return 0
+        count, at_s = self._counts[key]
+        if (time.monotonic() if now_s is None else now_s) - at_s > self.memory_s:
+            del self._counts[key]
+            return 0
+        return count
+
+
 class PoisonRequests:
-    """Unit deaths per request fingerprint, within `MEMORY_S`, at most `CAPACITY` of them.
+    """Unit deaths per request fingerprint and poison requests per client, each remembered for
+    `MEMORY_S`, at most `CAPACITY` of each.
 
     Not thread-safe: the router calls it under its lock.
     """
 
     def __init__(self, max_unit_deaths: int = MAX_UNIT_DEATHS, memory_s: float = MEMORY_S,
                  capacity: int = CAPACITY, max_poison_per_client: int = MAX_POISON_PER_CLIENT):
-        self.max_unit_deaths, self.memory_s, self.capacity = max_unit_deaths, memory_s, capacity
+        self.max_unit_deaths, self.memory_s = max_unit_deaths, memory_s
         self.max_poison_per_client = max_poison_per_client
-        self._deaths: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # -> (deaths, last one's time)
-        self._clients: OrderedDict[str, tuple[int, float]] = OrderedDict()  # -> (poison requests, last one's time)
+        self._deaths = RecentCounts(memory_s, capacity)  # fingerprint -> units that died holding it
+        self._poison_sent = RecentCounts(memory_s, capacity)  # client -> its requests that became poison
 
     def unit_died_holding(self, fp: bytes | None, now_s: float | None = None) -> int:
         """A unit died while a request of fingerprint ``fp`` waited on it for its first token.
         Returns how many units have died so holding that fingerprint (0 for None)."""
-        if fp is None:
-            return 0
-        now_s = time.monotonic() if now_s is None else now_s
-        deaths = self.deaths(fp, now_s) + 1
-        self._deaths[fp] = (deaths, now_s)
-        self._deaths.move_to_end(fp)
-        while len(self._deaths) > self.capacity:
-            self._deaths.popitem(last=False)
-        return deaths
+        return 0 if fp is None else self._deaths.add(fp, now_s)
 
     def deaths(self, fp: bytes | None, now_s: float | None = None) -> int:
         """How many units died holding ``fp`` within `memory_s` (0 for None)."""
-        if fp is None or fp not in self._deaths:
-            return 0
-        deaths, at_s = self._deaths[fp]
-        if (time.monotonic() if now_s is None else now_s) - at_s > self.memory_s:
-            del self._deaths[fp]
-            return 0
-        return deaths
+        return 0 if fp is None else self._deaths.get(fp, now_s)
 
     def is_poison(self, fp: bytes | None, now_s: float | None = None) -> bool:
         """Whether requests of fingerprint ``fp`` must not reach a unit any more."""
@@ -90,25 +106,11 @@ class PoisonRequests:
 
     def sent_poison(self, client: str, now_s: float | None = None) -> int:
         """``client`` sent a request that became poison; returns how many it has sent (0 for no client)."""
-        if not client:
-            return 0
-        now_s = time.monotonic() if now_s is None else now_s
-        count = self.poison_sent_by(client, now_s) + 1
-        self._clients[client] = (count, now_s)
-        self._clients.move_to_end(client)
-        while len(self._clients) > self.capacity:
-            self._clients.popitem(last=False)
-        return count
+        return self._poison_sent.add(client, now_s) if client else 0
 
     def poison_sent_by(self, client: str, now_s: float | None = None) -> int:
         """Poison requests ``client`` sent within `memory_s` (0 for no client)."""
-        if not client or client not in self._clients:
-            return 0
-        count, at_s = self._clients[client]
-        if (time.monotonic() if now_s is None else now_s) - at_s > self.memory_s:
-            del self._clients[client]
-            return 0
-        return count
+        return self._poison_sent.get(client, now_s) if client else 0
 
     def client_refusal(self, client: str, now_s: float | None = None) -> str | None:
         """Why ``client``'s requests are refused (it sent `max_poison_per_client` poison requests), or None."""

@@ -28,3 +28,13 @@ def test_the_oldest_fingerprints_go_past_capacity():
     for i in range(5):
         poison.unit_died_holding(bytes([i]), now_s=float(i))
     assert [poison.is_poison(bytes([i]), now_s=5.0) for i in range(5)] == [False, False, True, True, True]
+
+
+def test_clients_are_counted_by_their_poison_requests_and_forgiven_after_the_memory():
+    poison = PoisonRequests(memory_s=100.0, max_poison_per_client=2)
+    assert poison.sent_poison("", now_s=0.0) == 0 and poison.client_refusal("", now_s=0.0) is None  # in-process
+    assert poison.sent_poison("198.18.0.5", now_s=0.0) == 1 and poison.client_refusal("198.18.0.5", 1.0) is None
+    assert poison.sent_poison("198.18.0.5", now_s=50.0) == 2
+    assert "198.18.0.5 are refused" in poison.client_refusal("198.18.0.5", now_s=149.0)
+    assert poison.client_refusal("198.18.0.6", now_s=149.0) is None
+    assert poison.client_refusal("198.18.0.5", now_s=151.0) is None and poison.poison_sent_by("198.18.0.5", 151.0) == 0
