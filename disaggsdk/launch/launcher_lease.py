@@ -5,11 +5,12 @@ The unit's KV pools are memfds, which die with it; what a dead unit can leave is
 libfabric shm endpoint (``/dev/shm/<pid>:<endpoint>:<n>``), which libfabric removes only when the
 endpoint is closed. So a unit whose launcher is gone must close, not be killed:
 
-* PDEATHSIG is SIGTERM for a unit (its tp workers keep SIGKILL: they own no such file), and SIGTERM
-  asks the unit's loop to stop, which closes the transfer engine and its endpoint;
-* a thread polls the unit's parent: PDEATHSIG is sent when the parent *thread* that spawned the
-  unit exits and is lost if the launcher died before it was armed, and a Ray unit's parent is its
-  actor, not the driver. A changed parent counts as the launcher's death;
+* a thread polls the unit's parent every `PARENT_POLL_S`; a changed parent (the launcher died,
+  even by SIGKILL; under Ray, the unit's actor) asks the unit's loop to stop, as SIGTERM does,
+  which closes the transfer engine and its endpoint. No parent-death signal: PDEATHSIG also hit
+  the unit's other threads, and a SIGTERM delivered to one of them (not the main thread) died with
+  SIGSEGV in the kernel's signal delivery on an AMX machine, leaving the unit hung in
+  libinfinipath's crash handler (its tp workers keep PDEATHSIG SIGKILL: nothing is delivered then);
 * a clean close may never come (a transport thread stuck inside libfabric, a loop still starting):
   `UNIT_EXIT_GRACE_S` after the stop was asked for, the unit removes its own shm files and exits.
 

@@ -16,7 +16,6 @@ over that TCP connection: Ray's own channel is the cluster's trust boundary.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -114,9 +113,7 @@ def main() -> None:
     from disaggsdk.launch import messages as ch
     from disaggsdk.launch.channel import FrameChannel
     from disaggsdk.launch.unit import serve_unit
-    from disaggsdk.memory.pool_handover import die_with_parent
-
-    die_with_parent(signal.SIGTERM)  # serve_unit's `LauncherLease` closes the unit on it
+    # serve_unit's `LauncherLease` sees the actor (its parent) go and closes the unit
     start = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=UnitStart)
     args = msgspec.msgpack.decode(start.args, type=ch.UnitArgs)
     for directory in (os.path.dirname(args.log_path), args.work_dir):  # on another machine they are new

@@ -27,9 +27,10 @@ BUSY_WAIT_S = 0.0005  # the same while only transfers are in flight (no step to 
 
 def unit_main(sock: socket.socket) -> None:
     """Entry point of a unit process: ``sock`` is its end of the channel; the first frame says what it is."""
-    from disaggsdk.memory.pool_handover import die_with_parent
-
-    die_with_parent(signal.SIGTERM)  # handled by `LauncherLease`: the unit closes, its /dev/shm file goes
+    # No parent-death signal: `LauncherLease` polls the parent instead. A PDEATHSIG reached the
+    # unit's other threads too, and SIGTERM delivered to one of them (not the main thread) died
+    # with SIGSEGV in the kernel's signal delivery on an AMX machine, hanging the unit in
+    # libinfinipath's crash handler; polling sends no signal at all.
     conn = FrameChannel(sock, ch.TO_UNIT)
     args = conn.recv(timeout_s=60)
     if not isinstance(args, UnitArgs):
@@ -51,7 +52,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when units stop
-    lease = LauncherLease(os.getppid())
+    lease = LauncherLease(args.parent_pid or os.getppid())  # the launcher, or (Ray) the unit's actor
     signal.signal(signal.SIGTERM, lease.on_sigterm)
     lease.start()
     if args.cpu_ids:
