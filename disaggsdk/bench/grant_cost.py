@@ -1,14 +1,14 @@
 """What the KV data plane's guards cost per request: per-grant keys and page digests.
 
-    python -m disaggsdk.bench.grant_cost [--provider tcp] [--layers 4] [--page-kib 4] [--pages 64] [--runs 3] [--repeat 50]
+    python -m disaggsdk.bench.grant_cost [--provider tcp] [--layers 4] [--page-kib 32] [--pages 64] [--runs 3] [--repeat 50]
 
 Opens and revokes the keys of one grant of ``--pages`` pages over a real transfer engine (each run
 of consecutive pages of each layer is one registration: ``--runs`` runs), and digests the same
 pages as both sides do (`messenger.page_digest`), timing each ``--repeat`` times. Prints JSON: the
 median microseconds of one grant's open + revoke, of one side's digest, the registrations and bytes
-per grant, and the digest's GB/s. The defaults (256 pages of 4 KiB in each of 4 layers, in 3 runs)
-are the size of a 1,024-token prompt's grant with 4-token pages; ``--layers 61`` gives
-DeepSeek-R1's count of registrations.
+per grant, and the digest's GB/s. The defaults (64 pages of 32 KiB in each of 4 layers, in 3 runs)
+are a 1,024-token prompt's grant in specs/tiny_local.yaml (16-token pages of qwen3-coder-tiny,
+float32); ``--layers 61`` gives DeepSeek-R1's count of registrations.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m disaggsdk.bench.grant_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--provider", default="tcp", help="libfabric provider: tcp or shm")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--page-kib", type=float, default=4.0, help="bytes of one page of one layer, in KiB")
-    parser.add_argument("--pages", type=int, default=256, help="pages granted (a 1,024-token prompt of 4-token pages)")
+    parser.add_argument("--page-kib", type=float, default=32.0, help="bytes of one page of one layer, in KiB")
+    parser.add_argument("--pages", type=int, default=64, help="pages granted (a 1,024-token prompt of 16-token pages)")
     parser.add_argument("--runs", type=int, default=3, help="runs of consecutive pages they fall in")
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args(argv)

@@ -153,7 +153,7 @@ class Transport:
     verify_pages: bool = attrs.field(
         default=False,
         metadata=about(
-            "Prefill sends a keyed digest (BLAKE2b under the deployment secret) of every byte it "
+            "Prefill sends a keyed digest (HMAC-SHA256 under the deployment secret) of every byte it "
             "wrote; decode admits a request only when its pages give the same digest, else retries "
             "it and counts it (`disaggsdk_kv_pages_failed_verification_total`). Costs one hash pass "
             "over the KV on each side; host memory only."
