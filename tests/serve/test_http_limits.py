@@ -102,18 +102,28 @@ def read_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def dribble(sock: socket.socket, data: bytes, between=lambda i: None) -> None:
+    """Send ``data`` a byte every 0.1 s (``between(i)`` after byte i) until the server speaks or
+    closes: stop there, before a write into a closed connection resets it."""
+    for i, byte in enumerate(data):
+        if select.select([sock], [], [], 0.1)[0]:
+            return
+        sock.sendall(bytes([byte]))
+        between(i)
+
+
 def test_a_head_sent_one_byte_at_a_time_is_answered_408_and_closed(served):
     backend, url = served
     backend.gate.set()
     head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     sock = connect(url)
     started = time.monotonic()
-    for i, byte in enumerate(head):  # 0.1 s a byte: the whole head would take 8 s
-        if select.select([sock], [], [], 0.1)[0]:  # the server spoke (or closed): stop before a reset
-            break
-        sock.sendall(bytes([byte]))
+
+    def health_answers(i: int) -> None:
         if i % 10 == 0:
             assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+
+    dribble(sock, head, health_answers)  # the whole head would take 8 s
     answer = read_until_closed(sock)
     closed_at = time.monotonic()
     sock.close()
@@ -162,11 +172,13 @@ def test_past_the_queue_bound_a_request_gets_503_with_retry_after_until_it_drain
 
 
 def test_the_bounds_are_spec_keys_and_must_be_positive():
-    limits = HttpLimits.from_spec(Serve(header_timeout_s=3, idle_timeout_s=2, max_queued_requests=7))
-    assert limits == HttpLimits(3, 2, 7)
+    limits = HttpLimits.from_spec(Serve(header_timeout_s=3, idle_timeout_s=2, max_queued_requests=7, body_timeout_s=4,
+                                        max_connections=9))
+    assert limits == HttpLimits(3, 2, 7, 4, 9)
     with pytest.raises(FieldErrors) as refused:
-        Serve(header_timeout_s=0, max_queued_requests=-1)
-    assert {name for name, _ in refused.value.problems} == {"header_timeout_s", "max_queued_requests"}
+        Serve(header_timeout_s=0, max_queued_requests=-1, body_timeout_s=0, max_connections=0)
+    assert {name for name, _ in refused.value.problems} == {"header_timeout_s", "max_queued_requests",
+                                                              "body_timeout_s", "max_connections"}
 
 
 def test_a_body_sent_one_byte_at_a_time_is_answered_408(served):
@@ -177,10 +189,7 @@ def test_a_body_sent_one_byte_at_a_time_is_answered_408(served):
     started = time.monotonic()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
-    for byte in body:  # 0.1 s a byte: the whole body would take 7 s
-        if select.select([sock], [], [], 0.1)[0]:
-            break
-        sock.sendall(bytes([byte]))
+    dribble(sock, body)  # the whole body would take 7 s
     answer = read_response(sock)
     answered_at = time.monotonic()
     sock.close()
