@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.report.latency import RequestTimeline
@@ -101,6 +101,14 @@ class ServerMetrics:
                                      labels, registry=self.registry)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.",
                                          labels, registry=self.registry)
+        # the front end's own bound (serve.max_queued_requests): what waits, and what it turned away
+        self.refused = Counter(f"{PREFIX}_requests_refused",
+                               "Requests the front end answered 503 before any engine saw them, by reason "
+                               "(queue_full: serve.max_queued_requests).", ["model_name", "reason"],
+                               registry=self.registry)
+        self.queued = Gauge(f"{PREFIX}_front_end_requests_queued",
+                            "Requests the front end handed to the engines that have no first token yet.",
+                            ["model_name"], registry=self.registry)
         self.registry.register(EngineCollector(stats, model_name))
         self._lock = threading.Lock()  # record() runs on the server loop, recent() on viewers' threads
         self._recent: deque[ServedRequest] = deque(maxlen=MAX_RECENT_REQUESTS)
@@ -132,6 +140,10 @@ class ServerMetrics:
         with self._lock:
             self._recent.append(ServedRequest(instance, timeline, finish_reason, time.monotonic()))
             self.num_served += 1
+
+    def count_queued_with(self, num_queued: Callable[[], int]) -> None:
+        """Read the front end's queue depth from ``num_queued`` at each scrape."""
+        self.queued.labels(self.model_name).set_function(num_queued)
 
     def recent(self) -> list[ServedRequest]:
         """The latest served requests, oldest first."""

@@ -103,6 +103,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     client_ids = ClientRequestIds()
     limits = limits or HttpLimits.from_spec()
     queued = QueuedRequests(limits.max_queued_requests)
+    metrics.count_queued_with(lambda: queued.num_queued)
 
     async def body_of(request: Request) -> bytes:
         try:
@@ -222,6 +223,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
                      key: str) -> Response:
         leave = queued.enter()
         if leave is None:
+            metrics.refused.labels(metrics.model_name, "queue_full").inc()
             return queued.full_response()
         run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
         client = request.client.host if request.client else ""  # what poison_requests counts deaths by

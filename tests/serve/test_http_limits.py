@@ -165,6 +165,9 @@ def test_past_the_queue_bound_a_request_gets_503_with_retry_after_until_it_drain
         assert error["code"] == 503 and error["type"] == "server_error"
         assert "serve.max_queued_requests" in error["message"]
         assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # the server itself is fine
+        scrape = httpx.get(f"{url}/metrics", timeout=5).text
+        assert f'disaggsdk_front_end_requests_queued{{model_name="fake-model"}} {MAX_QUEUED_REQUESTS}.0' in scrape
+        assert 'disaggsdk_requests_refused_total{model_name="fake-model",reason="queue_full"}' in scrape
         backend.gate.set()
         assert [h.result().status_code for h in held] == [200] * MAX_QUEUED_REQUESTS
     again = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
