@@ -24,7 +24,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
@@ -39,6 +39,9 @@ from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 from disaggsdk.transfer.errors import TransferError
+
+if TYPE_CHECKING:
+    from disaggsdk.transfer.descriptors import MemoryRegion
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
 DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
@@ -63,7 +66,8 @@ class DecodeMessenger:
     """
 
     def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Any, context_buffer: memoryview,
-                 secret: bytes, deadline_s: float, *, pools: Sequence[Any] = (), context_region: Any = None,
+                 secret: bytes, deadline_s: float, *, pools: Sequence[MemoryRegion] = (),
+                 context_region: MemoryRegion | None = None,
                  grant_keys: bool = False, verify_pages: bool = False):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.secret, self.deadline_s = secret, deadline_s
@@ -350,6 +354,7 @@ class DecodeMessenger:
 
     def _pages_verified(self, h: Handoff) -> bool:
         """Whether the attempt's pages and context slot, as held here, give prefill's digest."""
+        assert h.digest is not None, "verified only once prefill's digest came"
         digest = PageDigest(attempt_key(self.secret, h.request_id, h.grant.generation, h.imm))
         add_granted_pages(digest, [p.view() for p in self.pools], self._geometry(), h.grant.page_ids)
         digest.add_context(self._slot(h.slot))

@@ -39,18 +39,14 @@ if TYPE_CHECKING:
 def page_runs(geometry: PoolGeometry, page_ids: Sequence[int]) -> list[tuple[int, int]]:
     """The byte ranges ``(offset, length)`` of ``page_ids`` in every layer of a pool, consecutive
     pages merged, in pool order."""
-    pages = sorted(page_ids)
-    runs: list[tuple[int, int]] = []
-    for layer in range(geometry.num_layers):
-        start = prev = None
-        for p in [*pages, None]:
-            if start is not None and (p is None or p != prev + 1):
-                runs.append((geometry.page_offset(layer, start), (prev - start + 1) * geometry.page_bytes))
-                start = None
-            if p is not None and start is None:
-                start = p
-            prev = p
-    return runs
+    page_runs_: list[tuple[int, int]] = []  # (first page, number of pages)
+    for p in sorted(page_ids):
+        if page_runs_ and page_runs_[-1][0] + page_runs_[-1][1] == p:
+            page_runs_[-1] = (page_runs_[-1][0], page_runs_[-1][1] + 1)
+        else:
+            page_runs_.append((p, 1))
+    return [(geometry.page_offset(layer, first), count * geometry.page_bytes)
+            for layer in range(geometry.num_layers) for first, count in page_runs_]
 
 
 @dataclass

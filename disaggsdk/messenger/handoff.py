@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.grant_keys import GrantKeys
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
+
+if TYPE_CHECKING:
+    from disaggsdk.messenger.ports import Transport
 
 
 @dataclass
@@ -75,12 +78,12 @@ def prefill_request(h: Handoff, me: UnitInfo, spec: Any, page_size: int) -> pr.P
 
 
 def release_quarantine(quarantine: list[Quarantine], now: float | None, allocator: Any,
-                       free_slots: list[int], transfer: Any = None) -> list[Quarantine]:
+                       free_slots: list[int], transfer: Transport) -> list[Quarantine]:
     """Revoke the grant keys, free the pages (and return the context slots) of every entry due at
     ``now`` (None: all, at shutdown); returns the entries still held.
 
     Args:
-        transfer: the `Transport` the entries' grant keys were registered with (needed when any has keys).
+        transfer: the transport the entries' grant keys were registered with.
     """
     kept = []
     for q in quarantine:

@@ -87,7 +87,8 @@ def add_layer(digest: PageDigest, layer: int, pairs: Sequence[PairWrites], src_p
     entries = sorted((w.dst_tp_rank, d, w.src_tp_rank, s, n)
                      for w in pairs for s, d, n in zip(w.src_offsets, w.dst_offsets, w.lengths))
     layer_base, page_bytes = dst_geometry.page_offset(layer, 0), dst_geometry.page_bytes
-    place, chunks = None, []
+    place: tuple[int, int] | None = None  # (decode rank, page id) of the term being fed
+    chunks: list[memoryview] = []
     for rank, d, src_rank, s, n in entries:
         while n > 0:  # an entry may cover several destination pages (whole-page routes)
             page = (d - layer_base) // page_bytes

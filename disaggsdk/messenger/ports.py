@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import TransferTotals
+
+if TYPE_CHECKING:
+    from disaggsdk.transfer.descriptors import MemoryRegion
 
 
 class Transport(Protocol):
@@ -34,10 +37,10 @@ class Transport(Protocol):
     def cancel(self, imm: int) -> None:
         """Stop waiting for writes carrying ``imm``."""
 
-    def register_pointer(self, address: int, length_bytes: int) -> Any:
+    def register_pointer(self, address: int, length_bytes: int) -> MemoryRegion:
         """Open ``[address, + length_bytes)`` to peers' writes under a fresh key (a `MemoryRegion`)."""
 
-    def deregister(self, region: Any) -> None:
+    def deregister(self, region: MemoryRegion) -> None:
         """Close a registration: writes with its key land nowhere from now on."""
 
 

@@ -16,7 +16,7 @@ import time
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.admission import LocalFormat, Rejection, RejectReason, check_request
@@ -30,6 +30,9 @@ from disaggsdk.messenger.ports import PrefillEngine, Transport
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
+
+if TYPE_CHECKING:
+    from disaggsdk.transfer.descriptors import MemoryRegion, RegionDescriptor
 
 __all__ = ["ContextStaging", "PrefillMessenger"]
 
@@ -251,7 +254,7 @@ class PrefillMessenger:
             except Exception as exc:  # a failed submit fails the request, never the unit
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
 
-    def _submit_writes(self, job: PrefillJob, src: Any, dst: Any, targets: GrantTargets | None,
+    def _submit_writes(self, job: PrefillJob, src: MemoryRegion, dst: RegionDescriptor, targets: GrantTargets | None,
                        src_offsets: array, dst_offsets: array, lengths: array) -> None:
         """Submit writes from ``src`` into a decode region: one batch into the whole region, or with
         per-grant keys one batch per granted segment the writes land in."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.runtime_api import Runtime, UnitStalled
 from disaggsdk.launch.tiny import LaunchError
@@ -210,7 +211,7 @@ class Router:
         """Text of ``token_ids`` (without special tokens unless asked)."""
         return self._tokenizer.decode(token_ids, skip_special_tokens)
 
-    def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+    def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
                sink: Callable[[TokenEvent], None], client: str = "") -> str:
         """Send a request to the serving unit `serve.routing` picks; ``sink`` gets its events (reader thread).
 
@@ -261,7 +262,7 @@ class Router:
             self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
         return unit
 
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
                        client: str = "") -> AsyncIterator[TokenEvent]:
         """Stream a request's tokens (errors arrive as a final event with finish_reason "error");
         ``client`` as in `submit`."""

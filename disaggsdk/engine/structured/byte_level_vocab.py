@@ -15,7 +15,10 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
 
 
 @functools.cache
@@ -67,7 +70,7 @@ class _TextOnlySpecials:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def byte_level_ll_tokenizer(path: Path, n_vocab: int, eos: list[int]) -> Any:
+def byte_level_ll_tokenizer(path: Path, n_vocab: int, eos: list[int]) -> LLTokenizer:
     """An `llguidance.LLTokenizer` over the byte-level BPE ``tokenizer.json`` at ``path``.
 
     Args:

@@ -22,6 +22,7 @@ from disaggsdk.engine.structured.byte_level_vocab import byte_level_ll_tokenizer
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 
 if TYPE_CHECKING:
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
     import torch
 
 GRAMMAR_FINISH_REASON = "stop"  # a completed grammar ends the request as an eos would
@@ -69,7 +70,7 @@ MAX_ERROR_CHARS = 2000  # of llguidance's message in an error that reaches a cli
 GRAMMAR_TIME_LIMIT_S = 2.0  # a unit refuses a build that runs longer (it finishes on its worker thread)
 
 
-def parser_limits() -> Any:
+def parser_limits() -> LLParserLimits:
     """The `llguidance.LLParserLimits` every matcher is built with (`MAX_GRAMMAR_SYMBOLS`; the
     lexer's fuel and the parser's items at llguidance's defaults). Errors are terse: a verbose one
     carries the parser state and the whole grammar, 120 KB for a large choice list, into the
@@ -100,7 +101,7 @@ def check_value_bytes(output: StructuredOutput) -> None:
     check_grammar_bytes(output, len(output.value.encode("utf-8", "surrogatepass")))
 
 
-def build_matcher(output: StructuredOutput, tokenizer: Any) -> Any:
+def build_matcher(output: StructuredOutput, tokenizer: LLTokenizer) -> LLMatcher:
     """A fresh `llguidance.LLMatcher` for ``output``: exactly what a unit's engine builds for a
     request, with `parser_limits` and `MAX_GRAMMAR_BYTES`. Compiled matchers are kept (`_compiled`)
     and copied, so the unit's engine, building it again after the unit's own check, pays ~20 us.
@@ -119,7 +120,7 @@ def build_matcher(output: StructuredOutput, tokenizer: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=64)  # a process-wide cache, as `ll_tokenizer`: a matcher is never handed out
-def _compiled(output: StructuredOutput, tokenizer: Any) -> Any:
+def _compiled(output: StructuredOutput, tokenizer: LLTokenizer) -> LLMatcher:
     from llguidance import LLMatcher
 
     check_value_bytes(output)
