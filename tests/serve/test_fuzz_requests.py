@@ -164,6 +164,7 @@ HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appli
 PARTIAL_HEADS = st.integers(0, len(HEAD)).map(lambda n: HEAD[:n]) | st.binary(max_size=60).filter(
     lambda b: b"\r\n\r\n" not in b and b"\n\n" not in b)
 NUM_SLOW_CONNECTIONS = 12
+RESET = b"(reset by the server after it closed)"
 
 
 def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
@@ -185,13 +186,19 @@ def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
     def dribble(address: tuple[str, int], head: bytes) -> None:
         sock = socket.create_connection(address, timeout=30)
         started = time.monotonic()
-        for byte in head + b"x" * 100:  # past the head: padding, so the connection never goes quiet
-            if select.select([sock], [], [], 0.05)[0]:
-                break
-            sock.sendall(bytes([byte]))
         received = b""
-        while chunk := sock.recv(4096):
-            received += chunk
+        try:
+            for byte in head + b"x" * 100:  # past the head: padding, so the connection never goes quiet
+                if select.select([sock], [], [], 0.05)[0]:
+                    break
+                sock.sendall(bytes([byte]))
+            while chunk := sock.recv(4096):
+                received += chunk
+        except ConnectionResetError:
+            # the server answered and closed while a byte of ours was on its way: its kernel resets a
+            # connection closed with unread bytes, and the reset may overtake the answer. Closed all
+            # the same (what this test is about); the answers that do arrive are checked below
+            received = received or RESET
         answers.append((head, received, time.monotonic() - started))
         sock.close()
 
@@ -212,7 +219,7 @@ def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
                 t.join(timeout=30)
             assert len(answers) == len(partial_heads)
             for head, received, held_s in answers:
-                assert received.startswith((b"HTTP/1.1 408 ", b"HTTP/1.1 400 ")), (head, received)
+                assert received.startswith((b"HTTP/1.1 408 ", b"HTTP/1.1 400 ", RESET)), (head, received)
                 assert held_s < QUICK_HEADER_TIMEOUT_S + 3.0, (head, held_s)
 
         fuzz()
