@@ -86,7 +86,7 @@ def read_sharegpt(path: str | Path) -> list[Any]:
 
 
 def sharegpt_requests(
-    path: str | Path, num_prompts: int, count_tokens, output_len: int | None = None, seed: int = 0  # noqa: ANN001
+    path: str | Path, num_prompts: int, count_tokens, output_len: int | None = None, seed: int = 0
 ) -> list[BenchRequest]:
     """Prompts from a ShareGPT-format file (a list of ``{"conversations": [{"value": ...}, ...]}``).
 

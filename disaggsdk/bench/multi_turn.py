@@ -26,8 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from disaggsdk.bench.dataset import (
-    RANDOM_TOKEN_ID_LIMIT, SHAREGPT_MAX_PROMPT_TOKENS, SHAREGPT_MAX_TOTAL_TOKENS, SHAREGPT_MIN_TOKENS,
-    BenchRequest, DatasetError, read_sharegpt,
+    RANDOM_TOKEN_ID_LIMIT,
+    SHAREGPT_MAX_PROMPT_TOKENS,
+    SHAREGPT_MAX_TOTAL_TOKENS,
+    SHAREGPT_MIN_TOKENS,
+    BenchRequest,
+    DatasetError,
+    read_sharegpt,
 )
 
 # ShareGPT messages are joined into one prompt with a blank line between them: it reads as a

@@ -29,7 +29,10 @@ from disaggsdk.bench.dataset import BenchRequest
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.bench.serve_request import RequestOptions, headers, send
 from disaggsdk.bench.serve_result import (
-    cached_token_counts, keep_percentiles_of, per_request_lists, per_second_peaks,
+    cached_token_counts,
+    keep_percentiles_of,
+    per_request_lists,
+    per_second_peaks,
 )
 from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.errors import DisaggError

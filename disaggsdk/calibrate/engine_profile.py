@@ -20,10 +20,10 @@ from typing import Any
 import attrs
 import yaml
 
+from disaggsdk.calibrate.speed_monitor import SpeedMonitor
 from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 from disaggsdk.sim.hardware import HardwareProfile
-from disaggsdk.calibrate.speed_monitor import SpeedMonitor
 
 
 @attrs.frozen

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from disaggsdk.calibrate.validate import Launcher
 from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
 
-
 IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
 
 

@@ -37,7 +37,7 @@ class _StoreGiven(argparse.Action):
     """Store the value and set ``<dest>_given``: --input-len's default is the random dataset's prompt
     length, too long for one multi-turn user message, which then defaults to `DEFAULT_USER_LEN`."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+    def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         setattr(namespace, f"{self.dest}_given", True)
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from disaggsdk.cli.runtime_options import add_runtime_options
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
+from disaggsdk.cli.runtime_options import add_runtime_options
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
@@ -236,9 +236,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_load(args, console, target.rstrip("/"), args.model, args.api_key)
         report(args, console, [(target, result)])
         return 0
-    from disaggsdk.cli.launch_cmd import launch_spec
-
     from disaggsdk.bench.serve_bench import median_run
+    from disaggsdk.cli.launch_cmd import launch_spec
 
     if args.repeat < 1:
         raise BenchArgsError(f"--repeat must be >= 1, got {args.repeat}")

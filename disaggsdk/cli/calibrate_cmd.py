@@ -30,12 +30,12 @@ def run(args: argparse.Namespace) -> int:
 
     import attrs
 
+    from disaggsdk.calibrate.engine_profile import calibrate_engine, save_profile
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
     from disaggsdk.errors import SpecError
     from disaggsdk.models import resolve_model
-    from disaggsdk.calibrate.engine_profile import calibrate_engine, save_profile
-    from disaggsdk.sim.hardware import user_profile_dir
     from disaggsdk.sim.cost_model import StepCostModel
-    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
+    from disaggsdk.sim.hardware import user_profile_dir
 
     if args.rounds < 1:
         raise SpecError(f"--rounds: expected a count of at least 1, got {args.rounds}")

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.errors import DisaggError
 
 HELP = "Generate text offline with the engine (a tiny catalog model or a checkpoint directory)."

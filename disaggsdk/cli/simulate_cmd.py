@@ -59,9 +59,9 @@ def _rates(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from disaggsdk.sim.hardware import load_profile
     from disaggsdk.sim.runner import default_profile_name, run_simulations
     from disaggsdk.sim.simulator import SimConfig, default_weight_dtype
-    from disaggsdk.sim.hardware import load_profile
     from disaggsdk.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:  # noqa: ANN001
+def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:
     """The acceptance to simulate with, and its source.
 
     Raises:
@@ -112,8 +112,8 @@ def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:  # noqa: ANN00
 
 
 def _validate(args: argparse.Namespace, spec, profile) -> int:
-    from disaggsdk.errors import SpecError
     from disaggsdk.calibrate.validate import TOLERANCE, validate
+    from disaggsdk.errors import SpecError
     from disaggsdk.face.deployment import launch
 
     if spec.device != "cpu":

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 
-import torch
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compiled_step import compile_by_default

@@ -18,8 +18,8 @@ from disaggsdk.spec.types import Spec
 from disaggsdk.spec.yaml_io import load_spec, spec_to_yaml
 
 if TYPE_CHECKING:
-    from disaggsdk.plan import Plan
     from disaggsdk.face.deployment import Deployment
+    from disaggsdk.plan import Plan
 
 
 def _set(section: Any, **changes: Any) -> Any:

@@ -16,7 +16,6 @@ from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.stats import RequestTransfer
 
-
 # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
 # 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats)
 PROTOCOL_VERSION = 7

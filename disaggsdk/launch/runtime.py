@@ -33,8 +33,17 @@ from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStal
 from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
-from disaggsdk.launch.units import (ProcessLauncher, UnitHandle, core_sets, process_tree_cpu_s,
-                                    rejoin_unit, start_units, stop_units, unit_log_tail, unit_names)
+from disaggsdk.launch.units import (
+    ProcessLauncher,
+    UnitHandle,
+    core_sets,
+    process_tree_cpu_s,
+    rejoin_unit,
+    start_units,
+    stop_units,
+    unit_log_tail,
+    unit_names,
+)
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
-import socket
 from typing import Any
 
 from disaggsdk.launch import messages as ch

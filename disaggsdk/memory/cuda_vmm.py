@@ -114,7 +114,7 @@ class _CudaMapped:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "_CudaMapped":
+    def __enter__(self) -> _CudaMapped:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,7 +125,7 @@ class CudaSharedAllocation(_CudaMapped):
     """GPU memory created here, mapped here, and exported as a POSIX fd (`fd`)."""
 
     @classmethod
-    def create(cls, size_bytes: int, device: int = 0) -> "CudaSharedAllocation":
+    def create(cls, size_bytes: int, device: int = 0) -> CudaSharedAllocation:
         """Allocates at least size_bytes (rounded up to the allocation granularity).
 
         Raises:
@@ -155,7 +155,7 @@ class CudaSharedMapping(_CudaMapped):
     """GPU memory of another process, imported from its fd and mapped here."""
 
     @classmethod
-    def import_fd(cls, fd: int, size_bytes: int, device: int = 0) -> "CudaSharedMapping":
+    def import_fd(cls, fd: int, size_bytes: int, device: int = 0) -> CudaSharedMapping:
         """Imports an exported allocation; takes ownership of fd (closed after import).
 
         Raises:

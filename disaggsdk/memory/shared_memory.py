@@ -50,7 +50,7 @@ class SharedRegion:
         self.buffer = memoryview(self._mmap)  # [size_bytes], uint8, host
 
     @classmethod
-    def create(cls, size_bytes: int, name: str = "disaggsdk-kv") -> "SharedRegion":
+    def create(cls, size_bytes: int, name: str = "disaggsdk-kv") -> SharedRegion:
         """Allocates a zero-filled region of size_bytes.
 
         Raises:
@@ -71,7 +71,7 @@ class SharedRegion:
         return cls(fd, size_bytes)
 
     @classmethod
-    def from_fd(cls, fd: int, size_bytes: int | None = None) -> "SharedRegion":
+    def from_fd(cls, fd: int, size_bytes: int | None = None) -> SharedRegion:
         """Maps a region received from another process (takes ownership of fd)."""
         return cls(fd, size_bytes)
 
@@ -112,7 +112,7 @@ class SharedRegion:
         os.close(self.fd)
         self.fd = -1
 
-    def __enter__(self) -> "SharedRegion":
+    def __enter__(self) -> SharedRegion:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,11 +30,11 @@ from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
 from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.grant_keys import open_grant
-from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.handoff import Handoff, Quarantine, prefill_request, release_quarantine
+from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
-from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.ports import DecodeEngine, Transport
+from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages

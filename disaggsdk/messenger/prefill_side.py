@@ -25,8 +25,8 @@ from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.grant_keys import GrantTargets
 from disaggsdk.messenger.page_digest import add_layer
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
-from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.ports import PrefillEngine, Transport
+from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready

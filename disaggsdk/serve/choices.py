@@ -19,8 +19,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from disaggsdk.serve import openai_response as resp
 from disaggsdk.engine.sampling_params import MAX_SEED
+from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.request_run import RequestRun

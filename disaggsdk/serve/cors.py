@@ -27,7 +27,7 @@ class _OpenAICorsMiddleware(CORSMiddleware):
     """Starlette's CORS middleware (pure ASGI: SSE chunks pass through unbuffered) whose refused
     preflight answers an OpenAI error object, not the plain text ``Disallowed CORS origin``."""
 
-    def preflight_response(self, request_headers) -> Response:  # noqa: ANN001 - starlette's Headers
+    def preflight_response(self, request_headers) -> Response:
         response = super().preflight_response(request_headers)
         if response.status_code < 400:
             return response

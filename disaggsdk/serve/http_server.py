@@ -59,7 +59,7 @@ class HttpServer:
         limits: the connection timeouts (`serve.http_limits`); None: the spec's defaults.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0,  # noqa: ANN001 - any ASGI app
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
                  sock: socket.socket | None = None, limits: HttpLimits | None = None):
         limits = limits or HttpLimits.from_spec()
         # h11 named explicitly: uvicorn would take httptools when installed, and the head deadline is h11's

@@ -9,7 +9,6 @@ With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
 from __future__ import annotations
 
 import asyncio
-
 import hmac
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,16 +23,16 @@ from starlette.requests import ClientDisconnect
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
+from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
+from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
 from disaggsdk.serve.cors import CorsPolicy
 from disaggsdk.serve.error_bodies import add_error_handlers, error_kind, unavailable_body
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
-from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
-from disaggsdk.serve.choices import Choices, expand_choices
-from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
 from disaggsdk.serve.openai_request import ParsedRequest, parse_request
 from disaggsdk.serve.queued_requests import QueuedRequests
 from disaggsdk.serve.request_run import RequestRun

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
+from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.serve.chat_request import chat_prompt, check_tools
 from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, show_value

@@ -18,8 +18,8 @@ from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.plan import make_plan
 from disaggsdk.report.latency import metric_stats, tokens_per_s_per_request
 from disaggsdk.sim.cost_model import StepCostModel, transfer_cost_from_route
-from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.front_end import FrontEnd
+from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.instance import RequestRecord, SimInstance, StepTokens
 from disaggsdk.sim.shared_cores import SharedCores
 from disaggsdk.sim.workload import SimRequest

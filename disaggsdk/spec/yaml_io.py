@@ -11,7 +11,6 @@ from disaggsdk.spec.convert import spec_from_dict, spec_to_dict
 from disaggsdk.spec.rules import check_spec
 from disaggsdk.spec.types import Spec
 
-
 # The smallest spec that runs here: one prefill and one decode process of a tiny model on a
 # 2-core CPU, KV over shared memory (specs/tiny_pd.yaml spells out the rest).
 CPU_STARTER_SPEC = """\

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import struct
 from array import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -46,7 +47,7 @@ class RegionDescriptor:
         return _REGION_FORMAT.size + len(SameHostShare.empty_bytes())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "RegionDescriptor":
+    def from_bytes(cls, data: bytes) -> RegionDescriptor:
         """Parses the wire form.
 
         Raises:
@@ -123,7 +124,7 @@ class WriteBatch:
     @classmethod
     def of(cls, src: MemoryRegion, dst: RegionDescriptor, src_offsets: Sequence[int],
            dst_offsets: Sequence[int], lengths: Sequence[int] | int,
-           imms: Sequence[int] | int) -> "WriteBatch":
+           imms: Sequence[int] | int) -> WriteBatch:
         """Builds a batch; a scalar length or immediate applies to every entry.
 
         Raises:
@@ -138,7 +139,7 @@ class WriteBatch:
 
     @classmethod
     def pages(cls, src: MemoryRegion, dst: RegionDescriptor, src_pages: Sequence[int],
-              dst_pages: Sequence[int], page_bytes: int, imm: int) -> "WriteBatch":
+              dst_pages: Sequence[int], page_bytes: int, imm: int) -> WriteBatch:
         """Whole-page writes: src page src_pages[i] to dst page dst_pages[i], all with `imm`."""
         return cls.of(src, dst, [p * page_bytes for p in src_pages],
                       [p * page_bytes for p in dst_pages], page_bytes, imm)

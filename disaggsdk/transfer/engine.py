@@ -283,7 +283,7 @@ class TransferEngine:
         self._finalizer()
         self._engine = None
 
-    def __enter__(self) -> "TransferEngine":
+    def __enter__(self) -> TransferEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:

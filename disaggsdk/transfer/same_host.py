@@ -47,7 +47,7 @@ class SameHostShare:
     inode: int
 
     @classmethod
-    def of_fd(cls, fd: int, offset: int = 0) -> "SameHostShare":
+    def of_fd(cls, fd: int, offset: int = 0) -> SameHostShare:
         """Describe byte ``offset`` of this process's shared-memory file ``fd``."""
         st = os.fstat(fd)
         return cls(host_id(), os.getpid(), fd, offset, st.st_dev, st.st_ino)
@@ -61,7 +61,7 @@ class SameHostShare:
                                   self._check())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "SameHostShare | None":
+    def from_bytes(cls, data: bytes) -> SameHostShare | None:
         """Parse; all zeros means none. Raises TransferError on a corrupted block."""
         if not any(data):
             return None

@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
-from disaggsdk.bench.grammar_bench import run_grammar_bench  # noqa: E402
+from disaggsdk.bench.grammar_bench import run_grammar_bench
 
 
 def test_grammar_bench_reports_the_step_with_and_without_constraints():

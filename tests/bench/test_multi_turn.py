@@ -13,7 +13,11 @@ import pytest
 
 from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, DatasetError
 from disaggsdk.bench.multi_turn import (
-    MESSAGE_SEPARATOR, MultiTurnShape, prefix_reuse, sharegpt_conversations, synthetic_conversations,
+    MESSAGE_SEPARATOR,
+    MultiTurnShape,
+    prefix_reuse,
+    sharegpt_conversations,
+    synthetic_conversations,
 )
 from disaggsdk.bench.serve_bench import BenchError, LoadShape, bench
 from disaggsdk.bench.serve_result import cached_token_counts

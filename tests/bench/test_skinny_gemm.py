@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.bench.skinny_gemm import SHAPES, run_skinny_gemm  # noqa: E402
+from disaggsdk.bench.skinny_gemm import SHAPES, run_skinny_gemm
 
 
 def test_skinny_gemm_reports_every_shape_and_row_count():

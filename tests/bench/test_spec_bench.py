@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.bench.code_corpus import held_out_prompts  # noqa: E402
-from disaggsdk.bench.spec_bench import run_spec_bench  # noqa: E402
+from disaggsdk.bench.code_corpus import held_out_prompts
+from disaggsdk.bench.spec_bench import run_spec_bench
 
 
 def test_spec_bench_reports_acceptance_speed_and_identical_greedy_tokens():

@@ -3,8 +3,8 @@
 import attrs
 import pytest
 
-from disaggsdk.models import resolve_model
 from disaggsdk.calibrate.engine_profile import StepSample, fit_profile, save_profile, time_engine
+from disaggsdk.models import resolve_model
 from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 from disaggsdk.sim.hardware import load_profile
 

@@ -6,8 +6,8 @@ import time
 import attrs
 import pytest
 
-from disaggsdk.sim.hardware import load_profile
 from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, has_speed, retimed, speed_factors
+from disaggsdk.sim.hardware import load_profile
 
 H100 = load_profile("h100")
 CALIBRATED = attrs.evolve(H100, monitor_prefill_cpu_ms=30.0, monitor_decode_step_cpu_ms=8.0,

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.cli.main import main  # noqa: E402
-from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
+from disaggsdk.cli.main import main
+from disaggsdk.engine.tokenizer import load_tokenizer
 
 
 def test_tiny_catalog_model_from_text_with_no_files(tmp_path):

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.prefix_cache import PrefixCache  # noqa: E402
-from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
-from disaggsdk.engine.sequence import Request  # noqa: E402
-from disaggsdk.memory.page_allocator import PageAllocator  # noqa: E402
+from disaggsdk.engine.prefix_cache import PrefixCache
+from disaggsdk.engine.sampling_params import SamplingParams
+from disaggsdk.engine.sequence import Request
+from disaggsdk.memory.page_allocator import PageAllocator
 
 PAGE = 4
 

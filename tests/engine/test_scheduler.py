@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.engine.scheduler import Scheduler  # noqa: E402
-from disaggsdk.engine.sequence import Request, RequestStatus  # noqa: E402
-from disaggsdk.memory.page_allocator import PageAllocator  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.scheduler import Scheduler
+from disaggsdk.engine.sequence import Request, RequestStatus
+from disaggsdk.memory.page_allocator import PageAllocator
 
 
 def req(rid: str, n: int) -> Request:

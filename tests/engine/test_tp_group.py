@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.errors import ModelError  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.errors import ModelError
 
 PROMPTS = [[1, 2, 3, 4, 5], [7] * 11, [300, 20]]
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.serve.local import serve_locally
+from tests.launch._helpers import live_descendants, make_spec
 
 MODEL = "qwen3-tiny"
 PROMPT_LENGTHS = (200, 33, 7)

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
-from tests.launch._helpers import live_descendants  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from tests.conftest import ROOT
+from tests.launch._helpers import live_descendants
 
 PROMPTS = [[5, 6, 7, 8, 9], [300, 2, 3] * 9, [42]]
 

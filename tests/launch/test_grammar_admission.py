@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("llguidance")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
-from disaggsdk.launch import messages as ch  # noqa: E402
-from disaggsdk.launch.grammar_admission import GrammarAdmission  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.structured.output import StructuredOutput
+from disaggsdk.launch import messages as ch
+from disaggsdk.launch.grammar_admission import GrammarAdmission
 
 MODEL = "qwen3-coder-tiny"
 

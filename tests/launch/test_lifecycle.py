@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from disaggsdk.messenger import protocol as pr  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.messenger import protocol as pr
+from disaggsdk.serve.local import serve_locally
+from tests.launch._helpers import live_descendants, make_spec
 
 MODEL = "qwen3-coder-tiny"
 SECRET = b"lifecycle-test-secret-0123456789"

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from tests.launch.test_ray_runtime import our_processes  # noqa: E402
+from tests.launch.test_ray_runtime import our_processes
 
 
 def test_cli_launch_on_ray_without_an_address_starts_its_own_cluster():

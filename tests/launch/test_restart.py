@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.serve.local import serve_locally
+from tests.launch._helpers import live_descendants, make_spec
 
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
 

@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.conftest import ROOT, start_cli_server  # noqa: E402
-from tests.launch._helpers import child_pids, make_spec  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.serve.local import serve_locally
+from tests.conftest import ROOT, start_cli_server
+from tests.launch._helpers import child_pids, make_spec
 
 LAUNCHER_DEATH_CLEANUP_S = 15  # issue 33: a unit's /dev/shm files go within this of its launcher's SIGKILL
 

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.report.ttft_phases import PHASES  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.report.ttft_phases import PHASES
+from disaggsdk.serve.local import serve_locally
+from tests.launch._helpers import live_descendants, make_spec
 
 
 def test_every_handed_off_request_has_its_phases():

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.fault_injection import build_freeze_shim, freeze_then_kill, preload_env  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.serve.local import serve_locally
+from tests.fault_injection import build_freeze_shim, freeze_then_kill, preload_env
+from tests.launch._helpers import live_descendants, make_spec
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 STUCK_AFTER_S = 1.5

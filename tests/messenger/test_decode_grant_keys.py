@@ -18,8 +18,18 @@ from disaggsdk.messenger.grant_keys import page_runs
 from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan import make_plan
-from tests.messenger.test_decode_side import (HIDDEN, NUM_PAGES, PAGE_SIZE, SECRET, VOCAB, FakeEngine, FakeTransfer,
-                                              from_prefill, last, unit)
+from tests.messenger.test_decode_side import (
+    HIDDEN,
+    NUM_PAGES,
+    PAGE_SIZE,
+    SECRET,
+    VOCAB,
+    FakeEngine,
+    FakeTransfer,
+    from_prefill,
+    last,
+    unit,
+)
 from tests.plan.helpers import make_spec
 
 NUM_LAYERS, PAGE_BYTES = 4, 64

@@ -4,9 +4,9 @@ what a catalog name gives the engine, the tokenizer and `disaggsdk generate`."""
 
 from __future__ import annotations
 
-import attrs
 import json
 
+import attrs
 import pytest
 
 torch = pytest.importorskip("torch")

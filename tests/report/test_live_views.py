@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.report.live import instance_rows, latency_series
 from disaggsdk.report.live_table import instance_table, summary_table
 from disaggsdk.report.svg_plot import latency_svg
-from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.metrics import ServedRequest
 
 

@@ -49,7 +49,7 @@ def _name_problems(name: str, kind: str) -> list[str]:
     return problems
 
 
-def _histogram_problems(family) -> list[str]:  # noqa: ANN001 - a parsed Metric
+def _histogram_problems(family) -> list[str]:
     series: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     counts: dict[tuple, float] = {}
     for s in family.samples:

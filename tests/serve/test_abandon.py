@@ -13,10 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 pytest.importorskip("torch")
 
-from disaggsdk.face.deployment import Deployment  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import make_spec  # noqa: E402
-
+from disaggsdk.face.deployment import Deployment
+from disaggsdk.serve.local import serve_locally
+from tests.launch._helpers import make_spec
 
 
 def finished_by_reason(url: str) -> dict[str, float]:

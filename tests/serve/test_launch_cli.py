@@ -15,7 +15,6 @@ import pytest
 from tests.conftest import ROOT, start_cli_server
 
 
-
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid``."""
     parent_of = {}

@@ -15,7 +15,6 @@ from disaggsdk.spec import load_spec
 from tests.conftest import ROOT
 
 
-
 def child_pids() -> set[int]:
     """Live (non-zombie) processes whose parent is this test process.
 

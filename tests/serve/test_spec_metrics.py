@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig  # noqa: E402
-from disaggsdk.engine.speculative.config import SpeculativeConfig  # noqa: E402
-from disaggsdk.face.deployment import serve_model  # noqa: E402
-from tests.serve.test_openai_server import families  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig
+from disaggsdk.engine.speculative.config import SpeculativeConfig
+from disaggsdk.face.deployment import serve_model
+from tests.serve.test_openai_server import families
 
 BODY = {"prompt": "class Stack:\n    def __init__(self):", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
 

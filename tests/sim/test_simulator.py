@@ -3,7 +3,7 @@
 import pytest
 
 from disaggsdk.sim.hardware import load_profile
-from disaggsdk.sim.simulator import Simulation, SimConfig
+from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import SimRequest, Workload, WorkloadError, load_trace
 from disaggsdk.spec import load_spec
 

@@ -11,8 +11,6 @@ import multiprocessing
 import os
 import time
 
-import pytest
-
 from tests.fault_injection import build_freeze_shim, freeze_then_kill, preload_env
 
 PAGE = 4096

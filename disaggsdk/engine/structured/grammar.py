@@ -22,8 +22,8 @@ from disaggsdk.engine.structured.byte_level_vocab import byte_level_ll_tokenizer
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 
 if TYPE_CHECKING:
-    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
     import torch
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 GRAMMAR_FINISH_REASON = "stop"  # a completed grammar ends the request as an eos would
 

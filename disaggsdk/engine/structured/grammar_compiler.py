@@ -20,8 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from disaggsdk.engine.structured.grammar import (GRAMMAR_TIME_LIMIT_S, build_matcher, check_value_bytes,
-                                                 ll_tokenizer)
+from disaggsdk.engine.structured.grammar import GRAMMAR_TIME_LIMIT_S, build_matcher, check_value_bytes, ll_tokenizer
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 
 NUM_WORKERS = 2  # builds at once; a unit shares its cores with its engine, a server with its event loop

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 from model_tp_worker import run_rank, two_steps

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("llguidance")
 
-from disaggsdk.engine.structured import grammar  # noqa: E402
-from disaggsdk.engine.structured.grammar_compiler import GrammarCompiler  # noqa: E402
-from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError  # noqa: E402
+from disaggsdk.engine.structured import grammar
+from disaggsdk.engine.structured.grammar_compiler import GrammarCompiler
+from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 
 MODEL = "qwen3-coder-tiny"
 
