@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import show_value
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from disaggsdk.engine.sampling_params import MAX_SEED
 from disaggsdk.serve import openai_response as resp
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.request_run import RequestRun
 

@@ -18,7 +18,7 @@ import functools
 import uuid
 from collections.abc import Callable
 
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 
 MAX_CLIENT_ID_CHARS = 128
 

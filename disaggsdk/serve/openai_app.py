@@ -25,15 +25,18 @@ from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
-from disaggsdk.serve.context_length import check_context_length, rest_of_context_by_default
 from disaggsdk.serve.cors import CorsPolicy
-from disaggsdk.serve.error_bodies import add_error_handlers, error_kind, unavailable_body
+from disaggsdk.serve.error_bodies import BadRequestError, add_error_handlers, error_kind, unavailable_body
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
-from disaggsdk.serve.openai_request import ParsedRequest, parse_request
+from disaggsdk.serve.openai_request import (
+    ParsedRequest,
+    check_context_length,
+    parse_request,
+    rest_of_context_by_default,
+)
 from disaggsdk.serve.queued_requests import QueuedRequests
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size

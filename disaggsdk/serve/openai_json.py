@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 
 MAX_JSON_DEPTH = 64  # a chat body nests 4 levels; deeper is an attack on the parser, not a request
 MAX_INT_DIGITS = 100  # the widest field (seed, int64) has 19 digits; longer literals are refused unparsed

@@ -4,11 +4,15 @@ Validation is by hand rather than with pydantic models so each message says exac
 field is wrong and what would be accepted, in OpenAI's error shape. Everything the sampler and
 the engine will see is checked here, at the edge: a NaN temperature or an integer past int64
 must be a 400 for one client, never a crashed decode unit or an OverflowError for everyone.
-The document as a whole (encoding, depth, NaN anywhere) is checked first, in `openai_json`.
+The document as a whole (encoding, depth, NaN anywhere) is checked first, in `openai_json`; the
+prompt and output against the model's context last (`check_context_length`): chat requests without
+``max_tokens`` may generate the rest of the context (vLLM's default), and a request whose prompt and
+output cannot fit is a 400 that says by how much.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.serve.chat_request import chat_prompt, check_tools
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, show_value
 from disaggsdk.serve.structured_request import parse_structured
 from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_tool_choice
@@ -279,3 +283,31 @@ def _special_token_id(encode: Callable[[str], list[int]]) -> Callable[[str], int
         return ids[0] if len(ids) == 1 else None
 
     return token_id
+
+
+# the model's context
+
+def rest_of_context_by_default(req: ParsedRequest, max_model_len: int | None) -> ParsedRequest:
+    """A chat request without max_tokens may generate the rest of the context, as vLLM's does."""
+    if not req.chat or req.max_tokens_given or max_model_len is None or len(req.prompt_ids) >= max_model_len:
+        return req
+    rest = max(max_model_len - len(req.prompt_ids), req.params.min_tokens, 1)
+    return dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=rest))
+
+
+def check_context_length(req: ParsedRequest, max_model_len: int | None) -> None:
+    """Refuse a request whose prompt and output cannot fit the model's context (a 400 that says by how much).
+
+    Raises:
+        BadRequestError: prompt + max_tokens over ``max_model_len``.
+    """
+    total = len(req.prompt_ids) + req.params.max_tokens
+    if max_model_len is None or total <= max_model_len:
+        return
+    over = total - max_model_len
+    raise BadRequestError(
+        f"this model's context is {max_model_len} tokens, but the request needs {total} "
+        f"({len(req.prompt_ids)} of prompt + {req.params.max_tokens} of max_tokens): {over} too many; "
+        f"shorten the prompt or lower max_tokens",
+        param="max_tokens" if len(req.prompt_ids) < max_model_len else ("messages" if req.chat else "prompt"),
+    )

@@ -15,8 +15,8 @@ from typing import Any
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend, TokenEvent
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_error import BadRequestError
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.text_stream import TextStream
 from disaggsdk.serve.tool_calls import parse_calls

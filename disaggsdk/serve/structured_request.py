@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import show_value
 
 VLLM_KINDS = ("json", "regex", "choice", "grammar", "json_object")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 
 from disaggsdk.serve.chat_request import chat_prompt
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import check_json_tree, decode_body
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from typing import Any
 
 from disaggsdk.engine.structured.output import JSON_LAYOUT, StructuredOutput
 from disaggsdk.serve.chat_request import check_tool_name
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import show_value
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

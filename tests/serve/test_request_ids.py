@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from disaggsdk.serve.client_request_ids import ClientRequestIds
-from disaggsdk.serve.openai_error import BadRequestError
+from disaggsdk.serve.error_bodies import BadRequestError
 
 NUM_TOKENS = 300
 

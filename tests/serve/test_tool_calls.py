@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai")
 from disaggsdk.engine.structured.grammar import GrammarState, ll_tokenizer  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 from disaggsdk.serve.chat_request import check_tools  # noqa: E402
-from disaggsdk.serve.openai_error import BadRequestError  # noqa: E402
+from disaggsdk.serve.error_bodies import BadRequestError  # noqa: E402
 from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_calls, parse_tool_choice  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
