@@ -1,9 +1,16 @@
-"""Which Host and Origin headers the front end answers: loopback names unless configured.
+"""Who may talk to the front end: the Host names it answers to, and the web origins whose pages
+may call it (CORS, vLLM's ``--allowed-origins``).
 
 A server on 127.0.0.1 is still reachable from a browser: a web page can POST to it (a cross-site
 request with a simple content type) or rebind its own DNS name to 127.0.0.1 and read the answers.
-Both carry a Host or Origin the server does not call its own, so checking them closes both doors
-(the media-type check in `openai_app.read_body` refuses the ``text/plain`` such pages send).
+Both carry a Host or Origin the server does not call its own, so checking them (`HostGuard`:
+loopback names unless configured) closes both doors (the media-type check in
+`openai_app.read_body` refuses the ``text/plain`` such pages send).
+
+CORS is off by default, unlike vLLM (which allows every origin): web pages' requests are refused
+unless an origin is listed (`CorsPolicy`). A listed origin passes the guard and gets CORS headers,
+so a browser lets its page read the answers; ``"*"`` lists every origin. The API key, when set, is
+still required: browsers send it as a plain ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -11,8 +18,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
+from disaggsdk.serve.error_bodies import error_body
+
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY_HOST = "*"
+ANY_ORIGIN = "*"
+ALLOWED_METHODS = ("GET", "POST", "OPTIONS")
+EXPOSED_HEADERS = ("X-Request-Id",)  # so a page's script can read the id of its request
+PREFLIGHT_MAX_AGE_S = 600
 
 
 def _hostname(host_header: str) -> str:
@@ -45,3 +64,45 @@ class HostGuard:
                 return (f"requests from web pages at {origin!r} are refused; add its host to "
                         f"serve.allowed_hosts to allow them")
         return None
+
+
+# CORS
+
+class _OpenAICorsMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware (pure ASGI: SSE chunks pass through unbuffered) whose refused
+    preflight answers an OpenAI error object, not the plain text ``Disallowed CORS origin``."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        message = (f"CORS preflight refused: {bytes(response.body).decode(errors='replace')}; "
+                   f"the server's allowed origins, methods and headers decide")
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error_body(response.status_code, message), status_code=response.status_code,
+                            headers=headers)
+
+
+class CorsPolicy:
+    """Which web origins may call the server.
+
+    Args:
+        allowed_origins: origins as browsers send them (``"https://ui.example.com"``), or ``"*"``;
+            empty: CORS off.
+    """
+
+    def __init__(self, allowed_origins: Sequence[str] = ()):
+        self.origins = tuple(o.strip().rstrip("/") for o in allowed_origins if o.strip())
+
+    def allows(self, origin: str | None) -> bool:
+        """Whether a request from a page at ``origin`` is welcome (False without an origin)."""
+        if not origin or not self.origins:
+            return False
+        return ANY_ORIGIN in self.origins or origin.rstrip("/") in self.origins
+
+    def install(self, app: FastAPI) -> None:
+        """Add the CORS middleware to ``app`` when any origin is allowed; a no-op otherwise."""
+        if self.origins:
+            app.add_middleware(_OpenAICorsMiddleware, allow_origins=list(self.origins),
+                               allow_methods=list(ALLOWED_METHODS), allow_headers=["*"],
+                               expose_headers=list(EXPOSED_HEADERS), max_age=PREFLIGHT_MAX_AGE_S)

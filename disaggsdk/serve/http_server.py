@@ -2,7 +2,7 @@
 
 Port 0 asks the OS for a free port; `url` reports the real one once the server listens. Slow or
 silent connections are closed: a request's head has ``serve.header_timeout_s`` to arrive
-(`serve.head_deadline`), an idle kept-alive connection ``serve.idle_timeout_s``.
+(`serve.http_limits`), an idle kept-alive connection ``serve.idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import time
 import uvicorn
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.serve.head_deadline import HeadDeadlineProtocol
-from disaggsdk.serve.http_limits import HttpLimits
+from disaggsdk.serve.http_limits import HeadDeadlineProtocol, HttpLimits
 
 START_TIMEOUT_S = 30.0
 

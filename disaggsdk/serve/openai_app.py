@@ -25,9 +25,8 @@ from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
-from disaggsdk.serve.cors import CorsPolicy
 from disaggsdk.serve.error_bodies import BadRequestError, add_error_handlers, error_kind, unavailable_body
-from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, HostGuard
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_json import decode_body
@@ -94,7 +93,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         metrics_require_key: /metrics asks for the API key too.
         served_model_name: the name clients send and /v1/models lists (default: the backend's
             model, which the tokenizer, template and grammars still come from).
-        allowed_origins: web origins whose pages may call the server (CORS, `serve.cors`; ``"*"``:
+        allowed_origins: web origins whose pages may call the server (CORS, `serve.http_guard`; ``"*"``:
             any); none by default.
         limits: the bounds on clients (`serve.http_limits`; here the queue of requests without a
             first token); None: the spec's defaults.

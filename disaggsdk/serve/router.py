@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -291,19 +292,38 @@ class Router:
         if owner is not None:
             self.runtime.send(owner, ch.Abort(request_id))
 
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: Any, timeout_s: float = 300.0,
-                       prefix: str = "batch") -> list[list[TokenEvent]]:
-        """Run prompts concurrently to completion; returns every request's events in order.
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                       timeout_s: float = 300.0, prefix: str = "batch") -> list[list[TokenEvent]]:
+        """Run prompts concurrently to completion, for callers without an event loop; returns every
+        request's events in order.
 
         Args:
             params: one `SamplingParams` for all prompts, or one per prompt.
         Raises:
             LaunchError: a request did not finish within ``timeout_s``.
         """
-        from disaggsdk.serve.batch_run import run_batch
-
         ids = [f"{prefix}-{next(self._seq)}-{i}" for i in range(len(prompts))]
-        return run_batch(self.submit, ids, prompts, params, timeout_s)
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        done: queue.Queue[str] = queue.Queue()
+        events: dict[str, list[TokenEvent]] = {}
+
+        def sink_for(rid: str) -> Callable[[TokenEvent], None]:
+            def sink(ev: TokenEvent) -> None:
+                events.setdefault(rid, []).append(ev)
+                if ev.finished:
+                    done.put(rid)
+            return sink
+
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.submit(rid, prompt, p, sink_for(rid))
+        deadline = time.monotonic() + timeout_s
+        finished: set[str] = set()
+        while len(finished) < len(ids):
+            try:
+                finished.add(done.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise LaunchError(f"{len(ids) - len(finished)} requests did not finish in {timeout_s} s") from None
+        return [events[rid] for rid in ids]
 
     def ttft_phases(self, since_s: float = 0.0) -> dict[str, Any]:
         """Where the time to first token of requests received since ``since_s`` (`time.monotonic()`)
