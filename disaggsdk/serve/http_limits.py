@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from disaggsdk.serve.error_bodies import error_body
 
 if TYPE_CHECKING:
-    from disaggsdk.spec.serving_types import Serve
+    from disaggsdk.spec.serving import Serve
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class HttpLimits:
     @classmethod
     def from_spec(cls, serve: Serve | None = None) -> HttpLimits:
         """The limits ``serve`` sets (None: the spec's defaults, for a server without a spec)."""
-        from disaggsdk.spec.serving_types import Serve
+        from disaggsdk.spec.serving import Serve
 
         serve = serve or Serve()
         return cls(serve.header_timeout_s, serve.idle_timeout_s, serve.max_queued_requests, serve.body_timeout_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import typing
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 import cattrs
@@ -22,29 +22,29 @@ from cattrs.errors import (
 )
 
 from disaggsdk.errors import SpecError
-from disaggsdk.spec.field_checks import FieldErrors
+from disaggsdk.spec.field_checks import FieldErrors, JsonValue
 from disaggsdk.spec.types import Spec
 
 
-def _strict_int(value: Any, _type: type) -> int:
+def _strict_int(value: object, _type: type) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r} ({type(value).__name__})")
     return value
 
 
-def _strict_bool(value: Any, _type: type) -> bool:
+def _strict_bool(value: object, _type: type) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r} ({type(value).__name__})")
     return value
 
 
-def _strict_float(value: Any, _type: type) -> float:
+def _strict_float(value: object, _type: type) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"expected a number, got {value!r} ({type(value).__name__})")
     return float(value)
 
 
-def _strict_str(value: Any, _type: type) -> str:
+def _strict_str(value: object, _type: type) -> str:
     if isinstance(value, bool):  # YAML 1.1 reads off/on/yes/no unquoted as booleans
         raise TypeError(f"expected a string, got {value!r} (bool: YAML reads an unquoted off/on/yes/no as "
                         f"one; quote the value)")
@@ -53,9 +53,13 @@ def _strict_str(value: Any, _type: type) -> str:
     return value
 
 
-def _literal_str(value: Any, _type: type) -> str:
+def _literal_str(value: object, _type: type) -> str:
     # Membership is checked by the class's own field checks, whose message lists the options.
     return _strict_str(value, _type)
+
+
+def _is_literal(hint: object) -> bool:
+    return typing.get_origin(hint) in (typing.Literal,)
 
 
 def _make_converter() -> cattrs.Converter:
@@ -64,14 +68,13 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(bool, _strict_bool)
     conv.register_structure_hook(str, _strict_str)
-    conv.register_structure_hook_func(
-        lambda t: typing.get_origin(t) is typing.Literal, _literal_str
-    )
+    conv.register_structure_hook_func(_is_literal, _literal_str)
+
     # attrs classes: a section written as `prefill:` with nothing after it is an empty mapping.
-    def section_hook_factory(cls: type) -> Any:
+    def section_hook_factory(cls: type[attrs.AttrsInstance]) -> Callable[[object, type], attrs.AttrsInstance]:
         inner = cattrs.gen.make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
 
-        def hook(value: Any, _t: type) -> Any:
+        def hook(value: object, _t: type) -> attrs.AttrsInstance:
             if value is None:
                 value = {}
             if not isinstance(value, dict):
@@ -120,7 +123,7 @@ def _describe(exc: BaseException, path: str) -> list[str]:
     return [f"{path}: {exc}"]
 
 
-def spec_from_dict(data: Any) -> Spec:
+def spec_from_dict(data: object) -> Spec:
     """Build a `Spec` from plain data (parsed YAML), checking types and single values.
 
     Raises:
@@ -135,9 +138,9 @@ def spec_from_dict(data: Any) -> Spec:
         raise SpecError(_describe(exc, "$")) from None
 
 
-def spec_to_dict(spec: Spec) -> dict[str, Any]:
+def spec_to_dict(spec: Spec) -> dict[str, JsonValue]:
     """Plain data for YAML/JSON: every field spelled out, `name` omitted when unset."""
-    data = CONVERTER.unstructure(spec)
+    data: dict[str, JsonValue] = CONVERTER.unstructure(spec)
     if data.get("name") is None:
         data.pop("name", None)
     return data

@@ -9,13 +9,18 @@ three messages, each naming the field; the loader prefixes the YAML path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Generic, Never, NotRequired, TypeAlias, TypedDict, TypeVar
 
 import attrs
 
+# A JSON value, as JSON Schema keywords and the generated reference hold them.
+JsonValue: TypeAlias = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+
+Value = TypeVar("Value", contravariant=True)
+
 
 @attrs.frozen
-class Check:
+class Check(Generic[Value]):
     """A check of one value, named in the reference and mirrored in the JSON Schema.
 
     Attributes:
@@ -26,11 +31,23 @@ class Check:
     """
 
     name: str
-    test: Callable[[Any], str | None]
-    schema: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+    test: Callable[[Value], str | None]
+    schema: Mapping[str, JsonValue] = attrs.field(factory=dict, eq=False, hash=False)
 
-    def __call__(self, value: Any) -> str | None:
+    def __call__(self, value: Value) -> str | None:
         return self.test(value)
+
+
+# A check of some value type: what a field's metadata holds (`Check` is contravariant in its value,
+# so every check is one; `check_fields` calls it with that field's value).
+FieldCheck = Check[Never]
+
+
+class About(TypedDict):
+    """The attrs metadata of a spec field (`about`)."""
+
+    doc: str
+    check: NotRequired[FieldCheck]
 
 
 class FieldErrors(ValueError):
@@ -46,7 +63,7 @@ class FieldErrors(ValueError):
         super().__init__("; ".join(f"{owner}.{f}: {m}" for f, m in problems))
 
 
-def about(doc: str, check: Check | None = None) -> dict[str, Any]:
+def about(doc: str, check: FieldCheck | None = None) -> About:
     """The attrs metadata of a spec field: ``attrs.field(default=8, metadata=about("...", positive))``.
 
     Args:
@@ -56,48 +73,76 @@ def about(doc: str, check: Check | None = None) -> dict[str, Any]:
     return {"doc": doc} if check is None else {"doc": doc, "check": check}
 
 
-def check_fields(obj: Any) -> None:
+def doc_of(field: attrs.Attribute[object]) -> str:
+    """What a spec field does (its `about` doc); empty when it declares none."""
+    doc: str = field.metadata.get("doc", "")
+    return doc
+
+
+def check_of(field: attrs.Attribute[object]) -> FieldCheck | None:
+    """The single-value check a spec field declares (`about`), or None."""
+    check: FieldCheck | None = field.metadata.get("check")
+    return check
+
+
+def check_fields(obj: object) -> None:
     """Run the check each field of the attrs object ``obj`` declares (`about`).
 
     Raises:
         FieldErrors: listing every failing field of ``obj``.
     """
+    cls = type(obj)
+    if not attrs.has(cls):
+        raise attrs.exceptions.NotAnAttrsClassError(f"{cls!r} is not an attrs-decorated class.")
     problems = []
-    for field in attrs.fields(type(obj)):
-        check = field.metadata.get("check")
+    for field in attrs.fields(cls):
+        check = check_of(field)
         message = check(getattr(obj, field.name)) if check is not None else None
         if message:
             problems.append((field.name, message))
     if problems:
-        raise FieldErrors(type(obj).__name__, problems)
+        raise FieldErrors(cls.__name__, problems)
 
 
-def _positive(value: Any) -> str | None:
+class CheckedFields:
+    """Base of every spec section: constructing one runs its fields' checks (`check_fields`).
+
+    A plain mixin (no fields, no slots of its own), so the attrs subclasses stay frozen slotted
+    classes and their fields are exactly the YAML keys.
+    """
+
+    __slots__ = ()
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+
+
+def _positive(value: float) -> str | None:
     if value <= 0:
         return f"must be a positive number, got {value!r}"
     return None
 
 
-def _non_negative(value: Any) -> str | None:
+def _non_negative(value: float) -> str | None:
     if value < 0:
         return f"must be 0 or more, got {value!r}"
     return None
 
 
-def _power_of_two(value: Any) -> str | None:
+def _power_of_two(value: int) -> str | None:
     if value <= 0 or value & (value - 1):
         lower = 1 << max(0, int(value).bit_length() - 1) if value > 0 else 1
         return f"must be a power of two (e.g. {lower} or {lower * 2}), got {value!r}"
     return None
 
 
-def _port(value: Any) -> str | None:
+def _port(value: int) -> str | None:
     if not 0 <= value <= 65535:
         return f"must be a TCP port in 0..65535 (0 picks a free one), got {value!r}"
     return None
 
 
-def _served_name(value: Any) -> str | None:
+def _served_name(value: str | None) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= 128 or any(c.isspace() for c in value):
@@ -113,10 +158,10 @@ power_of_two = Check("power of two", _power_of_two, {"minimum": 1})
 port = Check("TCP port 0..65535", _port, {"minimum": 0, "maximum": 65535})
 
 
-def in_range(low: int, high: int) -> Check:
+def in_range(low: int, high: int) -> Check[int]:
     """A check that the value lies in ``low .. high`` (both included)."""
 
-    def test(value: Any) -> str | None:
+    def test(value: int) -> str | None:
         if not low <= value <= high:
             return f"must be in {low}..{high}, got {value!r}"
         return None
@@ -124,10 +169,10 @@ def in_range(low: int, high: int) -> Check:
     return Check(f"{low}..{high}", test, {"minimum": low, "maximum": high})
 
 
-def choice(options: tuple[str, ...]) -> Check:
+def choice(options: tuple[str, ...]) -> Check[str]:
     """A check that the value is one of ``options``."""
 
-    def test(value: Any) -> str | None:
+    def test(value: str) -> str | None:
         if value not in options:
             return f"{value!r} is not valid; use one of {', '.join(options)}"
         return None

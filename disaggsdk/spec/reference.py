@@ -1,6 +1,6 @@
 """The spec reference (docs/spec.md) and JSON Schema (docs/spec.schema.json), generated from the classes.
 
-Both are read off the attrs classes of `spec.types` (each field's type, default and `about`
+Both are read off `Spec` and its section classes (each field's type, default and `about`
 metadata) and the `Rule` table of `spec.rules`, so neither can describe a key the loader does not
 know. tests/spec/test_reference.py fails when the committed files differ from what this module
 produces; regenerate them with ``python -m disaggsdk.spec.reference --write`` from the repository
@@ -17,11 +17,11 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from disaggsdk.models import resolve_model
+from disaggsdk.spec.field_checks import JsonValue, check_of, doc_of
 from disaggsdk.spec.rules import MODEL_KEYS, RULES, Rule
 from disaggsdk.spec.types import Spec
 
@@ -35,7 +35,7 @@ MODEL_CHECK = resolve_model.__name__
 MODEL_CHECK_SUMMARY = ("`model` is a catalog name or a checkpoint directory with a config.json; "
                        "every other rule needs its architecture.")
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+_JSON_TYPES: dict[object, str] = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
 
 
 @attrs.frozen
@@ -49,17 +49,22 @@ class Key:
     """
 
     path: str
-    field: attrs.Attribute
-    hint: Any
+    field: attrs.Attribute[object]
+    hint: object  # a type form: a class, a Literal, a union, tuple[str, ...]
 
     @property
     def doc(self) -> str:
-        return self.field.metadata.get("doc", "")
+        return doc_of(self.field)
+
+    @property
+    def section(self) -> type[attrs.AttrsInstance] | None:
+        """The attrs class of a key that holds a mapping of keys; None for a key of one value."""
+        return _section_class(self.hint)
 
     @property
     def is_section(self) -> bool:
         """True when the key holds a mapping of keys (an attrs class) rather than one value."""
-        return attrs.has(self.hint)
+        return self.section is not None
 
 
 @attrs.frozen
@@ -74,12 +79,16 @@ class Section:
     """
 
     path: str
-    cls: type
+    cls: type[attrs.AttrsInstance]
     doc: str
     keys: tuple[Key, ...]
 
 
-def spec_sections(root: type = Spec, path: str = "$", doc: str = "") -> list[Section]:
+def _section_class(hint: object) -> type[attrs.AttrsInstance] | None:
+    return hint if isinstance(hint, type) and attrs.has(hint) else None
+
+
+def spec_sections(root: type[attrs.AttrsInstance] = Spec, path: str = "$", doc: str = "") -> list[Section]:
     """Every mapping of the spec, ``root`` first, each followed by the sections under it.
 
     Args:
@@ -92,8 +101,8 @@ def spec_sections(root: type = Spec, path: str = "$", doc: str = "") -> list[Sec
     class_doc = inspect.getdoc(root) or ""
     sections = [Section(path, root, _join_docs(doc, class_doc), keys)]
     for key in keys:
-        if key.is_section:
-            sections += spec_sections(key.hint, key.path, key.doc)
+        if key.section is not None:
+            sections += spec_sections(key.section, key.path, key.doc)
     return sections
 
 
@@ -109,7 +118,7 @@ def _join_docs(key_doc: str, class_doc: str) -> str:
 
 def check_name_of(key: Key) -> str | None:
     """The name of ``key``'s single-value check ("positive"), or None when it has none."""
-    check = key.field.metadata.get("check")
+    check = check_of(key.field)
     return check.name if check is not None else None
 
 
@@ -122,12 +131,12 @@ def rules_reading(key: Key, rules: Sequence[Rule] = RULES) -> list[str]:
 # Markdown
 
 
-def _type_text(hint: Any) -> str:
+def _type_text(hint: object) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return "one of " + ", ".join(f"`{choice}`" for choice in typing.get_args(hint))
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_text(arg) for arg in typing.get_args(hint))
-    if attrs.has(hint):
+    if _section_class(hint) is not None:
         return "mapping"
     if typing.get_origin(hint) is tuple:  # tuple[str, ...]: a YAML list
         return f"list of {_type_text(typing.get_args(hint)[0])}"
@@ -165,7 +174,7 @@ def _section_markdown(section: Section, rules: Sequence[Rule]) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(root: type = Spec, rules: Sequence[Rule] = RULES) -> str:
+def render_markdown(root: type[attrs.AttrsInstance] = Spec, rules: Sequence[Rule] = RULES) -> str:
     """docs/spec.md: a table of keys per section, then what each rule requires.
 
     Args:
@@ -177,7 +186,7 @@ def render_markdown(root: type = Spec, rules: Sequence[Rule] = RULES) -> str:
     lines = [
         "# Spec reference",
         "",
-        f"<!-- Generated from disaggsdk/spec/types.py and rules.py by `{REGENERATE}`; do not edit. -->",
+        f"<!-- Generated from the classes of disaggsdk/spec/ and its rules.py by `{REGENERATE}`; do not edit. -->",
         "",
         "Every key a deployment spec (YAML, or `Cluster(...).spec`) may hold. Errors name keys by "
         "these paths (`$.decode.tp`). \"Checked by\" names the key's own check, run as the spec is "
@@ -200,7 +209,7 @@ def render_markdown(root: type = Spec, rules: Sequence[Rule] = RULES) -> str:
 # JSON Schema
 
 
-def _value_schema(hint: Any) -> dict[str, Any]:
+def _value_schema(hint: object) -> dict[str, JsonValue]:
     if typing.get_origin(hint) is typing.Literal:
         return {"type": "string", "enum": list(typing.get_args(hint))}
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -210,16 +219,16 @@ def _value_schema(hint: Any) -> dict[str, Any]:
     return {"type": _JSON_TYPES[hint]}
 
 
-def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, Any]:
-    properties = {}
+def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, JsonValue]:
+    properties: dict[str, JsonValue] = {}
     for key in section.keys:
         if key.is_section:
             # `prefill:` with nothing after it loads as an empty mapping (convert.py), hence null.
-            schema = {**_object_schema(by_path[key.path], by_path), "type": ["object", "null"]}
+            schema: dict[str, JsonValue] = {**_object_schema(by_path[key.path], by_path), "type": ["object", "null"]}
         else:
             default = list(key.field.default) if isinstance(key.field.default, tuple) else key.field.default
             schema = {"description": key.doc, **_value_schema(key.hint), "default": default}
-            check = key.field.metadata.get("check")
+            check = check_of(key.field)
             if check is not None:
                 schema.update(check.schema)
         properties[key.field.name] = schema
@@ -227,7 +236,7 @@ def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, A
             "properties": properties}
 
 
-def json_schema(root: type = Spec) -> dict[str, Any]:
+def json_schema(root: type[attrs.AttrsInstance] = Spec) -> dict[str, JsonValue]:
     """The JSON Schema (draft-07) of a spec file, for editors and for checking YAML without Python.
 
     Objects forbid unknown keys, as the loader does; each key has its doc as ``description``, its
@@ -240,7 +249,7 @@ def json_schema(root: type = Spec) -> dict[str, Any]:
             **_object_schema(sections[0], by_path)}
 
 
-def render_schema(root: type = Spec) -> str:
+def render_schema(root: type[attrs.AttrsInstance] = Spec) -> str:
     """docs/spec.schema.json: `json_schema` as indented JSON ending in a newline."""
     return json.dumps(json_schema(root), indent=2, ensure_ascii=False) + "\n"
 

@@ -16,8 +16,6 @@ from disaggsdk.errors import ModelError, SpecError
 from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.spec.types import Spec
 
-ROLES = ("prefill", "decode")
-
 
 @attrs.frozen
 class Rule:
@@ -38,7 +36,8 @@ class Rule:
     @property
     def summary(self) -> str:
         """The first line of the rule's docstring: what it requires."""
-        return inspect.getdoc(self.find).splitlines()[0] if self.find.__doc__ else self.name
+        doc = inspect.getdoc(self.find)
+        return doc.splitlines()[0] if doc else self.name
 
 
 def _divisors(n: int) -> list[int]:
@@ -51,7 +50,7 @@ def tp_divides_query_heads(spec: Spec, arch: ModelArch) -> list[str]:
     return [
         f"$.{name}.tp: tp={role.tp} does not divide the {heads} query heads of {arch.name}; "
         f"use one of {', '.join(map(str, _divisors(heads)))}"
-        for name, role in ((n, getattr(spec, n)) for n in ROLES)
+        for name, role in spec.roles.items()
         if heads % role.tp
     ]
 
@@ -65,7 +64,7 @@ def tp_splits_kv_heads(spec: Spec, arch: ModelArch) -> list[str]:
         f"$.{name}.tp: tp={role.tp} neither divides nor is a multiple of the {kv_heads} KV heads "
         f"of {arch.name}, so KV heads cannot be split or replicated evenly; use a divisor or "
         f"multiple of {kv_heads}"
-        for name, role in ((n, getattr(spec, n)) for n in ROLES)
+        for name, role in spec.roles.items()
         if kv_heads % role.tp and role.tp % kv_heads
     ]
 
@@ -74,8 +73,7 @@ def instance_fits_nodes(spec: Spec, arch: ModelArch) -> list[str]:
     """An instance's tp*dp ranks fit one node or span whole nodes."""
     per_node = spec.hardware.gpus_per_node
     problems = []
-    for name in ROLES:
-        role = getattr(spec, name)
+    for name, role in spec.roles.items():
         ranks = role.tp * role.dp
         if ranks > per_node and ranks % per_node:
             problems.append(

@@ -36,9 +36,10 @@ def parse_spec_yaml(text: str, source: str | None = None) -> Spec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        marked = isinstance(exc, yaml.MarkedYAMLError)
+        mark = exc.problem_mark if marked else None
         at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = (exc.problem if marked else None) or str(exc)
         raise SpecError(f"{at}: YAML syntax error: {problem}; fix the indentation or quoting") from None
     if data is None:
         lines = ", ".join(f"`{line}`" for line in CPU_STARTER_SPEC.splitlines())
@@ -73,7 +74,8 @@ def load_spec(path: str | Path) -> Spec:
 
 def spec_to_yaml(spec: Spec) -> str:
     """YAML text that `parse_spec_yaml` turns back into an equal spec."""
-    return yaml.safe_dump(spec_to_dict(spec), sort_keys=False)
+    text: str = yaml.safe_dump(spec_to_dict(spec), sort_keys=False)  # with no stream, the YAML text
+    return text
 
 
 def save_spec(spec: Spec, path: str | Path) -> None:

@@ -22,7 +22,7 @@ from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_app import build_app
 from disaggsdk.spec.field_checks import FieldErrors
-from disaggsdk.spec.serving_types import Serve
+from disaggsdk.spec.serving import Serve
 
 HEADER_TIMEOUT_S = 1.0
 IDLE_TIMEOUT_S = 0.5

@@ -1,4 +1,4 @@
-"""The spec's front-end and runtime sections (`Serve`, `Launch`): frozen attrs data, as `types`."""
+"""The spec's serving sections: the OpenAI-compatible front end (`Serve`) and where the units run (`Launch`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import about, check_fields, choice, port, positive, served_name
+from disaggsdk.spec.field_checks import CheckedFields, about, choice, port, positive, served_name
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
@@ -14,7 +14,7 @@ ROUTINGS = ("cache_aware", "least_loaded")
 
 
 @attrs.frozen
-class Serve:
+class Serve(CheckedFields):
     """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
 
     host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
@@ -77,12 +77,9 @@ class Serve:
                        "a unit may take.", positive),
     )
 
-    def __attrs_post_init__(self) -> None:
-        check_fields(self)
-
 
 @attrs.frozen
-class Launch:
+class Launch(CheckedFields):
     """Where the units run: processes on this machine, or Ray actors on a cluster's nodes."""
 
     backend: Backend = attrs.field(
@@ -96,6 +93,3 @@ class Launch:
         metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one "
                        "running here, else a new one-node cluster. Only with `backend: ray`."),
     )
-
-    def __attrs_post_init__(self) -> None:
-        check_fields(self)

@@ -1,0 +1,62 @@
+"""The spec's engine sections: per-rank sizes (`EngineSettings`) and speculative decoding (`Speculative`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from disaggsdk.spec.field_checks import CheckedFields, about, choice, in_range, positive
+
+LoadFormat = Literal["auto", "dummy"]
+SpecMethod = Literal["none", "mtp", "ngram"]
+
+
+@attrs.frozen
+class EngineSettings(CheckedFields):
+    """Per-rank engine sizes; the defaults suit tiny models on a CPU."""
+
+    num_pages: int = attrs.field(default=1024, metadata=about("KV pages per rank.", positive))
+    max_num_batched_tokens: int = attrs.field(
+        default=2048,
+        metadata=about("Token budget of one engine step; longer prompts are prefilled in chunks.", positive),
+    )
+    max_num_seqs: int = attrs.field(
+        default=64, metadata=about("Requests holding KV pages at once, per rank.", positive)
+    )
+    compile: bool | None = attrs.field(
+        default=None,
+        metadata=about("Compile each unit's model step with torch.compile (CPU units of tp 1; attention and "
+                       "the layer counter are ops inside the graph, so KV streaming is unchanged). Unset: on, "
+                       "unless the environment says `DISAGGSDK_COMPILE=0`. Each unit compiles before it "
+                       "reports ready (seconds; cached on disk afterwards)."),
+    )
+    prefix_caching: bool = attrs.field(
+        default=True,
+        metadata=about("Cache the KV pages of prompts and reuse them for later prompts that start the same "
+                       "(vLLM's automatic prefix caching): a hit computes only the new suffix, and a decode unit "
+                       "asks prefill only for the pages it lacks. With MTP drafting pages are keyed one token further."),
+    )
+    load_format: LoadFormat = attrs.field(
+        default="auto",
+        metadata=about("`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships "
+                       "with the package); `dummy`: seeded random weights of the same shapes, the checkpoint "
+                       "unread (as vLLM's `--load-format dummy`).", choice(("auto", "dummy"))),
+    )
+
+
+@attrs.frozen
+class Speculative(CheckedFields):
+    """Speculative decoding on the decode instances: draft tokens cheaply, verify them in one pass."""
+
+    method: SpecMethod = attrs.field(
+        default="none",
+        metadata=about("`mtp`: the model's multi-token-prediction layer drafts (DeepSeek-V3/R1 checkpoints with "
+                       "their MTP weights); `ngram`: prompt lookup, the tokens that followed the latest earlier "
+                       "occurrence of the last few tokens (any model); `none`. Greedy outputs are unchanged, "
+                       "sampled ones keep the model's distribution.", choice(("none", "mtp", "ngram"))),
+    )
+    num_tokens: int = attrs.field(
+        default=1, metadata=about("Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).",
+                                  in_range(1, 4)),
+    )

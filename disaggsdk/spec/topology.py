@@ -1,0 +1,52 @@
+"""The spec's deployment shape: what one node offers (`Hardware`) and what each role's instances take (`Role`)."""
+
+from __future__ import annotations
+
+import attrs
+
+from disaggsdk.spec.field_checks import CheckedFields, about, choice, positive
+
+GPU_KINDS = ("h100", "h200", "cpu")
+
+
+@attrs.frozen
+class Hardware(CheckedFields):
+    """What one node offers. On `gpu: cpu` a "gpu" is a CPU rank (one process)."""
+
+    gpu: str = attrs.field(
+        default="h200",
+        metadata=about("The accelerator of every node; `cpu` makes each rank one CPU process.", choice(GPU_KINDS)),
+    )
+    gpus_per_node: int = attrs.field(
+        default=8,
+        metadata=about("GPUs (on `gpu: cpu`, rank processes) per node; an instance fits one node "
+                       "or spans whole nodes.", positive),
+    )
+    nics_per_node: int = attrs.field(
+        default=8, metadata=about("RDMA NICs per node; KV pages leave a node through these.", positive)
+    )
+    nic_gbps: float = attrs.field(
+        default=400.0, metadata=about("Line rate of one NIC in Gb/s; the planner and simulator time "
+                                      "KV transfers with it.", positive)
+    )
+
+
+@attrs.frozen
+class Role(CheckedFields):
+    """One role (prefill or decode): `replicas` instances of `tp` x `dp` ranks each."""
+
+    replicas: int = attrs.field(default=1, metadata=about("Instances of this role.", positive))
+    tp: int = attrs.field(
+        default=1,
+        metadata=about("Tensor-parallel ranks of one dp group; they split the attention heads and "
+                       "the MLP/experts.", positive),
+    )
+    dp: int = attrs.field(
+        default=1,
+        metadata=about("Data-parallel attention ranks of one instance; each holds its own requests' "
+                       "KV and is a group of `tp` ranks.", positive),
+    )
+
+    @property
+    def ranks_per_instance(self) -> int:
+        return self.tp * self.dp
