@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -14,7 +14,11 @@ from disaggsdk.plan.pages import PageShape, page_shape
 from disaggsdk.plan.placement import Instance, place_instances
 from disaggsdk.plan.routes import CONTEXT_DST_TP_RANK, CONTEXT_SRC_TP_RANK, Route, make_route
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
+from disaggsdk.spec.field_checks import JsonValue
 from disaggsdk.spec.types import Spec
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 SCHEMA_VERSION = 1
 DEFAULT_NUM_TOKENS = 1024
@@ -70,7 +74,7 @@ class Plan:
         recomputes the prompt for it)."""
         return kv_layers(self.spec, self.arch)
 
-    def to_json(self, num_tokens: int = DEFAULT_NUM_TOKENS) -> dict[str, Any]:
+    def to_json(self, num_tokens: int = DEFAULT_NUM_TOKENS) -> dict[str, JsonValue]:
         """The plan as plain JSON data, schema documented in docs/plan-json.md (schema_version 1).
 
         Args:
@@ -107,7 +111,7 @@ class Plan:
             "routes": [_route_json(route, num_tokens, layout) for route in self.routes],
         }
 
-    def __rich__(self) -> Any:
+    def __rich__(self) -> Group:
         from disaggsdk.plan.render import plan_renderable
 
         return plan_renderable(self)
@@ -171,7 +175,7 @@ def _page_shape(spec: Spec, arch: ModelArch, inst: Instance) -> PageShape:
     )
 
 
-def _instance_json(plan: Plan, inst: Instance) -> dict[str, Any]:
+def _instance_json(plan: Plan, inst: Instance) -> dict[str, JsonValue]:
     shape = instance_page_shape(plan, inst)
     return {
         "name": inst.name,
@@ -200,7 +204,7 @@ def _instance_json(plan: Plan, inst: Instance) -> dict[str, Any]:
     }
 
 
-def _route_json(route: Route, num_tokens: int, layout: str) -> dict[str, Any]:
+def _route_json(route: Route, num_tokens: int, layout: str) -> dict[str, JsonValue]:
     expected = expected_writes(route, num_tokens, layout)
     return {
         "prefill": route.prefill,

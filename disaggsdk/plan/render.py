@@ -6,16 +6,19 @@ Both faces render the same rows, built once by `plan_tables`; nothing here compu
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from disaggsdk.plan.writes import expected_writes
 
 if TYPE_CHECKING:
+    from rich.console import Group
+
     from disaggsdk.plan.plan import Plan
     from disaggsdk.plan.routes import Route, Transfer
 
 # (title, column headers, rows of cells)
-TableData = tuple[str, tuple[str, ...], list[tuple[str, ...]]]
+TableData = tuple[str, tuple[str, ...], Sequence[tuple[str, ...]]]
 
 
 def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
@@ -34,9 +37,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
     ranks: list[tuple[str, ...]] = []
     for inst in plan.instances:
         for r in inst.ranks:
-            heads = r.kv_heads
-            if not isinstance(heads, str):
-                heads = f"[{heads[0]}, {heads[1]})"
+            heads = r.kv_heads if isinstance(r.kv_heads, str) else f"[{r.kv_heads[0]}, {r.kv_heads[1]})"
             ranks.append(
                 (
                     inst.name if r.rank == 0 else "",
@@ -138,7 +139,7 @@ def _source(route: Route, t: Transfer) -> str:
     return text
 
 
-def plan_renderable(plan: Plan, num_tokens: int = 1024) -> Any:
+def plan_renderable(plan: Plan, num_tokens: int = 1024) -> Group:
     """A rich renderable (a group of tables) for the plan."""
     from rich.console import Group
     from rich.table import Table

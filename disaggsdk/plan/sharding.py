@@ -11,15 +11,15 @@ what the engine allocates; a test checks the two against each other.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Final, Literal, TypeAlias
 
 import attrs
 
 from disaggsdk.errors import SpecError
 
-REPLICATED = "replicated"
+REPLICATED: Final = "replicated"
 # [start, stop) of global KV head indices, or the whole MLA latent on every rank.
-HeadRange = Union[tuple[int, int], Literal["replicated"]]
+HeadRange: TypeAlias = tuple[int, int] | Literal["replicated"]
 
 
 @attrs.frozen

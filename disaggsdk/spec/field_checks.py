@@ -8,13 +8,13 @@ three messages, each naming the field; the loader prefixes the YAML path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, Never, NotRequired, TypeAlias, TypedDict, TypeVar
 
 import attrs
 
-# A JSON value, as JSON Schema keywords and the generated reference hold them.
-JsonValue: TypeAlias = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+# A JSON value (read-only, so a dict[str, int] is one): JSON Schema keywords, `spec_to_dict`, a plan's JSON.
+JsonValue: TypeAlias = str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
 
 Value = TypeVar("Value", contravariant=True)
 

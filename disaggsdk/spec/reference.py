@@ -219,6 +219,15 @@ def _value_schema(hint: object) -> dict[str, JsonValue]:
     return {"type": _JSON_TYPES[hint]}
 
 
+def _json_default(key: Key) -> JsonValue:
+    default = key.field.default
+    if isinstance(default, tuple):  # tuple[str, ...]: a YAML list
+        return list(default)
+    if default is None or isinstance(default, (str, int, float, bool)):
+        return default
+    raise TypeError(f"{key.path}: default {default!r} is not a JSON value; give the key a plain default")
+
+
 def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, JsonValue]:
     properties: dict[str, JsonValue] = {}
     for key in section.keys:
@@ -226,8 +235,7 @@ def _object_schema(section: Section, by_path: dict[str, Section]) -> dict[str, J
             # `prefill:` with nothing after it loads as an empty mapping (convert.py), hence null.
             schema: dict[str, JsonValue] = {**_object_schema(by_path[key.path], by_path), "type": ["object", "null"]}
         else:
-            default = list(key.field.default) if isinstance(key.field.default, tuple) else key.field.default
-            schema = {"description": key.doc, **_value_schema(key.hint), "default": default}
+            schema = {"description": key.doc, **_value_schema(key.hint), "default": _json_default(key)}
             check = check_of(key.field)
             if check is not None:
                 schema.update(check.schema)
