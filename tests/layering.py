@@ -4,7 +4,9 @@ Modelled on the layer table of shared/DESIGN.md, bottom to top. A package may im
 below it, lazy imports and `TYPE_CHECKING` imports included; never one above it; and never one of
 the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the typed exceptions
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes
-against the model's head counts, and architecture facts import nothing of the spec.
+against the model's head counts, and architecture facts import nothing of the spec. ``report``
+sits below ``memory``: the engine and the messenger count into its records (`UnitCounters`,
+`RequestTransfer`), which units send and /metrics reads unchanged.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ LAYERS: tuple[str, ...] = (
     "models",     # architecture facts: catalog + HF config.json
     "spec",       # frozen attrs classes, YAML, validation (data only)
     "plan",       # pure planning: instances, placement, sharding, routes
+    "report",     # measured records (one declaration of the counters), pure accounting; views that only render
     "memory",     # shared KV pools, the pool hand-over, the page allocator
     "transfer",   # fabric-lib: endpoints, registrations, paged writes, immediates
     "engine",     # the torch LLM engine
     "messenger",  # the KV handoff, prefill side and decode side
-    "report",     # pure accounting of timelines and measured records; views that only render
     "sim",        # the cluster simulator (torch-free)
     "launch",     # the Runtime seam: units of a plan as local processes
     "serve",      # router over a Runtime, OpenAI HTTP front end, metrics

@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 
 
@@ -23,6 +25,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+from disaggsdk.report.unit_counters import UnitCounters
 
 if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache
@@ -114,6 +117,19 @@ class LLMEngine:
     def spec_stats(self) -> SpecStats:
         """Speculative decoding's acceptance counters since start (all zero without speculation)."""
         return self._speculator.stats if self._speculator is not None else SpecStats()
+
+    def counters(self, into: UnitCounters | None = None) -> UnitCounters:
+        """A copy of ``into`` (zeros when None) with this engine's counters since start filled in:
+        its scheduler's preemptions and prefix-cache lookups, and speculative decoding's drafts."""
+        sched, spec = self.scheduler, self.spec_stats
+        return msgspec.structs.replace(
+            into if into is not None else UnitCounters(),
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=sched.prefix_cache.queries, prefix_cache_hits=sched.prefix_cache.hits,
+            spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_accepted_per_position=list(spec.accepted_per_position),
+            spec_drafts_per_position=list(spec.drafts_per_position))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -147,8 +147,9 @@ class Deployment:
 
         total = SpecStats()
         for s in self.backend.stats(wait_s):
-            total.add(SpecStats(s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens,
-                                list(s.spec_accepted_per_position), list(s.spec_drafts_per_position)))
+            c = s.counters
+            total.add(SpecStats(c.spec_num_drafts, c.spec_num_draft_tokens, c.spec_num_accepted_tokens,
+                                list(c.spec_accepted_per_position), list(c.spec_drafts_per_position)))
         return total
 
     def metrics(self, window_s: float = 30.0) -> dict[str, Any]:

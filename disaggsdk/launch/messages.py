@@ -8,17 +8,20 @@ it with any change of these structs that an older peer would misread.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from collections.abc import Sequence
 
 import msgspec
 
 from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.messenger.stats import RequestTransfer
+from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.report.unit_counters import UnitCounters
 
 # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
-# 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats)
-PROTOCOL_VERSION = 7
+# 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats);
+# 8: UnitStats carries the counters as one `UnitCounters` record (a new counter there needs no bump:
+# msgspec skips fields it does not know and fills missing ones with their defaults)
+PROTOCOL_VERSION = 8
 
 # runtime -> unit
 
@@ -95,14 +98,14 @@ class Logprob(msgspec.Struct, frozen=True, array_like=True):
     top: list[tuple[int, float]] = []
 
 
-def wire_logprobs(lps: Any) -> list[Logprob | None]:
+def wire_logprobs(lps: Sequence[TokenLogprobs | None]) -> list[Logprob | None]:
     """Engine `TokenLogprobs` (or None entries) as channel `Logprob`s."""
-    return [None if lp is None else Logprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in lps]
+    return [None if lp is None else Logprob(lp.token_id, lp.logprob, list(lp.top)) for lp in lps]
 
 
-def engine_logprobs(wire: list[Logprob | None]) -> list[Any]:
+def engine_logprobs(wire: Sequence[Logprob | None]) -> list[TokenLogprobs | None]:
     """Channel `Logprob`s (or None entries) as engine `TokenLogprobs`."""
-    return [None if lp is None else TokenLogprobs(lp.token_id, lp.logprob, tuple(tuple(t) for t in lp.top))
+    return [None if lp is None else TokenLogprobs(lp.token_id, lp.logprob, tuple((t, p) for t, p in lp.top))
             for lp in wire]
 
 
@@ -133,6 +136,9 @@ class TokensBatch(msgspec.Struct, frozen=True, tag=True):
 
 
 class UnitStats(msgspec.Struct, frozen=True, tag=True):
+    """A unit's gauges now and its counters since start (`report.unit_counters.UnitCounters`, sent
+    as the unit filled it: a counter added there travels without a change here)."""
+
     seq: int
     name: str
     role: str
@@ -140,33 +146,8 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     waiting: int
     num_free_pages: int  # the same on every tp rank: one allocator serves all of them
     num_pages: int
-    transfer_bytes: int
-    transfer_writes: int
-    transfer_s: float
-    exposed_transfer_s: float
-    transfer_failures: int
-    requests_retried: int
-    prefilled_locally: int
-    rejected_frames: dict[str, int]
-    rejected_requests: dict[str, int]
+    counters: UnitCounters
     recent: list[RequestTransfer]
-    # speculative decoding (engine.speculative.stats.SpecStats): all zero without it
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_position: list[int] = []
-    spec_drafts_per_position: list[int] = []
-    num_preemptions: int = 0  # requests its scheduler preempted since start
-    # prefix caching, since start: prompt tokens its scheduler looked up / found cached (vLLM's
-    # queries and hits); decode: prompt pages (every layer and rank) and bytes its cache held so
-    # nobody sent them, and requests whose whole prompt was cached (no prefill at all)
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    pages_not_sent: int = 0
-    bytes_not_sent: int = 0
-    requests_fully_cached: int = 0
-    requests_prefilled_short: int = 0  # decode: prefilled here, short after the cache (transfer.max_local_prefill_tokens)
-    kv_pages_failed_verification: int = 0  # decode: attempts whose pages did not match prefill's digest
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):
@@ -184,7 +165,7 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
     poisoned_peer: str | None = None
 
 
-ToUnit = Union[UnitArgs, Peers, Generate, Abort, PeerDown, PeerUp, GetStats, ResetPrefixCache, Shutdown]
-FromUnit = Union[Ready, Started, Tokens, TokensBatch, PromptLogprobs, UnitStats, Fatal, TransportStuck]
+ToUnit = UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
+FromUnit = Ready | Started | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

@@ -261,7 +261,10 @@ class Unit:
 
     def _stats(self, seq: int, with_recent: bool) -> Any:
         e, m = self.engine, self.messenger
-        totals = m.totals if m is not None else None
+        # the messenger's counters as it counted them, with the engine's own filled in
+        counters = e.counters(m.totals.counters if m is not None else None)
+        if m is not None:
+            counters.rejected_frames, counters.rejected_requests = dict(m.frames.by_reason), dict(m.rejected)
         waiting = len(e.scheduler.waiting) + (m.num_waiting if m is not None else 0)
         return ch.UnitStats(
             seq=seq, name=self.args.name, role=self.args.role, running=len(e.scheduler.running), waiting=waiting,

@@ -35,7 +35,8 @@ from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attem
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
-from disaggsdk.messenger.stats import RequestTransfer, TransferTotals
+from disaggsdk.messenger.stats import TransferTotals
+from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 from disaggsdk.transfer.errors import TransferError
@@ -210,7 +211,7 @@ class DecodeMessenger:
                     if self._pages_verified(h):
                         self._admit(h)
                     else:
-                        self.totals.pages_failed_verification += 1
+                        self.totals.counters.kv_pages_failed_verification += 1
                         self._retry(h, "its KV does not match prefill's digest (forged or corrupted writes)",
                                     drained=True, now=now)
                 elif now > h.deadline:
@@ -243,7 +244,7 @@ class DecodeMessenger:
     def _send(self, h: Handoff, now: float) -> None:
         cached_here = self.prefill_choice.cached_pages_if_short(h)
         if cached_here is not None:
-            self.totals.prefilled_here_short += 1
+            self.totals.counters.requests_prefilled_short += 1
             self._count_not_sent(cached_here)
             self._prefill_locally(h)
             return
@@ -293,7 +294,7 @@ class DecodeMessenger:
         try:
             payload = unpack_context(self._slot(h.slot), arch.hidden_size, arch.vocab_size)
         except ContextShapeError as exc:
-            self.totals.failures += 1
+            self.totals.counters.transfer_failures += 1
             self.engine.allocator.free(h.request_id)
             self._free_slots.append(h.slot)
             self.failed.append((h.request_id, str(exc)))
@@ -306,14 +307,14 @@ class DecodeMessenger:
 
     def _admit_cached(self, h: Handoff, num_pages: int) -> None:
         """Admit a request whose prompt KV this unit's prefix cache held whole: no prefill unit is asked."""
-        self.totals.fully_cached += 1
+        self.totals.counters.requests_fully_cached += 1
         self._count_not_sent(num_pages)
         self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=0))
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=num_pages * self.page_size)
 
     def _count_not_sent(self, num_pages: int) -> None:
         fmt = self.engine.kv_cache.fmt  # rank 0's: every rank of this unit holds the same page ids
-        self.totals.count_not_sent(num_pages, num_pages * fmt.num_layers * fmt.page_bytes * len(self.me.pool_regions))
+        self.totals.counters.count_not_sent(num_pages, num_pages * fmt.num_layers * fmt.page_bytes * len(self.me.pool_regions))
 
     def _end_attempt(self, h: Handoff, drained: bool, now: float) -> None:
         """Stop counting the current attempt and park its pages until no write can land."""
@@ -335,16 +336,16 @@ class DecodeMessenger:
         h.prefill, h.grant, h.slot, h.counter, h.send_future, h.keys = None, None, -1, None, None, None
 
     def _retry(self, h: Handoff, reason: str, drained: bool, now: float) -> None:
-        self.totals.failures += 1
+        self.totals.counters.transfer_failures += 1
         h.tried.add(h.prefill)
         self._handoffs.pop(h.request_id, None)
         self._end_attempt(h, drained, now)
-        self.totals.retries += 1
+        self.totals.counters.requests_retried += 1
         self._pending.appendleft(h)  # first in line for pages
         self._start_pending(now)
 
     def _prefill_locally(self, h: Handoff) -> None:
-        self.totals.prefilled_locally += 1
+        self.totals.counters.prefilled_locally += 1
         self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True))
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)
 

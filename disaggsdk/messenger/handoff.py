@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.grant_keys import GrantKeys
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.messenger.stats import RequestTransfer
+from disaggsdk.report.request_transfer import RequestTransfer
 
 if TYPE_CHECKING:
     from disaggsdk.messenger.ports import Transport

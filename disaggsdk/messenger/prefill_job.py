@@ -21,6 +21,11 @@ class ContextStaging:
 
     Attributes:
         region: its `MemoryRegion` (writes read from it).
+from disaggsdk.report.request_transfer import RequestTransfer
+
+if TYPE_CHECKING:
+    from disaggsdk.plan import Plan, Transfer
+    from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
         buffer: its bytes, ``num_context_slots * context_slot_bytes``.
     """
 

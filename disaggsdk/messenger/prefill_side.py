@@ -320,7 +320,7 @@ class PrefillMessenger:
             self._free_slots.append(job.slot)
             if job.aborted:
                 self.engine.abort(rid)  # frees the pages whether or not the prefill finished
-                self.totals.failures += 1
+                self.totals.counters.transfer_failures += 1
                 reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
                 if job.decode not in self._down:
                     self.transfer.send(job.peer, self.codec.seal(reply))

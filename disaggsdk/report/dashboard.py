@@ -10,7 +10,7 @@ import html
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.report.live import InstanceRow, Served, instance_rows, latency_series
 from disaggsdk.report.svg_plot import latency_svg
@@ -85,7 +85,7 @@ class Dashboard:
         while not self._stop.wait(self.interval_s):
             try:
                 self.refresh()
-            except Exception:  # a deployment shutting down under the dashboard: stop quietly
+            except Exception:  # noqa: BLE001 - a deployment shutting down under the dashboard: stop quietly
                 return
 
     def stop(self) -> None:
@@ -94,5 +94,6 @@ class Dashboard:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object]:
+        bundle: dict[str, object] = self.widget._repr_mimebundle_(**kwargs)
+        return bundle

@@ -66,6 +66,7 @@ def instance_rows(
         timelines = recent.get(st.name, [])
         ttfts = [t.ttft_ms for t in timelines]
         tpots = [t.tpot_ms for t in timelines if t.tpot_ms is not None]
+        c = st.counters
         rows.append(InstanceRow(
             name=st.name, role=st.role, healthy=st.healthy, num_requests=len(timelines),
             ttft_p50_ms=percentile(ttfts, 50) if ttfts else None,
@@ -73,10 +74,9 @@ def instance_rows(
             tokens_per_s_per_request=tokens_per_s_per_request(tpots) if tpots else None,
             running=st.running, waiting=st.waiting,
             kv_usage=st.kv_cache_usage,
-            transfer_gb_per_s=st.transfer_bytes / st.transfer_s / 1e9 if st.transfer_s > 0 else None,
-            spec_acceptance=(st.spec_num_accepted_tokens / st.spec_num_draft_tokens
-                             if st.spec_num_draft_tokens else None),
-            prefix_cache_hit_rate=st.prefix_cache_hit_rate,
+            transfer_gb_per_s=c.transfer_bytes / c.transfer_s / 1e9 if c.transfer_s > 0 else None,
+            spec_acceptance=c.spec_num_accepted_tokens / c.spec_num_draft_tokens if c.spec_num_draft_tokens else None,
+            prefix_cache_hit_rate=c.prefix_cache_hit_rate,
         ))
     return rows
 
@@ -91,7 +91,8 @@ class LatencySeries:
 
 def latency_series(served: Sequence[Served], origin_s: float) -> LatencySeries:
     """TTFT at each request's first token and every inter-token gap at its later token."""
-    ttft, itl = [], []
+    ttft: list[tuple[float, float]] = []
+    itl: list[tuple[float, float]] = []
     for s in served:
         t = s.timeline
         if not t.token_times_s:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -48,7 +48,7 @@ def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Tab
     return table
 
 
-def summary_table(results: Sequence[tuple[str, dict[str, Any]]]) -> Table:
+def summary_table(results: Sequence[tuple[str, Mapping[str, object]]]) -> Table:
     """Benchmark results side by side (one column per run), vLLM field names as row labels."""
     table = Table(title="benchmark", title_justify="left")
     table.add_column("metric")
@@ -83,7 +83,7 @@ class LiveView:
 
     def _current(self) -> RenderableType:
         out = self._render()
-        return Group(*out) if isinstance(out, (list, tuple)) else out
+        return out if isinstance(out, str) or not isinstance(out, Sequence) else Group(*out)
 
     def __enter__(self) -> LiveView:
         self._live = Live(self._current(), console=self._console, refresh_per_second=REFRESH_PER_S,
@@ -91,9 +91,10 @@ class LiveView:
         self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         assert self._live is not None
-        self._live.__exit__(*exc)
+        self._live.__exit__(exc_type, exc, traceback)
         self._live.console.line()  # what follows starts on a fresh line, also when not a terminal
 
     def wait(self, seconds: float) -> None:

@@ -1,17 +1,12 @@
-"""Transfer measurements: one record per request, cumulative counters per unit.
+"""One request's KV handoff as measured on one side: the record the messengers fill, units ship in
+their stats frame, and the benchmark and the TTFT breakdown (`report.ttft_phases`) read.
 
-Pure bookkeeping (no clocks read here): the messengers fill it, the launcher ships it to
-`InstanceStats`, the benchmark reads the per-request records.
+Pure bookkeeping: no clocks are read here.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
-
 import msgspec
-
-MAX_RECENT = 2048  # per-request records kept for the benchmark
 
 
 class RequestTransfer(msgspec.Struct, frozen=True):
@@ -36,43 +31,3 @@ class RequestTransfer(msgspec.Struct, frozen=True):
     sent_s: float = 0.0  # decode: its (last) prefill request was sent
     fired_s: float = 0.0  # decode: its counter fired (every write of it landed)
     admitted_s: float = 0.0  # decode: handed to the engine's scheduler
-
-
-@dataclass
-class TransferTotals:
-    """Cumulative counters of one unit's messenger."""
-
-    requests: int = 0
-    bytes: int = 0
-    writes: int = 0
-    transfer_s: float = 0.0
-    exposed_s: float = 0.0
-    failures: int = 0  # attempts that failed (deadline, peer down, rejected, transfer error)
-    retries: int = 0  # attempts re-sent to another prefill instance
-    prefilled_locally: int = 0
-    # decode: prompt pages (of every layer and rank) its prefix cache held, so nobody sent them,
-    # and their bytes; requests whose whole prompt was cached here needed no prefill at all
-    pages_not_sent: int = 0
-    bytes_not_sent: int = 0
-    fully_cached: int = 0
-    # decode: requests prefilled here, without a prefill unit, because few enough of their prompt
-    # tokens were missing from the cache (transfer.max_local_prefill_tokens); also in prefilled_locally
-    prefilled_here_short: int = 0
-    # decode, with transport.verify_pages: attempts whose pages did not match prefill's digest
-    # (forged or corrupted writes); each was retried and its pages never used or cached
-    pages_failed_verification: int = 0
-    recent: deque[RequestTransfer] = field(default_factory=lambda: deque(maxlen=MAX_RECENT))
-
-    def count_not_sent(self, num_pages: int, num_bytes: int) -> None:
-        """Count prompt pages the decode side's prefix cache held (they did not move)."""
-        self.pages_not_sent += num_pages
-        self.bytes_not_sent += num_bytes
-
-    def add(self, record: RequestTransfer) -> None:
-        """Count one finished request."""
-        self.requests += 1
-        self.bytes += record.bytes
-        self.writes += record.writes
-        self.transfer_s += record.transfer_s
-        self.exposed_s += record.exposed_s
-        self.recent.append(record)

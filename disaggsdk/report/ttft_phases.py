@@ -1,7 +1,7 @@
 """Where a disaggregated request's time to first token went, phase by phase.
 
 Joins the router's times (`serve.first_token_clock`) with both units' records of the request
-(`messenger.stats.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
+(`report.request_transfer.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
 request and add up to the server's TTFT (the client's adds HTTP and its own parsing):
 
 - ``router_to_decode``: the router's channel to the decode unit, and that unit noticing it;
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from disaggsdk.messenger.stats import RequestTransfer
+    from disaggsdk.report.request_transfer import RequestTransfer
 
 PHASES = ("router_to_decode", "decode_wait", "to_prefill", "prefill_queue", "prefill_compute",
           "exposed_transfer", "counter_to_schedule", "first_step_to_router")
@@ -35,8 +35,17 @@ def request_phases(received_s: float, first_token_s: float, decode: RequestTrans
     return {name: b - a for name, a, b in zip(PHASES, marks, marks[1:])}
 
 
+class PhaseSummary(TypedDict):
+    """`summarize_phases`'s answer (JSON as it is, in a benchmark's result)."""
+
+    requests: int
+    unmeasured: int
+    mean_ms: dict[str, float]
+    median_ms: dict[str, float]
+
+
 def summarize_phases(first_tokens: Sequence[tuple[str, float, float]],
-                     records: Iterable[RequestTransfer]) -> dict[str, Any]:
+                     records: Iterable[RequestTransfer]) -> PhaseSummary:
     """Mean and median of each phase over the requests both units measured, in milliseconds.
 
     Args:
@@ -47,7 +56,8 @@ def summarize_phases(first_tokens: Sequence[tuple[str, float, float]],
         "median_ms": {...}}``; ``unmeasured`` counts requests with no full pair of records
         (prefilled on the decode unit, retried elsewhere, or colocated).
     """
-    decode, prefill = {}, {}
+    decode: dict[str, RequestTransfer] = {}
+    prefill: dict[str, RequestTransfer] = {}
     for r in records:
         (decode if r.side == "decode" else prefill)[r.request_id] = r
     rows = []

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.report.unit_counters import Series, SeriesKind, UnitCounters, exported_series
 
 PREFIX = "disaggsdk"
 ENGINE_LABELS = ("model_name", "engine", "role")
@@ -31,41 +32,14 @@ GAUGES = (
     ("kv_pages_total", "kv_pages_capacity", "KV cache pages in the engine's pool (used or free)."),
     ("healthy", "engine_healthy", "1 while the engine is serving, 0 when it is down."),
 )
-COUNTERS = (
-    ("transfer_bytes", "kv_transfer_bytes", "KV bytes written from this prefill engine to decode engines."),
-    ("transfer_writes", "kv_transfer_writes", "KV page writes issued by this prefill engine."),
-    ("transfer_s", "kv_transfer_seconds", "Time spent writing KV, first write submitted to last completed."),
-    ("exposed_transfer_s", "kv_exposed_transfer_seconds",
-     "KV transfer time not hidden behind the prefill forward pass (measured on decode engines)."),
-    ("transfer_failures", "kv_transfer_failures", "KV handoff attempts that failed."),
-    ("requests_retried", "requests_retried", "Requests re-sent to another prefill engine."),
-    ("spec_num_drafts", "spec_decode_num_drafts", "Verify steps that carried draft tokens."),
-    ("spec_num_draft_tokens", "spec_decode_num_draft_tokens", "Draft tokens proposed."),
-    ("spec_num_accepted_tokens", "spec_decode_num_accepted_tokens", "Draft tokens accepted."),
-    ("prefix_cache_queries", "prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up."),
-    ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in prompt tokens found cached."),
-    ("pages_not_sent", "kv_not_sent_pages",
-     "KV pages (of every layer and rank) a decode engine's prefix cache held, so no prefill engine sent them."),
-    ("bytes_not_sent", "kv_not_sent_bytes", "KV bytes a decode engine's prefix cache spared the transfer."),
-    ("requests_fully_cached", "requests_fully_cached",
-     "Requests whose whole prompt a decode engine had cached: no prefill at all."),
-    ("requests_prefilled_short", "requests_prefilled_short",
-     "Requests a decode engine prefilled itself because few of their prompt tokens were missing from its "
-     "cache (transfer.max_local_prefill_tokens)."),
-    ("kv_pages_failed_verification", "kv_pages_failed_verification",
-     "KV handoff attempts whose pages did not match the prefill engine's digest (transport.verify_pages): "
-     "forged or corrupted writes, retried and never used."),
-)
-BY_REASON = (
-    ("rejected_frames", "control_frames_rejected", "Control frames dropped, by reason (bad MAC, replayed, ...)."),
-    ("rejected_requests", "prefill_requests_rejected", "Prefill requests refused by a prefill engine, by reason."),
-)
-PREEMPTIONS_KEY = "num_preemptions"  # in `InstanceStats.extra` where the engine reports it
 
 
 class EngineCollector:
     """A prometheus_client collector of every engine's snapshot, fresh at each scrape (an engine
     answers between two steps, in milliseconds), never the snapshot of the scrape before.
+
+    The counters are those `UnitCounters` declares (`report.unit_counters`): each field that names
+    a series is exported, so a counter added there appears here with no change.
 
     Args:
         stats: the backend's ``stats`` callable (given ``wait_s``).
@@ -78,34 +52,48 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         """One family per metric, one sample per engine (and reason, or draft position)."""
+        snapshots = list(self._stats(SCRAPE_FRESH_WAIT_S))
         labels = list(ENGINE_LABELS)
         gauges = {attr: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for attr, name, doc in GAUGES}
         usage = GaugeMetricFamily(f"{PREFIX}_kv_cache_usage_perc", "KV cache usage, used / all pages; 1 means full.",
                                   labels=labels)
-        counters = {attr: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for attr, name, doc in COUNTERS}
-        preemptions = CounterMetricFamily(f"{PREFIX}_num_preemptions", "Requests preempted by the engine "
-                                          "(pages taken back, recomputed later).", labels=labels)
-        per_position = CounterMetricFamily(f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
-                                           "Draft tokens accepted, by position in the draft.",
-                                           labels=[*labels, "position"])
-        by_reason = {attr: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[*labels, "reason"])
-                     for attr, name, doc in BY_REASON}
-        for s in self._stats(SCRAPE_FRESH_WAIT_S):
+        series = _series_of(snapshots)
+        extra_label = {SeriesKind.COUNTER: [], SeriesKind.BY_REASON: ["reason"], SeriesKind.PER_POSITION: ["position"]}
+        counters = {one.attribute: CounterMetricFamily(f"{PREFIX}_{one.metric}", one.help,
+                                                       labels=[*labels, *extra_label[one.kind]])
+                    for one in series}
+        for s in snapshots:
             values = [self._model, s.name, s.role]
-            for attr, family in (gauges | counters).items():
-                family.add_metric(values, float(getattr(s, attr)))
+            gauges["running"].add_metric(values, float(s.running))
+            gauges["waiting"].add_metric(values, float(s.waiting))
+            gauges["kv_pages_used"].add_metric(values, float(s.kv_pages_used))
+            gauges["kv_pages_total"].add_metric(values, float(s.kv_pages_total))
+            gauges["healthy"].add_metric(values, float(s.healthy))
             usage.add_metric(values, s.kv_cache_usage)
-            # only engines that count preemptions report them: no sample rather than a false 0
-            if PREEMPTIONS_KEY in s.extra:
-                preemptions.add_metric(values, float(s.extra[PREEMPTIONS_KEY]))
-            for attr, family in by_reason.items():
-                for reason, count in sorted(getattr(s, attr).items()):
-                    family.add_metric([*values, reason], float(count))
-            for position, count in enumerate(s.spec_accepted_per_position):
-                per_position.add_metric([*values, str(position)], float(count))
+            for one in series:
+                _add_samples(counters[one.attribute], values, one, s.counters)
         yield from gauges.values()
         yield usage
         yield from counters.values()
-        yield preemptions
-        yield per_position
-        yield from by_reason.values()
+
+
+def _series_of(snapshots: Sequence[InstanceStats]) -> list[Series]:
+    """The series every snapshot's record declares (one type in a deployment; a test may add a field)."""
+    by_attribute: dict[str, Series] = {}
+    record_types: list[type[UnitCounters]] = [UnitCounters, *(type(s.counters) for s in snapshots)]
+    for record_type in record_types:
+        for one in exported_series(record_type):
+            by_attribute.setdefault(one.attribute, one)
+    return list(by_attribute.values())
+
+
+def _add_samples(family: CounterMetricFamily, values: list[str], one: Series, counters: UnitCounters) -> None:
+    value: object = getattr(counters, one.attribute, None)  # a field of the record's declaration (or a subclass's)
+    if one.kind is SeriesKind.COUNTER and isinstance(value, int | float):
+        family.add_metric(values, float(value))
+    elif one.kind is SeriesKind.BY_REASON and isinstance(value, dict):
+        for reason, count in sorted(value.items()):
+            family.add_metric([*values, reason], float(count))
+    elif one.kind is SeriesKind.PER_POSITION and isinstance(value, list):
+        for position, count in enumerate(value):
+            family.add_metric([*values, str(position)], float(count))

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.instance_stats import InstanceStats
@@ -39,7 +39,7 @@ class _Subscriber:
 class _Add:
     request_id: str
     prompt_ids: list[int]
-    params: Any  # SamplingParams
+    params: SamplingParams
     subscriber: _Subscriber
 
 
@@ -133,7 +133,7 @@ class InProcessBackend:
 
     def stats(self, wait_s: float = 0.0) -> list[InstanceStats]:
         """A copy of the engine thread's latest snapshot (kept current each loop: nothing to wait for)."""
-        return [replace(self._stats, extra=dict(self._stats.extra))]
+        return [replace(self._stats)]  # its counters are a fresh record at each snapshot
 
     def close(self) -> None:
         """Stop the engine thread (pending requests end with ``abort``) and the engine. Idempotent."""
@@ -229,11 +229,4 @@ class InProcessBackend:
         self._stats.running = len(sched.running)
         self._stats.waiting = len(sched.waiting)
         self._stats.kv_pages_used = self._engine.config.num_pages - self._engine.num_free_pages
-        self._stats.extra = {"num_preemptions": float(sched.num_preemptions)}
-        self._stats.prefix_cache_queries = sched.prefix_cache.queries
-        self._stats.prefix_cache_hits = sched.prefix_cache.hits
-        spec = self._engine.spec_stats
-        self._stats.spec_num_drafts, self._stats.spec_num_draft_tokens = spec.num_drafts, spec.num_draft_tokens
-        self._stats.spec_num_accepted_tokens = spec.num_accepted_tokens
-        self._stats.spec_accepted_per_position = list(spec.accepted_per_position)
-        self._stats.spec_drafts_per_position = list(spec.drafts_per_position)
+        self._stats.counters = self._engine.counters()

@@ -5,16 +5,22 @@ What `disaggsdk generate --spec SPEC` runs (and what a notebook can call directl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from disaggsdk.launch.tiny import LaunchError
 
+if TYPE_CHECKING:
+    from disaggsdk.engine.sampling_params import SamplingParams
+    from disaggsdk.spec import Spec
 
-def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None, params: Any = None, *,
-                       texts: Sequence[str] = (), tiny: bool = False, colocated: bool = False,
-                       provider: str | None = None, timeout_s: float = 600.0,
-                       on_event: Any = None) -> dict[str, Any]:
+
+def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = None,
+                       params: SamplingParams | None = None, *, texts: Sequence[str] = (), tiny: bool = False,
+                       colocated: bool = False, provider: str | None = None, timeout_s: float = 600.0,
+                       on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run prompts through prefill -> KV transfer -> decode on local processes.
 
     Args:
@@ -29,7 +35,7 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
         on_event: start-up / failure line callback (stderr when None).
     Returns:
         ``{"model", "units", "outputs": [{"prompt_ids", "token_ids", "finish_reason", "text"?,
-        "instance", "error"?}], "transfer": {unit: {...}}}``.
+        "instance", "error"?}], "transfer": {unit: {"role", every field of `UnitCounters`}}}``.
     Raises:
         LaunchError: the deployment cannot start, or a request fails.
     """
@@ -54,15 +60,7 @@ def generate_with_spec(spec: Any, prompts: Sequence[Sequence[int]] | None = None
             if tokenizer is not None:
                 item["text"] = tokenizer.decode(token_ids)
             outputs.append(item)
-        transfer = {
-            name: {"role": s.role, "bytes": s.transfer_bytes, "writes": s.transfer_writes,
-                   "transfer_s": s.transfer_s, "exposed_transfer_s": s.exposed_transfer_s,
-                   "failures": s.transfer_failures, "retried": s.requests_retried,
-                   # the prefix cache: prompt tokens found cached, pages and bytes a decode unit held already
-                   "prefix_cache_hits": s.prefix_cache_hits, "pages_not_sent": s.pages_not_sent,
-                   "bytes_not_sent": s.bytes_not_sent, "fully_cached": s.requests_fully_cached,
-                   "prefilled_short": s.requests_prefilled_short}
-            for name, s in stats.items()
-        }
+        # every counter of each unit, under the names `UnitCounters` declares
+        transfer = {name: {"role": s.role, **msgspec.structs.asdict(s.counters)} for name, s in stats.items()}
         return {"model": rt.spec.model, "units": sorted(rt.runtime.units), "outputs": outputs, "transfer": transfer}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from disaggsdk.bench.kv_bench import summarize
-from disaggsdk.messenger.stats import RequestTransfer
+from disaggsdk.report.request_transfer import RequestTransfer
 
 
 def test_summarize_is_pure_arithmetic():

@@ -85,6 +85,6 @@ def test_disaggregated_tokens_equal_colocated_and_transformers(references, model
     assert all(s.num_free_pages == s.num_pages for s in stats.values()), {n: s.num_free_pages for n, s in stats.items()}
     prefill = [s for s in stats.values() if s.role == "prefill"]
     decode = [s for s in stats.values() if s.role == "decode"]
-    assert sum(s.transfer_bytes for s in prefill) > 0 and sum(s.transfer_failures for s in stats.values()) == 0
+    assert sum(s.counters.transfer_bytes for s in prefill) > 0 and sum(s.counters.transfer_failures for s in stats.values()) == 0
     assert sum(len([r for r in s.recent]) for s in decode) == len([n for n in PROMPT_LENGTHS if n > 1])
-    assert not any(s.rejected_frames or s.rejected_requests for s in stats.values())
+    assert not any(s.counters.rejected_frames or s.counters.rejected_requests for s in stats.values())

@@ -45,8 +45,8 @@ def test_loglikelihood_and_seeded_n_on_a_disaggregated_deployment():
         first, again = (httpx.post(url, json=seeded, timeout=120).json() for _ in range(2))
         stats = d.backend.unit_stats()
     # the prompts were computed (and scored) by the prefill unit, not by the decode unit itself
-    assert sum(s.prefilled_locally for s in stats.values()) == 0
-    assert sum(s.transfer_bytes for s in stats.values() if s.role == "prefill") > 0
+    assert sum(s.counters.prefilled_locally for s in stats.values()) == 0
+    assert sum(s.counters.transfer_bytes for s in stats.values() if s.role == "prefill") > 0
     for k, p in enumerate(prompts):
         lps = scored["choices"][k]["logprobs"]
         assert lps["token_logprobs"][0] is None and len(lps["token_logprobs"]) == len(p) + 1

@@ -88,8 +88,8 @@ def test_hundred_requests_return_every_page(env):
     stats = wait_all_free(rt)
     assert {n: s.num_free_pages for n, s in stats.items()} == {n: s.num_free_pages for n, s in start.items()}
     assert {n: s.num_free_pages for n, s in stats.items()} == {n: s.num_pages for n, s in stats.items()}
-    assert sum(s.transfer_writes for s in stats.values() if s.role == "prefill") > 0
-    assert stats["decode-0"].transfer_failures == 0
+    assert sum(s.counters.transfer_writes for s in stats.values() if s.role == "prefill") > 0
+    assert stats["decode-0"].counters.transfer_failures == 0
 
 
 def test_streamed_writes_start_during_the_forward_pass(env):
@@ -135,13 +135,13 @@ def test_bad_frames_are_counted_and_land_nothing(env):
         time.sleep(0.5)
     after = rt.unit_stats()
     p = after["prefill-0"]
-    assert p.rejected_frames == {"MalformedFrame": 1, "BadMac": 1, "UnknownVersion": 1, "replayed": 1,
+    assert p.counters.rejected_frames == {"MalformedFrame": 1, "BadMac": 1, "UnknownVersion": 1, "replayed": 1,
                                  "unsequenced": 1, "sender_mismatch": 1}
-    assert p.rejected_requests == {"bad_pages": 1}
-    assert after["decode-0"].rejected_frames.get("BadMac") == 1
+    assert p.counters.rejected_requests == {"bad_pages": 1}
+    assert after["decode-0"].counters.rejected_frames.get("BadMac") == 1
     # the PrefillRejected sent for "forged" and the "nothing in flight" answer to the abort of "nobody"
-    assert after["decode-0"].rejected_frames.get("stale") == 2
-    assert p.transfer_writes == before["prefill-0"].transfer_writes  # nothing was written
+    assert after["decode-0"].counters.rejected_frames.get("stale") == 2
+    assert p.counters.transfer_writes == before["prefill-0"].counters.transfer_writes  # nothing was written
     assert tokens(rt.generate_batch([prompt(2, 9)], GREEDY)[0]) == expect(reference, [prompt(2, 9)])[0]
 
 
@@ -195,7 +195,7 @@ def test_hung_prefill_hits_the_deadline_and_retries(env):
     assert [tokens(ev) for ev in events] == expect(reference, prompts)
     assert elapsed < DEADLINE_S + 15
     stats = wait_all_free(rt)  # the woken prefill drains, reports, and the quarantine frees
-    assert stats["decode-0"].requests_retried >= 1
+    assert stats["decode-0"].counters.requests_retried >= 1
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
 
 
@@ -228,7 +228,7 @@ def test_local_prefill_when_no_prefill_is_left(env):
     events = rt.generate_batch(prompts, GREEDY, timeout_s=60)
     assert [tokens(ev) for ev in events] == expect(reference, prompts)
     stats = wait_all_free(rt)
-    assert stats["decode-0"].prefilled_locally >= 2
+    assert stats["decode-0"].counters.prefilled_locally >= 2
     assert stats["decode-0"].num_free_pages == stats["decode-0"].num_pages
 
 

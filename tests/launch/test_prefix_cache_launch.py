@@ -51,13 +51,13 @@ def run(spec, convs):
     assert live_descendants() <= before, "a unit or tp worker outlived close()"
     assert all(s.num_free_pages == s.num_pages for s in stats.values())  # free or evictable: no page leaked
     # nothing retried or refused; the prefill unit counts a job aborted mid-transfer as failed
-    assert sum(s.requests_retried for s in stats.values()) == 0 and not any(s.rejected_requests for s in stats.values())
-    assert sum(s.transfer_failures for s in stats.values()) <= len(convs[0])
+    assert sum(s.counters.requests_retried for s in stats.values()) == 0 and not any(s.counters.rejected_requests for s in stats.values())
+    assert sum(s.counters.transfer_failures for s in stats.values()) <= len(convs[0])
     return tokens, stats, cached
 
 
 def sent_bytes(stats) -> int:
-    return sum(s.transfer_bytes for s in stats.values() if s.role == "prefill")
+    return sum(s.counters.transfer_bytes for s in stats.values() if s.role == "prefill")
 
 
 def test_cached_and_uncached_deployments_give_the_same_tokens_and_the_cache_sends_less(reference):
@@ -68,10 +68,10 @@ def test_cached_and_uncached_deployments_give_the_same_tokens_and_the_cache_send
                                            convs)
     assert cached_tokens == expected and plain_tokens == expected
     assert sent_bytes(cached) < 0.6 * sent_bytes(plain)
-    assert sum(s.prefilled_locally for s in cached.values()) == 0
+    assert sum(s.counters.prefilled_locally for s in cached.values()) == 0
     decode, prefill = cached["decode-0"], cached["prefill-0"]
-    assert decode.pages_not_sent > 0 and decode.bytes_not_sent > 0 and decode.prefix_cache_hits > 0
-    assert prefill.prefix_cache_hits > 0  # the prefill unit computed only suffixes too
+    assert decode.counters.pages_not_sent > 0 and decode.counters.bytes_not_sent > 0 and decode.counters.prefix_cache_hits > 0
+    assert prefill.counters.prefix_cache_hits > 0  # the prefill unit computed only suffixes too
     assert all(n > 0 for n in usage[3:]) and not any(plain_usage)  # later turns report cached prompt tokens
 
 
@@ -99,7 +99,7 @@ def test_prefix_cached_tokens_over_tcp_and_tp_mixes(reference, provider, prefill
                      budget=16)
     tokens, stats, _ = run(spec, convs)
     assert tokens == expected
-    assert sum(s.pages_not_sent for s in stats.values()) > 0
+    assert sum(s.counters.pages_not_sent for s in stats.values()) > 0
 
 
 def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
@@ -116,8 +116,8 @@ def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
     spec = attrs.evolve(spec, speculative=Speculative(method="mtp", num_tokens=1))
     tokens, stats, usage = run(spec, convs)
     assert tokens == expected
-    assert sum(s.spec_num_accepted_tokens for s in stats.values()) > 0
-    assert sum(s.pages_not_sent for s in stats.values()) > 0 and any(usage)
+    assert sum(s.counters.spec_num_accepted_tokens for s in stats.values()) > 0
+    assert sum(s.counters.pages_not_sent for s in stats.values()) > 0 and any(usage)
 
 
 @pytest.mark.parametrize("model", [MODEL, pytest.param("deepseek-r1-tiny", marks=pytest.mark.slow)])
@@ -139,8 +139,8 @@ def test_short_suffixes_prefilled_on_decode_give_the_same_tokens(model):
     tokens, stats, usage = run(spec, convs)
     assert tokens == expected
     decode, prefill = stats["decode-0"], stats["prefill-0"]
-    assert decode.requests_prefilled_short > 0 and decode.prefilled_locally == decode.requests_prefilled_short
-    assert prefill.transfer_bytes > 0  # the first turns (38 + 8 new tokens) still went to prefill
-    assert decode.prefix_cache_hits > 0 and any(usage[3:])
+    assert decode.counters.requests_prefilled_short > 0 and decode.counters.prefilled_locally == decode.counters.requests_prefilled_short
+    assert prefill.counters.transfer_bytes > 0  # the first turns (38 + 8 new tokens) still went to prefill
+    assert decode.counters.prefix_cache_hits > 0 and any(usage[3:])
     if model != MODEL:
-        assert sum(s.spec_num_accepted_tokens for s in stats.values()) > 0
+        assert sum(s.counters.spec_num_accepted_tokens for s in stats.values()) > 0

@@ -91,7 +91,7 @@ def test_prefill_and_decode_on_different_nodes_give_the_engines_tokens(cluster, 
     assert got == want
     assert placement["prefill-0"].startswith("plan node 0") and placement["decode-0"].startswith("plan node 1")
     assert placement["prefill-0"].split("Ray node ")[1] != placement["decode-0"].split("Ray node ")[1]
-    assert stats["prefill-0"].transfer_bytes > 0 and stats["decode-0"].prefilled_locally == 0
+    assert stats["prefill-0"].counters.transfer_bytes > 0 and stats["decode-0"].counters.prefilled_locally == 0
     assert not placement_groups_left() and not our_processes()
 
 
@@ -228,7 +228,7 @@ def test_a_lost_node_takes_its_units_down_and_the_rest_keep_serving(cluster):
     spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=2))  # prefill, decode-0, decode-1
     lines: list[str] = []
     with Router(RayRuntime(spec, max_restarts=1, on_event=lines.append)) as r:
-        lost = r.runtime.ray_launcher.unit_nodes["decode-1"].node_id
+        lost = r.runtime.launcher.unit_nodes["decode-1"].node_id
         node = next(n for n in cluster.worker_nodes if n.node_id == lost)
         cluster.remove_node(node)
         deadline = time.monotonic() + 150  # a restart may wait for Ray to move the bundle, then be refused

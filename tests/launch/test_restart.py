@@ -43,12 +43,12 @@ def test_dead_units_are_restarted_and_rejoin_their_peers():
         old = rt.runtime.units["prefill-0"].info.incarnation
         rt.runtime.kill_unit("prefill-0")
         wait_healthy_again(rt, "prefill-0", old)
-        writes_before = rt.unit_stats()["prefill-0"].transfer_writes
+        writes_before = rt.unit_stats()["prefill-0"].counters.transfer_writes
         events = rt.generate_batch([[9, 8, 7, 6, 5]], GREEDY, timeout_s=60)[0]
         assert [t for e in events for t in e.new_token_ids] == other
         stats = rt.unit_stats()
         # the decode unit learnt the new prefill incarnation: the KV came from it, not a local prefill
-        assert stats["prefill-0"].transfer_writes > writes_before and stats["decode-0"].prefilled_locally == 0
+        assert stats["prefill-0"].counters.transfer_writes > writes_before and stats["decode-0"].counters.prefilled_locally == 0
         assert sum("died" in f for f in rt.runtime.failures) == 2
 
         # bounded: once its restarts are used, a unit stays down and the router says it cannot serve

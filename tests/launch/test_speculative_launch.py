@@ -55,20 +55,20 @@ def test_speculative_deployment_keeps_greedy_tokens_and_accepts_drafts(model, me
     got = [[t for e in ev for t in e.new_token_ids] for ev in events]
     assert got == want
     drafting = [s for s in stats.values() if s.role in ("decode", "mixed")]
-    assert sum(s.spec_num_accepted_tokens for s in drafting) > 0  # drafts were made and kept
-    assert all(s.spec_num_drafts == 0 for s in stats.values() if s.role == "prefill")
+    assert sum(s.counters.spec_num_accepted_tokens for s in drafting) > 0  # drafts were made and kept
+    assert all(s.counters.spec_num_drafts == 0 for s in stats.values() if s.role == "prefill")
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
-    assert sum(i.spec_num_accepted_tokens for i in instances) == sum(s.spec_num_accepted_tokens for s in drafting)
+    assert sum(i.counters.spec_num_accepted_tokens for i in instances) == sum(s.counters.spec_num_accepted_tokens for s in drafting)
     if not colocated:  # every layer's pages travelled, the MTP layer's too: the planner's count
         (prefill,) = [s for s in stats.values() if s.role == "prefill"]
         plan = make_plan(spec)
         assert plan.kv_layers == 4 + (method == "mtp")
         (route,) = plan.routes
-        assert prefill.transfer_writes == sum(expected_writes(route, len(p), spec.kv.layout).total for p in prompts)
+        assert prefill.counters.transfer_writes == sum(expected_writes(route, len(p), spec.kv.layout).total for p in prompts)
         if tps == (1, 1):  # one write per page and layer, plus one context write per request
             pages = sum(-(-(len(p) - 1) // spec.kv.page_size) for p in prompts)
-            assert prefill.transfer_writes == pages * plan.kv_layers + len(prompts)
+            assert prefill.counters.transfer_writes == pages * plan.kv_layers + len(prompts)
     if method == "mtp":  # first drafts from the MTP layer over the prompt's own KV are mostly right
-        first_accepted = sum(s.spec_accepted_per_position[0] for s in drafting)
-        assert first_accepted > 0.5 * sum(s.spec_num_drafts for s in drafting)
+        first_accepted = sum(s.counters.spec_accepted_per_position[0] for s in drafting)
+        assert first_accepted > 0.5 * sum(s.counters.spec_num_drafts for s in drafting)
 

@@ -87,4 +87,4 @@ def test_fifty_schemas_validate_with_speculation_on_and_off():
         assert reason == "stop"
     assert spec_texts == plain  # greedy: the grammar and the drafts change nothing
     decode = [s for s in stats.values() if s.role == "decode"]
-    assert sum(s.spec_num_accepted_tokens for s in decode) > 0  # drafts were made, masked and kept
+    assert sum(s.counters.spec_num_accepted_tokens for s in decode) > 0  # drafts were made, masked and kept

@@ -109,7 +109,7 @@ def test_colocated_pinned_units_serve_the_same_tokens():
         stats = rt.stats()
     with LLMEngine("qwen3-coder-tiny", EngineConfig(page_size=4, num_pages=64)) as engine:
         assert got == [o.output_ids for o in engine.generate(prompts, params)]
-    assert all(s.role == "mixed" and s.transfer_bytes == 0 for s in stats)
+    assert all(s.role == "mixed" and s.counters.transfer_bytes == 0 for s in stats)
 
 
 def test_a_dead_tp_worker_brings_its_unit_down_and_the_rest_serves(tmp_path):

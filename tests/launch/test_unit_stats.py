@@ -3,14 +3,17 @@ not-sent counters in `UnitStats`, through the channel's msgpack and into `Instan
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import msgspec
 
+from disaggsdk.engine.llm_engine import LLMEngine
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.unit import Unit
 from disaggsdk.messenger.stats import TransferTotals
+from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.unit_gauges import instance_stats
 
 
@@ -28,6 +31,7 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
                                 prefix_cache=SimpleNamespace(queries=96, hits=64))
     engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, config=SimpleNamespace(num_pages=40),
                              spec_stats=SpecStats())
+    engine.counters = functools.partial(LLMEngine.counters, engine)  # the engine's own reading of its counters
     messenger = None if totals is None else SimpleNamespace(
         totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={})
     u = Unit.__new__(Unit)
@@ -40,21 +44,20 @@ def round_trip(msg):
 
 
 def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
-    totals = TransferTotals(pages_not_sent=12, bytes_not_sent=49152, fully_cached=1, prefilled_here_short=3)
+    totals = TransferTotals(UnitCounters(pages_not_sent=12, bytes_not_sent=49152, requests_fully_cached=1,
+                                        requests_prefilled_short=3))
     sent = round_trip(unit("decode", totals)._stats(seq=3, with_recent=False))
-    assert (sent.prefix_cache_queries, sent.prefix_cache_hits) == (96, 64)
-    assert (sent.pages_not_sent, sent.bytes_not_sent, sent.requests_fully_cached) == (12, 49152, 1)
     snapshot = instance_stats("decode-0", "decode", True, sent)
-    assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (96, 64)
-    assert (snapshot.pages_not_sent, snapshot.bytes_not_sent, snapshot.requests_fully_cached) == (12, 49152, 1)
-    assert sent.requests_prefilled_short == snapshot.requests_prefilled_short == 3
-    assert snapshot.prefix_cache_hit_rate == 64 / 96
+    for c in (sent.counters, snapshot.counters):
+        assert (c.prefix_cache_queries, c.prefix_cache_hits, c.num_preemptions) == (96, 64, 2)
+        assert (c.pages_not_sent, c.bytes_not_sent, c.requests_fully_cached, c.requests_prefilled_short) == (12, 49152, 1, 3)
+    assert snapshot.counters.prefix_cache_hit_rate == 64 / 96
 
 
 def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
     sent = round_trip(unit("mixed", None)._stats(seq=0, with_recent=False))
-    assert (sent.prefix_cache_queries, sent.pages_not_sent, sent.requests_fully_cached) == (96, 0, 0)
-    empty = instance_stats("decode-1", "decode", False, None)
+    assert (sent.counters.prefix_cache_queries, sent.counters.pages_not_sent, sent.counters.requests_fully_cached) == (96, 0, 0)
+    empty = instance_stats("decode-1", "decode", False, None).counters
     assert (empty.prefix_cache_queries, empty.bytes_not_sent, empty.prefix_cache_hit_rate) == (0, 0, None)
 
 

@@ -66,7 +66,7 @@ def test_a_poisoned_decode_queue_is_replaced_and_serving_resumes(tmp_path, monke
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
         try:
-            while rt.unit_stats()["prefill-0"].transfer_writes == 0:
+            while rt.unit_stats()["prefill-0"].counters.transfer_writes == 0:
                 time.sleep(0.01)
             freeze_then_kill(rt.runtime.units["prefill-0"].process.pid, tmp_path)
 

@@ -63,6 +63,24 @@ class FakeEngine:
         self.admitted: list[str] = []
         self.local: list[str] = []
 
+    # the page contract of `LLMEngine`, over a real allocator the tests look into
+
+    @property
+    def num_free_pages(self):
+        return self.allocator.num_free_pages
+
+    def allocate_pages(self, request_id, num_tokens, pinned=True):
+        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
+
+    def holds_grant(self, grant):
+        return self.allocator.is_current(grant)
+
+    def rename_pages(self, request_id, owner):
+        return self.allocator.rename(request_id, owner)
+
+    def release(self, request_id):
+        return self.allocator.free(request_id)
+
     def share_cached_prompt(self, request_id, prompt_ids, count=True):
         return 0  # no prefix cache here: tests/messenger/test_decode_prefix_hit.py has one
 
@@ -119,7 +137,7 @@ def test_deadline_retry_keeps_old_pages_until_the_drain_report(side):
     transfer.counters[second.imm][1].set_result(None)
     dm.poll()
     assert engine.admitted == ["r"] and engine.allocator.page_ids("r") == second.destinations[0].page_ids
-    assert dm.totals.retries == 1 and dm.totals.recent[-1].attempts == 2
+    assert dm.totals.counters.requests_retried == 1 and dm.totals.recent[-1].attempts == 2
 
 
 def test_rejection_retries_at_once_and_the_last_resort_is_local(side):
@@ -128,7 +146,7 @@ def test_rejection_retries_at_once_and_the_last_resort_is_local(side):
     for _ in range(2):
         _, req = last(transfer, pr.PrefillRequest)
         dm.on_frame(from_prefill(pr.PrefillRejected("r", req.generation, "overloaded")))
-    assert engine.local == ["r"] and dm.totals.prefilled_locally == 1
+    assert engine.local == ["r"] and dm.totals.counters.prefilled_locally == 1
     dm.poll(time.monotonic() + 1)
     assert engine.allocator.num_free_pages == NUM_PAGES  # rejected attempts never wrote: all free
 

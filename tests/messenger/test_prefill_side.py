@@ -77,10 +77,28 @@ class FakeEngine:
         self.added.append((request_id, num_cached_tokens))
 
     def abort(self, request_id):
-        pass
+        return False
+
+    # the page contract of `LLMEngine`, over a real allocator the tests look into (both sides use it)
+
+    @property
+    def num_free_pages(self):
+        return self.allocator.num_free_pages
+
+    def allocate_pages(self, request_id, num_tokens, pinned=True):
+        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
+
+    def holds_grant(self, grant):
+        return self.allocator.is_current(grant)
+
+    def rename_pages(self, request_id, owner):
+        return self.allocator.rename(request_id, owner)
+
+    def pin_pages(self, request_id):
+        self.allocator.pin(request_id)
 
     def release(self, request_id):
-        pass
+        return self.allocator.free(request_id)
 
 
 def region(key: int, length_bytes: int) -> bytes:
@@ -183,7 +201,7 @@ def test_a_prompt_cached_whole_on_decode_needs_no_prefill(pair):
     cache_prompt(dm.engine, prompt)
     dm.submit("r", prompt, None)
     assert d_transfer.frames == [] and dm.engine.added == [("r", 2 * PAGE_SIZE)]
-    assert dm.totals.fully_cached == 1 and dm.totals.pages_not_sent == 2 and dm.totals.bytes_not_sent > 0
+    assert dm.totals.counters.requests_fully_cached == 1 and dm.totals.counters.pages_not_sent == 2 and dm.totals.counters.bytes_not_sent > 0
 
 
 def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair):
@@ -209,13 +227,13 @@ def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     cache_prompt(dm.engine, history)
     dm.submit("short", history + list(range(100, 100 + PAGE_SIZE + 1)), None)  # PAGE_SIZE tokens to compute
     assert d_transfer.frames == [] and dm.engine.added == ["short"]
-    assert dm.totals.prefilled_here_short == 1 and dm.totals.prefilled_locally == 1
-    assert dm.totals.pages_not_sent == 2 and dm.engine.allocator.page_ids("short") == []  # the engine shares them
+    assert dm.totals.counters.requests_prefilled_short == 1 and dm.totals.counters.prefilled_locally == 1
+    assert dm.totals.counters.pages_not_sent == 2 and dm.engine.allocator.page_ids("short") == []  # the engine shares them
     dm.submit("long", history + list(range(100, 100 + PAGE_SIZE + 2)), None)  # one token too many
     assert pr.decode_message(d_transfer.frames[-1][1], SECRET).num_cached_pages == 2
     dm.submit("scored", history[:3], SamplingParams(max_tokens=1, prompt_logprobs=0))  # short, yet scored whole
     assert pr.decode_message(d_transfer.frames[-1][1], SECRET).request_id == "scored"
-    assert dm.engine.added == ["short"] and dm.totals.prefilled_here_short == 1
+    assert dm.engine.added == ["short"] and dm.totals.counters.requests_prefilled_short == 1
 
 
 def test_the_prefill_choice_names_no_unit_when_none_is_left(pair):

@@ -10,6 +10,7 @@ from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.report.live import instance_rows, latency_series
 from disaggsdk.report.live_table import instance_table, summary_table
 from disaggsdk.report.svg_plot import latency_svg
+from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.metrics import ServedRequest
 
 
@@ -18,7 +19,7 @@ def served(instance: str, sent: float, times: list[float], ended: float) -> Serv
 
 
 STATS = [
-    InstanceStats("prefill-0", "prefill", transfer_bytes=2_000_000_000, transfer_s=0.5),
+    InstanceStats("prefill-0", "prefill", counters=UnitCounters(transfer_bytes=2_000_000_000, transfer_s=0.5)),
     InstanceStats("decode-0", "decode", running=2, waiting=1, kv_pages_used=25, kv_pages_total=100),
 ]
 
@@ -79,8 +80,8 @@ def test_dashboard_refreshes_from_its_sources():
 
 
 def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
-    stats = [*STATS, InstanceStats("decode-1", "decode", spec_num_drafts=40, spec_num_draft_tokens=40,
-                                   spec_num_accepted_tokens=30, spec_accepted_per_position=[30])]
+    stats = [*STATS, InstanceStats("decode-1", "decode", counters=UnitCounters(
+        spec_num_drafts=40, spec_num_draft_tokens=40, spec_num_accepted_tokens=30, spec_accepted_per_position=[30]))]
     rows = instance_rows([], stats, now_s=1.0)
     assert [r.spec_acceptance for r in rows] == [None, None, 0.75]
     console = Console(record=True, width=200)

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.metrics import ServerMetrics
 from tests.serve.promlint import lint
 
@@ -81,9 +82,10 @@ def test_chat_completions_report_cached_tokens(deployment):
 
 
 def test_prefix_cache_and_not_sent_counters_per_engine_pass_the_lint():
-    stats = [InstanceStats("prefill-0", "prefill", prefix_cache_queries=300, prefix_cache_hits=96),
-             InstanceStats("decode-0", "decode", prefix_cache_queries=300, prefix_cache_hits=160, pages_not_sent=40,
-                           bytes_not_sent=163840, requests_fully_cached=2, requests_prefilled_short=5)]
+    stats = [InstanceStats("prefill-0", "prefill", counters=UnitCounters(prefix_cache_queries=300, prefix_cache_hits=96)),
+             InstanceStats("decode-0", "decode", counters=UnitCounters(
+                 prefix_cache_queries=300, prefix_cache_hits=160, pages_not_sent=40, bytes_not_sent=163840,
+                 requests_fully_cached=2, requests_prefilled_short=5))]
     text = ServerMetrics(lambda wait_s=0.0: stats, "m").exposition().decode()
     assert lint(text) == []
     totals = {(s.name, s.labels["engine"]): s.value for f in text_string_to_metric_families(text)
@@ -99,8 +101,8 @@ def test_prefix_cache_and_not_sent_counters_per_engine_pass_the_lint():
 
 @pytest.mark.parametrize("queries, hits, rate", [(0, 0, None), (200, 50, 0.25)])
 def test_hit_rate(queries, hits, rate):
-    stats = InstanceStats("e", "mixed", prefix_cache_queries=queries, prefix_cache_hits=hits)
-    assert stats.prefix_cache_hit_rate == rate
+    stats = InstanceStats("e", "mixed", counters=UnitCounters(prefix_cache_queries=queries, prefix_cache_hits=hits))
+    assert stats.counters.prefix_cache_hit_rate == rate
 
 
 def test_live_views_show_each_engines_hit_rate():
@@ -111,7 +113,7 @@ def test_live_views_show_each_engines_hit_rate():
     from disaggsdk.report.live_table import instance_table
 
     stats = [InstanceStats("prefill-0", "prefill"),
-             InstanceStats("decode-0", "decode", prefix_cache_queries=200, prefix_cache_hits=50)]
+             InstanceStats("decode-0", "decode", counters=UnitCounters(prefix_cache_queries=200, prefix_cache_hits=50))]
     rows = instance_rows([], stats, now_s=1.0)
     assert [r.prefix_cache_hit_rate for r in rows] == [None, 0.25]
     console = Console(record=True, width=80)

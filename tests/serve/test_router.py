@@ -6,6 +6,7 @@ import pytest
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.router import Router
 from disaggsdk.spec import Spec
 
@@ -55,9 +56,7 @@ class FakeRuntime:
 
 def stats(name: str, role: str, seq: int, used: int = 0, rejected_frames: dict | None = None) -> ch.UnitStats:
     return ch.UnitStats(seq=seq, name=name, role=role, running=0, waiting=0, num_free_pages=10 - used,
-                        num_pages=10, transfer_bytes=0, transfer_writes=0, transfer_s=0.0, exposed_transfer_s=0.0,
-                        transfer_failures=0, requests_retried=0, prefilled_locally=0,
-                        rejected_frames=rejected_frames or {}, rejected_requests={}, recent=[])
+                        num_pages=10, counters=UnitCounters(rejected_frames=rejected_frames or {}), recent=[])
 
 
 @pytest.fixture
@@ -152,7 +151,7 @@ def test_rejected_frames_reach_metrics_by_reason(fake):
 
     rt, router = fake
     rt.on_message("prefill-0", stats("prefill-0", "prefill", 0, rejected_frames={"replayed": 2, "BadMac": 1}))
-    assert next(s for s in router.stats() if s.name == "prefill-0").rejected_frames == {"replayed": 2, "BadMac": 1}
+    assert next(s for s in router.stats() if s.name == "prefill-0").counters.rejected_frames == {"replayed": 2, "BadMac": 1}
     rt.state["prefill-0"] = {"rejected_frames": {"replayed": 2, "BadMac": 1}}
     text = generate_latest(ServerMetrics(router.stats, "fake").registry).decode()
     assert ('disaggsdk_control_frames_rejected_total{engine="prefill-0",model_name="fake",reason="replayed",'
