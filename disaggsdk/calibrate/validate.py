@@ -51,8 +51,7 @@ def trace_of(bench_result: dict[str, Any]) -> list[SimRequest]:
 def simulate_like(spec: Spec, profile: HardwareProfile, colocated: bool, requests: list[SimRequest]) -> dict[str, Any]:
     """Simulate ``requests`` on ``spec`` with the engine settings the real run used."""
     config = SimConfig(profile, weight_dtype="float32", colocated=colocated,
-                       max_num_batched_tokens=spec.engine.max_num_batched_tokens,
-                       max_num_seqs=spec.engine.max_num_seqs, streaming=spec.transfer.streaming,
+                       max_num_batched_tokens=spec.engine.max_num_batched_tokens, streaming=spec.transfer.streaming,
                        shared_cores=len(os.sched_getaffinity(0)), client_shares_cores=True)
     return Simulation(spec, config).run(requests)
 

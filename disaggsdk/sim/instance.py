@@ -55,8 +55,8 @@ class SimInstance:
     name: str
     mode: str  # "mixed" | "prefill" | "decode"
     cost: StepCostModel
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_batched_tokens: int
+    max_num_seqs: int  # the instance's, all dp ranks together
     kv_capacity_tokens: int = 1 << 62
     # speculative decoding with the MTP layer: each decode step verifies one draft token per
     # sequence (two tokens of compute) and emits 1 + mtp_acceptance tokens on average

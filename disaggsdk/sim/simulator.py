@@ -28,12 +28,12 @@ from disaggsdk.spec import Spec
 
 @attrs.frozen
 class SimConfig:
-    """Engine settings and assumptions of a simulation run."""
+    """Engine settings and assumptions of a simulation run, over what the simulated spec says (the
+    requests each rank holds at once are its `engine.max_num_seqs`, as a launched deployment runs)."""
 
     profile: HardwareProfile
     weight_dtype: str = "bfloat16"  # "fp8" for DeepSeek-R1's native checkpoint
     max_num_batched_tokens: int = 8192  # chunked-prefill token budget per step
-    max_num_seqs: int = 256
     streaming: bool = True  # layer-wise KV streaming (False: the ablation, all after the forward)
     colocated: bool = False  # every instance of the spec becomes a mixed prefill+decode instance
     # MTP speculative decoding: fraction of draft tokens accepted (0 = off; DeepSeek-V3's
@@ -88,7 +88,7 @@ class Simulation:
                              weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
-                           self.config.max_num_seqs * dp, cost.kv_capacity_tokens(),
+                           self.spec.engine.max_num_seqs * dp, cost.kv_capacity_tokens(),
                            on_prefill_done=self._prefill_done, mtp_acceptance=self.config.mtp_acceptance,
                            extra_step_s=extra_s)
 
