@@ -8,7 +8,7 @@ asyncio loop can serve many requests at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,8 +39,13 @@ class ServingBackend(Protocol):
     """What serves tokens: one colocated engine in process, or a whole local deployment."""
 
     model_name: str
-    # optional: ``supports_logprobs = True`` when TokenEvents carry ``new_logprobs`` on request;
-    # the server refuses logprobs requests (400) to backends without it.
+    # whether TokenEvents carry ``new_logprobs`` on request; the server refuses logprobs requests
+    # (400) to backends without them
+    supports_logprobs: bool
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context in tokens (prompt + output), checked at the HTTP edge; None: unknown."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one."""
@@ -49,8 +54,9 @@ class ServingBackend(Protocol):
         """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""
 
     def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                 client: str = "") -> AsyncIterator[TokenEvent]:
+                 client: str = "") -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``.
+        An async generator: a caller that stops reading early ``aclose()``s it.
 
         ``client`` names who sent it (the HTTP edge gives the client's address; "" for a caller in
         this process): a backend whose units can die bounds what one client's requests may cost

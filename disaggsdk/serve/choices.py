@@ -14,21 +14,22 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from disaggsdk.engine.sampling_params import MAX_SEED
 from disaggsdk.serve import openai_response as resp
-from disaggsdk.serve.error_bodies import BadRequestError
+from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.error_bodies import BadRequestError, ErrorBody
+from disaggsdk.serve.openai_json import JsonObject
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.request_run import RequestRun
 
 DISCONNECT_POLL_S = 0.5  # how often a request checks that its client is still there
 
 
-def _sse(data: dict[str, Any] | str) -> str:
+def _sse(data: JsonObject | ErrorBody | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
@@ -50,17 +51,17 @@ class Choices:
         self.cached_tokens = 0  # of prompt_tokens, those a prefix cache served; known once the runs started
         self.chat = self.runs[0].req.chat
 
-    def body(self, choices: list[dict[str, Any]], chunk: bool, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    def body(self, choices: list[JsonObject], chunk: bool, usage: JsonObject | None = None) -> JsonObject:
         first = self.runs[0]
         return resp.body(self.chat, self.response_id, first.created, first.model, choices, chunk=chunk, usage_=usage)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JsonObject:
         return resp.usage(self.prompt_tokens, sum(r.completion_tokens for r in self.runs), self.cached_tokens)
 
     def error(self) -> str | None:
         return next((r.error or "the request failed" for r in self.runs if r.finish_reason == "error"), None)
 
-    async def start(self, request: Request) -> list[Any] | None:
+    async def start(self, request: Request) -> list[TokenEvent] | None:
         """Every run's first event, or None when the client left first (every run is then aborted).
 
         Raises:
@@ -70,9 +71,9 @@ class Choices:
         try:
             while not all(t.done() for t in tasks):
                 await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_EXCEPTION)
-                failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
-                if failed is not None:
-                    raise failed.exception()
+                failure = next((e for t in tasks if t.done() and (e := t.exception()) is not None), None)
+                if failure is not None:
+                    raise failure
                 if not all(t.done() for t in tasks) and await request.is_disconnected():
                     raise ConnectionAbortedError
         except BaseException as exc:
@@ -90,11 +91,11 @@ class Choices:
         self.cached_tokens = sum(f.num_cached_tokens for f in firsts[::self.n])
         return firsts
 
-    async def stream(self, firsts: list[Any]) -> AsyncIterator[str]:
+    async def stream(self, firsts: list[TokenEvent]) -> AsyncIterator[str]:
         """SSE chunks; starlette cancels this generator when the client goes away (-> abort all)."""
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        queue: asyncio.Queue[JsonObject | None] = asyncio.Queue()
 
-        async def pump(index: int, run: RequestRun, first: Any) -> None:
+        async def pump(index: int, run: RequestRun, first: TokenEvent) -> None:
             try:
                 async for piece in run.pieces(first):
                     await queue.put({**piece.choice, "index": index})
@@ -121,16 +122,16 @@ class Choices:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def whole(self, request: Request, firsts: list[Any]) -> Response:
+    async def whole(self, request: Request, firsts: list[TokenEvent]) -> Response:
         """Collect every answer while watching for the client leaving (then abort them all)."""
-        collected: list[tuple[list[int], list[dict[str, Any]]]] = [([], []) for _ in self.runs]
+        collected: list[tuple[list[int], list[resp.LogprobsObject]]] = [([], []) for _ in self.runs]
 
-        async def collect(k: int, run: RequestRun, first: Any) -> None:
+        async def collect(k: int, run: RequestRun, first: TokenEvent) -> None:
             token_ids, logprobs = collected[k]
             async for piece in run.pieces(first):
-                token_ids.extend(piece.choice.get("token_ids", ()))
-                if piece.choice["logprobs"]:
-                    logprobs.append(piece.choice["logprobs"])
+                token_ids.extend(piece.token_ids)
+                if piece.logprobs:
+                    logprobs.append(piece.logprobs)
 
         tasks = [asyncio.ensure_future(collect(k, r, f)) for k, (r, f) in enumerate(zip(self.runs, firsts))]
         while not all(t.done() for t in tasks):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.launch.tiny import LaunchError
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.tokenizer import Tokenizer
 
 
 class ModelTokenizer:
@@ -15,10 +18,10 @@ class ModelTokenizer:
 
     def __init__(self, model: str):
         self.model = model
-        self._tokenizer: Any = None
+        self._tokenizer: Tokenizer | None = None
         self._lock = threading.Lock()  # the HTTP edge parses requests on several worker threads
 
-    def get(self) -> Any:
+    def get(self) -> Tokenizer:
         """The tokenizer.
 
         Raises:
@@ -33,7 +36,7 @@ class ModelTokenizer:
                     raise LaunchError(f"{self.model} has no tokenizer; send token ids")
             return self._tokenizer
 
-    def get_or_none(self) -> Any:
+    def get_or_none(self) -> Tokenizer | None:
         """The tokenizer, or None when the model has none."""
         try:
             return self.get()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,7 +28,7 @@ from disaggsdk.serve.error_bodies import BadRequestError, add_error_handlers, er
 from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_json import decode_body
+from disaggsdk.serve.openai_json import JsonObject, decode_body
 from disaggsdk.serve.openai_request import (
     ParsedRequest,
     check_context_length,
@@ -38,9 +37,11 @@ from disaggsdk.serve.openai_request import (
 )
 from disaggsdk.serve.queued_requests import QueuedRequests
 from disaggsdk.serve.request_run import RequestRun
+from disaggsdk.serve.router import Router
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
+Chunk = str | bytes | memoryview  # what a StreamingResponse's body iterator yields
 ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, "
           "/metrics and POST /reset_prefix_cache")
 
@@ -143,9 +144,10 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         stats = metrics.stats()
         serving = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
         status = "ok" if all(s.healthy for s in stats) else "degraded" if serving else "down"
-        body = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
-        placement = getattr(getattr(backend, "runtime", None), "placement", dict)()
-        if placement:  # units beyond this machine (Ray): where each runs
+        body: JsonObject = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
+        # a router's units may run beyond this machine (Ray): where each runs; an in-process engine is here
+        placement: dict[str, str] = backend.placement() if isinstance(backend, Router) else {}
+        if placement:
             body["placement"] = placement
         if not serving:  # an OpenAI error object too, beside what probes read
             body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down")
@@ -167,9 +169,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         return JSONResponse({"reset": True, "num_free_pages": free})
 
     @v1.get("/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> JsonObject:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "disaggsdk",
-                                            "root": model, "max_model_len": getattr(backend, "max_model_len", None),
+                                            "root": model, "max_model_len": backend.max_model_len,
                                             "chat_template": "checkpoint" if chat_template else "builtin"}]}
 
     def check_structured(output: StructuredOutput) -> None:
@@ -184,15 +186,15 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         # on a worker thread: tokenizing a long prompt and building a request's grammar take
         # milliseconds to seconds, and /health and every other client share this event loop
         parsed = await asyncio.to_thread(parse_request, body, chat, backend.encode, check_structured, chat_template)
-        reqs = [rest_of_context_by_default(r, getattr(backend, "max_model_len", None)) for r in expand_choices(parsed)]
+        reqs = [rest_of_context_by_default(r, backend.max_model_len) for r in expand_choices(parsed)]
         for r in reqs:
-            check_context_length(r, getattr(backend, "max_model_len", None))
+            check_context_length(r, backend.max_model_len)
         req = reqs[0]
         outside = [t for t, _ in req.params.logit_bias if vocab_size is not None and t >= vocab_size]
-        if outside:
+        if outside and vocab_size is not None:
             raise BadRequestError(f"'logit_bias': token {outside[0]} is not in this model's vocabulary "
                                   f"(0 .. {vocab_size - 1})", param="logit_bias")
-        if req.logprobs is not None and not getattr(backend, "supports_logprobs", False):
+        if req.logprobs is not None and not backend.supports_logprobs:
             name = "top_logprobs" if chat and req.logprobs else "logprobs"
             raise BadRequestError(f"'{name}': this deployment does not return logprobs; leave it out", param=name)
         if isinstance(body, dict) and body.get("model") not in (None, model):
@@ -256,7 +258,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     return app
 
 
-async def released_after(chunks: AsyncIterator[Any], release: Callable[[], None]) -> AsyncIterator[Any]:
+async def released_after(chunks: AsyncIterable[Chunk], release: Callable[[], None]) -> AsyncIterator[Chunk]:
     """``chunks``, then ``release()`` once they end, fail or are closed."""
     try:
         async for chunk in chunks:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
 
 from disaggsdk.serve.error_bodies import BadRequestError
+
+# A JSON object, decoded from a request or built for an answer. Its values are `object`: a request's
+# are checked (isinstance) where a field is read; an answer's are only ever serialized.
+JsonObject = dict[str, object]
 
 MAX_JSON_DEPTH = 64  # a chat body nests 4 levels; deeper is an attack on the parser, not a request
 MAX_INT_DIGITS = 100  # the widest field (seed, int64) has 19 digits; longer literals are refused unparsed
@@ -24,7 +27,7 @@ def _parse_int(literal: str) -> int:
     return int(literal)
 
 
-def decode_body(raw: bytes) -> Any:
+def decode_body(raw: bytes) -> object:
     """The JSON value of a request body (UTF-8). NaN, Infinity and 1e400 decode to floats here;
     `check_json_tree` (run by `openai_request.parse_request`) refuses them, naming the field.
 
@@ -43,14 +46,14 @@ def decode_body(raw: bytes) -> Any:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
 
 
-def _path(keys: tuple[Any, ...]) -> str | None:
+def _path(keys: tuple[object, ...]) -> str | None:
     out = ""
     for key in keys:
         out += f"[{key}]" if isinstance(key, int) else f".{key}" if out else str(key)
     return out or None
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """``value`` for a message: short, and never a 4,000-digit integer."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         if value.bit_length() > 10_000:  # str() of it would raise past 4,300 digits
@@ -61,14 +64,14 @@ def show_value(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_json_tree(body: Any) -> None:
+def check_json_tree(body: object) -> None:
     """Refuse what no field may hold, wherever it is: nesting past `MAX_JSON_DEPTH`, a lone UTF-16
     surrogate in a string or key (tokenizers and UTF-8 encoders raise on it), a NaN or infinite number.
 
     Raises:
         BadRequestError: naming the path of the first bad value (``messages[0].content``).
     """
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(body, ())]
+    stack: list[tuple[object, tuple[object, ...]]] = [(body, ())]
     while stack:
         value, keys = stack.pop()
         if isinstance(value, str):

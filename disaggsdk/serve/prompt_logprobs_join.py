@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.serve.backend import TokenEvent
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 
 
 class PromptLogprobsJoin:
@@ -25,15 +28,15 @@ class PromptLogprobsJoin:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, list[TokenEvent]] = {}  # requests still waiting for their scores
-        self._early: dict[str, Sequence[Any]] = {}  # scores that came before any event
+        self._early: dict[str, Sequence[TokenLogprobs | None]] = {}  # scores that came before any event
 
-    def expect(self, request_id: str, params: Any) -> None:
+    def expect(self, request_id: str, params: SamplingParams) -> None:
         """Note a request just sent; only those with ``params.prompt_logprobs`` wait for scores."""
-        if getattr(params, "prompt_logprobs", None) is not None:
+        if params.prompt_logprobs is not None:
             with self._lock:
                 self._held[request_id] = []
 
-    def scores(self, request_id: str, logprobs: Sequence[Any]) -> list[TokenEvent]:
+    def scores(self, request_id: str, logprobs: Sequence[TokenLogprobs | None]) -> list[TokenEvent]:
         """The prompt's scores arrived: returns the held events to deliver now (the first carries them)."""
         with self._lock:
             held = self._held.pop(request_id, None)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.serve import openai_response as resp
 from disaggsdk.serve.backend import ServingBackend, TokenEvent
 from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_json import JsonObject
 from disaggsdk.serve.openai_request import ParsedRequest
 from disaggsdk.serve.text_stream import TextStream
 from disaggsdk.serve.tool_calls import parse_calls
@@ -24,11 +24,14 @@ from disaggsdk.serve.tool_calls import parse_calls
 
 @dataclass
 class Piece:
-    """What one backend event became: new text and the choice entry to send for it."""
+    """What one backend event became: new text and the choice entry to send for it (with the new
+    token ids and logprobs object it holds, for a whole answer to gather)."""
 
     text: str
-    choice: dict[str, Any]
+    choice: JsonObject
     finished: bool
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: resp.LogprobsObject | None = None
 
 
 @dataclass
@@ -46,11 +49,11 @@ class RequestRun:
     error: str | None = None
     finish_reason: str | None = None
     _instance: str = ""
-    _events: AsyncIterator[TokenEvent] | None = None
-    _text: TextStream | None = None
+    _events: AsyncGenerator[TokenEvent, None] | None = None  # from start() on
+    _text: TextStream = field(init=False)
     _first_chunk: bool = True
     _recorded: bool = False
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # parsed as each call completes
+    tool_calls: list[JsonObject] = field(default_factory=list)  # parsed as each call completes
     _tool_ids: list[int] | None = None  # output from the first <tool_call> on (never sent as text)
     _echo_text: str = ""  # the echoed prompt, sent before the output (completions with echo)
 
@@ -74,8 +77,7 @@ class RequestRun:
             BadRequestError: the backend refused the request before producing a token (400), or
                 no instance that produces tokens is up (503).
         """
-        self._events = aiter(self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params,
-                                                   self.client))
+        self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client)
         first = await anext(self._events)
         if first.finish_reason == "error" and not first.new_token_ids:
             self.error = first.error or "the request failed"
@@ -95,7 +97,8 @@ class RequestRun:
         self.record()
 
     async def pieces(self, first: TokenEvent) -> AsyncIterator[Piece]:
-        """The request's output, one piece per backend event, starting with ``first``."""
+        """The request's output, one piece per backend event, starting with ``first`` (after `start`)."""
+        assert self._events is not None, "start() gave the first event"
         event: TokenEvent | None = first
         try:
             while event is not None:
@@ -129,7 +132,7 @@ class RequestRun:
             if self.tool_calls and self.finish_reason == "stop":
                 self.finish_reason = "tool_calls"
         parts = []
-        if echo and self.req.logprobs is not None:
+        if echo and self.req.logprobs is not None and event.prompt_logprobs is not None:  # `_echo` checked it came
             parts.append(resp.prompt_logprobs(self.req.prompt_ids, event.prompt_logprobs, self.backend.decode))
         if self.req.logprobs is not None and event.new_logprobs and tokens:
             lps = list(event.new_logprobs)
@@ -142,7 +145,7 @@ class RequestRun:
             tool_calls=new_calls,
         )
         self._first_chunk = False
-        return Piece(text, choice, finished)
+        return Piece(text, choice, finished, tokens, logprobs)
 
     def _echo(self, event: TokenEvent) -> str:
         """The prompt's text, which an echo request's answer starts with ("" without echo).
@@ -171,10 +174,10 @@ class RequestRun:
             self._tool_ids, tokens = self._tool_ids + tokens, []
         return tokens
 
-    def _new_tool_calls(self) -> list[dict[str, Any]]:
+    def _new_tool_calls(self) -> list[JsonObject]:
         """The calls completed since the last event (as stream deltas, with their index): each call
         goes out whole in the chunk where its </function> arrives, not at the end of the answer."""
-        if not self._tool_ids:
+        if not self._tool_ids or self.req.tool_setup is None:  # tool ids are kept aside only with a setup
             return []
         calls = parse_calls(self.backend.decode(self._tool_ids), self.req.tool_setup)
         new = calls[len(self.tool_calls):]  # completed blocks never change: ids stay those already sent

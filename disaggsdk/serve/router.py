@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
@@ -38,6 +38,11 @@ from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
 
+if TYPE_CHECKING:
+    from disaggsdk.engine.tokenizer import Tokenizer
+    from disaggsdk.report.ttft_phases import PhaseSummary
+    from disaggsdk.spec import Spec
+
 
 class Router:
     """Serve a runtime's units as one `ServingBackend`.
@@ -51,7 +56,7 @@ class Router:
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
-        self.spec = runtime.spec
+        self.spec: Spec = runtime.spec
         self.model_name = runtime.model_name
         self.max_model_len = resolve_model(self.spec.model).max_context_tokens  # checked at the HTTP edge
         self._roles = runtime.unit_roles()
@@ -60,7 +65,7 @@ class Router:
         self._closed = False
         self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
         self._in_flight: dict[str, set[str]] = {name: set() for name in self._roles}
-        self._not_started: dict[str, tuple[list[int], Any]] = {}  # prompt and params until a first token
+        self._not_started: dict[str, tuple[list[int], SamplingParams]] = {}  # prompt and params until a first token
         self._resubmitted: set[str] = set()  # requests already moved once off a dead or stalled unit
         self._fingerprints: dict[str, bytes | None] = {}  # of each request in flight (`poison_requests`)
         self._clients: dict[str, str] = {}  # who sent each request in flight ("": an in-process caller)
@@ -75,7 +80,7 @@ class Router:
 
     # messages from the runtime's reader thread
 
-    def _on_message(self, unit: str, msg: Any) -> None:
+    def _on_message(self, unit: str, msg: ch.FromUnit | UnitStalled) -> None:
         if isinstance(msg, ch.Tokens):
             self._on_tokens(unit, msg)
         elif isinstance(msg, ch.TokensBatch):
@@ -90,8 +95,9 @@ class Router:
 
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
         prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
+        scores = [lp for lp in ch.engine_logprobs(msg.logprobs) if lp is not None]  # a token's never is
         event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason,
-                           ch.engine_logprobs(msg.logprobs), error=msg.error, instance=unit, prompt_logprobs=prompt,
+                           scores, error=msg.error, instance=unit, prompt_logprobs=prompt,
                            num_cached_tokens=msg.num_cached_tokens)
         with self._lock:
             if msg.request_id not in self._in_flight[unit]:
@@ -200,7 +206,7 @@ class Router:
 
     # ServingBackend
 
-    def tokenizer_or_none(self) -> Any:
+    def tokenizer_or_none(self) -> Tokenizer | None:
         """The model's tokenizer, or None when the model has none."""
         return self._tokenizer.get_or_none()
 
@@ -269,9 +275,12 @@ class Router:
         ``client`` as in `submit`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def sink(ev: TokenEvent) -> None:  # on the runtime's reader thread
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
         try:
-            self.submit(request_id, prompt_ids, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                        client)
+            self.submit(request_id, prompt_ids, params, sink, client)
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return
@@ -325,7 +334,7 @@ class Router:
                 raise LaunchError(f"{len(ids) - len(finished)} requests did not finish in {timeout_s} s") from None
         return [events[rid] for rid in ids]
 
-    def ttft_phases(self, since_s: float = 0.0) -> dict[str, Any]:
+    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary:
         """Where the time to first token of requests received since ``since_s`` (`time.monotonic()`)
         went, phase by phase (`report.ttft_phases.summarize_phases`)."""
         from disaggsdk.report.ttft_phases import summarize_phases
@@ -334,6 +343,10 @@ class Router:
             first_tokens = [r for r in self.first_tokens.records() if r[1] >= since_s]
         records = [r for s in self.unit_stats().values() for r in s.recent]
         return summarize_phases(first_tokens, records)
+
+    def placement(self) -> dict[str, str]:
+        """Unit name -> where it runs, when units run beyond this machine (Ray); else {}."""
+        return self.runtime.placement()
 
     def unit_stats(self, timeout_s: float = 10.0) -> dict[str, ch.UnitStats]:
         """A fresh snapshot from every healthy unit (blocks until they answer or ``timeout_s``)."""
@@ -361,7 +374,8 @@ class Router:
         return [instance_stats(name, role, self.runtime.is_healthy(name), last.get(name))
                 for name, role in self._roles.items()]
 
-    def _gather(self, timeout_s: float, with_recent: bool = False, message: Any = None) -> dict[str, ch.UnitStats]:
+    def _gather(self, timeout_s: float, with_recent: bool = False,
+                message: type[ch.ResetPrefixCache] | None = None) -> dict[str, ch.UnitStats]:
         """Send each unit ``message(seq)`` (default: GetStats) and wait for their `UnitStats` answers."""
         seq = next(self._seq)
         ask = message(seq) if message is not None else ch.GetStats(seq, with_recent=with_recent)

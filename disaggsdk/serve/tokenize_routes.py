@@ -62,7 +62,7 @@ def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend
         read: ``request -> body bytes`` with the server's size limit.
     (FastAPI reads the handlers' annotations by name, so `Request` is imported at module level.)
     """
-    max_model_len = getattr(backend, "max_model_len", None)
+    max_model_len = backend.max_model_len
     vocab_size = model_vocab_size(backend.model_name)
 
     @app.get("/version")

@@ -8,10 +8,13 @@ unit (the spec), and the prompt's hashes, computed only when the policy looks at
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.messenger.prefix_affinity import Decision, RoutingPolicy
+
+if TYPE_CHECKING:
+    from disaggsdk.spec import Spec
 
 SERVING_ROLES = ("decode", "mixed")  # the units a request is sent to (prefill units are the decode units' peers)
 
@@ -33,7 +36,7 @@ class UnitRouting:
         self.page_size = page_size
 
     @classmethod
-    def from_spec(cls, spec: Any) -> UnitRouting:
+    def from_spec(cls, spec: Spec) -> UnitRouting:
         """The routing a `Spec` asks for."""
         return cls(spec.serve.routing, spec.kv.page_size, spec.engine.num_pages)
 

@@ -43,7 +43,8 @@ class UnitStatsReplies:
         with self._cond:
             return dict(self._last)
 
-    def gather(self, units: Iterable[str], seq: int, ask: object, timeout_s: float) -> dict[str, ch.UnitStats]:
+    def gather(self, units: Iterable[str], seq: int, ask: ch.GetStats | ch.ResetPrefixCache,
+               timeout_s: float) -> dict[str, ch.UnitStats]:
         """Send ``ask`` (a message carrying ``seq``) to ``units`` and wait, at most ``timeout_s``,
         for the answers of those still healthy. Returns the answers that came."""
         with self._cond:

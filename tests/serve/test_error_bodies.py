@@ -22,6 +22,8 @@ class FakeBackend:
     """Bytes as tokens; ``mode`` decides what a request meets: tokens, a crash, or no engine up."""
 
     model_name = "fake-model"  # not in the catalog: no chat template, no vocabulary check
+    supports_logprobs = False  # a `ServingBackend`'s contract: no logprobs, context unknown
+    max_model_len = None
 
     def __init__(self):
         self.mode = "ok"

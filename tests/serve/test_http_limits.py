@@ -35,6 +35,8 @@ class HeldBackend:
     """Bytes as tokens; every request waits for ``gate`` before its first (and only) event."""
 
     model_name = "fake-model"  # not in the catalog: no chat template, no vocabulary check
+    supports_logprobs = False  # a `ServingBackend`'s contract: no logprobs, context unknown
+    max_model_len = None
 
     def __init__(self):
         self.gate = threading.Event()

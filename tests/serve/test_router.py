@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.router import Router
 from disaggsdk.spec import Spec
+
+PLAIN = SamplingParams()  # what a request without sampling options gets
 
 
 class FakeRuntime:
@@ -68,16 +71,16 @@ def fake():
 def test_requests_go_to_the_least_busy_decode_unit_and_tokens_reach_their_sink(fake):
     rt, router = fake
     events = {}
-    units = [router.submit(f"r{i}", [1, 2, 3], None, lambda ev: events.setdefault(ev.request_id, []).append(ev))
+    units = [router.submit(f"r{i}", [1, 2, 3], PLAIN, lambda ev: events.setdefault(ev.request_id, []).append(ev))
              for i in range(4)]
     assert units == ["decode-0", "decode-1", "decode-0", "decode-1"]  # never the prefill unit
     rt.on_message("decode-0", ch.Tokens("r0", [7, 8]))
     rt.on_message("decode-0", ch.Tokens("r0", [9], finished=True, finish_reason="length"))
     assert [t for ev in events["r0"] for t in ev.new_token_ids] == [7, 8, 9]
     assert events["r0"][-1].instance == "decode-0" and events["r0"][-1].finished
-    assert router.submit("r4", [1], None, lambda ev: None) == "decode-0"  # r0 finished: decode-0 has fewer
+    assert router.submit("r4", [1], PLAIN, lambda ev: None) == "decode-0"  # r0 finished: decode-0 has fewer
     with pytest.raises(LaunchError, match="in flight"):
-        router.submit("r1", [1], None, lambda ev: None)
+        router.submit("r1", [1], PLAIN, lambda ev: None)
 
 
 def test_a_step_batch_of_tokens_reaches_each_request_in_order(fake):
@@ -86,14 +89,14 @@ def test_a_step_batch_of_tokens_reaches_each_request_in_order(fake):
     rt, router = fake
     events = {}
     for rid in ("a", "b"):
-        router.submit(rid, [1, 2], None, lambda ev: events.setdefault(ev.request_id, []).append(ev))
+        router.submit(rid, [1, 2], PLAIN, lambda ev: events.setdefault(ev.request_id, []).append(ev))
     rt.on_message("decode-0", ch.TokensBatch([ch.Tokens("a", [7])]))
     rt.on_message("decode-1", ch.TokensBatch([ch.Tokens("b", [5])]))
     rt.on_message("decode-0", ch.TokensBatch([ch.Tokens("a", [8], finished=True, finish_reason="length")]))
     rt.on_message("decode-1", ch.TokensBatch([ch.Tokens("b", [6]), ch.Tokens("zzz", [1])]))  # unknown: dropped
     assert [t for ev in events["a"] for t in ev.new_token_ids] == [7, 8] and events["a"][-1].finished
     assert [t for ev in events["b"] for t in ev.new_token_ids] == [5, 6] and not events["b"][-1].finished
-    assert router.submit("c", [1], None, lambda ev: None) == "decode-0"  # a finished: decode-0 has fewer
+    assert router.submit("c", [1], PLAIN, lambda ev: None) == "decode-0"  # a finished: decode-0 has fewer
     assert [r[0] for r in router.first_tokens.records()] == ["a", "b"]
 
 
@@ -102,9 +105,9 @@ def test_a_dead_unit_moves_requests_not_yet_streaming_and_ends_the_others_with_a
     rt.on_message("decode-0", stats("decode-0", "decode", 0, used=4))
     assert next(s for s in router.stats() if s.name == "decode-0").kv_pages_used == 4
     waiting, streaming = [], []
-    assert router.submit("waiting", [1, 2], None, waiting.append) == "decode-0"
-    assert router.submit("streaming", [3], None, streaming.append) == "decode-1"
-    assert router.submit("streaming-too", [3], None, streaming.append) == "decode-0"
+    assert router.submit("waiting", [1, 2], PLAIN, waiting.append) == "decode-0"
+    assert router.submit("streaming", [3], PLAIN, streaming.append) == "decode-1"
+    assert router.submit("streaming-too", [3], PLAIN, streaming.append) == "decode-0"
     rt.on_message("decode-0", ch.Tokens("streaming-too", [5]))
     rt.die("decode-0")
     # not streaming yet: sent again, to the live unit, with its prompt; the client sees nothing
@@ -121,13 +124,13 @@ def test_a_dead_unit_moves_requests_not_yet_streaming_and_ends_the_others_with_a
 def test_a_request_moves_only_once_and_not_when_no_unit_is_left(fake):
     rt, router = fake
     events = []
-    router.submit("a", [1], None, events.append)  # decode-0
+    router.submit("a", [1], PLAIN, events.append)  # decode-0
     rt.die("decode-0")
     assert events == [] and rt.sent[-1][0] == "decode-1"
     rt.die("decode-1")
     assert events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="no decode unit is healthy"):
-        router.submit("c", [2], None, lambda ev: None)  # not [1]: that one is poison now (two units died)
+        router.submit("c", [2], PLAIN, lambda ev: None)  # not [1]: that one is poison now (two units died)
     assert "none can be restarted" in router.unrecoverable()
 
 
@@ -135,13 +138,13 @@ def test_unit_stats_gathers_every_healthy_unit_and_close_ends_what_is_in_flight(
     rt, router = fake
     assert set(router.unit_stats()) == {"prefill-0", "decode-0", "decode-1"}
     events = []
-    router.submit("x", [1], None, events.append)
+    router.submit("x", [1], PLAIN, events.append)
     router.abort_sync("x")
     assert rt.sent[-1] == ("decode-0", ch.Abort("x"))
     router.close()
     assert rt.closed and events[-1].finish_reason == "error"
     with pytest.raises(LaunchError, match="closed"):
-        router.submit("y", [1], None, lambda ev: None)
+        router.submit("y", [1], PLAIN, lambda ev: None)
 
 
 def test_rejected_frames_reach_metrics_by_reason(fake):
@@ -205,7 +208,7 @@ def test_a_request_that_was_streaming_counts_no_death_against_its_fingerprint(fa
     events = []
     for attempt in range(3):  # a unit dies under the same streaming request three times: bad luck
         rid = f"s{attempt}"
-        unit = router.submit(rid, [4, 5], None, events.append)
+        unit = router.submit(rid, [4, 5], PLAIN, events.append)
         rt.on_message(unit, ch.Tokens(rid, [7]))
         rt.die(unit)
         rt.healthy[unit] = True
@@ -217,15 +220,15 @@ def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are
 
     rt, router = fake
     waiting, streaming = [], []
-    assert router.submit("w", [1, 2], None, waiting.append) == "decode-0"
-    assert router.submit("other", [5], None, lambda ev: None) == "decode-1"
-    assert router.submit("s", [3], None, streaming.append) == "decode-0"
+    assert router.submit("w", [1, 2], PLAIN, waiting.append) == "decode-0"
+    assert router.submit("other", [5], PLAIN, lambda ev: None) == "decode-1"
+    assert router.submit("s", [3], PLAIN, streaming.append) == "decode-0"
     rt.on_message("decode-0", ch.Tokens("s", [9]))
     rt.stalled.add("decode-0")  # the runtime reads a stalled unit unhealthy, then tells the router
     rt.on_message("decode-0", UnitStalled(10.0))
-    assert ("decode-1", ch.Generate("w", [1, 2], None)) in rt.sent and ("decode-0", ch.Abort("w")) in rt.sent
+    assert ("decode-1", ch.Generate("w", [1, 2], PLAIN)) in rt.sent and ("decode-0", ch.Abort("w")) in rt.sent
     assert not any(isinstance(m, ch.Abort) and m.request_id == "s" for _, m in rt.sent)  # streaming: stays
-    assert router.submit("new", [8], None, lambda ev: None) == "decode-1"  # never the stalled unit
+    assert router.submit("new", [8], PLAIN, lambda ev: None) == "decode-1"  # never the stalled unit
     rt.stalled.discard("decode-0")  # it wakes: its answer to the abort, and any token for "w", are not w's
     rt.on_message("decode-0", ch.Tokens("w", [], True, "abort"))
     assert waiting == []

@@ -6,10 +6,13 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.serve.router import Router
 from disaggsdk.spec import Spec
 from tests.serve.test_router import FakeRuntime
+
+PLAIN = SamplingParams()  # what a request without sampling options gets
 
 PAGE = 16
 SYSTEM = list(range(1000, 1000 + 8 * PAGE))  # a long shared prefix: 8 whole pages
@@ -24,7 +27,7 @@ def router_with(routing: str) -> tuple[FakeRuntime, Router]:
 
 
 def submit(router: Router, rid: str, prompt: list[int]) -> str:
-    return router.submit(rid, prompt, None, lambda ev: None)
+    return router.submit(rid, prompt, PLAIN, lambda ev: None)
 
 
 def test_the_default_is_cache_aware():

@@ -102,6 +102,8 @@ class ScriptedBackend:
     """Answers every request with the same tokens (what a model that calls a tool on its own emits)."""
 
     model_name = "qwen3-coder-tiny"
+    supports_logprobs = False  # a `ServingBackend`'s contract: no logprobs, context unknown
+    max_model_len = None
 
     def __init__(self, text: str):
         self.tok = load_tokenizer(self.model_name)
