@@ -8,22 +8,62 @@ whole spec (tp against the model's heads) are checked by `.spec`, `.plan()` and 
 from __future__ import annotations
 
 import html
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
+from disaggsdk.spec.engine_settings import SpecMethod
+from disaggsdk.spec.kv import KV, Provider, TransferSettings
 from disaggsdk.spec.rules import check_spec
-from disaggsdk.spec.types import Spec
+from disaggsdk.spec.serving import Routing
+from disaggsdk.spec.topology import Hardware
+from disaggsdk.spec.types import Device, Spec
 from disaggsdk.spec.yaml_io import load_spec, spec_to_yaml
 
 if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
     from disaggsdk.plan import Plan
 
+Section = TypeVar("Section", bound=attrs.AttrsInstance)
+SectionArgs = ParamSpec("SectionArgs")
 
-def _set(section: Any, **changes: Any) -> Any:
-    return attrs.evolve(section, **{k: v for k, v in changes.items() if v is not None})
+
+def _set(section: Section, **changes: object) -> Section:
+    """``section`` with the given fields changed; None keeps a field as it is."""
+    given = {name: value for name, value in changes.items() if value is not None}
+    # what attrs.evolve does, spelled out: mypy's attrs plugin cannot evolve a TypeVar's instance
+    return type(section)(**{**attrs.asdict(section, recurse=False), **given})
+
+
+def _section_method(
+    name: str, section: Callable[SectionArgs, Section], get: Callable[[Spec], Section],
+    put: Callable[[Spec, Section], Spec], doc: str,
+) -> Callable[Concatenate[Cluster, SectionArgs], Cluster]:
+    """A `Cluster` method whose arguments are the fields of the spec section ``section`` (its attrs
+    ``__init__``'s, so the list is declared once, in the spec), changing only those given.
+
+    Args:
+        name: the method's name (the section's YAML key).
+        section: the section's class.
+        get, put: read the section from a spec, and a spec with the section replaced.
+        doc: the method's docstring.
+    """
+    signature = inspect.signature(section)
+    names = list(signature.parameters)
+
+    def method(self: Cluster, /, *args: SectionArgs.args, **kwargs: SectionArgs.kwargs) -> Cluster:
+        return Cluster(put(self.draft, _set(get(self.draft), **dict(zip(names, args)), **kwargs)))
+
+    method.__name__, method.__qualname__, method.__doc__ = name, f"Cluster.{name}", doc
+    # help() and Jupyter show the section's keyword arguments, not *args/**kwargs (`inspect.signature`
+    # reads a function's __signature__ first)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__dict__["__signature__"] = signature.replace(
+        parameters=[self_param, *signature.parameters.values()], return_annotation="Cluster")
+    return method
 
 
 @attrs.frozen
@@ -58,7 +98,7 @@ class Cluster:
         """Give the deployment a name (shown in plans and dashboards)."""
         return Cluster(attrs.evolve(self.draft, name=name))
 
-    def device(self, device: str) -> Cluster:
+    def device(self, device: Device) -> Cluster:
         """``cpu`` or ``cuda``."""
         return Cluster(attrs.evolve(self.draft, device=device))
 
@@ -66,17 +106,17 @@ class Cluster:
         """Seed of every random choice (replica-set assignment, tiny weights, sampling)."""
         return Cluster(attrs.evolve(self.draft, seed=seed))
 
-    def hardware(self, gpu: str | None = None, gpus_per_node: int | None = None,
-                 nics_per_node: int | None = None, nic_gbps: float | None = None) -> Cluster:
-        """What one node offers."""
-        hw = _set(self.draft.hardware, gpu=gpu, gpus_per_node=gpus_per_node,
-                  nics_per_node=nics_per_node, nic_gbps=nic_gbps)
-        return Cluster(attrs.evolve(self.draft, hardware=hw))
-
-    def kv(self, layout: str | None = None, page_size: int | None = None, dtype: str | None = None) -> Cluster:
-        """KV cache page layout (``HND``/``NHD``), tokens per page and dtype."""
-        kv = _set(self.draft.kv, layout=layout, page_size=page_size, dtype=dtype)
-        return Cluster(attrs.evolve(self.draft, kv=kv))
+    hardware = _section_method(
+        "hardware", Hardware, lambda spec: spec.hardware, lambda spec, hardware: attrs.evolve(spec, hardware=hardware),
+        """What one node offers (the keys of `Hardware`).""")
+    kv = _section_method(
+        "kv", KV, lambda spec: spec.kv, lambda spec, kv: attrs.evolve(spec, kv=kv),
+        """KV cache page layout (``HND``/``NHD``), tokens per page and dtype (`KV`'s keys).""")
+    transfer = _section_method(
+        "transfer", TransferSettings, lambda spec: spec.transfer, lambda spec, transfer: attrs.evolve(spec, transfer=transfer),
+        """How the KV moves: layer ``streaming``, the per-attempt ``deadline_s``, and the prompts a decode
+        instance prefills itself (at most ``max_local_prefill_tokens`` missing from its prefix cache;
+        see `TransferSettings`).""")
 
     def engine(self, num_pages: int | None = None, max_num_batched_tokens: int | None = None,
                max_num_seqs: int | None = None, prefix_caching: bool | None = None) -> Cluster:
@@ -85,27 +125,18 @@ class Cluster:
                       max_num_seqs=max_num_seqs, prefix_caching=prefix_caching)
         return Cluster(attrs.evolve(self.draft, engine=engine))
 
-    def transport(self, provider: str, same_host_copy: bool | None = None) -> Cluster:
+    def transport(self, provider: Provider, same_host_copy: bool | None = None) -> Cluster:
         """``auto``, ``shm``, ``tcp``, ``efa`` or ``verbs``; ``same_host_copy`` see `Transport`."""
         return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
                                                                same_host_copy=same_host_copy)))
 
-    def transfer(self, streaming: bool | None = None, deadline_s: float | None = None,
-                 max_local_prefill_tokens: int | None = None) -> Cluster:
-        """How the KV moves: layer streaming, the per-attempt deadline, and the prompts a decode
-        instance prefills itself (at most ``max_local_prefill_tokens`` missing from its prefix cache;
-        see `TransferSettings`)."""
-        transfer = _set(self.draft.transfer, streaming=streaming, deadline_s=deadline_s,
-                        max_local_prefill_tokens=max_local_prefill_tokens)
-        return Cluster(attrs.evolve(self.draft, transfer=transfer))
-
-    def speculative(self, method: str, num_tokens: int | None = None) -> Cluster:
+    def speculative(self, method: SpecMethod, num_tokens: int | None = None) -> Cluster:
         """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"none"``, with
         ``num_tokens`` drafts per step (1..4)."""
         spec = _set(self.draft.speculative, method=method, num_tokens=num_tokens)
         return Cluster(attrs.evolve(self.draft, speculative=spec))
 
-    def serve(self, host: str | None = None, port: int | None = None, routing: str | None = None) -> Cluster:
+    def serve(self, host: str | None = None, port: int | None = None, routing: Routing | None = None) -> Cluster:
         """Where the OpenAI-compatible endpoint listens, and how it picks a decode unit per request
         (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`)."""
         serve = _set(self.draft.serve, host=host, port=port, routing=routing)
