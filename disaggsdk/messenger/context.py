@@ -34,8 +34,8 @@ class ContextShapeError(DisaggError):
 
 @dataclass(frozen=True)
 class ContextPayload:
-    hidden_state: array  # [hidden_size], float32
-    logits: array  # [vocab_size], float32
+    hidden_state: array[float]  # [hidden_size], float32
+    logits: array[float]  # [vocab_size], float32
     forward_end_s: float
     num_cached_tokens: int = 0
 

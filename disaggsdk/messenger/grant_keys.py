@@ -133,7 +133,8 @@ class GrantTargets:
             for s in ordered
         ]
 
-    def split(self, dst_offsets: array, *columns: array) -> Iterator[tuple[RegionDescriptor, array, list[array]]]:
+    def split(self, dst_offsets: array[int],
+              *columns: array[int]) -> Iterator[tuple[RegionDescriptor, array[int], list[array[int]]]]:
         """The entries of a batch grouped by the segment they land in, offsets made relative to it.
 
         Args:
@@ -146,7 +147,7 @@ class GrantTargets:
             ValueError: an entry is not inside one granted segment (nothing of the batch was sent).
         """
         lengths = columns[-1]
-        groups: dict[int, tuple[array, list[array]]] = {}
+        groups: dict[int, tuple[array[int], list[array[int]]]] = {}
         for i, off in enumerate(dst_offsets):
             k = bisect.bisect_right(self._starts, off) - 1
             seg = self._segments[k] if k >= 0 else None

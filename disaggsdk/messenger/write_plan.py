@@ -51,9 +51,9 @@ class PairWrites:
 
     src_tp_rank: int
     dst_tp_rank: int
-    src_offsets: array  # [n], uint64, into the source rank's pool
-    dst_offsets: array  # [n], uint64, into the destination rank's pool
-    lengths: array  # [n], uint64
+    src_offsets: array[int]  # [n], uint64, into the source rank's pool
+    dst_offsets: array[int]  # [n], uint64, into the destination rank's pool
+    lengths: array[int]  # [n], uint64
 
     @property
     def num_bytes(self) -> int:
