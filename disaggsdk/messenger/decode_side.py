@@ -24,25 +24,27 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
 from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.grant_keys import open_grant
-from disaggsdk.messenger.handoff import Handoff, Quarantine, prefill_request, release_quarantine
+from disaggsdk.messenger.handoff import CounterFired, Handoff, Quarantine, prefill_request, release_quarantine
 from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.stats import TransferTotals
-from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
+from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
-    from disaggsdk.transfer.descriptors import MemoryRegion
+    from disaggsdk.engine.sampling_params import SamplingParams
+    from disaggsdk.plan import Plan
+    from disaggsdk.transfer.descriptors import MemoryRegion, Peer
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
 DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
@@ -66,7 +68,7 @@ class DecodeMessenger:
         verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
     """
 
-    def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Any, context_buffer: memoryview,
+    def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Plan, context_buffer: memoryview,
                  secret: bytes, deadline_s: float, *, pools: Sequence[MemoryRegion] = (),
                  context_region: MemoryRegion | None = None,
                  grant_keys: bool = False, verify_pages: bool = False):
@@ -81,7 +83,7 @@ class DecodeMessenger:
         self.layout = plan.spec.kv.layout
         self.page_size = engine.config.page_size
         self._free_slots = list(range(me.num_context_slots))
-        self._prefills: dict[str, tuple[UnitInfo, Any]] = {}
+        self._prefills: dict[str, tuple[UnitInfo, Peer]] = {}
         self._down: dict[str, float] = {}
         self._outstanding: dict[str, int] = {}
         self._handoffs: dict[str, Handoff] = {}
@@ -133,7 +135,7 @@ class DecodeMessenger:
         for name in self._prefills:
             self.prefill_choice.forget(name)
 
-    def submit(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+    def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None) -> None:
         """Start a request: it runs on the decode engine once its KV has arrived."""
         prompt = list(prompt_ids)
         if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
@@ -221,14 +223,12 @@ class DecodeMessenger:
                 self._retry(h, f"cannot reach {h.prefill}: {h.send_future.exception()}", drained=True, now=now)
             elif now > h.deadline:
                 self._retry(h, f"{h.prefill} missed the {self.deadline_s:g} s deadline", drained=False, now=now)
-        self._quarantine = release_quarantine(self._quarantine, now, self.engine.allocator, self._free_slots,
-                                              self.transfer)
+        self._quarantine = release_quarantine(self._quarantine, now, self.engine, self._free_slots, self.transfer)
         self._start_pending(now)
 
     def drain_quarantine(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more."""
-        self._quarantine = release_quarantine(self._quarantine, None, self.engine.allocator, self._free_slots,
-                                              self.transfer)
+        self._quarantine = release_quarantine(self._quarantine, None, self.engine, self._free_slots, self.transfer)
 
     # internals
 
@@ -236,7 +236,7 @@ class DecodeMessenger:
         while self._pending:
             h = self._pending[0]
             pages = num_prefill_pages(len(h.prompt_ids), self.page_size)
-            if not self._free_slots or not self.engine.allocator.can_allocate(pages):
+            if not self._free_slots or pages > self.engine.num_free_pages:
                 return  # wait for pages or slots to free up
             self._pending.popleft()
             self._send(h, now)
@@ -259,19 +259,20 @@ class DecodeMessenger:
         if cached == need:  # every page of prompt[:-1] is here: nothing to prefill
             return self._admit_cached(h, cached)
         h.attempt, h.prefill, h.num_cached_pages = h.attempt + 1, name, cached
-        h.grant = self.engine.allocator.allocate(h.request_id, need - cached, pinned=True)
+        # the tokens of the pages after the cached ones: exactly need - cached pages
+        grant = h.grant = self.engine.allocate_pages(h.request_id, (need - cached) * self.page_size)
         h.slot = self._free_slots.pop()
         h.imm = self._next_imm()
-        h.fired_at, h.digest = 0.0, None
+        h.fired, h.digest = CounterFired(), None
         clear_context(self._slot(h.slot))
         if self.grant_keys:
             size = self.me.context_slot_bytes
             try:
-                h.keys = open_grant(self.transfer, self.pools, self._geometry(), h.grant.page_ids,
+                h.keys = open_grant(self.transfer, self.pools, self._geometry(), grant.page_ids,
                                     self.context_region, h.slot * size, size)
             except TransferError as exc:  # the provider refused a registration: prefill here instead
                 self.failed_grants.append(str(exc))
-                self.engine.allocator.free(h.request_id)
+                self.engine.release(h.request_id)
                 self._free_slots.append(h.slot)
                 h.prefill, h.grant, h.slot = None, None, -1
                 self._prefill_locally(h)
@@ -279,23 +280,24 @@ class DecodeMessenger:
         route = self.plan.route(info.instance, self.me.instance)
         count = expected_writes(route, len(h.prompt_ids), self.layout, num_cached_pages=cached).total
         h.counter = self.transfer.expect(h.imm, count)
-        h.counter.add_done_callback(lambda _f, h=h: setattr(h, "fired_at", time.monotonic()))
-        msg = prefill_request(h, self.me, self.plan.spec, self.page_size)
+        h.counter.add_done_callback(h.fired.stamp)
+        msg = prefill_request(h, grant, self.me, self.plan.spec, self.page_size)
         self._handoffs[h.request_id] = h
         self._outstanding[name] += 1
         h.deadline, h.sent_s = now + self.deadline_s, now
         h.send_future = self.transfer.send(peer, self.codec.seal(msg))
 
     def _admit(self, h: Handoff) -> None:
+        assert h.prefill is not None and h.grant is not None, "admitted only while an attempt is out"
         del self._handoffs[h.request_id]
         self._outstanding[h.prefill] -= 1
         arch = self.engine.arch
-        assert self.engine.allocator.is_current(h.grant), "a granted page changed owner while pinned"
+        assert self.engine.holds_grant(h.grant), "a granted page changed owner while pinned"
         try:
             payload = unpack_context(self._slot(h.slot), arch.hidden_size, arch.vocab_size)
         except ContextShapeError as exc:
             self.totals.counters.transfer_failures += 1
-            self.engine.allocator.free(h.request_id)
+            self.engine.release(h.request_id)
             self._free_slots.append(h.slot)
             self.failed.append((h.request_id, str(exc)))
             return
@@ -320,9 +322,11 @@ class DecodeMessenger:
         """Stop counting the current attempt and park its pages until no write can land."""
         if h.prefill is None:
             return
+        assert h.grant is not None, "an attempt out has its grant"
         self.transfer.cancel(h.imm)
         self._outstanding[h.prefill] -= 1
         name = h.prefill
+        release_at: float | None  # None: until the prefill unit reports its writes drained
         if name in self._down:
             release_at = max(now, self._down[name] + DEAD_PEER_GRACE_S)
         else:
@@ -331,11 +335,12 @@ class DecodeMessenger:
                 abort = pr.AbortPrefill(h.request_id, h.grant.generation, str(self.me.peer_id))
                 self.transfer.send(self._prefills[name][1], self.codec.seal(abort))
         owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
-        self.engine.allocator.rename(h.request_id, owner)
+        self.engine.rename_pages(h.request_id, owner)
         self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at, h.keys))
         h.prefill, h.grant, h.slot, h.counter, h.send_future, h.keys = None, None, -1, None, None, None
 
     def _retry(self, h: Handoff, reason: str, drained: bool, now: float) -> None:
+        assert h.prefill is not None, "only an attempt out is retried"
         self.totals.counters.transfer_failures += 1
         h.tried.add(h.prefill)
         self._handoffs.pop(h.request_id, None)
@@ -355,7 +360,7 @@ class DecodeMessenger:
 
     def _pages_verified(self, h: Handoff) -> bool:
         """Whether the attempt's pages and context slot, as held here, give prefill's digest."""
-        assert h.digest is not None, "verified only once prefill's digest came"
+        assert h.digest is not None and h.grant is not None, "verified only once prefill's digest came"
         digest = PageDigest(attempt_key(self.secret, h.request_id, h.grant.generation, h.imm))
         add_granted_pages(digest, [p.view() for p in self.pools], self._geometry(), h.grant.page_ids)
         digest.add_context(self._slot(h.slot))

@@ -86,7 +86,9 @@ class FrameCodec:
             opened = pr.decode_frame(frame, self.secret)
         except pr.ProtocolError as exc:
             return type(exc).__name__
-        claimed = getattr(opened.message, "decode_instance", "")
+        msg = opened.message
+        # the messages that name a decode unit: the one that sent them
+        claimed = msg.decode_instance if isinstance(msg, (pr.PrefillRequest, pr.AbortPrefill)) else ""
         if claimed and claimed != opened.sender:  # a frame speaks only for the unit that sealed it
             return SENDER_MISMATCH
         return self._guard.check(opened.sender, opened.seq) or opened

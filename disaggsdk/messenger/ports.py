@@ -10,28 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import TransferTotals
 
 if TYPE_CHECKING:
-    from disaggsdk.transfer.descriptors import MemoryRegion
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
+    from disaggsdk.engine.kv_cache import KVCache
+    from disaggsdk.engine.sampling_params import SamplingParams
+    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.models.arch import ModelArch
+    from disaggsdk.transfer.descriptors import MemoryRegion, Peer, WriteBatch
 
 
 class Transport(Protocol):
     """The unit's transfer engine (`disaggsdk.transfer.TransferEngine`)."""
 
-    def add_peer(self, address: bytes) -> Any:
+    def add_peer(self, address: bytes) -> Peer:
         """A handle for the endpoint at ``address``."""
 
-    def send(self, peer: Any, frame: bytes) -> Future:
+    def send(self, peer: Peer, data: bytes) -> Future[None]:
         """Send one control frame."""
 
-    def submit(self, peer: Any, batch: Any) -> Future:
+    def submit(self, peer: Peer, batch: WriteBatch) -> Future[None]:
         """Post a `WriteBatch` of one-sided writes; the future resolves when all completed locally."""
 
-    def expect(self, imm: int, count: int) -> Future:
+    def expect(self, imm: int, count: int) -> Future[None]:
         """A future that resolves once ``count`` writes carrying immediate ``imm`` arrived."""
 
     def cancel(self, imm: int) -> None:
@@ -47,30 +53,54 @@ class Transport(Protocol):
 class PrefillEngine(Protocol):
     """The prefill unit's engine: mode "prefill_only", hidden states returned."""
 
-    arch: Any  # ModelArch: num_layers, hidden_size, vocab_size
-    config: Any  # EngineConfig: page_size
-    kv_cache: Any  # its ``fmt`` gives the pool geometry the writes read
-    allocator: Any  # PageAllocator: ``pin(request_id)`` keeps pages until their writes drained
-    layer_counter: Any  # LayerCounter: what the streamer waits on
-    on_step: Callable[[list], None] | None  # called before each forward pass with its chunks
+    arch: ModelArch  # hidden_size, vocab_size: the context payload's shape
+    config: EngineConfig  # page_size
+    layer_counter: LayerCounter  # what the streamer waits on
+    on_step: Callable[[list[StepChunkInfo]], None] | None  # called before each forward pass with its chunks
 
-    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+    @property
+    def kv_cache(self) -> KVCache:
+        """Rank 0's KV cache: its ``fmt`` gives the pool geometry the writes read."""
+
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Queue a prompt for prefill."""
 
-    def abort(self, request_id: str) -> None:
+    def pin_pages(self, request_id: str) -> None:
+        """Keep the request's pages from eviction until their writes drained (`release`)."""
+
+    def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages."""
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str) -> int:
         """Free a finished prefill's pages once its writes completed."""
 
 
 class DecodeEngine(Protocol):
     """The decode unit's engine: mode "mixed", so a request can also be prefilled locally."""
 
-    arch: Any
-    config: Any
-    allocator: Any  # grants the pages a prefill unit writes into
-    kv_cache: Any  # its ``fmt`` sizes the bytes a cached page saves
+    arch: ModelArch
+    config: EngineConfig
+
+    @property
+    def kv_cache(self) -> KVCache:
+        """Rank 0's KV cache: its ``fmt`` sizes the bytes a cached page saves."""
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages a grant can take now."""
+
+    def allocate_pages(self, request_id: str, num_tokens: int, pinned: bool = True) -> PageGrant:
+        """Grant pinned pages for ``num_tokens`` more tokens, after those the request holds: a prefill
+        unit writes into them."""
+
+    def holds_grant(self, grant: PageGrant) -> bool:
+        """Whether every page of ``grant`` still belongs to it."""
+
+    def rename_pages(self, request_id: str, owner: str) -> int:
+        """Park the request's pages under ``owner`` (a quarantine) while late writes may land."""
+
+    def release(self, request_id: str) -> int:
+        """Free every page held under ``request_id`` (a request or a quarantine owner)."""
 
     def share_cached_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
         """Give the request the cached pages of its prompt's longest cached prefix; how many."""
@@ -78,11 +108,11 @@ class DecodeEngine(Protocol):
     def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
         """How many pages of the prompt's longest cached prefix the cache holds, taking none."""
 
-    def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: Any,
+    def add_prefilled_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                               num_cached_tokens: int = 0) -> None:
         """Start decoding a request whose prompt KV is in its pages."""
 
-    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: Any) -> None:
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Prefill and decode a request here (no prefill unit could, or its missing part is short)."""
 
 

@@ -10,18 +10,21 @@ goes to the prefill unit ``serve.routing`` picks (`prefix_affinity.RoutingPolicy
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.memory.block_hash import page_hashes
 from disaggsdk.messenger.handoff import Handoff
 from disaggsdk.messenger.ports import DecodeEngine
 from disaggsdk.messenger.prefix_affinity import RoutingPolicy
 
+if TYPE_CHECKING:
+    from disaggsdk.spec.serving_types import Routing
+
 
 def scores_prompt(h: Handoff) -> bool:
     """Whether ``h`` asks for prompt logprobs: a prefill unit then computes (scores) its prompt whole,
     never from a cache (as vLLM skips the cache for them)."""
-    return getattr(h.params, "prompt_logprobs", None) is not None
+    return h.params is not None and h.params.prompt_logprobs is not None
 
 
 class PrefillChoice:
@@ -34,7 +37,7 @@ class PrefillChoice:
         max_local_prefill_tokens: ``transfer.max_local_prefill_tokens`` (0: never here).
     """
 
-    def __init__(self, engine: DecodeEngine, routing: Any, capacity_pages: int, max_local_prefill_tokens: int):
+    def __init__(self, engine: DecodeEngine, routing: Routing, capacity_pages: int, max_local_prefill_tokens: int):
         self.engine = engine
         self.page_size = engine.config.page_size
         self.policy = RoutingPolicy(routing, capacity_pages=capacity_pages)

@@ -11,12 +11,10 @@ its writes drained, so the decode side may then free the destination pages.
 """
 from __future__ import annotations
 
-import threading
 import time
 from array import array
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.admission import LocalFormat, Rejection, RejectReason, check_request
@@ -26,13 +24,16 @@ from disaggsdk.messenger.grant_keys import GrantTargets
 from disaggsdk.messenger.page_digest import add_layer
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
 from disaggsdk.messenger.ports import PrefillEngine, Transport
-from disaggsdk.messenger.prefill_job import ContextStaging, PrefillJob, dst_geometry, imms
+from disaggsdk.messenger.prefill_job import ContextStaging, PageRange, PrefillJob, dst_geometry, imms
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
 
 if TYPE_CHECKING:
-    from disaggsdk.transfer.descriptors import MemoryRegion, RegionDescriptor
+    from disaggsdk.engine.hooks import StepChunkInfo
+    from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.plan import Plan
+    from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
 
 __all__ = ["ContextStaging", "PrefillMessenger"]
 
@@ -52,8 +53,8 @@ class PrefillMessenger:
         verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
     """
 
-    def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Any,
-                 pool_regions: Sequence[Any], staging: ContextStaging, secret: bytes, streaming: bool = True,
+    def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Plan,
+                 pool_regions: Sequence[MemoryRegion], staging: ContextStaging, secret: bytes, streaming: bool = True,
                  verify_pages: bool = False):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.pool_regions = list(pool_regions)
@@ -71,16 +72,15 @@ class PrefillMessenger:
         self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
         self.local_format = LocalFormat(spec.model, self.layout, self.page_size, spec.kv.dtype, self.context_slot_bytes)
         self._free_slots = list(range(me.num_context_slots))
-        self._decodes: dict[PeerId, tuple[UnitInfo, Any]] = {}
+        self._decodes: dict[PeerId, tuple[UnitInfo, Peer]] = {}
         self._down: set[PeerId] = set()  # decode incarnations known dead: no reply goes to them
-        self._jobs: dict[str, PrefillJob] = {}
-        self._lock = threading.Lock()  # guards job fields the streamer touches
-        self._after_forward: list[list] = []  # the ablation's queued step work
+        self._jobs: dict[str, PrefillJob] = {}  # the main thread's; a job's shared part is its `JobSends`
+        self._after_forward: list[list[PageRange]] = []  # the ablation's queued step work
         self.frames, self.totals = FrameCounters(), TransferTotals()
         self.rejected: dict[str, int] = {}
         self.failed: list[tuple[str, str]] = []  # prefill failures go to the decode side, never here
-        self._streamer = LayerStreamer(engine.layer_counter, self.num_layers, self._submit_layer,
-                                       self._finish_items, name=f"{me.name}-streamer")
+        self._streamer: LayerStreamer[PageRange] = LayerStreamer(
+            engine.layer_counter, self.num_layers, self._submit_layer, self._finish_items, name=f"{me.name}-streamer")
         engine.on_step = self._on_step
 
     def close(self) -> None:
@@ -101,11 +101,9 @@ class PrefillMessenger:
     def peer_down(self, name: str) -> None:
         """A decode unit died: stop sending its requests (they drain, then free)."""
         self._down |= {peer for peer in self._decodes if peer.name == name}
-        with self._lock:
-            for job in self._jobs.values():
-                if job.decode.name == name:
-                    job.aborted = True
-                    job.failure = job.failure or f"decode unit {name} went down"
+        for job in self._jobs.values():
+            if job.decode.name == name:
+                job.sends.abort(f"decode unit {name} went down")
 
     @property
     def busy(self) -> bool:
@@ -136,15 +134,13 @@ class PrefillMessenger:
                 if peer is None or sender in self._down:
                     self.frames.count("stale")
                     return
-                reply = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
-                self.transfer.send(peer[1], self.codec.seal(reply))
+                drained = pr.PrefillFailed(msg.request_id, msg.generation, "aborted: nothing in flight")
+                self.transfer.send(peer[1], self.codec.seal(drained))
                 return
             if job.msg.generation != msg.generation:
                 self.frames.count("stale")
                 return
-            with self._lock:
-                job.aborted = True
-                job.failure = job.failure or "aborted"
+            job.sends.abort("aborted")
             return
         if not isinstance(msg, pr.PrefillRequest):
             self.frames.count("unexpected_kind")
@@ -177,39 +173,38 @@ class PrefillMessenger:
 
         sender = PeerId.parse(msg.decode_instance)
         info, peer = self._decodes[sender]
-        try:
+        try:  # the slot is taken only once the engine took the request (`_check` saw one free)
             job = PrefillJob.for_request(msg, sender, info, peer, self.plan, self.me.instance, self.num_layers,
+                                         slot=self._free_slots[-1], arrived_s=time.monotonic(),
                                          secret=self.secret if self.verify_pages else None)
         except ValueError as exc:
             return Rejection(RejectReason.BAD_REGION, str(exc))
-        job.arrived_s = time.monotonic()
         try:
             params = SamplingParams(max_tokens=1, prompt_logprobs=msg.prompt_logprobs)
             self.engine.add_request(msg.request_id, msg.token_ids, params)
         except DisaggError as exc:
             return Rejection(RejectReason.ENGINE, str(exc))
-        job.slot = self._free_slots.pop()
+        self._free_slots.pop()
         self._jobs[msg.request_id] = job
         return None
 
     # the step hooks
 
-    def _on_step(self, chunks: list) -> None:
+    def _on_step(self, chunks: list[StepChunkInfo]) -> None:
         step_id = self.engine.layer_counter.read()[0] + 1  # begin_step comes right after this hook
-        items = []
-        with self._lock:
-            for c in chunks:
-                job = self._jobs.get(c.request_id)
-                if job is None or job.aborted:
-                    continue
-                job.forward_start_s = job.forward_start_s or time.monotonic()
-                # writes read these pages until they drain: never let the scheduler evict them
-                self.engine.allocator.pin(c.request_id)
-                ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
-                if ready > job.pages_queued:
-                    items.append((job, job.pages_queued, ready, c.page_ids))
-                    job.pages_queued = ready
-                    job.inflight_steps += 1
+        items: list[PageRange] = []
+        for c in chunks:
+            job = self._jobs.get(c.request_id)
+            if job is None or job.sends.aborted:
+                continue
+            job.forward_start_s = job.forward_start_s or time.monotonic()
+            # writes read these pages until they drain: never let the scheduler evict them
+            self.engine.pin_pages(c.request_id)
+            ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
+            if ready > job.pages_queued:
+                items.append(PageRange(job, job.pages_queued, ready, c.page_ids))
+                job.pages_queued = ready
+                job.sends.step_queued()
         if not items:
             return
         if self.streaming:
@@ -217,7 +212,7 @@ class PrefillMessenger:
         else:
             self._after_forward.append(items)
 
-    def after_step(self, outputs: list, forward_end_s: float) -> None:
+    def after_step(self, outputs: list[RequestOutput], forward_end_s: float) -> None:
         """Call right after ``engine.step()``: ablation writes, then context of finished prefills."""
         for items in self._after_forward:
             for layer in range(self.num_layers):
@@ -233,14 +228,13 @@ class PrefillMessenger:
                 continue
             self._send_context(job, out, forward_end_s)
 
-    def _finish_items(self, items: list) -> None:
-        with self._lock:
-            for job, *_ in items:
-                job.inflight_steps -= 1
+    def _finish_items(self, items: list[PageRange]) -> None:
+        for item in items:
+            item.job.sends.step_submitted()
 
-    def _submit_layer(self, items: list, layer_id: int) -> None:
+    def _submit_layer(self, items: list[PageRange], layer_id: int) -> None:
         for job, first, stop, page_ids in items:
-            if job.aborted:
+            if job.sends.aborted:
                 continue
             skip = job.msg.num_cached_pages  # destinations list the pages after decode's cached ones
             try:
@@ -251,24 +245,25 @@ class PrefillMessenger:
                                         job.dst_targets[w.dst_tp_rank], w.src_offsets, w.dst_offsets, w.lengths)
                 if job.digest is not None:  # after submitting: the hashing overlaps the writes
                     add_layer(job.digest, layer_id, pairs, self._pool_views, job.dst_geometry, job.grant_index)
-            except Exception as exc:  # a failed submit fails the request, never the unit
+            except Exception as exc:  # noqa: BLE001 - a failed submit fails the request, never the unit
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
 
     def _submit_writes(self, job: PrefillJob, src: MemoryRegion, dst: RegionDescriptor, targets: GrantTargets | None,
-                       src_offsets: array, dst_offsets: array, lengths: array) -> None:
+                       src_offsets: array[int], dst_offsets: array[int], lengths: array[int]) -> None:
         """Submit writes from ``src`` into a decode region: one batch into the whole region, or with
         per-grant keys one batch per granted segment the writes land in."""
         from disaggsdk.transfer import WriteBatch
 
+        batches: list[tuple[RegionDescriptor, array[int], list[array[int]]]]
         if targets is None:
             batches = [(dst, dst_offsets, [src_offsets, lengths])]
         else:
             batches = list(targets.split(dst_offsets, src_offsets, lengths))  # all or nothing: checked first
         for desc, dst_offs, (src_offs, lens) in batches:
             batch = WriteBatch(src, desc, src_offs, dst_offs, lens, imms(job.msg.imm, len(lens)))
-            self._track(job, self.transfer.submit(job.peer, batch), sum(lens), len(lens))
+            job.sends.track(self.transfer.submit(job.peer, batch), sum(lens), len(lens))
 
-    def _send_context(self, job: PrefillJob, out: Any, forward_end_s: float) -> None:
+    def _send_context(self, job: PrefillJob, out: RequestOutput, forward_end_s: float) -> None:
         job.forward_end_s = forward_end_s
         size = self.context_slot_bytes
         staging = self.context_buffer[job.slot * size : (job.slot + 1) * size]
@@ -280,48 +275,34 @@ class PrefillMessenger:
             if job.digest is not None:
                 job.digest.add_context(staging)
             c = job.msg.context
-            with self._lock:
-                if job.aborted:
-                    return
+            if c is None:  # admission refuses such a request: this only names the invariant
+                raise ValueError("the request names no context slot")
+            if job.sends.aborted:
+                return
             self._submit_writes(job, self.context_region, job.context_dst, job.context_target,
                                 array("Q", [job.slot * size]), array("Q", [c.offset_bytes]), array("Q", [size]))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as a failed layer submit: the request fails, never the unit
             self._fail(job, f"sending the context: {exc}")
             return
         job.context_sent = True
 
-    def _track(self, job: PrefillJob, fut: Future, num_bytes: int, num_writes: int) -> None:
-        now = time.monotonic()
-        with self._lock:
-            job.futures.append(fut)
-            job.num_bytes += num_bytes
-            job.num_writes += num_writes
-            job.first_submit_s = job.first_submit_s or now
-        fut.add_done_callback(lambda _f: setattr(job, "last_done_s", time.monotonic()))
-
     def _fail(self, job: PrefillJob, reason: str) -> None:
-        with self._lock:
-            job.aborted = True
-            job.failure = job.failure or reason
+        job.sends.abort(reason)
 
     # completion
 
     def poll(self) -> None:
         """Release requests whose writes all completed; report failed ones once drained."""
         for rid, job in list(self._jobs.items()):
-            with self._lock:
-                busy = job.inflight_steps > 0 or not all(f.done() for f in job.futures)
-                failed = next((f.exception() for f in job.futures if f.done() and f.exception()), None)
-                if failed is not None and not job.aborted:
-                    job.aborted, job.failure = True, f"write failed: {failed}"
-            if busy or not (job.context_sent or job.aborted):
+            sends = job.sends.settle()
+            if sends.busy or not (job.context_sent or sends.aborted):
                 continue
             del self._jobs[rid]
             self._free_slots.append(job.slot)
-            if job.aborted:
+            if sends.aborted:
                 self.engine.abort(rid)  # frees the pages whether or not the prefill finished
                 self.totals.counters.transfer_failures += 1
-                reply = pr.PrefillFailed(rid, job.msg.generation, job.failure or "failed")
+                reply = pr.PrefillFailed(rid, job.msg.generation, sends.failure or "failed")
                 if job.decode not in self._down:
                     self.transfer.send(job.peer, self.codec.seal(reply))
                 continue

@@ -13,10 +13,12 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 # how often a waiting streamer looks whether it was stopped
 STOP_CHECK_S = 0.5
+
+Item = TypeVar("Item")  # the prefill side's per-request page range; opaque here
 
 
 class LayerClock(Protocol):
@@ -27,15 +29,15 @@ class LayerClock(Protocol):
 
 
 @dataclass(frozen=True)
-class StepWork:
-    """The writes one step makes possible: ``items`` are the prefill side's (job, first page,
-    stop page, page ids) tuples; the streamer passes them back untouched."""
+class StepWork(Generic[Item]):
+    """The writes one step makes possible: ``items`` are the prefill side's page ranges (a
+    `prefill_job.PageRange` per request); the streamer passes them back untouched."""
 
     step_id: int
-    items: list[Any]
+    items: list[Item]
 
 
-class LayerStreamer:
+class LayerStreamer(Generic[Item]):
     """One thread that submits a step's writes layer by layer, in step order.
 
     Args:
@@ -46,16 +48,16 @@ class LayerStreamer:
         name: the thread's name.
     """
 
-    def __init__(self, clock: LayerClock, num_layers: int, submit_layer: Callable[[list, int], None],
-                 finish: Callable[[list], None], name: str = "streamer"):
+    def __init__(self, clock: LayerClock, num_layers: int, submit_layer: Callable[[list[Item], int], None],
+                 finish: Callable[[list[Item]], None], name: str = "streamer"):
         self.clock, self.num_layers = clock, num_layers
         self._submit_layer, self._finish = submit_layer, finish
-        self._work: queue.Queue[StepWork | None] = queue.Queue()
+        self._work: queue.Queue[StepWork[Item] | None] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, work: StepWork) -> None:
+    def put(self, work: StepWork[Item]) -> None:
         """Queue a step's work (main thread, before the step's forward pass begins)."""
         self._work.put(work)
 
