@@ -116,7 +116,7 @@ def test_only_the_granted_pages_and_slot_are_open_and_only_until_the_counter_fir
     assert not transfer.open and engine.admitted == []  # revoked at once; admitted only with the digest
     dm.on_frame(from_prefill(pr.PageDigest("r", req.generation, digest)))
     dm.poll()
-    assert engine.admitted == ["r"] and dm.totals.pages_failed_verification == 0
+    assert engine.admitted == ["r"] and dm.totals.counters.kv_pages_failed_verification == 0
 
 
 def test_an_ended_attempts_keys_stay_until_no_write_of_it_can_land(side):
@@ -141,7 +141,8 @@ def test_pages_that_do_not_match_the_digest_are_retried_and_counted(side):
     transfer.counters[first.imm][1].set_result(None)
     dm.on_frame(from_prefill(pr.PageDigest("r", first.generation, digest)))
     dm.poll()
-    assert engine.admitted == [] and dm.totals.pages_failed_verification == 1 and dm.totals.retries == 1
+    assert engine.admitted == [] and dm.totals.counters.kv_pages_failed_verification == 1
+    assert dm.totals.counters.requests_retried == 1
     peer, second = last(transfer, pr.PrefillRequest)
     assert peer == "prefill-1" and second.generation != first.generation
     transfer.counters[second.imm][1].set_result(None)
