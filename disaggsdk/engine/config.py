@@ -1,14 +1,22 @@
-"""Engine settings (`EngineConfig`) and the one path from a deployment spec to them."""
+"""Engine settings (`EngineConfig`) and the one path from a deployment spec to them.
+
+A bare engine's defaults are the spec's own (`EngineSettings`, `KV`, `Spec.seed`), declared there
+once: an engine built without a spec runs as a launched unit of the default spec does, except
+where it says otherwise (it runs on this machine's CPU, its KV in its weights' dtype).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from disaggsdk.engine.scheduler import Mode
 from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.errors import DisaggError
+from disaggsdk.models import ModelArch
+from disaggsdk.spec.types import Spec
+
+_DEFAULT = Spec()  # the spec's defaults, which a bare engine's are
 
 # what each unit role runs: a decode unit is "mixed" so it can prefill locally when no prefill
 # unit is left; a prefill unit never samples and returns the hidden state for decode's context
@@ -24,22 +32,22 @@ class EngineConfig:
     """Engine settings. ``kv_dtype`` None means the model's dtype."""
 
     tp: int = 1
-    layout: str = "HND"
-    page_size: int = 16
-    num_pages: int = 1024
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    layout: str = _DEFAULT.kv.layout
+    page_size: int = _DEFAULT.kv.page_size
+    num_pages: int = _DEFAULT.engine.num_pages
+    max_num_batched_tokens: int = _DEFAULT.engine.max_num_batched_tokens
+    max_num_seqs: int = _DEFAULT.engine.max_num_seqs
     mode: Mode = "mixed"
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "cpu"  # a bare engine runs here (a spec's default device is cuda)
+    dtype: str = _DEFAULT.engine.dtype  # of the weights and activations
     kv_dtype: str | None = None
-    seed: int = 0
-    load_format: str = "auto"  # "dummy": seeded random weights instead of the checkpoint's
+    seed: int = _DEFAULT.seed
+    load_format: str = _DEFAULT.engine.load_format  # "dummy": seeded random weights instead of the checkpoint's
     attention_backend: str | None = None  # None: flashinfer on CUDA, the native kernel ("cpu") on CPU, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
     # compile the step (engine.compiled_step; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
-    compile: bool | None = None
+    compile: bool | None = _DEFAULT.engine.compile
     # bump `LLMEngine.layer_counter` after each layer: what a prefill unit's streamer waits on
     # (from_spec turns it on for prefill units); off, a step runs one counter op per layer less
     # (~60 us each in a compiled decode step)
@@ -48,10 +56,10 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
     # (engine.scheduler; with MTP drafting, keyed one token further: see hash_lookahead)
-    prefix_caching: bool = True
+    prefix_caching: bool = _DEFAULT.engine.prefix_caching
 
     @classmethod
-    def from_spec(cls, spec: Any, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
+    def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
         """The settings of one unit of ``spec``: an instance (or dp group) of ``tp`` ranks in ``role``.
 
         Args:
@@ -67,7 +75,7 @@ class EngineConfig:
         return cls(
             tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=spec.engine.num_pages,
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
-            mode=MODE_OF_ROLE[role], device=spec.device, dtype="float32", kv_dtype=spec.kv.dtype, seed=spec.seed,
+            mode=MODE_OF_ROLE[role], device=spec.device, dtype=spec.engine.dtype, kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
             count_layers=role == "prefill", load_format=spec.engine.load_format,
             speculative=_speculative(spec, role), prefix_caching=spec.engine.prefix_caching,
@@ -81,7 +89,7 @@ def hash_lookahead(config: EngineConfig) -> int:
     return 1 if config.speculative is not None and config.speculative.method == "mtp" else 0
 
 
-def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:
+def _speculative(spec: Spec, role: str) -> SpeculativeConfig | None:
     """A unit's speculation: decode and colocated units draft; a prefill unit runs the MTP layer
     over the prompt (its KV streams to decode like one more layer) and drafts nothing."""
     method = spec.speculative.method
@@ -90,7 +98,7 @@ def _speculative(spec: Any, role: str) -> SpeculativeConfig | None:
     return SpeculativeConfig(method, spec.speculative.num_tokens)
 
 
-def check_prompt(arch: Any, config: EngineConfig, request_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
+def check_prompt(arch: ModelArch, config: EngineConfig, request_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
     """Whether an engine of ``config`` for model ``arch`` can ever run the prompt (`LLMEngine.check_prompt`).
 
     Raises:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from disaggsdk.engine.attention import create_backend, default_backend
+from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.models import build_model, kv_geometry
@@ -17,21 +18,22 @@ from disaggsdk.engine.parallel import TensorParallel
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """What a rank needs to build its part of the engine (picklable, sent to TP workers)."""
+    """What a rank needs to build its part of the engine (picklable, sent to TP workers): the
+    engine's settings (the KV pool's size and format, the model's dtype, device, seed and weights,
+    the attention backend, where tp workers hand their pool over), and what the engine decided
+    from them."""
 
     model: str
-    num_pages: int
-    page_size: int
-    layout: str = "HND"
-    dtype: str = "float32"
-    kv_dtype: str = "float32"
-    device: str = "cpu"
-    seed: int = 0
-    load_format: str = "auto"  # "dummy": seeded random weights (engine.models.LOAD_FORMATS)
-    attention_backend: str | None = None
-    kv_share_path: str | None = None  # tp workers: hand the KV pool to the head there (engine.shared_kv)
-    compile: bool = False  # compile the step (engine.compiled_step); only a CPU rank of tp 1 does
+    engine: EngineConfig
+    # compile the step (engine.compiled_step): `engine.compile`, its unset resolved by the head (the
+    # environment's default); only a CPU rank of tp 1 does
+    compile: bool = False
     extra_kv_layers: int = 0  # KV layers after the model's own: the MTP layer's, when it drafts
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type: the engine's `kv_dtype`, else its weights' dtype."""
+        return self.engine.kv_dtype or self.engine.dtype
 
 
 class ModelRunner:
@@ -48,9 +50,10 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig, tp: TensorParallel, kv_buffer: Any = None):
         self.config = config
         self.tp = tp
-        self.device = torch.device(config.device)
-        self.model = build_model(config.model, tp, dtype=config.dtype, device=config.device, seed=config.seed,
-                                 load_format=config.load_format)
+        engine = config.engine
+        self.device = torch.device(engine.device)
+        self.model = build_model(config.model, tp, dtype=engine.dtype, device=engine.device, seed=engine.seed,
+                                 load_format=engine.load_format)
         if self.device.type == "cpu":  # which matmul form decoding takes on this machine, per weight shape
             from disaggsdk.engine.models.layers import amx_linear, skinny
 
@@ -58,9 +61,9 @@ class ModelRunner:
             amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX
         geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
         self.kv_cache = KVCache(
-            geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype, config.device, kv_buffer
+            geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer
         )
-        self.attn = create_backend(config.attention_backend or default_backend(config.device), self.kv_cache)
+        self.attn = create_backend(engine.attention_backend or default_backend(engine.device), self.kv_cache)
         self.compiled = None
         if config.compile and tp.size == 1 and self.device.type == "cpu":
             from disaggsdk.engine.compiled_step import CompiledStep
@@ -101,8 +104,8 @@ class ModelRunner:
         with_mtp = (self.compiled is not None and self.config.extra_kv_layers > 0
                     and getattr(self.model, "mtp", None) is not None)
         for n in (1, 2, MAX_ROWS + 1):
-            item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.page_size))
-            batch = build_forward_batch([item], self.config.page_size, self.device, on_layer_done)
+            item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.engine.page_size))
+            batch = build_forward_batch([item], self.config.engine.page_size, self.device, on_layer_done)
             hidden_all = self.run_keeping_hidden(batch)[0]
             if with_mtp:
                 last_row = torch.tensor([n - 1], dtype=torch.int64, device=self.device)

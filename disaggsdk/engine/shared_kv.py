@@ -1,7 +1,7 @@
 """A tensor-parallel worker's KV pool in shared memory, its fd handed to the instance head.
 
 One transfer engine on the head process registers every rank's pool (shared/DESIGN.md, "Shared
-KV memory"). A worker started with ``RunnerConfig.kv_share_path`` allocates its pool as a memfd,
+KV memory"). A worker started with ``EngineConfig.kv_share_path`` allocates its pool as a memfd,
 connects to that Unix socket, sends its tp rank (4 bytes) and then the fd (SCM_RIGHTS), and keeps
 the region for the model runner. The protocol is `disaggsdk.memory.pool_handover`.
 """
@@ -23,11 +23,12 @@ def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
     from disaggsdk.models import resolve_model
 
     geometry = kv_geometry(resolve_model(config.model), tp, config.extra_kv_layers)
-    return KVCache.page_format(geometry, config.num_pages, config.page_size, config.layout, config.kv_dtype).pool_bytes
+    engine = config.engine
+    return KVCache.page_format(geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype).pool_bytes
 
 
 def share_pool(config: RunnerConfig, tp: TensorParallel) -> SharedRegion:
-    """Create this rank's pool as a memfd and send it to the head at ``config.kv_share_path``.
+    """Create this rank's pool as a memfd and send it to the head at ``config.engine.kv_share_path``.
 
     Returns:
         The region (keep it alive as long as the model runner uses it).
@@ -39,7 +40,7 @@ def share_pool(config: RunnerConfig, tp: TensorParallel) -> SharedRegion:
 
     region = SharedRegion.create(pool_bytes(config, tp), f"disaggsdk-kv-rank{tp.rank}")
     try:
-        send_pool(config.kv_share_path, tp.rank, region)
+        send_pool(config.engine.kv_share_path, tp.rank, region)
     except SharedKVError:
         region.close()
         raise

@@ -116,9 +116,9 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
     # ranks share the machine's cores: one thread each avoids oversubscribing them
     torch.set_num_threads(1)
     try:
-        tp, control = _init(rank, size, port, config.device, timeout_s)
+        tp, control = _init(rank, size, port, config.engine.device, timeout_s)
         kv_region = None
-        if config.kv_share_path:  # the head's transfer engine registers this rank's pool too
+        if config.engine.kv_share_path:  # the head's transfer engine registers this rank's pool too
             from disaggsdk.engine.shared_kv import share_pool
             from disaggsdk.memory.pool_handover import die_with_parent
 
@@ -181,7 +181,7 @@ class TPGroup:
             pipes.append(parent)
         self._initialized = False
         try:
-            self.tp, self._control = _init(0, size, port, config.device, timeout_s)
+            self.tp, self._control = _init(0, size, port, config.engine.device, timeout_s)
             self._initialized = True
             deadline = time.monotonic() + timeout_s
             for rank, (proc, pipe) in enumerate(zip(self.procs, pipes), start=1):

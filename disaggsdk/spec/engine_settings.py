@@ -10,6 +10,8 @@ from disaggsdk.spec.field_checks import CheckedFields, about, choice, in_range, 
 
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
+WeightDtype = Literal["float32", "bfloat16", "float16"]
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @attrs.frozen
@@ -42,6 +44,11 @@ class EngineSettings(CheckedFields):
         metadata=about("`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships "
                        "with the package); `dummy`: seeded random weights of the same shapes, the checkpoint "
                        "unread (as vLLM's `--load-format dummy`).", choice(("auto", "dummy"))),
+    )
+    dtype: WeightDtype = attrs.field(
+        default="float32",
+        metadata=about("Element type of the model's weights and activations in every unit (the KV cache's is "
+                       "`kv.dtype`); `float32` matches transformers exactly on a CPU.", choice(WEIGHT_DTYPES)),
     )
 
 

@@ -106,10 +106,11 @@ def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
     """The smoke test of the two below (which compile every graph of an engine): one compiled MTP
     forward and draft (one call) over a planned batch, against the eager layer on the same batch."""
     from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
     from disaggsdk.engine.parallel import TensorParallel
 
-    runner = ModelRunner(RunnerConfig("deepseek-r1-tiny", num_pages=8, page_size=4, extra_kv_layers=1),
+    runner = ModelRunner(RunnerConfig("deepseek-r1-tiny", EngineConfig(num_pages=8, page_size=4), extra_kv_layers=1),
                          TensorParallel())
     compiled = CompiledStep(runner.model, runner.attn)
     batch = build_forward_batch([BatchItem([5, 6, 7, 8, 9], 0, [1, 2])], 4)

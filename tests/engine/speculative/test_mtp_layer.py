@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
@@ -33,7 +34,8 @@ def test_mtp_logits_over_a_prompt_equal_the_reference():
         ref = ref_mtp(hidden[:, :-1], tokens[:, 1:], torch.arange(len(ids) - 1)[None])[0]
 
     page_size = 4
-    runner = ModelRunner(RunnerConfig(MODEL, num_pages=32, page_size=page_size, extra_kv_layers=1), TensorParallel())
+    runner = ModelRunner(RunnerConfig(MODEL, EngineConfig(num_pages=32, page_size=page_size), extra_kv_layers=1),
+                         TensorParallel())
     assert runner.kv_cache.geometry.num_layers == runner.model.arch.num_layers + 1  # the MTP layer's KV
     batch = build_forward_batch([BatchItem(ids, 0, list(range(-(-len(ids) // page_size))))], page_size, "cpu")
     hidden_all, _, _ = runner.run_keeping_hidden(batch)
