@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
         DisaggError: the spec cannot be loaded or started.
     """
     from disaggsdk.bench.kv_bench import compare
-    from disaggsdk.launch.signals import sigterm_unwinds
     from disaggsdk.launch.tiny import tiny_spec
     from disaggsdk.spec import load_spec
 
@@ -45,9 +44,8 @@ def run(args: argparse.Namespace) -> int:
         import attrs
 
         spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
-    with sigterm_unwinds():
-        result = compare(spec, args.input_len, args.num_prompts, provider=args.provider,
-                         cpu_affinity="auto" if args.pin else None)
+    result = compare(spec, args.input_len, args.num_prompts, provider=args.provider,
+                     cpu_affinity="auto" if args.pin else None)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

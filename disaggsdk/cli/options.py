@@ -13,6 +13,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from disaggsdk.launch.signals import SIGTERM_EXIT_CODE
+
 PACKAGE = "disaggsdk"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_LOG_LEVEL = "warning"
@@ -22,7 +24,7 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
-EXIT_TERMINATED = 143  # 128 + SIGTERM (launch.signals.SIGTERM_EXIT_CODE)
+EXIT_TERMINATED = SIGTERM_EXIT_CODE  # 128 + SIGTERM
 
 EXIT_CODES_EPILOG = f"""exit codes:
   {EXIT_OK}    success

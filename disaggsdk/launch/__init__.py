@@ -1,20 +1,29 @@
-"""Starting a plan's processes: `LocalRuntime` runs every unit on this machine (the default).
+"""Starting a plan's processes: `LocalRuntime` runs every unit on this machine (the default),
+`ray_runtime.RayRuntime` on a Ray cluster; both are a `runtime.Supervisor` with a `base.Launcher`.
 
 Imported lazily: nothing here loads torch or the native library until a runtime starts.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from disaggsdk.launch.base import LaunchError
+
+if TYPE_CHECKING:
+    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.launch.tiny import tiny_spec
+
 __all__ = ["LaunchError", "LocalRuntime", "tiny_spec"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "LocalRuntime":
         from disaggsdk.launch.runtime import LocalRuntime
 
         return LocalRuntime
-    if name in ("LaunchError", "tiny_spec"):
-        from disaggsdk.launch import tiny
+    if name == "tiny_spec":
+        from disaggsdk.launch.tiny import tiny_spec
 
-        return getattr(tiny, name)
+        return tiny_spec
     raise AttributeError(f"module 'disaggsdk.launch' has no attribute {name!r}")

@@ -17,28 +17,22 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Generic, TypeVar
 
 import msgspec
 
+from disaggsdk.launch.base import ChannelClosed, ChannelError
 from disaggsdk.launch.messages import PROTOCOL_VERSION
-from disaggsdk.launch.tiny import LaunchError
 
 HEADER = struct.Struct("!IH")
 MAX_FRAME_BYTES = 1 << 30  # the largest message (UnitStats with every recent record) is far below
 _READ_BYTES = 1 << 20
 _ENCODER = msgspec.msgpack.Encoder()
 
-
-class ChannelClosed(LaunchError):
-    """The other end closed the channel (its process exited or died)."""
+Received = TypeVar("Received")  # what the other end may send: `messages.ToUnit` or `messages.FromUnit`
 
 
-class ChannelError(LaunchError):
-    """A frame that cannot be read: wrong protocol version, absurd size, or not a known message."""
-
-
-class FrameChannel:
+class FrameChannel(Generic[Received]):
     """Typed frames over ``sock``, decoded with ``decoder`` (a msgspec msgpack Decoder of a union).
 
     Args:
@@ -46,7 +40,7 @@ class FrameChannel:
         decoder: what the other end may send.
     """
 
-    def __init__(self, sock: socket.socket, decoder: msgspec.msgpack.Decoder):
+    def __init__(self, sock: socket.socket, decoder: msgspec.msgpack.Decoder[Received]):
         sock.setblocking(True)
         self._sock = sock
         self._decoder = decoder
@@ -83,11 +77,12 @@ class FrameChannel:
             if self._eof:
                 raise ChannelClosed("the other end closed the channel")
             remaining = deadline - time.monotonic()
+            sock_fd = self._sock.fileno()
             try:
-                readable, _, _ = select.select([self._sock, *also], [], [], max(0.0, remaining))
+                readable, _, _ = select.select([sock_fd, *also], [], [], max(0.0, remaining))
             except (OSError, ValueError) as exc:  # closed under us
                 raise ChannelClosed(f"the channel is closed ({exc})") from None
-            if self._sock in readable:
+            if sock_fd in readable:
                 self._read_some()
             elif readable:
                 return self._has_frame()  # woken by another descriptor
@@ -95,7 +90,7 @@ class FrameChannel:
                 return False
         return True
 
-    def recv(self, timeout_s: float | None = None) -> Any:
+    def recv(self, timeout_s: float | None = None) -> Received:
         """The next message, waiting up to ``timeout_s`` (None: until one arrives).
 
         Raises:
@@ -122,6 +117,8 @@ class FrameChannel:
     def _has_frame(self) -> bool:
         if len(self._buffer) < HEADER.size:
             return False
+        size: int
+        version: int
         size, version = HEADER.unpack_from(self._buffer)
         if version != PROTOCOL_VERSION:
             raise ChannelError(f"a frame of protocol version {version}; this side speaks {PROTOCOL_VERSION}: "

@@ -15,7 +15,7 @@ import time
 
 from disaggsdk.engine.structured.grammar import GRAMMAR_TIME_LIMIT_S
 from disaggsdk.engine.structured.grammar_compiler import GrammarBuild, GrammarCompiler
-from disaggsdk.engine.structured.output import StructuredOutputError
+from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.launch import messages as ch
 
 
@@ -33,7 +33,7 @@ class GrammarAdmission:
     def __init__(self, model: str, time_limit_s: float = GRAMMAR_TIME_LIMIT_S):
         self.model, self.time_limit_s = model, time_limit_s
         self._compiler: GrammarCompiler | None = None
-        self._pending: dict[str, tuple[ch.Generate, GrammarBuild]] = {}
+        self._pending: dict[str, tuple[ch.Generate, StructuredOutput, GrammarBuild]] = {}
 
     def hold(self, msg: ch.Generate) -> bool:
         """Start compiling ``msg``'s grammar and keep it until `ready` hands it back. Returns False
@@ -42,26 +42,30 @@ class GrammarAdmission:
         Raises:
             StructuredOutputError: the model has no tokenizer for grammars.
         """
-        if msg.params.structured is None:
+        structured = msg.params.structured
+        if structured is None:
             return False
         if self._compiler is None:
             self._compiler = GrammarCompiler(self.model, self.time_limit_s)
-        self._pending[msg.request_id] = (msg, self._compiler.start(msg.params.structured))
+        self._pending[msg.request_id] = (msg, structured, self._compiler.start(structured))
         return True
 
     def ready(self, now_s: float | None = None) -> list[tuple[ch.Generate, str | None]]:
         """The held requests whose build ended or ran past the compiler's time limit (its time in
         the queue does not count), each with None (admit it) or the error to answer it with."""
         now_s = time.monotonic() if now_s is None else now_s
-        out = []
-        for rid, (msg, build) in list(self._pending.items()):
+        out: list[tuple[ch.Generate, str | None]] = []
+        compiler = self._compiler
+        if compiler is None:  # nothing was ever held
+            return out
+        for rid, (msg, structured, build) in list(self._pending.items()):
             if build.future.done():
                 error = build.future.exception()
                 if error is not None and not isinstance(error, StructuredOutputError):
                     error = StructuredOutputError(f"structured output: the grammar cannot be built: {error}")
                 out.append((msg, str(error) if error is not None else None))
-            elif build.running_s(now_s) >= self._compiler.time_limit_s:
-                out.append((msg, str(self._compiler.too_slow(msg.params.structured))))
+            elif build.running_s(now_s) >= compiler.time_limit_s:
+                out.append((msg, str(compiler.too_slow(structured))))
             else:
                 continue
             del self._pending[rid]

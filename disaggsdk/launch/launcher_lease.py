@@ -24,8 +24,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
-from disaggsdk.launch.signals import SIGTERM_EXIT_CODE
+from disaggsdk.launch.signals import SIGTERM_EXIT_CODE, sigterm_calls
 from disaggsdk.transfer.shm_files import remove_fabric_shm
 
 UNIT_EXIT_GRACE_S = 5.0  # a clean close takes well under a second; issue 33 allows 15 s in all
@@ -48,7 +49,9 @@ class LauncherLease:
         self._lock = threading.RLock()  # the SIGTERM handler may run while the main thread holds it
 
     def start(self) -> None:
-        """Watch the parent from a daemon thread (it ends with the process)."""
+        """Stop on SIGTERM from now on, and watch the parent from a daemon thread (it ends with the
+        process). Call from the main thread."""
+        sigterm_calls(self.request_stop)
         threading.Thread(target=self._watch_parent, name="disaggsdk-launcher-lease", daemon=True).start()
 
     def on_stop(self, stop: Callable[[], None]) -> None:
@@ -61,10 +64,6 @@ class LauncherLease:
             asked = self.stop_requested.is_set()
         if asked:
             stop()
-
-    def on_sigterm(self, _signum: int, _frame: object) -> None:
-        """The unit's SIGTERM handler (the launcher's death sends one, by PDEATHSIG)."""
-        self.request_stop()
 
     def request_stop(self) -> None:
         """Ask the unit to stop and start the deadline; a second request changes nothing."""
@@ -86,7 +85,7 @@ class LauncherLease:
         exit_now()
 
 
-def exit_now(code: int = SIGTERM_EXIT_CODE) -> None:
+def exit_now(code: int = SIGTERM_EXIT_CODE) -> NoReturn:
     """Remove this process's libfabric shm files and exit at once, without closing anything.
 
     For a unit that cannot close cleanly: its endpoint goes with the process, so its file is

@@ -1,4 +1,4 @@
-"""Units as Ray actors on a cluster's nodes: the launcher `launch.ray_runtime.RayRuntime` uses.
+"""Units as Ray actors on a cluster's nodes: the `base.Launcher` `launch.ray_runtime.RayRuntime` uses.
 
 One placement group per instance, its bundles one per unit (a unit holds its tp ranks), packed
 (STRICT_PACK) on the Ray node the plan's node maps to (`launch.ray_nodes`). Where the bundles
@@ -10,30 +10,41 @@ reads a local unit; only its process handle differs (`RayUnitProcess`).
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from disaggsdk.launch import messages as ch
+from disaggsdk.launch.base import LaunchError, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, rank_resource, ranks_per_node
-from disaggsdk.launch.ray_unit_host import TOKEN_BYTES, UnitStart, keepalive, unit_host_actor
-from disaggsdk.launch.tiny import LaunchError
-from disaggsdk.launch.units import UnitHandle, unit_names
+from disaggsdk.launch.ray_unit_host import (
+    TOKEN_BYTES,
+    UnitHostActor,
+    UnitStart,
+    keepalive,
+    kill_actor,
+    unit_host_actor,
+)
+from disaggsdk.launch.units import unit_names
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+    from disaggsdk.plan import Instance, Plan
 
 PLACEMENT_TIMEOUT_S = 60.0
 ACTOR_CALL_TIMEOUT_S = 30.0
 
 
 class RayUnitProcess:
-    """A unit process on a Ray node, with the few `multiprocessing.Process` members the runtime uses."""
+    """A unit process on a Ray node (a `base.UnitProcess`)."""
 
-    sentinel = None  # nothing to wait on here: the unit's channel closing says it died
-
-    def __init__(self, actor: Any, pid: int, same_host: bool, log_path: str | None = None):
+    def __init__(self, actor: UnitHostActor, pid: int, same_host: bool, log_path: str | None = None):
         self.actor = actor
         self._log_path = log_path
         self._pid, self._same_host = pid, same_host
@@ -45,6 +56,11 @@ class RayUnitProcess:
         """The unit's pid where it can name a process here: on this host; else -1 (its shm files and
         CPU time are its own node's business)."""
         return self._pid if self._same_host else -1
+
+    @property
+    def sentinel(self) -> None:
+        """Nothing to wait on here: the unit's channel closing says it died."""
+        return None
 
     @property
     def exitcode(self) -> int | None:
@@ -73,7 +89,7 @@ class RayUnitProcess:
         if code is not None:
             self._exitcode = code
             self._tail = self._remote_tail()
-            ray.kill(self.actor, no_restart=True)
+            kill_actor(self.actor)
 
     def log_tail(self, path: str) -> str:
         """The last lines of the unit's log: read on this host when it runs here, else by its actor
@@ -96,38 +112,52 @@ class RayUnitProcess:
 
     def kill(self) -> None:
         """End the unit by ending its actor (the unit dies with it)."""
-        import ray
-
-        ray.kill(self.actor, no_restart=True)
+        kill_actor(self.actor)
 
 
 class RayLauncher:
-    """Start units as actors in placement groups that follow ``plan``'s placement.
+    """Start units as actors in placement groups that follow the plan's placement (a `base.Launcher`).
 
     Args:
-        plan: the deployment's plan.
         address: the cluster (``"auto"``, ``"HOST:PORT"``); None: the one running on this machine,
             else a new one-node cluster (`_join_or_start`). A driver already connected stays connected.
-    Raises:
-        LaunchError: the cluster lacks room for the plan, or a placement group did not land on
-            the node the plan says (what is missing is named, per node).
+            Joined by `start`, which places the groups.
     """
 
-    def __init__(self, plan: Any, address: str | None = None):
-        import ray
-        from ray.util.placement_group import placement_group, placement_group_table
+    def __init__(self, address: str | None = None):
+        self.address = address
+        self.nodes: dict[int, RayNode] = {}  # plan node -> its Ray node
+        self.unit_nodes: dict[str, RayNode] = {}  # unit -> the Ray node it runs on
+        self.host = ""  # this driver's IP, where units connect back
+        self._own_ray = False
+        self._groups: dict[str, PlacementGroup] = {}
+        self._actors: list[UnitHostActor] = []  # every unit actor started, for close() to see gone
+        self._bundle: dict[str, tuple[Instance, int]] = {}  # unit -> (its instance, its bundle index)
+        self._resource = ""
+        self._listener: socket.socket | None = None
+        self._early: dict[bytes, socket.socket] = {}
 
-        self.plan = plan
+    def provider_for(self, plan: Plan, provider: str) -> str:
+        """tcp where the spec asks for shm (or "auto") and the plan spans nodes: shared memory does
+        not cross machines; verbs or efa stay as asked."""
+        return "tcp" if plan.num_nodes > 1 and provider in ("shm", "auto") else provider
+
+    def start(self, plan: Plan) -> None:
+        """Join (or start) the cluster, place one placement group per instance and check where each landed.
+
+        Raises:
+            LaunchError: the cluster lacks room for the plan, or a placement group did not land on
+                the node the plan says (what is missing is named, per node).
+        """
+        import ray
+        from ray.util.placement_group import placement_group
+
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            _join_or_start(address, plan)
-        self._groups: dict[str, Any] = {}
-        self._actors: list[Any] = []  # every unit actor started, for close() to see gone
-        self._listener: socket.socket | None = None
+            _join_or_start(self.address, plan)
         try:
-            resource = rank_resource(plan.spec)
-            self.nodes = map_plan_nodes(plan, ray.nodes(), resource)
-            self._bundle: dict[str, tuple[str, int, int]] = {}  # unit -> (instance, bundle index, tp)
+            self._resource = resource = rank_resource(plan.spec)
+            self.nodes = map_plan_nodes(plan, ray.nodes(), resource)  # type: ignore[no-untyped-call]  # ray: untyped
             for inst in plan.instances:
                 units = [name for name, i in unit_names(plan) if i.name == inst.name]
                 node = self.nodes[inst.nodes[0]]
@@ -135,28 +165,26 @@ class RayLauncher:
                                      name=f"disaggsdk-{inst.name}", _soft_target_node_id=node.node_id)
                 self._groups[inst.name] = pg
                 for k, name in enumerate(units):
-                    self._bundle[name] = (inst.name, k, inst.tp)
-            for inst_name, pg in self._groups.items():
-                self._check_group(inst_name, pg, placement_group_table)
-            self._resource = resource
-            self.host = ray.util.get_node_ip_address()
+                    self._bundle[name] = (inst, k)
+            for inst in plan.instances:
+                self._check_group(inst, self._groups[inst.name])
+            self.host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # ray: untyped
             self._listener = socket.create_server((self.host, 0))
-            self._early: dict[bytes, socket.socket] = {}
-            self.unit_nodes: dict[str, RayNode] = {}
         except BaseException:
             self.close()
             raise
 
-    def _check_group(self, inst_name: str, pg: Any, table: Any) -> None:
+    def _check_group(self, inst: Instance, pg: PlacementGroup) -> None:
         import ray
+        from ray.util.placement_group import placement_group_table
 
-        node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
+        inst_name, node = inst.name, self.nodes[inst.nodes[0]]
         try:
             ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError and friends
             raise LaunchError(f"the placement group of {inst_name} did not fit on Ray node {node.short_id} "
                               f"({node.address}) in {PLACEMENT_TIMEOUT_S:.0f} s: {exc}") from None
-        landed = set(table(pg)["bundles_to_node_id"].values())
+        landed = set(placement_group_table(pg)["bundles_to_node_id"].values())
         if landed != {node.node_id}:
             raise LaunchError(f"{inst_name}'s bundles landed on Ray nodes {sorted(n[:8] for n in landed)}, not on "
                               f"{node.short_id} as the plan says; free room on that node")
@@ -170,11 +198,13 @@ class RayLauncher:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        inst_name, index, tp = self._bundle[args.name]
-        node = self.nodes[next(i for i in self.plan.instances if i.name == inst_name).nodes[0]]
+        if self._listener is None:
+            raise LaunchError("the Ray launcher is not started (or already closed)")
+        inst, index = self._bundle[args.name]
+        node = self.nodes[inst.nodes[0]]
         self._check_alive(args.name, node)
-        strategy = PlacementGroupSchedulingStrategy(self._groups[inst_name], placement_group_bundle_index=index)
-        actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: tp},
+        strategy = PlacementGroupSchedulingStrategy(self._groups[inst.name], placement_group_bundle_index=index)
+        actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: inst.tp},
                                           name=None).remote()
         self._actors.append(actor)
         token = secrets.token_bytes(TOKEN_BYTES)
@@ -183,19 +213,18 @@ class RayLauncher:
         payload = msgspec.msgpack.encode(UnitStart(unit_args, self.host, self._listener.getsockname()[1], token))
         try:
             started = ray.get(actor.start.remote(payload), timeout=PLACEMENT_TIMEOUT_S)
-            if started["node_id"] != node.node_id:
-                raise LaunchError(f"unit {args.name} started on Ray node {started['node_id'][:8]}, "
+            if started.node_id != node.node_id:
+                raise LaunchError(f"unit {args.name} started on Ray node {started.node_id[:8]}, "
                                   f"not {node.short_id} as the plan says (was its node lost?)")
-            sock = self._accept(token, PLACEMENT_TIMEOUT_S)
+            sock = self._accept(self._listener, token, PLACEMENT_TIMEOUT_S)
         except BaseException as exc:
-            ray.kill(actor, no_restart=True)
+            kill_actor(actor)
             if isinstance(exc, LaunchError):
                 raise
             self._check_alive(args.name, node)  # its node died meanwhile: say that, not Ray's cancellation
             raise LaunchError(f"unit {args.name} did not start on Ray node {node.short_id}: {exc}") from None
         self.unit_nodes[args.name] = node
-        process = RayUnitProcess(actor, started["pid"], same_host=started["address"] == self.host,
-                                 log_path=args.log_path)
+        process = RayUnitProcess(actor, started.pid, same_host=started.address == self.host, log_path=args.log_path)
         return UnitHandle(args, process, FrameChannel(sock, ch.FROM_UNIT))
 
     @staticmethod
@@ -203,23 +232,24 @@ class RayLauncher:
         """Raise `LaunchError` when ``unit``'s planned node is gone (Ray would move the bundle off the plan)."""
         import ray
 
-        if not any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes()):
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]  # ray: untyped
+        if not any(n["NodeID"] == node.node_id and n.get("Alive") for n in nodes):
             raise LaunchError(f"unit {unit}'s Ray node {node.short_id} ({node.address}) is gone: not the plan's "
                               f"node any more, so the unit stays down")
 
-    def _accept(self, token: bytes, timeout_s: float) -> socket.socket:
+    def _accept(self, listener: socket.socket, token: bytes, timeout_s: float) -> socket.socket:
         """The connection that opens with ``token`` (others that arrive first wait for their turn)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for seen, sock in list(self._early.items()):
+            for seen in list(self._early):
                 if hmac.compare_digest(seen, token):
                     return self._early.pop(seen)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LaunchError(f"no unit connected back to {self.host} within {timeout_s:.0f} s")
-            self._listener.settimeout(remaining)
+            listener.settimeout(remaining)
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except TimeoutError:
                 continue
             sock.settimeout(10)
@@ -241,10 +271,6 @@ class RayLauncher:
         return {name: f"plan node {plan_node[node.node_id]}, Ray node {node.short_id} ({node.address})"
                 for name, node in self.unit_nodes.items()}
 
-    def placement_lines(self) -> list[str]:
-        """One start-up line per unit (`placement`)."""
-        return [f"placement: {name} -> {where}" for name, where in self.placement().items()]
-
     def close(self) -> None:
         """After the units stopped: end their actors and wait until they are gone, remove the
         placement groups, close the listener, leave Ray if this launcher joined it. Idempotent."""
@@ -253,7 +279,7 @@ class RayLauncher:
 
         deadline = time.monotonic() + ACTOR_CALL_TIMEOUT_S
         for actor in self._actors:
-            ray.kill(actor, no_restart=True)
+            kill_actor(actor)
         for actor in self._actors:
             while time.monotonic() < deadline:
                 try:  # a call to a dead actor fails at once; to a dying one, once it died
@@ -278,21 +304,23 @@ class RayLauncher:
             self._own_ray = False
 
 
-def _join_or_start(address: str | None, plan: Any) -> None:
+def _join_or_start(address: str | None, plan: Plan) -> None:
     """Join the cluster at ``address``; without one, the cluster running on this machine (as
     ``ray start`` left it), else a new one-node cluster that offers the `SLOT_RESOURCE`s a CPU
     spec's largest plan node needs (Ray's own default would offer none)."""
     import ray
 
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}
+    def init(address: str | None, slots: dict[str, float] | None = None) -> None:
+        ray.init(address=address, resources=slots, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+
     if address is not None:
-        ray.init(address=address, **quiet)
+        init(address)
         return
     try:
-        ray.init(address="auto", **quiet)
+        init("auto")
         return
     except ConnectionError:  # no cluster runs here: start one
         pass
-    slots = ({SLOT_RESOURCE: float(max(ranks_per_node(plan).values()))}
-             if rank_resource(plan.spec) == SLOT_RESOURCE else None)
-    ray.init(resources=slots, **quiet)
+    init(None, {SLOT_RESOURCE: float(max(ranks_per_node(plan).values()))}
+         if rank_resource(plan.spec) == SLOT_RESOURCE else None)

@@ -12,11 +12,24 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
-from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.base import LaunchError
+
+if TYPE_CHECKING:
+    from disaggsdk.plan import Plan
+    from disaggsdk.spec.types import Spec
 
 SLOT_RESOURCE = "disaggsdk_slot"
+
+
+class RayNodeInfo(TypedDict, total=False):
+    """One entry of `ray.nodes()`, the keys read here."""
+
+    NodeID: Required[str]
+    NodeManagerAddress: str
+    Alive: bool
+    Resources: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -32,12 +45,12 @@ class RayNode:
         return self.node_id[:8]
 
 
-def rank_resource(spec: Any) -> str:
+def rank_resource(spec: Spec) -> str:
     """The Ray resource one rank of ``spec`` takes: a GPU, or a CPU slot."""
     return "GPU" if spec.device == "cuda" else SLOT_RESOURCE
 
 
-def ranks_per_node(plan: Any) -> dict[int, int]:
+def ranks_per_node(plan: Plan) -> dict[int, int]:
     """How many ranks the plan puts on each of its nodes.
 
     Raises:
@@ -51,7 +64,7 @@ def ranks_per_node(plan: Any) -> dict[int, int]:
     return dict(sorted(Counter(r.node for inst in plan.instances for r in inst.ranks).items()))
 
 
-def map_plan_nodes(plan: Any, ray_nodes: list[dict[str, Any]], resource: str) -> dict[int, RayNode]:
+def map_plan_nodes(plan: Plan, ray_nodes: list[RayNodeInfo], resource: str) -> dict[int, RayNode]:
     """Plan node -> the Ray node that runs it.
 
     Args:

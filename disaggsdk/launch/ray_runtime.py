@@ -1,22 +1,28 @@
 """RayRuntime: a spec's units as Ray actors on a cluster's nodes (`launch: {backend: ray}`).
 
-The same runtime as `LocalRuntime` (handshake, reader thread, failure reports, restarts, clean
-close) with `launch.ray_launcher.RayLauncher` starting the units where the plan places them.
-Between nodes KV moves over libfabric's tcp provider (a spec that asks for shm gets tcp when its
-plan spans nodes: shared memory does not cross machines); verbs or efa stay as asked.
+The same runtime as `LocalRuntime` (`runtime.Supervisor`: handshake, reader thread, failure
+reports, restarts, clean close) with `launch.ray_launcher.RayLauncher` starting the units where the
+plan places them. Between nodes KV moves over libfabric's tcp provider (a spec that asks for shm
+gets tcp when its plan spans nodes: shared memory does not cross machines); verbs or efa stay as asked.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from disaggsdk.launch.runtime import LocalRuntime
-from disaggsdk.launch.tiny import tiny_spec
+from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S
+from disaggsdk.launch.runtime import DEFAULT_MAX_RESTARTS, Supervisor
+from disaggsdk.launch.units import CpuAffinity
 from disaggsdk.spec.types import Spec
 
 
-class RayRuntime(LocalRuntime):
-    """A deployment on a Ray cluster (a `Runtime`); serve it with `serve.router.Router`.
+def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
+               colocated: bool = False, cpu_affinity: CpuAffinity = None, log_dir: str | None = None,
+               provider: str | None = None, start_timeout_s: float = 300.0,
+               on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
+               max_restarts: int = DEFAULT_MAX_RESTARTS, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+               ) -> Supervisor:
+    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.router.Router`.
 
     Args:
         spec: the deployment.
@@ -24,21 +30,17 @@ class RayRuntime(LocalRuntime):
             None: the cluster this process already joined, the one running on this machine, or a new
             one-node cluster (with the `disaggsdk_slot`s a CPU spec needs).
         tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
-        options: `LocalRuntime`'s other keyword arguments (``provider``, ``max_restarts``, ...);
-            ``cpu_affinity`` does not apply (Ray places the units).
+        cpu_affinity: ignored: Ray places the units.
+        colocated, log_dir, provider, start_timeout_s, on_event, secret, max_restarts,
+            restart_window_s: as for `LocalRuntime` (`runtime.Supervisor`).
     Raises:
         LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
     """
+    from disaggsdk.launch.ray_launcher import RayLauncher
 
-    def __init__(self, spec: Spec, address: str | None = None, tiny: bool = False, **options: Any):
-        from disaggsdk.launch.ray_launcher import RayLauncher
-        from disaggsdk.plan import make_plan
-
-        resolved = tiny_spec(spec) if tiny else spec
-        plan = make_plan(resolved)
-        provider = options.pop("provider", None) or resolved.transport.provider
-        if plan.num_nodes > 1 and provider in ("shm", "auto"):
-            provider = "tcp"
-        options.pop("cpu_affinity", None)
-        self.ray_launcher = RayLauncher(plan, address)
-        super().__init__(spec, tiny=tiny, provider=provider, launcher=self.ray_launcher, **options)
+    del cpu_affinity  # accepted so that every runtime takes the same options
+    runtime = Supervisor(spec, RayLauncher(address), tiny=tiny, colocated=colocated, log_dir=log_dir,
+                         provider=provider, start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
+                         max_restarts=max_restarts, restart_window_s=restart_window_s)
+    runtime.start()
+    return runtime

@@ -19,9 +19,15 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+Result = TypeVar("Result")
 
 TOKEN_BYTES = 32
 KEEPALIVE_IDLE_S = 5  # a driver on a lost machine is noticed in ~idle + interval * count seconds
@@ -38,6 +44,15 @@ class UnitStart(msgspec.Struct, frozen=True):
     token: bytes
 
 
+@dataclass(frozen=True)
+class UnitStarted:
+    """Where the actor started its unit process (`UnitHost.start`'s answer)."""
+
+    pid: int  # on its node
+    node_id: str  # its Ray node
+    address: str  # its node's IP
+
+
 def keepalive(sock: socket.socket) -> None:
     """TCP keepalive on a runtime channel: a peer whose machine vanished (no FIN) is found dead."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -52,13 +67,13 @@ class UnitHost:
     unit process on this node."""
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, payload: bytes) -> dict[str, Any]:
+    def start(self, payload: bytes) -> UnitStarted:
         """Start the unit process with ``payload`` (msgpack `UnitStart`) on its stdin.
 
         Returns:
-            ``pid`` (on this node), ``node_id`` and ``address`` (this node's IP).
+            its pid (on this node), this node's id and IP.
         """
         import ray
 
@@ -67,7 +82,8 @@ class UnitHost:
         self._proc.stdin.write(payload)
         self._proc.stdin.close()
         ctx = ray.get_runtime_context()
-        return {"pid": self._proc.pid, "node_id": ctx.get_node_id(), "address": ray.util.get_node_ip_address()}
+        address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # ray: untyped
+        return UnitStarted(self._proc.pid, ctx.get_node_id(), address)
 
     def alive(self) -> bool:
         """Whether the unit process is running."""
@@ -101,11 +117,50 @@ class UnitHost:
             self._proc.kill()
 
 
-def unit_host_actor() -> Any:
+class RemoteMethod(Protocol[Result]):
+    """One method of an actor handle: ``.remote(...)`` calls it on the actor."""
+
+    def remote(self, *args: object) -> ObjectRef[Result]:
+        """Call the method on the actor; `ray.get` the reference for its result."""
+
+
+class UnitHostActor(Protocol):
+    """A handle of a `UnitHost` actor, as Ray presents it (its stub does not map a class's methods)."""
+
+    @property
+    def start(self) -> RemoteMethod[UnitStarted]: ...
+    @property
+    def alive(self) -> RemoteMethod[bool]: ...
+    @property
+    def join(self) -> RemoteMethod[int | None]: ...
+    @property
+    def log_tail(self) -> RemoteMethod[str]: ...
+
+
+class UnitHostActorClass(Protocol):
+    """`UnitHost` as a Ray actor class: ``.options(...)`` for a placement, ``.remote()`` to start one."""
+
+    def options(self, **options: object) -> UnitHostActorClass:
+        """The same class with Ray options (scheduling strategy, resources)."""
+
+    def remote(self) -> UnitHostActor:
+        """Start an actor; its handle."""
+
+
+def unit_host_actor() -> UnitHostActorClass:
     """`UnitHost` as a Ray actor class (no CPU of its own: the bundle's resources are asked per actor)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(UnitHost)
+    remote = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]  # ray's stub lacks max_concurrency
+    actor_class: UnitHostActorClass = remote(UnitHost)
+    return actor_class
+
+
+def kill_actor(actor: UnitHostActor) -> None:
+    """End ``actor`` for good (``ray.kill``, no restart): the unit process dies with it."""
+    import ray
+
+    ray.kill(actor, no_restart=True)  # type: ignore[arg-type]  # ray's stub names the handle ActorHandle
 
 
 def main() -> None:

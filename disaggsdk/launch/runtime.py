@@ -1,19 +1,20 @@
-"""LocalRuntime: a spec's units as processes on this machine (the `Runtime` seam's default).
+"""The runtime: a spec's units started by a `base.Launcher` and supervised (the `Runtime` seam).
 
-One process per unit (an instance, or one dp group of it); each spawns its own tp workers. Start-up
-waits for every unit's `Ready`, hands each the others' addresses and region descriptors, waits for
-`Started`. Then one reader thread hands every unit message to the listener (`serve.router.Router`).
-A unit that dies is reported with its log tail, its shm files removed, the others told (decode units
-retry its prefills elsewhere). A live unit silent for `serve.unit_stall_s` is stalled
-(`launch.unit_stall`): unhealthy, and the listener told (`UnitStalled`), until it speaks again.
-`close()` (also at exit) leaves no process behind. Routing requests lives in
-`disaggsdk.serve.router`; where units start, in the launcher (`units.ProcessLauncher`).
+One process per unit (an instance, or one dp group of it); each spawns its own tp workers. Where a
+unit runs is its launcher's business (`units.ProcessLauncher`: this machine, the default;
+`ray_launcher.RayLauncher`: a Ray cluster's nodes); everything else is the `Supervisor`'s, the same
+for both. Start-up waits for every unit's `Ready`, hands each the others' addresses and region
+descriptors, waits for `Started`. Then one reader thread hands every unit message to the listener
+(`serve.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
+others told (decode units retry its prefills elsewhere). A live unit silent for
+`serve.unit_stall_s` is stalled (`launch.unit_stall`): unhealthy, and the listener told
+(`UnitStalled`), until it speaks again. `close()` (also at exit) leaves no process behind. Routing
+requests lives in `disaggsdk.serve.router`.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import os
 import queue
 import secrets
@@ -24,18 +25,17 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
-from typing import Any
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, ChannelError
+from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
-from disaggsdk.launch.tiny import LaunchError, check_runnable, tiny_spec
+from disaggsdk.launch.tiny import check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
+    CpuAffinity,
     ProcessLauncher,
-    UnitHandle,
     core_sets,
     process_tree_cpu_s,
     rejoin_unit,
@@ -51,11 +51,35 @@ DEFAULT_MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 0.5  # before the first restart of a unit; doubled for each next one
 
 
-class LocalRuntime:
-    """A whole deployment as local processes (a `Runtime`); serve it with `serve.router.Router`.
+def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
+                 cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
+                 start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
+                 secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                 launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S) -> Supervisor:
+    """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.router.Router`.
+
+    The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
+    `Supervisor.start`; see `Supervisor` for the arguments.
+
+    Raises:
+        LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
+    """
+    runtime = Supervisor(spec, launcher or ProcessLauncher(), tiny=tiny, colocated=colocated,
+                         cpu_affinity=cpu_affinity, log_dir=log_dir, provider=provider,
+                         start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
+                         max_restarts=max_restarts, restart_window_s=restart_window_s)
+    runtime.start()
+    return runtime
+
+
+class Supervisor:
+    """The units of one deployment, started by ``launcher`` and supervised (a `Runtime`).
+
+    The constructor only resolves the spec and its plan; `start` starts the units.
 
     Args:
         spec: the deployment.
+        launcher: where and how units start (`units.ProcessLauncher`, `ray_launcher.RayLauncher`).
         tiny: run a GPU spec's topology with its tiny model on the CPU (see `tiny_spec`).
         colocated: every instance "mixed" (prefill and decode in one engine): the baseline.
         cpu_affinity: None; "auto" (unit i on core i mod cores); or cores per unit in start order.
@@ -68,26 +92,29 @@ class LocalRuntime:
             incarnation, after a back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
         restart_window_s: how long a restart counts against ``max_restarts`` (`launch.restart_budget`):
             older ones are forgiven, so sporadic deaths never end a deployment, a crash loop does.
-        launcher: what starts units (default `units.ProcessLauncher`; `ray_launcher.RayLauncher`).
     Raises:
-        LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
+        LaunchError: the model has no tiny variant (``tiny``).
     """
 
-    def __init__(self, spec: Spec, tiny: bool = False, colocated: bool = False, cpu_affinity: Any = None,
-                 log_dir: str | None = None, provider: str | None = None, start_timeout_s: float = 300.0,
-                 on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS, launcher: Any = None,
+    def __init__(self, spec: Spec, launcher: Launcher, *, tiny: bool = False, colocated: bool = False,
+                 cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
+                 start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
+                 secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  restart_window_s: float = DEFAULT_RESTART_WINDOW_S):
         from disaggsdk.plan import make_plan
-        from disaggsdk.spec import spec_to_yaml
 
         self.spec = tiny_spec(spec) if tiny else spec
-        check_runnable(self.spec)
-        remove_orphaned_fabric_shm()  # what a launcher killed with SIGKILL left behind
         self.plan = make_plan(self.spec)
         self.model_name = self.spec.model
         self.colocated = colocated
+        self.launcher = launcher
+        provider = launcher.provider_for(self.plan, provider or self.spec.transport.provider)
+        self.provider = "shm" if provider == "auto" else provider
         self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._cpu_affinity = cpu_affinity
+        # per deployment: frames from anything else fail their MAC (tests pass one to forge frames)
+        self._secret = secret or secrets.token_bytes(32)
+        self._started = False
         self._closed = False
         self._closing = threading.Event()
         self._reader: threading.Thread | None = None
@@ -95,19 +122,11 @@ class LocalRuntime:
         self._on_unit_down: DownListener = lambda _unit, _report: None
         self.failures: list[str] = []  # one report per unit that died
         self._own_log_dir = log_dir is None
-        self.log_dir = log_dir or tempfile.mkdtemp(prefix="disaggsdk-logs-")
-        os.makedirs(self.log_dir, exist_ok=True)
-        self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
-        provider = provider or self.spec.transport.provider
-        provider = "shm" if provider == "auto" else provider
-        # per deployment: frames from anything else fail their MAC (tests pass one to forge frames)
-        secret = secret or secrets.token_bytes(32)
-        names = unit_names(self.plan)
-        affinity = core_sets(cpu_affinity, len(names))
-        spec_yaml = spec_to_yaml(self.spec)
-        self._launcher = launcher or ProcessLauncher(mp.get_context("spawn"))
+        self.log_dir = log_dir  # a temporary directory once started, when None
+        self._work_dir: str | None = None  # made by start()
         self.max_restarts, self._start_timeout_s = max_restarts, start_timeout_s
-        self._restarts = {name: RestartBudget(max_restarts, restart_window_s) for name, _ in names}
+        self._names = unit_names(self.plan)
+        self._restarts = {name: RestartBudget(max_restarts, restart_window_s) for name, _ in self._names}
         self._restarting: set[str] = set()
         self._rejoining: dict[str, UnitHandle] = {}  # restarted processes still in their handshake
         # restarted units are spawned by one thread that lives as long as the runtime: a unit's
@@ -115,25 +134,46 @@ class LocalRuntime:
         self._restarts_due: queue.Queue[ch.UnitArgs | None] = queue.Queue()
         self._restarter = threading.Thread(target=self._restart_loop, name="disaggsdk-restarts", daemon=True)
         self.units: dict[str, UnitHandle] = {}
-        self._stalls = StallWatch(self.spec.serve.unit_stall_s, [name for name, _ in names], time.monotonic())
+        self._stalls = StallWatch(self.spec.serve.unit_stall_s, [name for name, _ in self._names], time.monotonic())
+
+    def start(self) -> None:
+        """Start every unit and wait until all are started; on failure nothing is left running.
+
+        Raises:
+            LaunchError: started before; no room for the plan (the launcher's), a GPU spec without
+                GPUs, or a unit that failed to start (with its log tail).
+        """
+        from disaggsdk.spec import spec_to_yaml
+
+        if self._started or self._closed:
+            raise LaunchError("a runtime starts once; make a new one")
+        self._started = True
         atexit.register(self.close)
         try:
-            for i, (name, inst) in enumerate(names):
-                role = "mixed" if colocated else inst.role
-                args = ch.UnitArgs(name, inst.name, role, spec_yaml, secret, provider,
+            self.launcher.start(self.plan)
+            check_runnable(self.spec)
+            remove_orphaned_fabric_shm()  # what a launcher killed with SIGKILL left behind
+            self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="disaggsdk-logs-")
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
+            affinity = core_sets(self._cpu_affinity, len(self._names))
+            spec_yaml = spec_to_yaml(self.spec)
+            for i, (name, inst) in enumerate(self._names):
+                role = "mixed" if self.colocated else inst.role
+                args = ch.UnitArgs(name, inst.name, role, spec_yaml, self._secret, self.provider,
                                    os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
                                    parent_pid=os.getpid())
-                self.units[name] = self._launcher.spawn(args)
-            start_units(self.units, start_timeout_s)
+                self.units[name] = self.launcher.spawn(args)
+            start_units(self.units, self._start_timeout_s)
         except BaseException:
             self._own_log_dir = False  # a failed start keeps its logs: the error names them
             self.close()
             raise
         self._restarter.start()
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
-        for line in self._launcher.placement_lines():
-            self._say(line)
-        self._say(f"ready: {len(self.units)} units over {provider}: {roles}; logs in {self.log_dir}")
+        for name, where in self.launcher.placement().items():
+            self._say(f"placement: {name} -> {where}")
+        self._say(f"ready: {len(self.units)} units over {self.provider}: {roles}; logs in {self.log_dir}")
 
     # the Runtime seam
 
@@ -165,7 +205,7 @@ class LocalRuntime:
         self._reader = threading.Thread(target=self._read_loop, name="disaggsdk-runtime-reader", daemon=True)
         self._reader.start()
 
-    def send(self, unit: str, message: Any) -> bool:
+    def send(self, unit: str, message: ch.ToUnit) -> bool:
         """Send ``message`` to ``unit``; False (dropped) when the unit is down."""
         u = self.units[unit]
         if not u.healthy or self._closed:
@@ -178,7 +218,7 @@ class LocalRuntime:
 
     def placement(self) -> dict[str, str]:
         """Unit name -> where it runs, when the launcher places units beyond this machine (else {})."""
-        return self._launcher.placement()
+        return self.launcher.placement()
 
     def unit_cpu_s(self) -> dict[str, float]:
         """CPU seconds each live unit (with its tp workers) has used so far, by unit name."""
@@ -195,19 +235,23 @@ class LocalRuntime:
             return
         self._closed = True
         self._closing.set()
-        for u in list(getattr(self, "_rejoining", {}).values()):
+        if not self._started:
+            return
+        for u in list(self._rejoining.values()):
             u.process.kill()  # its handshake fails at once; the restart thread stops it
-        stop_units(getattr(self, "units", {}))
-        if getattr(self, "_restarter", None) is not None and self._restarter.is_alive():
+        stop_units(self.units)
+        if self._restarter.is_alive():
             self._restarts_due.put(None)
             self._restarter.join(timeout=30)
-        getattr(self, "_launcher", ProcessLauncher(None)).close()  # after restarts: none starts later
-        shutil.rmtree(self._work_dir, ignore_errors=True)
-        if self._own_log_dir and not self.failures and not any(u.fatal for u in getattr(self, "units", {}).values()):
+        self.launcher.close()  # after restarts: none starts later
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+        if (self._own_log_dir and self.log_dir is not None and not self.failures
+                and not any(u.fatal for u in self.units.values())):
             shutil.rmtree(self.log_dir, ignore_errors=True)
         atexit.unregister(self.close)
 
-    def __enter__(self) -> LocalRuntime:
+    def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -221,16 +265,17 @@ class LocalRuntime:
             if not live:
                 time.sleep(0.05)
                 continue
-            by_channel = {u.channel: u for u in live}
+            by_channel = {u.channel.fileno(): u for u in live}
             # a unit on another machine has no sentinel here: its channel's end says it died
-            by_sentinel = {u.process.sentinel: u for u in live if u.process.sentinel is not None}
+            by_sentinel = {sentinel: u for u in live if (sentinel := u.process.sentinel) is not None}
             try:
-                ready = wait_any(list(by_channel) + list(by_sentinel), timeout=0.2)
+                ready = wait_any([*by_channel, *by_sentinel], timeout=0.2)
             except (OSError, ValueError):  # a channel closed under us: the next round sees why
                 continue
-            for obj in ready:
-                u = by_channel.get(obj) or by_sentinel[obj]
-                if self._drain(u) or obj in by_sentinel:
+            for fd in ready:
+                assert isinstance(fd, int)  # wait_any hands back what it was given
+                u = by_channel.get(fd) or by_sentinel[fd]
+                if self._drain(u) or fd in by_sentinel:
                     self._unit_died(u)
             self._watch_stalls([u.args.name for u in live if u.healthy])
 
@@ -263,7 +308,7 @@ class LocalRuntime:
             return True
         return False
 
-    def _deliver(self, u: UnitHandle, msg: Any) -> None:
+    def _deliver(self, u: UnitHandle, msg: ch.FromUnit) -> None:
         if isinstance(msg, ch.Fatal):
             u.fatal = msg.message
         elif isinstance(msg, ch.TransportStuck):
@@ -308,8 +353,8 @@ class LocalRuntime:
                     return
                 u = None
                 try:  # a launcher may refuse the start itself (a Ray node lost: not the plan's node)
-                    u = self._rejoining[name] = self._launcher.spawn(args)
-                    rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
+                    u = self._rejoining[name] = self.launcher.spawn(args)
+                    info = rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again
                     if u is not None:
                         stop_units({name: u}, timeout_s=1.0)
@@ -325,9 +370,9 @@ class LocalRuntime:
                 old.channel.close()
                 for other in self.units.values():
                     if other is not u:
-                        self.send(other.args.name, ch.PeerUp(u.info))
+                        self.send(other.args.name, ch.PeerUp(info))
                 self._say(f"unit {name} restarted ({attempt} of {self.max_restarts} within "
-                          f"{self._restarts[name].window_s:g} s), incarnation {u.info.incarnation}")
+                          f"{self._restarts[name].window_s:g} s), incarnation {info.incarnation}")
                 return
             self._say(f"unit {name} stays down: {self.max_restarts} restarts used within "
                       f"{self._restarts[name].window_s:g} s")

@@ -3,16 +3,21 @@
 A runtime starts the units of a plan, carries typed messages to them (`launch.messages`, framed
 by `launch.channel`), hands back what they say, tells who died, and stops them. It knows
 processes, never requests: which unit serves a request, what a token means and what a client is
-owed live in the router. Today's implementation is `LocalRuntime` (one process per unit on this machine); a runtime for many
-machines implements the same few methods.
+owed live in the router. The implementation is `launch.runtime.Supervisor`, whose `base.Launcher`
+places the units (on this machine: `LocalRuntime`; on a Ray cluster: `RayRuntime`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+
+from disaggsdk.launch.messages import FromUnit, ToUnit
+
+if TYPE_CHECKING:
+    from disaggsdk.spec.types import Spec
 
 
 class UnitStalled(msgspec.Struct, frozen=True):
@@ -24,7 +29,7 @@ class UnitStalled(msgspec.Struct, frozen=True):
 
 # on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` notice),
 # from the runtime's reader
-MessageListener = Callable[[str, Any], None]
+MessageListener = Callable[[str, FromUnit | UnitStalled], None]
 # on_unit_down(unit name, report): the unit died; the report says how, with its log tail
 DownListener = Callable[[str, str], None]
 
@@ -32,7 +37,7 @@ DownListener = Callable[[str, str], None]
 class Runtime(Protocol):
     """The units of one deployment, started and supervised."""
 
-    spec: Any  # the `Spec` the units run (after `tiny_spec` where asked)
+    spec: Spec  # the spec the units run (after `tiny_spec` where asked)
     model_name: str
     failures: list[str]  # one report per unit that died
 
@@ -48,8 +53,11 @@ class Runtime(Protocol):
     def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
         """Start delivering the units' messages and deaths (once; from one reader thread)."""
 
-    def send(self, unit: str, message: Any) -> bool:
+    def send(self, unit: str, message: ToUnit) -> bool:
         """Send one message to ``unit``; False when it is down (the message is dropped)."""
+
+    def placement(self) -> dict[str, str]:
+        """Unit name -> where it runs, when units run beyond this machine (Ray); else {}."""
 
     def close(self) -> None:
         """Stop every unit and leave nothing behind. Idempotent."""

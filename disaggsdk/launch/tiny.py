@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-from disaggsdk.errors import DisaggError
+from disaggsdk.launch.base import LaunchError
 from disaggsdk.models import TINY_VARIANT, is_tiny
 from disaggsdk.spec.types import Spec
-
-
-class LaunchError(DisaggError):
-    """A deployment that cannot be started as asked."""
 
 
 def tiny_spec(spec: Spec) -> Spec:

@@ -13,10 +13,14 @@ Without this, a wedged unit looks alive: it keeps pages quarantined and requests
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.launch.messages import TransportStuck
 from disaggsdk.messenger.peers import PeerId
+
+if TYPE_CHECKING:
+    from disaggsdk.launch.base import UnitHandle
+    from disaggsdk.transfer import TransferEngine
 
 CHECK_EVERY_S = 0.5  # how often the unit's loop looks (a check is two native reads)
 EXIT_CODE = 75  # EX_TEMPFAIL: the unit gave up on a stuck transport and wants a restart
@@ -31,7 +35,7 @@ class TransportWatchdog:
             `transport.stuck_after_s`; a healthy round takes microseconds).
     """
 
-    def __init__(self, transfer: Any, stuck_after_s: float):
+    def __init__(self, transfer: TransferEngine, stuck_after_s: float):
         self.transfer, self.stuck_after_s = transfer, stuck_after_s
         self._peer_ids: dict[bytes, str] = {}  # a peer's transport address -> "name#incarnation"
         self._next_check_s = 0.0
@@ -53,8 +57,8 @@ class TransportWatchdog:
         return TransportStuck(stuck_s=stuck_s, poisoned_peer=poisoned)
 
 
-def replace_poisoned_peer(units: Mapping[str, Any], peer: str, reporter: str, say: Callable[[str], None]) -> None:
-    """The runtime's side: kill the unit incarnation ``peer`` names (``units``: name -> `UnitHandle`).
+def replace_poisoned_peer(units: Mapping[str, UnitHandle], peer: str, reporter: str, say: Callable[[str], None]) -> None:
+    """The runtime's side: kill the unit incarnation ``peer`` names.
 
     Its transport queue can never be used again (its lock is held by a dead process), so every
     unit sending to it would get stuck too. It comes back through the runtime's usual restart;

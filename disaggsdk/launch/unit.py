@@ -15,11 +15,17 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
 from disaggsdk.launch.messages import UnitArgs
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.launch.unit_parts import UnitParts
+    from disaggsdk.messenger.peers import UnitInfo
+    from disaggsdk.messenger.ports import Messenger
 
 IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its launcher channel between polls
 BUSY_WAIT_S = 0.0005  # the same while only transfers are in flight (no step to run)
@@ -40,7 +46,7 @@ def unit_main(sock: socket.socket) -> None:
     serve_unit(conn, args)
 
 
-def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
+def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
     """Run the unit ``args`` describes over its channel to the runtime until told to stop; exits
     the process non-zero (after a `Fatal` frame) when it fails. Output goes to ``args.log_path``.
     SIGTERM, or its launcher's death, stops it as `Shutdown` does, within `UNIT_EXIT_GRACE_S`."""
@@ -53,8 +59,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when units stop
     lease = LauncherLease(args.parent_pid or os.getppid())  # the launcher, or (Ray) the unit's actor
-    signal.signal(signal.SIGTERM, lease.on_sigterm)
-    lease.start()
+    lease.start()  # SIGTERM stops the unit from here on
     if args.cpu_ids:
         os.sched_setaffinity(0, args.cpu_ids)
     parts = None
@@ -72,7 +77,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
         lease.on_stop(unit.stop)
         unit.await_peers()
         unit.run()
-    except BaseException as exc:  # report, then exit non-zero: the launcher shows the log tail
+    except BaseException as exc:  # noqa: BLE001 - report, then exit non-zero: the launcher shows the log tail
         traceback.print_exc()
         try:
             conn.send(ch.Fatal(f"{args.name}: {type(exc).__name__}: {exc}"))
@@ -81,7 +86,7 @@ def serve_unit(conn: FrameChannel, args: UnitArgs) -> None:
         if parts is not None:
             try:
                 parts.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the first failure is the one to report; this one is logged
                 traceback.print_exc()
         sys.stdout.flush()
         exit_now(1)  # with the /dev/shm file a failed close (or a stop during start-up) left
@@ -101,7 +106,8 @@ class Unit:
         model: the served model, whose tokenizer requests' grammars are compiled for.
     """
 
-    def __init__(self, args: UnitArgs, conn: Any, parts: Any, *, stuck_after_s: float, model: str):
+    def __init__(self, args: UnitArgs, conn: FrameChannel[ch.ToUnit], parts: UnitParts, *, stuck_after_s: float,
+                 model: str):
         from disaggsdk.launch.grammar_admission import GrammarAdmission
         from disaggsdk.launch.transport_watchdog import TransportWatchdog
 
@@ -141,7 +147,7 @@ class Unit:
             self._drain_frames()
             if self.messenger is not None:
                 self.messenger.poll()
-                self._report_failures()
+                self._report_failures(self.messenger)
             if engine.has_unfinished():
                 outputs = engine.step()
                 self._emit_prompt_logprobs(outputs)  # before the KV's context leaves: the router has them first
@@ -149,7 +155,7 @@ class Unit:
             if self.watchdog is not None and (stuck := self.watchdog.check(time.monotonic())) is not None:
                 self._give_up_transport(stuck)
 
-    def _add_peers(self, units: list) -> None:
+    def _add_peers(self, units: list[UnitInfo]) -> None:
         if self.messenger is not None:
             self.messenger.add_peers(units)
         if self.watchdog is not None:
@@ -181,7 +187,7 @@ class Unit:
             wake.clear()
 
     def _drain_frames(self) -> None:
-        if self.transfer is None:
+        if self.transfer is None or self.messenger is None:  # a colocated unit has neither
             return
         from disaggsdk.transfer import TransferError
 
@@ -192,7 +198,7 @@ class Unit:
                 return
             self.messenger.on_frame(frame)
 
-    def _handle(self, msg: Any) -> None:
+    def _handle(self, msg: ch.ToUnit) -> None:
         from disaggsdk.errors import DisaggError
 
         if isinstance(msg, ch.Generate):
@@ -234,32 +240,34 @@ class Unit:
                 error = str(exc)
         self.conn.send(ch.Tokens(msg.request_id, [], True, "error", error))
 
-    def _emit_prompt_logprobs(self, outputs: list) -> None:
+    def _emit_prompt_logprobs(self, outputs: list[RequestOutput]) -> None:
         """A prefill unit's prompt scores go to the router on their own (its tokens never do)."""
         for out in outputs:
             if out.prompt_logprobs is not None and out.finish_reason == "prefilled":
                 self.conn.send(ch.PromptLogprobs(out.request_id, ch.wire_logprobs(out.prompt_logprobs)))
 
-    def _emit(self, outputs: list) -> None:
+    def _emit(self, outputs: list[RequestOutput]) -> None:
         items = []
         for out in outputs:
             if out.new_token_ids or out.finished:
                 prompt = ch.wire_logprobs(out.prompt_logprobs) if out.prompt_logprobs is not None else None
+                # a generated token always has its logprobs (only a prompt's first entry is None)
+                logprobs = [lp for lp in ch.wire_logprobs(out.new_logprobs) if lp is not None]
                 items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
-                                       out.finish_reason, error=out.error, logprobs=ch.wire_logprobs(out.new_logprobs),
+                                       out.finish_reason, error=out.error, logprobs=logprobs,
                                        prompt_logprobs=prompt, num_cached_tokens=out.num_cached_tokens))
         if len(items) > 1:
             self.conn.send(ch.TokensBatch(items))
         elif items:
             self.conn.send(items[0])
 
-    def _report_failures(self) -> None:
-        failed = self.messenger.failed
+    def _report_failures(self, messenger: Messenger) -> None:
+        failed = messenger.failed
         while failed:
             rid, message = failed.pop()
             self.conn.send(ch.Tokens(rid, [], True, "error", message))
 
-    def _stats(self, seq: int, with_recent: bool) -> Any:
+    def _stats(self, seq: int, with_recent: bool) -> ch.UnitStats:
         e, m = self.engine, self.messenger
         # the messenger's counters as it counted them, with the engine's own filled in
         counters = e.counters(m.totals.counters if m is not None else None)

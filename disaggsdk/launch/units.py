@@ -1,37 +1,32 @@
-"""The unit processes of a local deployment: naming, spawning, the start-up handshake, cleanup.
+"""The units of a deployment: naming, local processes (`ProcessLauncher`), the start-up handshake, cleanup.
 
-`LocalRuntime` owns the handles; this module holds the steps it takes on them.
+The runtime (`launch.runtime.Supervisor`) owns the handles; this module holds the steps it takes on them.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import socket
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Literal
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.base import ChannelClosed, LaunchError, UnitHandle
+from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.messages import UnitArgs
-from disaggsdk.launch.tiny import LaunchError
 from disaggsdk.transfer.shm_files import remove_fabric_shm
+
+if TYPE_CHECKING:
+    from disaggsdk.messenger.peers import UnitInfo
+    from disaggsdk.plan import Instance, Plan
 
 LOG_TAIL_LINES = 30
 
-
-@dataclass
-class UnitHandle:
-    """The launcher's view of one unit process."""
-
-    args: UnitArgs
-    process: Any
-    channel: FrameChannel  # the launcher's end of the unit's socket
-    info: Any = None  # UnitInfo, once Ready
-    healthy: bool = True
-    started: bool = False
-    fatal: str | None = None
-    exit_report: str | None = None
+# which cores each unit may use: None (any), "auto" (unit i on core i mod cores), or one core set per unit
+CpuAffinity = Literal["auto"] | Sequence[Sequence[int]] | None
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -44,13 +39,12 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def unit_log_tail(u: UnitHandle) -> str:
-    """The last lines of a unit's log, read where the unit runs: a unit on another machine (Ray)
-    hands its tail over through its process handle, whose ``log_tail`` reads it on that node."""
-    remote = getattr(u.process, "log_tail", None)
-    return remote(u.args.log_path) if remote is not None else log_tail(u.args.log_path)
+    """The last lines of a unit's log, read where the unit runs (a unit on another machine: by its
+    process handle, on that node)."""
+    return u.process.log_tail(u.args.log_path)
 
 
-def unit_names(plan: Any) -> list[tuple[str, Any]]:
+def unit_names(plan: Plan) -> list[tuple[str, Instance]]:
     """(unit name, instance) for every unit of a plan: one per instance, or per dp group."""
     out = []
     for inst in plan.instances:
@@ -59,7 +53,7 @@ def unit_names(plan: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def core_sets(cpu_affinity: Any, n: int) -> list[tuple[int, ...] | None]:
+def core_sets(cpu_affinity: CpuAffinity, n: int) -> list[tuple[int, ...] | None]:
     """The cores of each of ``n`` units: None, "auto" (round robin, one core each) or explicit.
 
     Raises:
@@ -75,52 +69,82 @@ def core_sets(cpu_affinity: Any, n: int) -> list[tuple[int, ...] | None]:
     return [tuple(c) for c in cpu_affinity]
 
 
-def spawn_unit(ctx: Any, args: UnitArgs) -> UnitHandle:
-    """Start the process of one unit and send it its `UnitArgs` (the channel's first frame).
+class LocalUnitProcess:
+    """A unit's child process on this machine (a `base.UnitProcess`)."""
 
-    A socket, not a Pipe: the same typed frames would cross TCP to another machine; the only
-    thing "spawn" pickles is the socket's descriptor.
-    """
-    from disaggsdk.launch.unit import unit_main
+    def __init__(self, process: BaseProcess):
+        self._process = process
 
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    proc = ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{args.name}")
-    proc.start()
-    child.close()
-    handle = UnitHandle(args, proc, FrameChannel(parent, ch.FROM_UNIT))
-    handle.channel.send(args)
-    return handle
+    @property
+    def pid(self) -> int:
+        pid = self._process.pid
+        return -1 if pid is None else pid
+
+    @property
+    def sentinel(self) -> int:
+        return self._process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._process.join(timeout)
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def log_tail(self, path: str) -> str:
+        """The log is on this machine: read it here."""
+        return log_tail(path)
 
 
 class ProcessLauncher:
-    """Starts units as child processes of this one ("spawn"): `LocalRuntime`'s default launcher.
+    """Starts units as child processes of this one ("spawn"): the default `base.Launcher`.
 
-    A launcher's contract: ``spawn(args)`` returns a `UnitHandle` whose channel is connected and
-    whose unit has its `UnitArgs`; ``placement_lines()`` says where units run; ``close()`` frees
-    what the launcher holds, after the units stopped.
+    A socket, not a Pipe, carries each unit's channel: the same typed frames would cross TCP to
+    another machine; the only thing "spawn" pickles is the socket's descriptor.
     """
 
-    def __init__(self, ctx: Any):
-        self._ctx = ctx
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+
+    def provider_for(self, plan: Plan, provider: str) -> str:
+        """Every unit is on this machine: the provider asked for."""
+        return provider
+
+    def start(self, plan: Plan) -> None:
+        """Nothing to reserve on this machine."""
 
     def spawn(self, args: UnitArgs) -> UnitHandle:
-        """Start one unit process (`spawn_unit`)."""
-        return spawn_unit(self._ctx, args)
+        """Start the process of one unit and send it its `UnitArgs` (the channel's first frame)."""
+        from disaggsdk.launch.unit import unit_main
+
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = self._ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{args.name}")
+        proc.start()
+        child.close()
+        handle = UnitHandle(args, LocalUnitProcess(proc), FrameChannel(parent, ch.FROM_UNIT))
+        handle.channel.send(args)
+        return handle
 
     def placement(self) -> dict[str, str]:
         """Every unit runs on this machine: nothing to say."""
         return {}
 
-    def placement_lines(self) -> list[str]:
-        return []
-
     def close(self) -> None:
         """Nothing held beyond the processes, which `stop_units` stops."""
 
 
-def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> None:
+def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> UnitInfo:
     """The start-up handshake of a restarted unit: its `Ready`, the address book of the live
     units and itself, its `Started`.
+
+    Returns:
+        How the others see it now (its new incarnation).
 
     Raises:
         LaunchError: it died, failed or took too long (with its log tail).
@@ -130,11 +154,12 @@ def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> No
     if not isinstance(ready, ch.Ready):
         raise LaunchError(f"unit {u.args.name} sent {type(ready).__name__} while restarting, expected Ready")
     u.info = ready.info
-    u.channel.send(ch.Peers([o.info for o in others] + [u.info]))
+    u.channel.send(ch.Peers([o.info for o in others if o.info is not None] + [ready.info]))
     started = _startup_reply(u, deadline)
     if not isinstance(started, ch.Started):
         raise LaunchError(f"unit {u.args.name} sent {type(started).__name__} while restarting, expected Started")
     u.started = True
+    return ready.info
 
 
 def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:
@@ -144,22 +169,24 @@ def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:
         LaunchError: a unit died, failed or took too long (with its log tail).
     """
     deadline = time.monotonic() + timeout_s
-    for want in (ch.Ready, ch.Started):
-        for name, u in units.items():
-            msg = _startup_reply(u, deadline)
-            if not isinstance(msg, want):
-                raise LaunchError(f"unit {name} sent {type(msg).__name__} while starting, expected {want.__name__}")
-            if isinstance(msg, ch.Ready):
-                u.info = msg.info
-            else:
-                u.started = True
-        if want is ch.Ready:
-            peers = ch.Peers([u.info for u in units.values()])
-            for u in units.values():
-                u.channel.send(peers)
+    infos: list[UnitInfo] = []
+    for name, u in units.items():
+        ready = _startup_reply(u, deadline)
+        if not isinstance(ready, ch.Ready):
+            raise LaunchError(f"unit {name} sent {type(ready).__name__} while starting, expected Ready")
+        u.info = ready.info
+        infos.append(ready.info)
+    peers = ch.Peers(infos)
+    for u in units.values():
+        u.channel.send(peers)
+    for name, u in units.items():
+        started = _startup_reply(u, deadline)
+        if not isinstance(started, ch.Started):
+            raise LaunchError(f"unit {name} sent {type(started).__name__} while starting, expected Started")
+        u.started = True
 
 
-def _startup_reply(u: UnitHandle, deadline: float) -> Any:
+def _startup_reply(u: UnitHandle, deadline: float) -> ch.FromUnit:
     while True:
         try:
             if u.channel.poll(0.1):

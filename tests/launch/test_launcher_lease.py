@@ -14,13 +14,12 @@ from tests.conftest import ROOT
 GRACE_S = 0.5
 # a unit whose loop never ends: it owns a file named as libfabric's shm provider names one
 STUCK_UNIT = f"""
-import os, signal, time
+import os, time
 from disaggsdk.launch.launcher_lease import LauncherLease
 open(f"/dev/shm/{{os.getpid()}}:999:0", "w").close()
 lease = LauncherLease(os.getppid(), grace_s={GRACE_S})
-signal.signal(signal.SIGTERM, lease.on_sigterm)
 lease.on_stop(lambda: print("stop asked", flush=True))
-lease.start()
+lease.start()  # SIGTERM asks for the stop from here on
 print(os.getpid(), flush=True)
 while True:
     time.sleep(1)
