@@ -20,7 +20,9 @@ syncs with the host); not built yet (no GPU to test it on).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from types import MethodType
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -28,7 +30,10 @@ from disaggsdk.engine.graph_ops import GraphAttention, GraphLayerCounter
 from disaggsdk.engine.hooks import LayerCounter
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.attention.base import AttentionBackend
     from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.models.base import DraftLayer
+    from disaggsdk.engine.models.layers.decoder import DecoderModel
 
 COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
 MAX_GRAPHS = 64  # compiled graphs of the step kept per process (three per engine)
@@ -47,7 +52,7 @@ class CompiledStep:
         backend: the rank's attention backend; the caller plans it for each batch first.
     """
 
-    def __init__(self, model: Any, backend: Any):
+    def __init__(self, model: DecoderModel, backend: AttentionBackend):
         self.model = model
         self.attn = GraphAttention(backend)
         self._counters: dict[int, GraphLayerCounter] = {}
@@ -55,7 +60,7 @@ class CompiledStep:
         # of a process adds three. Past the limit (8 by default) it would run the step eagerly.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self._forward = torch.compile(self._trace, dynamic=True)
-        self._mtp_layer = model.mtp[0] if getattr(model, "mtp", None) is not None else None
+        self._mtp_layer = model.draft_layer()
         self._mtp_draft = torch.compile(self._trace_mtp_draft, dynamic=True)
 
     def _trace(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -64,27 +69,33 @@ class CompiledStep:
 
     def _trace_mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
                          rows: torch.Tensor, counter: GraphLayerCounter | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._mtp_layer.draft(hidden, next_ids, positions, self.attn, rows, counter)
+        return self._draft_layer().draft(hidden, next_ids, positions, self.attn, rows, counter)
 
-    def _graph_counter(self, callback: Any) -> GraphLayerCounter | None | bool:
-        """The graph op for an engine's `LayerCounter` callback; None for none; False for any other
-        callable (only eager code can call it)."""
-        owner = getattr(callback, "__self__", None)
-        if callback is not None and not isinstance(owner, LayerCounter):
-            return False
-        if owner is None:
+    def _draft_layer(self) -> DraftLayer:
+        assert self._mtp_layer is not None, "mtp_draft on a model without an MTP layer"
+        return self._mtp_layer
+
+    def _graph_counter(self, callback: Callable[[int, torch.Tensor], None] | None,
+                       ) -> GraphLayerCounter | None | Literal[False]:
+        """The graph op for an engine's `LayerCounter` callback (its bound ``on_layer_done``); None
+        for none; False for any other callable (only eager code can call it)."""
+        if callback is None:
             return None
+        owner = callback.__self__ if isinstance(callback, MethodType) else None
+        if not isinstance(owner, LayerCounter):
+            return False
         counter = self._counters.get(id(owner))
         if counter is None:
             counter = self._counters[id(owner)] = GraphLayerCounter(owner)
         return counter
 
     def mtp_draft(self, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-                  on_layer_done: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``model.mtp[0].draft(...)`` (the backend planned for these rows) in one compiled call."""
+                  on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``model.draft_layer().draft(...)`` (the backend planned for these rows) in one compiled call."""
         counter = self._graph_counter(on_layer_done)
         if counter is False:
-            return self._mtp_layer.draft(hidden, next_ids, positions, self.attn.backend, rows, on_layer_done)
+            return self._draft_layer().draft(hidden, next_ids, positions, self.attn.backend, rows, on_layer_done)
         with torch.inference_mode():  # see __call__
             return self._mtp_draft(hidden, next_ids.clone(), positions.clone(), rows.clone(), counter)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -44,12 +44,29 @@ class WeightSlot:
         return tuple(shape)
 
 
+@runtime_checkable
+class WeightOwner(Protocol):
+    """A module that holds checkpoint tensors itself (a linear, a norm, an embedding, experts);
+    a model's `weight_slots` collects the slots of each such module of its tree."""
+
+    def own_slots(self) -> Iterator[WeightSlot]: ...
+
+
 class HasWeightSlots(Protocol):
     """A model whose checkpoint tensors can be listed (see `DecoderModel.weight_slots`)."""
 
     def weight_slots(self) -> Iterable[WeightSlot]: ...
 
     def drop_optional(self, group: str) -> None: ...
+
+
+class SafetensorsSlice(Protocol):
+    """A lazily read tensor of a safetensors file (``safe_open(...).get_slice(name)``): indexing
+    reads only the selected part."""
+
+    def __getitem__(self, index: slice | tuple[slice, ...]) -> torch.Tensor: ...
+
+    def get_shape(self) -> list[int]: ...
 
 
 def _check_slot(slot: WeightSlot) -> None:
@@ -59,7 +76,7 @@ def _check_slot(slot: WeightSlot) -> None:
     )
 
 
-def _slice(full_or_handle, slot: WeightSlot):
+def _slice(full_or_handle: torch.Tensor | SafetensorsSlice, slot: WeightSlot) -> torch.Tensor:
     if slot.shard_dim is None:
         return full_or_handle[:]
     index = [slice(None)] * len(slot.full_shape)
@@ -147,9 +164,9 @@ def load_checkpoint(model: HasWeightSlots, directory: Path) -> None:
             model.drop_optional(group)
             slots = [s for s in slots if s.optional_group != group]
         elif not all(present):
-            missing = next(s.name for s in members if s.name not in files)
+            absent = next(s.name for s in members if s.name not in files)
             raise ModelError(
-                f"{directory}: checkpoint has part of the {group} weights but lacks tensor {missing!r}; "
+                f"{directory}: checkpoint has part of the {group} weights but lacks tensor {absent!r}; "
                 f"provide all of them or none"
             )
     missing = [s for s in slots if s.name not in files]

@@ -15,11 +15,9 @@ if TYPE_CHECKING:
     from disaggsdk.engine.forward_batch import ForwardBatch
 
 
-class AttentionBackend(Protocol):
-    """Paged attention over one rank's KV cache."""
-
-    def plan(self, batch: ForwardBatch) -> None:
-        """Prepare per-step metadata (indices, masks) for every layer of this step."""
+class LayerAttention(Protocol):
+    """What a model's layer calls: attention of one layer over a step already planned (a backend,
+    or the graph ops that reach one from a compiled step, engine.graph_ops.GraphAttention)."""
 
     def run(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
@@ -58,3 +56,10 @@ class AttentionBackend(Protocol):
         Returns:
             [num_tokens, num_heads_local, kv_lora_rank], to be projected through W_UV
         """
+
+
+class AttentionBackend(LayerAttention, Protocol):
+    """Paged attention over one rank's KV cache."""
+
+    def plan(self, batch: ForwardBatch) -> None:
+        """Prepare per-step metadata (indices, masks) for every layer of this step."""

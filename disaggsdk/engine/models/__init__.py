@@ -9,7 +9,7 @@ same shapes instead (vLLM's name for it), for tests that need many or odd-shaped
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_supported, check_tp, kv_geometry
 from disaggsdk.errors import ModelError
@@ -17,8 +17,8 @@ from disaggsdk.errors import ModelError
 if TYPE_CHECKING:
     import torch
 
+    from disaggsdk.engine.models.layers.decoder import DecoderModel
     from disaggsdk.engine.parallel import TensorParallel
-    from disaggsdk.models.arch import ModelArch
 
 # family -> "module:class"; modules are imported only when a model of that family is built.
 MODEL_CLASSES = {
@@ -33,7 +33,7 @@ __all__ = ["CausalLM", "KVGeometry", "LOAD_FORMATS", "MODEL_CLASSES", "build_mod
 LOAD_FORMATS = ("auto", "dummy")
 
 
-def model_class(family: str) -> type:
+def model_class(family: str) -> type[DecoderModel]:
     """The implementation class of a model family.
 
     Raises:
@@ -49,7 +49,7 @@ def model_class(family: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def resolve_dtype(dtype: Any) -> torch.dtype:
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """A torch dtype from a torch dtype or its name ("float32", "bfloat16", "float16").
 
     Raises:
@@ -69,11 +69,11 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
 def build_model(
     model: str,
     tp: TensorParallel,
-    dtype: Any = "float32",
-    device: Any = "cpu",
+    dtype: torch.dtype | str = "float32",
+    device: torch.device | str = "cpu",
     seed: int = 0,
     load_format: str = "auto",
-) -> CausalLM:
+) -> DecoderModel:
     """Build this rank's shard of a model, with weights.
 
     Args:
@@ -87,7 +87,7 @@ def build_model(
         load_format: "auto" (the checkpoint's weights; random for a tiny catalog model whose
             checkpoint is not installed) or "dummy" (seeded random weights, the checkpoint unread).
     Returns:
-        The model in eval mode, ``requires_grad`` off.
+        The model (a `CausalLM`, an ``nn.Module``) in eval mode, ``requires_grad`` off.
     Raises:
         ModelError: unknown model or load format, unsupported architecture or config field (e.g. a quantised
             checkpoint), a model that cannot be split over

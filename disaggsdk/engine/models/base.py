@@ -8,6 +8,7 @@ and the CLI can ask for the geometry without loading the engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -16,8 +17,9 @@ from disaggsdk.errors import ModelError
 if TYPE_CHECKING:
     import torch
 
-    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.models.layers.decoder import DecoderModel
     from disaggsdk.engine.parallel import TensorParallel
     from disaggsdk.models.arch import ModelArch
 
@@ -139,18 +141,45 @@ def kv_geometry(arch: ModelArch, tp: TensorParallel, extra_layers: int = 0) -> K
     )
 
 
+class DraftLayer(Protocol):
+    """A model's multi-token-prediction layer (DeepSeek's MTP), which speculative decoding runs
+    after every target step: it reads the target's hidden state h_i and the token t_{i+1} after it,
+    and proposes t_{i+2}. Its attention keeps its own KV layer (after the model's own)."""
+
+    def __call__(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+                 attn: LayerAttention, on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
+                 ) -> torch.Tensor:
+        """The layer's hidden states [n, hidden] for every row (its KV written)."""
+        ...
+
+    def draft(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
+              attn: LayerAttention, rows: torch.Tensor,
+              on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer over every row, then the hidden states of ``rows`` and their greedy drafts
+        (int64 [len(rows)])."""
+        ...
+
+    def share_with(self, model: DecoderModel) -> int:
+        """Use the target's tensors where the layer's are copies of them; returns how many."""
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [n, vocab_size] (float32) of the layer's hidden states."""
+        ...
+
+
 class CausalLM(Protocol):
     """A decoder-only model sharded over one tensor-parallel group (an ``nn.Module``).
 
-    ``forward`` runs ``arch.num_layers`` layers (an MTP layer, when the model has one, is kept
-    as ``model.mtp`` and not run) and calls ``batch.on_layer_done(layer_id, output)`` after each layer's
+    ``forward`` runs ``arch.num_layers`` layers (an MTP layer, when the model has one, is its
+    ``draft_layer()`` and not run) and calls ``batch.on_layer_done(layer_id, output)`` after each layer's
     attention output projection and its all-reduce, on the head rank only.
     """
 
     arch: ModelArch
     tp: TensorParallel
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: LayerAttention) -> torch.Tensor:
         """Hidden states after the final norm.
 
         Args:
@@ -169,4 +198,9 @@ class CausalLM(Protocol):
         Returns:
             [n, vocab_size], float32.
         """
+        ...
+
+    def draft_layer(self) -> DraftLayer | None:
+        """The model's MTP layer for speculative drafting; None where the family has none or
+        the checkpoint lacks its weights."""
         ...

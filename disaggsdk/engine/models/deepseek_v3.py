@@ -31,7 +31,7 @@ from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters
 from disaggsdk.engine.parallel import TensorParallel
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.models.arch import ModelArch
 
 MTP = "mtp"  # optional weight group: transformers' save_pretrained drops the MTP layer
@@ -51,12 +51,14 @@ class MLAttention(nn.Module):
         qk = self.nope + self.rope
         eps = float(config.get("rms_norm_eps", 1e-6))
         hidden = arch.hidden_size
+        # the query's low-rank down projection and its norm; None where the model projects directly
+        self.q_a_proj: ColumnParallelLinear | None = None
+        self.q_a_layernorm: RMSNorm | None = None
         if arch.q_lora_rank:
             self.q_a_proj = replicated_linear(f"{prefix}q_a_proj.weight", hidden, arch.q_lora_rank, dtype, group)
             self.q_a_layernorm = RMSNorm(f"{prefix}q_a_layernorm.weight", arch.q_lora_rank, eps, dtype, group)
             q_in, q_name = arch.q_lora_rank, f"{prefix}q_b_proj.weight"
         else:
-            self.q_a_proj = self.q_a_layernorm = None
             q_in, q_name = hidden, f"{prefix}q_proj.weight"
         self.q_proj = ColumnParallelLinear(
             q_in, [OutputPart(q_name, arch.num_attention_heads * qk, (h0 * qk, h1 * qk))], dtype, group
@@ -78,17 +80,17 @@ class MLAttention(nn.Module):
         self.rotary = rotary
         self.sm_scale = sm_scale
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: LayerAttention,
                 layer_id: int) -> torch.Tensor:
         n, heads = x.shape[0], self.num_heads
-        q_in = x if self.q_a_proj is None else self.q_a_layernorm(self.q_a_proj(x))
+        q_in = x if self.q_a_proj is None or self.q_a_layernorm is None else self.q_a_layernorm(self.q_a_proj(x))
         q = self.q_proj(q_in).view(n, heads, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         compressed = self.kv_a_proj_with_mqa(x)
         kv_latent = self.kv_a_layernorm(compressed[:, : self.kv_lora_rank])  # [n, kv_lora_rank]
         k_rope = compressed[:, None, self.kv_lora_rank :]  # [n, 1, qk_rope_head_dim]
-        q_rope = self.rotary.apply(q_rope, cos, sin)
-        k_rope = self.rotary.apply(k_rope, cos, sin)[:, 0]
+        q_rope = self.rotary.rotate(q_rope, cos, sin)
+        k_rope = self.rotary.rotate(k_rope, cos, sin)[:, 0]
         w_kv = self.kv_b_proj.weight.view(heads, self.nope + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope :]  # [heads, nope|v, kv_lora_rank]
         # q_latent[t, h] = q_nope[t, h] @ W_UK[h]: scores against the latent equal scores against k_nope
@@ -125,7 +127,10 @@ class MTPLayer(nn.Module):
     """The multi-token-prediction layer (checkpoint layer ``num_hidden_layers + i``), for
     speculative decoding: h' = eh_proj([enorm(embed(next token)) | hnorm(h)]) through one decoder
     layer, then shared_head.norm and shared_head.head give the draft logits. Not run by the
-    model's ``forward``; its attention uses KV layer ``num_layers + i`` of the same pages."""
+    model's ``forward``; its attention uses KV layer ``num_layers + i`` of the same pages.
+    It is the model's `DraftLayer`."""
+
+    packed_head: torch.Tensor | None  # a buffer: amx_linear.pack(head), or None
 
     def __init__(self, index: int, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
                  rotary: RotaryEmbedding, sm_scale: float, eps: float):
@@ -147,7 +152,7 @@ class MTPLayer(nn.Module):
         self.register_buffer("packed_head", None, persistent=False)  # amx_linear.pack(head), or None
 
     def forward(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend, on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
+                attn: LayerAttention, on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
                 ) -> torch.Tensor:
         """The layer's hidden states (before ``shared_head.norm``), [n, hidden].
 
@@ -162,7 +167,7 @@ class MTPLayer(nn.Module):
         cos, sin = self._rotary[0].cos_sin(positions, x.dtype)
         return self.block(x, cos, sin, on_layer_done, attn)
 
-    def share_with(self, model: nn.Module) -> int:
+    def share_with(self, model: DecoderModel) -> int:
         """Use the target's embedding and head where this layer's are copies of them (DeepSeek
         ships them so): one tensor in memory and in the caches, not two. Returns how many."""
         shared = 0
@@ -173,7 +178,7 @@ class MTPLayer(nn.Module):
         return shared
 
     def draft(self, hidden_prev: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-              attn: AttentionBackend, rows: torch.Tensor,
+              attn: LayerAttention, rows: torch.Tensor,
               on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` over every row, then the output of ``rows`` and its greedy draft (int64
         [len(rows)]): what speculative decoding keeps of a step."""
@@ -212,6 +217,14 @@ class DeepseekV3ForCausalLM(DecoderModel):
         self.mtp: nn.ModuleList | None = nn.ModuleList(
             MTPLayer(i, arch, tp, dtype, self.rotary, sm_scale, self.eps) for i in range(arch.num_mtp_layers)
         ) or None
+
+    def draft_layer(self) -> MTPLayer | None:
+        """The first MTP layer (the one speculative decoding chains); None without MTP weights."""
+        if self.mtp is None:
+            return None
+        layer = self.mtp[0]
+        assert isinstance(layer, MTPLayer)
+        return layer
 
     def drop_optional(self, group: str) -> None:
         """A checkpoint without MTP weights (as transformers saves DeepSeek-V3) leaves ``mtp`` None."""

@@ -20,14 +20,15 @@ from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters
 from disaggsdk.engine.parallel import TensorParallel
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.models.arch import ModelArch
 
 
 class Qwen3Attention(nn.Module):
     """GQA self-attention of one layer; returns this rank's partial o_proj output."""
 
-    def __init__(self, prefix: str, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype):
+    def __init__(self, prefix: str, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype,
+                 rotary: RotaryEmbedding):
         super().__init__()
         hd = arch.head_dim
         q_start, q_stop = tp.shard(arch.num_attention_heads)
@@ -52,17 +53,17 @@ class Qwen3Attention(nn.Module):
             f"{prefix}o_proj.weight", arch.num_attention_heads * hd, (q_start * hd, q_stop * hd),
             arch.hidden_size, dtype,
         )
-        self.rotary: RotaryEmbedding | None = None  # set by the model (shared by all layers)
+        self.rotary = rotary  # the model's (shared by all layers)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: LayerAttention,
                 layer_id: int) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.split_sizes, dim=-1)
         q = self.q_norm(q.view(n, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(n, self.num_kv_heads, self.head_dim))
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q = self.rotary.apply(q, cos, sin)
-        k = self.rotary.apply(k, cos, sin)
+        q = self.rotary.rotate(q, cos, sin)
+        k = self.rotary.rotate(k, cos, sin)
         out = attn.run(layer_id, q, k, v, self.scale)  # [n, num_heads, head_dim]
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -78,8 +79,7 @@ class Qwen3ForCausalLM(DecoderModel):
         )
         for i in range(arch.num_layers):
             prefix = f"model.layers.{i}."
-            attn = Qwen3Attention(f"{prefix}self_attn.", arch, tp, dtype)
-            attn.rotary = self.rotary
+            attn = Qwen3Attention(f"{prefix}self_attn.", arch, tp, dtype, self.rotary)
             self.layers.append(
                 DecoderLayer(prefix, i, attn, self.make_mlp(i, f"{prefix}mlp."), arch.hidden_size, self.eps, tp, dtype)
             )

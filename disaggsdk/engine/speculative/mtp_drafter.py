@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -23,6 +23,11 @@ from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.sequence import Request
 from disaggsdk.memory.page_allocator import PageAllocator
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.models.layers.decoder import DecoderModel
 
 PAD_TOKEN_ID = 0
 
@@ -53,14 +58,17 @@ class MTPPass:
     the workers first). The layer's output rows that draft are kept between calls.
 
     Args:
-        model: this rank's target model (its ``mtp`` layer is used).
+        model: this rank's target model (its ``draft_layer()`` is used).
         attn: this rank's attention backend (the target's step is still planned on it).
         device: where the rank's tensors live.
         compiled: the rank's `CompiledStep` when its step is compiled: the layer runs compiled too.
     """
 
-    def __init__(self, model: torch.nn.Module, attn: object, device: torch.device, compiled: Any = None):
-        self.mtp = model.mtp[0]
+    def __init__(self, model: DecoderModel, attn: AttentionBackend, device: torch.device,
+                 compiled: CompiledStep | None = None):
+        mtp = model.draft_layer()
+        assert mtp is not None, "the engine checks for an MTP layer before drafting with it"
+        self.mtp = mtp
         self.mtp.share_with(model)
         self.attn = attn
         self.device = device
@@ -103,6 +111,7 @@ class MTPPass:
             With ``draft`` (the head rank), each row's next greedy draft; else [].
         """
         self.attn.plan(chain)
+        assert self.hidden is not None, "chain follows a fill"
         h = self.hidden[torch.tensor(keep, dtype=torch.int64, device=self.device)]
         every_row = torch.arange(len(keep), dtype=torch.int64, device=self.device)
         return self._run(h, chain.input_ids, chain.positions, every_row, draft)
@@ -120,7 +129,7 @@ class MTPDrafter:
     """Runs the MTP layer over each step and proposes drafts (on the head rank).
 
     Args:
-        model: the target model (its ``mtp`` layer is used).
+        model: the target model (its ``draft_layer()`` is used).
         attn: the attention backend the target's step was planned on.
         allocator: the engine's page allocator (chained drafts need pages for their positions).
         page_size: tokens per page.
@@ -129,8 +138,8 @@ class MTPDrafter:
         compiled: the head rank's `CompiledStep` when its step is compiled (tp 1).
     """
 
-    def __init__(self, model: torch.nn.Module, attn: object, allocator: PageAllocator, page_size: int,
-                 device: torch.device, mirror: MTPMirror | None = None, compiled: Any = None):
+    def __init__(self, model: DecoderModel, attn: AttentionBackend, allocator: PageAllocator, page_size: int,
+                 device: torch.device, mirror: MTPMirror | None = None, compiled: CompiledStep | None = None):
         self.rank_pass = MTPPass(model, attn, device, compiled)
         self.mtp = self.rank_pass.mtp
         self.allocator = allocator

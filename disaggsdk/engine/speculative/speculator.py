@@ -108,7 +108,7 @@ def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAll
         return None
     drafter = None
     if spec.method == "mtp":
-        if getattr(runner.model, "mtp", None) is None:
+        if runner.model.draft_layer() is None:
             raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
                               f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
         drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror,

@@ -18,6 +18,7 @@ oneDNN's; the order of the sums may differ, so the last bit may too.
 from __future__ import annotations
 
 import os
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -72,10 +73,20 @@ def pack_if_useful(weight: torch.Tensor) -> torch.Tensor | None:
     return pack(weight) if available() and can_pack(weight) else None
 
 
+@runtime_checkable
+class DecodePackable(Protocol):
+    """A module that multiplies by a weight and can keep the weight's packed form (a linear layer,
+    the experts, a model's head)."""
+
+    def pack_for_decode(self) -> int:
+        """Pack where the kernel runs here; returns how many tensors were packed."""
+        ...
+
+
 def pack_model(model: torch.nn.Module) -> int:
-    """Call ``pack_for_decode`` of every module of ``model`` that has one (layers that multiply by
-    a weight keep its packed form there); returns how many tensors they packed."""
-    return sum(module.pack_for_decode() for module in model.modules() if hasattr(module, "pack_for_decode"))
+    """Call ``pack_for_decode`` of every `DecodePackable` module of ``model`` (layers that multiply
+    by a weight keep its packed form there); returns how many tensors they packed."""
+    return sum(module.pack_for_decode() for module in model.modules() if isinstance(module, DecodePackable))
 
 
 def _amx_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

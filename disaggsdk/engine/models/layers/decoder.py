@@ -12,12 +12,14 @@ from torch import nn
 
 from disaggsdk.engine.models.layers import amx_linear, skinny
 from disaggsdk.engine.models.layers.norm import RMSNorm
+from disaggsdk.engine.models.layers.rope import RotaryEmbedding
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.engine.weights import WeightSlot
+from disaggsdk.engine.weights import WeightOwner, WeightSlot
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.engine.forward_batch import ForwardBatch
+    from disaggsdk.engine.models.base import DraftLayer
     from disaggsdk.models.arch import ModelArch
 
 
@@ -56,7 +58,7 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                on_layer_done: Callable[[int, torch.Tensor], None] | None, attn: AttentionBackend) -> torch.Tensor:
+                on_layer_done: Callable[[int, torch.Tensor], None] | None, attn: LayerAttention) -> torch.Tensor:
         h = self.tp.all_reduce(self.self_attn(self.input_layernorm(x), cos, sin, attn, self.layer_id))
         # The all-reduce has synchronised the ranks, so the head rank alone speaks for the layer.
         # The layer's output goes along: a compiled graph's counter op must come after it.
@@ -72,6 +74,9 @@ class DecoderModel(nn.Module):
     Subclasses build ``self.layers`` and ``self.rotary`` in their ``__init__`` after calling
     this one.
     """
+
+    rotary: RotaryEmbedding  # built by the family's __init__ (its rope settings)
+    packed_head: torch.Tensor | None  # a buffer: amx_linear.pack(head), or None
 
     def __init__(self, arch: ModelArch, tp: TensorParallel, dtype: torch.dtype):
         super().__init__()
@@ -90,11 +95,11 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList()
         self.register_buffer("packed_head", None, persistent=False)  # amx_linear.pack(head), or None
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: LayerAttention) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden_size]."""
         return self.forward_tokens(batch.input_ids, batch.positions, attn, batch.on_layer_done)
 
-    def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+    def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention,
                        on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
         """`forward` on the batch's tensors alone: what a compiled step traces (engine.compiled_step)."""
         x = self.embed_tokens(input_ids)
@@ -119,9 +124,12 @@ class DecoderModel(nn.Module):
     def weight_slots(self) -> Iterator[WeightSlot]:
         """Every checkpoint tensor this rank holds a slice of, in module order."""
         for module in self.modules():
-            own = getattr(module, "own_slots", None)
-            if own is not None:
-                yield from own()
+            if isinstance(module, WeightOwner):
+                yield from module.own_slots()
+
+    def draft_layer(self) -> DraftLayer | None:
+        """The MTP layer speculative decoding drafts with; None here (a family with one says)."""
+        return None
 
     def drop_optional(self, group: str) -> None:
         """Forget an optional weight group a checkpoint lacks (see `load_checkpoint`)."""

@@ -30,7 +30,10 @@ class OutputPart:
 class _Linear(nn.Module):
     """y = x W^T with ``self.weight`` [out_features, in_features], and its decode-time packed form."""
 
-    def __init__(self):
+    weight: nn.Parameter  # [out_features, in_features]: set by the subclass
+    packed: torch.Tensor | None  # a buffer: amx_linear.pack(weight), or None
+
+    def __init__(self) -> None:
         super().__init__()
         self.register_buffer("packed", None, persistent=False)  # amx_linear.pack(weight), or None
 

@@ -92,6 +92,8 @@ def _yarn(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tup
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for positions, applied to q and k (no weights)."""
 
+    inv_freq: torch.Tensor  # a buffer: [dim // 2], float32
+
     def __init__(self, dim: int, params: dict[str, Any], max_position_embeddings: int, interleaved: bool = False):
         super().__init__()
         self.dim = dim
@@ -110,7 +112,7 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [num_tokens, heads, dim] by position.
 
         Half-split (Qwen): dims i and i + dim/2 form a pair. Interleaved (DeepSeek): dims 2i and
