@@ -233,8 +233,35 @@ class LLMEngine:
         return True
 
     def release(self, request_id: str) -> int:
-        """Free the pages a finished prefill_only request kept for the transfer. Returns their count."""
+        """Free every page held under ``request_id``: those a finished prefill_only request kept for
+        the transfer, or a decode unit's granted pages it will not use (an attempt that failed, or a
+        quarantine owner's once no write of it can land). Returns their count (0: none held)."""
         return self.allocator.free(request_id)
+
+    # the pages the messenger moves KV through (it never reaches the allocator itself)
+
+    def pin_pages(self, request_id: str) -> None:
+        """Keep ``request_id``'s pages from eviction while remote writes read or fill them (until
+        `release`, or `add_prefilled_request`'s unpin).
+
+        Raises:
+            PageOwnershipError: the request holds no pages.
+        """
+        self.allocator.pin(request_id)
+
+    def holds_grant(self, grant: PageGrant) -> bool:
+        """Whether every page of ``grant`` (from `allocate_pages`) still belongs to it: not freed, not reused."""
+        return self.allocator.is_current(grant)
+
+    def rename_pages(self, request_id: str, owner: str) -> int:
+        """Hand every page of ``request_id`` (pin kept) to ``owner``, a name no request uses: a
+        decode unit parks a retried attempt's pages there until no late write can land in them,
+        then frees them with `release(owner)`. Returns how many pages moved (0: none held).
+
+        Raises:
+            PageOwnershipError: ``owner`` already holds pages.
+        """
+        return self.allocator.rename(request_id, owner)
 
     # one step
 
