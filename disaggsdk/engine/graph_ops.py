@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from disaggsdk.engine.hooks import LayerCounter
 
 _ids = itertools.count(1)
-_backends: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_counters: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_backends: weakref.WeakValueDictionary[int, AttentionBackend] = weakref.WeakValueDictionary()
+_counters: weakref.WeakValueDictionary[int, LayerCounter] = weakref.WeakValueDictionary()
 
 
 @torch.library.custom_op("disaggsdk::attention", mutates_args=())

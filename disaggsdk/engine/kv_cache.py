@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.memory.kv_layout import KVPageFormat, KVPool
 
@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import torch
 
     from disaggsdk.engine.models.base import KVGeometry
+    from disaggsdk.memory.kv_layout import PoolMemory
 
 
 class KVCache:
@@ -36,7 +37,7 @@ class KVCache:
         layout: str = "HND",
         dtype: str = "float32",
         device: str = "cpu",
-        buffer: Any = None,
+        buffer: PoolMemory | None = None,
     ):
         self.geometry = geometry
         self.fmt = self.page_format(geometry, num_pages, page_size, layout, dtype)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class TensorParallel:
 
     rank: int = 0
     size: int = 1
-    group: Any = None
+    group: ProcessGroup | None = None
 
     @property
     def is_head(self) -> bool:

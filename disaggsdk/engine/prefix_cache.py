@@ -9,6 +9,8 @@ MTP drafting one token further (``hash_lookahead``: the MTP KV at a page's end r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from disaggsdk.engine.sequence import Request
 from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
 from disaggsdk.memory.page_allocator import PageAllocator
@@ -49,7 +51,7 @@ class PrefixCache:
             self._count(len(req.prompt_ids), hit)
             req.num_cached_tokens = hit
 
-    def share_prompt(self, request_id: str, prompt_ids: list[int] | tuple[int, ...], count: bool = True) -> int:
+    def share_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
         """As `share_prefix` does, for a request whose KV arrives from elsewhere (a decode unit's):
         the cached pages of ``prompt_ids[:-1]``'s longest cached prefix. Returns how many."""
         if not self.enabled:
@@ -59,7 +61,7 @@ class PrefixCache:
             self._count(len(prompt_ids), num_pages * self.page_size)
         return num_pages
 
-    def cached_pages(self, prompt_ids: list[int] | tuple[int, ...]) -> int:
+    def cached_pages(self, prompt_ids: Sequence[int]) -> int:
         """How many pages of ``prompt_ids[:-1]``'s longest cached prefix the cache holds now, taking
         none of them and counting no query (a decode unit choosing where to prefill)."""
         if not self.enabled:
@@ -81,7 +83,7 @@ class PrefixCache:
         req.num_pages_cached = full
         return added
 
-    def _prompt_hashes(self, prompt_ids: list[int] | tuple[int, ...]) -> list[bytes]:
+    def _prompt_hashes(self, prompt_ids: Sequence[int]) -> list[bytes]:
         """The page hashes of ``prompt_ids[:-1]``'s full pages, keyed as this engine caches them."""
         max_pages = (len(prompt_ids) - 1) // self.page_size
         return page_hashes(list(prompt_ids), self.page_size, max_pages, lookahead=self.hash_lookahead)

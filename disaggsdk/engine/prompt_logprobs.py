@@ -51,8 +51,10 @@ def record_prompt_logprobs(chunk: ScheduledChunk, rows: torch.Tensor) -> bool:
     if first < skipped or first >= stop:
         return False
     req = chunk.request
+    num_top = req.params.prompt_logprobs
+    assert num_top is not None, "an empty span unless the request asked for prompt logprobs"
     all_lp = log_softmax_finite(clean_logits(rows[first - skipped : stop - skipped]))
     for j in range(first, stop):
         token = req.prompt_ids[chunk.start_pos + j + 1]
-        req.prompt_logprobs.append(token_logprobs(all_lp[j - first], token, req.params.prompt_logprobs))
+        req.prompt_logprobs.append(token_logprobs(all_lp[j - first], token, num_top))
     return len(req.prompt_logprobs) == len(req.prompt_ids)

@@ -78,7 +78,7 @@ def target_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
     return probs
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
     """One sampled token from a cleaned row ([vocab], float32); argmax when nothing is left to draw."""
     probs = target_probs(row, p)
     if probs is None:
@@ -103,7 +103,7 @@ def log_softmax_finite(logits: torch.Tensor) -> torch.Tensor:
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
+    generators: Sequence[torch.Generator | None],
 ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Pick one token per row; never raises on NaN or +-inf logits, always returns ids in range.
 

@@ -94,8 +94,9 @@ def _finite(name: str, value: object) -> str | None:
 
 def _check_floats(p: SamplingParams) -> list[str | None]:
     problems = [_finite("temperature", p.temperature), _finite("top_p", p.top_p)]
-    for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0), ("min_p", 0.0, 1.0)):
-        value = getattr(p, name)
+    for name, value, low, high in (("presence_penalty", p.presence_penalty, -2.0, 2.0),
+                                   ("frequency_penalty", p.frequency_penalty, -2.0, 2.0),
+                                   ("min_p", p.min_p, 0.0, 1.0)):
         problems.append(_finite(name, value) or (None if low <= value <= high else
                                                  f"{name}={value!r} must be in [{low}, {high}]"))
     rep = p.repetition_penalty
@@ -114,7 +115,7 @@ def _bounded(name: str, value: object, low: int, high: int, note: str = "") -> s
     """A problem when ``value`` is not an int in ``[low, high]``."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         return f"{name}={value!r} must be an integer"
-    if not low <= value <= high:
+    if not low <= int(value) <= high:  # int(): numbers.Integral declares no comparison
         return f"{name}={value!r} must be in [{low}, {high}]{note}"
     return None
 

@@ -63,12 +63,13 @@ def _process_logits(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], 
 def _mask_grammars(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: torch.Tensor) -> None:
     """Mask the logits rows of every request with a grammar, in place, before anything is chosen
     (one mask for the step: rows of requests without a grammar allow everything)."""
-    constrained = [(i, c) for i, c in enumerate(chunks) if c.sample and c.request.grammar is not None]
+    constrained = [(i, c, c.request.grammar) for i, c in enumerate(chunks)
+                   if c.sample and c.request.grammar is not None]
     if not constrained:
         return
     bitmask = new_bitmask(logits.shape[0], logits.shape[1])
-    for i, c in constrained:
-        c.request.grammar.fill_masks(c.draft_ids, bitmask[first_row[i] : first_row[i] + len(c.draft_ids) + 1])
+    for i, c, grammar in constrained:
+        grammar.fill_masks(c.draft_ids, bitmask[first_row[i] : first_row[i] + len(c.draft_ids) + 1])
     apply_masks(logits, bitmask)
 
 
@@ -89,7 +90,8 @@ def _choose(chunks: Sequence[ScheduledChunk], first_row: Sequence[int], logits: 
             stats.record(k, v.num_accepted)
             c.request.num_draft_tokens += k
             c.request.num_accepted_tokens += v.num_accepted
-            chosen[i] = (v.token_ids, v.logprobs or [None] * len(v.token_ids), v.num_accepted)
+            logprobs: list[TokenLogprobs | None] = list(v.logprobs) if v.logprobs else [None] * len(v.token_ids)
+            chosen[i] = (v.token_ids, logprobs, v.num_accepted)
     return chosen
 
 

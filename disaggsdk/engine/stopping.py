@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.sampling_params import SamplingParams
 
 
 def eos_token_ids(hf_config: Mapping[str, Any]) -> frozenset[int]:
@@ -22,7 +25,7 @@ def model_eos_ids(model: str, hf_config: Mapping[str, Any]) -> frozenset[int]:
     return eos_token_ids(hf_config) | eos_token_ids(read_generation_config(model))
 
 
-def stop_reason(params: Any, num_output_tokens: int, token: int, eos_ids: frozenset[int]) -> str | None:
+def stop_reason(params: SamplingParams, num_output_tokens: int, token: int, eos_ids: frozenset[int]) -> str | None:
     """Why a request stops after sampling ``token`` as its ``num_output_tokens``-th output token.
 
     Returns:

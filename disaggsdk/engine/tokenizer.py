@@ -75,7 +75,7 @@ class HFTokenizer:
         path = directory / "tokenizer.json"
         try:
             self._tok = _Tokenizer.from_file(str(path))
-        except Exception as exc:  # the tokenizers library raises a bare Exception on bad files
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception on bad files
             raise ModelError(f"{path} cannot be read by the tokenizers library: {exc}") from None
         merged = dict(config)
         gen_path = directory / "generation_config.json"

@@ -14,12 +14,16 @@ K and V are returned as strided views; nothing here copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+    # Memory a KV pool can live in: a torch uint8 tensor, or a writable buffer (mmap, bytearray, memoryview)
+    PoolMemory: TypeAlias = "torch.Tensor | Buffer"
 
 Layout = Literal["HND", "NHD"]
 LAYOUTS = ("HND", "NHD")
@@ -106,7 +110,7 @@ class KVPool:
         KVLayoutError: the buffer has the wrong size or type.
     """
 
-    def __init__(self, fmt: KVPageFormat, buffer: Any = None, device: str = "cpu"):
+    def __init__(self, fmt: KVPageFormat, buffer: PoolMemory | None = None, device: str = "cpu"):
         import torch
 
         self.fmt = fmt

@@ -98,7 +98,7 @@ class PoolCollector:
                     (rank,) = RANK_HEADER.unpack(conn.recv(RANK_HEADER.size, socket.MSG_WAITALL))
                     self.regions[rank] = recv_region(conn)
                     conn.sendall(b"k")
-                except Exception as exc:  # reported by wait(); the worker fails on its side too
+                except Exception as exc:  # noqa: BLE001 - any failure is reported by wait(); the worker fails on its side too
                     self.error = f"{type(exc).__name__}: {exc}"
 
     def wait(self, timeout_s: float) -> dict[int, SharedRegion]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SharedMemoryError(DisaggError):
@@ -75,7 +78,7 @@ class SharedRegion:
         """Maps a region received from another process (takes ownership of fd)."""
         return cls(fd, size_bytes)
 
-    def as_tensor(self, dtype: Any = None) -> Any:
+    def as_tensor(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A CPU torch tensor over the whole region, sharing its memory (imports torch).
 
         Args:

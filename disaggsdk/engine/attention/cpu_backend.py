@@ -16,20 +16,25 @@ cached tokens, 1.8 ms a layer, no [q, kv] mask.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 
-from disaggsdk.engine.attention.torch_ref import TorchRefBackend, _Group
+from disaggsdk.engine.attention import CPU_KERNELS_MODULE
+from disaggsdk.engine.attention.torch_ref import TorchRefBackend, _Group, _Queries
 
 if TYPE_CHECKING:
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.kv_cache import KVCache
 
 try:  # the optional native extension (setup.py; `python native/build_cpu_attention.py`)
-    from disaggsdk.engine.attention import _cpu_kernels
+    _cpu_kernels = importlib.import_module(CPU_KERNELS_MODULE)  # cffi: `ffi` and `lib`
+    _kernels_built = True
 except ImportError:  # pragma: no cover - depends on the build
-    _cpu_kernels = None
+    _cpu_kernels = ModuleType(CPU_KERNELS_MODULE)  # an empty stand-in: nothing calls it unbuilt
+    _kernels_built = False
 
 # cache dtypes the kernel reads; others (float16) fall back to the reference's decode path
 KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
@@ -37,10 +42,10 @@ KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 def kernel_available() -> bool:
     """Whether the native decode kernel was built into this install."""
-    return _cpu_kernels is not None
+    return _kernels_built
 
 
-def _ptr(kind: str, t: torch.Tensor):
+def _ptr(kind: str, t: torch.Tensor) -> object:  # a cffi pointer
     return _cpu_kernels.ffi.cast(kind, t.data_ptr())
 
 
@@ -142,12 +147,13 @@ class CpuBackend(TorchRefBackend):
     """
 
     def __init__(self, kv_cache: KVCache):
-        if _cpu_kernels is None:
+        if not _kernels_built:
             raise RuntimeError("the CPU attention kernel is not built (pip install -e . builds it)")
         super().__init__(kv_cache)
         self._kernel_ok = kv_cache.dtype in KERNEL_CACHE_DTYPES
-        self._decode: tuple[torch.Tensor, ...] | None = None  # rows, page_indices, page_indptr, kv_lens
-        self._new_slots: torch.Tensor | None = None  # [num_tokens] int64: page * page_size + offset
+        # rows, page_indices, page_indptr, kv_lens of the decode kernel's call
+        self._decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._new_slots = torch.empty(0, dtype=torch.int64)  # [num_tokens] int64: page * page_size + offset
 
     def plan(self, batch: ForwardBatch) -> None:
         """As `TorchRefBackend.plan`; a decode-only step from tensors alone, no loop over requests."""
@@ -162,7 +168,7 @@ class CpuBackend(TorchRefBackend):
         rows = torch.arange(batch.batch_size, dtype=torch.int64)
         self._decode = (rows, batch.kv_page_indices.to(torch.int64).contiguous(), indptr.contiguous(), kv_lens)
 
-    def _plan_decodes(self, decode: list, page_size: int, device: torch.device) -> list[_Group]:
+    def _plan_decodes(self, decode: list[_Queries], page_size: int, device: torch.device) -> list[_Group]:
         if not self._kernel_ok or not decode:
             self._decode = None
             return super()._plan_decodes(decode, page_size, device)
@@ -191,6 +197,7 @@ class CpuBackend(TorchRefBackend):
         if not self._kernel_ok or q.dtype != torch.float32:
             return False
         page_size = keys.shape[1] if token_major else keys.shape[2]
+        assert g.page_table is not None, "chunks over earlier KV are a paged group"
         for b, (q_start, q_len, kv_len) in enumerate(g.spans):
             pages = g.page_table[b, : -(-kv_len // page_size)]
             k = _token_rows(keys, pages, token_major)[:kv_len]
@@ -239,6 +246,7 @@ class CpuBackend(TorchRefBackend):
     def _decode_into(self, q: torch.Tensor, k_tm: torch.Tensor, v_tm: torch.Tensor, out: torch.Tensor,
                      sm_scale: float) -> None:
         """The planned decode queries' rows of ``out`` by the kernel, over token-major K/V views."""
+        assert self._decode is not None, "a decode-only step"
         rows, page_indices, page_indptr, kv_lens = self._decode
         if q.dtype == torch.float32:
             paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out)

@@ -58,7 +58,7 @@ class FlashInferBackend:
         else:
             self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_cache.layout)
             self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_cache.layout)
-        self._batch: ForwardBatch | None = None
+        self._page_size = 0  # tokens per page of the planned step
         self._planned_key: tuple | None = None  # (num_q_heads, sm_scale, dtype) of the current plan
         self._is_decode = False
         self._new_page: torch.Tensor | None = None  # [num_tokens], int64
@@ -67,7 +67,7 @@ class FlashInferBackend:
     def plan(self, batch: ForwardBatch) -> None:
         """Keep the step's metadata; the wrapper itself is planned at the step's first `run`."""
         device = self.kv_cache.buffer.device
-        self._batch = batch
+        self._page_size = batch.page_size
         self._planned_key = None
         qo = batch.qo_indptr
         self._is_decode = int(qo[-1]) == batch.batch_size  # every request brings one token
@@ -75,8 +75,10 @@ class FlashInferBackend:
         self._new_page = slots // batch.page_size
         self._new_offset = slots % batch.page_size
         self._meta = {
-            name: getattr(batch, name).to(device=device, dtype=torch.int32)
-            for name in ("qo_indptr", "kv_page_indptr", "kv_page_indices", "kv_last_page_len")
+            name: indices.to(device=device, dtype=torch.int32)
+            for name, indices in (("qo_indptr", batch.qo_indptr), ("kv_page_indptr", batch.kv_page_indptr),
+                                  ("kv_page_indices", batch.kv_page_indices),
+                                  ("kv_last_page_len", batch.kv_last_page_len))
         }
 
     def _plan_gqa(self, num_q_heads: int, sm_scale: float, dtype: torch.dtype) -> None:
@@ -89,12 +91,12 @@ class FlashInferBackend:
         if self._is_decode:
             self._decode.plan(
                 m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
-                g.num_kv_heads_local, g.head_dim, self._batch.page_size, **common,
+                g.num_kv_heads_local, g.head_dim, self._page_size, **common,
             )
         else:
             self._prefill.plan(
                 m["qo_indptr"], m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
-                g.num_kv_heads_local, g.head_dim, self._batch.page_size, causal=True, **common,
+                g.num_kv_heads_local, g.head_dim, self._page_size, causal=True, **common,
             )
         self._planned_key = key
 
@@ -145,7 +147,7 @@ class FlashInferBackend:
         key = (q_latent.shape[1], sm_scale, q_latent.dtype)
         if key != self._planned_key:
             m = self._meta
-            page_size = self._batch.page_size
+            page_size = self._page_size
             num_pages = m["kv_page_indptr"][1:] - m["kv_page_indptr"][:-1]
             kv_len = (num_pages - 1) * page_size + m["kv_last_page_len"]
             self._mla.plan(

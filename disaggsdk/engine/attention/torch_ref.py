@@ -31,6 +31,9 @@ GATHER_BUDGET_BYTES = 1 << 22
 # decode path (and the CPU backend's paged kernel) instead of a gathered, masked SDPA call.
 SHORT_CHUNK_TOKENS = 8
 
+# One request's queries of a step: (first query row, number of queries, its page ids, KV length).
+_Queries = tuple[int, int, list[int], int]
+
 
 @dataclass
 class _Group:
@@ -94,7 +97,8 @@ class TorchRefBackend:
         kv_indptr = batch.kv_page_indptr.tolist()
         last_len = batch.kv_last_page_len.tolist()
         pages = batch.kv_page_indices.tolist()
-        decode, prefill = [], []
+        decode: list[_Queries] = []
+        prefill: list[_Queries] = []
         for i in range(batch.batch_size):
             num_pages = kv_indptr[i + 1] - kv_indptr[i]
             kv_len = (num_pages - 1) * page_size + last_len[i] if num_pages else 0
@@ -107,7 +111,7 @@ class TorchRefBackend:
                 prefill.append((qo[i], q_len, req_pages, kv_len))
         # decodes in calls whose gathered KV stays in cache; prefill chunks of equal length
         # together (no padding wasted), fresh ones (no earlier KV) apart
-        by_len: dict[tuple[int, bool], list] = {}
+        by_len: dict[tuple[int, bool], list[_Queries]] = {}
         for req in prefill:
             by_len.setdefault((req[1], req[1] == req[3]), []).append(req)
         self._groups = self._plan_decodes(decode, page_size, device)
@@ -121,11 +125,11 @@ class TorchRefBackend:
         self._new_offset = slots % batch.page_size
         self._num_tokens = batch.num_tokens
 
-    def _plan_decodes(self, decode: list, page_size: int, device: torch.device) -> list[_Group]:
+    def _plan_decodes(self, decode: list[_Queries], page_size: int, device: torch.device) -> list[_Group]:
         """The groups of the one-token requests ``decode`` ((q_start, 1, page ids, kv_len) each)."""
         return [self._group(reqs, page_size, device) for reqs in self._decode_calls(decode)]
 
-    def _decode_calls(self, decode: list) -> list[list]:
+    def _decode_calls(self, decode: list[_Queries]) -> list[list[_Queries]]:
         """Decode requests split into calls of at most `gather_budget_bytes` of gathered KV per layer.
 
         One call for every decode would gather more KV than the CPU caches hold, and attention
@@ -133,7 +137,7 @@ class TorchRefBackend:
         one at batch 8. The budget is for CPUs; FlashInfer never gathers.
         """
         page_bytes = self.kv_cache.pool.fmt.page_bytes
-        calls: list[list] = []
+        calls: list[list[_Queries]] = []
         call_bytes = 0
         for req in decode:
             req_bytes = len(req[2]) * page_bytes
@@ -145,10 +149,9 @@ class TorchRefBackend:
         return calls
 
     @staticmethod
-    def _group(reqs: list, page_size: int, device: torch.device) -> _Group:
+    def _group(reqs: list[_Queries], page_size: int, device: torch.device) -> _Group:
         max_q = max(r[1] for r in reqs)
         max_pages = max(len(r[2]) for r in reqs)
-        b = len(reqs)
         rows, row_mask, page_table, kv_lens, q_lens = [], [], [], [], []
         for q_start, q_len, page_ids, kv_len in reqs:
             rows.append(list(range(q_start, q_start + q_len)) + [0] * (max_q - q_len))
@@ -168,7 +171,7 @@ class TorchRefBackend:
         return _Group(rows_t, None if all(map(all, row_mask)) else row_mask_t, page_t, attn_mask, spans=spans)
 
     @staticmethod
-    def _fresh_group(reqs: list, device: torch.device) -> _Group:
+    def _fresh_group(reqs: list[_Queries], device: torch.device) -> _Group:
         rows = torch.tensor([list(range(q_start, q_start + q_len)) for q_start, q_len, _, _ in reqs],
                             dtype=torch.int64, device=device)
         return _Group(rows, None, None, None, fresh=True)
@@ -204,6 +207,7 @@ class TorchRefBackend:
                 continue
             if g.rows.shape[1] > 1 and self._attend_chunks(g, q, keys, values, token_major, out, sm_scale):
                 continue  # no masked SDPA call for these chunks
+            assert g.page_table is not None and g.attn_mask is not None, "a group that is not fresh is paged"
             qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
             kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
             vg = self._gather(values, g.page_table, token_major).to(q.dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.engine.structured.byte_level_vocab import byte_level_ll_tokenizer, is_byte_level
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
@@ -29,7 +29,7 @@ GRAMMAR_FINISH_REASON = "stop"  # a completed grammar ends the request as an eos
 
 
 @functools.lru_cache(maxsize=8)
-def ll_tokenizer(model: str) -> Any:
+def ll_tokenizer(model: str) -> LLTokenizer:
     """llguidance's view of ``model``'s tokenizer, with the model's vocabulary size and the eos ids
     the engine stops on (built once per process: about a second).
 
@@ -163,7 +163,7 @@ class GrammarState:
         StructuredOutputError: the constraint does not build (`build_matcher`).
     """
 
-    def __init__(self, output: StructuredOutput, tokenizer: Any):
+    def __init__(self, output: StructuredOutput, tokenizer: LLTokenizer):
         self.matcher = build_matcher(output, tokenizer)
 
     def fill_masks(self, drafts: Sequence[int], bitmask: torch.Tensor) -> int:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # JSON without free whitespace between tokens, Python's json.dumps separators: llguidance's default
 # allows any run of whitespace there, and a model can then emit newlines until max_tokens (vLLM's
 # `disable_any_whitespace` exists for this). A schema's own "x-guidance" options still win.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class StructuredOutputError(DisaggError):
