@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.base import LaunchError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.tokenizer import Tokenizer

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import msgspec
 
 from disaggsdk.engine.sampling_params import SamplingParams
-from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.base import LaunchError
 
 MAX_UNIT_DEATHS = 2  # a first death may be bad luck; a second, with the same request waiting, is not
 MAX_POISON_PER_CLIENT = 2  # poison requests of one client before its requests are refused

@@ -6,7 +6,7 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.base import LaunchError
 from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.router import Router
 from disaggsdk.spec import Spec
