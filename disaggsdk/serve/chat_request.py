@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict, cast
 
 from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_json import show_value
+from disaggsdk.serve.openai_json import JsonObject, show_value
 
 if TYPE_CHECKING:
     from disaggsdk.serve.chat_template import ChatTemplate
@@ -20,6 +20,20 @@ TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
 # A parameter is written ``<parameter=KEY>``: a key with these cannot be written or parsed back
 PARAMETER_KEY_FORBIDDEN = ("<", ">", "\n")
+
+
+class ToolFunction(TypedDict, total=False):
+    """A checked tool's ``function``: its name, and its parameters schema (an object) when given."""
+
+    name: Required[str]
+    parameters: JsonObject
+
+
+class Tool(TypedDict):
+    """One checked entry of a chat request's ``tools`` (`check_tools`); keys beside these reach
+    the template as the client sent them."""
+
+    function: ToolFunction
 
 
 def check_tool_name(name: str, where: str) -> None:
@@ -36,7 +50,7 @@ def check_tool_name(name: str, where: str) -> None:
                               f"{TOOL_NAME_RULE} (letters, digits, _ and -, at most 64)", param=where)
 
 
-def _check_parameters(parameters: dict[str, Any], where: str) -> None:
+def _check_parameters(parameters: JsonObject, where: str) -> None:
     required = parameters.get("required", [])
     if not isinstance(required, list) or not all(isinstance(key, str) for key in required):
         raise BadRequestError(f"{where}.required must be a list of parameter names, got {show_value(required)}",
@@ -52,12 +66,13 @@ def _check_parameters(parameters: dict[str, Any], where: str) -> None:
                                   "<parameter=NAME>)", param=f"{where}.properties")
 
 
-def _text(content: Any, where: str, optional: bool) -> str | None:
+def _text(content: object, where: str, optional: bool) -> str | None:
     if content is None and optional:
         return None
     if isinstance(content, list):  # content parts: only text is understood
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+        texts = [text for p in content if isinstance(p, dict) and p.get("type") == "text"
+                 and isinstance(text := p.get("text"), str)]
+        if len(texts) != len(content):
             raise BadRequestError(f"{where}: only text parts are supported", param=where)
         return "".join(texts)
     if not isinstance(content, str):
@@ -65,7 +80,7 @@ def _text(content: Any, where: str, optional: bool) -> str | None:
     return content
 
 
-def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+def _tool_calls(calls: object, where: str) -> list[JsonObject]:
     if not isinstance(calls, list):
         raise BadRequestError(f"{where} must be a list", param=where)
     for j, call in enumerate(calls):
@@ -77,7 +92,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def check_messages(messages: Any) -> list[dict[str, Any]]:
+def check_messages(messages: object) -> list[JsonObject]:
     """The messages with text content (parts joined), or a 400 naming the bad one.
 
     Raises:
@@ -99,7 +114,7 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def check_tools(body: JsonObject) -> list[Tool] | None:
     """``tools`` as the template sees them (None when absent).
 
     Raises:
@@ -121,16 +136,16 @@ def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                                   param=f"tools[{i}]")
         check_tool_name(fn["name"], f"tools[{i}].function.name")
         _check_parameters(fn.get("parameters") or {}, f"tools[{i}].function.parameters")
-    return tools
+    return cast("list[Tool]", tools)  # each entry checked above
 
 
-def render_builtin(messages: Sequence[dict[str, Any]]) -> str:
+def render_builtin(messages: Sequence[JsonObject]) -> str:
     """The simple chat template used for models without one: ``<|role|>\\ncontent\\n`` per message,
     then ``<|assistant|>\\n`` for the reply."""
     return "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages) + "<|assistant|>\n"
 
 
-def chat_prompt(body: dict[str, Any], template: ChatTemplate | None) -> str:
+def chat_prompt(body: JsonObject, template: ChatTemplate | None) -> str:
     """The prompt text of a chat request.
 
     Raises:

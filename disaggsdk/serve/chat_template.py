@@ -14,11 +14,16 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
+from disaggsdk.serve.openai_json import JsonObject
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "additional_special_tokens")
 
@@ -27,34 +32,38 @@ class ChatTemplateError(DisaggError):
     """The template failed for these messages (its own raise_exception, or a Jinja error)."""
 
 
-def _token_text(value: Any) -> Any:
+def _token_text(value: object) -> object:
     # tokenizer_config.json writes a special token as text or as {"content": text, ...}
     return value.get("content") if isinstance(value, dict) else value
 
 
 @functools.lru_cache(maxsize=16)
-def _compile(source: str) -> Any:
+def _compile(source: str) -> Template:
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
 
 
-def _parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _parsed_arguments(messages: list[JsonObject]) -> list[JsonObject]:
     out = copy.deepcopy(messages)
     for message in out:
-        for call in message.get("tool_calls") or []:
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:  # a list where present (`check_messages`)
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                 try:
@@ -72,16 +81,18 @@ class ChatTemplate:
         special_tokens: ``bos_token`` etc. as the template sees them.
     """
 
-    def __init__(self, source: str, special_tokens: dict[str, Any]):
+    def __init__(self, source: str, special_tokens: JsonObject):
         self.source = source
         self.special_tokens = special_tokens
 
     @property
     def bos_token(self) -> str | None:
-        return self.special_tokens.get("bos_token")
+        """The text of the checkpoint's bos token (None without one)."""
+        bos = self.special_tokens.get("bos_token")
+        return bos if isinstance(bos, str) else None
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, kwargs: dict[str, Any] | None = None) -> str:
+    def render(self, messages: list[JsonObject], tools: Sequence[Mapping[str, object]] | None = None,
+               add_generation_prompt: bool = True, kwargs: JsonObject | None = None) -> str:
         """The prompt text of ``messages`` (and ``tools``).
 
         Raises:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from disaggsdk.errors import DisaggError
 from disaggsdk.serve.http_limits import HeadDeadlineProtocol, HttpLimits
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 START_TIMEOUT_S = 30.0
 
@@ -58,12 +62,14 @@ class HttpServer:
         limits: the connection timeouts (`serve.http_limits`); None: the spec's defaults.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0,
                  sock: socket.socket | None = None, limits: HttpLimits | None = None):
         limits = limits or HttpLimits.from_spec()
         # h11 named explicitly: uvicorn would take httptools when installed, and the head deadline is h11's
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5, timeout_keep_alive=limits.idle_timeout_s,
+                                timeout_graceful_shutdown=5,
+                                # uvicorn hands it to loop.call_later: float seconds work, its stub says int
+                                timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
                                 # uvicorn answers 503 once connections (the new one included) reach its limit
                                 limit_concurrency=limits.max_connections + 1,
                                 http=HeadDeadlineProtocol.with_deadline(limits.header_timeout_s))

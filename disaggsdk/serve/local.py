@@ -5,12 +5,15 @@ What `disaggsdk launch`, `disaggsdk generate --spec`, the benchmarks and the tes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.serve.router import Router
 
+if TYPE_CHECKING:
+    from disaggsdk.spec import Spec
 
-def serve_locally(spec: Any, **runtime_options: Any) -> Router:
+
+def serve_locally(spec: Spec, **runtime_options: Any) -> Router:  # options: the runtime's keywords, as they are
     """Start ``spec``'s units with `disaggsdk.launch.LocalRuntime` and route requests to them.
 
     Args:

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -33,9 +34,17 @@ DEFAULT_MAX_TOKENS = 131072  # the token histograms' top bucket when the context
 MAX_RECENT_REQUESTS = 4096  # the live views look at the latest requests only
 
 
+class StatsSource(Protocol):
+    """A backend's ``stats``: one snapshot per instance; ``wait_s`` > 0 waits that long for fresh ones."""
+
+    def __call__(self, wait_s: float = 0.0) -> Sequence[InstanceStats]:
+        """The snapshots."""
+
+
 def one_two_five_buckets(max_value: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
-    buckets, scale = [], 1
+    buckets: list[int] = []
+    scale = 1
     while True:
         for mantissa in (1, 2, 5):
             if mantissa * scale > max_value:
@@ -71,7 +80,7 @@ class ServerMetrics:
         max_model_len: the top of the prompt / generation token buckets (default: 131072).
     """
 
-    def __init__(self, stats: Callable[[float], Sequence[InstanceStats]], model_name: str,
+    def __init__(self, stats: StatsSource, model_name: str,
                  max_model_len: int | None = None):
         self.registry = CollectorRegistry()
         self.model_name = model_name

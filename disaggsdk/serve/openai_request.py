@@ -16,13 +16,13 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.serve.chat_request import chat_prompt, check_tools
 from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_json import check_json_tree, show_value
+from disaggsdk.serve.openai_json import JsonObject, check_json_tree, show_value
 from disaggsdk.serve.structured_request import parse_structured
 from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_tool_choice
 
@@ -36,7 +36,13 @@ MAX_LOGPROBS = 20
 MAX_CHOICES = 64  # choices of one request: prompts of a batch times n
 # fields that change what the answer means: refused rather than silently ignored
 UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix", "prompt_logprobs")
-HARMLESS_VALUES = (None, [], {}, "", "none", {"type": "text"})  # the defaults clients send explicitly
+HARMLESS_VALUES: tuple[object, ...] = (None, [], {}, "", "none", {"type": "text"})  # defaults clients send explicitly
+
+# the SamplingParams fields read from a body (as the body spells them, but max_tokens), in the order checked
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias")
+T = TypeVar("T")
+Default = TypeVar("Default")
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class ParsedRequest:
 
 # fields
 
-def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, what: str) -> Any:
+def _typed(body: JsonObject, name: str, kinds: tuple[type[T], ...], default: T, what: str) -> T:
     value = body.get(name, default)
     if value is None:
         return default
@@ -73,7 +79,7 @@ def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: An
     return value
 
 
-def _integer(body: dict[str, Any], name: str, low: int, high: int, default: Any, note: str = "") -> Any:
+def _integer(body: JsonObject, name: str, low: int, high: int, default: Default, note: str = "") -> int | Default:
     value = body.get(name)
     if value is None:
         return default
@@ -85,8 +91,8 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int, default: Any,
     return value
 
 
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = _typed(body, name, (int, float), default, "a number")
+def _number(body: JsonObject, name: str, default: float) -> float:
+    value: float = _typed(body, name, (int, float), default, "a number")
     try:
         value = float(value)  # an integer past float's range raises
     except OverflowError:
@@ -96,7 +102,7 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return value
 
 
-def _temperature(body: dict[str, Any]) -> float:
+def _temperature(body: JsonObject) -> float:
     t = _number(body, "temperature", 1.0)
     if t != 0 and not t >= MIN_TEMPERATURE:
         # below MIN_TEMPERATURE, logits / t overflows float32 and the sampler would see inf/NaN
@@ -105,14 +111,14 @@ def _temperature(body: dict[str, Any]) -> float:
     return t
 
 
-def _top_p(body: dict[str, Any]) -> float:
+def _top_p(body: JsonObject) -> float:
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise BadRequestError(f"'top_p' must be in (0, 1], got {top_p!r}", param="top_p")
     return top_p
 
 
-def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+def _stop_strings(body: JsonObject) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
@@ -125,7 +131,7 @@ def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _token_ids(value: Any, name: str) -> list[int]:
+def _token_ids(value: object, name: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise BadRequestError(f"'{name}' must be a list of integer token ids", param=name)
     bad = next((t for t in value if not 0 <= t <= MAX_INT32), None)
@@ -134,7 +140,7 @@ def _token_ids(value: Any, name: str) -> list[int]:
     return list(value)
 
 
-def _completion_prompts(body: dict[str, Any], encode: Callable[[str], list[int]]) -> list[list[int]]:
+def _completion_prompts(body: JsonObject, encode: Callable[[str], list[int]]) -> list[list[int]]:
     """The prompt, or each prompt of a batch (a list of strings or of token id lists)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -149,7 +155,7 @@ def _completion_prompts(body: dict[str, Any], encode: Callable[[str], list[int]]
                           param="prompt")
 
 
-def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+def _logprobs(body: JsonObject, chat: bool) -> int | None:
     if chat:
         if not _typed(body, "logprobs", (bool,), False, "a boolean"):
             return None
@@ -157,21 +163,21 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
     return _integer(body, "logprobs", 0, MAX_LOGPROBS, None)
 
 
-def _echo(body: dict[str, Any], chat: bool) -> bool:
+def _echo(body: JsonObject, chat: bool) -> bool:
     echo = _typed(body, "echo", (bool,), False, "a boolean")
     if echo and chat:
         raise BadRequestError("'echo' is supported on /v1/completions only", param="echo")
     return echo
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+def _refuse_unsupported(body: JsonObject) -> None:
     for name in UNSUPPORTED_FIELDS:
         # best_of = n asks for nothing more than n (vLLM V1 dropped best_of > n too)
         if body.get(name) not in HARMLESS_VALUES and not (name == "best_of" and body[name] in (1, body.get("n", 1))):
             raise BadRequestError(f"'{name}' is not supported by this server; leave it out", param=name)
 
 
-def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
+def parse_request(body: object, chat: bool, encode: Callable[[str], list[int]],
                   check_structured: Callable[[StructuredOutput], None] | None = None,
                   chat_template: ChatTemplate | None = None) -> ParsedRequest:
     """Validate an OpenAI completions (``chat=False``) or chat completions body.
@@ -208,23 +214,21 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
     if n * (1 + len(more_prompts)) > MAX_CHOICES:
         raise BadRequestError(f"'n' times the prompts is at most {MAX_CHOICES}", param="n")
     top_k = _integer(body, "top_k", -1, MAX_INT32, 0, " (0 or -1 switch it off)")
-    fields = {
-        # max_tokens 0 asks for the echoed prompt alone: one token is made (decode must run) and dropped
-        "max_tokens": (max_name, max(1, _integer(body, max_name, 0 if echo else 1, MAX_INT32, default_max,
-                                                 "" if echo else " (0 only with 'echo')"))),
-        "temperature": ("temperature", _temperature(body)),
-        "top_p": ("top_p", _top_p(body)),
-        "top_k": ("top_k", 0 if top_k == -1 else top_k),  # vLLM spells "off" as -1
-        "seed": ("seed", _integer(body, "seed", 0, MAX_SEED, None)),
-        "stop_token_ids": ("stop_token_ids", tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids"))),
-        "ignore_eos": ("ignore_eos", _typed(body, "ignore_eos", (bool,), False, "a boolean")),
-        "presence_penalty": ("presence_penalty", _number(body, "presence_penalty", 0.0)),
-        "frequency_penalty": ("frequency_penalty", _number(body, "frequency_penalty", 0.0)),
-        "repetition_penalty": ("repetition_penalty", _number(body, "repetition_penalty", 1.0)),
-        "min_p": ("min_p", _number(body, "min_p", 0.0)),
-        "min_tokens": ("min_tokens", _integer(body, "min_tokens", 0, MAX_INT32, 0)),
-        "logit_bias": ("logit_bias", _logit_bias(body)),
-    }
+    # read in `SAMPLING_FIELDS` order: the first bad one is the field a 400 names
+    # max_tokens 0 asks for the echoed prompt alone: one token is made (decode must run) and dropped
+    max_tokens = max(1, _integer(body, max_name, 0 if echo else 1, MAX_INT32, default_max,
+                                 "" if echo else " (0 only with 'echo')"))
+    temperature, top_p = _temperature(body), _top_p(body)
+    top_k = 0 if top_k == -1 else top_k  # vLLM spells "off" as -1
+    seed = _integer(body, "seed", 0, MAX_SEED, None)
+    stop_token_ids = tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids"))
+    ignore_eos = _typed(body, "ignore_eos", (bool,), False, "a boolean")
+    presence_penalty = _number(body, "presence_penalty", 0.0)
+    frequency_penalty = _number(body, "frequency_penalty", 0.0)
+    repetition_penalty = _number(body, "repetition_penalty", 1.0)
+    min_p = _number(body, "min_p", 0.0)
+    min_tokens = _integer(body, "min_tokens", 0, MAX_INT32, 0)
+    logit_bias = _logit_bias(body)
     logprobs = _logprobs(body, chat)
     structured = parse_structured(body, check_structured)
     forced = forced_calls(tool_setup) if tool_setup else None
@@ -239,11 +243,15 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
         except StructuredOutputError as exc:  # a tool's parameters schema the grammar cannot take
             raise BadRequestError(f"'tools': {exc}", param="tools") from None
     try:  # SamplingParams checks again: what reaches a unit is valid however it was built
-        params = SamplingParams(**{k: v for k, (_, v) in fields.items()}, logprobs=logprobs, structured=structured,
-                                prompt_logprobs=logprobs if echo else None)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty, min_p=min_p,
+            min_tokens=min_tokens, logit_bias=logit_bias, logprobs=logprobs, structured=structured,
+            prompt_logprobs=logprobs if echo else None)
     except SamplingError as exc:
-        bad = next((field for k, (field, _) in fields.items() if f"{k}=" in str(exc)), None)
-        raise BadRequestError(str(exc), param=bad) from None
+        bad = next((k for k in SAMPLING_FIELDS if f"{k}=" in str(exc)), None)
+        raise BadRequestError(str(exc), param=max_name if bad == "max_tokens" else bad) from None
     options = _typed(body, "stream_options", (dict,), {}, "an object")
     stream = _typed(body, "stream", (bool,), False, "a boolean")
     include_usage = options.get("include_usage")
@@ -261,7 +269,7 @@ def parse_request(body: Any, chat: bool, encode: Callable[[str], list[int]],
     )
 
 
-def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+def _logit_bias(body: JsonObject) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``{"token id": bias}`` as ((token id, bias), ...), ids sorted."""
     bias = _typed(body, "logit_bias", (dict,), {}, "an object of token id -> bias")
     out = []

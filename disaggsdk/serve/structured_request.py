@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 from disaggsdk.engine.structured.output import StructuredOutput, StructuredOutputError
 from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_json import show_value
+from disaggsdk.serve.openai_json import JsonObject, show_value
 
 VLLM_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-def _response_format(value: Any) -> StructuredOutput | None:
+def _response_format(value: object) -> StructuredOutput | None:
     if not isinstance(value, dict):
         raise BadRequestError(f"'response_format' must be an object with a 'type', got {show_value(value)}",
                               param="response_format")
@@ -40,7 +39,7 @@ def _response_format(value: Any) -> StructuredOutput | None:
     return StructuredOutput.json_schema(spec["schema"])
 
 
-def _vllm_structured(value: Any) -> StructuredOutput | None:
+def _vllm_structured(value: object) -> StructuredOutput | None:
     if not isinstance(value, dict):
         raise BadRequestError(f"'structured_outputs' must be an object, got {show_value(value)}",
                               param="structured_outputs")
@@ -72,7 +71,7 @@ def _vllm_structured(value: Any) -> StructuredOutput | None:
     return StructuredOutput(kind, v)
 
 
-def parse_structured(body: dict[str, Any], check: Callable[[StructuredOutput], None] | None
+def parse_structured(body: JsonObject, check: Callable[[StructuredOutput], None] | None
                      ) -> StructuredOutput | None:
     """The request's constraint, or None when it asks for none.
 

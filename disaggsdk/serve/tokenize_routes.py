@@ -8,20 +8,21 @@ get the same OpenAI error objects as the completion endpoints.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 
 from disaggsdk.serve.chat_request import chat_prompt
 from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_json import check_json_tree, decode_body
+from disaggsdk.serve.openai_json import JsonObject, check_json_tree, decode_body
 
 if TYPE_CHECKING:
     from disaggsdk.serve.backend import ServingBackend
     from disaggsdk.serve.chat_template import ChatTemplate
 
 
-def _token_list(body: dict[str, Any], vocab_size: int | None) -> list[int]:
+def _token_list(body: JsonObject, vocab_size: int | None) -> list[int]:
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise BadRequestError("'tokens' must be a list of integer token ids", param="tokens")
@@ -54,7 +55,7 @@ def model_vocab_size(model: str) -> int | None:
 
 
 def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend,
-                        chat_template: ChatTemplate | None, read: Any) -> None:
+                        chat_template: ChatTemplate | None, read: Callable[[Request], Awaitable[bytes]]) -> None:
     """Register the three endpoints: /version on ``app``, the others beside /v1 (``router``'s
     checks, the API key included, apply), as vLLM serves them at the root.
 
@@ -70,7 +71,7 @@ def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend
         return {"version": _installed_version()}
 
     @router.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
+    async def tokenize(request: Request) -> JsonObject:
         body = decode_body(await read(request))
         if not isinstance(body, dict):
             raise BadRequestError("the request body must be a JSON object")

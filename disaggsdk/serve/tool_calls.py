@@ -26,13 +26,14 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
 from disaggsdk.engine.structured.output import JSON_LAYOUT, StructuredOutput
-from disaggsdk.serve.chat_request import check_tool_name
+from disaggsdk.serve.chat_request import Tool, check_tool_name
 from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_json import show_value
+from disaggsdk.serve.openai_json import JsonObject, show_value
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 MAX_FORCED_CALLS = 4
@@ -52,13 +53,13 @@ _NUMBER_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 class ToolSetup:
     """A chat request's tools and what it asks of them."""
 
-    tools: tuple[dict[str, Any], ...]
+    tools: tuple[Tool, ...]
     choice: str  # "none" | "auto" | "required" | "function"
     function: str | None  # the named function, for choice "function"
     open_id: int  # token id of <tool_call>
     close_id: int  # token id of </tool_call>
 
-    def schema(self, name: str) -> dict[str, Any]:
+    def schema(self, name: str) -> JsonObject:
         """The parameters schema of tool ``name`` ({} when unknown)."""
         for tool in self.tools:
             if tool["function"]["name"] == name:
@@ -66,7 +67,8 @@ class ToolSetup:
         return {}
 
 
-def parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None, token_id: Any) -> ToolSetup | None:
+def parse_tool_choice(body: JsonObject, tools: list[Tool] | None,
+                      token_id: Callable[[str], int | None]) -> ToolSetup | None:
     """The request's `ToolSetup` (None without tools, or with ``tool_choice: none``).
 
     Args:
@@ -107,9 +109,10 @@ def parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None, 
     return ToolSetup(tuple(tools), choice, function, open_id, close_id)
 
 
-def _value_rule(schema: dict[str, Any]) -> str:
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return " | ".join(json.dumps(v if isinstance(v, str) else json.dumps(v)) for v in schema["enum"])
+def _value_rule(schema: JsonObject) -> str:
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return " | ".join(json.dumps(v if isinstance(v, str) else json.dumps(v)) for v in enum)
     kind = schema.get("type")
     if isinstance(kind, str) and kind in _VALUE:
         return _VALUE[kind]
@@ -127,9 +130,11 @@ def forced_calls(setup: ToolSetup) -> StructuredOutput | None:
         if setup.choice == "function" and name != setup.function:
             continue
         schema = tool["function"].get("parameters") or {}
-        required = set(schema.get("required") or [])
+        # a list of names and an object where present (`chat_request.check_tools`)
+        required_names, properties = schema.get("required"), schema.get("properties")
+        required = set(required_names) if isinstance(required_names, list) else set()
         params = []
-        for j, (key, sub) in enumerate((schema.get("properties") or {}).items()):
+        for j, (key, sub) in enumerate((properties if isinstance(properties, dict) else {}).items()):
             rules.append(f"p{i}_{j}: {json.dumps(f'<parameter={key}>' + chr(10))} v{i}_{j} "
                          f"{json.dumps(chr(10) + '</parameter>' + chr(10))}")
             rules.append(f"v{i}_{j}: {_value_rule(sub if isinstance(sub, dict) else {})}")
@@ -143,11 +148,11 @@ def forced_calls(setup: ToolSetup) -> StructuredOutput | None:
     return StructuredOutput("grammar", "\n".join([f"start: call{more}", f"call: {call}", *rules]))
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is no JSON value")  # Python's json reads NaN and Infinity; JSON has neither
 
 
-def _convert(value: str, schema: dict[str, Any]) -> Any:
+def _convert(value: str, schema: JsonObject) -> object:
     """A parameter's text as the JSON value its schema declares; the text itself where it is not one.
 
     The call format writes every value as bare text, so the declared type decides (as vLLM's
@@ -175,12 +180,13 @@ def _convert(value: str, schema: dict[str, Any]) -> Any:
         return value
 
 
-def parse_calls(text: str, setup: ToolSetup) -> list[dict[str, Any]]:
+def parse_calls(text: str, setup: ToolSetup) -> list[JsonObject]:
     """OpenAI ``tool_calls`` of the text inside the model's ``<tool_call>`` blocks (specials removed)."""
-    calls = []
+    calls: list[JsonObject] = []
     for name, inner in _FUNCTION.findall(text):
-        props = setup.schema(name.strip()).get("properties") or {}
-        arguments = {}
+        properties = setup.schema(name.strip()).get("properties")
+        props = properties if isinstance(properties, dict) else {}  # an object where present (`check_tools`)
+        arguments: JsonObject = {}
         for key, value in _PARAMETER.findall(inner):
             sub = props.get(key.strip())  # a schema may also be true or false (JSON Schema's any, none)
             arguments[key.strip()] = _convert(value, sub if isinstance(sub, dict) else {})
