@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, in_range, positive
+from disaggsdk.spec.field_checks import CheckedFields, choice, in_range, key, positive
 
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
@@ -18,52 +18,35 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 class EngineSettings(CheckedFields):
     """Per-rank engine sizes; the defaults suit tiny models on a CPU."""
 
-    num_pages: int = attrs.field(default=1024, metadata=about("KV pages per rank.", positive))
-    max_num_batched_tokens: int = attrs.field(
-        default=2048,
-        metadata=about("Token budget of one engine step; longer prompts are prefilled in chunks.", positive),
-    )
-    max_num_seqs: int = attrs.field(
-        default=64, metadata=about("Requests holding KV pages at once, per rank.", positive)
-    )
-    compile: bool | None = attrs.field(
-        default=None,
-        metadata=about("Compile each unit's model step with torch.compile (CPU units of tp 1; attention and "
-                       "the layer counter are ops inside the graph, so KV streaming is unchanged). Unset: on, "
-                       "unless the environment says `DISAGGSDK_COMPILE=0`. Each unit compiles before it "
-                       "reports ready (seconds; cached on disk afterwards)."),
-    )
-    prefix_caching: bool = attrs.field(
-        default=True,
-        metadata=about("Cache the KV pages of prompts and reuse them for later prompts that start the same "
-                       "(vLLM's automatic prefix caching): a hit computes only the new suffix, and a decode unit "
-                       "asks prefill only for the pages it lacks. With MTP drafting pages are keyed one token further."),
-    )
-    load_format: LoadFormat = attrs.field(
-        default="auto",
-        metadata=about("`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships "
-                       "with the package); `dummy`: seeded random weights of the same shapes, the checkpoint "
-                       "unread (as vLLM's `--load-format dummy`).", choice(("auto", "dummy"))),
-    )
-    dtype: WeightDtype = attrs.field(
-        default="float32",
-        metadata=about("Element type of the model's weights and activations in every unit (the KV cache's is "
-                       "`kv.dtype`); `float32` matches transformers exactly on a CPU.", choice(WEIGHT_DTYPES)),
-    )
+    num_pages: int = key(1024, "KV pages per rank.", positive)
+    max_num_batched_tokens: int = key(2048,
+        "Token budget of one engine step; longer prompts are prefilled in chunks.", positive)
+    max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.", positive)
+    compile: bool | None = key(None,
+        "Compile each unit's model step with torch.compile (CPU units of tp 1; attention and the layer counter are "
+        "ops inside the graph, so KV streaming is unchanged). Unset: on, unless the environment says "
+        "`DISAGGSDK_COMPILE=0`. Each unit compiles before it reports ready (seconds; cached on disk afterwards).")
+    prefix_caching: bool = key(True,
+        "Cache the KV pages of prompts and reuse them for later prompts that start the same (vLLM's automatic "
+        "prefix caching): a hit computes only the new suffix, and a decode unit asks prefill only for the pages it "
+        "lacks. With MTP drafting pages are keyed one token further.")
+    load_format: LoadFormat = key("auto",
+        "`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships with the package); "
+        "`dummy`: seeded random weights of the same shapes, the checkpoint unread (as vLLM's `--load-format "
+        "dummy`).", choice(("auto", "dummy")))
+    dtype: WeightDtype = key("float32",
+        "Element type of the model's weights and activations in every unit (the KV cache's is `kv.dtype`); "
+        "`float32` matches transformers exactly on a CPU.", choice(WEIGHT_DTYPES))
 
 
 @attrs.frozen
 class Speculative(CheckedFields):
     """Speculative decoding on the decode instances: draft tokens cheaply, verify them in one pass."""
 
-    method: SpecMethod = attrs.field(
-        default="none",
-        metadata=about("`mtp`: the model's multi-token-prediction layer drafts (DeepSeek-V3/R1 checkpoints with "
-                       "their MTP weights); `ngram`: prompt lookup, the tokens that followed the latest earlier "
-                       "occurrence of the last few tokens (any model); `none`. Greedy outputs are unchanged, "
-                       "sampled ones keep the model's distribution.", choice(("none", "mtp", "ngram"))),
-    )
-    num_tokens: int = attrs.field(
-        default=1, metadata=about("Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).",
-                                  in_range(1, 4)),
-    )
+    method: SpecMethod = key("none",
+        "`mtp`: the model's multi-token-prediction layer drafts (DeepSeek-V3/R1 checkpoints with their MTP "
+        "weights); `ngram`: prompt lookup, the tokens that followed the latest earlier occurrence of the last few "
+        "tokens (any model); `none`. Greedy outputs are unchanged, sampled ones keep the model's distribution.",
+        choice(("none", "mtp", "ngram")))
+    num_tokens: int = key(1,
+        "Draft tokens per request per step, 1 to 4 (vLLM's num_speculative_tokens).", in_range(1, 4))

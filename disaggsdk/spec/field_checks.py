@@ -17,6 +17,7 @@ import attrs
 JsonValue: TypeAlias = str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
 
 Value = TypeVar("Value", contravariant=True)
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -71,6 +72,23 @@ def about(doc: str, check: FieldCheck | None = None) -> About:
         check: the single-value check `check_fields` runs on it, if any.
     """
     return {"doc": doc} if check is None else {"doc": doc, "check": check}
+
+
+def key(default: T, doc: str, check: Check[T] | None = None) -> T:
+    """A spec field holding one value: ``page_size: int = key(16, "Tokens per KV page.", power_of_two)``.
+
+    Args:
+        default: its value when the YAML leaves it out.
+        doc, check: see `about`.
+    Returns:
+        The attrs field (typed as its value, as `attrs.field` is, so mypy reads the default).
+    """
+    return attrs.field(default=default, metadata=about(doc, check))
+
+
+def section(cls: type[T], doc: str) -> T:
+    """A spec field holding a mapping of keys, the attrs class ``cls`` (all defaults when left out)."""
+    return attrs.field(factory=cls, metadata=about(doc))
 
 
 def doc_of(field: attrs.Attribute[object]) -> str:

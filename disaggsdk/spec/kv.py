@@ -7,7 +7,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, non_negative, positive, power_of_two
+from disaggsdk.spec.field_checks import CheckedFields, choice, key, non_negative, positive, power_of_two
 
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
@@ -24,67 +24,39 @@ KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 class KV(CheckedFields):
     """KV cache format, shared by prefill and decode (checked again at the handshake)."""
 
-    layout: Layout = attrs.field(
-        default="HND",
-        metadata=about("Order of one page's axes: `HND` is heads, tokens, head dim; `NHD` is tokens "
-                       "first.", choice(LAYOUTS)),
-    )
-    page_size: int = attrs.field(default=16, metadata=about("Tokens per KV page.", power_of_two))
-    dtype: KVDtype = attrs.field(
-        default="bfloat16",
-        metadata=about("Element type of the KV cache; CPU runs use `float32` to match transformers "
-                       "exactly.", choice(KV_DTYPES)),
-    )
+    layout: Layout = key("HND",
+        "Order of one page's axes: `HND` is heads, tokens, head dim; `NHD` is tokens first.", choice(LAYOUTS))
+    page_size: int = key(16, "Tokens per KV page.", power_of_two)
+    dtype: KVDtype = key("bfloat16",
+        "Element type of the KV cache; CPU runs use `float32` to match transformers exactly.", choice(KV_DTYPES))
 
 
 @attrs.frozen
 class Transport(CheckedFields):
     """How KV pages travel between prefill and decode."""
 
-    provider: Provider = attrs.field(
-        default="auto",
-        metadata=about("The libfabric provider; `auto` picks efa/verbs where present, else shm on "
-                       "one node.", choice(PROVIDERS)),
-    )
-    same_host_copy: bool = attrs.field(
-        default=True,
-        metadata=about(
-            "shm only: prefill units map the decode units' KV pools and copy pages with memcpy on "
-            "the prefill's core (the immediates that count them still go through libfabric). "
-            "false sends every byte through libfabric's shm provider, whose kernel copy runs on "
-            "the decode's core at ~0.3-0.6x memcpy (native/README.md)."
-        ),
-    )
-    stuck_after_s: float = attrs.field(
-        default=5.0,
-        metadata=about(
-            "Seconds a unit's transport thread may stay inside one libfabric call (normally "
-            "microseconds) before the unit gives up on its endpoint: it exits to be restarted, and "
-            "a peer whose queue it was stuck sending to is restarted too. With shm, a process killed "
-            "while holding a peer's queue lock (in shared memory) leaves that queue unusable for good.",
-            positive,
-        ),
-    )
-    grant_keys: GrantKeysSetting = attrs.field(
-        default="auto",
-        metadata=about(
-            "Open to remote writes only the pages granted to one transfer, each run under a fresh key "
-            "revoked when the transfer ends, instead of the whole KV pool under one key: a write "
-            "with a captured or stale key lands nowhere. `auto`: on for tcp (reachable through "
-            "sockets), off for shm (the OS user is the boundary there) and for NICs (a registration "
-            "pins memory: hundreds per request). README, 'Trust boundaries'.",
-            choice(GRANT_KEYS_SETTINGS),
-        ),
-    )
-    verify_pages: bool = attrs.field(
-        default=False,
-        metadata=about(
-            "Prefill sends a keyed digest (HMAC-SHA256 under the deployment secret) of every byte it "
-            "wrote; decode admits a request only when its pages give the same digest, else retries "
-            "it and counts it (`disaggsdk_kv_pages_failed_verification_total`). Costs one hash pass "
-            "over the KV on each side; host memory only."
-        ),
-    )
+    provider: Provider = key("auto",
+        "The libfabric provider; `auto` picks efa/verbs where present, else shm on one node.", choice(PROVIDERS))
+    same_host_copy: bool = key(True,
+        "shm only: prefill units map the decode units' KV pools and copy pages with memcpy on the prefill's core "
+        "(the immediates that count them still go through libfabric). false sends every byte through libfabric's "
+        "shm provider, whose kernel copy runs on the decode's core at ~0.3-0.6x memcpy (native/README.md).")
+    stuck_after_s: float = key(5.0,
+        "Seconds a unit's transport thread may stay inside one libfabric call (normally microseconds) before the "
+        "unit gives up on its endpoint: it exits to be restarted, and a peer whose queue it was stuck sending to "
+        "is restarted too. With shm, a process killed while holding a peer's queue lock (in shared memory) leaves "
+        "that queue unusable for good.", positive)
+    grant_keys: GrantKeysSetting = key("auto",
+        "Open to remote writes only the pages granted to one transfer, each run under a fresh key revoked when the "
+        "transfer ends, instead of the whole KV pool under one key: a write with a captured or stale key lands "
+        "nowhere. `auto`: on for tcp (reachable through sockets), off for shm (the OS user is the boundary there) "
+        "and for NICs (a registration pins memory: hundreds per request). README, 'Trust boundaries'.",
+        choice(GRANT_KEYS_SETTINGS))
+    verify_pages: bool = key(False,
+        "Prefill sends a keyed digest (HMAC-SHA256 under the deployment secret) of every byte it wrote; decode "
+        "admits a request only when its pages give the same digest, else retries it and counts it "
+        "(`disaggsdk_kv_pages_failed_verification_total`). Costs one hash pass over the KV on each side; host "
+        "memory only.")
 
     def grant_keys_on(self, provider: str) -> bool:
         """Whether units on libfabric ``provider`` (as resolved: "tcp", "tcp;ofi_rxm", "shm", ...) use
@@ -98,21 +70,13 @@ class Transport(CheckedFields):
 class TransferSettings(CheckedFields):
     """How the KV messenger moves a request's KV."""
 
-    streaming: bool = attrs.field(
-        default=True,
-        metadata=about("Send pages layer by layer during the forward pass; false is the ablation "
-                       "that sends every page after it."),
-    )
-    deadline_s: float = attrs.field(
-        default=30.0,
-        metadata=about("Seconds a decode instance waits for a request's KV before it retries on "
-                       "another prefill instance (or prefills locally when none is left).", positive),
-    )
-    max_local_prefill_tokens: int = attrs.field(
-        default=0,
-        metadata=about("A decode instance computes a prompt itself, with no prefill instance and no transfer, when "
-                       "at most this many of its tokens are missing from its prefix cache (Dynamo's conditional "
-                       "disaggregation: a short suffix after a cached history costs less there than a handoff). "
-                       "Its running requests wait for that chunk, so keep it small; 0: every prompt goes to a "
-                       "prefill instance.", non_negative),
-    )
+    streaming: bool = key(True,
+        "Send pages layer by layer during the forward pass; false is the ablation that sends every page after it.")
+    deadline_s: float = key(30.0,
+        "Seconds a decode instance waits for a request's KV before it retries on another prefill instance (or "
+        "prefills locally when none is left).", positive)
+    max_local_prefill_tokens: int = key(0,
+        "A decode instance computes a prompt itself, with no prefill instance and no transfer, when at most this "
+        "many of its tokens are missing from its prefix cache (Dynamo's conditional disaggregation: a short suffix "
+        "after a cached history costs less there than a handoff). Its running requests wait for that chunk, so "
+        "keep it small; 0: every prompt goes to a prefill instance.", non_negative)

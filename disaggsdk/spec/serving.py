@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, port, positive, served_name
+from disaggsdk.spec.field_checks import CheckedFields, about, choice, key, port, positive, served_name
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
@@ -17,79 +17,53 @@ ROUTINGS = ("cache_aware", "least_loaded")
 class Serve(CheckedFields):
     """The OpenAI-compatible front end. Loopback unless you choose otherwise."""
 
-    host: str = attrs.field(default="127.0.0.1", metadata=about("Address the front end listens on."))
-    port: int = attrs.field(default=8000, metadata=about("TCP port of the front end; 0 picks a free one.", port))
+    host: str = key("127.0.0.1", "Address the front end listens on.")
+    port: int = key(8000, "TCP port of the front end; 0 picks a free one.", port)
     allowed_hosts: tuple[str, ...] = attrs.field(
         default=("localhost", "127.0.0.1", "::1"), converter=tuple,
         metadata=about("Host names the front end answers in the Host and Origin headers (any port); "
                        "`*` for any. Loopback by default, so a web page can neither post to a local server "
                        "nor rebind a DNS name to it."),
     )
-    metrics_require_key: bool = attrs.field(
-        default=False, metadata=about("`/metrics` asks for the API key as `/v1` does."),
-    )
-    model_name: str | None = attrs.field(
-        default=None,
-        metadata=about("The model name clients send and `/v1/models` lists (vLLM's `--served-model-name`); "
-                       "unset: the spec's `model`.", served_name),
-    )
-    routing: Routing = attrs.field(
-        default="cache_aware",
-        metadata=about("Which decode unit takes a request. `cache_aware`: the unit already sent the prompt's "
-                       "prefix (whole KV pages), unless it is busier by more than the cache saves (pages to "
-                       "prefill plus pages in flight, as NVIDIA Dynamo's KV router weighs them); no prefix seen: "
-                       "the least busy. `least_loaded`: the fewest requests in flight.", choice(ROUTINGS)),
-    )
-    header_timeout_s: float = attrs.field(
-        default=10.0,
-        metadata=about("Seconds a connection has to send a request's line and headers, from its opening or "
-                       "its next request's first byte; past it: 408 and closed, so slow clients cannot hold "
-                       "connections.", positive),
-    )
-    idle_timeout_s: float = attrs.field(
-        default=5.0,
-        metadata=about("Seconds a kept-alive connection may wait for its next request before it is closed "
-                       "(uvicorn's `timeout_keep_alive`, 5 in vLLM too).", positive),
-    )
-    body_timeout_s: float = attrs.field(
-        default=30.0,
-        metadata=about("Seconds a request's body has to arrive once its headers did; past it: 408, so a client "
-                       "that sends its body a byte at a time cannot hold a connection and a worker.", positive),
-    )
-    max_connections: int = attrs.field(
-        default=4096,
-        metadata=about("Open connections (and their requests) the server holds at once; past it a new one "
-                       "gets 503 (uvicorn's `limit_concurrency`), so no client can take every socket.",
-                       positive),
-    )
-    max_queued_requests: int = attrs.field(
-        default=1024,
-        metadata=about("Requests handed to the engines that have no first token yet; past it a request gets "
-                       "503 with `Retry-After` at once instead of a first token minutes later (SGLang's "
-                       "`--max-queued-requests`). One HTTP request counts once, whatever its `n`.", positive),
-    )
-    unit_stall_s: float = attrs.field(
-        default=10.0,
-        metadata=about("Seconds a live unit may send nothing (no tokens, no answer to the stats it is asked "
-                       "for every quarter of this) before it is stalled: down in `/health` and "
-                       "`disaggsdk_engine_healthy`, given no new requests, and its requests without a first "
-                       "token moved to another unit. It serves again once it speaks. Above the longest step "
-                       "a unit may take.", positive),
-    )
+    metrics_require_key: bool = key(False, "`/metrics` asks for the API key as `/v1` does.")
+    model_name: str | None = key(None,
+        "The model name clients send and `/v1/models` lists (vLLM's `--served-model-name`); unset: the spec's "
+        "`model`.", served_name)
+    routing: Routing = key("cache_aware",
+        "Which decode unit takes a request. `cache_aware`: the unit already sent the prompt's prefix (whole KV "
+        "pages), unless it is busier by more than the cache saves (pages to prefill plus pages in flight, as "
+        "NVIDIA Dynamo's KV router weighs them); no prefix seen: the least busy. `least_loaded`: the fewest "
+        "requests in flight.", choice(ROUTINGS))
+    header_timeout_s: float = key(10.0,
+        "Seconds a connection has to send a request's line and headers, from its opening or its next request's "
+        "first byte; past it: 408 and closed, so slow clients cannot hold connections.", positive)
+    idle_timeout_s: float = key(5.0,
+        "Seconds a kept-alive connection may wait for its next request before it is closed (uvicorn's "
+        "`timeout_keep_alive`, 5 in vLLM too).", positive)
+    body_timeout_s: float = key(30.0,
+        "Seconds a request's body has to arrive once its headers did; past it: 408, so a client that sends its "
+        "body a byte at a time cannot hold a connection and a worker.", positive)
+    max_connections: int = key(4096,
+        "Open connections (and their requests) the server holds at once; past it a new one gets 503 (uvicorn's "
+        "`limit_concurrency`), so no client can take every socket.", positive)
+    max_queued_requests: int = key(1024,
+        "Requests handed to the engines that have no first token yet; past it a request gets 503 with "
+        "`Retry-After` at once instead of a first token minutes later (SGLang's `--max-queued-requests`). One HTTP "
+        "request counts once, whatever its `n`.", positive)
+    unit_stall_s: float = key(10.0,
+        "Seconds a live unit may send nothing (no tokens, no answer to the stats it is asked for every quarter of "
+        "this) before it is stalled: down in `/health` and `disaggsdk_engine_healthy`, given no new requests, and "
+        "its requests without a first token moved to another unit. It serves again once it speaks. Above the "
+        "longest step a unit may take.", positive)
 
 
 @attrs.frozen
 class Launch(CheckedFields):
     """Where the units run: processes on this machine, or Ray actors on a cluster's nodes."""
 
-    backend: Backend = attrs.field(
-        default="local",
-        metadata=about("`local`: one process per unit on this machine; `ray`: one Ray actor per unit, in a "
-                       "placement group per instance on the node the plan says (docs/ray.md).",
-                       choice(("local", "ray"))),
-    )
-    address: str | None = attrs.field(
-        default=None,
-        metadata=about("The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one "
-                       "running here, else a new one-node cluster. Only with `backend: ray`."),
-    )
+    backend: Backend = key("local",
+        "`local`: one process per unit on this machine; `ray`: one Ray actor per unit, in a placement group per "
+        "instance on the node the plan says (docs/ray.md).", choice(("local", "ray")))
+    address: str | None = key(None,
+        "The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one running here, else a "
+        "new one-node cluster. Only with `backend: ray`.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, positive
+from disaggsdk.spec.field_checks import CheckedFields, choice, key, positive
 
 GPU_KINDS = ("h100", "h200", "cpu")
 
@@ -13,39 +13,24 @@ GPU_KINDS = ("h100", "h200", "cpu")
 class Hardware(CheckedFields):
     """What one node offers. On `gpu: cpu` a "gpu" is a CPU rank (one process)."""
 
-    gpu: str = attrs.field(
-        default="h200",
-        metadata=about("The accelerator of every node; `cpu` makes each rank one CPU process.", choice(GPU_KINDS)),
-    )
-    gpus_per_node: int = attrs.field(
-        default=8,
-        metadata=about("GPUs (on `gpu: cpu`, rank processes) per node; an instance fits one node "
-                       "or spans whole nodes.", positive),
-    )
-    nics_per_node: int = attrs.field(
-        default=8, metadata=about("RDMA NICs per node; KV pages leave a node through these.", positive)
-    )
-    nic_gbps: float = attrs.field(
-        default=400.0, metadata=about("Line rate of one NIC in Gb/s; the planner and simulator time "
-                                      "KV transfers with it.", positive)
-    )
+    gpu: str = key("h200", "The accelerator of every node; `cpu` makes each rank one CPU process.", choice(GPU_KINDS))
+    gpus_per_node: int = key(8,
+        "GPUs (on `gpu: cpu`, rank processes) per node; an instance fits one node or spans whole nodes.", positive)
+    nics_per_node: int = key(8, "RDMA NICs per node; KV pages leave a node through these.", positive)
+    nic_gbps: float = key(400.0,
+        "Line rate of one NIC in Gb/s; the planner and simulator time KV transfers with it.", positive)
 
 
 @attrs.frozen
 class Role(CheckedFields):
     """One role (prefill or decode): `replicas` instances of `tp` x `dp` ranks each."""
 
-    replicas: int = attrs.field(default=1, metadata=about("Instances of this role.", positive))
-    tp: int = attrs.field(
-        default=1,
-        metadata=about("Tensor-parallel ranks of one dp group; they split the attention heads and "
-                       "the MLP/experts.", positive),
-    )
-    dp: int = attrs.field(
-        default=1,
-        metadata=about("Data-parallel attention ranks of one instance; each holds its own requests' "
-                       "KV and is a group of `tp` ranks.", positive),
-    )
+    replicas: int = key(1, "Instances of this role.", positive)
+    tp: int = key(1,
+        "Tensor-parallel ranks of one dp group; they split the attention heads and the MLP/experts.", positive)
+    dp: int = key(1,
+        "Data-parallel attention ranks of one instance; each holds its own requests' KV and is a group of `tp` "
+        "ranks.", positive)
 
     @property
     def ranks_per_instance(self) -> int:

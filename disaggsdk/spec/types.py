@@ -17,25 +17,10 @@ from typing import Literal
 import attrs
 
 from disaggsdk.spec.engine_settings import EngineSettings, Speculative
-from disaggsdk.spec.field_checks import CheckedFields, about, choice
+from disaggsdk.spec.field_checks import CheckedFields, choice, key, section
 from disaggsdk.spec.kv import KV, TransferSettings, Transport
 from disaggsdk.spec.serving import Launch, Serve
 from disaggsdk.spec.topology import Hardware, Role
-
-__all__ = [
-    "DEVICES",
-    "KV",
-    "Device",
-    "EngineSettings",
-    "Hardware",
-    "Launch",
-    "Role",
-    "Serve",
-    "Spec",
-    "Speculative",
-    "TransferSettings",
-    "Transport",
-]
 
 Device = Literal["cpu", "cuda"]
 DEVICES = ("cpu", "cuda")
@@ -45,38 +30,24 @@ DEVICES = ("cpu", "cuda")
 class Spec(CheckedFields):
     """A whole disaggregated deployment. Load with `load_spec`, build with `Cluster`."""
 
-    model: str = attrs.field(
-        default="qwen3-coder",
-        metadata=about("A catalog model name (`-tiny` ones run on a CPU) or a local checkpoint "
-                       "directory with a config.json."),
-    )
-    device: Device = attrs.field(
-        default="cuda",
-        metadata=about("Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).",
-                       choice(DEVICES)),
-    )
-    seed: int = attrs.field(
-        default=0,
-        metadata=about("Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, "
-                       "and the per-request choice of prefill source ranks."),
-    )
-    hardware: Hardware = attrs.field(factory=Hardware, metadata=about("The nodes."))
-    prefill: Role = attrs.field(factory=Role, metadata=about("The prefill instances."))
-    decode: Role = attrs.field(factory=Role, metadata=about("The decode instances."))
-    kv: KV = attrs.field(factory=KV, metadata=about("The KV cache format."))
-    transport: Transport = attrs.field(factory=Transport, metadata=about("How KV pages travel."))
-    serve: Serve = attrs.field(factory=Serve, metadata=about("The OpenAI-compatible front end."))
-    launch: Launch = attrs.field(factory=Launch, metadata=about("Where the units run (this machine, or Ray)."))
-    transfer: TransferSettings = attrs.field(
-        factory=TransferSettings, metadata=about("How the KV messenger moves a request's KV.")
-    )
-    engine: EngineSettings = attrs.field(factory=EngineSettings, metadata=about("Per-rank engine sizes."))
-    speculative: Speculative = attrs.field(
-        factory=Speculative, metadata=about("Speculative decoding on the decode instances.")
-    )
-    name: str | None = attrs.field(
-        default=None, metadata=about("Shown in plans and dashboards; the model name when unset.")
-    )
+    model: str = key("qwen3-coder",
+        "A catalog model name (`-tiny` ones run on a CPU) or a local checkpoint directory with a config.json.")
+    device: Device = key("cuda",
+        "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).", choice(DEVICES))
+    seed: int = key(0,
+        "Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, and the per-request "
+        "choice of prefill source ranks.")
+    hardware: Hardware = section(Hardware, "The nodes.")
+    prefill: Role = section(Role, "The prefill instances.")
+    decode: Role = section(Role, "The decode instances.")
+    kv: KV = section(KV, "The KV cache format.")
+    transport: Transport = section(Transport, "How KV pages travel.")
+    serve: Serve = section(Serve, "The OpenAI-compatible front end.")
+    launch: Launch = section(Launch, "Where the units run (this machine, or Ray).")
+    transfer: TransferSettings = section(TransferSettings, "How the KV messenger moves a request's KV.")
+    engine: EngineSettings = section(EngineSettings, "Per-rank engine sizes.")
+    speculative: Speculative = section(Speculative, "Speculative decoding on the decode instances.")
+    name: str | None = key(None, "Shown in plans and dashboards; the model name when unset.")
 
     @property
     def roles(self) -> dict[str, Role]:
