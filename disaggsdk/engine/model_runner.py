@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +14,10 @@ from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.models import build_model, kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.memory.kv_layout import PoolMemory
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class ModelRunner:
         ModelError, KVLayoutError, AttentionBackendError: the model, cache or backend cannot be built.
     """
 
-    def __init__(self, config: RunnerConfig, tp: TensorParallel, kv_buffer: Any = None):
+    def __init__(self, config: RunnerConfig, tp: TensorParallel, kv_buffer: PoolMemory | None = None):
         self.config = config
         self.tp = tp
         engine = config.engine
@@ -64,7 +68,7 @@ class ModelRunner:
             geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer
         )
         self.attn = create_backend(engine.attention_backend or default_backend(engine.device), self.kv_cache)
-        self.compiled = None
+        self.compiled: CompiledStep | None = None
         if config.compile and tp.size == 1 and self.device.type == "cpu":
             from disaggsdk.engine.compiled_step import CompiledStep
 
@@ -101,12 +105,12 @@ class ModelRunner:
         from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
         from disaggsdk.engine.models.layers.skinny import MAX_ROWS
 
-        with_mtp = (self.compiled is not None and self.config.extra_kv_layers > 0
-                    and getattr(self.model, "mtp", None) is not None)
+        compiled_mtp = (self.compiled if self.config.extra_kv_layers > 0 and self.model.draft_layer() is not None
+                        else None)
         for n in (1, 2, MAX_ROWS + 1):
             item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.engine.page_size))
             batch = build_forward_batch([item], self.config.engine.page_size, self.device, on_layer_done)
             hidden_all = self.run_keeping_hidden(batch)[0]
-            if with_mtp:
+            if compiled_mtp is not None:
                 last_row = torch.tensor([n - 1], dtype=torch.int64, device=self.device)
-                self.compiled.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)
+                compiled_mtp.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)

@@ -38,9 +38,11 @@ def share_pool(config: RunnerConfig, tp: TensorParallel) -> SharedRegion:
     from disaggsdk.memory.pool_handover import SharedKVError, send_pool
     from disaggsdk.memory.shared_memory import SharedRegion
 
+    path = config.engine.kv_share_path
+    assert path is not None, "only a worker told where to hand its pool shares it"
     region = SharedRegion.create(pool_bytes(config, tp), f"disaggsdk-kv-rank{tp.rank}")
     try:
-        send_pool(config.engine.kv_share_path, tp.rank, region)
+        send_pool(path, tp.rank, region)
     except SharedKVError:
         region.close()
         raise

@@ -15,7 +15,9 @@ import socket
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,9 @@ from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.speculative.mtp_drafter import MTPPass
 
 _STOP, _RUN, _MTP_FILL, _MTP_CHAIN = 0, 1, 2, 3  # commands: the first field of every header
 _HEADER_LEN = 6
@@ -42,7 +47,7 @@ def _free_port() -> int:
 IDLE_WAIT_LIMIT_S = 30 * 24 * 3600  # how long a worker waits for its next step: "forever", in gloo terms
 
 
-def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tuple[TensorParallel, Any]:
+def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tuple[TensorParallel, dist.ProcessGroup]:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
@@ -56,7 +61,7 @@ def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tup
     return TensorParallel(rank=rank, size=size, group=dist.group.WORLD), control
 
 
-def _send_batch(batch: ForwardBatch | None, control: Any) -> None:
+def _send_batch(batch: ForwardBatch | None, control: dist.ProcessGroup) -> None:
     if batch is None:
         dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER_LEN - 1)), src=0, group=control)
         return
@@ -68,7 +73,7 @@ def _send_batch(batch: ForwardBatch | None, control: Any) -> None:
     dist.broadcast(torch.cat([f.cpu().to(torch.int64) for f in fields]), src=0, group=control)
 
 
-def _send_ints(command: int, *lists: Sequence[int], control: Any) -> None:
+def _send_ints(command: int, *lists: Sequence[int], control: dist.ProcessGroup) -> None:
     """A header (the command and each list's length) and then the lists, as one int64 tensor."""
     header = [command] + [len(x) for x in lists] + [0] * (_HEADER_LEN - 1 - len(lists))
     dist.broadcast(torch.tensor(header, dtype=torch.int64), src=0, group=control)
@@ -76,13 +81,13 @@ def _send_ints(command: int, *lists: Sequence[int], control: Any) -> None:
         dist.broadcast(torch.tensor([v for x in lists for v in x], dtype=torch.int64), src=0, group=control)
 
 
-def _recv_header(control: Any) -> list[int]:
+def _recv_header(control: dist.ProcessGroup) -> list[int]:
     header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
     dist.broadcast(header, src=0, group=control)
     return header.tolist()
 
 
-def _recv_ints(header: list[int], control: Any) -> list[list[int]]:
+def _recv_ints(header: list[int], control: dist.ProcessGroup) -> list[list[int]]:
     """The lists `_send_ints` sent (their lengths are in ``header`` after the command)."""
     values: list[int] = []
     if sum(header[1:]):
@@ -96,7 +101,7 @@ def _recv_ints(header: list[int], control: Any) -> list[list[int]]:
     return out
 
 
-def _recv_batch(control: Any, device: torch.device, header: list[int] | None = None) -> ForwardBatch | None:
+def _recv_batch(control: dist.ProcessGroup, device: torch.device, header: list[int] | None = None) -> ForwardBatch | None:
     cmd, n, b, p, lg, page_size = header or _recv_header(control)
     if cmd == _STOP:
         return None
@@ -112,7 +117,7 @@ def _recv_batch(control: Any, device: torch.device, header: list[int] | None = N
     )
 
 
-def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: Any, timeout_s: float) -> None:
+def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: Connection, timeout_s: float) -> None:
     # ranks share the machine's cores: one thread each avoids oversubscribing them
     torch.set_num_threads(1)
     try:
@@ -125,7 +130,7 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
             die_with_parent()
             kv_region = share_pool(config, tp)
         runner = ModelRunner(config, tp, kv_region.buffer if kv_region else None)
-    except Exception as exc:  # reported to rank 0, which raises it as a typed error
+    except Exception as exc:  # noqa: BLE001 - any start-up failure is reported to rank 0, which raises it typed
         ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
         return
     ready.send("ok")
@@ -133,9 +138,11 @@ def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: A
     dist.destroy_process_group()
 
 
-def _serve(runner: ModelRunner, control: Any) -> None:
+def _serve(runner: ModelRunner, control: dist.ProcessGroup) -> None:
     """A worker's loop: make each call rank 0 announces, until it says stop."""
-    mtp_pass, batch, hidden_all = None, None, None
+    mtp_pass: MTPPass | None = None
+    batch: ForwardBatch | None = None  # the last step's, still planned: the MTP layer's fill runs over it
+    hidden_all: torch.Tensor | None = None  # [num_tokens, hidden_size] of that step
     if runner.config.extra_kv_layers:
         from disaggsdk.engine.speculative.mtp_drafter import MTPPass
 
@@ -143,14 +150,17 @@ def _serve(runner: ModelRunner, control: Any) -> None:
     while (header := _recv_header(control))[0] != _STOP:
         if header[0] == _RUN:
             batch = _recv_batch(control, runner.device, header)
+            assert batch is not None, "a run header brings a batch"
             hidden_all = runner.run_keeping_hidden(batch)[0]
         elif header[0] == _MTP_FILL:
             next_ids, rows = _recv_ints(header, control)[:2]
+            assert mtp_pass is not None and batch is not None and hidden_all is not None, "a fill follows a step"
             with torch.inference_mode():
                 mtp_pass.fill(batch, hidden_all, next_ids, rows)
         elif header[0] == _MTP_CHAIN:
             keep = _recv_ints(header, control)[0]
             chain = _recv_batch(control, runner.device)
+            assert mtp_pass is not None and chain is not None, "a chain follows a fill"
             with torch.inference_mode():
                 mtp_pass.chain(keep, chain)
 
@@ -171,7 +181,7 @@ class TPGroup:
         self.size = size
         ctx = mp.get_context("spawn")
         port = _free_port()
-        self.procs: list[Any] = []
+        self.procs: list[BaseProcess] = []
         pipes = []
         for rank in range(1, size):
             parent, child = ctx.Pipe(duplex=False)
@@ -184,9 +194,9 @@ class TPGroup:
             self.tp, self._control = _init(0, size, port, config.engine.device, timeout_s)
             self._initialized = True
             deadline = time.monotonic() + timeout_s
-            for rank, (proc, pipe) in enumerate(zip(self.procs, pipes), start=1):
+            for rank, (worker, pipe) in enumerate(zip(self.procs, pipes), start=1):
                 while not pipe.poll(0.1):
-                    if not proc.is_alive() or time.monotonic() > deadline:
+                    if not worker.is_alive() or time.monotonic() > deadline:
                         raise TensorParallelError(f"tp rank {rank} died or hung while starting; see its stderr")
                 status = pipe.recv()
                 if status != "ok":
