@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import attrs
@@ -115,6 +116,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         SpecError: unknown name, unreadable file, or a field missing / of the wrong kind.
     """
     path = Path(name_or_path)
+    text_source: Path | Traversable  # a file, or a profile shipped in the package
     if path.suffix in (".yaml", ".yml") or path.exists():
         text_source = path
     elif _user_profile_path(str(name_or_path)).is_file():

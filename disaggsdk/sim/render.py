@@ -17,7 +17,8 @@ def runs_table(result: dict[str, Any]) -> Table:
         util = run["utilisation"]
         busiest = max(util, key=util.get)
         table.add_row(
-            f"{run['qps']:.2f}", "disagg" if run["mode"] == "disaggregated" else "coloc", f"{run['request_throughput']:.2f}", f"{run['mean_ttft_ms']:.0f}",
+            f"{run['qps']:.2f}", "disagg" if run["mode"] == "disaggregated" else "coloc",
+            f"{run['request_throughput']:.2f}", f"{run['mean_ttft_ms']:.0f}",
             f"{run['p99_ttft_ms']:.0f}", f"{run['mean_tpot_ms']:.1f}", f"{run['p99_itl_ms']:.1f}",
             f"{run['mean_tokens_per_s_per_request']:.1f}", f"{util[busiest]:.0%} {busiest}",
         )

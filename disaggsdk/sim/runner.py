@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from disaggsdk.sim.simulator import SimConfig, Simulation
-from disaggsdk.sim.workload import Workload, load_trace
+from disaggsdk.sim.workload import SimRequest, Workload, load_trace
 from disaggsdk.spec import Spec, spec_to_dict
 
 PROFILE_OF_GPU = {"h100": "h100", "h200": "h200", "cpu": "cpu-local"}
@@ -32,13 +32,13 @@ def run_simulations(
     Returns:
         ``{"spec", "profile", "config", "runs": [summary + "qps" + "sim_wall_s"]}``.
     """
-    workloads = []
+    workloads: list[tuple[float | None, list[SimRequest]]] = []  # (qps, arrivals); a trace has no qps
     if trace:
         workloads.append((None, load_trace(trace)))
     else:
-        for qps in rates or []:
-            w = Workload(qps, duration_s, input_len, output_len, range_ratio, burstiness, seed)
-            workloads.append((qps, w.requests()))
+        for rate in rates or []:
+            w = Workload(rate, duration_s, input_len, output_len, range_ratio, burstiness, seed)
+            workloads.append((rate, w.requests()))
     runs = []
     for qps, requests in workloads:
         for colocated in layouts:

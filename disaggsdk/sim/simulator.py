@@ -122,6 +122,7 @@ class Simulation:
     # CPU deployments: steps, the front end's work and idle units' polling share the cores
     # (`SharedCores`); every change re-times every job in flight.
     def _reschedule_shared(self, now_s: float) -> None:
+        assert self._cores is not None, "only a CPU deployment shares its cores"
         profile = self.config.profile
         idle_cores = sum(profile.idle_messenger_unit_cores if i.mode != "mixed" else profile.idle_unit_cores
                          for i in self._instance.values() if not i.busy)
@@ -130,6 +131,7 @@ class Simulation:
             self._push(time_s, self._shared_job_done, key, version)
 
     def _shared_job_done(self, now_s: float, key: tuple[str, str], version: int) -> None:
+        assert self._cores is not None, "only a CPU deployment shares its cores"
         if not self._cores.is_current(key, version):
             return  # a rescheduled completion: the core share changed since
         self._cores.finish(key, now_s)
@@ -138,6 +140,7 @@ class Simulation:
             chunks, start_s = self._steps_in_flight.pop(name)
             self._step_done(now_s, self._instance[name], chunks, start_s)
         else:
+            assert self._front is not None, "front-end jobs run where a front end is simulated"
             self._front.job_done(name, now_s)
 
     # CPU deployments: requests and tokens also pass through the server and the client (`FrontEnd`);
@@ -153,6 +156,7 @@ class Simulation:
                 record.first_token_s = at_s
             for record in tokens.finished:
                 record.finish_s = at_s
+        assert self._front is not None, "tokens pass a front end only where one is simulated"
         self._front.submit(hops, delivered, now_s)
 
     def _receive(self, now_s: float, record: RequestRecord) -> None:
@@ -160,6 +164,7 @@ class Simulation:
         hops = [("server", p.frontend_cpu_ms_per_request * 1e-3)]
         if self.config.client_shares_cores:
             hops.insert(0, ("client", p.client_cpu_ms_per_request * 1e-3))
+        assert self._front is not None, "requests pass a front end only where one is simulated"
         self._front.submit(hops, lambda at_s: self._after_front_end(at_s, record), now_s)
 
     def _arrive(self, now_s: float, record: RequestRecord) -> None:
@@ -223,7 +228,8 @@ class Simulation:
         e2el = [(r.finish_s - r.request.arrival_s) * 1e3 for r in done]
         tpot = [(r.finish_s - r.first_token_s) * 1e3 / (r.request.output_len - 1)
                 for r in done if r.request.output_len > 1]
-        itl, weights = [], []
+        itl: list[float] = []
+        weights: list[float] = []
         for inst in self.prefill + self.decode:
             itl.extend(inst.itl_ms)
             weights.extend(inst.itl_weight)

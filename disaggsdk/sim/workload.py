@@ -53,7 +53,8 @@ class Workload:
         rng = random.Random(self.seed)
         shape = self.burstiness
         scale = 1.0 / (self.qps * shape)
-        out, t, i = [], 0.0, 0
+        out: list[SimRequest] = []
+        t, i = 0.0, 0
         while True:
             t += rng.gammavariate(shape, scale)
             if t >= self.duration_s:
@@ -75,7 +76,7 @@ def load_trace(path: str | Path) -> list[SimRequest]:
     path = Path(path)
     if not path.is_file():
         raise WorkloadError(f"trace file {path} not found")
-    out = []
+    out: list[SimRequest] = []
     for n, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue

@@ -56,12 +56,13 @@ class RegionDescriptor:
         if len(data) != cls.wire_bytes():
             raise TransferError(f"a region descriptor is {cls.wire_bytes()} bytes, got "
                                 f"{len(data)}: pass RegionDescriptor.to_bytes() output unchanged")
-        magic, version, *fields = _REGION_FORMAT.unpack(data[:_REGION_FORMAT.size])
+        magic, version, addr_base, key, length_bytes, mr_mode, check = _REGION_FORMAT.unpack(data[:_REGION_FORMAT.size])
         if magic != _REGION_MAGIC or version != _REGION_VERSION:
             raise TransferError(f"not a version-{_REGION_VERSION} region descriptor "
                                 f"(magic {magic!r}, version {version}): peers run different "
                                 "disaggsdk versions?")
-        return cls(*fields, same_host=SameHostShare.from_bytes(data[_REGION_FORMAT.size:]))
+        return cls(addr_base, key, length_bytes, mr_mode, check,
+                   same_host=SameHostShare.from_bytes(data[_REGION_FORMAT.size:]))
 
 
 @attrs.frozen

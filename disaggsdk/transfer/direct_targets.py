@@ -47,6 +47,7 @@ class DirectTargets:
                 self._mappings[region] = self._map(dst, attach)
 
     def _map(self, dst: RegionDescriptor, attach: Callable[[int], None]) -> PeerMapping | None:
+        assert dst.same_host is not None, "only a region shared on this machine is mapped"
         try:
             mapping = PeerMapping(dst.same_host, dst.length_bytes)
         except TransferError as exc:

@@ -97,11 +97,12 @@ class PeerMapping:
                                     f"{share.offset + length_bytes}")
             start = share.offset - share.offset % mmap.ALLOCATIONGRANULARITY
             # populated now: the first copy into each page must not pay a page fault
-            self._mmap = mmap.mmap(fd, share.offset + length_bytes - start, mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+            mapped = mmap.mmap(fd, share.offset + length_bytes - start, mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                               mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
         finally:
             os.close(fd)  # the mapping keeps the file alive
-        self._anchor = ctypes.c_char.from_buffer(self._mmap)
+        self._mmap: mmap.mmap | None = mapped  # None once closed
+        self._anchor = ctypes.c_char.from_buffer(mapped)
         self.address = ctypes.addressof(self._anchor) + (share.offset - start)  # byte 0 of the region
 
     def close(self) -> None:
