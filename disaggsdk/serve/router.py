@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
@@ -270,7 +270,7 @@ class Router:
         return unit
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       client: str = "") -> AsyncIterator[TokenEvent]:
+                       client: str = "") -> AsyncGenerator[TokenEvent, None]:
         """Stream a request's tokens (errors arrive as a final event with finish_reason "error");
         ``client`` as in `submit`."""
         loop = asyncio.get_running_loop()
