@@ -172,3 +172,16 @@ def test_idle_units_polling_slow_the_busy_ones():
     polling = attrs.evolve(load_profile("h100"), idle_unit_cores=0.25)  # two idle units: half a core
     busy = Simulation(spec, SimConfig(polling, colocated=True, shared_cores=1)).run(one)
     assert busy["mean_e2el_ms"] == pytest.approx(1.5 * base["mean_e2el_ms"])
+
+
+def test_a_decode_rank_holds_the_specs_max_num_seqs():
+    """A simulated instance admits the requests its spec lets a launched one hold: engine.max_num_seqs
+    per rank (issue 34: the simulator had a second default of 256 where every launched unit runs 64)."""
+    import attrs
+
+    one = attrs.evolve(R1_TP, engine=attrs.evolve(R1_TP.engine, max_num_seqs=1))
+    config = SimConfig(H200, weight_dtype="fp8")
+    assert [i.max_num_seqs for i in Simulation(R1_TP, config).decode] == [R1_TP.engine.max_num_seqs] * 3
+    assert [i.max_num_seqs for i in Simulation(one, config).decode] == [1] * 3
+    reqs = [SimRequest(i, 0.0, 512, 16) for i in range(6)]  # two per decode instance
+    assert Simulation(one, config).run(reqs)["mean_e2el_ms"] > Simulation(R1_TP, config).run(reqs)["mean_e2el_ms"]

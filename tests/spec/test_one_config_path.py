@@ -1,0 +1,60 @@
+"""One config path (issue 34): every default is declared once, in the spec, and each layer's
+settings are built from a spec in one place (`EngineConfig.from_spec`; the simulator reads the spec)."""
+
+import inspect
+
+import attrs
+import pytest
+
+from disaggsdk.face.cluster import Cluster
+from disaggsdk.spec import EngineSettings, Hardware, Spec, spec_from_dict
+
+# the EngineConfig settings a spec sets, and where in the spec
+SPEC_SETTINGS = {"layout": "kv.layout", "page_size": "kv.page_size", "num_pages": "engine.num_pages",
+                 "max_num_batched_tokens": "engine.max_num_batched_tokens", "max_num_seqs": "engine.max_num_seqs",
+                 "dtype": "engine.dtype", "seed": "seed", "load_format": "engine.load_format",
+                 "compile": "engine.compile", "prefix_caching": "engine.prefix_caching"}
+
+
+def _at(spec: Spec, path: str) -> object:
+    value: object = spec
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_a_bare_engine_runs_with_the_specs_defaults():
+    """An EngineConfig built without a spec has the settings a launched unit of the default spec gets."""
+    pytest.importorskip("torch")
+    from disaggsdk.engine.config import EngineConfig
+
+    bare, launched = EngineConfig(), EngineConfig.from_spec(Spec(), tp=1, role="mixed")
+    for name, path in SPEC_SETTINGS.items():
+        assert getattr(bare, name) == getattr(launched, name) == _at(Spec(), path), name
+    assert bare.max_num_seqs == EngineSettings().max_num_seqs == 64
+
+
+def test_every_engine_setting_comes_from_the_spec():
+    pytest.importorskip("torch")
+    from disaggsdk.engine.config import EngineConfig
+
+    spec = spec_from_dict({"kv": {"layout": "NHD", "page_size": 32}, "seed": 3,
+                           "engine": {"num_pages": 96, "max_num_batched_tokens": 64, "max_num_seqs": 5,
+                                      "dtype": "bfloat16", "load_format": "dummy", "compile": False,
+                                      "prefix_caching": False}})
+    config = EngineConfig.from_spec(spec, tp=1, role="decode")
+    for name, path in SPEC_SETTINGS.items():
+        assert getattr(config, name) == _at(spec, path), name
+    assert EngineConfig.from_spec(Spec(), tp=1, role="prefill").dtype == "float32"  # what units ran before the key
+
+
+def test_the_builder_takes_a_sections_own_fields():
+    """`Cluster.hardware` (and `kv`, `transfer`) take their section's fields, in its order; None keeps one."""
+    fields = [f.name for f in attrs.fields(Hardware)]
+    assert list(inspect.signature(Cluster.hardware).parameters)[1:] == fields
+    assert list(inspect.signature(Cluster().hardware).parameters) == fields
+    positional = Cluster().hardware("cpu", 4).draft.hardware
+    assert (positional.gpu, positional.gpus_per_node) == ("cpu", 4)
+    kept = Cluster().hardware(gpu="cpu").hardware(gpus_per_node=2, nic_gbps=None).draft.hardware
+    assert kept == Hardware(gpu="cpu", gpus_per_node=2)
+    assert Cluster().transfer(deadline_s=5.0).draft.transfer.deadline_s == 5.0
