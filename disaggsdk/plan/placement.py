@@ -10,13 +10,18 @@ gpus_per_node``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Literal
+
 import attrs
 
 from disaggsdk.errors import SpecError
+from disaggsdk.models.arch import AttentionKind
 from disaggsdk.plan.sharding import HeadRange, Sharding, make_sharding
-from disaggsdk.spec.types import Hardware, Role
+from disaggsdk.spec.topology import Hardware, Role
 
-ROLES = ("prefill", "decode")
+RoleName = Literal["prefill", "decode"]
+ROLES: tuple[RoleName, ...] = ("prefill", "decode")
 
 
 @attrs.frozen
@@ -40,7 +45,7 @@ class Instance:
     """One engine instance: ``dp`` groups of ``tp`` ranks that serve requests together."""
 
     name: str  # "<role>-<index>"
-    role: str  # "prefill" | "decode"
+    role: RoleName
     index: int  # index among the instances of its role
     tp: int
     dp: int
@@ -64,7 +69,7 @@ def nearest_nic(gpu: int, hardware: Hardware) -> int:
 
 
 def place_instances(
-    roles: dict[str, Role], hardware: Hardware, attention: str, num_kv_heads: int
+    roles: Mapping[str, Role], hardware: Hardware, attention: AttentionKind, num_kv_heads: int
 ) -> tuple[Instance, ...]:
     """Create every instance of every role and place its ranks.
 

@@ -25,12 +25,18 @@ Rules (shared/DESIGN.md, "Sharding and transfer routes"):
 from __future__ import annotations
 
 import random
+from typing import Literal
 
 import attrs
 
 from disaggsdk.plan.pages import PageRuns, PageShape, slice_runs, whole_page_runs
 from disaggsdk.plan.placement import Instance
 from disaggsdk.plan.sharding import REPLICATED, HeadRange, Sharding
+
+# how a route moves a page: the same shards on both sides ("identical"; "replicate" when their
+# replica sets differ), several prefill shards into one decode shard ("reconstruct"), one into
+# several ("split"), or the whole MLA latent ("mla")
+RouteKind = Literal["identical", "reconstruct", "split", "replicate", "mla"]
 
 CONTEXT_SRC_TP_RANK = 0  # head rank of the prefill dp group
 CONTEXT_DST_TP_RANK = 0  # head rank of the decode dp group
@@ -68,7 +74,7 @@ class Route:
 
     prefill: str
     decode: str
-    kind: str  # "identical" | "reconstruct" | "split" | "replicate" | "mla"
+    kind: RouteKind
     src: Sharding
     dst: Sharding
     src_shape: PageShape
@@ -209,7 +215,7 @@ def make_route(
     )
 
 
-def _kind(src: Sharding, dst: Sharding) -> str:
+def _kind(src: Sharding, dst: Sharding) -> RouteKind:
     if src.is_replicated:
         return "mla"
     if src.num_shards > dst.num_shards:

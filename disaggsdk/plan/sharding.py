@@ -16,6 +16,7 @@ from typing import Final, Literal, TypeAlias
 import attrs
 
 from disaggsdk.errors import SpecError
+from disaggsdk.models.arch import AttentionKind
 
 REPLICATED: Final = "replicated"
 # [start, stop) of global KV head indices, or the whole MLA latent on every rank.
@@ -30,7 +31,7 @@ class Sharding:
     shard is ``heads_per_rank`` consecutive KV heads; for MLA there is one shard (the latent).
     """
 
-    attention: str  # "gqa" | "mla"
+    attention: AttentionKind
     tp: int
     num_kv_heads: int  # GQA KV heads; 1 for MLA
 
@@ -95,7 +96,7 @@ class Sharding:
         assert 0 <= tp_rank < self.tp, f"tp rank {tp_rank} outside tp={self.tp}"
 
 
-def make_sharding(attention: str, tp: int, num_kv_heads: int, path: str = "$.tp") -> Sharding:
+def make_sharding(attention: AttentionKind, tp: int, num_kv_heads: int, path: str = "$.tp") -> Sharding:
     """Check a tp size against the model's KV heads and return the group's `Sharding`.
 
     Args:
