@@ -11,17 +11,13 @@ gpus_per_node``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import attrs
 
 from disaggsdk.errors import SpecError
 from disaggsdk.models.arch import AttentionKind
 from disaggsdk.plan.sharding import HeadRange, Sharding, make_sharding
-from disaggsdk.spec.topology import Hardware, Role
-
-RoleName = Literal["prefill", "decode"]
-ROLES: tuple[RoleName, ...] = ("prefill", "decode")
+from disaggsdk.spec.topology import ROLES, Hardware, Role, RoleName
 
 
 @attrs.frozen
@@ -69,7 +65,7 @@ def nearest_nic(gpu: int, hardware: Hardware) -> int:
 
 
 def place_instances(
-    roles: Mapping[str, Role], hardware: Hardware, attention: AttentionKind, num_kv_heads: int
+    roles: Mapping[RoleName, Role], hardware: Hardware, attention: AttentionKind, num_kv_heads: int
 ) -> tuple[Instance, ...]:
     """Create every instance of every role and place its ranks.
 

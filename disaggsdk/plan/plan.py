@@ -146,7 +146,7 @@ def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
     if arch is None:
         arch = resolve_model(spec.model)
     instances = place_instances(
-        {"prefill": spec.prefill, "decode": spec.decode},
+        spec.roles,
         spec.hardware,
         arch.attention,
         arch.num_kv_heads,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from disaggsdk.spec.field_checks import CheckedFields, choice, key, positive
 
 GPU_KINDS = ("h100", "h200", "cpu")
+# the spec's roles, by their YAML keys, in placement order
+RoleName = Literal["prefill", "decode"]
+ROLES: tuple[RoleName, ...] = ("prefill", "decode")
 
 
 @attrs.frozen

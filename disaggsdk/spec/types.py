@@ -20,7 +20,7 @@ from disaggsdk.spec.engine_settings import EngineSettings, Speculative
 from disaggsdk.spec.field_checks import CheckedFields, choice, key, section
 from disaggsdk.spec.kv import KV, TransferSettings, Transport
 from disaggsdk.spec.serving import Launch, Serve
-from disaggsdk.spec.topology import Hardware, Role
+from disaggsdk.spec.topology import Hardware, Role, RoleName
 
 Device = Literal["cpu", "cuda"]
 DEVICES = ("cpu", "cuda")
@@ -50,7 +50,7 @@ class Spec(CheckedFields):
     name: str | None = key(None, "Shown in plans and dashboards; the model name when unset.")
 
     @property
-    def roles(self) -> dict[str, Role]:
+    def roles(self) -> dict[RoleName, Role]:
         """The roles by YAML key, prefill first: ``{"prefill": ..., "decode": ...}``."""
         return {"prefill": self.prefill, "decode": self.decode}
 
