@@ -59,11 +59,15 @@ def run_grammar_bench(model: str, batch: int = 8, steps: int = 48, method: str |
     from disaggsdk.engine.structured import grammar
     from disaggsdk.engine.structured.output import StructuredOutput
     from disaggsdk.engine.tokenizer import load_tokenizer
+    from disaggsdk.errors import ModelError
 
     grammar_s = [0.0]
     # the bench's own instrumentation, around the grammar's calls
     targets = [(grammar.GrammarState, "fill_masks"), (grammar.GrammarState, "accept"), (step_outputs, "apply_masks")]
-    prompt = load_tokenizer(model).encode("records = ")
+    tok = load_tokenizer(model)
+    if tok is None:
+        raise ModelError(f"{model} has no tokenizer on this machine: the bench encodes a text prompt")
+    prompt = tok.encode("records = ")
     spec = SpeculativeConfig(method, num_tokens) if method else None
     result: dict[str, Any] = {"model": model, "batch": batch, "steps": steps, "speculative": method}
     with _timed(targets, grammar_s), LLMEngine(model, EngineConfig(num_pages=64 * batch, speculative=spec)) as engine:

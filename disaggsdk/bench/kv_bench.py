@@ -11,10 +11,46 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import attrs
+
+if TYPE_CHECKING:
+    from disaggsdk.launch.units import CpuAffinity
+    from disaggsdk.report.request_transfer import RequestTransfer
+    from disaggsdk.report.ttft_phases import PhaseSummary
+    from disaggsdk.spec.types import Spec
+
+
+class TransferSummary(TypedDict):
+    """`summarize`'s answer: one mode's exposed and total transfer times (ms), per request."""
+
+    requests: int
+    mean_exposed_ms: float
+    median_exposed_ms: float
+    p99_exposed_ms: float
+    mean_transfer_ms: float
+    mean_lead_ms: float
+    bytes_per_request: float
+    writes_per_request: float
+
+
+class ModeResult(TransferSummary):
+    """`run_mode`'s answer: the summary and the measured requests' TTFT by phase."""
+
+    ttft_phases: PhaseSummary
+
+
+class Comparison(TypedDict):
+    """`compare`'s answer (printed as JSON by ``disaggsdk kv-bench``)."""
+
+    model: str
+    prompt_len: int
+    num_requests: int
+    streaming: ModeResult
+    ablation: ModeResult
+    exposed_ratio: float | None  # streaming / ablation mean exposed time; None when the ablation's is 0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -25,7 +61,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
-def summarize(decode: Sequence[Any], prefill: Sequence[Any]) -> dict[str, float]:
+def summarize(decode: Sequence[RequestTransfer], prefill: Sequence[RequestTransfer]) -> TransferSummary:
     """Statistics of per-request records (`RequestTransfer`) of one mode, times in ms.
 
     Args:
@@ -48,8 +84,8 @@ def summarize(decode: Sequence[Any], prefill: Sequence[Any]) -> dict[str, float]
     }
 
 
-def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, provider: str | None = None,
-             cpu_affinity: Any = None, on_event: Any = None) -> dict[str, float]:
+def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, provider: str | None = None,
+             cpu_affinity: CpuAffinity = None, on_event: Callable[[str], None] | None = None) -> ModeResult:
     """Start the deployment with ``transfer.streaming = streaming`` and measure it.
 
     Returns:
@@ -80,13 +116,14 @@ def run_mode(spec: Any, streaming: bool, prompt_len: int, num_requests: int, pro
         phases = rt.ttft_phases(measured_from_s)
     decode = [r for s in stats.values() if s.role == "decode" for r in s.recent if r.request_id.startswith("kvbench")]
     prefill = [r for s in stats.values() if s.role == "prefill" for r in s.recent if r.request_id.startswith("kvbench")]
-    return summarize(decode, prefill) | {"ttft_phases": phases}
+    return {**summarize(decode, prefill), "ttft_phases": phases}
 
 
-def compare(spec: Any, prompt_len: int = 1024, num_requests: int = 8, **kwargs: Any) -> dict[str, Any]:
+def compare(spec: Spec, prompt_len: int = 1024, num_requests: int = 8, provider: str | None = None,
+            cpu_affinity: CpuAffinity = None, on_event: Callable[[str], None] | None = None) -> Comparison:
     """Both modes and the ratio of their mean exposed times (streaming / ablation)."""
-    streaming = run_mode(spec, True, prompt_len, num_requests, **kwargs)
-    ablation = run_mode(spec, False, prompt_len, num_requests, **kwargs)
+    streaming = run_mode(spec, True, prompt_len, num_requests, provider, cpu_affinity, on_event)
+    ablation = run_mode(spec, False, prompt_len, num_requests, provider, cpu_affinity, on_event)
     ratio = streaming["mean_exposed_ms"] / ablation["mean_exposed_ms"] if ablation["mean_exposed_ms"] else None
     return {"model": spec.model, "prompt_len": prompt_len, "num_requests": num_requests,
             "streaming": streaming, "ablation": ablation, "exposed_ratio": ratio}

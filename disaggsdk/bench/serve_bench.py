@@ -27,7 +27,7 @@ import httpx
 
 from disaggsdk.bench.dataset import BenchRequest
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
-from disaggsdk.bench.serve_request import RequestOptions, headers, send
+from disaggsdk.bench.serve_request import DEFAULT_REQUEST_OPTIONS, RequestOptions, headers, send
 from disaggsdk.bench.serve_result import (
     cached_token_counts,
     keep_percentiles_of,
@@ -86,7 +86,7 @@ def conversations_of(load: Load) -> list[Sequence[BenchRequest]]:
 
 async def run_load(
     url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
-    options: RequestOptions = RequestOptions(), on_done: OnDone | None = None,
+    options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[list[StreamTimeline], float]:
     """Send ``requests`` with the arrival process ``shape``: `run_conversations` of one turn each,
@@ -97,7 +97,7 @@ async def run_load(
 
 async def run_conversations(
     url: str, model: str, conversations: Sequence[Sequence[BenchRequest]], shape: LoadShape,
-    api_key: str | None = None, options: RequestOptions = RequestOptions(), on_done: OnDone | None = None,
+    api_key: str | None = None, options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[list[StreamTimeline], float]:
     """Start ``conversations`` with the arrival process ``shape``; each sends its turns in order.
@@ -171,7 +171,7 @@ def served_model(url: str, api_key: str | None = None) -> str:
 def bench(
     url: str, requests: Load, shape: LoadShape = LoadShape(), model: str | None = None,
     api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
-    percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = RequestOptions(),
+    percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
     percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
@@ -217,7 +217,7 @@ def bench(
         try:
             box["out"] = asyncio.run(
                 run_conversations(url, model, conversations, shape, api_key, options, on_done, on_start))
-        except BaseException as exc:  # handed to the caller's thread below
+        except BaseException as exc:  # noqa: BLE001 - whatever ended the load is re-raised in the caller's thread
             box["exc"] = exc
 
     thread = threading.Thread(target=work, name="bench-load")

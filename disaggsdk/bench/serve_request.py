@@ -57,6 +57,9 @@ class RequestOptions:
         return BACKEND_OF_ENDPOINT[self.endpoint]
 
 
+DEFAULT_REQUEST_OPTIONS = RequestOptions()  # completions, greedy, outputs to their asked length
+
+
 def payload(model: str, req: BenchRequest, options: RequestOptions) -> dict[str, Any]:
     """The JSON body of one streamed request.
 

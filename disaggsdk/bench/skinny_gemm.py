@@ -54,8 +54,10 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32")
             tolerance = 1e-4 if dtype == "float32" else 2e-2
             torch.testing.assert_close(skinny.linear(x, weight, packed), F.linear(x, weight), rtol=tolerance,
                                        atol=tolerance)
-            linear_us = _mean_us(lambda: F.linear(x, weight), evict, repeats)
-            skinny_us = _mean_us(lambda: skinny.linear(x, weight, packed), evict, repeats)
+            # each lambda binds this iteration's tensors (it runs before the next one, but says so)
+            linear_us = _mean_us(lambda x=x, weight=weight: F.linear(x, weight), evict, repeats)
+            skinny_us = _mean_us(lambda x=x, weight=weight, packed=packed: skinny.linear(x, weight, packed), evict,
+                                 repeats)
             weight_gb = weight.numel() * weight.element_size() / 1e9
             results.append({
                 "weight": [out_features, in_features], "rows": n,

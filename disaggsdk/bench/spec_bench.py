@@ -58,8 +58,11 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
+    from disaggsdk.errors import ModelError
 
     tok = load_tokenizer(model)
+    if tok is None:
+        raise ModelError(f"{model} has no tokenizer on this machine: the bench encodes text prompts")
     texts = held_out_prompts(max(batches))
     result: dict[str, Any] = {"model": model, "method": method, "num_tokens": num_tokens, "output_len": output_len,
                               "dtype": dtype, "rounds": repeats,

@@ -76,7 +76,8 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
             params = SamplingParams(max_tokens=decode_steps + 2, ignore_eos=True)
             for _ in range(batch):
                 engine.add_request(f"d{next(ids)}", [5] * context, params)
-            while any(r.num_computed_tokens < len(r.prompt_ids) for r in engine.scheduler.running + list(engine.scheduler.waiting)):
+            scheduler = engine.scheduler
+            while any(r.num_computed_tokens < len(r.prompt_ids) for r in scheduler.running + list(scheduler.waiting)):
                 engine.step()
             times = []
             for _ in range(decode_steps):

@@ -99,7 +99,7 @@ class SpeedMonitor:
         self._lock = threading.Lock()
         self._first = threading.Event()
         self._start_timeout_s = start_timeout_s
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
     def __enter__(self) -> SpeedMonitor:
@@ -113,6 +113,7 @@ class SpeedMonitor:
         return self
 
     def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None, "started with a stdout pipe"
         for line in self._process.stdout:
             kind, at_s, cpu_ms = line.split()
             with self._lock:
@@ -128,7 +129,8 @@ class SpeedMonitor:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
-            self._process.stdout.close()
+            if self._process.stdout is not None:  # always: started with a pipe
+                self._process.stdout.close()
         if self._reader is not None:
             self._reader.join(timeout=5)
 

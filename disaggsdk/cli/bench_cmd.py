@@ -79,13 +79,19 @@ def load_requests(args: argparse.Namespace, model: str | None,
             return requests
     tokenizer = _tokenizer(args.tokenizer or model)
     if name == "random":
-        texts = [_text_of_length(tokenizer, list(r.prompt)) for r in requests]
+        texts = [_text_of_length(tokenizer, _token_ids(r.prompt)) for r in requests]
         return [BenchRequest(text, n, r.output_len) for (text, n), r in zip(texts, requests)]
     count = lambda text: len(tokenizer.encode(text))  # noqa: E731
     if name == "multi-turn":
         return sharegpt_conversations(args.dataset_path, args.num_prompts, count, shape.turns, args.output_len,
                                       args.seed)
     return sharegpt_requests(args.dataset_path, args.num_prompts, count, args.output_len, args.seed)
+
+
+def _token_ids(prompt: str | list[int]) -> list[int]:
+    """A random dataset's prompt: its token ids (a copy)."""
+    assert not isinstance(prompt, str), "random prompts are token ids"
+    return list(prompt)
 
 
 def _text_of_length(tokenizer: Any, ids: list[int], rounds: int = 4) -> tuple[str, int]:
@@ -149,7 +155,7 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
         # the rest of the client's TTFT: HTTP, the server's text streaming, the client's parsing
         phases["mean_ms"]["http_and_client"] = result["mean_ttft_ms"] - phases["mean_ms"]["server_ttft"]
         result["ttft_phases"] = phases
-    if spec_before is not None:
+    if spec_before is not None and deployment is not None:
         drafted = deployment.spec_stats()
         drafted.subtract(spec_before)
         if drafted.num_drafts:  # this run's drafts: acceptance rate, per position, mean accepted length

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
                   f"per step {profile.step_overhead_ms:.2f} ms (+{profile.messenger_step_overhead_ms:.2f} with a "
                   f"messenger), per request {profile.request_overhead_ms:.1f} ms, "
                   f"per handoff {profile.handoff_overhead_ms:.1f} ms; front end {profile.frontend_cpu_ms_per_token:.2f} "
-                  f"ms CPU per token, client {profile.client_cpu_ms_per_token:.2f}; speed monitor {profile.monitor_prefill_cpu_ms:.1f} "
+                  f"ms CPU per token, client {profile.client_cpu_ms_per_token:.2f}; "
+                  f"speed monitor {profile.monitor_prefill_cpu_ms:.1f} "
                   f"ms prefill, {profile.monitor_decode_step_cpu_ms:.2f} ms decode step -> {path}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TypedDict
 
 from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
@@ -15,6 +16,16 @@ HELP = "Generate text offline with the engine (a tiny catalog model or a checkpo
 
 class GenerateArgsError(DisaggError):
     """Command-line arguments of `generate` that cannot be used."""
+
+
+class _Output(TypedDict, total=False):
+    """One prompt's result as `--json` prints it."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+    text: str  # where the model has a tokenizer
+    logprobs: list[dict[str, object]]  # with --logprobs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
         raise GenerateArgsError("give --model NAME_OR_DIR, or --spec SPEC to run a deployment")
     resolve_model(args.model)  # an unknown name fails here with the catalog and the closest name
     tokenizer = load_tokenizer(args.model)
-    if args.prompt and tokenizer is None:
-        raise GenerateArgsError(f"{args.model} has no tokenizer here; pass --prompt-ids instead of --prompt")
-    prompts = [tokenizer.encode(p, add_bos=True) for p in args.prompt] if args.prompt else []
+    prompts: list[list[int]] = []
+    if args.prompt:
+        if tokenizer is None:
+            raise GenerateArgsError(f"{args.model} has no tokenizer here; pass --prompt-ids instead of --prompt")
+        prompts = [tokenizer.encode(p, add_bos=True) for p in args.prompt]
     prompts += [_parse_ids(p) for p in args.prompt_ids]
     params = SamplingParams(
         max_tokens=args.output_len, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -94,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     with LLMEngine(args.model, config) as engine:
         outputs = engine.generate(prompts, params)
         spec_stats = engine.spec_stats.to_json() if args.speculative else None
-    results = []
+    results: list[_Output] = []
     for prompt, out in zip(prompts, outputs):
-        item = {"prompt_ids": prompt, "token_ids": out.output_ids, "finish_reason": out.finish_reason}
+        item: _Output = {"prompt_ids": prompt, "token_ids": out.output_ids, "finish_reason": out.finish_reason}
         if tokenizer is not None:
             item["text"] = tokenizer.decode(out.output_ids)
         if args.logprobs is not None:
@@ -133,8 +146,9 @@ def _run_spec(args: argparse.Namespace) -> int:
         seed=args.seed, ignore_eos=args.ignore_eos,
     )
     # SIGTERM unwinds through here (cli.main), closing the deployment like Ctrl-C does
-    result = generate_with_spec(with_runtime_options(load_spec(args.spec), args), [_parse_ids(p) for p in args.prompt_ids], params,
-                                texts=args.prompt, tiny=args.tiny, colocated=args.colocated)
+    result = generate_with_spec(with_runtime_options(load_spec(args.spec), args),
+                                [_parse_ids(p) for p in args.prompt_ids], params, texts=args.prompt, tiny=args.tiny,
+                                colocated=args.colocated)
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

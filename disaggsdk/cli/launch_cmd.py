@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the comparison layout: mixed prefill+decode instances on the same CPU budget")
     parser.add_argument("--host", default=None, help="interface to bind (default: the spec's serve.host)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (default: env {API_KEY_ENV})")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require this bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: the spec's serve.model_name, "
                              "else its model)")

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="tiny catalog name or Hugging Face checkpoint directory")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer token (default: env {API_KEY_ENV})")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require this bearer token (default: env {API_KEY_ENV})")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: --model)")
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",

@@ -149,5 +149,6 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
                           "at calibration (medians of the runs); each run is simulated re-timed to its own (--json "
                           "also has every run simulated as calibrated; --no-speed-correction compares with that).")
         elif not args.no_speed_correction:
-            console.print("this profile records no calibration speed (monitor_*): rerun `disaggsdk calibrate` to correct for drift")
+            console.print("this profile records no calibration speed (monitor_*): rerun `disaggsdk calibrate` "
+                          "to correct for drift")
     return 0 if all(r["within_tolerance"] for r in rows) else 1

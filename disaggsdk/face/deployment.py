@@ -12,10 +12,11 @@ server and every process the backend started.
 from __future__ import annotations
 
 import math
+import socket
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -23,16 +24,25 @@ from disaggsdk.serve.http_guard import LOOPBACK_HOSTS
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
-
-if TYPE_CHECKING:
-    from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.serve.openai_app import build_app
 
 if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.speculative.stats import SpecStats
     from disaggsdk.report.dashboard import Dashboard
+    from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.serve.backend import ServingBackend
     from disaggsdk.spec.types import Spec
+
+
+@runtime_checkable
+class MeasuresTTFTPhases(Protocol):
+    """A backend whose units time each request's way to its first token (`serve.router.Router`);
+    one engine in this process does not: it has no phases."""
+
+    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary:
+        """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
+        ...
 
 
 def _stop(server: HttpServer, backend: ServingBackend) -> None:
@@ -63,7 +73,7 @@ class Deployment:
     """
 
     def __init__(self, backend: ServingBackend, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, name: str = "deployment", sock: Any = None,
+                 api_key: str | None = None, name: str = "deployment", sock: socket.socket | None = None,
                  allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False,
                  served_model_name: str | None = None, allowed_origins: Sequence[str] = (),
                  limits: HttpLimits | None = None):
@@ -71,8 +81,7 @@ class Deployment:
         self.name = name
         self.api_key = api_key
         self._served_name = served_model_name or backend.model_name
-        self.server_metrics = ServerMetrics(backend.stats, self._served_name,
-                                            max_model_len=getattr(backend, "max_model_len", None))
+        self.server_metrics = ServerMetrics(backend.stats, self._served_name, max_model_len=backend.max_model_len)
         app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
                         metrics_require_key=metrics_require_key, served_model_name=self._served_name,
                         allowed_origins=allowed_origins, limits=limits)
@@ -132,12 +141,13 @@ class Deployment:
         shape = LoadShape(qps, burstiness, max_concurrency, seed)
         return bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms)
 
-    def ttft_phases(self, since_s: float = 0.0) -> dict[str, Any] | None:
+    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
         phase (`disaggsdk.report.ttft_phases`); None for a backend that does not measure it (one engine
         in this process: it has no phases)."""
-        phases = getattr(self.backend, "ttft_phases", None)
-        return phases(since_s) if phases is not None else None
+        if isinstance(self.backend, MeasuresTTFTPhases):
+            return self.backend.ttft_phases(since_s)
+        return None
 
     def spec_stats(self, wait_s: float = 2.0) -> SpecStats:
         """Speculative decoding's acceptance counters, summed over the instances that draft
