@@ -15,8 +15,10 @@ def test_summarize_is_pure_arithmetic():
     decode = [RequestTransfer(f"r{i}", "decode", 10, exposed_s=e) for i, e in enumerate((0.001, 0.003, 0.002))]
     prefill = [RequestTransfer("r0", "prefill", 10, bytes=100, writes=4, transfer_s=0.01, lead_s=-0.002)]
     s = summarize(decode, prefill)
-    assert s["requests"] == 3 and s["mean_exposed_ms"] == pytest.approx(2.0) and s["median_exposed_ms"] == pytest.approx(2.0)
-    assert s["p99_exposed_ms"] == pytest.approx(3.0) and s["bytes_per_request"] == 100 and s["mean_lead_ms"] == pytest.approx(-2.0)
+    assert s["requests"] == 3 and s["mean_exposed_ms"] == pytest.approx(2.0)
+    assert s["median_exposed_ms"] == pytest.approx(2.0)
+    assert s["p99_exposed_ms"] == pytest.approx(3.0) and s["bytes_per_request"] == 100
+    assert s["mean_lead_ms"] == pytest.approx(-2.0)
 
 
 def test_kv_bench_cli_reports_both_modes(run_cli, tmp_path):

@@ -58,7 +58,8 @@ def test_speculative_deployment_keeps_greedy_tokens_and_accepts_drafts(model, me
     assert sum(s.counters.spec_num_accepted_tokens for s in drafting) > 0  # drafts were made and kept
     assert all(s.counters.spec_num_drafts == 0 for s in stats.values() if s.role == "prefill")
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
-    assert sum(i.counters.spec_num_accepted_tokens for i in instances) == sum(s.counters.spec_num_accepted_tokens for s in drafting)
+    accepted = sum(s.counters.spec_num_accepted_tokens for s in drafting)
+    assert sum(i.counters.spec_num_accepted_tokens for i in instances) == accepted
     if not colocated:  # every layer's pages travelled, the MTP layer's too: the planner's count
         (prefill,) = [s for s in stats.values() if s.role == "prefill"]
         plan = make_plan(spec)

@@ -201,7 +201,8 @@ def test_a_prompt_cached_whole_on_decode_needs_no_prefill(pair):
     cache_prompt(dm.engine, prompt)
     dm.submit("r", prompt, None)
     assert d_transfer.frames == [] and dm.engine.added == [("r", 2 * PAGE_SIZE)]
-    assert dm.totals.counters.requests_fully_cached == 1 and dm.totals.counters.pages_not_sent == 2 and dm.totals.counters.bytes_not_sent > 0
+    counters = dm.totals.counters
+    assert counters.requests_fully_cached == 1 and counters.pages_not_sent == 2 and counters.bytes_not_sent > 0
 
 
 def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair):

@@ -70,7 +70,8 @@ def test_workload_poisson_rate_and_lengths():
 
 def test_trace_files(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"arrival_s": 1.5, "input_len": 10, "output_len": 3}\n{"arrival_s": 0.5, "input_len": 20, "output_len": 4}\n')
+    path.write_text('{"arrival_s": 1.5, "input_len": 10, "output_len": 3}\n'
+                    '{"arrival_s": 0.5, "input_len": 20, "output_len": 4}\n')
     assert [r.arrival_s for r in load_trace(path)] == [0.5, 1.5]
     path.write_text('{"arrival_s": 1.5}\n')
     with pytest.raises(WorkloadError, match=r"t\.jsonl:1:"):

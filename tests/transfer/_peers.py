@@ -49,7 +49,7 @@ def sender_main(provider: str, conn, fd_sock: socket.socket) -> None:
                 elif cmd[0] == "echo":
                     engine.send(peer, engine.recv(timeout_s=30)).result(timeout=30)
                     conn.send(("ok",))
-            except Exception as exc:  # reported to the test, which decides
+            except Exception as exc:  # noqa: BLE001 - any error goes back to the test, which decides
                 conn.send(("error", f"{type(exc).__name__}: {exc}",
                            traceback.format_exc(limit=3)))
     finally:

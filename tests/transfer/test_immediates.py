@@ -43,7 +43,7 @@ def test_interleaved_requests_from_several_senders(target):
     _wait_received(target, base + len(entries))
     for imm in early:
         futures[imm] = target.engine.expect(imm, requests[imm])
-    for imm, fut in futures.items():
+    for fut in futures.values():
         assert fut.result(timeout=10) is None
     assert target.engine.stats()["imm_late"] == 0
 

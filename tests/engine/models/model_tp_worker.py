@@ -42,7 +42,7 @@ def run_rank(rank: int, world_size: int, port: int, models: list[str], out_dir: 
         tp = TensorParallel(rank=rank, size=world_size)
         for i, model in enumerate(models):
             seen: list[int] = []
-            logits = two_steps(build_model(model, tp), lambda layer, _out: seen.append(layer))
+            logits = two_steps(build_model(model, tp), lambda layer, _out, seen=seen: seen.append(layer))
             torch.save({"logits": logits, "seen": seen}, Path(out_dir) / f"{i}.rank{rank}.pt")
     finally:
         dist.destroy_process_group()
