@@ -233,11 +233,12 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan) -> KVUnit:
 
 
 def _pool_bytes(plan: Plan, config: EngineConfig, tp: int) -> int:
-    from disaggsdk.engine.kv_cache import KVCache
-    from disaggsdk.engine.models import kv_geometry
+    """Bytes of rank 0's KV pool, by the engine's own rule (`engine.shared_kv.pool_bytes`, which its
+    tp workers size theirs with): the KV layers are the plan's, the model's own and, when it drafts
+    with it, the MTP layer's."""
+    from disaggsdk.engine.model_runner import RunnerConfig
     from disaggsdk.engine.parallel import TensorParallel
+    from disaggsdk.engine.shared_kv import pool_bytes
 
-    # every KV layer of the plan: the model's and, when it drafts with it, the MTP layer's
-    geometry = kv_geometry(plan.arch, TensorParallel(0, tp), plan.kv_layers - plan.arch.num_layers)
-    return KVCache.page_format(geometry, config.num_pages, config.page_size, config.layout,
-                               config.kv_dtype or config.dtype).pool_bytes
+    runner = RunnerConfig(plan.spec.model, config, extra_kv_layers=plan.kv_layers - plan.arch.num_layers)
+    return pool_bytes(runner, TensorParallel(0, tp))
