@@ -65,7 +65,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
         DisaggError: a bad spec, missing hardware, or a runtime that failed to start.
     """
     from disaggsdk.face.deployment import launch
-    from disaggsdk.launch.tiny import LaunchError
+    from disaggsdk.launch.base import LaunchError
     from disaggsdk.spec import load_spec
 
     spec = with_runtime_options(load_spec(args.target), args)
@@ -95,12 +95,13 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
 
 def _wait_while_serving(d: Deployment) -> None:
     """Return never; raise LaunchError once the backend can serve no request again."""
-    from disaggsdk.launch.tiny import LaunchError
+    from disaggsdk.face.deployment import LaunchedBackend
+    from disaggsdk.launch.base import LaunchError
 
-    unrecoverable = getattr(d.backend, "unrecoverable", lambda: None)
+    backend = d.backend
     while True:
         time.sleep(POLL_S)
-        reason = unrecoverable()
+        reason = backend.unrecoverable() if isinstance(backend, LaunchedBackend) else None
         if reason:
             raise LaunchError(f"shutting down: {reason}")
 

@@ -36,12 +36,16 @@ if TYPE_CHECKING:
 
 
 @runtime_checkable
-class MeasuresTTFTPhases(Protocol):
-    """A backend whose units time each request's way to its first token (`serve.router.Router`);
-    one engine in this process does not: it has no phases."""
+class LaunchedBackend(Protocol):
+    """What a backend over launched unit processes (`serve.router.Router`) answers beyond
+    `ServingBackend`; one engine in this process has no phases and cannot lose its units."""
 
     def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary:
         """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
+        ...
+
+    def unrecoverable(self) -> str | None:
+        """Why no request can be served again (units that cannot restart); None while they can."""
         ...
 
 
@@ -145,7 +149,7 @@ class Deployment:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
         phase (`disaggsdk.report.ttft_phases`); None for a backend that does not measure it (one engine
         in this process: it has no phases)."""
-        if isinstance(self.backend, MeasuresTTFTPhases):
+        if isinstance(self.backend, LaunchedBackend):
             return self.backend.ttft_phases(since_s)
         return None
 
