@@ -16,7 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 # (out_features, in_features): lm_head 4096 x 256, MLP up|gate 1024 x 256 and down 256 x 512,
 # attention 256 x 256, MoE experts 256 x 128
@@ -24,7 +29,7 @@ SHAPES = ((4096, 256), (1024, 256), (256, 512), (256, 256), (256, 128))
 EVICT_BYTES = 64 << 20
 
 
-def _mean_us(fn: Any, evict: Any, repeats: int) -> float:
+def _mean_us(fn: Callable[[], object], evict: torch.Tensor, repeats: int) -> float:
     total = 0.0
     for i in range(repeats + 5):
         evict.add_(1.0)
@@ -54,10 +59,9 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32")
             tolerance = 1e-4 if dtype == "float32" else 2e-2
             torch.testing.assert_close(skinny.linear(x, weight, packed), F.linear(x, weight), rtol=tolerance,
                                        atol=tolerance)
-            # each lambda binds this iteration's tensors (it runs before the next one, but says so)
-            linear_us = _mean_us(lambda x=x, weight=weight: F.linear(x, weight), evict, repeats)
-            skinny_us = _mean_us(lambda x=x, weight=weight, packed=packed: skinny.linear(x, weight, packed), evict,
-                                 repeats)
+            # each call binds this iteration's tensors
+            linear_us = _mean_us(partial(F.linear, x, weight), evict, repeats)
+            skinny_us = _mean_us(partial(skinny.linear, x, weight, packed), evict, repeats)
             weight_gb = weight.numel() * weight.element_size() / 1e9
             results.append({
                 "weight": [out_features, in_features], "rows": n,

@@ -24,10 +24,13 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disaggsdk.engine.llm_engine import LLMEngine
 
 
-def _timed_decode(engine: Any, prompts: list[list[int]], output_len: int) -> tuple[float, list[list[int]]]:
+def _timed_decode(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[float, list[list[int]]]:
     """Greedy generation of ``output_len`` tokens for every prompt at once. Returns the mean over
     requests of each one's decode time per token (from its first token to its last) and the tokens."""
     from disaggsdk.engine.sampling import SamplingParams

@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 import attrs
 
@@ -121,7 +120,7 @@ class SpeedMonitor:
             if kind == "D":
                 self._first.set()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._process is not None:
             self._process.terminate()
             try:

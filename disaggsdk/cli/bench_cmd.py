@@ -26,6 +26,7 @@ from disaggsdk.cli.runtime_options import add_runtime_options
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
     from disaggsdk.bench.multi_turn import MultiTurnWorkload
+    from disaggsdk.engine.tokenizer import Tokenizer
     from disaggsdk.face.deployment import Deployment
 
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM's flags and keys."
@@ -94,7 +95,7 @@ def _token_ids(prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
-def _text_of_length(tokenizer: Any, ids: list[int], rounds: int = 4) -> tuple[str, int]:
+def _text_of_length(tokenizer: Tokenizer, ids: list[int], rounds: int = 4) -> tuple[str, int]:
     """Text that encodes to about ``len(ids)`` tokens, and its length: random ids decode to text
     that re-encodes longer (vLLM trims the same way), so cut the re-encoded ids and decode again."""
     text = tokenizer.decode(ids)
@@ -106,7 +107,7 @@ def _text_of_length(tokenizer: Any, ids: list[int], rounds: int = 4) -> tuple[st
     return text, len(tokenizer.encode(text))
 
 
-def _tokenizer(model: str | None) -> Any:
+def _tokenizer(model: str | None) -> Tokenizer:
     from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
     # a full-size catalog model has no tokenizer here (None): byte-level ids are valid for every model

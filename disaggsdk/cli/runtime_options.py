@@ -4,10 +4,13 @@ starts a spec (launch, bench SPEC, generate --spec). They override the spec's ``
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disaggsdk.spec.types import Spec
 
 
-def add_runtime_options(parser: Any, with_backend: bool = True) -> None:
+def add_runtime_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, with_backend: bool = True) -> None:
     """Add ``--backend`` and ``--address`` to ``parser`` (or an argument group); ``with_backend``
     False where the load options' ``--backend`` already takes ``local | ray`` beside vLLM's values."""
     if with_backend:
@@ -19,7 +22,7 @@ def add_runtime_options(parser: Any, with_backend: bool = True) -> None:
                              "else a new one-node cluster)")
 
 
-def with_runtime_options(spec: Any, args: argparse.Namespace) -> Any:
+def with_runtime_options(spec: Spec, args: argparse.Namespace) -> Spec:
     """``spec`` with its ``launch`` section overridden by ``--backend`` / ``--address`` where given."""
     import attrs
 
