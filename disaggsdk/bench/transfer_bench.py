@@ -12,11 +12,18 @@ import multiprocessing
 import random
 import statistics
 import time
-from typing import Any
+from concurrent.futures import Future
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 import attrs
 
 from disaggsdk.transfer.errors import TransferError
+
+if TYPE_CHECKING:
+    from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
+    from disaggsdk.transfer.engine import TransferEngine
 
 MAX_BATCH_BYTES = 4 << 20  # pages per batch: up to this many bytes
 MAX_BATCHES_IN_FLIGHT = 4
@@ -42,7 +49,7 @@ class BenchCell:
     ratio: float  # gb_per_s / memcpy_gb_per_s
 
 
-def _target_main(provider: str, region_bytes: int, conn: Any, direct: bool = True) -> None:
+def _target_main(provider: str, region_bytes: int, conn: Connection, direct: bool = True) -> None:
     """The receiving process: one region, an immediate counter per cell."""
     from disaggsdk.memory.shared_memory import SharedRegion
     from disaggsdk.transfer.engine import TransferEngine
@@ -98,7 +105,8 @@ def memcpy_gb_per_s(src: memoryview, dst: memoryview, runs: list[tuple[int, int,
     return moved / (time.perf_counter() - start) / 1e9
 
 
-def run_cell(engine: Any, peer: Any, src_region: Any, dst_desc: Any, conn: Any, provider: str,
+def run_cell(engine: TransferEngine, peer: Peer, src_region: MemoryRegion, dst_desc: RegionDescriptor,
+             conn: Connection, provider: str,
              kind: str, page_bytes: int, region_bytes: int, total_bytes: int, imm: int,
              copy_bufs: tuple[memoryview, memoryview], seed: int = 0) -> BenchCell:
     """Measures one cell. The target must be listening on `conn`."""
@@ -123,9 +131,9 @@ def run_cell(engine: Any, peer: Any, src_region: Any, dst_desc: Any, conn: Any, 
         raise TransferError("the benchmark target did not answer")
     before = engine.stats()
     latencies: list[float] = []
-    in_flight: list[Any] = []
+    in_flight: list[Future[None]] = []
 
-    def done(fut: Any, t0: float) -> None:
+    def done(fut: Future[None], t0: float) -> None:
         latencies.append(time.perf_counter() - t0)
 
     start = time.perf_counter()
@@ -134,7 +142,7 @@ def run_cell(engine: Any, peer: Any, src_region: Any, dst_desc: Any, conn: Any, 
             in_flight.pop(0).result(timeout=300)
         t0 = time.perf_counter()
         fut = engine.submit(peer, batches[b % len(batches)])
-        fut.add_done_callback(lambda f, t0=t0: done(f, t0))
+        fut.add_done_callback(partial(done, t0=t0))
         in_flight.append(fut)
     for fut in in_flight:
         fut.result(timeout=300)
