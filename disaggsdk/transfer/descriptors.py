@@ -5,8 +5,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from array import array
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -81,7 +80,7 @@ class MemoryRegion:
     address: int  # local virtual address of byte 0
     length_bytes: int
     descriptor: RegionDescriptor
-    keepalive: Any = attrs.field(repr=False)  # the buffer or its cffi view: must outlive `handle`
+    keepalive: object = attrs.field(repr=False)  # the buffer or its cffi view: must outlive `handle`
 
     def view(self) -> memoryview:
         """The region's bytes, read in place (host memory only: a CUDA region cannot be read here).
@@ -91,7 +90,7 @@ class MemoryRegion:
         return memoryview((ctypes.c_char * self.length_bytes).from_address(self.address)).cast("B")
 
 
-def _u64(values: Any, n: int | None) -> array:
+def _u64(values: int | Iterable[int], n: int | None) -> array[int]:
     if isinstance(values, int):
         if n is None:
             raise TransferError("a scalar length needs offsets to size the batch")

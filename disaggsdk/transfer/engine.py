@@ -25,7 +25,7 @@ import itertools
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -37,6 +37,9 @@ from disaggsdk.transfer.endpoint import PROVIDER_ALIASES, close_endpoint, open_e
 from disaggsdk.transfer.errors import TransferError
 from disaggsdk.transfer.progress_health import ProgressHealth
 from disaggsdk.transfer.same_host import SameHostShare
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 _ADDRESS_MAX_BYTES = 256
 
@@ -108,7 +111,7 @@ class TransferEngine:
 
     # memory
 
-    def register(self, buffer: Any, *, shared_fd: int | None = None, shared_offset: int = 0,
+    def register(self, buffer: Buffer, *, shared_fd: int | None = None, shared_offset: int = 0,
                  remote_write: bool = True) -> MemoryRegion:
         """Registers a writable Python buffer (bytearray, mmap, memoryview, numpy array).
 
@@ -136,7 +139,7 @@ class TransferEngine:
         return attrs.evolve(region, descriptor=attrs.evolve(region.descriptor, same_host=share))
 
     def register_pointer(self, address: int, length_bytes: int, *, cuda_device: int | None = None,
-                         keepalive: Any = None, remote_write: bool = True) -> MemoryRegion:
+                         keepalive: object = None, remote_write: bool = True) -> MemoryRegion:
         """Registers raw memory (e.g. a cuMem mapping); the caller keeps it mapped meanwhile.
 
         Args:
@@ -153,7 +156,7 @@ class TransferEngine:
         return self._register(address, length_bytes, iface, cuda_device or 0, keepalive, remote_write)
 
     def _register(self, address: int, length_bytes: int, iface: int, device: int,
-                  keepalive: Any, remote_write: bool = True) -> MemoryRegion:
+                  keepalive: object, remote_write: bool = True) -> MemoryRegion:
         handle = self._ffi.new("uint64_t *")
         desc = self._ffi.new("fab_region_desc *")
         rc = self._lib.fab_register(self._live(), self._ffi.cast("void *", address),
