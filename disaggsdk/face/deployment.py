@@ -112,7 +112,7 @@ class Deployment:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 32, temperature: float = 0.0, **params: Any) -> str:
+    def generate(self, prompt: str | list[int], max_tokens: int = 32, temperature: float = 0.0, **params: object) -> str:
         """Complete ``prompt`` through the HTTP endpoint (the same path a client takes).
 
         Args:
