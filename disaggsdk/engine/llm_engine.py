@@ -324,7 +324,11 @@ class LLMEngine:
         for rid, prompt, p in zip(ids, prompts, params):
             self.add_request(rid, prompt, p)
         final: dict[str, RequestOutput] = {}
-        reqs = {rid: self.scheduler.find(rid) for rid in ids}
+        reqs: dict[str, Request] = {}
+        for rid in ids:  # each was just added: the scheduler holds it
+            req = self.scheduler.find(rid)
+            assert req is not None, rid
+            reqs[rid] = req
         while any(rid not in final for rid in ids):
             outputs = self.step()
             if not outputs:

@@ -18,11 +18,15 @@ DEFAULT_WINDOW_S = 30.0  # the live views summarise requests that ended this rec
 
 
 class Served(Protocol):
-    """A finished request as a server recorded it (`disaggsdk.serve.metrics.ServedRequest`)."""
+    """A finished request as a server recorded it (`disaggsdk.serve.metrics.ServedRequest`, a
+    frozen record: read-only here)."""
 
-    instance: str
-    timeline: RequestTimeline
-    ended_s: float
+    @property
+    def instance(self) -> str: ...
+    @property
+    def timeline(self) -> RequestTimeline: ...
+    @property
+    def ended_s(self) -> float: ...
 
 
 @dataclass(frozen=True)

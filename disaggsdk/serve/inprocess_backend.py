@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -101,7 +101,7 @@ class InProcessBackend:
 
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = ""
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event.
         ``client`` is not used: a request that takes this engine down takes the server with it."""
         if self._closed.is_set():

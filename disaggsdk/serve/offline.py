@@ -62,5 +62,5 @@ def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = Non
             outputs.append(item)
         # every counter of each unit, under the names `UnitCounters` declares
         transfer = {name: {"role": s.role, **msgspec.structs.asdict(s.counters)} for name, s in stats.items()}
-        return {"model": rt.spec.model, "units": sorted(rt.runtime.units), "outputs": outputs, "transfer": transfer}
+        return {"model": rt.spec.model, "units": sorted(rt.runtime.unit_roles()), "outputs": outputs, "transfer": transfer}
 
