@@ -276,26 +276,8 @@ class Unit:
         waiting = len(e.scheduler.waiting) + (m.num_waiting if m is not None else 0)
         return ch.UnitStats(
             seq=seq, name=self.args.name, role=self.args.role, running=len(e.scheduler.running), waiting=waiting,
-            num_free_pages=e.num_free_pages, num_pages=e.config.num_pages,
-            transfer_bytes=totals.bytes if totals else 0, transfer_writes=totals.writes if totals else 0,
-            transfer_s=totals.transfer_s if totals else 0.0, exposed_transfer_s=totals.exposed_s if totals else 0.0,
-            transfer_failures=totals.failures if totals else 0, requests_retried=totals.retries if totals else 0,
-            prefilled_locally=totals.prefilled_locally if totals else 0,
-            rejected_frames=dict(m.frames.by_reason) if m is not None else {},
-            rejected_requests=dict(m.rejected) if m is not None else {},
-            recent=list(totals.recent) if totals and with_recent else [],
-            spec_num_drafts=e.spec_stats.num_drafts, spec_num_draft_tokens=e.spec_stats.num_draft_tokens,
-            spec_num_accepted_tokens=e.spec_stats.num_accepted_tokens,
-            spec_accepted_per_position=list(e.spec_stats.accepted_per_position),
-            spec_drafts_per_position=list(e.spec_stats.drafts_per_position),
-            num_preemptions=e.scheduler.num_preemptions,
-            prefix_cache_queries=e.scheduler.prefix_cache.queries, prefix_cache_hits=e.scheduler.prefix_cache.hits,
-            pages_not_sent=totals.pages_not_sent if totals else 0,
-            bytes_not_sent=totals.bytes_not_sent if totals else 0,
-            requests_fully_cached=totals.fully_cached if totals else 0,
-            requests_prefilled_short=totals.prefilled_here_short if totals else 0,
-            kv_pages_failed_verification=totals.pages_failed_verification if totals else 0,
-        )
+            num_free_pages=e.num_free_pages, num_pages=e.config.num_pages, counters=counters,
+            recent=list(m.totals.recent) if m is not None and with_recent else [])
 
     def stop(self) -> None:
         """End the loop after its current round, as `Shutdown` does (SIGTERM, a dead launcher).
