@@ -5,15 +5,32 @@ What `disaggsdk launch`, `disaggsdk generate --spec`, the benchmarks and the tes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from disaggsdk.serve.router import Router
 
 if TYPE_CHECKING:
+    from disaggsdk.launch.units import CpuAffinity
     from disaggsdk.spec import Spec
 
 
-def serve_locally(spec: Spec, **runtime_options: Any) -> Router:  # options: the runtime's keywords, as they are
+class RuntimeOptions(TypedDict, total=False):
+    """The keywords `LocalRuntime` and `RayRuntime` share (see `launch.runtime.Supervisor`)."""
+
+    tiny: bool
+    colocated: bool
+    cpu_affinity: CpuAffinity
+    log_dir: str | None
+    provider: str | None
+    start_timeout_s: float
+    on_event: Callable[[str], None] | None
+    secret: bytes | None
+    max_restarts: int
+    restart_window_s: float
+
+
+def serve_locally(spec: Spec, **runtime_options: Unpack[RuntimeOptions]) -> Router:
     """Start ``spec``'s units with `disaggsdk.launch.LocalRuntime` and route requests to them.
 
     Args:
