@@ -59,8 +59,12 @@ def test_echo_streamed_and_batched_match_whole(deployment):
     for k, choice in enumerate(whole["choices"]):
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == k]
         assert "".join(c["text"] for c in mine) == choice["text"]
-        assert [v for c in mine if c["logprobs"] for v in c["logprobs"]["token_logprobs"]] == \
-            choice["logprobs"]["token_logprobs"]
+        # two runs: the batch the prompts share may differ, and so float sums in the last bits (~6e-7
+        # seen on a busy machine); the prompt's first token has no logprob (None) in both
+        streamed = [v for c in mine if c["logprobs"] for v in c["logprobs"]["token_logprobs"]]
+        want = choice["logprobs"]["token_logprobs"]
+        assert [v is None for v in streamed] == [v is None for v in want]
+        assert [v for v in streamed if v is not None] == pytest.approx([v for v in want if v is not None], abs=1e-4)
 
 
 def test_echo_through_the_openai_client(deployment):
