@@ -130,17 +130,7 @@ class FlashInferBackend:
         k_rope: torch.Tensor,
         sm_scale: float,
     ) -> torch.Tensor:
-        """MLA attention of one layer in absorbed form (see `AttentionBackend.run_mla`).
-
-        Args:
-            q_latent: [num_tokens, num_heads_local, kv_lora_rank]
-            q_rope: [num_tokens, num_heads_local, qk_rope_head_dim]
-            kv_latent: [num_tokens, kv_lora_rank], new tokens
-            k_rope: [num_tokens, qk_rope_head_dim], new tokens
-            sm_scale: softmax scale of the un-absorbed head dim
-        Returns:
-            [num_tokens, num_heads_local, kv_lora_rank]
-        """
+        """MLA attention of one layer in absorbed form: `AttentionBackend.run_mla` says the shapes."""
         cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, kv_lora_rank + rope]
         rank = kv_latent.shape[1]
         cache[self._new_page, self._new_offset] = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype)
