@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: demo test test-all install sysdeps clean
+.PHONY: demo check test test-all install sysdeps clean
 
 # libfabric comes from Debian; the native transfer library is built against it.
 sysdeps:
@@ -32,11 +32,16 @@ demo: install
 	  --num-prompts 24 --qps 6 --input-len 256 --output-len 32
 
 # The default suite (about 15 minutes on 2 cores) leaves out the tests marked slow: each is a
-# bigger case of something the default run covers. test-all runs everything.
-test: install
+# bigger case of something the default run covers. test-all runs everything. Both check first:
+# ruff (config in pyproject.toml) and mypy (strict on spec, plan, messenger, report, launch, serve).
+check: install
+	$(VENV)/bin/ruff check disaggsdk tests tools
+	$(VENV)/bin/mypy
+
+test: check
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test-all: install
+test-all: check
 	$(PY) -m pytest -q -p no:cacheprovider -m 'slow or not slow'
 
 clean:
