@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from disaggsdk.memory.page_allocator import PageAllocator
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes, pack_context
 from disaggsdk.messenger.decode_side import DRAIN_GRACE_S, DecodeMessenger
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.plan import make_plan
+from tests.messenger._engine_pages import EnginePages
 from tests.plan.helpers import make_spec
 
 SECRET = b"decode-side-test-secret-01234567"
@@ -54,32 +54,14 @@ class FakeTransfer:
         return fut
 
 
-class FakeEngine:
+class FakeEngine(EnginePages):
     def __init__(self):
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
         self.arch = SimpleNamespace(hidden_size=HIDDEN, vocab_size=VOCAB)
-        self.allocator = PageAllocator(NUM_PAGES)
+        super().__init__(NUM_PAGES, PAGE_SIZE)  # the page contract, over a real allocator
         self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=4, page_bytes=64))
         self.admitted: list[str] = []
         self.local: list[str] = []
-
-    # the page contract of `LLMEngine`, over a real allocator the tests look into
-
-    @property
-    def num_free_pages(self):
-        return self.allocator.num_free_pages
-
-    def allocate_pages(self, request_id, num_tokens, pinned=True):
-        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
-
-    def holds_grant(self, grant):
-        return self.allocator.is_current(grant)
-
-    def rename_pages(self, request_id, owner):
-        return self.allocator.rename(request_id, owner)
-
-    def release(self, request_id):
-        return self.allocator.free(request_id)
 
     def share_cached_prompt(self, request_id, prompt_ids, count=True):
         return 0  # no prefix cache here: tests/messenger/test_decode_prefix_hit.py has one

@@ -13,7 +13,6 @@ import pytest
 
 from disaggsdk.engine.hooks import LayerCounter
 from disaggsdk.memory.block_hash import page_hashes
-from disaggsdk.memory.page_allocator import PageAllocator
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes
 from disaggsdk.messenger.decode_side import DecodeMessenger
@@ -21,6 +20,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
 from disaggsdk.plan import expected_writes, make_plan
 from disaggsdk.transfer import RegionDescriptor
+from tests.messenger._engine_pages import EnginePages
 from tests.plan.helpers import make_spec
 
 SECRET = b"prefill-side-test-secret-0123456"
@@ -51,11 +51,11 @@ class RawTransfer:
         pass
 
 
-class FakeEngine:
+class FakeEngine(EnginePages):
     def __init__(self, arch):
         self.arch = arch
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
-        self.allocator = PageAllocator(NUM_PAGES)
+        super().__init__(NUM_PAGES, PAGE_SIZE)  # the page contract, over a real allocator
         self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=arch.num_layers, num_pages=NUM_PAGES,
                                                             page_bytes=64))
         self.layer_counter = LayerCounter()
@@ -78,27 +78,6 @@ class FakeEngine:
 
     def abort(self, request_id):
         return False
-
-    # the page contract of `LLMEngine`, over a real allocator the tests look into (both sides use it)
-
-    @property
-    def num_free_pages(self):
-        return self.allocator.num_free_pages
-
-    def allocate_pages(self, request_id, num_tokens, pinned=True):
-        return self.allocator.allocate(request_id, -(-num_tokens // PAGE_SIZE), pinned=pinned)
-
-    def holds_grant(self, grant):
-        return self.allocator.is_current(grant)
-
-    def rename_pages(self, request_id, owner):
-        return self.allocator.rename(request_id, owner)
-
-    def pin_pages(self, request_id):
-        self.allocator.pin(request_id)
-
-    def release(self, request_id):
-        return self.allocator.free(request_id)
 
 
 def region(key: int, length_bytes: int) -> bytes:
