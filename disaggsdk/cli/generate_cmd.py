@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TypedDict
+from typing import TypedDict, get_args
 
 from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.errors import DisaggError
+from disaggsdk.spec.engine_settings import WeightDtype
+from disaggsdk.spec.types import Spec
 
 HELP = "Generate text offline with the engine (a tiny catalog model or a checkpoint directory)."
 
@@ -28,6 +30,8 @@ class _Output(TypedDict, total=False):
     logprobs: list[dict[str, object]]  # with --logprobs
 
 
+_DEFAULT = Spec()  # the spec's defaults: a flag's default is the key's, declared once there
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `generate`."""
     parser.add_argument("--model", help="tiny catalog name or Hugging Face checkpoint directory")
@@ -37,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime_options(parser)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (processes)")
     parser.add_argument("--layout", choices=("HND", "NHD"), default="HND", help="KV page layout")
-    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
-    parser.add_argument("--num-pages", type=int, default=1024, help="KV pages per rank")
+    parser.add_argument("--page-size", type=int, default=_DEFAULT.kv.page_size, help="tokens per KV page")
+    parser.add_argument("--num-pages", type=int, default=_DEFAULT.engine.num_pages, help="KV pages per rank")
     parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
     parser.add_argument("--prompt-ids", action="append", default=[], help="prompt token ids, e.g. 1,2,3 (repeatable)")
     parser.add_argument("--output-len", type=int, default=16, help="tokens to generate per prompt (max_tokens)")
@@ -49,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (per request)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     parser.add_argument("--logprobs", type=int, default=None, metavar="N", help="return the top-N logprobs per token")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (chunked prefill)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULT.engine.max_num_batched_tokens,
+                        help="token budget per step (chunked prefill)")
     parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype")
+    parser.add_argument("--dtype", default=_DEFAULT.engine.dtype, choices=get_args(WeightDtype), help="weight dtype")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--speculative", choices=("mtp", "ngram"), default=None,
                         help="speculative decoding: the model's MTP layer, or n-gram prompt lookup (--model only)")

@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import get_args
 
 from rich.console import Console
 
 from disaggsdk.cli.bench_cmd import API_KEY_ENV
+from disaggsdk.spec.engine_settings import WeightDtype
+from disaggsdk.spec.types import Spec
 
 HELP = "Serve one colocated engine (tiny catalog model or checkpoint) over the OpenAI-compatible API."
 
+
+_DEFAULT = Spec()  # the spec's defaults: a flag's default is the key's, declared once there
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `serve`."""
@@ -24,12 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model name clients send and /v1/models lists (default: --model)")
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
                         help="web origins whose pages may call the server (CORS); '*' for any")
-    parser.add_argument("--num-pages", type=int, default=1024, help="KV pages")
-    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests holding pages at once")
+    parser.add_argument("--num-pages", type=int, default=_DEFAULT.engine.num_pages, help="KV pages")
+    parser.add_argument("--page-size", type=int, default=_DEFAULT.kv.page_size, help="tokens per KV page")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULT.engine.max_num_batched_tokens,
+                        help="token budget per step")
+    parser.add_argument("--max-num-seqs", type=int, default=_DEFAULT.engine.max_num_seqs, help="requests holding pages at once")
     parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype")
+    parser.add_argument("--dtype", default=_DEFAULT.engine.dtype, choices=get_args(WeightDtype), help="weight dtype")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
 
 

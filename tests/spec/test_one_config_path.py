@@ -58,3 +58,16 @@ def test_the_builder_takes_a_sections_own_fields():
     kept = Cluster().hardware(gpu="cpu").hardware(gpus_per_node=2, nic_gbps=None).draft.hardware
     assert kept == Hardware(gpu="cpu", gpus_per_node=2)
     assert Cluster().transfer(deadline_s=5.0).draft.transfer.deadline_s == 5.0
+
+
+@pytest.mark.parametrize("command", [["serve", "--model", "qwen3-coder-tiny"], ["generate", "--model", "qwen3-coder-tiny"]])
+def test_the_engine_flags_of_the_cli_default_to_the_specs_keys(command):
+    """`serve` and `generate --model` run an engine without a spec: their flags' defaults are the spec's."""
+    from disaggsdk.cli.main import build_parser
+
+    args = build_parser().parse_args(command)
+    flags = {"page_size": "kv.page_size", "num_pages": "engine.num_pages", "dtype": "engine.dtype",
+             "max_num_batched_tokens": "engine.max_num_batched_tokens"}
+    if command[0] == "serve":
+        flags["max_num_seqs"] = "engine.max_num_seqs"
+    assert {flag: getattr(args, flag) for flag in flags} == {flag: _at(Spec(), path) for flag, path in flags.items()}
