@@ -30,6 +30,7 @@ def test_quickstart_runs_and_shows_the_plans_as_html():
     assert "def fibonacci(n):\n    " in text  # the trained tiny model writes a function body
 
 
+@pytest.mark.slow  # 27 s; the quickstart notebook is the default run's executed notebook
 def test_simulate_notebook_compares_layouts_and_names_its_disagreements():
     nb = execute("simulate.ipynb")
     outs = outputs_of(nb)
