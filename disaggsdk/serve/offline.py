@@ -6,7 +6,7 @@ What `disaggsdk generate --spec SPEC` runs (and what a notebook can call directl
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import msgspec
 
@@ -17,10 +17,30 @@ if TYPE_CHECKING:
     from disaggsdk.spec import Spec
 
 
+class SpecOutput(TypedDict):
+    """One prompt's result on a launched spec."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+    instance: str  # the decode (or mixed) unit that answered
+    text: NotRequired[str]  # where the model has a tokenizer
+    error: NotRequired[str]  # where the request failed
+
+
+class SpecRun(TypedDict):
+    """What `generate_with_spec` returns (and `generate --spec --json` prints)."""
+
+    model: str
+    units: list[str]
+    outputs: list[SpecOutput]
+    transfer: dict[str, dict[str, object]]  # unit -> its role and every field of `UnitCounters`
+
+
 def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = None,
                        params: SamplingParams | None = None, *, texts: Sequence[str] = (), tiny: bool = False,
                        colocated: bool = False, provider: str | None = None, timeout_s: float = 600.0,
-                       on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       on_event: Callable[[str], None] | None = None) -> SpecRun:
     """Run prompts through prefill -> KV transfer -> decode on local processes.
 
     Args:
@@ -50,11 +70,11 @@ def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = Non
         events = rt.generate_batch(all_prompts, params, timeout_s=timeout_s, prefix="gen")
         stats = rt.unit_stats()
         tokenizer = rt.tokenizer_or_none()
-        outputs = []
+        outputs: list[SpecOutput] = []
         for prompt, evs in zip(all_prompts, events):
             token_ids = [t for e in evs for t in e.new_token_ids]
-            item: dict[str, Any] = {"prompt_ids": prompt, "token_ids": token_ids,
-                                    "finish_reason": evs[-1].finish_reason, "instance": evs[-1].instance}
+            item: SpecOutput = {"prompt_ids": prompt, "token_ids": token_ids,
+                                "finish_reason": evs[-1].finish_reason, "instance": evs[-1].instance}
             if evs[-1].error:
                 item["error"] = evs[-1].error
             if tokenizer is not None:
