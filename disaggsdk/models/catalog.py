@@ -34,31 +34,40 @@ _TINY_COMMON: dict[str, Any] = {
     "attention_dropout": 0.0,
 }
 
+_QWEN3_CODER: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 6144,
+    "intermediate_size": 8192,
+    "moe_intermediate_size": 2560,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "num_experts": 160,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "max_position_embeddings": 262144,
+    "rope_theta": 10000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+# Catalog names are the formats the models ship in: Qwen publishes Qwen3-Coder-480B-A35B-Instruct in
+# bfloat16 and as "-FP8" (block FP8, the same format as DeepSeek's); DeepSeek publishes R1 in FP8 only.
 CATALOG: dict[str, dict[str, Any]] = {
-    "qwen3-coder": {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": 151936,
-        "hidden_size": 6144,
-        "intermediate_size": 8192,
-        "moe_intermediate_size": 2560,
-        "num_hidden_layers": 62,
-        "num_attention_heads": 96,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "num_experts": 160,
-        "num_experts_per_tok": 8,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "max_position_embeddings": 262144,
-        "rope_theta": 10000000.0,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+    "qwen3-coder": _QWEN3_CODER,
+    "qwen3-coder-fp8": {
+        **_QWEN3_CODER,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
     },
     "deepseek-r1": {
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -103,6 +112,9 @@ CATALOG: dict[str, dict[str, Any]] = {
         "hidden_act": "silu",
         "bos_token_id": 0,
         "eos_token_id": 1,
+        # DeepSeek ships R1 only in block FP8 (its norms, embeddings, router and head in bfloat16)
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
     },
     "qwen3-tiny": {
         **_TINY_COMMON,
@@ -161,6 +173,7 @@ CATALOG: dict[str, dict[str, Any]] = {
 # A real model's CPU stand-in with the same attention kind (used by `launch --tiny`).
 TINY_VARIANT = {
     "qwen3-coder": "qwen3-coder-tiny",
+    "qwen3-coder-fp8": "qwen3-coder-tiny",
     "deepseek-r1": "deepseek-r1-tiny",
 }
 
