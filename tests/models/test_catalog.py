@@ -30,7 +30,8 @@ def test_tiny_variants_keep_the_attention_kind_and_8_way_tp(real, tiny):
 
 
 def test_catalog_lists_real_and_tiny_models():
-    assert set(catalog_names()) == {"deepseek-r1", "qwen3-coder", "deepseek-r1-tiny", "qwen3-coder-tiny", "qwen3-tiny"}
+    assert set(catalog_names()) == {"deepseek-r1", "qwen3-coder", "qwen3-coder-fp8", "deepseek-r1-tiny",
+                                    "qwen3-coder-tiny", "qwen3-tiny"}
 
 
 def test_reads_a_checkpoint_directory(tmp_path):
