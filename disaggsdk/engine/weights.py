@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 from disaggsdk.errors import ModelError
+
+if TYPE_CHECKING:
+    from disaggsdk.models.quantization import BlockFP8
 
 INIT_STD = 0.02  # as transformers' `initializer_range` default for these families
 
@@ -67,6 +70,8 @@ class SafetensorsSlice(Protocol):
     def __getitem__(self, index: slice | tuple[slice, ...]) -> torch.Tensor: ...
 
     def get_shape(self) -> list[int]: ...
+
+    def get_dtype(self) -> str: ...
 
 
 def _check_slot(slot: WeightSlot) -> None:
@@ -137,21 +142,29 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
     )
 
 
-def load_checkpoint(model: HasWeightSlots, directory: Path) -> None:
+def load_checkpoint(model: HasWeightSlots, directory: Path, quantization: BlockFP8 | None = None) -> None:
     """Load this rank's slice of every slot from a Hugging Face safetensors checkpoint.
 
     Tensors are read slice by slice (only this rank's range) and cast to the parameter's dtype.
     Tensors the model does not use (e.g. rotary caches) are ignored. An optional group wholly
     absent from the checkpoint (DeepSeek's MTP layer, which transformers does not save) is
-    dropped from the model.
+    dropped from the model. In a block-FP8 checkpoint (``quantization``) every tensor the format
+    quantizes is read with its ``weight_scale_inv`` and dequantized at load (`fp8_blocks`: why at
+    load); every other tensor must be stored unquantized, so no FP8 value is ever used without its scale.
 
     Args:
         model: the model to fill (this rank's shard).
         directory: the checkpoint directory.
+        quantization: the checkpoint's block-FP8 format (``block_fp8_of(config)``), or None for an
+            unquantized checkpoint.
 
     Raises:
         ModelError: a tensor is missing or has another shape than the config implies (the
-            message names the tensor and both shapes), or the files cannot be read.
+            message names the tensor and both shapes), the files cannot be read, or FP8 storage
+            disagrees with the format: a quantized tensor without its scale tensor, a scale of the
+            wrong shape or dtype, an FP8 tensor the format does not quantize (or any FP8 tensor in an
+            unquantized checkpoint), an unquantized tensor where the format expects FP8, or a scale
+            tensor beside a tensor the format does not quantize.
     """
     from safetensors import safe_open
 
@@ -176,20 +189,87 @@ def load_checkpoint(model: HasWeightSlots, directory: Path) -> None:
             f"{directory}: checkpoint lacks tensor {missing[0].name!r} of shape "
             f"{list(missing[0].full_shape)}{more}; is the checkpoint complete and does config.json match it?"
         )
-    handles = {}
+    handles: dict[Path, Any] = {}
+
+    def open_slice(name: str) -> SafetensorsSlice:
+        path = files[name]
+        if path not in handles:
+            handles[path] = safe_open(str(path), framework="pt")
+        return handles[path].get_slice(name)
+
     try:
         for slot in slots:
             _check_slot(slot)
-            path = files[slot.name]
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt")
-            view = handles[path].get_slice(slot.name)
+            view = open_slice(slot.name)
             shape = tuple(view.get_shape())
             if shape != slot.full_shape:
                 raise ModelError(
-                    f"{directory}: tensor {slot.name!r} has shape {list(shape)} in {path.name} but the "
+                    f"{directory}: tensor {slot.name!r} has shape {list(shape)} in {files[slot.name].name} but the "
                     f"config implies {list(slot.full_shape)}; config.json and the weights disagree"
                 )
-            slot.target.copy_(_slice(view, slot))
+            if quantization is not None and quantization.is_quantized(slot.name, slot.full_shape):
+                slot.target.copy_(_read_block_fp8(slot, view, open_slice, files, quantization, directory))
+            else:
+                _check_unquantized(slot, view, files, quantization, directory)
+                slot.target.copy_(_slice(view, slot))
     finally:
         handles.clear()
+
+
+def _read_block_fp8(slot: WeightSlot, view: SafetensorsSlice, open_slice: Callable[[str], SafetensorsSlice],
+                    files: dict[str, Path], quantization: BlockFP8, directory: Path) -> torch.Tensor:
+    """This rank's slice of a tensor the format quantizes, checked against the format and dequantized."""
+    from disaggsdk.engine import fp8_blocks
+    from disaggsdk.models.quantization import scale_name
+
+    dtype = view.get_dtype()
+    if dtype != "F8_E4M3":
+        raise ModelError(
+            f"{directory}: tensor {slot.name!r} is stored as {dtype} but config.json's quantization_config "
+            f"(block fp8) quantizes it to F8_E4M3 with a scale; re-quantize the checkpoint "
+            f"(python -m tools.fp8_checkpoint) or list its module in quantization_config.modules_to_not_convert"
+        )
+    scale = scale_name(slot.name)
+    if scale not in files:
+        raise ModelError(
+            f"{directory}: FP8 tensor {slot.name!r} has no scale tensor {scale!r}; a block-fp8 checkpoint "
+            f"stores one weight_scale_inv per quantized weight: the checkpoint is incomplete"
+        )
+    scale_view = open_slice(scale)
+    want = quantization.scale_shape(slot.full_shape)
+    got = tuple(scale_view.get_shape())
+    if got != want:
+        raise ModelError(
+            f"{directory}: scale tensor {scale!r} has shape {list(got)} but a {list(slot.full_shape)} weight in "
+            f"{quantization.block_rows}x{quantization.block_cols} blocks needs {list(want)}; the scales do not "
+            f"belong to this weight or config.json's weight_block_size is wrong"
+        )
+    if scale_view.get_dtype() not in fp8_blocks.SCALE_DTYPE_NAMES:
+        raise ModelError(
+            f"{directory}: scale tensor {scale!r} is stored as {scale_view.get_dtype()}; scales are "
+            f"{' or '.join(fp8_blocks.SCALE_DTYPE_NAMES)}"
+        )
+    block = (quantization.block_rows, quantization.block_cols)
+    return fp8_blocks.read_dequantized(view, scale_view, block, slot.shard_dim, slot.shard)
+
+
+def _check_unquantized(slot: WeightSlot, view: SafetensorsSlice, files: dict[str, Path],
+                       quantization: BlockFP8 | None, directory: Path) -> None:
+    """Refuse FP8 storage of a tensor that the checkpoint's format leaves unquantized: copying it into
+    a float parameter would drop its scale and load wrong weights silently."""
+    from disaggsdk.engine import fp8_blocks
+    from disaggsdk.models.quantization import SCALE_SUFFIX, scale_name
+
+    if view.get_dtype() in fp8_blocks.FP8_DTYPE_NAMES:
+        why = ("config.json has no quantization_config" if quantization is None
+               else "config.json's quantization_config does not quantize it (embeddings, norms, router and "
+                    "lm_head stay unquantized)")
+        raise ModelError(
+            f"{directory}: tensor {slot.name!r} is stored as {view.get_dtype()} but {why}; an FP8 tensor "
+            f"loads only with its scale under quant_method 'fp8': fix config.json or the checkpoint"
+        )
+    if slot.name.endswith(".weight") and scale_name(slot.name) in files:
+        raise ModelError(
+            f"{directory}: tensor {slot.name!r} has a scale tensor {scale_name(slot.name)!r} but is stored as "
+            f"{view.get_dtype()}, which the format does not quantize; a {SCALE_SUFFIX} belongs to F8_E4M3 weights only"
+        )

@@ -89,8 +89,8 @@ def build_model(
     Returns:
         The model (a `CausalLM`, an ``nn.Module``) in eval mode, ``requires_grad`` off.
     Raises:
-        ModelError: unknown model or load format, unsupported architecture or config field (e.g. a quantised
-            checkpoint), a model that cannot be split over
+        ModelError: unknown model or load format, unsupported architecture or config field (e.g. a
+            quantization other than block FP8), a model that cannot be split over
             ``tp.size``, a full-size catalog model without a checkpoint, or a checkpoint whose
             tensors are missing or mis-shaped (the message names the tensor).
     """
@@ -99,6 +99,7 @@ def build_model(
     from disaggsdk.engine import weights
     from disaggsdk.models import is_tiny, resolve_model
     from disaggsdk.models.catalog import CATALOG
+    from disaggsdk.models.quantization import block_fp8_of
     from disaggsdk.models.shipped import checkpoint_directory
 
     if load_format not in LOAD_FORMATS:
@@ -120,7 +121,8 @@ def build_model(
     if directory is None:
         weights.init_random(net, seed=seed)
     else:
-        weights.load_checkpoint(net, directory)
+        # a block-FP8 checkpoint is dequantized into ``torch_dtype`` as it loads (engine/fp8_blocks.py)
+        weights.load_checkpoint(net, directory, block_fp8_of(arch.hf_config, arch.name))
     net.eval()
     net.requires_grad_(False)
     return net

@@ -84,25 +84,28 @@ SUPPORTED_VALUES = {
     "hidden_act": ("silu",),
     "attention_bias": (False, None),
     "use_sliding_window": (False, None),
-    "quantization_config": (None,),
 }
 
 
 def check_supported(arch: ModelArch) -> None:
     """Refuse config.json settings the engine would silently get wrong.
 
+    A ``quantization_config`` is supported when it is block-scaled FP8 (`block_fp8_of` says why not
+    otherwise); the loader dequantizes those weights.
+
     Raises:
         ModelError: naming the first unsupported field and its value.
     """
+    from disaggsdk.models.quantization import block_fp8_of
+
     for field, allowed in SUPPORTED_VALUES.items():
         value = arch.hf_config.get(field)
         if value not in allowed:
-            shown = value.get("quant_method", value) if isinstance(value, dict) else value
             raise ModelError(
-                f"{arch.name}: config.json field {field!r} is {shown!r}; the engine supports "
+                f"{arch.name}: config.json field {field!r} is {value!r}; the engine supports "
                 f"{' or '.join(repr(a) for a in allowed if a is not None) or 'only its absence'}"
-                f"{' (use an unquantised bf16/fp32 checkpoint)' if field == 'quantization_config' else ''}"
             )
+    block_fp8_of(arch.hf_config, arch.name)
 
 
 def kv_geometry(arch: ModelArch, tp: TensorParallel, extra_layers: int = 0) -> KVGeometry:
