@@ -50,5 +50,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(num_tokens=args.input_len), indent=2) + "\n")
     else:
-        Console(highlight=False).print(plan_renderable(plan, num_tokens=args.input_len))
+        # piped (no terminal to measure), rich would wrap the memory tables at 80 columns
+        width = None if sys.stdout.isatty() else 160
+        Console(highlight=False, width=width).print(plan_renderable(plan, num_tokens=args.input_len))
+    problems = plan.memory_problems
+    if problems:
+        from disaggsdk.errors import SpecError
+
+        raise SpecError(problems)  # the CLI prints each with its path and exits 2 (as validate)
     return 0

@@ -8,7 +8,8 @@ from rich.console import Console
 
 from disaggsdk.errors import SpecError
 
-HELP = "Check deployment spec files; print every problem with its YAML path and the fix."
+HELP = ("Check deployment spec files, their ranks' memory included; print every problem with its YAML path and "
+        "the fix.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from disaggsdk.plan.memory import check_memory
     from disaggsdk.spec import load_spec
 
     out = Console(highlight=False)
@@ -24,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     for path in args.specs:
         try:
             spec = load_spec(path)
+            check_memory(spec)  # weights, workspace and KV against each rank's device (docs/memory.md)
         except SpecError as exc:
             failed = True
             err.print(f"[bold red]{path}: {len(exc.problems)} problem(s)[/]")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
-from disaggsdk.spec.engine_settings import SpecMethod
+from disaggsdk.spec.engine_settings import SpecMethod, WeightDtype
 from disaggsdk.spec.kv import KV, Provider, TransferSettings
 from disaggsdk.spec.rules import check_spec
 from disaggsdk.spec.serving import Routing
@@ -73,21 +73,24 @@ class Cluster:
     draft: Spec = attrs.field(factory=Spec)
 
     # roles
-    def prefill(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None) -> Cluster:
-        """Shape of each prefill instance, and how many there are."""
-        return Cluster(attrs.evolve(self.draft, prefill=_set(self.draft.prefill, tp=tp, dp=dp, replicas=replicas)))
+    def prefill(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None,
+                ep: int | None = None) -> Cluster:
+        """Shape of each prefill instance, and how many there are; ``ep=tp*dp`` partitions the routed experts."""
+        role = _set(self.draft.prefill, tp=tp, dp=dp, replicas=replicas, ep=ep)
+        return Cluster(attrs.evolve(self.draft, prefill=role))
 
-    def decode(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None) -> Cluster:
-        """Shape of each decode instance, and how many there are."""
-        return Cluster(attrs.evolve(self.draft, decode=_set(self.draft.decode, tp=tp, dp=dp, replicas=replicas)))
+    def decode(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None,
+               ep: int | None = None) -> Cluster:
+        """Shape of each decode instance, and how many there are; ``ep=tp*dp`` partitions the routed experts."""
+        return Cluster(attrs.evolve(self.draft, decode=_set(self.draft.decode, tp=tp, dp=dp, replicas=replicas, ep=ep)))
 
-    def decoders(self, replicas: int, tp: int | None = None, dp: int | None = None) -> Cluster:
-        """``replicas`` decode instances of ``tp`` x ``dp`` ranks each."""
-        return self.decode(tp=tp, dp=dp, replicas=replicas)
+    def decoders(self, replicas: int, tp: int | None = None, dp: int | None = None, ep: int | None = None) -> Cluster:
+        """``replicas`` decode instances of ``tp`` x ``dp`` ranks each (``ep``: see `decode`)."""
+        return self.decode(tp=tp, dp=dp, replicas=replicas, ep=ep)
 
-    def prefills(self, replicas: int, tp: int | None = None, dp: int | None = None) -> Cluster:
-        """``replicas`` prefill instances of ``tp`` x ``dp`` ranks each."""
-        return self.prefill(tp=tp, dp=dp, replicas=replicas)
+    def prefills(self, replicas: int, tp: int | None = None, dp: int | None = None, ep: int | None = None) -> Cluster:
+        """``replicas`` prefill instances of ``tp`` x ``dp`` ranks each (``ep``: see `prefill`)."""
+        return self.prefill(tp=tp, dp=dp, replicas=replicas, ep=ep)
 
     # everything else
     def model(self, model: str) -> Cluster:
@@ -119,10 +122,13 @@ class Cluster:
         see `TransferSettings`).""")
 
     def engine(self, num_pages: int | None = None, max_num_batched_tokens: int | None = None,
-               max_num_seqs: int | None = None, prefix_caching: bool | None = None) -> Cluster:
-        """Per-rank engine sizes, and the prefix cache (on by default, as vLLM's; see `EngineSettings`)."""
+               max_num_seqs: int | None = None, prefix_caching: bool | None = None,
+               memory_utilization: float | None = None, dtype: WeightDtype | None = None) -> Cluster:
+        """Per-rank engine sizes, the prefix cache (on by default, as vLLM's), the fraction of device memory the
+        rank may fill and the weights' dtype (see `EngineSettings`)."""
         engine = _set(self.draft.engine, num_pages=num_pages, max_num_batched_tokens=max_num_batched_tokens,
-                      max_num_seqs=max_num_seqs, prefix_caching=prefix_caching)
+                      max_num_seqs=max_num_seqs, prefix_caching=prefix_caching,
+                      memory_utilization=memory_utilization, dtype=dtype)
         return Cluster(attrs.evolve(self.draft, engine=engine))
 
     def transport(self, provider: Provider, same_host_copy: bool | None = None) -> Cluster:
@@ -150,7 +156,8 @@ class Cluster:
     # results
     @property
     def spec(self) -> Spec:
-        """The finished spec, cross-checked against the model.
+        """The finished spec, cross-checked against the model. Whether its ranks fit their memory is the
+        plan's to say (`plan()` shows it; `launch()` and `disaggsdk validate` refuse what does not fit).
 
         Raises:
             SpecError: listing every problem.

@@ -219,19 +219,29 @@ class _TensorFn(Protocol):
                  ) -> Iterator[CheckpointTensor]: ...
 
 
+Storage = Literal["fp8", "scale", "wide"]  # an FP8 weight, its block scale, or a 16/32-bit tensor
+
+
 @dataclass(frozen=True)
 class WeightTotals:
-    """The checkpoint's bytes summed by what decides a rank's share of them (one pass over the inventory).
+    """The checkpoint's elements summed by what decides a rank's share of them (one pass over the inventory).
 
-    ``full_bytes`` maps (group, part, shard kind, is a scale) to the full bytes of every tensor so keyed,
-    routed experts excluded; ``expert_bytes`` maps (group, is a scale) to the bytes of ONE routed expert summed
-    over every MoE layer of the group (all experts of a checkpoint are the same size).
+    ``numel`` maps (group, part, shard kind, storage) to the elements of every tensor so keyed, routed experts
+    excluded; ``expert_numel`` maps (group, storage) to the elements of ONE routed expert summed over every MoE
+    layer of the group (all routed experts of a checkpoint have the same shapes).
     """
 
-    full_bytes: dict[tuple[Group, Part, ShardKind, bool], int]
-    expert_bytes: dict[tuple[Group, bool], int]
+    numel: dict[tuple[Group, Part, ShardKind, Storage], int]
+    expert_numel: dict[tuple[Group, Storage], int]
     num_params: dict[Group, int]  # parameters (scales excluded) per group
     total_bytes: int  # the whole checkpoint as stored
+
+
+def storage_of(tensor: CheckpointTensor) -> Storage:
+    """How ``tensor`` is stored: an FP8 weight, an FP8 weight's scale, or a wide (16/32-bit) tensor."""
+    if tensor.scale_of is not None:
+        return "scale"
+    return "fp8" if tensor.dtype == FP8_DTYPE else "wide"
 
 
 def weight_totals(arch: ModelArch) -> WeightTotals:
@@ -244,19 +254,19 @@ def weight_totals(arch: ModelArch) -> WeightTotals:
 @functools.lru_cache(maxsize=32)
 def _weight_totals_cached(arch: ModelArch, config_key: str) -> WeightTotals:
     # config_key: ModelArch's equality ignores hf_config, which decides the dtypes (quantization_config)
-    full: dict[tuple[Group, Part, ShardKind, bool], int] = {}
-    expert: dict[tuple[Group, bool], int] = {}
+    numel: dict[tuple[Group, Part, ShardKind, Storage], int] = {}
+    expert: dict[tuple[Group, Storage], int] = {}
     params: dict[Group, int] = {}
     total = 0
     for t in checkpoint_tensors(arch):
-        is_scale = t.scale_of is not None
+        storage = storage_of(t)
         total += t.nbytes
-        if not is_scale:
+        if storage != "scale":
             params[t.group] = params.get(t.group, 0) + t.numel
         if t.expert is not None:
             if t.expert == 0:
-                expert[t.group, is_scale] = expert.get((t.group, is_scale), 0) + t.nbytes
+                expert[t.group, storage] = expert.get((t.group, storage), 0) + t.numel
             continue
-        key = (t.group, t.part, t.shard, is_scale)
-        full[key] = full.get(key, 0) + t.nbytes
-    return WeightTotals(full, expert, params, total)
+        key = (t.group, t.part, t.shard, storage)
+        numel[key] = numel.get(key, 0) + t.numel
+    return WeightTotals(numel, expert, params, total)

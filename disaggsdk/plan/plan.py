@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from disaggsdk.models import ModelArch, dtype_bytes, resolve_model
+from disaggsdk.plan.memory import InstanceMemory, kv_layers, memory_problems, spec_memory
 from disaggsdk.plan.pages import PageShape, page_shape
 from disaggsdk.plan.placement import Instance, place_instances
 from disaggsdk.plan.routes import CONTEXT_DST_TP_RANK, CONTEXT_SRC_TP_RANK, Route, make_route
@@ -20,7 +21,7 @@ from disaggsdk.spec.types import Spec
 if TYPE_CHECKING:
     from rich.console import Group
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each instance's "memory" (issue 35)
 DEFAULT_NUM_TOKENS = 1024
 
 
@@ -32,6 +33,23 @@ class Plan:
     arch: ModelArch
     instances: tuple[Instance, ...]  # prefill first, then decode
     routes: tuple[Route, ...]  # one per (prefill, decode) pair, prefill-major
+    memory: tuple[InstanceMemory, ...]  # per instance, in `instances` order
+
+    @property
+    def memory_problems(self) -> list[str]:
+        """What does not fit its memory ("<yaml path>: <what, and the fix>"); empty when every rank fits."""
+        return memory_problems(self.spec, self.arch, {m.role: m.ranks for m in self.memory})
+
+    def instance_memory(self, name: str) -> InstanceMemory:
+        """The memory of instance ``name``.
+
+        Raises:
+            KeyError: no such instance.
+        """
+        for mem in self.memory:
+            if mem.name == name:
+                return mem
+        raise KeyError(f"no instance {name!r}; instances: {[i.name for i in self.instances]}")
 
     @property
     def prefill(self) -> tuple[Instance, ...]:
@@ -75,7 +93,7 @@ class Plan:
         return kv_layers(self.spec, self.arch)
 
     def to_json(self, num_tokens: int = DEFAULT_NUM_TOKENS) -> dict[str, JsonValue]:
-        """The plan as plain JSON data, schema documented in docs/plan-json.md (schema_version 1).
+        """The plan as plain JSON data, schema documented in docs/plan-json.md (schema_version 2).
 
         Args:
             num_tokens: prompt length for which ``expected_writes`` are given.
@@ -122,11 +140,6 @@ class Plan:
         return plan_html(self)
 
 
-def kv_layers(spec: Spec, arch: ModelArch) -> int:
-    """KV layers of a deployment of ``spec`` (see `Plan.kv_layers`)."""
-    return arch.num_layers + (arch.num_mtp_layers if spec.speculative.method == "mtp" else 0)
-
-
 def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
     """Plan a deployment: place every rank, shard the KV, route every (prefill, decode) pair.
 
@@ -160,7 +173,10 @@ def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
         for d in instances
         if d.role == "decode"
     )
-    return Plan(spec, arch, instances, routes)
+    by_role = spec_memory(spec, arch)
+    memory = tuple(InstanceMemory(inst.name, inst.role, inst.tp, inst.dp, spec.roles[inst.role].ep,
+                                  by_role[inst.role]) for inst in instances)
+    return Plan(spec, arch, instances, routes, memory)
 
 
 def instance_page_shape(plan: Plan, inst: Instance) -> PageShape:
@@ -187,6 +203,7 @@ def _instance_json(plan: Plan, inst: Instance) -> dict[str, JsonValue]:
         "num_replica_sets": inst.sharding.num_replica_sets,
         "page_bytes": shape.page_bytes,
         "kv_bytes_per_token_rank": shape.page_bytes * plan.kv_layers // shape.page_size,
+        "memory": plan.instance_memory(inst.name).to_json(),
         "ranks": [
             {
                 "index": r.index,

@@ -14,6 +14,7 @@ from disaggsdk.plan.writes import expected_writes
 if TYPE_CHECKING:
     from rich.console import Group
 
+    from disaggsdk.plan.memory import RankMemory
     from disaggsdk.plan.plan import Plan
     from disaggsdk.plan.routes import Route, Transfer
 
@@ -91,6 +92,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
             routes,
         ),
     ]
+    tables += memory_tables(plan)
     seen = set()
     for route in plan.routes:  # routes of equal shape differ only in replica choice: show one
         key = (route.src.tp, route.dst.tp, route.replica_assignment)
@@ -99,6 +101,67 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
         seen.add(key)
         tables.append(_transfers_table(route))
     return tables
+
+
+def memory_tables(plan: Plan) -> list[TableData]:
+    """Each instance's memory per rank (GB), the weights by part of each role, and what does not fit.
+
+    Ranks of an instance with equal figures share one row (under ``ep`` they differ only in which experts).
+    """
+    from disaggsdk.plan.memory import CONTEXT_LENGTHS, GB, device_memory_bytes, gb
+
+    spec = plan.spec
+    rows: list[tuple[str, ...]] = []
+    for mem in plan.memory:
+        groups: list[list[RankMemory]] = []
+        for r in mem.ranks:
+            if groups and _same_figures(groups[-1][0], r):
+                groups[-1].append(r)
+            else:
+                groups.append([r])
+        for group in groups:
+            r = group[0]
+            ranks = str(r.rank) if len(group) == 1 else f"{group[0].rank}-{group[-1].rank}"
+            experts = "" if r.experts is None else (
+                f"{r.experts[1] - r.experts[0]} per rank" if len(group) > 1 else f"[{r.experts[0]}, {r.experts[1]})")
+            rows.append((
+                mem.name if r is mem.ranks[0] else "", ranks, gb(r.weights.total), gb(r.workspace_bytes),
+                gb(r.kv_pool_bytes) if r.free_bytes > 0 else f"{gb(r.free_bytes)} (does not fit)",
+                f"{r.kv_tokens:,}" + (" (set)" if r.num_pages_explicit else ""),
+                *(f"{mem.requests_at(n):,}" for n in CONTEXT_LENGTHS), experts))
+    device = device_memory_bytes(spec)
+    kind = "hardware.cpu_memory_gb" if spec.device == "cpu" else spec.hardware.gpu
+    tables: list[TableData] = [(
+        f"memory per rank in GB: {spec.engine.memory_utilization:g} x {gb(device)} GB ({kind}) = weights + "
+        f"workspace + KV; KV tokens per rank, requests (prompt + output) per instance (docs/memory.md)",
+        ("instance", "ranks", "weights", "work", "KV", "KV tokens", "req 2k", "req 8k", "experts"),
+        rows)]
+    parts: list[tuple[str, ...]] = []
+    for role in plan.spec.roles:
+        first = next((m for m in plan.memory if m.role == role), None)
+        if first is None:
+            continue
+        w = first.ranks[0].weights
+        shape = f"{role} tp{first.tp}" + (f" dp{first.dp}" if first.dp > 1 else "") + (
+            f" ep{first.ep}" if first.ep > 1 else "")
+        parts.append((shape, *(f"{n / GB:.2f}" for n in (w.attention, w.dense_mlp, w.moe_router, w.routed_experts,
+                                                           w.shared_experts, w.embeddings, w.mtp, w.fp8_scales,
+                                                           w.total))))
+    tables.append((
+        f"weights of rank 0 by part in GB: 16/32-bit tensors in {spec.engine.dtype}"
+        + (", FP8 ones as stored" if spec.device == "cuda" else ", FP8 ones dequantized"),
+        ("role", "attn", "dense", "router", "experts", "shared", "embed", "MTP", "scales", "total"),
+        parts))
+    problems = plan.memory_problems
+    if problems:
+        tables.append(("does not fit", ("problem",), [(p,) for p in problems]))
+    return tables
+
+
+def _same_figures(a: RankMemory, b: RankMemory) -> bool:
+    return (a.weights, a.workspace_bytes, a.num_pages) == (b.weights, b.workspace_bytes, b.num_pages) and (
+        (a.experts is None) == (b.experts is None)) and (
+        a.experts is None or b.experts is None or a.experts[1] - a.experts[0] == b.experts[1] - b.experts[0])
 
 
 def _per_page_layer(route: Route, layout: str) -> int:

@@ -6,19 +6,28 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, choice, in_range, key, positive
+from disaggsdk.spec.field_checks import CheckedFields, choice, fraction, in_range, key, positive, positive_or_unset
 
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
 WeightDtype = Literal["float32", "bfloat16", "float16"]
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+# KV pages of an engine run without a spec (`serve --model`, `generate --model`, a bare EngineConfig), which has
+# no memory plan to size its pool from: the 1,024 every unit had before pools were sized from memory.
+BARE_NUM_PAGES = 1024
 
 
 @attrs.frozen
 class EngineSettings(CheckedFields):
     """Per-rank engine sizes; the defaults suit tiny models on a CPU."""
 
-    num_pages: int = key(1024, "KV pages per rank.", positive)
+    num_pages: int | None = key(None,
+        "KV pages per rank. Unset: sized from the memory plan, what `engine.memory_utilization` of the device leaves "
+        "after the rank's weights and workspace (`disaggsdk plan` shows it; docs/memory.md); a number wins over the "
+        "plan.", positive_or_unset)
+    memory_utilization: float = key(0.9,
+        "Fraction of each rank's device memory (a GPU's from `hardware.gpu`, a CPU rank's `hardware.cpu_memory_gb`) "
+        "that weights, workspace and the KV pool may fill, as vLLM's `gpu_memory_utilization`.", fraction)
     max_num_batched_tokens: int = key(2048,
         "Token budget of one engine step; longer prompts are prefilled in chunks.", positive)
     max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.", positive)

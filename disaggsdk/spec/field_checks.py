@@ -141,6 +141,18 @@ def _positive(value: float) -> str | None:
     return None
 
 
+def _positive_or_unset(value: float | None) -> str | None:
+    if value is not None and value <= 0:
+        return f"must be a positive number, or unset, got {value!r}"
+    return None
+
+
+def _fraction(value: float) -> str | None:
+    if not 0 < value <= 1:
+        return f"must be a fraction in (0, 1], got {value!r}"
+    return None
+
+
 def _non_negative(value: float) -> str | None:
     if value < 0:
         return f"must be 0 or more, got {value!r}"
@@ -169,6 +181,8 @@ def _served_name(value: str | None) -> str | None:
 
 
 positive = Check("positive", _positive, {"exclusiveMinimum": 0})
+positive_or_unset = Check("positive, or unset", _positive_or_unset, {"exclusiveMinimum": 0})
+fraction = Check("in (0, 1]", _fraction, {"exclusiveMinimum": 0, "maximum": 1})
 non_negative = Check("0 or more", _non_negative, {"minimum": 0})
 served_name = Check("1..128 characters, no spaces", _served_name, {"minLength": 1, "maxLength": 128,
                                                                     "pattern": "^\\S+$"})

@@ -84,6 +84,21 @@ def instance_fits_nodes(spec: Spec, arch: ModelArch) -> list[str]:
     return problems
 
 
+def ep_spans_the_instance(spec: Spec, arch: ModelArch) -> list[str]:
+    """`ep` is 1 or every rank of the instance (`tp * dp`), and only a model with routed experts shards them."""
+    problems = []
+    for name, role in spec.roles.items():
+        if role.ep == 1:
+            continue
+        if not arch.is_moe:
+            problems.append(f"$.{name}.ep: {arch.name} has no routed experts to shard; remove ep (or set it to 1)")
+        elif role.ep != role.tp * role.dp:
+            problems.append(f"$.{name}.ep: ep={role.ep} must be 1 or the instance's tp*dp = {role.tp}*{role.dp} = "
+                            f"{role.tp * role.dp} ranks (experts are partitioned over every rank of the instance); "
+                            f"set {name}.ep: {role.tp * role.dp}")
+    return problems
+
+
 def device_matches_hardware(spec: Spec, arch: ModelArch) -> list[str]:
     """`device: cpu` goes with `hardware.gpu: cpu`, and `device: cuda` with a GPU kind."""
     if spec.device == "cuda" and spec.hardware.gpu == "cpu":
@@ -134,6 +149,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.prefill.tp", "$.decode.tp"), tp_splits_kv_heads),
     Rule(("$.prefill.tp", "$.prefill.dp", "$.decode.tp", "$.decode.dp", "$.hardware.gpus_per_node"),
          instance_fits_nodes),
+    Rule(("$.prefill.ep", "$.decode.ep"), ep_spans_the_instance),
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
     Rule(("$.transport.verify_pages", "$.device"), verified_pages_are_host_memory),

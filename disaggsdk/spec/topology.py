@@ -9,6 +9,9 @@ import attrs
 from disaggsdk.spec.field_checks import CheckedFields, choice, key, positive
 
 GPU_KINDS = ("h100", "h200", "cpu")
+# Memory of one GPU of each kind, GB (10^9 bytes), as the datasheets and disaggsdk/sim/profiles/*.yaml say
+# (a test holds them equal): H100 SXM 80 GB HBM3, H200 141 GB HBM3e.
+GPU_MEMORY_GB = {"h100": 80.0, "h200": 141.0}
 # the spec's roles, by their YAML keys, in placement order
 RoleName = Literal["prefill", "decode"]
 ROLES: tuple[RoleName, ...] = ("prefill", "decode")
@@ -24,6 +27,10 @@ class Hardware(CheckedFields):
     nics_per_node: int = key(8, "RDMA NICs per node; KV pages leave a node through these.", positive)
     nic_gbps: float = key(400.0,
         "Line rate of one NIC in Gb/s; the planner and simulator time KV transfers with it.", positive)
+    cpu_memory_gb: float = key(0.25,
+        "On `gpu: cpu`, the memory one rank process may fill with weights, workspace and KV (what a GPU's memory is "
+        "to a GPU rank; a GPU's comes from its kind). The default gives the tiny Qwen3-Coder ~1,280 KV pages of 16 "
+        "tokens in float32, near the 1,024 a rank had before pools were sized from memory.", positive)
 
 
 @attrs.frozen
@@ -36,6 +43,11 @@ class Role(CheckedFields):
     dp: int = key(1,
         "Data-parallel attention ranks of one instance; each holds its own requests' KV and is a group of `tp` "
         "ranks.", positive)
+    ep: int = key(1,
+        "Expert parallelism: 1 (every rank holds a tp slice of every routed expert) or `tp * dp` (the routed experts "
+        "partitioned over the instance's ranks, each expert whole on one rank, as vLLM's "
+        "`--enable-expert-parallel`). The plan counts only the experts a rank holds; the engine does not run it yet "
+        "(`launch --tiny` runs ep 1).", positive)
 
     @property
     def ranks_per_instance(self) -> int:

@@ -15,7 +15,7 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 def test_json_of_qwen3_coder_spec(capsys):
     assert main(["plan", str(SPECS / "qwen3_coder.yaml"), "--json", "--tokens", "33"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["schema_version"] == 1 and data["num_tokens"] == 33 and data["num_pages"] == 2
+    assert data["schema_version"] == 2 and data["num_tokens"] == 33 and data["num_pages"] == 2
     assert len(data["routes"]) == 3
     for route in data["routes"]:
         pairs = [(t["src_rank"], t["dst_rank"]) for t in route["transfers"]]
@@ -28,6 +28,24 @@ def test_tables_of_r1_dp_spec(capsys):
     assert main(["plan", str(SPECS / "r1_dp.yaml"), "--tokens", "65"]) == 0
     out = capsys.readouterr().out
     assert "replicated" in out and "prefill-0 → decode-0" in out and "per request" in out
+    # the memory table: the eight dp ranks hold 32 of R1's 256 routed experts each (decode.ep: 8)
+    assert "memory per rank in GB" in out and "32 per rank" in out
+
+
+def test_memory_json_and_a_plan_that_does_not_fit(tmp_path, capsys):
+    assert main(["plan", str(SPECS / "r1_dp.yaml"), "--json"]) == 0
+    decode = json.loads(capsys.readouterr().out)["instances"][1]["memory"]
+    assert decode["ep"] == 8 and [r["experts"] for r in decode["ranks"]] == [[32 * i, 32 * (i + 1)] for i in range(8)]
+    rank = decode["ranks"][0]
+    assert rank["weights"]["total"] == sum(v for k, v in rank["weights"].items() if k != "total")
+    assert rank["usable_bytes"] == int(0.9 * 141e9)
+    assert rank["kv_pool_bytes"] <= rank["usable_bytes"] - rank["weights"]["total"] - rank["workspace_bytes"]
+    assert decode["kv_tokens"] == 8 * rank["kv_tokens"] and decode["requests_at_8k"] == 8 * rank["requests_at_8k"]
+    h100 = tmp_path / "h100.yaml"
+    h100.write_text((SPECS / "r1_tp.yaml").read_text().replace("gpu: h200", "gpu: h100"))
+    assert main(["plan", str(h100)]) == 2  # the tables, then what does not fit (on stderr)
+    captured = capsys.readouterr()
+    assert "does not fit" in captured.out and "$.prefill: prefill rank 0 needs 85.1 GB of weights" in captured.err
 
 
 def test_negative_tokens_rejected_by_the_parser(capsys):

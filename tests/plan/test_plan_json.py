@@ -24,7 +24,7 @@ def test_json_has_the_documented_fields_and_round_trips():
     plan = make_plan(make_spec(8, 4, model="qwen3-coder", d_replicas=2, layout="NHD"))
     data = plan.to_json(num_tokens=100)
     assert json.loads(json.dumps(data)) == data
-    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert (data["num_tokens"], data["num_pages"]) == (100, 7)  # 99 tokens in pages of 16
     assert [i["name"] for i in data["instances"]] == ["prefill-0", "decode-0", "decode-1"]
     for inst in data["instances"]:
@@ -65,7 +65,9 @@ def test_rich_and_html_show_ranks_and_routes():
     assert "prefill-0 → decode-0" in text and "reconstruct" in text
     assert "0 heads [0, 1), 1 heads [1, 2)" in text
     html = plan._repr_html_()
-    assert html.count("<table>") == 3 and "<script" not in html
+    # ranks, routes, memory, weights by part, what does not fit (float32 weights: 240 GB a rank), transfers
+    assert html.count("<table>") == 6 and "<script" not in html
+    assert "memory per rank in GB" in html and "no room for KV" in html
     assert "prefill-0 → decode-0" in html and "[6, 7)" in html
 
 

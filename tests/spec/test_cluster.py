@@ -11,7 +11,8 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 
 def test_builder_equals_the_qwen3_coder_spec_file():
-    built = Cluster().prefill(tp=8).decoders(3, tp=8).model("qwen3-coder")
+    built = (Cluster().prefill(tp=8).decoders(3, tp=8).model("qwen3-coder")
+             .engine(dtype="bfloat16", memory_utilization=0.95))
     assert built.spec == load_spec(SPECS / "qwen3_coder.yaml")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from disaggsdk.face.cluster import Cluster
 from disaggsdk.spec import EngineSettings, Hardware, Spec, spec_from_dict
+from disaggsdk.spec.engine_settings import BARE_NUM_PAGES
 
 # the EngineConfig settings a spec sets, and where in the spec
 SPEC_SETTINGS = {"layout": "kv.layout", "page_size": "kv.page_size", "num_pages": "engine.num_pages",
@@ -28,10 +29,32 @@ def test_a_bare_engine_runs_with_the_specs_defaults():
     pytest.importorskip("torch")
     from disaggsdk.engine.config import EngineConfig
 
-    bare, launched = EngineConfig(), EngineConfig.from_spec(Spec(), tp=1, role="mixed")
+    # the default spec's model (480B on one GPU) has no memory left for KV: pages are set to compare the rest
+    fitted = spec_from_dict({"engine": {"num_pages": BARE_NUM_PAGES}})
+    bare, launched = EngineConfig(), EngineConfig.from_spec(fitted, tp=1, role="mixed")
     for name, path in SPEC_SETTINGS.items():
-        assert getattr(bare, name) == getattr(launched, name) == _at(Spec(), path), name
+        expected = BARE_NUM_PAGES if name == "num_pages" else _at(Spec(), path)
+        assert getattr(bare, name) == getattr(launched, name) == expected, name
     assert bare.max_num_seqs == EngineSettings().max_num_seqs == 64
+
+
+def test_a_units_pool_is_the_memory_plans_unless_engine_num_pages_is_set():
+    pytest.importorskip("torch")
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.plan import make_plan
+    from disaggsdk.plan.memory import num_pages_per_rank
+
+    spec = spec_from_dict({"model": "qwen3-coder-tiny", "device": "cpu", "hardware": {"gpu": "cpu"},
+                           "decode": {"tp": 2}})
+    pages = {role: EngineConfig.from_spec(spec, tp=r.tp, role=role).num_pages for role, r in spec.roles.items()}
+    plan = make_plan(spec)
+    assert pages == {"prefill": plan.memory[0].ranks[0].num_pages, "decode": plan.memory[1].ranks[0].num_pages}
+    assert pages["decode"] > pages["prefill"]  # tp 2 ranks hold half the heads: twice the tokens
+    assert pages == {role: num_pages_per_rank(spec, role) for role in spec.roles}
+    mixed = EngineConfig.from_spec(spec, tp=2, role="mixed", instance_role="decode")
+    assert mixed.num_pages == pages["decode"]
+    explicit = attrs.evolve(spec, engine=attrs.evolve(spec.engine, num_pages=77))
+    assert EngineConfig.from_spec(explicit, tp=2, role="decode").num_pages == 77
 
 
 def test_every_engine_setting_comes_from_the_spec():
@@ -45,7 +68,8 @@ def test_every_engine_setting_comes_from_the_spec():
     config = EngineConfig.from_spec(spec, tp=1, role="decode")
     for name, path in SPEC_SETTINGS.items():
         assert getattr(config, name) == _at(spec, path), name
-    assert EngineConfig.from_spec(Spec(), tp=1, role="prefill").dtype == "float32"  # what units ran before the key
+    fitted = spec_from_dict({"engine": {"num_pages": 64}})
+    assert EngineConfig.from_spec(fitted, tp=1, role="prefill").dtype == "float32"  # what units ran before the key
 
 
 def test_the_builder_takes_a_sections_own_fields():
@@ -70,4 +94,5 @@ def test_the_engine_flags_of_the_cli_default_to_the_specs_keys(command):
              "max_num_batched_tokens": "engine.max_num_batched_tokens"}
     if command[0] == "serve":
         flags["max_num_seqs"] = "engine.max_num_seqs"
-    assert {flag: getattr(args, flag) for flag in flags} == {flag: _at(Spec(), path) for flag, path in flags.items()}
+    expected = {flag: BARE_NUM_PAGES if flag == "num_pages" else _at(Spec(), path) for flag, path in flags.items()}
+    assert {flag: getattr(args, flag) for flag in flags} == expected
