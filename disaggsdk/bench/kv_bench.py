@@ -92,12 +92,13 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
         `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
     from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.plan.memory import num_pages_per_rank
     from disaggsdk.serve.local import serve_locally
 
     pages = -(-(prompt_len + 8) // spec.kv.page_size) + 2
     spec = attrs.evolve(
         spec, transfer=attrs.evolve(spec.transfer, streaming=streaming),
-        engine=attrs.evolve(spec.engine, num_pages=max(spec.engine.num_pages, 2 * pages),
+        engine=attrs.evolve(spec.engine, num_pages=max(min(num_pages_per_rank(spec, r) for r in spec.roles), 2 * pages),
                             max_num_batched_tokens=max(spec.engine.max_num_batched_tokens, prompt_len),
                             # every request moves its whole prompt: a cache hit would time a smaller transfer
                             prefix_caching=False),

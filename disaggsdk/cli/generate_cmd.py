@@ -10,7 +10,7 @@ from typing import TypedDict, get_args
 from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.errors import DisaggError
-from disaggsdk.spec.engine_settings import WeightDtype
+from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, WeightDtype
 from disaggsdk.spec.types import Spec
 
 HELP = "Generate text offline with the engine (a tiny catalog model or a checkpoint directory)."
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (processes)")
     parser.add_argument("--layout", choices=("HND", "NHD"), default="HND", help="KV page layout")
     parser.add_argument("--page-size", type=int, default=_DEFAULT.kv.page_size, help="tokens per KV page")
-    parser.add_argument("--num-pages", type=int, default=_DEFAULT.engine.num_pages, help="KV pages per rank")
+    parser.add_argument("--num-pages", type=int, default=BARE_NUM_PAGES, help="KV pages per rank")
     parser.add_argument("--prompt", action="append", default=[], help="prompt text (repeat for a batch)")
     parser.add_argument("--prompt-ids", action="append", default=[], help="prompt token ids, e.g. 1,2,3 (repeatable)")
     parser.add_argument("--output-len", type=int, default=16, help="tokens to generate per prompt (max_tokens)")

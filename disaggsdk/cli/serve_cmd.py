@@ -10,7 +10,7 @@ from typing import get_args
 from rich.console import Console
 
 from disaggsdk.cli.bench_cmd import API_KEY_ENV
-from disaggsdk.spec.engine_settings import WeightDtype
+from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, WeightDtype
 from disaggsdk.spec.types import Spec
 
 HELP = "Serve one colocated engine (tiny catalog model or checkpoint) over the OpenAI-compatible API."
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model name clients send and /v1/models lists (default: --model)")
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
                         help="web origins whose pages may call the server (CORS); '*' for any")
-    parser.add_argument("--num-pages", type=int, default=_DEFAULT.engine.num_pages, help="KV pages")
+    parser.add_argument("--num-pages", type=int, default=BARE_NUM_PAGES, help="KV pages")
     parser.add_argument("--page-size", type=int, default=_DEFAULT.kv.page_size, help="tokens per KV page")
     parser.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULT.engine.max_num_batched_tokens,
                         help="token budget per step")

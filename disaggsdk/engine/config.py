@@ -14,6 +14,8 @@ from disaggsdk.engine.scheduler import Mode
 from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.errors import DisaggError
 from disaggsdk.models import ModelArch
+from disaggsdk.spec.engine_settings import BARE_NUM_PAGES
+from disaggsdk.spec.topology import RoleName
 from disaggsdk.spec.types import Spec
 
 _DEFAULT = Spec()  # the spec's defaults, which a bare engine's are
@@ -34,7 +36,7 @@ class EngineConfig:
     tp: int = 1
     layout: str = _DEFAULT.kv.layout
     page_size: int = _DEFAULT.kv.page_size
-    num_pages: int = _DEFAULT.engine.num_pages
+    num_pages: int = BARE_NUM_PAGES  # from a spec: `num_pages_per_rank` (engine.num_pages, or the memory plan's)
     max_num_batched_tokens: int = _DEFAULT.engine.max_num_batched_tokens
     max_num_seqs: int = _DEFAULT.engine.max_num_seqs
     mode: Mode = "mixed"
@@ -59,7 +61,8 @@ class EngineConfig:
     prefix_caching: bool = _DEFAULT.engine.prefix_caching
 
     @classmethod
-    def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None) -> EngineConfig:
+    def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None,
+                  instance_role: RoleName | None = None) -> EngineConfig:
         """The settings of one unit of ``spec``: an instance (or dp group) of ``tp`` ranks in ``role``.
 
         Args:
@@ -67,13 +70,19 @@ class EngineConfig:
             tp: the unit's tensor-parallel ranks.
             role: "prefill", "decode" or "mixed".
             kv_share_path: where tp workers hand their KV pool over (units whose pools are shared).
+            instance_role: the spec role whose instance the unit is (its ranks' memory sizes the KV pool);
+                default: ``role``, and "decode" for a mixed unit.
         Raises:
             EngineError: an unknown role.
+            SpecError: the unit's memory leaves no KV page (``engine.num_pages`` unset).
         """
         if role not in MODE_OF_ROLE:
             raise EngineError(f"unknown unit role {role!r}; use one of {sorted(MODE_OF_ROLE)}")
+        from disaggsdk.plan.memory import num_pages_per_rank
+
+        sized_as: RoleName = instance_role or ("prefill" if role == "prefill" else "decode")
         return cls(
-            tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=spec.engine.num_pages,
+            tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=num_pages_per_rank(spec, sized_as),
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
             mode=MODE_OF_ROLE[role], device=spec.device, dtype=spec.engine.dtype, kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,

@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
 
+from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
-from disaggsdk.launch.tiny import check_runnable, tiny_spec
+from disaggsdk.launch.tiny import check_runnable, tiny_note, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
@@ -94,6 +95,7 @@ class Supervisor:
             older ones are forgiven, so sporadic deaths never end a deployment, a crash loop does.
     Raises:
         LaunchError: the model has no tiny variant (``tiny``).
+        SpecError: a rank does not fit its memory (`Plan.memory_problems`).
     """
 
     def __init__(self, spec: Spec, launcher: Launcher, *, tiny: bool = False, colocated: bool = False,
@@ -103,14 +105,19 @@ class Supervisor:
                  restart_window_s: float = DEFAULT_RESTART_WINDOW_S):
         from disaggsdk.plan import make_plan
 
+        self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
+        note = tiny_note(spec) if tiny else None
+        if note:
+            self._say(note)
         self.spec = tiny_spec(spec) if tiny else spec
         self.plan = make_plan(self.spec)
+        if self.plan.memory_problems:  # what `disaggsdk validate` refuses: nothing starts that cannot fit
+            raise SpecError(self.plan.memory_problems)
         self.model_name = self.spec.model
         self.colocated = colocated
         self.launcher = launcher
         provider = launcher.provider_for(self.plan, provider or self.spec.transport.provider)
         self.provider = "shm" if provider == "auto" else provider
-        self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
         self._cpu_affinity = cpu_affinity
         # per deployment: frames from anything else fail their MAC (tests pass one to forge frames)
         self._secret = secret or secrets.token_bytes(32)

@@ -143,7 +143,8 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
     """A colocated unit: one engine that prefills and decodes, no messenger."""
     from disaggsdk.engine.llm_engine import LLMEngine
 
-    config = EngineConfig.from_spec(spec, tp=plan.instance(args.instance).tp, role="mixed")
+    instance = plan.instance(args.instance)
+    config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role)
     return UnitParts(LLMEngine(spec.model, config), unit_info(args))
 
 

@@ -37,6 +37,7 @@ from disaggsdk.messenger.ports import DecodeEngine, Transport
 from disaggsdk.messenger.prefill_choice import PrefillChoice, scores_prompt
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.write_plan import PoolGeometry
+from disaggsdk.plan.memory import num_pages_per_rank
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.transfer.errors import TransferError
@@ -95,8 +96,9 @@ class DecodeMessenger:
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
         self.failed_grants: list[str] = []  # why grant keys could not be registered (those requests prefilled here)
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
-        self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing, plan.spec.engine.num_pages,
-                                     plan.spec.transfer.max_local_prefill_tokens)
+        self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing,
+                                            num_pages_per_rank(plan.spec, "decode", plan.arch),
+                                            plan.spec.transfer.max_local_prefill_tokens)
 
     def close(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""

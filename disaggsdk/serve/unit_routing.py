@@ -25,7 +25,7 @@ class UnitRouting:
     Args:
         policy: ``"cache_aware"`` or ``"least_loaded"`` (`Serve.routing`).
         page_size: tokens per KV page (`KV.page_size`): a prompt's pages are hashed at this size.
-        capacity_pages: pages remembered per unit (`EngineSettings.num_pages`; a unit may hold more
+        capacity_pages: pages remembered per unit (a decode rank's pool, `num_pages_per_rank`; a unit may hold more
             across its ranks, and the index then merely forgets sooner than the unit does).
     Raises:
         ValueError: an unknown policy, or a capacity below 1.
@@ -37,8 +37,10 @@ class UnitRouting:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> UnitRouting:
-        """The routing a `Spec` asks for."""
-        return cls(spec.serve.routing, spec.kv.page_size, spec.engine.num_pages)
+        """The routing a `Spec` asks for, remembering as many pages per unit as a decode rank's pool holds."""
+        from disaggsdk.plan.memory import num_pages_per_rank
+
+        return cls(spec.serve.routing, spec.kv.page_size, num_pages_per_rank(spec, "decode"))
 
     @property
     def last(self) -> Decision | None:
