@@ -95,3 +95,22 @@ def test_the_command_line_writes_a_copy_of_a_catalog_name(tmp_path):
     assert "block fp8 (64x64)" in proc.stdout
     config = json.loads((tmp_path / "fp8" / "config.json").read_text())
     assert config["quantization_config"]["weight_block_size"] == [64, 64]
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1-tiny", "qwen3-coder-tiny"])
+def test_the_copy_holds_the_tensors_the_memory_plan_counts(tmp_path, name):
+    # the plan never opens a checkpoint: it derives names, shapes and FP8 dtypes from config.json
+    # (models.checkpoint_tensors); the writer's real directory must hold exactly those
+    from disaggsdk.models import resolve_model
+    from disaggsdk.models.checkpoint_tensors import FP8_DTYPE, checkpoint_tensors
+
+    write_fp8_checkpoint(shipped_checkpoint(name), tmp_path / "fp8")
+    written = tensors_of(tmp_path / "fp8")
+    planned = {t.name: t for t in checkpoint_tensors(resolve_model(str(tmp_path / "fp8")))}
+    assert set(planned) == set(written)
+    for tensor_name, t in planned.items():
+        assert tuple(written[tensor_name].shape) == t.shape, tensor_name
+        # FP8 weights and their scales; the rest keep the source's dtype (the tiny models store DeepSeek's
+        # router bias in bfloat16 where R1 stores float32, which the inventory assumes)
+        if t.dtype == FP8_DTYPE or t.scale_of is not None or written[tensor_name].dtype == torch.float8_e4m3fn:
+            assert str(written[tensor_name].dtype).removeprefix("torch.") == t.dtype, tensor_name
