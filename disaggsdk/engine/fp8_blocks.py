@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # safetensors' dtype names of the two float8 formats: either stored without its scale is a bug to refuse
 FP8_DTYPE_NAMES = ("F8_E4M3", "F8_E5M2")
 # what a scale tensor may be stored as (DeepSeek: float32; some Qwen FP8 releases: bfloat16)
-SCALE_DTYPE_NAMES = ("F32", "BF16", "F16")
+SCALE_DTYPE_NAMES = ("F32", "BF16")
 
 
 def expand_scales(scale_inv: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:

@@ -204,6 +204,20 @@ def broken(fp8_dirs, tmp_path):
 KV_A = "model.layers.1.self_attn.kv_a_proj_with_mqa.weight"  # [80, 256]: scale [1, 2], a ragged row block
 
 
+def test_bfloat16_scales_load_as_some_qwen_fp8_releases_store_them(broken):
+    def to_bf16(tensors):
+        for name in [n for n in tensors if n.endswith("_scale_inv")]:
+            tensors[name] = tensors[name].to(torch.bfloat16)
+
+    rewrite(broken, to_bf16)
+    reference = dequantized_by_hand(broken)
+    for slot in build_model(str(broken), TensorParallel()).weight_slots():
+        assert torch.equal(slot.target, reference[slot.name]), slot.name
+    rewrite(broken, lambda t: t.__setitem__(KV_A + "_scale_inv", t[KV_A + "_scale_inv"].to(torch.float16)))
+    with pytest.raises(ModelError, match=rf"scale tensor '{KV_A}_scale_inv' is stored as F16; scales are F32 or BF16"):
+        build_model(str(broken), TensorParallel())
+
+
 def test_a_missing_scale_tensor_is_named(broken):
     rewrite(broken, lambda t: t.pop(KV_A + "_scale_inv"))
     with pytest.raises(ModelError, match=rf"FP8 tensor '{KV_A}' has no scale tensor '{KV_A}_scale_inv'.*incomplete"):
