@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 is Poisson")
     parser.add_argument("--trace", help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --request-rate)")
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
-    parser.add_argument("--weight-dtype", help="fp8 or bfloat16 (default: fp8 for deepseek-r1, else bfloat16)")
+    parser.add_argument("--weight-dtype",
+                        help="fp8 or bfloat16 (default: fp8 for a block-FP8 checkpoint such as deepseek-r1, else bfloat16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="chunked-prefill budget per step")
     parser.add_argument("--mtp-acceptance", default=None, metavar="FRACTION|FILE",
                         help="MTP speculative decoding's first-draft acceptance: a number in [0, 1] or a "

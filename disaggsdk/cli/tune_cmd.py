@@ -25,7 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=256, help="mean output tokens")
     parser.add_argument("--range-ratio", type=float, default=0.5, help="lengths uniform in len*(1±r)")
     parser.add_argument("--duration-s", type=float, default=120.0, help="simulated seconds per trial")
-    parser.add_argument("--weight-dtype", help="fp8 or bfloat16 (default: fp8 for deepseek-r1, else bfloat16)")
+    parser.add_argument("--weight-dtype",
+                        help="fp8 or bfloat16 (default: fp8 for a block-FP8 checkpoint such as deepseek-r1 or "
+                             "qwen3-coder-fp8, else bfloat16)")
+    parser.add_argument("--memory-utilization", type=float, default=None, metavar="F",
+                        help="fraction of each GPU's memory weights, workspace and KV may fill (the spec's "
+                             "engine.memory_utilization; default its default)")
     parser.add_argument("--output", default=None, metavar="FILE", help="write the best layout's spec to this YAML file")
     add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--json", action="store_true", help="print the ranking as JSON")
@@ -36,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
     from disaggsdk.errors import SpecError
     from disaggsdk.models import resolve_model
+    from disaggsdk.plan.memory import spec_memory_problems
     from disaggsdk.sim.hardware import load_profile
     from disaggsdk.sim.simulator import SimConfig, default_weight_dtype
-    from disaggsdk.sim.tune import parse_slos, tune
+    from disaggsdk.sim.tune import candidate_units, parse_slos, tune
     from disaggsdk.sim.workload import Workload
-    from disaggsdk.spec import Hardware, Spec, save_spec, spec_to_dict
+    from disaggsdk.spec import EngineSettings, Hardware, Role, Spec, save_spec, spec_to_dict
 
     if args.model and args.model_option and args.model != args.model_option:
         raise SpecError(f"two models: {args.model} and --model {args.model_option}; give one")
@@ -55,9 +61,20 @@ def run(args: argparse.Namespace) -> int:
     arch = resolve_model(args.model)
     profile = load_profile(args.profile)
     gpu_kind = profile.name if profile.name in ("h100", "h200") else "h200"
+    weight_dtype = args.weight_dtype or default_weight_dtype(args.model)
+    # the deployment's 16-bit tensors in bfloat16 (FP8 ones as stored), as the memory plan counts them
+    utilization = args.memory_utilization or EngineSettings().memory_utilization
+    engine = EngineSettings(dtype="float32" if weight_dtype == "float32" else "bfloat16", memory_utilization=utilization)
     base = Spec(model=args.model, hardware=Hardware(gpu=gpu_kind, gpus_per_node=args.gpus_per_node,
-                                                    nics_per_node=profile.nics_per_node, nic_gbps=profile.nic_gbps))
-    config = SimConfig(profile, weight_dtype=args.weight_dtype or default_weight_dtype(args.model))
+                                                    nics_per_node=profile.nics_per_node, nic_gbps=profile.nic_gbps),
+                engine=engine)
+    config = SimConfig(profile, weight_dtype=weight_dtype)
+    if not candidate_units(base, arch):  # say why rather than "no layout meets the SLOs"
+        widest = Role(tp=args.gpus_per_node)
+        problems = spec_memory_problems(attrs.evolve(base, prefill=widest, decode=widest), arch)
+        raise SpecError([f"no layout of {args.model} on nodes of {args.gpus_per_node} x {gpu_kind} fits its memory "
+                         f"(the widest, tp {args.gpus_per_node}, is refused below); pass --memory-utilization, more "
+                         f"--gpus-per-node, or an FP8 checkpoint", *problems])
     workload = Workload(1.0, args.duration_s, args.input_len, args.output_len, args.range_ratio)
     rows = tune(base, arch, config, slos, workload, args.gpus, args.request_rate)
     best = next((r for r in rows if r["fits"]), None)

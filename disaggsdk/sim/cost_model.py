@@ -18,10 +18,12 @@ import math
 import attrs
 
 from disaggsdk.models import ModelArch, dtype_bytes
+from disaggsdk.plan.memory import GB, rank_weight_bytes, workspace_bytes
 from disaggsdk.sim.hardware import HardwareProfile
+from disaggsdk.spec.engine_settings import EngineSettings
 
 ACTIVATION_BYTES = 2  # bf16 activations on the wire (all-reduce, all-to-all)
-KV_MEMORY_FRACTION = 0.9  # of what the weights leave free
+_ENGINE = EngineSettings()  # a cost model without a spec sizes memory with the spec's defaults
 
 
 def _attention_params(arch: ModelArch) -> tuple[float, float]:
@@ -81,23 +83,30 @@ class StepCostModel:
             return 0.0
         return a.num_experts * (1.0 - (1.0 - a.num_experts_per_tok / a.num_experts) ** num_tokens)
 
-    def weight_bytes_per_device(self) -> float:
-        """Resident weights of one device (every expert, embeddings, lm_head)."""
-        a, wb = self.arch, dtype_bytes(self.weight_dtype)
-        split, repl = _attention_params(a)
-        attn = a.num_layers * (split / self.tp + repl)
-        moe_layers = a.num_layers - a.first_k_dense if a.is_moe else 0
-        dense = (a.num_layers - moe_layers) * 3 * a.hidden_size * a.intermediate_size / self.tp
-        experts = moe_layers * (a.num_experts * self._expert_bytes() / wb) / self.devices
-        shared = moe_layers * a.num_shared_experts * 3 * a.hidden_size * a.moe_intermediate_size / self.tp
-        embed = 2 * a.hidden_size * a.vocab_size / self.tp
-        return (attn + dense + experts + shared + embed) * wb
+    @property
+    def _ep(self) -> int:
+        # data-parallel attention shards the experts over every device (the module doc; a spec's `ep`)
+        return self.devices if self.dp > 1 and self.arch.is_moe else 1
+
+    def weight_bytes_per_device(self) -> int:
+        """Resident weights of one device, by the plan's memory model (`disaggsdk.plan.memory`): the checkpoint's
+        tensors as a GPU rank holds them (block-FP8 ones as stored when ``weight_dtype`` is fp8, the rest in
+        bfloat16 then), embeddings split by vocabulary, the routed experts split over the devices under dp."""
+        held = -(-self.arch.num_experts // self._ep) if self._ep > 1 else None
+        dtype = "bfloat16" if self.weight_dtype == "fp8" else self.weight_dtype
+        return rank_weight_bytes(self.arch, self.tp, experts_held=held, dtype=dtype,
+                                 keep_fp8=self.weight_dtype == "fp8", vocab_parallel=True).total
 
     def kv_capacity_tokens(self) -> int:
-        """Tokens of KV the instance can hold (all dp groups together)."""
-        free = self.profile.memory_gb * 1e9 - self.weight_bytes_per_device()
+        """Tokens of KV the instance can hold (all dp groups together), by the plan's memory model with the spec's
+        default engine settings: `memory_utilization` of the profile's memory less weights and workspace. A
+        simulation of a spec takes its plan's figure instead (`Plan.memory`)."""
+        dtype = "bfloat16" if self.weight_dtype == "fp8" else self.weight_dtype
+        workspace = workspace_bytes(self.arch, self.tp, self._ep, _ENGINE.max_num_batched_tokens,
+                                    _ENGINE.max_num_seqs, dtype, on_gpu=True)
+        free = _ENGINE.memory_utilization * self.profile.memory_gb * GB - self.weight_bytes_per_device() - workspace
         per_token = self.arch.kv_bytes_per_token_rank(self.tp, self.kv_dtype)
-        return max(0, int(free * KV_MEMORY_FRACTION / per_token)) * self.dp
+        return max(0, int(free / per_token)) * self.dp
 
     def _allreduce_s(self, num_tokens: float) -> float:
         if self.tp == 1:

@@ -14,7 +14,9 @@ from typing import Any
 
 import attrs
 
+from disaggsdk.errors import SpecError
 from disaggsdk.models import ModelArch, resolve_model
+from disaggsdk.models.quantization import block_fp8_of
 from disaggsdk.plan import make_plan
 from disaggsdk.report.latency import metric_stats, tokens_per_s_per_request
 from disaggsdk.sim.cost_model import StepCostModel, transfer_cost_from_route
@@ -32,7 +34,7 @@ class SimConfig:
     requests each rank holds at once are its `engine.max_num_seqs`, as a launched deployment runs)."""
 
     profile: HardwareProfile
-    weight_dtype: str = "bfloat16"  # "fp8" for DeepSeek-R1's native checkpoint
+    weight_dtype: str = "bfloat16"  # what matrices run in: `default_weight_dtype` of the model ("fp8": block FP8)
     max_num_batched_tokens: int = 8192  # chunked-prefill token budget per step
     streaming: bool = True  # layer-wise KV streaming (False: the ablation, all after the forward)
     colocated: bool = False  # every instance of the spec becomes a mixed prefill+decode instance
@@ -49,8 +51,14 @@ class SimConfig:
 
 
 def default_weight_dtype(model: str) -> str:
-    """DeepSeek-R1 ships FP8 weights; the others are served in bf16."""
-    return "fp8" if model.startswith("deepseek-r1") and not model.endswith("-tiny") else "bfloat16"
+    """The dtype a model's matrices run in, from its checkpoint's format: "fp8" for a block-FP8 checkpoint
+    (DeepSeek-R1, Qwen3-Coder-FP8: `models.quantization.block_fp8_of`), else "bfloat16".
+
+    Raises:
+        ModelError: the model cannot be resolved, or declares a quantization this project cannot load.
+    """
+    arch = resolve_model(model)
+    return "fp8" if block_fp8_of(arch.hf_config, arch.name) is not None else "bfloat16"
 
 
 class Simulation:
@@ -60,6 +68,8 @@ class Simulation:
         self.spec, self.config = spec, config
         self.arch = arch or resolve_model(spec.model)
         self.plan = make_plan(spec, self.arch)
+        if self.plan.memory_problems:  # no simulated deployment holds more than its devices can
+            raise SpecError(self.plan.memory_problems)
         self._events: list = []
         self._cores = SharedCores(config.shared_cores) if config.shared_cores else None
         self._front = FrontEnd(self._cores, self._reschedule_shared) if self._cores is not None else None
@@ -72,7 +82,7 @@ class Simulation:
         for inst in self.plan.instances:
             role = spec.prefill if inst.role == "prefill" else spec.decode
             mode = "mixed" if config.colocated else inst.role
-            sim = self._make_instance(inst.name, mode, role.tp, role.dp)
+            sim = self._make_instance(inst.name, mode, role.tp, role.dp, self.plan.instance_memory(inst.name).kv_tokens)
             (self.prefill if inst.role == "prefill" and not config.colocated else self.decode).append(sim)
         self._instance = {i.name: i for i in self.prefill + self.decode}
         self._transfer = {}
@@ -83,12 +93,13 @@ class Simulation:
                     self._transfer[p.name, d.name] = transfer_cost_from_route(
                         route, config.profile, spec.kv.layout, spec.kv.page_size)
 
-    def _make_instance(self, name: str, mode: str, tp: int, dp: int) -> SimInstance:
+    def _make_instance(self, name: str, mode: str, tp: int, dp: int, kv_capacity_tokens: int) -> SimInstance:
+        """A simulated instance whose KV holds the plan's ``kv_capacity_tokens`` (its ranks' memory)."""
         cost = StepCostModel(self.arch, self.config.profile, tp=tp, dp=dp,
                              weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
-                           self.spec.engine.max_num_seqs * dp, cost.kv_capacity_tokens(),
+                           self.spec.engine.max_num_seqs * dp, kv_capacity_tokens,
                            on_prefill_done=self._prefill_done, mtp_acceptance=self.config.mtp_acceptance,
                            extra_step_s=extra_s)
 

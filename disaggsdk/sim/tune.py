@@ -16,6 +16,7 @@ import attrs
 
 from disaggsdk.errors import SpecError
 from disaggsdk.models import ModelArch
+from disaggsdk.plan.memory import spec_memory_problems
 from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import Workload
 from disaggsdk.spec import Role, Spec, spec_problems
@@ -71,13 +72,19 @@ class Candidate:
 
 
 def candidate_units(base: Spec, arch: ModelArch) -> list[Candidate]:
-    """Units valid for the model on the base spec's nodes."""
+    """Units valid for the model on the base spec's nodes, whose every rank fits its memory (`plan.memory`).
+
+    Data-parallel shapes of an MoE model partition its experts over the instance (``ep = tp * dp``): a whole
+    copy of R1 per dp rank fits no GPU.
+    """
     g = base.hardware.gpus_per_node
     shapes = [Role(tp=g), Role(tp=g // 2)] if g >= 2 else [Role(tp=g)]
     if arch.attention == "mla" and g > 1:
-        shapes.append(Role(tp=1, dp=g))
+        shapes.append(Role(tp=1, dp=g, ep=g if arch.is_moe else 1))
+
     def valid(role: Role) -> bool:
-        return not spec_problems(attrs.evolve(base, prefill=role, decode=role), arch)
+        spec = attrs.evolve(base, prefill=role, decode=role)
+        return not spec_problems(spec, arch) and not spec_memory_problems(spec, arch)
     shapes = [s for s in shapes if valid(s)]
     # colocated: the same shape twice (a spec always has a prefill and a decode role; both mix)
     out = [Candidate(attrs.evolve(s, replicas=1), attrs.evolve(s, replicas=1), True) for s in shapes]

@@ -2,15 +2,17 @@
 
 import json
 
+import attrs
 import pytest
 
 from disaggsdk.errors import SpecError
 from disaggsdk.models import resolve_model
+from disaggsdk.plan.memory import spec_memory_problems
 from disaggsdk.sim.hardware import load_profile
 from disaggsdk.sim.simulator import SimConfig
-from disaggsdk.sim.tune import candidate_units, max_rate, parse_slos
+from disaggsdk.sim.tune import candidate_units, max_rate, parse_slos, tune
 from disaggsdk.sim.workload import Workload
-from disaggsdk.spec import Role, Spec, load_spec
+from disaggsdk.spec import EngineSettings, Hardware, Role, Spec, load_spec
 
 
 def test_parse_slos_maps_to_bench_field_names():
@@ -24,9 +26,42 @@ def test_parse_slos_maps_to_bench_field_names():
 
 def test_candidates_include_dp_decode_only_for_mla():
     r1 = [c.label for c in candidate_units(Spec(model="deepseek-r1"), resolve_model("deepseek-r1"))]
-    qwen = [c.label for c in candidate_units(Spec(model="qwen3-coder"), resolve_model("qwen3-coder"))]
+    # Qwen's FP8 release: the bf16 one at tp 8 leaves too little KV for one 262k-token request at 0.9 of an H200
+    qwen = [c.label for c in candidate_units(Spec(model="qwen3-coder-fp8"), resolve_model("qwen3-coder-fp8"))]
     assert "1P(tp8):3D(tp8)" in r1 and any("dp8" in x for x in r1)
     assert not any("dp8" in x for x in qwen) and "colocated 2xtp8" in qwen
+
+
+def test_no_layout_tune_proposes_overflows_memory():
+    r1 = resolve_model("deepseek-r1")
+    bf16 = EngineSettings(dtype="bfloat16")
+    h200 = Spec(model="deepseek-r1", engine=bf16)
+    units = candidate_units(h200, r1)
+    # data-parallel decode shards the experts (ep 8): a whole R1 per dp rank fits no GPU
+    assert "1P(tp8):3D(tp1xdp8)" in [c.label for c in units]
+    assert all(c.decode.ep == c.decode.tp * c.decode.dp for c in units if c.decode.dp > 1)
+    # R1's FP8 weights are ~86 GB per rank at tp 8 and ~101 GB per dp rank with ep 8: nothing fits 72 GB of an H100
+    assert candidate_units(Spec(model="deepseek-r1", engine=bf16, hardware=Hardware(gpu="h100")), r1) == []
+    config = SimConfig(load_profile("h200"), weight_dtype="fp8")
+    rows = tune(h200, r1, config, {"p99_itl_ms": 200.0}, Workload(1.0, 5.0, 512, 16, 0.5), gpus=32, target_qps=1.0,
+                candidates=[c for c in units if c.label in ("1P(tp8):1D(tp8)", "1P(tp8):1D(tp1xdp8)")])
+    assert len(rows) == 2
+    for row in rows:
+        assert spec_memory_problems(row["spec"], r1) == [], row["label"]
+
+
+def test_the_sim_takes_the_weight_dtype_from_the_checkpoint_and_capacity_from_the_plan():
+    from disaggsdk.plan import make_plan
+    from disaggsdk.sim.simulator import Simulation, default_weight_dtype
+
+    assert [default_weight_dtype(m) for m in ("deepseek-r1", "qwen3-coder", "qwen3-coder-fp8", "deepseek-r1-tiny")] \
+        == ["fp8", "bfloat16", "fp8", "bfloat16"]
+    spec = load_spec("specs/r1_dp.yaml")
+    sim = Simulation(spec, SimConfig(load_profile("h200"), weight_dtype="fp8"))
+    plan = make_plan(spec)
+    assert [i.kv_capacity_tokens for i in sim.prefill + sim.decode] == [m.kv_tokens for m in plan.memory]
+    with pytest.raises(SpecError, match=r"decode.ep: 8"):
+        Simulation(attrs.evolve(spec, decode=attrs.evolve(spec.decode, ep=1)), SimConfig(load_profile("h200")))
 
 
 def test_a_stricter_slo_never_admits_more_load():
@@ -60,14 +95,17 @@ def test_simulate_cli_errors_exit_2(run_cli):
 
 def test_tune_cli_writes_a_loadable_spec(run_cli, tmp_path):
     out = tmp_path / "best.yaml"
-    result = run_cli("tune", "qwen3-coder", "--gpus", "32", "--slo", "ttft_p90_ms=2000,itl_p99_ms=60",
-                     "--qps", "2", "--input-len", "1024", "--output-len", "64", "--duration-s", "10",
-                     "--out", str(out), "--json")
+    args = ["tune", "qwen3-coder", "--gpus", "32", "--slo", "ttft_p90_ms=2000,itl_p99_ms=60", "--qps", "2",
+            "--input-len", "1024", "--output-len", "64", "--duration-s", "10", "--out", str(out), "--json"]
+    # bf16 Qwen3-Coder at tp 8 leaves 113k tokens of KV at 0.9 of an H200: not one 262k-token request
+    refused = run_cli(*args)
+    assert refused.returncode == 2 and "fits its memory" in refused.stderr and "262,144-token" in refused.stderr
+    result = run_cli(*args, "--memory-utilization", "0.95")
     assert result.returncode == 0, result.stderr
     ranking = json.loads(result.stdout)["ranking"]
     assert ranking[0]["fits"] and ranking[0]["goodput_per_gpu"] >= max(r["goodput_per_gpu"] for r in ranking if r["fits"])
     spec = load_spec(out)
-    assert spec.model == "qwen3-coder" and spec.name == "qwen3-coder-tuned"
+    assert spec.model == "qwen3-coder" and spec.name == "qwen3-coder-tuned" and spec.engine.memory_utilization == 0.95
 
 
 def test_simulate_takes_the_mtp_acceptance_a_benchmark_measured(run_cli, tmp_path):
