@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disaggsdk.memory.kv_layout import KVPageFormat, KVPool
+from disaggsdk.engine.kv_scales import KVScales
+from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -21,12 +22,15 @@ class KVCache:
         num_pages: pages in the pool (the same ids on every rank).
         page_size: tokens per page.
         layout: "HND" (default) or "NHD"; ignored for MLA, whose pages are token-major.
-        dtype: cache element type name ("float32", "bfloat16", "float16").
+        dtype: cache element type as `kv.dtype` names it ("float32", "bfloat16", "float16", "fp8")
+            or as torch does ("float8_e4m3fn").
         device: where to allocate when ``buffer`` is None.
         buffer: optional external backing memory of ``KVCache.pool_bytes(...)`` bytes (a uint8
             tensor, or anything ``torch.frombuffer`` accepts), e.g. a shared memfd mapping.
+        scales: per-layer fp8 scales (`engine.kv_scales`; read only by an fp8 cache); None: 1.0.
     Raises:
-        KVLayoutError: inconsistent geometry or a buffer of the wrong size.
+        KVLayoutError: inconsistent geometry, a buffer of the wrong size, or scales for another
+            number of layers.
     """
 
     def __init__(
@@ -38,10 +42,14 @@ class KVCache:
         dtype: str = "float32",
         device: str = "cpu",
         buffer: PoolMemory | None = None,
+        scales: KVScales | None = None,
     ):
         self.geometry = geometry
         self.fmt = self.page_format(geometry, num_pages, page_size, layout, dtype)
         self.pool = KVPool(self.fmt, buffer=buffer, device=device)
+        self.scales = scales if scales is not None else KVScales.unit(geometry.num_layers)
+        if len(self.scales.k) != geometry.num_layers:
+            raise KVLayoutError(f"{len(self.scales.k)} KV scales for a pool of {geometry.num_layers} layers")
 
     @staticmethod
     def page_format(
@@ -57,7 +65,7 @@ class KVCache:
             num_kv_heads_local=geometry.num_kv_heads_local if geometry.attention == "gqa" else 0,
             head_dim=geometry.head_dim if geometry.attention == "gqa" else 0,
             latent_dim=geometry.latent_dim,
-            dtype_name=dtype,
+            dtype_name=kv_dtype_name(dtype),
         )
 
     @property
@@ -74,7 +82,16 @@ class KVCache:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The element type the pages hold (float8_e4m3fn for `kv.dtype: fp8`)."""
         return self.fmt.dtype
+
+    def k_scale(self, layer_id: int) -> float:
+        """The fp8 scale of K (MLA: of the latent) in layer ``layer_id``; 1.0 means none."""
+        return self.scales.k[layer_id]
+
+    def v_scale(self, layer_id: int) -> float:
+        """The fp8 scale of V in layer ``layer_id`` (MLA: its ``k_scale``)."""
+        return self.scales.v[layer_id]
 
     @property
     def buffer(self) -> torch.Tensor:

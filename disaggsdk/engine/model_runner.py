@@ -12,11 +12,14 @@ from disaggsdk.engine.attention import create_backend, default_backend
 from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.kv_cache import KVCache
+from disaggsdk.engine.kv_scales import KVScales, read_kv_scales
 from disaggsdk.engine.models import build_model, kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.memory.kv_layout import kv_dtype_name
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.models.base import KVGeometry
     from disaggsdk.memory.kv_layout import PoolMemory
 
 
@@ -65,7 +68,8 @@ class ModelRunner:
             amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX
         geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
         self.kv_cache = KVCache(
-            geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer
+            geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer,
+            scales=self._kv_scales(geometry) if kv_dtype_name(config.kv_dtype) == "float8_e4m3fn" else None,
         )
         self.attn = create_backend(engine.attention_backend or default_backend(engine.device), self.kv_cache)
         self.compiled: CompiledStep | None = None
@@ -73,6 +77,15 @@ class ModelRunner:
             from disaggsdk.engine.compiled_step import CompiledStep
 
             self.compiled = CompiledStep(self.model, self.attn)
+
+    def _kv_scales(self, geometry: KVGeometry) -> KVScales:
+        """An fp8 cache's static per-layer scales: the checkpoint's (1.0 where it has none, and for
+        random weights), so that prefill and decode units of one model store the same bytes."""
+        from disaggsdk.models.shipped import checkpoint_directory
+
+        load_format = self.config.engine.load_format
+        directory = checkpoint_directory(self.config.model) if load_format == "auto" else None
+        return read_kv_scales(directory, geometry.num_layers, geometry.attention)
 
     def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one step.

@@ -28,9 +28,28 @@ if TYPE_CHECKING:
 Layout = Literal["HND", "NHD"]
 LAYOUTS = ("HND", "NHD")
 
+# The spec's `kv.dtype` names -> the torch dtype attribute the pool stores: the one place the two
+# vocabularies meet. "fp8" is OCP e4m3 (vLLM's kv_cache_dtype=fp8, FlashInfer's float8_e4m3fn):
+# one byte an element, values stored divided by a per-layer scale (engine.kv_scales).
+KV_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "float8_e4m3fn"}
+
 
 class KVLayoutError(DisaggError):
     """A KV pool geometry or backing buffer is inconsistent."""
+
+
+def kv_dtype_name(name: str) -> str:
+    """The torch dtype attribute name of a KV element type, given as the spec names it (`kv.dtype`:
+    float32, bfloat16, float16, fp8) or already as a torch name (float8_e4m3fn).
+
+    Raises:
+        KVLayoutError: a name that is neither.
+    """
+    if name in KV_DTYPE_NAMES:
+        return KV_DTYPE_NAMES[name]
+    if name in KV_DTYPE_NAMES.values():
+        return name
+    raise KVLayoutError(f"unknown KV dtype {name!r}; set kv.dtype to one of {sorted(KV_DTYPE_NAMES)}")
 
 
 @dataclass(frozen=True)
@@ -49,7 +68,7 @@ class KVPageFormat:
     num_kv_heads_local: int = 0
     head_dim: int = 0
     latent_dim: int = 0
-    dtype_name: str = "float32"  # a torch dtype attribute name: float32, bfloat16, float16
+    dtype_name: str = "float32"  # a torch dtype attribute name: a value of KV_DTYPE_NAMES
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -63,6 +82,11 @@ class KVPageFormat:
             raise KVLayoutError("an MLA pool needs latent_dim = kv_lora_rank + qk_rope_head_dim >= 1")
         if self.attention == "gqa" and (self.num_kv_heads_local < 1 or self.head_dim < 1):
             raise KVLayoutError("a GQA pool needs num_kv_heads_local >= 1 and head_dim >= 1")
+        if self.dtype_name not in KV_DTYPE_NAMES.values():
+            raise KVLayoutError(
+                f"unknown KV dtype {self.dtype_name!r}; use one of {sorted(KV_DTYPE_NAMES.values())} "
+                f"(kv_dtype_name maps the spec's kv.dtype names: {sorted(KV_DTYPE_NAMES)})"
+            )
 
     @property
     def page_elems(self) -> int:
@@ -73,17 +97,16 @@ class KVPageFormat:
 
     @property
     def elem_bytes(self) -> int:
-        import torch
-
-        return torch.empty((), dtype=self.dtype).element_size()
+        """Bytes of one stored element: 4, 2, or 1 for fp8."""
+        return self.dtype.itemsize
 
     @property
     def dtype(self) -> torch.dtype:
+        """The torch dtype the pages hold."""
         import torch
 
-        dtype = getattr(torch, self.dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise KVLayoutError(f"unknown KV dtype {self.dtype_name!r}; use float32, bfloat16 or float16")
+        dtype = getattr(torch, self.dtype_name)
+        assert isinstance(dtype, torch.dtype), "__post_init__ admits only KV_DTYPE_NAMES"
         return dtype
 
     @property

@@ -12,6 +12,10 @@
  * for the CPU it is built on (-march=native), and a call with enough work deals its
  * (request, kv head) pairs to torch's threads (at batch 16 on two threads attention went from
  * 26-27% to 21-24% of a decode step: before, one core attended while the other waited).
+ *
+ * fp8 caches (float8_e4m3fn, `kv.dtype: fp8`) are read through a 256-entry table per call that
+ * holds each byte's value already multiplied by the layer's scale: one load per element, and the
+ * same float32 product `stored.float() * scale` the torch reference computes.
  */
 #include "paged_decode.h"
 
@@ -20,10 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { CACHE_F32 = 0, CACHE_BF16 = 1, CACHE_FP8_E4M3 = 2 };  /* cache_dtype (paged_decode.h) */
+
 typedef struct {
     float *scores;    /* [group][kv_len] */
-    float *row;       /* one K or V row as float32 (bf16 caches only) */
-    float *block;     /* 16 K rows as float32 (bf16 caches, the vector path only) */
+    float *row;       /* one K or V row as float32 (bf16 and fp8 caches only) */
+    float *block;     /* 16 K rows as float32 (bf16 and fp8 caches, the vector path only) */
     float *zeros;     /* one row of zeros: the K row of the keys past a page's last */
 } scratch_t;
 
@@ -33,11 +39,40 @@ static inline float bf16_to_float(uint16_t x) {
     return c.f;
 }
 
+/* The value of an e4m3fn byte: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+ * subnormal (mantissa / 8 * 2^-6); 0x7f and 0xff are NaN (never stored: writes saturate). */
+static float e4m3_to_float(uint8_t b) {
+    int exponent = (b >> 3) & 0xf, mantissa = b & 7;
+    float v;
+    if (exponent == 15 && mantissa == 7) {
+        union { uint32_t u; float f; } nan = {0x7fc00000u};  /* not NAN: -ffast-math may fold it */
+        v = nan.f;
+    } else if (exponent == 0) {
+        v = ldexpf((float)mantissa, -9);
+    } else {
+        v = ldexpf(1.0f + (float)mantissa / 8.0f, exponent - 7);
+    }
+    return b & 0x80 ? -v : v;
+}
+
+/* lut[b] = value of byte b times scale: the whole dequantization of an fp8 element */
+static void fp8_table(float scale, float *lut) {
+    for (int b = 0; b < 256; b++)
+        lut[b] = e4m3_to_float((uint8_t)b) * scale;
+}
+
 /* The row at element offset `at`, as float32: in place for float32 caches, converted into
- * `tmp` for bfloat16 ones. */
-static inline const float *row_f32(const void *base, int64_t at, int is_bf16, float *tmp, int64_t n) {
-    if (!is_bf16)
+ * `tmp` for bfloat16 ones and, through `lut`, for fp8 ones. */
+static inline const float *row_f32(const void *base, int64_t at, int dtype, const float *lut, float *tmp,
+                                   int64_t n) {
+    if (dtype == CACHE_F32)
         return (const float *)base + at;
+    if (dtype == CACHE_FP8_E4M3) {
+        const uint8_t *src = (const uint8_t *)base + at;
+        for (int64_t i = 0; i < n; i++)
+            tmp[i] = lut[src[i]];
+        return tmp;
+    }
     const uint16_t *src = (const uint16_t *)base + at;
 #pragma omp simd
     for (int64_t i = 0; i < n; i++)
@@ -93,7 +128,8 @@ static inline v16 sum16x16(const v16 *a) {
 /* out_g = sum_t w[g][t] v_t for ng (<= GB) query heads whose weights are rows of kv_len floats
  * at w; inlined where ng is a constant, so the head loop unrolls around the accumulators. */
 static inline __attribute__((always_inline)) void value_block(
-    int64_t ng, const float *w, const void *v_cache, int is_bf16, int64_t head_base, int64_t page_stride,
+    int64_t ng, const float *w, const void *v_cache, int dtype, const float *v_lut, int64_t head_base,
+    int64_t page_stride,
     int64_t token_stride, const int64_t *pages, int64_t kv_len, int64_t page_size, int64_t v_dim,
     float *out) {
     const v16 zero = {0};
@@ -106,10 +142,14 @@ static inline __attribute__((always_inline)) void value_block(
             int64_t page_at = pages[p] * page_stride + head_base;
             for (int64_t j = 0; j < in_page; j++) {
                 v16 vj;
-                if (is_bf16) {
+                if (dtype == CACHE_BF16) {
                     const uint16_t *src = (const uint16_t *)v_cache + page_at + j * token_stride + e;
                     for (int l = 0; l < 16; l++)
                         vj[l] = bf16_to_float(src[l]);
+                } else if (dtype == CACHE_FP8_E4M3) {
+                    const uint8_t *src = (const uint8_t *)v_cache + page_at + j * token_stride + e;
+                    for (int l = 0; l < 16; l++)
+                        vj[l] = v_lut[src[l]];
                 } else {
                     vj = *(const v16 *)((const float *)v_cache + page_at + j * token_stride + e);
                 }
@@ -127,8 +167,8 @@ static inline __attribute__((always_inline)) void value_block(
  * time finished by sum16x16, the value pass with GB x 16 output floats in registers. */
 static void attend_one_head_v16(
     const float *q_group, int64_t group, int64_t head_dim, int64_t v_dim,
-    const void *k_cache, const void *v_cache, int is_bf16, int64_t head_base,
-    int64_t page_stride, int64_t token_stride, const int64_t *pages, int64_t kv_len,
+    const void *k_cache, const void *v_cache, int dtype, const float *k_lut, const float *v_lut,
+    int64_t head_base, int64_t page_stride, int64_t token_stride, const int64_t *pages, int64_t kv_len,
     int64_t page_size, float sm_scale, float *out_group, scratch_t *s) {
     float *scores = s->scores;
     const v16 zero = {0};
@@ -144,7 +184,7 @@ static void attend_one_head_v16(
              * per-key trip count they lived on the stack, zeroed by a memset per block) */
             const float *krow[16];
             for (int64_t j = 0; j < 16; j++)
-                krow[j] = j < n ? row_f32(k_cache, page_at + (j0 + j) * token_stride, is_bf16,
+                krow[j] = j < n ? row_f32(k_cache, page_at + (j0 + j) * token_stride, dtype, k_lut,
                                           s->block + j * head_dim, head_dim)
                                 : s->zeros;
             for (int64_t g = 0; g < group; g++) {
@@ -178,7 +218,8 @@ static void attend_one_head_v16(
         const float *w = scores + g0 * kv_len;
         float *o = out_group + g0 * v_dim;
 #define VALUE_BLOCK(heads) \
-    value_block(heads, w, v_cache, is_bf16, head_base, page_stride, token_stride, pages, kv_len, page_size, v_dim, o)
+    value_block(heads, w, v_cache, dtype, v_lut, head_base, page_stride, token_stride, pages, kv_len, page_size, \
+                v_dim, o)
         switch (ng) {
         case GB: VALUE_BLOCK(GB); break;
         case 4: VALUE_BLOCK(4); break;
@@ -192,8 +233,8 @@ static void attend_one_head_v16(
 
 static void attend_one_head(
     const float *q_group, int64_t group, int64_t head_dim, int64_t v_dim,
-    const void *k_cache, const void *v_cache, int is_bf16, int64_t head_base,
-    int64_t page_stride, int64_t token_stride, const int64_t *pages, int64_t kv_len,
+    const void *k_cache, const void *v_cache, int dtype, const float *k_lut, const float *v_lut,
+    int64_t head_base, int64_t page_stride, int64_t token_stride, const int64_t *pages, int64_t kv_len,
     int64_t page_size, float sm_scale, float *out_group, scratch_t *s) {
     float *scores = s->scores;
     /* pass 1: scores[g][t] = q_g . k_t * scale */
@@ -201,7 +242,7 @@ static void attend_one_head(
         int64_t n = kv_len - t0 < page_size ? kv_len - t0 : page_size;
         int64_t page_at = pages[p] * page_stride + head_base;
         for (int64_t j = 0; j < n; j++) {
-            const float *k = row_f32(k_cache, page_at + j * token_stride, is_bf16, s->row, head_dim);
+            const float *k = row_f32(k_cache, page_at + j * token_stride, dtype, k_lut, s->row, head_dim);
             for (int64_t g = 0; g < group; g++) {
                 const float *qg = q_group + g * head_dim;
                 float acc = 0.f;
@@ -219,7 +260,7 @@ static void attend_one_head(
         int64_t n = kv_len - t0 < page_size ? kv_len - t0 : page_size;
         int64_t page_at = pages[p] * page_stride + head_base;
         for (int64_t j = 0; j < n; j++) {
-            const float *v = row_f32(v_cache, page_at + j * token_stride, is_bf16, s->row, v_dim);
+            const float *v = row_f32(v_cache, page_at + j * token_stride, dtype, v_lut, s->row, v_dim);
             for (int64_t g = 0; g < group; g++) {
                 float w = scores[g * kv_len + t0 + j];
                 float *og = out_group + g * v_dim;
@@ -241,12 +282,17 @@ int paged_decode_threads(void) {
 
 int paged_decode_attention(
     const float *q, int64_t q_row_stride, const int64_t *rows, int64_t batch,
-    const void *k_cache, const void *v_cache, int cache_is_bf16,
+    const void *k_cache, const void *v_cache, int cache_dtype, float k_scale, float v_scale,
     int64_t page_stride, int64_t head_stride, int64_t token_stride,
     const int64_t *page_indices, const int64_t *page_indptr, const int64_t *kv_lens,
     int64_t page_size, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim,
     float sm_scale, float *out, int64_t out_row_stride) {
     int64_t group = num_q_heads / num_kv_heads;
+    float k_lut[256], v_lut[256];  /* fp8 only: per call, so a call's scales never leak to another */
+    if (cache_dtype == CACHE_FP8_E4M3) {
+        fp8_table(k_scale, k_lut);
+        fp8_table(v_scale, v_lut);
+    }
     int64_t max_len = 0, total_len = 0;
     for (int64_t b = 0; b < batch; b++) {
         max_len = kv_lens[b] > max_len ? kv_lens[b] : max_len;
@@ -274,7 +320,7 @@ int paged_decode_attention(
                 int64_t b = i / num_kv_heads, h = i % num_kv_heads;
                 (vector_path ? attend_one_head_v16 : attend_one_head)(
                     q + rows[b] * q_row_stride + h * group * head_dim, group, head_dim, v_dim,
-                    k_cache, v_cache, cache_is_bf16, h * head_stride, page_stride, token_stride,
+                    k_cache, v_cache, cache_dtype, k_lut, v_lut, h * head_stride, page_stride, token_stride,
                     page_indices + page_indptr[b], kv_lens[b], page_size, sm_scale,
                     out + rows[b] * out_row_stride + h * group * v_dim, &s);
             }

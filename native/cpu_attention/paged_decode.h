@@ -10,7 +10,9 @@
  *
  * q:          float32, query row of request b at q + rows[b] * q_row_stride, heads of head_dim
  *             floats each, contiguous ([num_tokens, num_q_heads, head_dim]).
- * k_cache, v_cache: the layer's pages, float32 (cache_is_bf16 0) or bfloat16 (1); element
+ * k_cache, v_cache: the layer's pages, float32 (cache_dtype 0), bfloat16 (1) or float8_e4m3fn
+ *             (2: element values are multiplied by k_scale and v_scale, the layer's static fp8
+ *             scales; the scales are not read for other dtypes); element
  *             (page, head, token, i) at page * page_stride + head * head_stride
  *             + token * token_stride + i, in elements; the same strides for K and V (V rows are
  *             the first v_dim elements of theirs: MLA's latent values inside its keys).
@@ -25,7 +27,7 @@
  */
 int paged_decode_attention(
     const float *q, int64_t q_row_stride, const int64_t *rows, int64_t batch,
-    const void *k_cache, const void *v_cache, int cache_is_bf16,
+    const void *k_cache, const void *v_cache, int cache_dtype, float k_scale, float v_scale,
     int64_t page_stride, int64_t head_stride, int64_t token_stride,
     const int64_t *page_indices, const int64_t *page_indptr, const int64_t *kv_lens,
     int64_t page_size, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t v_dim,

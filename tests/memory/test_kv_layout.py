@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool  # noqa: E402
+from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name  # noqa: E402
 
 
 def gqa(layout: str, **kw) -> KVPageFormat:
@@ -67,6 +67,22 @@ def test_bfloat16_pool_size_and_views():
     assert fmt.pool_bytes == 2 * 3 * (2 * 2 * 4 * 5) * 2
     k, _ = KVPool(fmt).k_v(0)
     assert k.dtype == torch.bfloat16
+
+
+def test_fp8_pool_holds_a_byte_an_element_and_the_spec_name_maps_to_torchs():
+    fmt = gqa("NHD", dtype_name=kv_dtype_name("fp8"))
+    assert fmt.dtype_name == "float8_e4m3fn" and fmt.elem_bytes == 1
+    assert fmt.pool_bytes == 2 * 3 * (2 * 2 * 4 * 5)
+    k, v = KVPool(fmt).k_v(1)
+    assert k.dtype == v.dtype == torch.float8_e4m3fn
+    assert kv_dtype_name("float8_e4m3fn") == "float8_e4m3fn" and kv_dtype_name("bfloat16") == "bfloat16"
+
+
+def test_an_unknown_kv_dtype_is_refused_with_the_names_to_use():
+    with pytest.raises(KVLayoutError, match="kv.dtype to one of"):
+        kv_dtype_name("int8")
+    with pytest.raises(KVLayoutError, match="unknown KV dtype 'fp8'"):
+        gqa("HND", dtype_name="fp8")  # the format takes torch's names; kv_dtype_name maps the spec's
 
 
 def test_external_buffer_is_used_without_copy():

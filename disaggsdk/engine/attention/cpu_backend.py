@@ -11,6 +11,10 @@ Python loop over requests. Fresh prompts (no earlier KV) go through a causal fla
 SDPA's copies that repeat the kv heads); so do chunks over earlier KV (a prefix-cache hit, a long
 prompt's later chunks), over their pages gathered token-major once: a 128-token suffix over 704
 cached tokens, 1.8 ms a layer, no [q, kv] mask.
+An fp8 cache (`kv.dtype: fp8`) is read by the decode kernel itself (e4m3 bytes through a 256-entry
+table that holds each byte's value times the layer's scale); the prefill kernels take float32, so
+fresh prompts get their new K/V quantized and dequantized and chunks over earlier KV their gathered
+pages dequantized, in the gather copy they make anyway.
 `TorchRefBackend` stays the oracle the kernels are tested against.
 """
 
@@ -24,6 +28,7 @@ import torch
 
 from disaggsdk.engine.attention import CPU_KERNELS_MODULE
 from disaggsdk.engine.attention.torch_ref import TorchRefBackend, _Group, _Queries
+from disaggsdk.engine.kv_scales import from_cache, to_cache
 
 if TYPE_CHECKING:
     from disaggsdk.engine.forward_batch import ForwardBatch
@@ -37,7 +42,9 @@ except ImportError:  # pragma: no cover - depends on the build
     _kernels_built = False
 
 # cache dtypes the kernel reads; others (float16) fall back to the reference's decode path
-KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+# the kernel's cache_dtype codes (paged_decode.h)
+_CACHE_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2}
 
 
 def kernel_available() -> bool:
@@ -52,7 +59,7 @@ def _ptr(kind: str, t: torch.Tensor) -> object:  # a cffi pointer
 def paged_decode(
     q: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     page_indices: torch.Tensor, page_indptr: torch.Tensor, kv_lens: torch.Tensor, sm_scale: float,
-    out: torch.Tensor,
+    out: torch.Tensor, kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """One-query attention of each request over its pages, written into ``out`` (the kernel).
 
@@ -60,12 +67,13 @@ def paged_decode(
         q: [num_tokens, Hq, D] float32, contiguous; request b's query is row ``rows[b]``.
         rows: [B] int64.
         keys: [num_pages, page_size, Hkv, D] token-major view of the layer's K pages (any strides
-            with a unit last stride), float32 or bfloat16.
+            with a unit last stride), float32, bfloat16 or float8_e4m3fn.
         values: the same view of V, [..., Dv]; its strides must equal ``keys``'s.
         page_indices, page_indptr: [total_pages] and [B + 1] int64, request b's pages in order.
         kv_lens: [B] int64 tokens of KV per request (after this step's token).
         sm_scale: softmax scale.
         out: [num_tokens, Hq, Dv] float32, contiguous; rows ``rows`` are written.
+        kv_scales: (k_scale, v_scale) that float8_e4m3fn keys and values are multiplied by.
     Raises:
         MemoryError: the kernel's scratch could not be allocated.
     """
@@ -81,7 +89,7 @@ def paged_decode(
     page_stride, token_stride, head_stride, _ = keys.stride()
     rc = _cpu_kernels.lib.paged_decode_attention(
         _ptr("float *", q), q.stride(0), _ptr("int64_t *", rows), rows.numel(),
-        _ptr("void *", keys), _ptr("void *", values), int(keys.dtype == torch.bfloat16),
+        _ptr("void *", keys), _ptr("void *", values), _CACHE_DTYPE_CODES[keys.dtype], kv_scales[0], kv_scales[1],
         page_stride, head_stride, token_stride,
         _ptr("int64_t *", page_indices), _ptr("int64_t *", page_indptr), _ptr("int64_t *", kv_lens),
         page_size, q.shape[1], num_kv_heads, head_dim, values.shape[3], sm_scale,
@@ -191,17 +199,21 @@ class CpuBackend(TorchRefBackend):
             super()._attend_fresh(g, q, new_keys, new_values, sm_scale, out)
 
     def _attend_chunks(self, g: _Group, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       token_major: bool, out: torch.Tensor, sm_scale: float) -> bool:
+                       token_major: bool, out: torch.Tensor, sm_scale: float, kv_scales: tuple[float, float]) -> bool:
         """Prefill chunks over earlier KV (a prefix-cache hit, a long prompt's later chunks) by the
-        kernel, over each request's pages gathered token-major once: no [q, kv] mask."""
+        kernel, over each request's pages gathered token-major once: no [q, kv] mask (fp8 pages
+        dequantized to float32 in that copy)."""
         if not self._kernel_ok or q.dtype != torch.float32:
             return False
         page_size = keys.shape[1] if token_major else keys.shape[2]
+        fp8 = keys.dtype == torch.float8_e4m3fn
         assert g.page_table is not None, "chunks over earlier KV are a paged group"
         for b, (q_start, q_len, kv_len) in enumerate(g.spans):
             pages = g.page_table[b, : -(-kv_len // page_size)]
             k = _token_rows(keys, pages, token_major)[:kv_len]
             v = _token_rows(values, pages, token_major)[:kv_len]
+            if fp8:
+                k, v = from_cache(k, torch.float32, kv_scales[0]), from_cache(v, torch.float32, kv_scales[1])
             rows = slice(q_start, q_start + q_len)
             if not prefix_prefill(q[rows], k, v, kv_len - q_len, sm_scale, out[rows]):
                 return False  # the same shapes for every request: none was written
@@ -216,9 +228,10 @@ class CpuBackend(TorchRefBackend):
         the kernel, nothing else (see `run_mla`)."""
         if not self._decode_only():
             return super().run(layer_id, q, k, v, sm_scale)
-        k_tm, v_tm = self._store_kv(layer_id, k, v)
+        self._store_kv(layer_id, k, v)
+        k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype)
-        self._decode_into(q, k_tm, v_tm, out, sm_scale)
+        self._decode_into(q, k_tm, v_tm, out, sm_scale, self._kv_scales(layer_id))
         return out
 
     def run_mla(self, layer_id: int, q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor,
@@ -232,11 +245,15 @@ class CpuBackend(TorchRefBackend):
             return super().run_mla(layer_id, q_latent, q_rope, kv_latent, k_rope, sm_scale)
         cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, latent_dim], token-major
         rank = kv_latent.shape[1]
-        new = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype)
-        cache.view(-1, cache.shape[2]).index_copy_(0, self._new_slots, new)
+        scale = self.kv_cache.k_scale(layer_id)
+        new = to_cache(torch.cat([kv_latent, k_rope], dim=-1), cache.dtype, scale)
+        rows = cache.view(-1, cache.shape[2])
+        if new.dtype == torch.float8_e4m3fn:  # torch has no index_copy_ for fp8: copy the bytes
+            rows, new = rows.view(torch.uint8), new.view(torch.uint8)
+        rows.index_copy_(0, self._new_slots, new)
         q = torch.cat([q_latent, q_rope], dim=-1)
         out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype)
-        self._decode_into(q, cache.unsqueeze(2), cache[..., :rank].unsqueeze(2), out, sm_scale)
+        self._decode_into(q, cache.unsqueeze(2), cache[..., :rank].unsqueeze(2), out, sm_scale, (scale, scale))
         return out
 
     def _plan_new_tokens(self, batch: ForwardBatch) -> None:
@@ -244,26 +261,29 @@ class CpuBackend(TorchRefBackend):
         self._new_slots = batch.kv_slot_ids.to(torch.int64)
 
     def _decode_into(self, q: torch.Tensor, k_tm: torch.Tensor, v_tm: torch.Tensor, out: torch.Tensor,
-                     sm_scale: float) -> None:
-        """The planned decode queries' rows of ``out`` by the kernel, over token-major K/V views."""
+                     sm_scale: float, kv_scales: tuple[float, float]) -> None:
+        """The planned decode queries' rows of ``out`` by the kernel, over token-major K/V views
+        (fp8 ones read with ``kv_scales``, (k_scale, v_scale))."""
         assert self._decode is not None, "a decode-only step"
         rows, page_indices, page_indptr, kv_lens = self._decode
         if q.dtype == torch.float32:
-            paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out)
+            paged_decode(q.contiguous(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out,
+                         kv_scales)
         else:  # a bfloat16 model: the kernel computes in float32
             out_f32 = torch.empty(out.shape, dtype=torch.float32)
-            paged_decode(q.float(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out_f32)
+            paged_decode(q.float(), rows, k_tm, v_tm, page_indices, page_indptr, kv_lens, sm_scale, out_f32,
+                         kv_scales)
             out[rows] = out_f32[rows].to(out.dtype)
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
-        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
+        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor, kv_scales: tuple[float, float],
     ) -> torch.Tensor:
         if self._decode is not None:
             k_tm = keys if token_major else keys.transpose(1, 2)
             v_tm = values if token_major else values.transpose(1, 2)
-            self._decode_into(q, k_tm, v_tm, out, sm_scale)
-        return super()._attend(q, keys, values, token_major, out, sm_scale, new_keys, new_values)
+            self._decode_into(q, k_tm, v_tm, out, sm_scale, kv_scales)
+        return super()._attend(q, keys, values, token_major, out, sm_scale, new_keys, new_values, kv_scales)
 
 
 def _token_rows(cache: torch.Tensor, pages: torch.Tensor, token_major: bool) -> torch.Tensor:

@@ -6,6 +6,10 @@ backend. `plan` turns the step's FlashInfer-style metadata into gather indices a
 one-token (decode) requests in padded calls of about a cache's worth of gathered KV each,
 prefill chunks grouped by length (a padded call for mixed lengths would waste memory on
 [batch, max_q, max_kv] masks), chunks with no earlier KV by SDPA's causal fast path (no mask).
+
+An fp8 cache (`kv.dtype: fp8`) is read the same way: the gathered pages are dequantized with the
+layer's static scale (`engine.kv_scales`) as they become the compute dtype, and a fresh prompt
+attends over its new K/V quantized and dequantized, the values decode will read back.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from disaggsdk.engine.kv_scales import from_cache, to_cache
 
 if TYPE_CHECKING:
     from disaggsdk.engine.forward_batch import ForwardBatch
@@ -197,20 +203,22 @@ class TorchRefBackend:
 
     def _attend(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
-        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
+        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor, kv_scales: tuple[float, float],
     ) -> torch.Tensor:
-        """Attention of every group over paged keys/values (layout given by ``token_major``);
-        fresh groups over ``new_keys``/``new_values`` ([num_tokens, Hkv, D]) instead."""
+        """Attention of every group over paged keys/values (layout given by ``token_major``; stored
+        values times ``kv_scales`` (k, v) for an fp8 cache); fresh groups over ``new_keys``/``new_values``
+        ([num_tokens, Hkv, D], already as the cache rounds them) instead."""
+        k_scale, v_scale = kv_scales
         for g in self._groups:
             if g.fresh:
                 self._attend_fresh(g, q, new_keys, new_values, sm_scale, out)
                 continue
-            if g.rows.shape[1] > 1 and self._attend_chunks(g, q, keys, values, token_major, out, sm_scale):
+            if g.rows.shape[1] > 1 and self._attend_chunks(g, q, keys, values, token_major, out, sm_scale, kv_scales):
                 continue  # no masked SDPA call for these chunks
             assert g.page_table is not None and g.attn_mask is not None, "a group that is not fresh is paged"
             qg = q[g.rows].transpose(1, 2)  # [B, Hq, max_q, D]
-            kg = self._gather(keys, g.page_table, token_major).to(q.dtype)  # [B, Hkv, L, D]
-            vg = self._gather(values, g.page_table, token_major).to(q.dtype)
+            kg = from_cache(self._gather(keys, g.page_table, token_major), q.dtype, k_scale)  # [B, Hkv, L, D]
+            vg = from_cache(self._gather(values, g.page_table, token_major), q.dtype, v_scale)
             if qg.shape[2] == 1:
                 # decode: grouped heads folded into one matmul; SDPA's flash kernel measured 1.4x
                 # slower for one query (and for MLA would repeat the one latent "head" per query head)
@@ -226,7 +234,7 @@ class TorchRefBackend:
         return out
 
     def _attend_chunks(self, g: _Group, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       token_major: bool, out: torch.Tensor, sm_scale: float) -> bool:
+                       token_major: bool, out: torch.Tensor, sm_scale: float, kv_scales: tuple[float, float]) -> bool:
         """Chunks over earlier KV by a path faster than masked SDPA, into ``out`` (CpuBackend: its kernel)."""
         return False
 
@@ -252,19 +260,31 @@ class TorchRefBackend:
         """GQA attention of one layer (see `AttentionBackend.run`): q [num_tokens, q heads, head_dim],
         the new tokens' k and v [num_tokens, kv heads, head_dim]; returns [num_tokens, q heads, head_dim]."""
         assert q.shape[0] == self._num_tokens, "run() called with a batch other than the planned one"
-        k_tm, v_tm = self._store_kv(layer_id, k, v)
+        kv_scales = self._kv_scales(layer_id)
+        k_stored, v_stored = self._store_kv(layer_id, k, v)
         k_cache, v_cache = self.kv_cache.k_v(layer_id)  # the stored layout: gather whole pages
         out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
         # fresh prefill reads the new K/V as stored (rounded to the cache dtype), as decode will
-        new_k, new_v = k.to(k_tm.dtype).to(q.dtype), v.to(v_tm.dtype).to(q.dtype)
-        return self._attend(q, k_cache, v_cache, self.kv_cache.layout == "NHD", out, sm_scale, new_k, new_v)
+        new_k, new_v = from_cache(k_stored, q.dtype, kv_scales[0]), from_cache(v_stored, q.dtype, kv_scales[1])
+        return self._attend(q, k_cache, v_cache, self.kv_cache.layout == "NHD", out, sm_scale, new_k, new_v,
+                            kv_scales)
+
+    def _kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of the layer: what an fp8 cache's stored values are multiplied by."""
+        return self.kv_cache.k_scale(layer_id), self.kv_cache.v_scale(layer_id)
 
     def _store_kv(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the step's new K and V in the layer's pages; returns the layer's token-major views."""
+        """Store the step's new K and V ([num_tokens, Hkv, D]) in the layer's pages.
+
+        Returns:
+            The new K and V as stored ([num_tokens, Hkv, D], the cache's dtype).
+        """
         k_tm, v_tm = self.kv_cache.k_v_token_major(layer_id)
-        k_tm[self._new_page, self._new_offset] = k.to(k_tm.dtype)
-        v_tm[self._new_page, self._new_offset] = v.to(v_tm.dtype)
-        return k_tm, v_tm
+        k_stored = to_cache(k, k_tm.dtype, self.kv_cache.k_scale(layer_id))
+        v_stored = to_cache(v, v_tm.dtype, self.kv_cache.v_scale(layer_id))
+        k_tm[self._new_page, self._new_offset] = k_stored
+        v_tm[self._new_page, self._new_offset] = v_stored
+        return k_stored, v_stored
 
     def run_mla(
         self,
@@ -279,11 +299,13 @@ class TorchRefBackend:
         assert q_latent.shape[0] == self._num_tokens, "run_mla() called with an unplanned batch"
         cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, latent_dim]
         rank = kv_latent.shape[1]
-        cache[self._new_page, self._new_offset] = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype)
+        scale = self.kv_cache.k_scale(layer_id)  # one scale: the values are the keys' first columns
+        stored = to_cache(torch.cat([kv_latent, k_rope], dim=-1), cache.dtype, scale)
+        cache[self._new_page, self._new_offset] = stored
         # one shared "head": scores against [latent | rope], values are the latent part
         keys = cache.unsqueeze(2)  # [num_pages, page_size, 1, latent_dim]
         values = cache[..., :rank].unsqueeze(2)
         q = torch.cat([q_latent, q_rope], dim=-1)
         out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype, device=q.device)
-        new_keys = torch.cat([kv_latent, k_rope], dim=-1).to(cache.dtype).to(q.dtype).unsqueeze(1)
-        return self._attend(q, keys, values, True, out, sm_scale, new_keys, new_keys[..., :rank])
+        new_keys = from_cache(stored, q.dtype, scale).unsqueeze(1)
+        return self._attend(q, keys, values, True, out, sm_scale, new_keys, new_keys[..., :rank], (scale, scale))
