@@ -5,6 +5,9 @@ tokens run one at a time (no queueing in the measurement), after a warm-up. Per 
 decode side measures the *exposed* transfer time: from the end of prefill's forward pass (the
 timestamp prefill puts in the context payload) to the moment the decode's immediate counter
 fired. Both sides read CLOCK_MONOTONIC of one machine. Measurement only: `summarize` is pure.
+
+The bytes prefill sent per request are counted too, and per token of KV: the messenger moves
+bytes, so an fp8 KV cache (`kv.dtype: fp8`, ``--kv-dtype fp8``) sends half of bfloat16's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class TransferSummary(TypedDict):
     mean_transfer_ms: float
     mean_lead_ms: float
     bytes_per_request: float
+    kv_bytes_per_token: float  # KV bytes sent (the context payload left out) per prompt token sent
     writes_per_request: float
 
 
@@ -46,6 +50,7 @@ class Comparison(TypedDict):
     """`compare`'s answer (printed as JSON by ``disaggsdk kv-bench``)."""
 
     model: str
+    kv_dtype: str
     prompt_len: int
     num_requests: int
     streaming: ModeResult
@@ -61,17 +66,21 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
-def summarize(decode: Sequence[RequestTransfer], prefill: Sequence[RequestTransfer]) -> TransferSummary:
+def summarize(decode: Sequence[RequestTransfer], prefill: Sequence[RequestTransfer],
+              context_bytes: int = 0) -> TransferSummary:
     """Statistics of per-request records (`RequestTransfer`) of one mode, times in ms.
 
     Args:
         decode: decode-side records (exposed_s).
-        prefill: prefill-side records (bytes, writes, transfer_s, lead_s).
+        prefill: prefill-side records (bytes, writes, transfer_s, lead_s, num_tokens).
+        context_bytes: bytes of the context payload each request also sends (not KV).
     Returns:
         exposed mean/median/p99, transfer mean, mean lead (first write before the forward
-        ended), bytes and writes per request.
+        ended), bytes and writes per request, and KV bytes per token sent (a partly filled last
+        page travels whole, so this is a little above the format's bytes per token).
     """
     exposed = [r.exposed_s * 1e3 for r in decode]
+    kv_per_token = [(r.bytes - context_bytes) / r.num_tokens for r in prefill if r.num_tokens]
     return {
         "requests": len(decode),
         "mean_exposed_ms": statistics.fmean(exposed) if exposed else 0.0,
@@ -80,6 +89,7 @@ def summarize(decode: Sequence[RequestTransfer], prefill: Sequence[RequestTransf
         "mean_transfer_ms": statistics.fmean([r.transfer_s * 1e3 for r in prefill]) if prefill else 0.0,
         "mean_lead_ms": statistics.fmean([r.lead_s * 1e3 for r in prefill]) if prefill else 0.0,
         "bytes_per_request": statistics.fmean([r.bytes for r in prefill]) if prefill else 0.0,
+        "kv_bytes_per_token": statistics.fmean(kv_per_token) if kv_per_token else 0.0,
         "writes_per_request": statistics.fmean([r.writes for r in prefill]) if prefill else 0.0,
     }
 
@@ -92,6 +102,8 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
         `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
     from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.messenger.context import context_bytes
+    from disaggsdk.models import resolve_model
     from disaggsdk.plan.memory import num_pages_per_rank
     from disaggsdk.serve.local import serve_locally
 
@@ -117,7 +129,8 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
         phases = rt.ttft_phases(measured_from_s)
     decode = [r for s in stats.values() if s.role == "decode" for r in s.recent if r.request_id.startswith("kvbench")]
     prefill = [r for s in stats.values() if s.role == "prefill" for r in s.recent if r.request_id.startswith("kvbench")]
-    return {**summarize(decode, prefill), "ttft_phases": phases}
+    arch = resolve_model(spec.model)
+    return {**summarize(decode, prefill, context_bytes(arch.hidden_size, arch.vocab_size)), "ttft_phases": phases}
 
 
 def compare(spec: Spec, prompt_len: int = 1024, num_requests: int = 8, provider: str | None = None,
@@ -126,5 +139,5 @@ def compare(spec: Spec, prompt_len: int = 1024, num_requests: int = 8, provider:
     streaming = run_mode(spec, True, prompt_len, num_requests, provider, cpu_affinity, on_event)
     ablation = run_mode(spec, False, prompt_len, num_requests, provider, cpu_affinity, on_event)
     ratio = streaming["mean_exposed_ms"] / ablation["mean_exposed_ms"] if ablation["mean_exposed_ms"] else None
-    return {"model": spec.model, "prompt_len": prompt_len, "num_requests": num_requests,
+    return {"model": spec.model, "kv_dtype": spec.kv.dtype, "prompt_len": prompt_len, "num_requests": num_requests,
             "streaming": streaming, "ablation": ablation, "exposed_ratio": ratio}

@@ -7,6 +7,7 @@ import json
 import sys
 
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.spec.kv import KV_DTYPES
 
 HELP = "Measure the exposed KV transfer time, layer-streamed vs. sent after the forward pass (JSON)."
 
@@ -23,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin", action="store_true", help="pin each unit to one core (round robin)")
     parser.add_argument("--no-same-host-copy", action="store_true",
                         help="shm: every byte through libfabric (transport.same_host_copy: false)")
+    parser.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
+                        help="KV element type overriding the spec's kv.dtype (after --tiny, which sets float32)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         import attrs
 
         spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
+    if args.kv_dtype is not None:
+        import attrs
+
+        spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype=args.kv_dtype))
     result = compare(spec, args.input_len, args.num_prompts, provider=args.provider,
                      cpu_affinity="auto" if args.pin else None)
     json.dump(result, sys.stdout, indent=2)

@@ -36,3 +36,46 @@ def test_kv_bench_cli_reports_both_modes(run_cli, tmp_path):
     assert s["writes_per_request"] == a["writes_per_request"] == 4 * 4 + 1  # 4 pages x 4 layers + context
     assert s["mean_lead_ms"] > 0 >= a["mean_lead_ms"]  # streamed during the forward vs. after it
     assert result["exposed_ratio"] is not None
+
+
+def test_kv_bytes_per_token_leave_the_context_payload_out():
+    prefill = [RequestTransfer("r0", "prefill", 10, bytes=1000 + 64), RequestTransfer("r1", "prefill", 20, bytes=2000 + 64)]
+    assert summarize([], prefill, context_bytes=64)["kv_bytes_per_token"] == pytest.approx(100.0)
+
+
+@pytest.mark.slow  # two deployments, ~45 s; the default run keeps test_fp8_and_bfloat16_page_formats_...
+def test_fp8_pages_travel_in_half_the_bytes_of_bfloat16():
+    """The messenger moves page bytes as they are: one request through a prefill and a decode unit
+    sends, per token of KV, half as many bytes with `kv.dtype: fp8` as with bfloat16 (bytes
+    counted by the prefill unit, not timed)."""
+    pytest.importorskip("torch")
+    import attrs
+
+    from disaggsdk.bench.kv_bench import run_mode
+    from disaggsdk.engine.models import kv_geometry
+    from disaggsdk.engine.parallel import TensorParallel
+    from disaggsdk.models import resolve_model
+    from tests.launch._helpers import make_spec
+
+    spec = make_spec("qwen3-coder-tiny", page_size=16)
+    sent = {}
+    for dtype in ("bfloat16", "fp8"):
+        result = run_mode(attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype=dtype)), True, 64, 1)
+        sent[dtype] = result["kv_bytes_per_token"]
+        assert result["requests"] == 1
+    assert sent["fp8"] * 2 == sent["bfloat16"]
+    # the 64-token prompt's 4 pages of 16; each token of a page carries K and V of every layer:
+    # 2 x heads x head_dim elements of 1 byte
+    geometry = kv_geometry(resolve_model("qwen3-coder-tiny"), TensorParallel(0, 1))
+    assert sent["fp8"] == geometry.num_layers * 2 * geometry.num_kv_heads_local * geometry.head_dim
+
+
+def test_fp8_and_bfloat16_page_formats_differ_only_in_bytes_per_element():
+    """What the transfer plan moves per page (`KVPageFormat.page_bytes`): fp8 half of bfloat16's."""
+    pytest.importorskip("torch")
+    from disaggsdk.memory.kv_layout import KVPageFormat, kv_dtype_name
+
+    fmts = {d: KVPageFormat(4, 8, 16, num_kv_heads_local=2, head_dim=32, dtype_name=kv_dtype_name(d))
+            for d in ("bfloat16", "fp8")}
+    assert fmts["fp8"].dtype_name == "float8_e4m3fn" and fmts["fp8"].elem_bytes == 1
+    assert 2 * fmts["fp8"].page_bytes == fmts["bfloat16"].page_bytes == 2 * 2 * 16 * 32 * 2

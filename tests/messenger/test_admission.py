@@ -70,3 +70,15 @@ def test_a_peer_id_reads_back_what_it_wrote():
     assert str(peer) == "decode-0.dp1#a1b2c3" and PeerId.parse(str(peer)) == peer
     assert PeerId.parse("decode-0") == PeerId("decode-0", "")  # no incarnation: matches no live peer
     assert DECODE.peer_id == PeerId(DECODE.name, DECODE.incarnation)
+
+
+def test_an_fp8_prefill_refuses_a_bfloat16_decode_and_the_reverse():
+    """The pages are raw bytes: an fp8 page read as bfloat16 (or the reverse) would be garbage of
+    the wrong length, so a KV dtype mismatch is refused before any byte moves, naming both sides."""
+    fp8_local = LocalFormat("m", "HND", 4, "fp8", 100)
+    problem = check_request(request(kv_dtype="bfloat16"), DECODE, 16, fp8_local)
+    assert problem is not None and problem.reason is RejectReason.MISMATCH
+    assert "'fp8'" in problem.detail and "'bfloat16'" in problem.detail
+    bf16_local = LocalFormat("m", "HND", 4, "bfloat16", 100)
+    assert check_request(request(kv_dtype="fp8"), DECODE, 16, bf16_local).reason is RejectReason.MISMATCH
+    assert check_request(request(kv_dtype="fp8"), DECODE, 16, fp8_local) is None

@@ -1,0 +1,44 @@
+"""`kv.dtype: fp8` through a disaggregated deployment (real processes, shm): prefill writes fp8
+pages, they travel as bytes, decode reads them; tokens equal the colocated fp8 engine's."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.serve.local import serve_locally  # noqa: E402
+from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+
+PROMPT_LENGTHS = (2, 9, 17, 30)
+MAX_TOKENS = 6
+
+
+@pytest.mark.parametrize("model,ptp,dtp", [
+    ("qwen3-coder-tiny", 1, 1),
+    pytest.param("deepseek-r1-tiny", 1, 1, marks=pytest.mark.slow),
+    pytest.param("qwen3-coder-tiny", 2, 1, marks=pytest.mark.slow),
+], ids=["qwen-p1-d1", "r1-p1-d1", "qwen-p2-d1"])
+def test_fp8_kv_disaggregated_gives_the_colocated_fp8_tokens(model, ptp, dtp):
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLMEngine(model, EngineConfig(page_size=4, num_pages=128, kv_dtype="fp8")) as engine:
+        colocated = [o.output_ids for o in engine.generate(prompts, params)]
+    spec = make_spec(model, ptp, dtp)
+    spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"))
+    before = live_descendants()
+    with serve_locally(spec, on_event=lambda _line: None) as rt:
+        events = rt.generate_batch(prompts, params, timeout_s=120)
+        stats = rt.unit_stats()
+    assert live_descendants() <= before, "a unit or tp worker outlived close()"
+    assert all(ev[-1].finish_reason == "length" for ev in events), [ev[-1].error for ev in events]
+    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    assert got == colocated
+    prefill = [s for s in stats.values() if s.role == "prefill"]
+    assert sum(s.counters.transfer_bytes for s in prefill) > 0
+    assert sum(s.counters.transfer_failures for s in stats.values()) == 0
+    assert not any(s.counters.rejected_frames or s.counters.rejected_requests for s in stats.values())
