@@ -102,6 +102,19 @@ def held_out_prompts(num_prompts: int, num_lines: int = 24, root: Path | None = 
     return ["".join(code[:num_lines]) for code in _held_out_code(num_prompts, num_lines, root)]
 
 
+def held_out_windows(num_prompts: int, num_lines: int = 12, root: Path | None = None) -> list[str]:
+    """``num_prompts`` prompts of ``num_lines`` lines of held-out code, for more prompts than there
+    are held-out files: each file's code from its first top-level ``def`` or ``class`` is cut into
+    consecutive windows, taken round-robin (every file's first window, then every second one, ...).
+    Fewer come back only when the held-out code runs out."""
+    windows = [[code[i : i + num_lines] for i in range(0, len(code) - num_lines + 1, num_lines)]
+               for code in _held_out_code(-1, num_lines, root)]  # -1: every file (found never equals it)
+    out = []
+    for k in range(max(map(len, windows), default=0)):
+        out += ["".join(w[k]) for w in windows if k < len(w)]
+    return out[:num_prompts]
+
+
 def held_out_sharegpt(num_prompts: int, num_lines: int = 24, root: Path | None = None) -> list[dict]:
     """`held_out_prompts` as a ShareGPT dataset (``disaggsdk bench --dataset``): each prompt is the
     human turn and the ``num_lines`` lines after it are the reference answer."""
