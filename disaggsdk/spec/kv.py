@@ -28,7 +28,10 @@ class KV(CheckedFields):
         "Order of one page's axes: `HND` is heads, tokens, head dim; `NHD` is tokens first.", choice(LAYOUTS))
     page_size: int = key(16, "Tokens per KV page.", power_of_two)
     dtype: KVDtype = key("bfloat16",
-        "Element type of the KV cache; CPU runs use `float32` to match transformers exactly.", choice(KV_DTYPES))
+        "Element type of the KV cache; CPU runs use `float32` to match transformers exactly. `fp8` stores "
+        "float8_e4m3fn (vLLM's `kv_cache_dtype=fp8`): each value divided by its layer's static `k_scale` / "
+        "`v_scale` from the checkpoint (1.0 where it has none), so pages take and move half of bfloat16's bytes.",
+        choice(KV_DTYPES))
 
 
 @attrs.frozen
