@@ -85,3 +85,16 @@ def test_checkpoint_scales_reach_the_pool_and_change_the_stored_bytes(tmp_path):
     # their grid is absolute)
     normal = (unit_k.abs() > 2.0**-6) & (unit_k.abs() < 100)  # 2^-6 itself may be a rounded subnormal
     assert normal.sum() > 100 and torch.equal(scaled_k[normal], 2 * unit_k[normal])
+
+
+@pytest.mark.slow  # compiling the step takes ~35 s here
+def test_the_compiled_step_over_fp8_pages_gives_the_eager_tokens():
+    """The compiled step (on by default outside the tests) reaches the backend through graph ops;
+    over fp8 pages it gives the eager step's tokens."""
+    outs = {}
+    for compile_step in (False, True):
+        config = EngineConfig(page_size=4, num_pages=64, kv_dtype="fp8", compile=compile_step)
+        with LLMEngine("qwen3-coder-tiny", config) as engine:
+            assert (engine.runner.compiled is not None) == compile_step
+            outs[compile_step] = [o.output_ids for o in engine.generate(prompts(), GREEDY)]
+    assert outs[True] == outs[False]
