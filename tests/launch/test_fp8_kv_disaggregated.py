@@ -42,3 +42,30 @@ def test_fp8_kv_disaggregated_gives_the_colocated_fp8_tokens(model, ptp, dtp):
     assert sum(s.counters.transfer_bytes for s in prefill) > 0
     assert sum(s.counters.transfer_failures for s in stats.values()) == 0
     assert not any(s.counters.rejected_frames or s.counters.rejected_requests for s in stats.values())
+
+
+def test_mtp_draft_kv_streams_as_fp8_and_keeps_the_greedy_tokens():
+    """With MTP the prefill unit fills the MTP layer's KV in the same fp8 pool and streams it as one
+    more layer; decode drafts from it and gives the plain fp8 engine's greedy tokens."""
+    from disaggsdk.engine.tokenizer import load_tokenizer
+    from disaggsdk.spec.types import Speculative
+
+    model = "deepseek-r1-tiny"
+    prompts = [load_tokenizer(model).encode(p) for p in ("def fib(n):", "class Stack:\n    def __init__(self):",
+                                                          "for i in range(10):\n    if i % 2")]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    with LLMEngine(model, EngineConfig(page_size=4, num_pages=128, kv_dtype="fp8")) as engine:
+        want = [o.output_ids for o in engine.generate(prompts, params)]
+    spec = make_spec(model, num_pages=128, budget=32)
+    spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"), speculative=Speculative("mtp", 1))
+    with serve_locally(spec, on_event=lambda _line: None) as rt:
+        events = rt.generate_batch(prompts, params, timeout_s=120)
+        stats = rt.unit_stats()
+    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    assert got == want
+    (prefill,) = [s for s in stats.values() if s.role == "prefill"]
+    (decode,) = [s for s in stats.values() if s.role == "decode"]
+    assert decode.counters.spec_num_accepted_tokens > 0
+    # one write per page and layer (the model's 4 and the MTP layer), plus one context write per request
+    pages = sum(-(-(len(p) - 1) // spec.kv.page_size) for p in prompts)
+    assert prefill.counters.transfer_writes == pages * 5 + len(prompts)
