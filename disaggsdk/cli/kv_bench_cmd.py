@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.spec.kv import KV_DTYPES
+
+if TYPE_CHECKING:
+    from disaggsdk.spec.types import Spec
 
 HELP = "Measure the exposed KV transfer time, layer-streamed vs. sent after the forward pass (JSON)."
 
@@ -28,6 +32,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV element type overriding the spec's kv.dtype (after --tiny, which sets float32)")
 
 
+def bench_spec(args: argparse.Namespace) -> Spec:
+    """The spec the bench runs: the file's, with --tiny, --no-same-host-copy and --kv-dtype applied
+    in that order (so --kv-dtype wins over --tiny's float32 KV).
+
+    Raises:
+        DisaggError: the spec cannot be loaded, or has no tiny variant under --tiny.
+    """
+    import attrs
+
+    from disaggsdk.launch.tiny import tiny_spec
+    from disaggsdk.spec import load_spec
+
+    spec = load_spec(args.spec)
+    if args.tiny:
+        spec = tiny_spec(spec)
+    if args.no_same_host_copy:
+        spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
+    if args.kv_dtype is not None:
+        spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype=args.kv_dtype))
+    return spec
+
+
 def run(args: argparse.Namespace) -> int:
     """Run both modes and print one JSON document.
 
@@ -37,21 +63,8 @@ def run(args: argparse.Namespace) -> int:
         DisaggError: the spec cannot be loaded or started.
     """
     from disaggsdk.bench.kv_bench import compare
-    from disaggsdk.launch.tiny import tiny_spec
-    from disaggsdk.spec import load_spec
 
-    spec = load_spec(args.spec)
-    if args.tiny:
-        spec = tiny_spec(spec)
-    if args.no_same_host_copy:
-        import attrs
-
-        spec = attrs.evolve(spec, transport=attrs.evolve(spec.transport, same_host_copy=False))
-    if args.kv_dtype is not None:
-        import attrs
-
-        spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype=args.kv_dtype))
-    result = compare(spec, args.input_len, args.num_prompts, provider=args.provider,
+    result = compare(bench_spec(args), args.input_len, args.num_prompts, provider=args.provider,
                      cpu_affinity="auto" if args.pin else None)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

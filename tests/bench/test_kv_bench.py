@@ -4,6 +4,7 @@ ablation only after it. (Timings are printed, not asserted: this machine is shar
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,16 @@ def test_fp8_and_bfloat16_page_formats_differ_only_in_bytes_per_element():
             for d in ("bfloat16", "fp8")}
     assert fmts["fp8"].dtype_name == "float8_e4m3fn" and fmts["fp8"].elem_bytes == 1
     assert 2 * fmts["fp8"].page_bytes == fmts["bfloat16"].page_bytes == 2 * 2 * 16 * 32 * 2
+
+
+def test_kv_dtype_overrides_the_spec_after_tiny():
+    """``--kv-dtype`` sets `kv.dtype` last: over a GPU spec's own and over --tiny's float32."""
+    from disaggsdk.cli.kv_bench_cmd import bench_spec
+    from disaggsdk.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    r1_tp = str(Path(__file__).resolve().parents[2] / "specs" / "r1_tp.yaml")
+    assert bench_spec(parse(["kv-bench", r1_tp, "--tiny", "--kv-dtype", "fp8"])).kv.dtype == "fp8"
+    assert bench_spec(parse(["kv-bench", r1_tp, "--tiny"])).kv.dtype == "float32"
+    with pytest.raises(SystemExit):
+        parse(["kv-bench", r1_tp, "--kv-dtype", "int8"])
