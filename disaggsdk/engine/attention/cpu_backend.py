@@ -15,9 +15,8 @@ An fp8 cache (`kv.dtype: fp8`) is read by the decode kernel itself (16 e4m3 byte
 arithmetic, AVX-512 where built for it, rows of other lengths through a 256-entry table of each
 byte's value times the layer's scale: 8 requests of 1,100 tokens, 2 x 4 heads of 64, one thread,
 614 us a call against 504 for float32 and 488 for bfloat16; through the table alone it was 1,518);
-the prefill kernels take float32, so
-fresh prompts get their new K/V quantized and dequantized and chunks over earlier KV their gathered
-pages dequantized, in the gather copy they make anyway.
+the prefill kernels take float32, so fresh prompts get their new K/V quantized and dequantized and
+chunks over earlier KV their gathered pages dequantized, in the gather copy they make anyway.
 `TorchRefBackend` stays the oracle the kernels are tested against.
 """
 
