@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.spec.engine_settings import HeldDtype
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class KVDtypeAgreement:
     model: str
     kv_dtype: str  # the one measured
     reference_kv_dtype: str
-    weights_dtype: str
+    weights_dtype: HeldDtype
     num_prompts: int
     max_tokens: int  # generated per prompt
     prompt_tokens_mean: float
@@ -82,7 +83,7 @@ def compare_outputs(reference: Sequence[RequestOutput], measured: Sequence[Reque
 
 
 def measure_kv_dtype_agreement(model: str, num_prompts: int = 32, max_tokens: int = 32, kv_dtype: str = "fp8",
-                               reference_kv_dtype: str = "float32", weights_dtype: str = "float32",
+                               reference_kv_dtype: str = "float32", weights_dtype: HeldDtype = "float32",
                                prompt_lines: int = 12) -> KVDtypeAgreement:
     """Run ``model`` greedily on held-out prompts with each KV dtype and compare (module docstring).
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.spec.engine_settings import HeldDtype
 
 
 def _timed_decode(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[float, list[list[int]]]:
@@ -54,7 +55,7 @@ def _timed_decode(engine: LLMEngine, prompts: list[list[int]], output_len: int) 
 
 
 def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int], output_len: int = 128,
-                   repeats: int = 3, compile_step: bool | None = None, dtype: str = "float32") -> dict[str, Any]:
+                   repeats: int = 3, compile_step: bool | None = None, dtype: HeldDtype = "float32") -> dict[str, Any]:
     """The comparison for each batch size (see the module docstring)."""
     from disaggsdk.bench.code_corpus import held_out_prompts
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine

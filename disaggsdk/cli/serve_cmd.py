@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULT.engine.max_num_batched_tokens,
                         help="token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=_DEFAULT.engine.max_num_seqs, help="requests holding pages at once")
+    parser.add_argument("--max-model-len", type=int, default=_DEFAULT.engine.max_model_len, metavar="TOKENS",
+                        help="longest request, prompt + output (default: the model's context)")
     parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
     parser.add_argument("--dtype", default=_DEFAULT.engine.dtype, choices=get_args(WeightDtype), help="weight dtype")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     config = EngineConfig(
         num_pages=args.num_pages, page_size=args.page_size, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
     )
     start = time.monotonic()
     d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name,

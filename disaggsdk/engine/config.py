@@ -14,7 +14,7 @@ from disaggsdk.engine.scheduler import Mode
 from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.errors import DisaggError
 from disaggsdk.models import ModelArch
-from disaggsdk.spec.engine_settings import BARE_NUM_PAGES
+from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, HeldDtype, WeightDtype, held_dtype
 from disaggsdk.spec.topology import RoleName
 from disaggsdk.spec.types import Spec
 
@@ -39,9 +39,10 @@ class EngineConfig:
     num_pages: int = BARE_NUM_PAGES  # from a spec: `num_pages_per_rank` (engine.num_pages, or the memory plan's)
     max_num_batched_tokens: int = _DEFAULT.engine.max_num_batched_tokens
     max_num_seqs: int = _DEFAULT.engine.max_num_seqs
+    max_model_len: int | None = _DEFAULT.engine.max_model_len  # None: the model's context
     mode: Mode = "mixed"
     device: str = "cpu"  # a bare engine runs here (a spec's default device is cuda)
-    dtype: str = _DEFAULT.engine.dtype  # of the weights and activations
+    dtype: WeightDtype = _DEFAULT.engine.dtype  # of the weights and activations; see `weight_dtype`
     kv_dtype: str | None = None
     seed: int = _DEFAULT.seed
     load_format: str = _DEFAULT.engine.load_format  # "dummy": seeded random weights instead of the checkpoint's
@@ -59,6 +60,11 @@ class EngineConfig:
     # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
     # (engine.scheduler; with MTP drafting, keyed one token further: see hash_lookahead)
     prefix_caching: bool = _DEFAULT.engine.prefix_caching
+
+    @property
+    def weight_dtype(self) -> HeldDtype:
+        """The dtype the weights are held in: ``dtype``, its ``auto`` resolved for ``device``."""
+        return held_dtype(self.dtype, self.device)
 
     @classmethod
     def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None,
@@ -84,7 +90,8 @@ class EngineConfig:
         return cls(
             tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=num_pages_per_rank(spec, sized_as),
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
-            mode=MODE_OF_ROLE[role], device=spec.device, dtype=spec.engine.dtype, kv_dtype=spec.kv.dtype, seed=spec.seed,
+            max_model_len=spec.engine.max_model_len, mode=MODE_OF_ROLE[role], device=spec.device,
+            dtype=spec.engine.dtype, kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
             count_layers=role == "prefill", load_format=spec.engine.load_format,
             speculative=_speculative(spec, role), prefix_caching=spec.engine.prefix_caching,
@@ -120,7 +127,8 @@ def check_prompt(arch: ModelArch, config: EngineConfig, request_id: str, prompt_
     if bad:
         raise EngineError(f"{request_id}: token ids {bad[:5]} outside the vocabulary [0, {arch.vocab_size})")
     pool_tokens = config.num_pages * config.page_size
-    max_len = min(pool_tokens, arch.max_context_tokens or pool_tokens)
+    context = config.max_model_len or arch.max_context_tokens or pool_tokens
+    max_len = min(pool_tokens, context)
     if len(prompt_ids) + max_tokens > max_len:
         what = "KV pool" if max_len == pool_tokens else "model's context"
         raise EngineError(

@@ -40,7 +40,7 @@ class RunnerConfig:
     @property
     def kv_dtype(self) -> str:
         """The KV cache's element type: the engine's `kv_dtype`, else its weights' dtype."""
-        return self.engine.kv_dtype or self.engine.dtype
+        return self.engine.kv_dtype or self.engine.weight_dtype
 
 
 class ModelRunner:
@@ -59,7 +59,7 @@ class ModelRunner:
         self.tp = tp
         engine = config.engine
         self.device = torch.device(engine.device)
-        self.model = build_model(config.model, tp, dtype=engine.dtype, device=engine.device, seed=engine.seed,
+        self.model = build_model(config.model, tp, dtype=engine.weight_dtype, device=engine.device, seed=engine.seed,
                                  load_format=engine.load_format)
         if self.device.type == "cpu":  # which matmul form decoding takes on this machine, per weight shape
             from disaggsdk.engine.models.layers import amx_linear, skinny

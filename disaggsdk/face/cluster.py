@@ -123,12 +123,13 @@ class Cluster:
 
     def engine(self, num_pages: int | None = None, max_num_batched_tokens: int | None = None,
                max_num_seqs: int | None = None, prefix_caching: bool | None = None,
-               memory_utilization: float | None = None, dtype: WeightDtype | None = None) -> Cluster:
+               memory_utilization: float | None = None, dtype: WeightDtype | None = None,
+               max_model_len: int | None = None) -> Cluster:
         """Per-rank engine sizes, the prefix cache (on by default, as vLLM's), the fraction of device memory the
-        rank may fill and the weights' dtype (see `EngineSettings`)."""
+        rank may fill, the weights' dtype and the longest request (see `EngineSettings`)."""
         engine = _set(self.draft.engine, num_pages=num_pages, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, prefix_caching=prefix_caching,
-                      memory_utilization=memory_utilization, dtype=dtype)
+                      memory_utilization=memory_utilization, dtype=dtype, max_model_len=max_model_len)
         return Cluster(attrs.evolve(self.draft, engine=engine))
 
     def transport(self, provider: Provider, same_host_copy: bool | None = None) -> Cluster:

@@ -43,6 +43,7 @@ from disaggsdk.models.catalog import CATALOG
 from disaggsdk.models.checkpoint_tensors import ShardKind, WeightTotals, weight_totals
 from disaggsdk.models.quantization import block_fp8_of
 from disaggsdk.spec.field_checks import JsonValue
+from disaggsdk.spec.rules import max_model_len
 from disaggsdk.spec.topology import GPU_MEMORY_GB, RoleName
 from disaggsdk.spec.types import Spec
 
@@ -258,7 +259,7 @@ def role_ranks_memory(spec: Spec, arch: ModelArch, role: RoleName) -> tuple[Rank
     device = device_memory_bytes(spec)
     usable = int(spec.engine.memory_utilization * device)
     workspace = workspace_bytes(arch, shape.tp, shape.ep, spec.engine.max_num_batched_tokens,
-                                spec.engine.max_num_seqs, spec.engine.dtype, on_gpu)
+                                spec.engine.max_num_seqs, spec.weight_dtype, on_gpu)
     include_mtp = spec.speculative.method == "mtp"
     by_held: dict[int | None, WeightBytes] = {}
     ranks = []
@@ -266,7 +267,7 @@ def role_ranks_memory(spec: Spec, arch: ModelArch, role: RoleName) -> tuple[Rank
         experts = expert_range(arch.num_experts, shape.ep, index) if shape.ep > 1 and arch.is_moe else None
         held = None if experts is None else experts[1] - experts[0]
         if held not in by_held:
-            by_held[held] = rank_weight_bytes(arch, shape.tp, experts_held=held, dtype=spec.engine.dtype,
+            by_held[held] = rank_weight_bytes(arch, shape.tp, experts_held=held, dtype=spec.weight_dtype,
                                               keep_fp8=on_gpu, vocab_parallel=on_gpu, include_mtp=include_mtp)
         weights = by_held[held]
         explicit = spec.engine.num_pages is not None
@@ -305,7 +306,7 @@ def _fixes(spec: Spec, arch: ModelArch, role: RoleName) -> list[str]:
     fp8 = f"{spec.model}-fp8"
     if fp8 in CATALOG and block_fp8_of(arch.hf_config, arch.name) is None:
         fixes.append(f"serve the FP8 checkpoint (`model: {fp8}`)")
-    if spec.engine.dtype == "float32" and spec.device == "cuda":
+    if spec.weight_dtype == "float32" and spec.device == "cuda":
         fixes.append("hold weights in `engine.dtype: bfloat16`")
     return fixes
 
@@ -335,12 +336,15 @@ def memory_problems(spec: Spec, arch: ModelArch, instances: Mapping[RoleName, tu
                     f"raise the memory (" + " or ".join(_fixes(spec, arch, role) or ["engine.memory_utilization"])
                     + ")")
                 break
-            longest = arch.max_context_tokens
+            longest = max_model_len(spec, arch)
             if not r.num_pages_explicit and longest and r.kv_tokens < longest:
+                whose = ("engine.max_model_len" if spec.engine.max_model_len
+                         else f"{arch.name}'s context, max_position_embeddings")
+                cap = [f"cap requests with `engine.max_model_len: {r.kv_tokens // 1024 * 1024}`"] if r.kv_tokens >= 1024 else []
                 problems.append(
                     f"$.{role}: {role} rank {r.rank}'s KV pool holds {r.kv_tokens:,} tokens "
-                    f"({gb(r.kv_pool_bytes)} GB), less than one request of {arch.name}'s {longest:,}-token context; "
-                    f"raise engine.memory_utilization or " + " or ".join(_fixes(spec, arch, role)))
+                    f"({gb(r.kv_pool_bytes)} GB), less than one request of {longest:,} tokens ({whose}); "
+                    + " or ".join(cap + ["raise engine.memory_utilization"] + _fixes(spec, arch, role)))
                 break
     return problems
 

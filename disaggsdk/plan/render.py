@@ -148,7 +148,7 @@ def memory_tables(plan: Plan) -> list[TableData]:
                                                            w.shared_experts, w.embeddings, w.mtp, w.fp8_scales,
                                                            w.total))))
     tables.append((
-        f"weights of rank 0 by part in GB: 16/32-bit tensors in {spec.engine.dtype}"
+        f"weights of rank 0 by part in GB: 16/32-bit tensors in {spec.weight_dtype}"
         + (", FP8 ones as stored" if spec.device == "cuda" else ", FP8 ones dequantized"),
         ("role", "attn", "dense", "router", "experts", "shared", "embed", "MTP", "scales", "total"),
         parts))

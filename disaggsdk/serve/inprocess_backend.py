@@ -71,8 +71,9 @@ class InProcessBackend:
 
     @property
     def max_model_len(self) -> int | None:
-        """The model's context in tokens (prompt + output), checked at the HTTP edge."""
-        return self._engine.arch.max_context_tokens
+        """The longest request in tokens (prompt + output), checked at the HTTP edge: the engine's
+        ``max_model_len``, else the model's context."""
+        return self._engine.config.max_model_len or self._engine.arch.max_context_tokens
 
     def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0"):
         from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine

@@ -37,6 +37,7 @@ from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
+from disaggsdk.spec.rules import max_model_len
 
 if TYPE_CHECKING:
     from disaggsdk.engine.tokenizer import Tokenizer
@@ -58,7 +59,7 @@ class Router:
         self.runtime = runtime
         self.spec: Spec = runtime.spec
         self.model_name = runtime.model_name
-        self.max_model_len = resolve_model(self.spec.model).max_context_tokens  # checked at the HTTP edge
+        self.max_model_len = max_model_len(self.spec, resolve_model(self.spec.model))  # checked at the HTTP edge
         self._roles = runtime.unit_roles()
         self.routing = UnitRouting.from_spec(self.spec)  # guarded by _lock
         self._lock = threading.Lock()

@@ -10,8 +10,9 @@ from disaggsdk.spec.field_checks import CheckedFields, choice, fraction, in_rang
 
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
-WeightDtype = Literal["float32", "bfloat16", "float16"]
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+WeightDtype = Literal["auto", "float32", "bfloat16", "float16"]
+HeldDtype = Literal["float32", "bfloat16", "float16"]  # what `auto` becomes on a device
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # KV pages of an engine run without a spec (`serve --model`, `generate --model`, a bare EngineConfig), which has
 # no memory plan to size its pool from: the 1,024 every unit had before pools were sized from memory.
 BARE_NUM_PAGES = 1024
@@ -28,6 +29,11 @@ class EngineSettings(CheckedFields):
     memory_utilization: float = key(0.9,
         "Fraction of each rank's device memory (a GPU's from `hardware.gpu`, a CPU rank's `hardware.cpu_memory_gb`) "
         "that weights, workspace and the KV pool may fill, as vLLM's `gpu_memory_utilization`.", fraction)
+    max_model_len: int | None = key(None,
+        "Longest request a unit accepts, prompt + output tokens (vLLM's `--max-model-len`): the HTTP front end "
+        "refuses longer ones, and a pool sized from memory must hold one such request. Unset: the model's "
+        "`max_position_embeddings` (262,144 for Qwen3-Coder, which 8 x H200 in bfloat16 leave no room for: Qwen "
+        "serves it with a shorter one).", positive_or_unset)
     max_num_batched_tokens: int = key(2048,
         "Token budget of one engine step; longer prompts are prefilled in chunks.", positive)
     max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.", positive)
@@ -43,9 +49,17 @@ class EngineSettings(CheckedFields):
         "`auto`: the checkpoint's weights (a tiny catalog model's trained checkpoint ships with the package); "
         "`dummy`: seeded random weights of the same shapes, the checkpoint unread (as vLLM's `--load-format "
         "dummy`).", choice(("auto", "dummy")))
-    dtype: WeightDtype = key("float32",
-        "Element type of the model's weights and activations in every unit (the KV cache's is `kv.dtype`); "
-        "`float32` matches transformers exactly on a CPU.", choice(WEIGHT_DTYPES))
+    dtype: WeightDtype = key("auto",
+        "Element type of the model's weights and activations in every unit (the KV cache's is `kv.dtype`; FP8 "
+        "checkpoint weights stay FP8 on a GPU). `auto`: `float32` on a CPU, which matches transformers exactly, and "
+        "`bfloat16` on CUDA, the dtype the target models ship in (vLLM's `--dtype auto`).", choice(WEIGHT_DTYPES))
+
+
+def held_dtype(dtype: WeightDtype, device: str) -> HeldDtype:
+    """The dtype weights are held in on ``device`` ("cpu" or "cuda") for an `EngineSettings.dtype` setting."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if device == "cpu" else "bfloat16"
 
 
 @attrs.frozen

@@ -142,6 +142,21 @@ def address_needs_ray(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def max_model_len_within_the_model(spec: Spec, arch: ModelArch) -> list[str]:
+    """`engine.max_model_len` is at most the model's context (`max_position_embeddings`)."""
+    longest = arch.max_context_tokens
+    if spec.engine.max_model_len is not None and longest is not None and spec.engine.max_model_len > longest:
+        return [f"$.engine.max_model_len: {spec.engine.max_model_len:,} tokens exceed {arch.name}'s "
+                f"{longest:,}-token context (max_position_embeddings); set at most {longest} or unset it"]
+    return []
+
+
+def max_model_len(spec: Spec, arch: ModelArch) -> int | None:
+    """The longest request (prompt + output, tokens) units of ``spec`` accept: `engine.max_model_len`, else the
+    model's context; None when neither says."""
+    return spec.engine.max_model_len or arch.max_context_tokens
+
+
 # `model` is checked first, by resolving it: every other rule needs its architecture.
 MODEL_KEYS = ("$.model",)
 RULES: tuple[Rule, ...] = (
@@ -155,6 +170,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.transport.verify_pages", "$.device"), verified_pages_are_host_memory),
     Rule(("$.speculative.method",), speculation_fits_the_model),
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
+    Rule(("$.engine.max_model_len",), max_model_len_within_the_model),
 )
 
 

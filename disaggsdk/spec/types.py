@@ -16,7 +16,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.engine_settings import EngineSettings, Speculative
+from disaggsdk.spec.engine_settings import EngineSettings, HeldDtype, Speculative, held_dtype
 from disaggsdk.spec.field_checks import CheckedFields, choice, key, section
 from disaggsdk.spec.kv import KV, TransferSettings, Transport
 from disaggsdk.spec.serving import Launch, Serve
@@ -53,6 +53,11 @@ class Spec(CheckedFields):
     def roles(self) -> dict[RoleName, Role]:
         """The roles by YAML key, prefill first: ``{"prefill": ..., "decode": ...}``."""
         return {"prefill": self.prefill, "decode": self.decode}
+
+    @property
+    def weight_dtype(self) -> HeldDtype:
+        """The dtype the units hold weights in: `engine.dtype`, its `auto` resolved for `device`."""
+        return held_dtype(self.engine.dtype, self.device)
 
     @property
     def label(self) -> str:

@@ -36,7 +36,7 @@ def test_log_level_before_or_after_the_command_sets_the_package_logger(restore_l
     assert parser.parse_args(["--log-level", "DEBUG", "validate", "x.yaml"]).log_level == "debug"
     assert parser.parse_args(["--log-level", "error", "validate", "x.yaml", "--log-level", "info"]).log_level == "info"
     spec = tmp_path / "s.yaml"
-    spec.write_text("model: qwen3-coder\n")
+    spec.write_text("model: qwen3-tiny\ndevice: cpu\nhardware: {gpu: cpu}\n")
     assert main(["--log-level", "info", "validate", str(spec)]) == 0
     assert restore_logger.level == logging.INFO and restore_logger.handlers
     assert set_log_level("error").getEffectiveLevel() == logging.ERROR

@@ -29,8 +29,11 @@ MALFORMED = [
      "$.decode.ep: ep=4 must be 1 or the instance's tp*dp = 2*4 = 8 ranks"),
     ("ep on a dense model", "model: qwen3-tiny\ndecode: {tp: 2, ep: 2}\n", "$.decode.ep: qwen3-tiny has no routed experts"),
     ("kv shorter than one max-length request", GOOD.replace("0.95", "0.9"),
-     "$.decode: decode rank 0's KV pool holds 112,736 tokens (3.6 GB), less than one request of qwen3-coder's "
-     "262,144-token context; raise engine.memory_utilization"),
+     "$.decode: decode rank 0's KV pool holds 112,736 tokens (3.6 GB), less than one request of 262,144 tokens "
+     "(qwen3-coder's context, max_position_embeddings); cap requests with `engine.max_model_len: 112640` or "
+     "raise engine.memory_utilization"),
+    ("max_model_len over the model's context", GOOD.replace("0.95}", "0.9, max_model_len: 300000}"),
+     "$.engine.max_model_len: 300,000 tokens exceed qwen3-coder's 262,144-token context"),
     ("explicit pages over memory", "model: qwen3-coder-tiny\ndevice: cpu\nhardware: {gpu: cpu}\n"
      "engine: {num_pages: 4096}\n",
      "$.engine.num_pages: prefill rank 0's 4096 pages need 0.3 GB and its weights and workspace leave 0.2 GB"),

@@ -210,3 +210,10 @@ def test_a_request_over_the_models_context_is_refused_even_with_pages_to_spare()
             LLMEngine(MODEL, EngineConfig(page_size=16, num_pages=8)).check_prompt(
                 "pool", [5] * 100, SamplingParams(max_tokens=100))
         engine.check_prompt("fits", [5] * 3000, SamplingParams(max_tokens=1000))
+
+
+def test_max_model_len_caps_requests_below_the_models_context():
+    with LLMEngine(MODEL, EngineConfig(page_size=16, num_pages=600, max_model_len=1024)) as engine:
+        with pytest.raises(EngineError, match="model's context of 1024 tokens"):
+            engine.check_prompt("long", [5] * 1000, SamplingParams(max_tokens=25))
+        engine.check_prompt("fits", [5] * 1000, SamplingParams(max_tokens=24))

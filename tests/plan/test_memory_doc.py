@@ -64,4 +64,8 @@ def test_the_refusals_the_doc_describes():
     assert any("needs 85.1 GB of weights" in p and "72.0 GB" in p for p in r1_h100.memory_problems)
     qwen = make_plan(spec_from_dict({"model": "qwen3-coder", "engine": bf16, "prefill": {"tp": 8},
                                      "decode": {"tp": 8}}))
-    assert any(re.search(r"holds 112,736 tokens .* 262,144-token context", p) for p in qwen.memory_problems)
+    assert any(re.search(r"holds 112,736 tokens .* 262,144 tokens .*engine.max_model_len: 112640", p)
+               for p in qwen.memory_problems)
+    capped = make_plan(spec_from_dict({"model": "qwen3-coder", "prefill": {"tp": 8}, "decode": {"tp": 8},
+                                       "engine": {"max_model_len": 65536}}))  # `auto`: bfloat16 on CUDA
+    assert capped.memory_problems == []

@@ -78,3 +78,15 @@ def test_requests_to_a_stopped_backend_get_503_and_health_says_down():
         assert r.status_code == 503 and "no serving instance" in r.json()["error"]["message"]
         health = httpx.get(f"{d.url}/health")
         assert health.status_code == 503 and health.json()["status"] == "down"
+
+
+def test_max_model_len_caps_requests_at_the_edge():
+    """`serve --max-model-len` (EngineConfig.max_model_len) is what /v1/models lists and the edge refuses beyond."""
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.face.deployment import serve_model
+
+    with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64, max_model_len=256), port=0) as d:
+        (entry,) = httpx.get(f"{d.url}/v1/models").json()["data"]
+        assert entry["max_model_len"] == 256
+        r = httpx.post(f"{d.url}/v1/completions", json={"prompt": [1] * 250, "max_tokens": 10})
+        assert r.status_code == 400 and "4 too many" in r.json()["error"]["message"]

@@ -14,7 +14,8 @@ from disaggsdk.spec.engine_settings import BARE_NUM_PAGES
 SPEC_SETTINGS = {"layout": "kv.layout", "page_size": "kv.page_size", "num_pages": "engine.num_pages",
                  "max_num_batched_tokens": "engine.max_num_batched_tokens", "max_num_seqs": "engine.max_num_seqs",
                  "dtype": "engine.dtype", "seed": "seed", "load_format": "engine.load_format",
-                 "compile": "engine.compile", "prefix_caching": "engine.prefix_caching"}
+                 "compile": "engine.compile", "prefix_caching": "engine.prefix_caching",
+                 "max_model_len": "engine.max_model_len"}
 
 
 def _at(spec: Spec, path: str) -> object:
@@ -64,12 +65,16 @@ def test_every_engine_setting_comes_from_the_spec():
     spec = spec_from_dict({"kv": {"layout": "NHD", "page_size": 32}, "seed": 3,
                            "engine": {"num_pages": 96, "max_num_batched_tokens": 64, "max_num_seqs": 5,
                                       "dtype": "bfloat16", "load_format": "dummy", "compile": False,
-                                      "prefix_caching": False}})
+                                      "prefix_caching": False, "max_model_len": 2048}})
     config = EngineConfig.from_spec(spec, tp=1, role="decode")
     for name, path in SPEC_SETTINGS.items():
         assert getattr(config, name) == _at(spec, path), name
     fitted = spec_from_dict({"engine": {"num_pages": 64}})
-    assert EngineConfig.from_spec(fitted, tp=1, role="prefill").dtype == "float32"  # what units ran before the key
+    on_gpu = EngineConfig.from_spec(fitted, tp=1, role="prefill")
+    assert (on_gpu.dtype, on_gpu.weight_dtype) == ("auto", "bfloat16")  # vLLM's --dtype auto
+    on_cpu = EngineConfig.from_spec(spec_from_dict({"model": "qwen3-tiny", "device": "cpu", "hardware": {"gpu": "cpu"}}),
+                                    tp=1, role="prefill")
+    assert on_cpu.weight_dtype == "float32" == EngineConfig().weight_dtype  # transformers' tokens exactly
 
 
 def test_the_builder_takes_a_sections_own_fields():
@@ -94,5 +99,6 @@ def test_the_engine_flags_of_the_cli_default_to_the_specs_keys(command):
              "max_num_batched_tokens": "engine.max_num_batched_tokens"}
     if command[0] == "serve":
         flags["max_num_seqs"] = "engine.max_num_seqs"
+        flags["max_model_len"] = "engine.max_model_len"
     expected = {flag: BARE_NUM_PAGES if flag == "num_pages" else _at(Spec(), path) for flag, path in flags.items()}
     assert {flag: getattr(args, flag) for flag in flags} == expected
