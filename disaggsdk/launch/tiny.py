@@ -24,7 +24,8 @@ class ExpertParallelismUnavailable(LaunchError):
 def tiny_spec(spec: Spec) -> Spec:
     """The same instances, tp, dp and routes with the model's tiny variant, on the CPU.
 
-    KV moves in float32 and weights are held in float32 (tokens compare with transformers exactly); "auto"
+    Weights are held in float32 and KV in float32 (tokens compare with transformers exactly) unless the spec's KV
+    is fp8, which CPU units store too (its loss is what such a spec asks to see); "auto"
     transport becomes shm; a role's ``ep`` becomes 1 (the engine runs no expert parallelism yet: every tiny
     unit holds every expert), which `tiny_note` says and this logs.
 
@@ -40,7 +41,8 @@ def tiny_spec(spec: Spec) -> Spec:
         log.info(note)
     return attrs.evolve(
         spec, model=model, device="cpu", hardware=attrs.evolve(spec.hardware, gpu="cpu"),
-        kv=attrs.evolve(spec.kv, dtype="float32"), transport=attrs.evolve(spec.transport, provider=provider),
+        kv=attrs.evolve(spec.kv, dtype="fp8" if spec.kv.dtype == "fp8" else "float32"),
+        transport=attrs.evolve(spec.transport, provider=provider),
         engine=attrs.evolve(spec.engine, dtype="float32"),
         prefill=attrs.evolve(spec.prefill, ep=1), decode=attrs.evolve(spec.decode, ep=1),
     )

@@ -25,6 +25,8 @@ def test_tiny_runs_an_expert_parallel_spec_with_ep_1_and_says_so(caplog):
     assert note in caplog.text
     assert (small.prefill.ep, small.decode.ep, small.engine.dtype) == (1, 1, "float32")
     assert tiny_note(small) is None and tiny_note(load_spec(ROOT / "specs" / "r1_tp.yaml")) is None
+    assert small.kv.dtype == "float32"
+    assert tiny_spec(attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"))).kv.dtype == "fp8"  # CPU units store fp8
     check_runnable(small)  # a CPU spec with ep 1 runs
     assert make_plan(small).memory_problems == []  # every tiny rank holds all 8 experts and fits
 
