@@ -46,10 +46,7 @@ class Plan:
         Raises:
             KeyError: no such instance.
         """
-        for mem in self.memory:
-            if mem.name == name:
-                return mem
-        raise KeyError(f"no instance {name!r}; instances: {[i.name for i in self.instances]}")
+        return self.memory[self._index_of(name)]
 
     @property
     def prefill(self) -> tuple[Instance, ...]:
@@ -69,9 +66,13 @@ class Plan:
         Raises:
             KeyError: no such instance.
         """
-        for inst in self.instances:
+        return self.instances[self._index_of(name)]
+
+    def _index_of(self, name: str) -> int:
+        # `memory` lists the instances in the same order as `instances`
+        for index, inst in enumerate(self.instances):
             if inst.name == name:
-                return inst
+                return index
         raise KeyError(f"no instance {name!r}; instances: {[i.name for i in self.instances]}")
 
     def route(self, prefill: str, decode: str) -> Route:

@@ -90,3 +90,17 @@ def live_descendants() -> set[int]:
         if not zombie and not tracker:
             live.add(pid)
     return live
+
+
+def serve_and_generate(spec, prompts: list[list[int]], params, timeout_s: float = 120):
+    """Serve ``spec`` locally, generate ``prompts`` as one batch, close: the tokens each request got and the
+    units' stats, after checking every request ran to its length and no unit or tp worker outlived close()."""
+    from disaggsdk.serve.local import serve_locally
+
+    before = live_descendants()
+    with serve_locally(spec, on_event=lambda _line: None) as rt:
+        events = rt.generate_batch(prompts, params, timeout_s=timeout_s)
+        stats = rt.unit_stats()
+    assert live_descendants() <= before, "a unit or tp worker outlived close()"
+    assert all(ev[-1].finish_reason == "length" for ev in events), [ev[-1].error for ev in events]
+    return events, [[t for e in ev for t in e.new_token_ids] for ev in events], stats

@@ -18,9 +18,8 @@ pytest.importorskip("transformers")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
 from tests.hf_checkpoints import save_hf_checkpoint  # noqa: E402
-from tests.launch._helpers import TOP, check_against_hf, hf_greedy, live_descendants, make_spec  # noqa: E402
+from tests.launch._helpers import TOP, check_against_hf, hf_greedy, make_spec, serve_and_generate  # noqa: E402
 
 PROMPT_LENGTHS = (1, 2, 5, 9, 17, 23, 30, 41)
 MAX_TOKENS = 6
@@ -71,13 +70,7 @@ def test_disaggregated_tokens_equal_colocated_and_transformers(references, model
     spec = make_spec(directory, ptp, dtp, ddp, provider, streaming=streaming, layout=layout,
                      verify_pages=provider == "tcp")
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP)
-    before = live_descendants()
-    with serve_locally(spec, on_event=lambda _line: None) as rt:
-        events = rt.generate_batch(prompts, params, timeout_s=120)
-        stats = rt.unit_stats()
-    assert live_descendants() <= before, "a unit or tp worker outlived close()"
-    assert all(ev[-1].finish_reason == "length" for ev in events), [ev[-1].error for ev in events]
-    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    events, got, stats = serve_and_generate(spec, prompts, params)
     got_tops = [[[t for t, _ in lp.top] for e in ev for lp in e.new_logprobs] for ev in events]
     assert got == colocated
     check_against_hf(ref_tokens, ref_tops, got, got_tops)

@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from tests.launch._helpers import make_spec, serve_and_generate  # noqa: E402
 
 PROMPT_LENGTHS = (2, 9, 17, 30)
 MAX_TOKENS = 6
@@ -30,13 +29,7 @@ def test_fp8_kv_disaggregated_gives_the_colocated_fp8_tokens(model, ptp, dtp):
         colocated = [o.output_ids for o in engine.generate(prompts, params)]
     spec = make_spec(model, ptp, dtp)
     spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"))
-    before = live_descendants()
-    with serve_locally(spec, on_event=lambda _line: None) as rt:
-        events = rt.generate_batch(prompts, params, timeout_s=120)
-        stats = rt.unit_stats()
-    assert live_descendants() <= before, "a unit or tp worker outlived close()"
-    assert all(ev[-1].finish_reason == "length" for ev in events), [ev[-1].error for ev in events]
-    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    _, got, stats = serve_and_generate(spec, prompts, params)
     assert got == colocated
     prefill = [s for s in stats.values() if s.role == "prefill"]
     assert sum(s.counters.transfer_bytes for s in prefill) > 0
@@ -58,10 +51,7 @@ def test_mtp_draft_kv_streams_as_fp8_and_keeps_the_greedy_tokens():
         want = [o.output_ids for o in engine.generate(prompts, params)]
     spec = make_spec(model, num_pages=128, budget=32)
     spec = attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"), speculative=Speculative("mtp", 1))
-    with serve_locally(spec, on_event=lambda _line: None) as rt:
-        events = rt.generate_batch(prompts, params, timeout_s=120)
-        stats = rt.unit_stats()
-    got = [[t for e in ev for t in e.new_token_ids] for ev in events]
+    _, got, stats = serve_and_generate(spec, prompts, params)
     assert got == want
     (prefill,) = [s for s in stats.values() if s.role == "prefill"]
     (decode,) = [s for s in stats.values() if s.role == "decode"]
