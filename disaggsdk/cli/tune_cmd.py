@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-utilization", type=float, default=None, metavar="F",
                         help="fraction of each GPU's memory weights, workspace and KV may fill (the spec's "
                              "engine.memory_utilization; default its default)")
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                        help="longest request, prompt + output (the spec's engine.max_model_len; default the "
+                             "model's context): a pool must hold one")
     parser.add_argument("--output", default=None, metavar="FILE", help="write the best layout's spec to this YAML file")
     add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--json", action="store_true", help="print the ranking as JSON")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     weight_dtype = args.weight_dtype or default_weight_dtype(args.model)
     # the deployment's 16-bit tensors in bfloat16 (FP8 ones as stored), as the memory plan counts them
     utilization = args.memory_utilization or EngineSettings().memory_utilization
-    engine = EngineSettings(dtype="float32" if weight_dtype == "float32" else "bfloat16", memory_utilization=utilization)
+    engine = EngineSettings(dtype="float32" if weight_dtype == "float32" else "bfloat16", memory_utilization=utilization,
+                            max_model_len=args.max_model_len)
     base = Spec(model=args.model, hardware=Hardware(gpu=gpu_kind, gpus_per_node=args.gpus_per_node,
                                                     nics_per_node=profile.nics_per_node, nic_gbps=profile.nic_gbps),
                 engine=engine)
@@ -73,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
         widest = Role(tp=args.gpus_per_node)
         problems = spec_memory_problems(attrs.evolve(base, prefill=widest, decode=widest), arch)
         raise SpecError([f"no layout of {args.model} on nodes of {args.gpus_per_node} x {gpu_kind} fits its memory "
-                         f"(the widest, tp {args.gpus_per_node}, is refused below); pass --memory-utilization, more "
-                         f"--gpus-per-node, or an FP8 checkpoint", *problems])
+                         f"(the widest, tp {args.gpus_per_node}, is refused below); pass --max-model-len, "
+                         f"--memory-utilization, more --gpus-per-node, or an FP8 checkpoint", *problems])
     workload = Workload(1.0, args.duration_s, args.input_len, args.output_len, args.range_ratio)
     rows = tune(base, arch, config, slos, workload, args.gpus, args.request_rate)
     best = next((r for r in rows if r["fits"]), None)

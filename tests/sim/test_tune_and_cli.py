@@ -99,7 +99,11 @@ def test_tune_cli_writes_a_loadable_spec(run_cli, tmp_path):
             "--input-len", "1024", "--output-len", "64", "--duration-s", "10", "--out", str(out), "--json"]
     # bf16 Qwen3-Coder at tp 8 leaves 113k tokens of KV at 0.9 of an H200: not one 262k-token request
     refused = run_cli(*args)
-    assert refused.returncode == 2 and "fits its memory" in refused.stderr and "262,144-token" in refused.stderr
+    assert refused.returncode == 2 and "fits its memory" in refused.stderr and "262,144 tokens" in refused.stderr
+    assert "--max-model-len" in refused.stderr
+    capped = run_cli(*args, "--max-model-len", "65536")
+    assert capped.returncode == 0, capped.stderr
+    assert load_spec(out).engine.max_model_len == 65536
     result = run_cli(*args, "--memory-utilization", "0.95")
     assert result.returncode == 0, result.stderr
     ranking = json.loads(result.stdout)["ranking"]
