@@ -28,8 +28,7 @@ import math
 
 import torch
 
-from disaggsdk.engine.fp8_blocks import dequantize_blocks, expand_scales
-from disaggsdk.models.quantization import FP8_MAX
+from disaggsdk.engine.fp8_blocks import dequantize_blocks, expand_scales, quantize_blocks
 
 GROUP_COLS = 128  # activation columns per scale (1 x 128), as DeepSeek's act_quant
 CUDA_BLOCK = (128, 128)  # the only weight block cuBLAS' blockwise recipe takes
@@ -45,14 +44,7 @@ def quantize_activations(x: torch.Tensor, group_cols: int = GROUP_COLS) -> tuple
         (x_fp8 [M, K] float8_e4m3fn, scale [M, ceil(K / group_cols)] float32), x ~= x_fp8 * scale per
         group; an all-zero group gets scale 1.
     """
-    m, k = x.shape
-    groups = math.ceil(k / group_cols)
-    padded = torch.zeros(m, groups * group_cols, dtype=torch.float32, device=x.device)
-    padded[:, :k] = x.float()
-    amax = padded.view(m, groups, group_cols).abs().amax(dim=2)  # [M, groups]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    scaled = x.float() / expand_scales(scale, (m, k), (1, group_cols))
-    return scaled.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    return quantize_blocks(x, (1, group_cols))  # one token's group is a block of one row
 
 
 def blockwise_fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -61,6 +61,12 @@ class HasWeightSlots(Protocol):
     def weight_slots(self) -> Iterable[WeightSlot]: ...
 
     def drop_optional(self, group: str) -> None: ...
+
+
+class SafetensorsFile(Protocol):
+    """An open safetensors file (``safe_open(path, framework="pt")``): tensors read lazily by name."""
+
+    def get_slice(self, name: str) -> SafetensorsSlice: ...
 
 
 class SafetensorsSlice(Protocol):
@@ -189,7 +195,7 @@ def load_checkpoint(model: HasWeightSlots, directory: Path, quantization: BlockF
             f"{directory}: checkpoint lacks tensor {missing[0].name!r} of shape "
             f"{list(missing[0].full_shape)}{more}; is the checkpoint complete and does config.json match it?"
         )
-    handles: dict[Path, Any] = {}
+    handles: dict[Path, SafetensorsFile] = {}
 
     def open_slice(name: str) -> SafetensorsSlice:
         path = files[name]

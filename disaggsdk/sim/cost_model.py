@@ -88,22 +88,25 @@ class StepCostModel:
         # data-parallel attention shards the experts over every device (the module doc; a spec's `ep`)
         return self.devices if self.dp > 1 and self.arch.is_moe else 1
 
+    @property
+    def _unquantized_dtype(self) -> str:
+        # an FP8 checkpoint's 16-bit tensors (norms, embeddings, router) and its activations are bfloat16
+        return "bfloat16" if self.weight_dtype == "fp8" else self.weight_dtype
+
     def weight_bytes_per_device(self) -> int:
         """Resident weights of one device, by the plan's memory model (`disaggsdk.plan.memory`): the checkpoint's
         tensors as a GPU rank holds them (block-FP8 ones as stored when ``weight_dtype`` is fp8, the rest in
         bfloat16 then), embeddings split by vocabulary, the routed experts split over the devices under dp."""
         held = -(-self.arch.num_experts // self._ep) if self._ep > 1 else None
-        dtype = "bfloat16" if self.weight_dtype == "fp8" else self.weight_dtype
-        return rank_weight_bytes(self.arch, self.tp, experts_held=held, dtype=dtype,
+        return rank_weight_bytes(self.arch, self.tp, experts_held=held, dtype=self._unquantized_dtype,
                                  keep_fp8=self.weight_dtype == "fp8", vocab_parallel=True).total
 
     def kv_capacity_tokens(self) -> int:
         """Tokens of KV the instance can hold (all dp groups together), by the plan's memory model with the spec's
         default engine settings: `memory_utilization` of the profile's memory less weights and workspace. A
         simulation of a spec takes its plan's figure instead (`Plan.memory`)."""
-        dtype = "bfloat16" if self.weight_dtype == "fp8" else self.weight_dtype
         workspace = workspace_bytes(self.arch, self.tp, self._ep, _ENGINE.max_num_batched_tokens,
-                                    _ENGINE.max_num_seqs, dtype, on_gpu=True)
+                                    _ENGINE.max_num_seqs, self._unquantized_dtype, on_gpu=True)
         free = _ENGINE.memory_utilization * self.profile.memory_gb * GB - self.weight_bytes_per_device() - workspace
         per_token = self.arch.kv_bytes_per_token_rank(self.tp, self.kv_dtype)
         return max(0, int(free / per_token)) * self.dp
