@@ -6,11 +6,9 @@ the reference says it must. The same comparison on NCCL is behind the `gpu` mark
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from expert_dispatch_worker import (
     NUM_LAYERS,
     SCENARIOS,
@@ -28,6 +26,7 @@ from disaggsdk.engine.expert_parallel import (
 )
 from disaggsdk.engine.expert_parallel.torch_ref import ReferenceDispatch
 from disaggsdk.plan.memory import expert_range
+from tests.spawned_ranks import free_port, run_ranks
 
 # the expert map
 
@@ -150,29 +149,10 @@ def test_reference_counts_what_it_would_move():
 # the gloo all-to-all dispatcher over real processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(ep: int, out_dir, backend: str = "gloo", timeout_s: float = 240) -> list[dict]:
-    """Start ``ep`` ranks running every scenario; return each rank's saved results. Every process is
-    joined, and killed if it outlives the test, whatever happens."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=run_rank, args=(r, ep, port, str(out_dir), backend)) for r in range(ep)]
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=timeout_s)
-        assert [p.exitcode for p in procs] == [0] * ep, "a rank failed; see its stderr"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    """Start ``ep`` ranks running every scenario; return each rank's saved results (no process
+    outlives the test: `tests.spawned_ranks.run_ranks`)."""
+    run_ranks(run_rank, ep, (ep, free_port(), str(out_dir), backend), timeout_s)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(ep)]
 
 
