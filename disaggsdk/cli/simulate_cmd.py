@@ -86,10 +86,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
 
-    from disaggsdk.sim.render import runs_table
+    from disaggsdk.sim.render import all_to_all_line, runs_table
 
     console = Console()
     console.print(runs_table(result))
+    if (line := all_to_all_line(result)) is not None:
+        console.print(line)
     if acceptance:
         console.print(f"MTP first-draft acceptance {acceptance:.1%} ({source})")
     return 0

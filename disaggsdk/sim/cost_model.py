@@ -2,13 +2,18 @@
 
 Per layer, a device's time is the larger of its FLOPs over its achievable rate and the bytes it
 touches over its achievable memory bandwidth — weights (for MoE only the distinct experts the
-batch hits), KV read by attention — plus tensor-parallel all-reduces over NVLink (and expert
-all-to-all under data-parallel attention), plus fixed per-layer and per-step overheads. Every
-constant comes from the `HardwareProfile`; nothing here is tuned to a target number.
+batch hits), KV read by attention — plus tensor-parallel all-reduces over NVLink, the expert
+all-to-all when the instance spreads its experts (``ep > 1``), plus fixed per-layer and per-step
+overheads. Every constant comes from the `HardwareProfile`; nothing here is tuned to a target number.
 
 A data-parallel instance is modelled with its dp groups in lock-step (expert parallelism couples
 them) and the router keeping them balanced, so attention work per device is the instance's
-work / (tp * dp) while MoE experts are spread over all tp * dp devices.
+work / (tp * dp). With ``ep = tp * dp`` (the spec's `ep`; R1 on 8 dp ranks needs it to fit) each
+rank holds 1/ep of the routed experts and every MoE layer exchanges tokens over the ep group: the
+all-to-all term of `disaggsdk.sim.all_to_all`, whose module doc lists what it assumes (uniform
+routing, NVLink rate and efficiency from the profile, bf16 on the wire, no dedup of a token's pairs
+to one rank, a latency per call, 4 calls a MoE layer). The MTP layer's forward, all-to-all included,
+is not charged: a step with MTP counts its verified tokens only.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ import attrs
 
 from disaggsdk.models import ModelArch, dtype_bytes
 from disaggsdk.plan.memory import GB, rank_weight_bytes, workspace_bytes
+from disaggsdk.sim.all_to_all import (
+    AllToAllTraffic,
+    all_to_all_bytes_per_step,
+    all_to_all_time_s,
+    check_expert_parallel,
+    wire_dtype,
+)
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.spec.engine_settings import EngineSettings
 
-ACTIVATION_BYTES = 2  # bf16 activations on the wire (all-reduce, all-to-all)
+ACTIVATION_BYTES = 2  # bf16 activations on the wire (all-reduce; the all-to-all sends the 16-bit dtype)
 _ENGINE = EngineSettings()  # a cost model without a spec sizes memory with the spec's defaults
 
 
@@ -51,12 +63,17 @@ def _attention_flops_per_context_token(arch: ModelArch) -> float:
 
 @attrs.frozen
 class StepCostModel:
-    """Step times of one instance (tp x dp devices) of ``arch`` on ``profile``."""
+    """Step times of one instance (tp x dp devices) of ``arch`` on ``profile``.
+
+    ``ep`` is the spec's: 1 (each dp group holds every expert, tp-sliced; no all-to-all) or ``tp * dp``
+    (each device holds 1/ep of the routed experts, exchanged by all-to-all). Other values raise SpecError.
+    """
 
     arch: ModelArch
     profile: HardwareProfile
     tp: int = 1
     dp: int = 1
+    ep: int = 1
     weight_dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
 
@@ -83,10 +100,8 @@ class StepCostModel:
             return 0.0
         return a.num_experts * (1.0 - (1.0 - a.num_experts_per_tok / a.num_experts) ** num_tokens)
 
-    @property
-    def _ep(self) -> int:
-        # data-parallel attention shards the experts over every device (the module doc; a spec's `ep`)
-        return self.devices if self.dp > 1 and self.arch.is_moe else 1
+    def __attrs_post_init__(self) -> None:
+        check_expert_parallel(self.arch, self.tp, self.dp, self.ep)
 
     @property
     def _unquantized_dtype(self) -> str:
@@ -97,7 +112,7 @@ class StepCostModel:
         """Resident weights of one device, by the plan's memory model (`disaggsdk.plan.memory`): the checkpoint's
         tensors as a GPU rank holds them (block-FP8 ones as stored when ``weight_dtype`` is fp8, the rest in
         bfloat16 then), embeddings split by vocabulary, the routed experts split over the devices under dp."""
-        held = -(-self.arch.num_experts // self._ep) if self._ep > 1 else None
+        held = -(-self.arch.num_experts // self.ep) if self.ep > 1 else None
         return rank_weight_bytes(self.arch, self.tp, experts_held=held, dtype=self._unquantized_dtype,
                                  keep_fp8=self.weight_dtype == "fp8", vocab_parallel=True).total
 
@@ -105,7 +120,7 @@ class StepCostModel:
         """Tokens of KV the instance can hold (all dp groups together), by the plan's memory model with the spec's
         default engine settings: `memory_utilization` of the profile's memory less weights and workspace. A
         simulation of a spec takes its plan's figure instead (`Plan.memory`)."""
-        workspace = workspace_bytes(self.arch, self.tp, self._ep, _ENGINE.max_num_batched_tokens,
+        workspace = workspace_bytes(self.arch, self.tp, self.ep, _ENGINE.max_num_batched_tokens,
                                     _ENGINE.max_num_seqs, self._unquantized_dtype, on_gpu=True)
         free = _ENGINE.memory_utilization * self.profile.memory_gb * GB - self.weight_bytes_per_device() - workspace
         per_token = self.arch.kv_bytes_per_token_rank(self.tp, self.kv_dtype)
@@ -118,13 +133,17 @@ class StepCostModel:
         link = self.profile.nvlink_gb_per_s * 1e9 * self.profile.nvlink_efficiency
         return 2 * (self.tp - 1) / self.tp * size / link + self.profile.allreduce_latency_us * 1e-6
 
+    def all_to_all_per_step(self, num_tokens: float) -> AllToAllTraffic:
+        """One device's expected expert all-to-all in a step of ``num_tokens`` (the instance's), sent in
+        the activations' dtype (`disaggsdk.sim.all_to_all.all_to_all_bytes_per_step`)."""
+        return all_to_all_bytes_per_step(self.arch, self.tp, self.dp, self.ep, num_tokens,
+                                         activation_dtype=wire_dtype(self.weight_dtype))
+
     def _all_to_all_s(self, num_tokens: float) -> float:
-        if self.dp == 1:
+        """The step's all-to-all time, every MoE layer together."""
+        if self.ep == 1:
             return 0.0
-        n = self.devices
-        size = num_tokens / self.dp * self.arch.num_experts_per_tok * self.arch.hidden_size * ACTIVATION_BYTES
-        link = self.profile.nvlink_gb_per_s * 1e9 * self.profile.nvlink_efficiency
-        return 2 * ((n - 1) / n * size / link + self.profile.allreduce_latency_us * 1e-6)
+        return all_to_all_time_s(self.all_to_all_per_step(num_tokens), self.profile)
 
     def step_time_s(self, num_tokens: int, num_sequences: int, context_pairs: float, kv_read_tokens: float) -> float:
         """Wall time of one forward step of the whole instance.
@@ -158,11 +177,10 @@ class StepCostModel:
             moe_bytes = (self.distinct_experts(num_tokens) * self._expert_bytes() / self.devices
                          + a.num_shared_experts * self._expert_bytes() / self.tp)
             moe_s = max(moe_flops / self.devices / self._flops_rate, moe_bytes / self._bytes_rate)
-            moe_s += self._all_to_all_s(num_tokens)
 
         per_layer_fixed = 2 * self._allreduce_s(num_tokens) + p.kernel_overhead_us_per_layer * 1e-6
         layers_s = (a.num_layers * (attn_s + per_layer_fixed) + dense_layers * dense_s
-                    + (a.num_layers - dense_layers) * moe_s)
+                    + (a.num_layers - dense_layers) * moe_s + self._all_to_all_s(num_tokens))
         head_flops = 2 * num_sequences * a.hidden_size * a.vocab_size
         head_s = max(head_flops / self.devices / self._flops_rate, a.hidden_size * a.vocab_size / self.tp * wb / self._bytes_rate)
         return layers_s + head_s + p.step_overhead_ms * 1e-3

@@ -23,3 +23,16 @@ def runs_table(result: dict[str, Any]) -> Table:
             f"{run['mean_tokens_per_s_per_request']:.1f}", f"{util[busiest]:.0%} {busiest}",
         )
     return table
+
+
+def all_to_all_line(result: dict[str, Any]) -> str | None:
+    """The assumptions of the expert all-to-all term, in one sentence (None when no role has ``ep > 1``)."""
+    term = result["config"].get("all_to_all")
+    if term is None:
+        return None
+    roles = ", ".join(f"{role} ep {ep}" for role, ep in term["ep"].items())
+    return (f"expert all-to-all ({roles}): uniform routing ((ep-1)/ep of a token's expert pairs leave its rank, "
+            f"dp groups balanced), {term['activation_dtype']} on the wire, no dedup of a token's pairs to one rank, "
+            f"{term['link_gb_per_s']:g} GB/s per direction x {term['link_efficiency']:g} efficiency "
+            f"({result['profile']} profile), {term['latency_us_per_call']:g} us per call, "
+            f"{term['calls_per_moe_layer']} calls per MoE layer, not overlapped with compute")

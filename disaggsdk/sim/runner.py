@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from disaggsdk.sim.all_to_all import all_to_all_assumptions, wire_dtype
 from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import SimRequest, Workload, load_trace
 from disaggsdk.spec import Spec, spec_to_dict
@@ -30,7 +31,8 @@ def run_simulations(
         layouts: False for the spec's disaggregated layout, True for its colocated twin.
         rates: request rates (qps); ignored when ``trace`` is given.
     Returns:
-        ``{"spec", "profile", "config", "runs": [summary + "qps" + "sim_wall_s"]}``.
+        ``{"spec", "profile", "config", "runs": [summary + "qps" + "sim_wall_s"]}``; where a role spreads its
+        experts (``ep > 1``) ``config["all_to_all"]`` holds that term's assumptions and the roles' ``ep``.
     """
     workloads: list[tuple[float | None, list[SimRequest]]] = []  # (qps, arrivals); a trace has no qps
     if trace:
@@ -47,11 +49,11 @@ def run_simulations(
             summary["qps"] = qps if qps is not None else len(requests) / max(r.arrival_s for r in requests)
             summary["sim_wall_s"] = time.perf_counter() - start
             runs.append(summary)
-    return {
-        "spec": spec_to_dict(spec),
-        "profile": config.profile.name,
-        "config": {"weight_dtype": config.weight_dtype, "max_num_batched_tokens": config.max_num_batched_tokens,
-                   "streaming": config.streaming, "input_len": input_len, "output_len": output_len,
-                   "range_ratio": range_ratio, "duration_s": duration_s, "trace": trace},
-        "runs": runs,
-    }
+    settings: dict[str, Any] = {
+        "weight_dtype": config.weight_dtype, "max_num_batched_tokens": config.max_num_batched_tokens,
+        "streaming": config.streaming, "input_len": input_len, "output_len": output_len,
+        "range_ratio": range_ratio, "duration_s": duration_s, "trace": trace}
+    spread = {name: role.ep for name, role in (("prefill", spec.prefill), ("decode", spec.decode)) if role.ep > 1}
+    if spread:
+        settings["all_to_all"] = {"ep": spread, **all_to_all_assumptions(config.profile, wire_dtype(config.weight_dtype))}
+    return {"spec": spec_to_dict(spec), "profile": config.profile.name, "config": settings, "runs": runs}

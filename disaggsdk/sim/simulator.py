@@ -82,7 +82,8 @@ class Simulation:
         for inst in self.plan.instances:
             role = spec.prefill if inst.role == "prefill" else spec.decode
             mode = "mixed" if config.colocated else inst.role
-            sim = self._make_instance(inst.name, mode, role.tp, role.dp, self.plan.instance_memory(inst.name).kv_tokens)
+            sim = self._make_instance(inst.name, mode, role.tp, role.dp, role.ep,
+                                      self.plan.instance_memory(inst.name).kv_tokens)
             (self.prefill if inst.role == "prefill" and not config.colocated else self.decode).append(sim)
         self._instance = {i.name: i for i in self.prefill + self.decode}
         self._transfer = {}
@@ -93,9 +94,10 @@ class Simulation:
                     self._transfer[p.name, d.name] = transfer_cost_from_route(
                         route, config.profile, spec.kv.layout, spec.kv.page_size)
 
-    def _make_instance(self, name: str, mode: str, tp: int, dp: int, kv_capacity_tokens: int) -> SimInstance:
-        """A simulated instance whose KV holds the plan's ``kv_capacity_tokens`` (its ranks' memory)."""
-        cost = StepCostModel(self.arch, self.config.profile, tp=tp, dp=dp,
+    def _make_instance(self, name: str, mode: str, tp: int, dp: int, ep: int, kv_capacity_tokens: int) -> SimInstance:
+        """A simulated instance whose KV holds the plan's ``kv_capacity_tokens`` (its ranks' memory); its
+        experts spread over ``ep`` ranks as the spec's role says (the all-to-all term follows it)."""
+        cost = StepCostModel(self.arch, self.config.profile, tp=tp, dp=dp, ep=ep,
                              weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,

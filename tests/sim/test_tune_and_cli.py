@@ -80,8 +80,11 @@ def test_simulate_cli_json_and_table(run_cli):
     assert [(r["qps"], r["mode"]) for r in runs] == [(1.0, "disaggregated"), (1.0, "colocated"),
                                                      (2.0, "disaggregated"), (2.0, "colocated")]
     assert all("p99_itl_ms" in r and "mean_ttft_ms" in r for r in runs)
+    assert "all_to_all" not in json.loads(out.stdout)["config"]  # tp 8, experts tp-sliced: no exchange
     table = run_cli("simulate", "specs/r1_dp.yaml", "--qps", "1", "--duration-s", "10")
     assert table.returncode == 0 and "disagg" in table.stdout
+    # the dp figures say what their expert all-to-all assumes
+    assert "expert all-to-all (decode ep 8): uniform routing" in table.stdout and "8 us per call" in table.stdout
 
 
 def test_simulate_cli_errors_exit_2(run_cli):
