@@ -60,6 +60,36 @@ class EngineConfig:
     # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
     # (engine.scheduler; with MTP drafting, keyed one token further: see hash_lookahead)
     prefix_caching: bool = _DEFAULT.engine.prefix_caching
+    # expert parallelism (engine.expert_parallel): the routed experts spread over ``ep`` ranks: 1 (each
+    # rank a tp slice of every expert), tp (this engine's tp ranks) or tp * dp_size (the ranks of a
+    # lock-step dp group, engine.dp_lockstep: dp_size > 1 only then)
+    ep: int = 1
+    dp_rank: int = 0  # this engine's rank in its lock-step dp group
+    dp_size: int = 1
+    group_address: str | None = None  # "host:port" where a dp group's ranks meet (dp_size > 1; the launcher's)
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether this engine steps together with other dp ranks (engine.dp_lockstep)."""
+        return self.dp_size > 1
+
+    def check_parallel(self, arch: ModelArch) -> None:
+        """Refuse a tp / ep / dp combination the engine cannot run, saying what to change.
+
+        Raises:
+            EngineError: ep on a dense model, ep other than 1, tp or tp * dp_size, a dp group
+                without ep or without an address, or a dp rank outside it.
+        """
+        if self.ep > 1 and not arch.num_experts:
+            raise EngineError(f"ep={self.ep}: {arch.name} has no routed experts to spread; use ep=1")
+        if self.ep not in (1, self.tp * self.dp_size):
+            raise EngineError(f"ep={self.ep} must be 1 or tp * dp_size = {self.tp} * {self.dp_size} = "
+                              f"{self.tp * self.dp_size}: the experts are spread over every rank of the group")
+        if self.dp_size > 1 and (self.ep == 1 or self.group_address is None):
+            raise EngineError(f"dp_size={self.dp_size}: dp ranks step together only to share experts; set ep="
+                              f"{self.tp * self.dp_size} and a group_address (host:port) every rank of the group is given")
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise EngineError(f"dp_rank={self.dp_rank} is outside [0, dp_size={self.dp_size})")
 
     @property
     def weight_dtype(self) -> HeldDtype:
@@ -68,7 +98,8 @@ class EngineConfig:
 
     @classmethod
     def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None,
-                  instance_role: RoleName | None = None) -> EngineConfig:
+                  instance_role: RoleName | None = None, dp_rank: int = 0,
+                  group_address: str | None = None) -> EngineConfig:
         """The settings of one unit of ``spec``: an instance (or dp group) of ``tp`` ranks in ``role``.
 
         Args:
@@ -76,8 +107,10 @@ class EngineConfig:
             tp: the unit's tensor-parallel ranks.
             role: "prefill", "decode" or "mixed".
             kv_share_path: where tp workers hand their KV pool over (units whose pools are shared).
-            instance_role: the spec role whose instance the unit is (its ranks' memory sizes the KV pool);
-                default: ``role``, and "decode" for a mixed unit.
+            instance_role: the spec role whose instance the unit is (its ranks' memory sizes the KV pool,
+                its ``ep`` and ``dp`` the expert parallelism); default: ``role``, and "decode" for a mixed unit.
+            dp_rank: the unit's dp rank in its instance (used when the role's experts span its dp ranks).
+            group_address: where those dp ranks meet ("host:port"; required then).
         Raises:
             EngineError: an unknown role.
             SpecError: the unit's memory leaves no KV page (``engine.num_pages`` unset).
@@ -87,7 +120,11 @@ class EngineConfig:
         from disaggsdk.plan.memory import num_pages_per_rank
 
         sized_as: RoleName = instance_role or ("prefill" if role == "prefill" else "decode")
+        shape = spec.roles[sized_as]
+        dp_size = shape.dp if shape.ep > 1 else 1  # without ep, dp ranks are independent engines
         return cls(
+            ep=shape.ep, dp_rank=dp_rank if dp_size > 1 else 0, dp_size=dp_size,
+            group_address=group_address if dp_size > 1 else None,
             tp=tp, layout=spec.kv.layout, page_size=spec.kv.page_size, num_pages=num_pages_per_rank(spec, sized_as),
             max_num_batched_tokens=spec.engine.max_num_batched_tokens, max_num_seqs=spec.engine.max_num_seqs,
             max_model_len=spec.engine.max_model_len, mode=MODE_OF_ROLE[role], device=spec.device,

@@ -53,16 +53,23 @@ class LLMEngine:
             raise EngineError("max_num_batched_tokens, page_size and num_pages must all be >= 1")
         self.arch = resolve_model(model)
         check_tp(self.arch, config.tp)  # fail here, before any worker starts
+        config.check_parallel(self.arch)
         check_speculative(self.arch, config)
         runner_config = RunnerConfig(
             model, config, compile=compile_by_default() if config.compile is None else config.compile,
             extra_kv_layers=self.arch.num_mtp_layers if mtp_drafts(config) else 0,
         )
         self._tp_group = None
-        if config.tp > 1:
+        if config.tp > 1 or config.ep > 1:  # ep: the experts' exchange needs a group even at tp 1
             from disaggsdk.engine.tp_group import TPGroup
 
-            self._tp_group = TPGroup(runner_config, config.tp)
+            self._tp_group = TPGroup(runner_config, self.arch.num_experts)
+        # lock-step dp (engine.dp_lockstep): the heads' vote before each step; `stopping` is this
+        # rank's wish to leave, `group_stopped` the group's decision
+        self.lockstep = self._tp_group.lockstep if self._tp_group is not None else None
+        self.stopping = False
+        self.group_stopped = False
+        self.group_idle = True  # the last vote found no rank with work
         try:
             tp = self._tp_group.tp if self._tp_group else TensorParallel()
             self.runner = ModelRunner(runner_config, tp, kv_buffer)
@@ -74,7 +81,8 @@ class LLMEngine:
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
             prefix_caching=config.prefix_caching, hash_lookahead=hash_lookahead(config),
         )
-        self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group)
+        self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group,
+                                          lockstep=self.lockstep is not None)
         self.layer_counter = LayerCounter()
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:
@@ -130,6 +138,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def must_step(self) -> bool:
+        """Whether a loop driving this engine calls `step` now: when it has work, and always in a
+        lock-step dp group until the group stops (the vote inside `step` needs every rank)."""
+        return (self.lockstep is not None and not self.group_stopped) or self.has_unfinished()
 
     # requests
 
@@ -274,9 +287,17 @@ class LLMEngine:
         if self._speculator is not None:
             self._speculator.before_schedule(self.scheduler.running, self.scheduler.target_tokens)
         plan = self.scheduler.schedule()
-        if not plan.chunks:
+        if self.lockstep is not None:
+            if self.group_stopped:
+                return []
+            vote = self.lockstep.vote(bool(plan.chunks), self.stopping)
+            self.group_stopped, self.group_idle = vote.stop, not vote.run
+            if not vote.run:
+                return []  # with no chunks scheduled: nothing was taken for them
+            # with work or not, this rank runs the step: its MoE layers take part in every exchange
+        elif not plan.chunks:
             return []
-        if self.on_step is not None:
+        if self.on_step is not None and plan.chunks:
             self.on_step([self._chunk_info(c) for c in plan.chunks])
         rows = [logits_rows(c, self._ends_prefill(c)) for c in plan.chunks]
         items = [BatchItem(c.token_ids, c.start_pos, c.page_ids, want_logits=r > 0, num_logits=max(r, 1))
@@ -315,7 +336,8 @@ class LLMEngine:
             params: one for all, or one per prompt.
         Returns:
             The final output of each prompt, in order (with ``output_logprobs`` in ``new_logprobs``,
-            and the prompt's logprobs when asked).
+            and the prompt's logprobs when asked). In a lock-step dp group every rank calls it (with
+            its own prompts, or none) and it returns when no rank has work left.
         """
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
@@ -331,7 +353,7 @@ class LLMEngine:
             reqs[rid] = req
         while any(rid not in final for rid in ids):
             outputs = self.step()
-            if not outputs:
+            if not outputs and (self.lockstep is None or self.group_idle):
                 raise EngineError(
                     "no request can be scheduled (the KV pool is too small for the waiting prompts); "
                     "raise num_pages"
@@ -343,4 +365,10 @@ class LLMEngine:
                     if req.params.prompt_logprobs is not None:
                         out.prompt_logprobs = list(req.prompt_logprobs)
                     final[out.request_id] = out
+        if self.lockstep is not None:
+            # the other dp ranks' requests still need this rank in every MoE layer: step until a vote
+            # finds no work anywhere (every rank leaves at that same vote)
+            self.step()
+            while not self.group_idle and not self.group_stopped:
+                self.step()
         return [final[rid] for rid in ids]

@@ -73,7 +73,8 @@ class ModelRunner:
         )
         self.attn = create_backend(engine.attention_backend or default_backend(engine.device), self.kv_cache)
         self.compiled: CompiledStep | None = None
-        if config.compile and tp.size == 1 and self.device.type == "cpu":
+        # expert parallelism's exchange sizes its buffers from the routing on the host: not a graph to compile
+        if config.compile and tp.size == 1 and tp.experts is None and self.device.type == "cpu":
             from disaggsdk.engine.compiled_step import CompiledStep
 
             self.compiled = CompiledStep(self.model, self.attn)
@@ -102,7 +103,8 @@ class ModelRunner:
     def run_keeping_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`run`, also giving the hidden states of every row first ([num_tokens, hidden_size]: what
         the MTP layer reads); the attention backend stays planned for ``batch``."""
-        self.attn.plan(batch)
+        if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
+            self.attn.plan(batch)
         hidden_all = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
         rows = hidden_all[batch.logits_indices]
         if rows.shape[0] == 0:

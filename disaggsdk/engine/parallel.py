@@ -9,6 +9,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+    from disaggsdk.engine.expert_parallel.base import ExpertDispatcher
+
 
 @dataclass(frozen=True)
 class TensorParallel:
@@ -16,11 +18,18 @@ class TensorParallel:
 
     ``group`` is a torch.distributed process group (gloo on CPU, NCCL on GPU), or None when
     ``size == 1``; collectives are then no-ops.
+
+    ``experts`` is this rank's side of the expert-parallel exchange when the MoE layers' routed
+    experts are spread over ranks (``ep > 1``: the group is every rank of the instance, tp x dp);
+    None: every rank holds a tp slice of every expert. It travels with the tp context because
+    the layers that need it are built from it, and an expert-parallel rank is always also a rank
+    of its dp group's tp (the tokens it dispatches are its tp share of that group's).
     """
 
     rank: int = 0
     size: int = 1
     group: ProcessGroup | None = None
+    experts: ExpertDispatcher | None = None
 
     @property
     def is_head(self) -> bool:
@@ -45,6 +54,12 @@ class TensorParallel:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
+
+    def token_rows(self, num_tokens: int) -> tuple[int, int]:
+        """The [start, stop) of the rows this rank dispatches to the experts when tokens are
+        replicated over the tp ranks (each sends a share, so no pair is sent twice); shares
+        differ by at most one row, and a rank may get none."""
+        return num_tokens * self.rank // self.size, num_tokens * (self.rank + 1) // self.size
 
     def shard(self, n: int) -> tuple[int, int]:
         """The [start, stop) of this rank's equal share of ``n`` items (n divisible by size)."""

@@ -6,6 +6,12 @@ forward (the model's all-reduces keep them in lockstep) and only rank 0 samples.
 speculation, rank 0 also mirrors each call of its `MTPPass` (fill the layer's KV over the step,
 then one call per chained draft) and the workers make the same call on their shard. Workers are
 daemon processes started with "spawn"; `close` stops them and, failing that, kills them.
+
+Under expert parallelism (``engine.ep > 1``) the process group is the whole instance: with
+``dp_size`` lock-step dp ranks (each an engine of its own, usually in its own unit process) the
+world is their tp x dp ranks, global rank ``dp_rank * tp + tp_rank``, met at the instance's
+``group_address``; each dp rank's tp ranks get a subgroup of their own, the dp heads one to vote
+in (engine.dp_lockstep), and the experts' exchange runs over the world.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import multiprocessing as mp
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -22,12 +29,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.dp_lockstep import DataParallelLockstep
     from disaggsdk.engine.speculative.mtp_drafter import MTPPass
 
 _STOP, _RUN, _MTP_FILL, _MTP_CHAIN = 0, 1, 2, 3  # commands: the first field of every header
@@ -47,43 +56,86 @@ def _free_port() -> int:
 IDLE_WAIT_LIMIT_S = 30 * 24 * 3600  # how long a worker waits for its next step: "forever", in gloo terms
 
 
-def _init(rank: int, size: int, port: int, device: str, timeout_s: float) -> tuple[TensorParallel, dist.ProcessGroup]:
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+@dataclass
+class RankGroups:
+    """The process groups of one rank, made by `join_groups`."""
+
+    tp: TensorParallel  # this rank's tp context (its ``experts`` dispatcher under ep)
+    control: dist.ProcessGroup  # the head's step broadcasts to its tp workers (gloo, waits "forever")
+    lockstep: DataParallelLockstep | None  # the dp heads' vote (a head of a dp group of dp_size > 1), else None
+
+
+def join_groups(engine: EngineConfig, num_experts: int, tp_rank: int, address: str, timeout_s: float) -> RankGroups:
+    """Join the instance's process group as tp rank ``tp_rank`` of dp rank ``engine.dp_rank`` and
+    make the subgroups (every rank makes every group, in one order: torch.distributed's rule).
+
+    Args:
+        engine: the engine's settings (tp, ep, dp_rank, dp_size, device).
+        num_experts: routed experts per MoE layer (placed over the ranks when ``engine.ep > 1``).
+        tp_rank: this process's rank among its dp group's tp ranks.
+        address: "host:port" of the group's store (rank 0 of the world serves it).
+        timeout_s: how long collectives and joining may take.
+    """
+    tp_size, dp_size = engine.tp, engine.dp_size
+    backend = "nccl" if engine.device.startswith("cuda") else "gloo"
+    rank = engine.dp_rank * tp_size + tp_rank
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+        backend, init_method=f"tcp://{address}", rank=rank, world_size=tp_size * dp_size,
         timeout=timedelta(seconds=timeout_s),
     )
     # step metadata is small and lives on the CPU: a gloo group even when the model uses NCCL. Its
     # timeout is what an idle engine waits for the next step, so it must not be the collectives'
     # (an instance without requests for 2 minutes lost its workers); a dead head still ends the
     # wait at once: its connection closes (and the workers die with it)
-    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=IDLE_WAIT_LIMIT_S))
-    return TensorParallel(rank=rank, size=size, group=dist.group.WORLD), control
+    idle = timedelta(seconds=IDLE_WAIT_LIMIT_S)
+    heads = None
+    if dp_size == 1:
+        tp_group: dist.ProcessGroup | None = dist.group.WORLD
+        control = dist.new_group(backend="gloo", timeout=idle)
+    else:
+        for d in range(dp_size):
+            ranks = list(range(d * tp_size, (d + 1) * tp_size))
+            group = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
+            group_control = dist.new_group(ranks, backend="gloo", timeout=idle)
+            if d == engine.dp_rank:
+                tp_group, control = group, group_control
+        heads = dist.new_group([d * tp_size for d in range(dp_size)], backend="gloo", timeout=idle)
+    experts = None
+    if engine.ep > 1:
+        from disaggsdk.engine.expert_parallel import ExpertMap, create_dispatcher
+
+        experts = create_dispatcher("all_to_all", ExpertMap(num_experts, engine.ep), rank, None, engine.device)
+    lockstep = None
+    if heads is not None and tp_rank == 0:
+        from disaggsdk.engine.dp_lockstep import DataParallelLockstep
+
+        lockstep = DataParallelLockstep(heads, engine.dp_rank, dp_size)
+    return RankGroups(TensorParallel(rank=tp_rank, size=tp_size, group=tp_group, experts=experts), control, lockstep)
 
 
 def _send_batch(batch: ForwardBatch | None, control: dist.ProcessGroup) -> None:
     if batch is None:
-        dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER_LEN - 1)), src=0, group=control)
+        dist.broadcast(torch.tensor([_STOP] + [0] * (_HEADER_LEN - 1)), group_src=0, group=control)
         return
     fields = [batch.input_ids, batch.positions, batch.qo_indptr, batch.kv_page_indptr,
               batch.kv_page_indices, batch.kv_last_page_len, batch.kv_slot_ids, batch.logits_indices]
     header = [_RUN, batch.num_tokens, batch.batch_size, int(batch.kv_page_indices.numel()),
               int(batch.logits_indices.numel()), batch.page_size]
-    dist.broadcast(torch.tensor(header, dtype=torch.int64), src=0, group=control)
-    dist.broadcast(torch.cat([f.cpu().to(torch.int64) for f in fields]), src=0, group=control)
+    dist.broadcast(torch.tensor(header, dtype=torch.int64), group_src=0, group=control)
+    dist.broadcast(torch.cat([f.cpu().to(torch.int64) for f in fields]), group_src=0, group=control)
 
 
 def _send_ints(command: int, *lists: Sequence[int], control: dist.ProcessGroup) -> None:
     """A header (the command and each list's length) and then the lists, as one int64 tensor."""
     header = [command] + [len(x) for x in lists] + [0] * (_HEADER_LEN - 1 - len(lists))
-    dist.broadcast(torch.tensor(header, dtype=torch.int64), src=0, group=control)
+    dist.broadcast(torch.tensor(header, dtype=torch.int64), group_src=0, group=control)
     if sum(header[1:]):
-        dist.broadcast(torch.tensor([v for x in lists for v in x], dtype=torch.int64), src=0, group=control)
+        dist.broadcast(torch.tensor([v for x in lists for v in x], dtype=torch.int64), group_src=0, group=control)
 
 
 def _recv_header(control: dist.ProcessGroup) -> list[int]:
     header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
-    dist.broadcast(header, src=0, group=control)
+    dist.broadcast(header, group_src=0, group=control)
     return header.tolist()
 
 
@@ -92,7 +144,7 @@ def _recv_ints(header: list[int], control: dist.ProcessGroup) -> list[list[int]]
     values: list[int] = []
     if sum(header[1:]):
         payload = torch.empty(sum(header[1:]), dtype=torch.int64)
-        dist.broadcast(payload, src=0, group=control)
+        dist.broadcast(payload, group_src=0, group=control)
         values = payload.tolist()
     out, start = [], 0
     for n in header[1:]:
@@ -107,7 +159,7 @@ def _recv_batch(control: dist.ProcessGroup, device: torch.device, header: list[i
         return None
     sizes = [n, n, b + 1, b + 1, p, b, n, lg]
     payload = torch.empty(sum(sizes), dtype=torch.int64)
-    dist.broadcast(payload, src=0, group=control)
+    dist.broadcast(payload, group_src=0, group=control)
     parts = [x.to(device) for x in payload.split(sizes)]
     i32 = torch.int32
     return ForwardBatch(
@@ -117,11 +169,13 @@ def _recv_batch(control: dist.ProcessGroup, device: torch.device, header: list[i
     )
 
 
-def _worker_main(rank: int, size: int, port: int, config: RunnerConfig, ready: Connection, timeout_s: float) -> None:
+def _worker_main(rank: int, address: str, config: RunnerConfig, num_experts: int, ready: Connection,
+                 timeout_s: float) -> None:
     # ranks share the machine's cores: one thread each avoids oversubscribing them
     torch.set_num_threads(1)
     try:
-        tp, control = _init(rank, size, port, config.engine.device, timeout_s)
+        groups = join_groups(config.engine, num_experts, rank, address, timeout_s)
+        tp, control = groups.tp, groups.control
         kv_region = None
         if config.engine.kv_share_path:  # the head's transfer engine registers this rank's pool too
             from disaggsdk.engine.shared_kv import share_pool
@@ -168,30 +222,36 @@ def _serve(runner: ModelRunner, control: dist.ProcessGroup) -> None:
 class TPGroup:
     """Rank 0's handle on the tensor-parallel group: the workers, the process group, the broadcast.
 
+    With expert parallelism it is also the head's place in the instance's group (see the module
+    doc), so it exists at tp 1 too then, with no workers.
+
     Args:
-        config: what every rank builds.
-        size: tp, at least 2.
+        config: what every rank builds (``config.engine`` says tp, ep and the dp group).
+        num_experts: the model's routed experts per MoE layer (0: a dense model).
         timeout_s: how long collectives and worker start-up may take before failing.
     Raises:
         TensorParallelError: a worker failed to start (its error is in the message).
     """
 
-    def __init__(self, config: RunnerConfig, size: int, timeout_s: float = 120.0):
-        assert size >= 2
-        self.size = size
+    def __init__(self, config: RunnerConfig, num_experts: int, timeout_s: float = 120.0):
+        engine = config.engine
+        self.size = size = engine.tp
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        # a dp group's ranks meet where the launcher said; a lone instance's where its head chose
+        address = engine.group_address or f"127.0.0.1:{_free_port()}"
         self.procs: list[BaseProcess] = []
         pipes = []
         for rank in range(1, size):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(rank, size, port, config, child, timeout_s), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(rank, address, config, num_experts, child, timeout_s),
+                               daemon=True)
             proc.start()
             self.procs.append(proc)
             pipes.append(parent)
         self._initialized = False
         try:
-            self.tp, self._control = _init(0, size, port, config.engine.device, timeout_s)
+            groups = join_groups(engine, num_experts, 0, address, timeout_s)
+            self.tp, self._control, self.lockstep = groups.tp, groups.control, groups.lockstep
             self._initialized = True
             deadline = time.monotonic() + timeout_s
             for rank, (worker, pipe) in enumerate(zip(self.procs, pipes), start=1):
@@ -211,6 +271,8 @@ class TPGroup:
         Raises:
             TensorParallelError: a worker has died (a collective with it would hang until timeout).
         """
+        if self.size == 1:
+            return  # an expert-parallel head at tp 1: nobody to tell
         dead = [rank for rank, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead:
             raise TensorParallelError(f"tp ranks {dead} have exited; close this engine and start a new one")
@@ -218,10 +280,14 @@ class TPGroup:
 
     def mtp_fill(self, next_ids: Sequence[int], rows: Sequence[int]) -> None:
         """Have every worker run `MTPPass.fill` over the step it just ran (speculative.mtp_drafter)."""
+        if self.size == 1:
+            return
         _send_ints(_MTP_FILL, next_ids, rows, control=self._control)
 
     def mtp_chain(self, keep: Sequence[int], chain: ForwardBatch) -> None:
         """Have every worker run `MTPPass.chain` with ``keep`` over ``chain``."""
+        if self.size == 1:
+            return
         _send_ints(_MTP_CHAIN, keep, control=self._control)
         _send_batch(chain, self._control)
 
@@ -229,7 +295,7 @@ class TPGroup:
         """Stop the workers (politely, then by force) and leave the process group. Idempotent."""
         if self._initialized:
             try:
-                if all(p.is_alive() for p in self.procs):
+                if self.procs and all(p.is_alive() for p in self.procs):
                     _send_batch(None, self._control)
             finally:
                 dist.destroy_process_group()

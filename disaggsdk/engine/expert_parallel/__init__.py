@@ -6,9 +6,9 @@ simulates a whole group in one process and is the oracle; ``all_to_all`` is
 `torch.distributed.all_to_all_single` over a gloo (CPU) or NCCL (GPU) group. A fused GPU
 kernel (DeepEP, pplx-kernels) would be one more registry entry.
 
-Not wired into the engine yet: the MoE layers (engine.models.layers.moe) still split each
-expert's intermediate dimension over tp; issue 36 uses this package for data-parallel attention
-with expert parallelism.
+The engine uses it when ``EngineConfig.ep > 1``: `engine.tp_group.join_groups` makes the
+dispatcher, the MoE layers (engine.models.layers.moe) hold their rank's experts and exchange
+tokens through it, and the dp ranks of one instance step in lock-step (engine.dp_lockstep).
 """
 
 from __future__ import annotations

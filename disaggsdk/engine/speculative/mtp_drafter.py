@@ -110,7 +110,8 @@ class MTPPass:
         Returns:
             With ``draft`` (the head rank), each row's next greedy draft; else [].
         """
-        self.attn.plan(chain)
+        if chain.num_tokens:  # an empty chain keeps a lock-step dp rank in the MoE exchange (MTPDrafter)
+            self.attn.plan(chain)
         assert self.hidden is not None, "chain follows a fill"
         h = self.hidden[torch.tensor(keep, dtype=torch.int64, device=self.device)]
         every_row = torch.arange(len(keep), dtype=torch.int64, device=self.device)
@@ -136,11 +137,16 @@ class MTPDrafter:
         device: where batches go.
         mirror: the tp workers, told each call before the head makes it (None at tp 1).
         compiled: the head rank's `CompiledStep` when its step is compiled (tp 1).
+        lockstep_chains: in a lock-step dp group (engine.dp_lockstep), the chained calls every step
+            makes (num_tokens - 1): the MTP layer is a MoE layer, so every rank makes the same number
+            of calls, empty ones where it has fewer drafts to chain; None: as many as needed.
     """
 
     def __init__(self, model: DecoderModel, attn: AttentionBackend, allocator: PageAllocator, page_size: int,
-                 device: torch.device, mirror: MTPMirror | None = None, compiled: CompiledStep | None = None):
+                 device: torch.device, mirror: MTPMirror | None = None, compiled: CompiledStep | None = None,
+                 lockstep_chains: int | None = None):
         self.rank_pass = MTPPass(model, attn, device, compiled)
+        self.lockstep_chains = lockstep_chains
         self.mtp = self.rank_pass.mtp
         self.allocator = allocator
         self.page_size = page_size
@@ -161,9 +167,18 @@ class MTPDrafter:
         if self.mirror is not None:
             self.mirror.mtp_fill(next_ids, rows)
         first = self.rank_pass.fill(batch, hidden_all, next_ids, rows, on_layer_done, draft=True)
-        if not slots:
-            return {}
         drafts = {s.request.request_id: [t] for s, t in zip(slots, first)}
+        num_chains = self._chain(slots, drafts) if slots else 0
+        for _ in range(num_chains, self.lockstep_chains or 0):
+            empty = build_forward_batch([], self.page_size, self.device)
+            if self.mirror is not None:
+                self.mirror.mtp_chain([], empty)
+            self.rank_pass.chain([], empty, draft=True)
+        return drafts
+
+    def _chain(self, slots: Sequence[DraftSlot], drafts: dict[str, list[int]]) -> int:
+        """Draft 2 .. num_drafts of ``slots`` (their first in ``drafts``). Returns the calls made."""
+        num_chains = 0
         live = list(range(len(slots)))  # slots still drafting, in the order of the layer's kept rows
         for c in range(1, max(s.num_drafts for s in slots)):
             keep = [j for j, i in enumerate(live) if slots[i].num_drafts > c and self._cover(slots[i].request, c)]
@@ -178,7 +193,8 @@ class MTPDrafter:
                 self.mirror.mtp_chain(keep, chain)
             for i, t in zip(live, self.rank_pass.chain(keep, chain, draft=True)):
                 drafts[slots[i].request.request_id].append(t)
-        return drafts
+            num_chains += 1
+        return num_chains
 
     def _cover(self, req: Request, c: int) -> bool:
         """Pages for the chain position of draft c + 1 (the next step needs them anyway)."""

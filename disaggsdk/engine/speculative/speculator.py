@@ -97,8 +97,9 @@ def check_speculative(arch: ModelArch, config: EngineConfig) -> None:
 
 
 def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAllocator,
-                   mirror: MTPMirror | None = None) -> Speculator | None:
-    """The engine's `Speculator` (None without speculation); ``mirror``: the tp workers (tp > 1).
+                   mirror: MTPMirror | None = None, lockstep: bool = False) -> Speculator | None:
+    """The engine's `Speculator` (None without speculation); ``mirror``: the tp workers (tp > 1);
+    ``lockstep``: the engine is a rank of a lock-step dp group (its MTP calls per step are fixed).
 
     Raises:
         EngineError: method "mtp" on a checkpoint whose MTP weights are missing.
@@ -112,6 +113,6 @@ def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAll
             raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
                               f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
         drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror,
-                             compiled=runner.compiled)
+                             compiled=runner.compiled, lockstep_chains=spec.num_tokens - 1 if lockstep else None)
     return Speculator(spec, drafter)
 

@@ -59,6 +59,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 on_layer_done: Callable[[int, torch.Tensor], None] | None, attn: LayerAttention) -> torch.Tensor:
+        if x.shape[0] == 0:
+            # an idle rank of a lock-step dp group (engine.dp_lockstep): no attention, but a MoE
+            # layer's expert exchange needs every rank. Its tp ranks are all idle (they run one
+            # batch), so they all skip the all-reduces, which have nothing to sum
+            return x + self.mlp(self.post_attention_layernorm(x))
         h = self.tp.all_reduce(self.self_attn(self.input_layernorm(x), cos, sin, attn, self.layer_id))
         # The all-reduce has synchronised the ranks, so the head rank alone speaks for the layer.
         # The layer's output goes along: a compiled graph's counter op must come after it.

@@ -1,8 +1,16 @@
 """Mixture of experts: routers (Qwen3-MoE softmax top-k, DeepSeek-V3 group-limited sigmoid) and
-the experts, each expert's intermediate dimension split over tensor-parallel ranks.
+the experts, placed one of two ways.
 
-Every rank routes every token (the router is replicated) and runs its slice of each chosen
+Tensor-parallel (``tp.experts`` None): each expert's intermediate dimension is split over the tp
+ranks; every rank routes every token (the router is replicated) and runs its slice of each chosen
 expert; the partial sums meet in the layer's one all-reduce.
+
+Expert-parallel (``tp.experts``, an `ExpertDispatcher`): each rank holds whole experts, a
+contiguous run of them (`ExpertMap`). Every rank still routes its tokens, then sends its tp share
+of them (`TensorParallel.token_rows`: the tokens are the same on every tp rank of a dp group) to
+the ranks of their experts, runs the rows it receives, and takes the outputs back, weighted and
+summed. Its partial output has its share's rows and zeros elsewhere, so the layer's all-reduce over
+tp assembles the whole (at tp 1 there is nothing to assemble).
 """
 
 from __future__ import annotations
@@ -31,22 +39,30 @@ class Experts(nn.Module):
         self.prefix = prefix
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
-        self.rows = tp.shard(intermediate_size)
+        self.tp = tp
+        self.dispatcher = tp.experts
+        if self.dispatcher is None:  # a tp slice of every expert
+            self.held = (0, num_experts)
+            self.rows = tp.shard(intermediate_size)
+        else:  # whole experts, this rank's run of them
+            self.held = self.dispatcher.expert_map.expert_range(self.dispatcher.ep_rank)
+            self.rows = (0, intermediate_size)
         self.optional_group = optional_group
-        local = self.rows[1] - self.rows[0]
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * local, hidden_size, dtype=dtype), requires_grad=False)
-        # w13: [num_experts, 2 * local intermediate (gate | up), hidden_size]
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, local, dtype=dtype), requires_grad=False)
-        # w2: [num_experts, hidden_size, local intermediate]
+        local, held = self.rows[1] - self.rows[0], self.held[1] - self.held[0]
+        self.w13 = nn.Parameter(torch.empty(held, 2 * local, hidden_size, dtype=dtype), requires_grad=False)
+        # w13: [experts held, 2 * local intermediate (gate | up), hidden_size]
+        self.w2 = nn.Parameter(torch.empty(held, hidden_size, local, dtype=dtype), requires_grad=False)
+        # w2: [experts held, hidden_size, local intermediate]
         self.register_buffer("packed_w13", None, persistent=False)  # amx_linear.pack(w13), or None
         self.register_buffer("packed_w2", None, persistent=False)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """Weighted sum of each token's experts (this rank's partial sum).
+        """Weighted sum of each token's experts (this rank's partial sum; see the module doc).
 
         The (token, expert) pairs are sorted by expert and each expert multiplies its rows in one
         grouped op (`grouped_linear`): no per-expert Python loop and no host sync, so a compiled
-        step holds the whole layer.
+        step holds the whole layer. Under expert parallelism the call is collective over the
+        expert-parallel group: every rank makes it, with no tokens too.
 
         Args:
             x: [num_tokens, hidden_size]
@@ -55,17 +71,41 @@ class Experts(nn.Module):
         Returns:
             [num_tokens, hidden_size]
         """
+        if self.dispatcher is not None:
+            return self._forward_expert_parallel(x, topk_ids, topk_weights)
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
-        experts = torch.arange(self.num_experts, device=x.device, dtype=flat_ids.dtype)
-        group_ends = torch.searchsorted(flat_ids[order], experts, right=True)
         token_of = order // topk_ids.shape[1]
         weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
-        gate, up = grouped_linear(x[token_of], self.w13, group_ends, self.packed_w13).chunk(2, dim=-1)
-        h = grouped_linear(F.silu(gate) * up, self.w2, group_ends, self.packed_w2)
+        h = self._run_sorted(x[token_of], flat_ids[order])
         # Pairs in expert order, tokens ascending within each: the same summation order as
         # transformers' per-expert loop, so float32 results match to the last bits where possible.
         return torch.zeros_like(x).index_add_(0, token_of, h * weight_of[:, None])
+
+    def _run_sorted(self, rows: torch.Tensor, expert_of_row: torch.Tensor) -> torch.Tensor:
+        """Each row through its (held) expert, unweighted; ``rows`` sorted by ``expert_of_row``,
+        an index into the experts this rank holds."""
+        if rows.shape[0] == 0:  # nothing routed here (under ep: maybe no expert held either)
+            return rows.new_empty(0, self.w2.shape[1])
+        experts = torch.arange(self.w13.shape[0], device=rows.device, dtype=expert_of_row.dtype)
+        group_ends = torch.searchsorted(expert_of_row, experts, right=True)
+        gate, up = grouped_linear(rows, self.w13, group_ends, self.packed_w13).chunk(2, dim=-1)
+        return grouped_linear(F.silu(gate) * up, self.w2, group_ends, self.packed_w2)
+
+    def _forward_expert_parallel(self, x: torch.Tensor, topk_ids: torch.Tensor,
+                                 topk_weights: torch.Tensor) -> torch.Tensor:
+        assert self.dispatcher is not None
+        start, stop = self.tp.token_rows(x.shape[0])
+        received = self.dispatcher.dispatch(x[start:stop], topk_ids[start:stop], topk_weights[start:stop])
+        order = torch.argsort(received.local_expert_ids, stable=True)
+        expert_out = torch.empty_like(received.hidden)
+        expert_out[order] = self._run_sorted(received.hidden[order], received.local_expert_ids[order])
+        mine = self.dispatcher.combine(expert_out, received.handle)
+        if stop - start == x.shape[0]:
+            return mine
+        out = torch.zeros_like(x)  # the other tp ranks' shares arrive in the layer's all-reduce
+        out[start:stop] = mine
+        return out
 
     def pack_for_decode(self) -> int:
         """Keep the experts in the AMX kernel's layout too, where that kernel runs (amx_linear).
@@ -75,16 +115,17 @@ class Experts(nn.Module):
         return int(self.packed_w13 is not None) + int(self.packed_w2 is not None)
 
     def own_slots(self) -> Iterator[WeightSlot]:
+        """The slots of the experts this rank holds (under ep, only those: the others' tensors are never read)."""
         full, local = self.intermediate_size, self.rows[1] - self.rows[0]
         hidden = self.w13.shape[2]
         shard = None if local == full else 0
-        for e in range(self.num_experts):
+        for i, e in enumerate(range(*self.held)):
             p = f"{self.prefix}{e}."
-            yield WeightSlot(f"{p}gate_proj.weight", self.w13.data[e, :local], (full, hidden), shard, self.rows,
+            yield WeightSlot(f"{p}gate_proj.weight", self.w13.data[i, :local], (full, hidden), shard, self.rows,
                              optional_group=self.optional_group)
-            yield WeightSlot(f"{p}up_proj.weight", self.w13.data[e, local:], (full, hidden), shard, self.rows,
+            yield WeightSlot(f"{p}up_proj.weight", self.w13.data[i, local:], (full, hidden), shard, self.rows,
                              optional_group=self.optional_group)
-            yield WeightSlot(f"{p}down_proj.weight", self.w2.data[e], (hidden, full), None if shard is None else 1,
+            yield WeightSlot(f"{p}down_proj.weight", self.w2.data[i], (hidden, full), None if shard is None else 1,
                              self.rows, optional_group=self.optional_group)
 
 
@@ -143,7 +184,7 @@ class GroupLimitedRouter(nn.Module):
         scores = F.linear(x.float(), self.weight).sigmoid()
         biased = scores + self.e_score_correction_bias
         per_group = self.num_experts // self.num_groups
-        group_scores = biased.view(-1, self.num_groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_scores = biased.view(x.shape[0], self.num_groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
         group_ids = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
         group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1.0)
         expert_mask = group_mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(-1, self.num_experts)
