@@ -12,6 +12,7 @@ avoids it belongs behind the same contract, as another dispatcher.
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -104,8 +105,12 @@ class AllToAllDispatcher:
     def _exchange(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
                   kind: Literal["dispatch", "combine", "metadata"]) -> None:
         """One all_to_all_single, counted from the buffer it sends (measured, not modelled: the
-        reference's formula is the oracle these counts are tested against)."""
+        reference's formula is the oracle these counts are tested against) and timed around the
+        call (on a GPU the collective is asynchronous to the host: the time is then what the host
+        waited, not the transfer's)."""
+        start_s = time.perf_counter()
         dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group)
+        self.counters.exchange_s += time.perf_counter() - start_s
         row_bytes = math.prod(inp.shape[1:]) * inp.element_size()  # a 0-row input still has a row size
         local = in_splits[self.ep_rank] * row_bytes
         remote = sum(in_splits) * row_bytes - local

@@ -65,6 +65,14 @@ class AllToAllCounters:
     copied, not sent, and count in ``local_bytes`` (both directions). ``metadata_bytes`` are the
     split counts and expert ids that make the exchange possible, to other ranks as well.
     Mutable on purpose: a dispatcher adds to its own record; `since` gives one step's share.
+
+    ``exchange_s`` is measured, not counted: wall seconds this rank spent inside its collectives
+    (every ``all_to_all_single``, metadata ones included). A collective returns only when the
+    slowest rank has joined it, so the figure includes waiting for the other ranks to reach the
+    same MoE layer (their attention, routing and experts, and any load on their cores), not only
+    moving bytes. A dispatcher that moves nothing over a wire (the single-process reference,
+    `torch_ref`) leaves it 0. Everything else here is exact and equal across implementations
+    (`counts`).
     """
 
     num_dispatches: int = 0
@@ -77,6 +85,7 @@ class AllToAllCounters:
     # rows by direction, pairs kept local included: a check on routing balance, not on bytes
     rows_sent: int = 0
     rows_received: int = 0
+    exchange_s: float = 0.0  # wall time inside the collectives, waiting for the slowest rank included
 
     @property
     def payload_bytes(self) -> int:
@@ -91,6 +100,14 @@ class AllToAllCounters:
     def copy(self) -> AllToAllCounters:
         """A snapshot that later calls do not change."""
         return replace(self)
+
+    def counts(self) -> dict[str, int]:
+        """The exact fields (calls, rows, bytes) by name, without the measured ``exchange_s``: what two
+        implementations of the contract must agree on to the unit."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _MEASURED}
+
+
+_MEASURED = frozenset({"exchange_s"})  # fields of AllToAllCounters that are timed, not counted
 
 
 def weighted_sum(pair_rows: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
