@@ -136,6 +136,14 @@ class LLMEngine:
             spec_accepted_per_position=list(spec.accepted_per_position),
             spec_drafts_per_position=list(spec.drafts_per_position))
 
+    def held_experts(self) -> list[str]:
+        """Under expert parallelism, what each rank of this engine holds of the routed experts, read
+        from its parameters (`moe.held_experts_line`; rank 0 first); [] without ep."""
+        from disaggsdk.engine.models.layers.moe import held_experts_line
+
+        lines = [held_experts_line(self.runner.model)] + (self._tp_group.held_experts if self._tp_group else [])
+        return [line for line in lines if line is not None]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

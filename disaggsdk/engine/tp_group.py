@@ -32,6 +32,7 @@ import torch.distributed as dist
 from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
+from disaggsdk.engine.models.layers.moe import held_experts_line
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import DisaggError
 
@@ -187,7 +188,7 @@ def _worker_main(rank: int, address: str, config: RunnerConfig, num_experts: int
     except Exception as exc:  # noqa: BLE001 - any start-up failure is reported to rank 0, which raises it typed
         ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
         return
-    ready.send("ok")
+    ready.send(("ok", held_experts_line(runner.model)))
     _serve(runner, control)
     dist.destroy_process_group()
 
@@ -240,6 +241,8 @@ class TPGroup:
         # a dp group's ranks meet where the launcher said; a lone instance's where its head chose
         address = engine.group_address or f"127.0.0.1:{_free_port()}"
         self.procs: list[BaseProcess] = []
+        # each worker's `held_experts_line` (what its parameters hold under ep), as it reported at start
+        self.held_experts: list[str | None] = []
         pipes = []
         for rank in range(1, size):
             parent, child = ctx.Pipe(duplex=False)
@@ -259,8 +262,9 @@ class TPGroup:
                     if not worker.is_alive() or time.monotonic() > deadline:
                         raise TensorParallelError(f"tp rank {rank} died or hung while starting; see its stderr")
                 status = pipe.recv()
-                if status != "ok":
+                if isinstance(status, str):
                     raise TensorParallelError(f"tp worker failed to start: {status}")
+                self.held_experts.append(status[1])
         except BaseException:
             self.close()
             raise

@@ -40,6 +40,10 @@ class UnitArgs(msgspec.Struct, frozen=True, tag=True):
     cpu_ids: tuple[int, ...] | None = None
     num_context_slots: int = 64
     parent_pid: int = 0  # the unit exits at once if its parent is not this process any more
+    dp_rank: int = 0  # the unit's dp rank in its instance
+    # "host:port" where the dp ranks of an expert-parallel instance meet (their lock-step group,
+    # engine.dp_lockstep); None: the instance's dp ranks are independent engines
+    group_address: str | None = None
 
 
 class Peers(msgspec.Struct, frozen=True, tag=True):

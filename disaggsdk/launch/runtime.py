@@ -31,13 +31,14 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
-from disaggsdk.launch.tiny import check_runnable, tiny_note, tiny_spec
+from disaggsdk.launch.tiny import check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
     CpuAffinity,
     ProcessLauncher,
     core_sets,
+    dp_group_addresses,
     process_tree_cpu_s,
     rejoin_unit,
     start_units,
@@ -106,9 +107,6 @@ class Supervisor:
         from disaggsdk.plan import make_plan
 
         self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
-        note = tiny_note(spec) if tiny else None
-        if note:
-            self._say(note)
         self.spec = tiny_spec(spec) if tiny else spec
         self.plan = make_plan(self.spec)
         if self.plan.memory_problems:  # what `disaggsdk validate` refuses: nothing starts that cannot fit
@@ -165,11 +163,14 @@ class Supervisor:
             self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
             affinity = core_sets(self._cpu_affinity, len(self._names))
             spec_yaml = spec_to_yaml(self.spec)
+            addresses = dp_group_addresses(self.spec, self.plan)
+            dp_ranks: dict[str, int] = {}
             for i, (name, inst) in enumerate(self._names):
                 role = "mixed" if self.colocated else inst.role
+                dp_rank = dp_ranks[inst.name] = dp_ranks.get(inst.name, -1) + 1
                 args = ch.UnitArgs(name, inst.name, role, spec_yaml, self._secret, self.provider,
                                    os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
-                                   parent_pid=os.getpid())
+                                   parent_pid=os.getpid(), dp_rank=dp_rank, group_address=addresses.get(inst.name))
                 self.units[name] = self.launcher.spawn(args)
             start_units(self.units, self._start_timeout_s)
         except BaseException:

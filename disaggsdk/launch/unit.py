@@ -134,8 +134,11 @@ class Unit:
 
     def run(self) -> None:
         engine = self.engine
-        while not self.stopping:
-            if engine.has_unfinished():
+        # a rank of a lock-step dp group leaves with its group: it says it is stopping in the next
+        # vote and every rank leaves at that vote (a rank that left alone would hang the others)
+        while not (engine.group_stopped if engine.lockstep is not None else self.stopping):
+            engine.stopping = self.stopping
+            if engine.has_unfinished() or not engine.group_idle:  # another dp rank's work needs this one too
                 wait_s = 0.0
             elif self.messenger is not None and self.messenger.busy:
                 wait_s = BUSY_WAIT_S  # transfers in flight: poll often, but leave the core to others
@@ -148,7 +151,7 @@ class Unit:
             if self.messenger is not None:
                 self.messenger.poll()
                 self._report_failures(self.messenger)
-            if engine.has_unfinished():
+            if engine.must_step():
                 outputs = engine.step()
                 self._emit_prompt_logprobs(outputs)  # before the KV's context leaves: the router has them first
                 self._emit(self.parts.after_step(outputs, time.monotonic()))

@@ -144,8 +144,12 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
     from disaggsdk.engine.llm_engine import LLMEngine
 
     instance = plan.instance(args.instance)
-    config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role)
-    return UnitParts(LLMEngine(spec.model, config), unit_info(args))
+    config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role,
+                                    dp_rank=args.dp_rank, group_address=args.group_address)
+    engine = LLMEngine(spec.model, config)
+    for line in engine.held_experts():
+        print(f"{args.name}: {line}", flush=True)
+    return UnitParts(engine, unit_info(args))
 
 
 def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
@@ -192,8 +196,10 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan) -> KVUnit:
 
     tp = plan.instance(args.instance).tp
     share_path = os.path.join(args.work_dir, f"{args.name}.kv.sock") if tp > 1 else None
-    config = EngineConfig.from_spec(spec, tp=tp, role=args.role, kv_share_path=share_path)
-    print(f"{args.name}: building {spec.model} tp={tp} mode={config.mode}", flush=True)
+    config = EngineConfig.from_spec(spec, tp=tp, role=args.role, kv_share_path=share_path, dp_rank=args.dp_rank,
+                                    group_address=args.group_address)
+    print(f"{args.name}: building {spec.model} tp={tp} ep={config.ep} mode={config.mode}"
+          + (f" dp rank {config.dp_rank} of a lock-step {config.dp_size}" if config.lockstep else ""), flush=True)
     region0 = SharedRegion.create(_pool_bytes(plan, config, tp), f"{args.name}-kv-rank0")
     regions = [region0]
     engine: LLMEngine | None = None
@@ -205,6 +211,8 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan) -> KVUnit:
             engine = LLMEngine(spec.model, config, kv_buffer=region0.buffer)
             if engine.runner.compiled is not None:
                 print(f"{args.name}: compiled its step (torch.compile)", flush=True)
+            for line in engine.held_experts():
+                print(f"{args.name}: {line}", flush=True)
             if collector is not None:
                 workers = collector.wait(timeout_s=60)
                 regions += [workers[r] for r in range(1, tp)]

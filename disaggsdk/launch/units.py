@@ -22,6 +22,7 @@ from disaggsdk.transfer.shm_files import remove_fabric_shm
 if TYPE_CHECKING:
     from disaggsdk.messenger.peers import UnitInfo
     from disaggsdk.plan import Instance, Plan
+    from disaggsdk.spec.types import Spec
 
 LOG_TAIL_LINES = 30
 
@@ -50,6 +51,23 @@ def unit_names(plan: Plan) -> list[tuple[str, Instance]]:
     for inst in plan.instances:
         for dp in range(inst.dp):
             out.append((inst.name if inst.dp == 1 else f"{inst.name}.dp{dp}", inst))
+    return out
+
+
+def dp_group_addresses(spec: Spec, plan: Plan) -> dict[str, str]:
+    """Instance name -> "127.0.0.1:port" where its dp ranks meet, for each instance whose routed
+    experts span its dp ranks (``ep > 1`` and ``dp > 1``: one lock-step group, engine.dp_lockstep).
+
+    Loopback: an instance's ranks share a node (the plan never splits one), and the group's store
+    is served by its first rank's process. The port is free now; the first rank binds it when it
+    starts, moments later.
+    """
+    out = {}
+    for inst in plan.instances:
+        if inst.dp > 1 and spec.roles[inst.role].ep > 1:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                out[inst.name] = f"127.0.0.1:{s.getsockname()[1]}"
     return out
 
 

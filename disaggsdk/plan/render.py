@@ -123,7 +123,7 @@ def memory_tables(plan: Plan) -> list[TableData]:
             r = group[0]
             ranks = str(r.rank) if len(group) == 1 else f"{group[0].rank}-{group[-1].rank}"
             experts = "" if r.experts is None else (
-                f"{r.experts[1] - r.experts[0]} per rank" if len(group) > 1 else f"[{r.experts[0]}, {r.experts[1]})")
+                f"[{r.experts[0]}, {r.experts[1]})" if len(group) == 1 else _expert_runs(group))
             rows.append((
                 mem.name if r is mem.ranks[0] else "", ranks, gb(r.weights.total), gb(r.workspace_bytes),
                 gb(r.kv_pool_bytes) if r.free_bytes > 0 else f"{gb(r.free_bytes)} (does not fit)",
@@ -156,6 +156,13 @@ def memory_tables(plan: Plan) -> list[TableData]:
     if problems:
         tables.append(("does not fit", ("problem",), [(p,) for p in problems]))
     return tables
+
+
+def _expert_runs(group: list[RankMemory]) -> str:
+    """The experts of ranks holding equally many, contiguous ones: "32 each: [0, 32) .. [224, 256)"."""
+    first, last = group[0].experts, group[-1].experts
+    assert first is not None and last is not None
+    return f"{first[1] - first[0]} each: [{first[0]}, {first[1]}) .. [{last[0]}, {last[1]})"
 
 
 def _same_figures(a: RankMemory, b: RankMemory) -> bool:

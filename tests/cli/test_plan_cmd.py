@@ -28,8 +28,9 @@ def test_tables_of_r1_dp_spec(capsys):
     assert main(["plan", str(SPECS / "r1_dp.yaml"), "--tokens", "65"]) == 0
     out = capsys.readouterr().out
     assert "replicated" in out and "prefill-0 → decode-0" in out and "per request" in out
-    # the memory table: the eight dp ranks hold 32 of R1's 256 routed experts each (decode.ep: 8)
-    assert "memory per rank in GB" in out and "32 per rank" in out
+    # the memory table: the eight ranks of each instance hold 32 of R1's 256 routed experts each (ep: 8)
+    assert "memory per rank in GB" in out and out.count("32 each: [0, 32) .. [224, 256)") == 2
+    assert "does not fit" not in out
 
 
 def test_memory_json_and_a_plan_that_does_not_fit(tmp_path, capsys):

@@ -1,46 +1,40 @@
-"""Launch and memory (issue 35): nothing starts that does not fit; expert parallelism is planned, not yet run."""
+"""Launch and memory (issues 35, 36): nothing starts that does not fit; expert-parallel specs run on the CPU."""
 
-import logging
 from pathlib import Path
 
 import attrs
 import pytest
 
 from disaggsdk.errors import SpecError
-from disaggsdk.launch.tiny import ExpertParallelismUnavailable, check_runnable, tiny_note, tiny_spec
+from disaggsdk.launch.base import LaunchError
+from disaggsdk.launch.tiny import check_runnable, tiny_spec
 from disaggsdk.plan import make_plan
 from disaggsdk.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_tiny_runs_an_expert_parallel_spec_with_ep_1_and_says_so(caplog):
+def test_tiny_keeps_an_expert_parallel_spec_expert_parallel():
     spec = load_spec(ROOT / "specs" / "r1_dp.yaml")
-    assert spec.decode.ep == 8
-    note = tiny_note(spec)
-    assert note == ("--tiny: decode.ep: 8 ep dropped to 1: each tiny unit holds every expert until expert "
-                    "parallelism lands (issue 36)")
-    with caplog.at_level(logging.INFO, logger="disaggsdk.launch.tiny"):
-        small = tiny_spec(spec)
-    assert note in caplog.text
-    assert (small.prefill.ep, small.decode.ep, small.engine.dtype) == (1, 1, "float32")
-    assert tiny_note(small) is None and tiny_note(load_spec(ROOT / "specs" / "r1_tp.yaml")) is None
-    assert small.kv.dtype == "float32"
+    assert (spec.prefill.ep, spec.decode.ep) == (8, 8)
+    small = tiny_spec(spec)
+    assert (small.prefill.ep, small.decode.ep, small.engine.dtype, small.kv.dtype) == (8, 8, "float32", "float32")
     assert tiny_spec(attrs.evolve(spec, kv=attrs.evolve(spec.kv, dtype="fp8"))).kv.dtype == "fp8"  # CPU units store fp8
-    check_runnable(small)  # a CPU spec with ep 1 runs
-    assert make_plan(small).memory_problems == []  # every tiny rank holds all 8 experts and fits
+    check_runnable(small)  # a CPU spec with ep runs
+    plan = make_plan(small)
+    assert plan.memory_problems == []
+    # deepseek-r1-tiny has 8 routed experts: one whole expert per rank of each instance
+    for mem in plan.memory:
+        assert [r.experts for r in mem.ranks] == [(e, e + 1) for e in range(8)]
 
 
-def test_a_real_device_launch_of_ep_is_refused_with_a_typed_error(monkeypatch):
+def test_a_gpu_spec_with_ep_is_refused_for_want_of_cuda_pools_not_ep(monkeypatch):
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the devices are there: ep is what is missing
-    spec = load_spec(ROOT / "specs" / "r1_dp.yaml")
-    with pytest.raises(ExpertParallelismUnavailable, match=r"decode.ep: 8 partitions the routed experts.*--tiny"):
-        check_runnable(spec)
-    cpu = spec_from_dict({"model": "qwen3-coder-tiny", "device": "cpu", "hardware": {"gpu": "cpu"},
-                          "decode": {"tp": 2, "ep": 2}})
-    with pytest.raises(ExpertParallelismUnavailable, match="issue 36"):
-        check_runnable(cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the devices are there: the CUDA pools are missing
+    with pytest.raises(LaunchError, match="CUDA pools are not wired in"):
+        check_runnable(load_spec(ROOT / "specs" / "r1_dp.yaml"))
+    check_runnable(spec_from_dict({"model": "qwen3-coder-tiny", "device": "cpu", "hardware": {"gpu": "cpu"},
+                                   "decode": {"tp": 2, "ep": 2}}))
 
 
 def test_the_runtime_refuses_a_plan_that_does_not_fit_before_starting_anything():

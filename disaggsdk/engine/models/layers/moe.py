@@ -200,3 +200,19 @@ class GroupLimitedRouter(nn.Module):
         yield WeightSlot(f"{self.prefix}weight", self.weight.data, tuple(self.weight.shape), optional_group=g)
         yield WeightSlot(f"{self.prefix}e_score_correction_bias", self.e_score_correction_bias.data,
                          (self.num_experts,), init="zeros", optional_group=g)
+
+
+def held_experts_line(model: nn.Module) -> str | None:
+    """What this rank's parameters hold of the routed experts under expert parallelism, in one
+    line for its log ("ep rank 3 of 8 holds routed experts [3, 4) in 4 MoE layers: ..."); None
+    without ep. Read from the modules' parameters and the checkpoint names they load, not from
+    the plan, so a launch test can check what each rank really holds."""
+    layers = [m for m in model.modules() if isinstance(m, Experts)]
+    if not layers or layers[0].dispatcher is None:
+        return None
+    d = layers[0].dispatcher
+    ids = sorted({int(slot.name.removeprefix(m.prefix).split(".")[0]) for m in layers for slot in m.own_slots()})
+    rows = {m.w13.shape[0] for m in layers}
+    nbytes = sum(p.numel() * p.element_size() for m in layers for p in (m.w13, m.w2))
+    return (f"ep rank {d.ep_rank} of {d.expert_map.ep_size} holds routed experts {ids} in {len(layers)} MoE layers "
+            f"({sorted(rows)} per layer, {nbytes:,} bytes of expert weights)")
