@@ -46,8 +46,9 @@ class Role(CheckedFields):
     ep: int = key(1,
         "Expert parallelism: 1 (every rank holds a tp slice of every routed expert) or `tp * dp` (the routed experts "
         "partitioned over the instance's ranks, each expert whole on one rank, as vLLM's "
-        "`--enable-expert-parallel`). The plan counts only the experts a rank holds; the engine does not run it yet "
-        "(`launch --tiny` runs ep 1).", positive)
+        "`--enable-expert-parallel`). Each MoE layer sends every token to the ranks of its experts and back "
+        "(all-to-all); with `dp > 1` the dp ranks step in lock-step, an idle one with an empty batch. The plan counts "
+        "only the experts a rank holds. Runs on CPU units (gloo all-to-all).", positive)
 
     @property
     def ranks_per_instance(self) -> int:
