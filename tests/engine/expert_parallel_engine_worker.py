@@ -48,19 +48,26 @@ class Abort:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stop:
+    """Set the engine's ``stopping`` before the rank's step number ``before_step`` (a unit told to stop)."""
+
+    before_step: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupJob:
     """What every rank of one group runs.
 
     ``prompts[r]`` are rank r's (prompt, max_tokens) pairs, run with ``LLMEngine.generate`` (a rank
     with none calls it with none, as the group needs); ``events`` instead drives the ranks with
-    `LLMEngine.step` in a loop, ``events[r]`` being rank r's `Add` / `Abort` list.
+    `LLMEngine.step` in a loop, ``events[r]`` being rank r's `Add` / `Abort` / `Stop` list.
     """
 
     model: str
     tp: int
     dp_size: int
     prompts: tuple[tuple[tuple[tuple[int, ...], int], ...], ...] = ()
-    events: tuple[tuple[Add | Abort, ...], ...] = ()
+    events: tuple[tuple[Add | Abort | Stop, ...], ...] = ()
     mtp: bool = False  # MTP speculative decoding, two drafts (models with an MTP layer)
     route_to_expert: int | None = None  # `route_every_token_to` this expert in every MoE layer
 
@@ -166,12 +173,13 @@ def run_dp_rank(dp_rank: int, job: GroupJob, group_address: str, out_dir: str) -
     (Path(out_dir) / f"rank{dp_rank}.json").write_text(json.dumps(result))
 
 
-def _run_events(engine: LLMEngine, events: Sequence[Add | Abort]) -> dict[str, object]:
+def _run_events(engine: LLMEngine, events: Sequence[Add | Abort | Stop]) -> dict[str, object]:
     """Drive the engine with `step` as a serving loop does, adding and aborting as ``events`` say.
 
-    Every rank leaves at the first vote that finds no work on any rank (``group_idle``): they all
-    take part in that vote, so they all leave after the same step and none waits for another. An
-    event due after that step never happens (the result's ``num_events_done`` tells).
+    Every rank leaves at the first vote that finds no work on any rank (``group_idle``), or that
+    finds one stopping (``group_stopped``, after which `must_step` is False): they all take part in
+    that vote, so they all leave after the same step and none waits for another. An event due
+    after that step never happens (the result's ``num_events_done`` tells).
     """
     tokens: dict[str, list[int]] = {}
     last_output_step: dict[str, int] = {}
@@ -186,8 +194,10 @@ def _run_events(engine: LLMEngine, events: Sequence[Add | Abort]) -> dict[str, o
             num_events_done += 1
             if isinstance(event, Add):
                 engine.add_request(event.request_id, list(event.prompt_ids), greedy(event.max_tokens))
-            else:
+            elif isinstance(event, Abort):
                 aborted.update({rid: engine.abort(rid) for rid in event.request_ids})
+            else:
+                engine.stopping = True
         outputs = engine.step()
         num_steps += 1
         for out in outputs:
@@ -197,5 +207,6 @@ def _run_events(engine: LLMEngine, events: Sequence[Add | Abort]) -> dict[str, o
                 finish_reasons[out.request_id] = out.finish_reason
         if engine.group_idle:
             break
-    return {"step_tokens": tokens, "last_output_step": last_output_step, "finish_reasons": finish_reasons,
+    return {"group_stopped": engine.group_stopped,
+            "step_tokens": tokens, "last_output_step": last_output_step, "finish_reasons": finish_reasons,
             "aborted": aborted, "num_events_done": num_events_done, "num_steps": num_steps}

@@ -19,6 +19,7 @@ from expert_parallel_engine_worker import (
     Abort,
     Add,
     GroupJob,
+    Stop,
     reference_tokens,
     route_every_token_to,
     run_dp_rank,
@@ -168,20 +169,23 @@ def test_route_every_token_to_restores_the_routers():
 @pytest.mark.parametrize("model", [
     "deepseek-r1-tiny", pytest.param("qwen3-coder-tiny", marks=pytest.mark.slow)])
 def test_abort_on_one_rank_while_the_other_decodes(model, tmp_path):
-    """Rank 0 aborts its two requests after two steps and adds one more a step later; rank 1
-    decodes its request to the end. Both ranks drive their engines with step() and leave at the
-    same vote; rank 1's tokens, and rank 0's late request's, are tp 1's."""
+    """Rank 0 aborts its two running requests after two steps, and a step later, idle by then,
+    adds one more and another that it aborts before it ever runs; rank 1 decodes its request to
+    the end. Both ranks drive their engines with step() and leave at the same vote; rank 1's
+    tokens, and rank 0's late request's, are tp 1's."""
     mtp = resolve_model(model).num_mtp_layers > 0
     (p0, _), (p1, _), (p2, _), _, (p4, _) = PROMPTS
     work = ((p0, 24), (p1, 24), (p2, 24), (p4, 6))
     ref_tokens, _ = reference(model, work, mtp)
     events = (
-        (Add(0, "a0", p0, 24), Add(0, "a1", p1, 24), Abort(2, ("a0", "a1")), Add(3, "late", p4, 6)),
+        (Add(0, "a0", p0, 24), Add(0, "a1", p1, 24), Abort(2, ("a0", "a1")), Add(3, "late", p4, 6),
+         Add(3, "never", p1, 24), Abort(3, ("never",))),
         (Add(0, "b0", p2, 24),),
     )
     rank0, rank1 = run_group(GroupJob(model, 1, 2, events=events, mtp=mtp), tmp_path)
-    assert [r["num_events_done"] for r in (rank0, rank1)] == [4, 1]
-    assert rank0["aborted"] == {"a0": True, "a1": True}
+    assert [r["num_events_done"] for r in (rank0, rank1)] == [6, 1]
+    assert rank0["aborted"] == {"a0": True, "a1": True, "never": True}
+    assert "never" not in rank0["step_tokens"]
     for rid, ref in (("a0", ref_tokens[0]), ("a1", ref_tokens[1])):
         assert rank0["last_output_step"][rid] < 2, rid  # nothing after the abort
         assert rid not in rank0["finish_reasons"]
@@ -211,6 +215,22 @@ def test_one_rank_works_alone_for_100_steps(tmp_path):
     assert rank1["counters"]["rows_sent"] == 0
     assert rank1["counters"]["num_dispatches"] == rank0["counters"]["num_dispatches"] > 0
     assert_group_agreed_to_stop([rank0, rank1])
+
+
+def test_a_stopping_rank_stops_the_whole_group(tmp_path):
+    """Rank 1, told to stop (its unit is shutting down) while rank 0 decodes, says so in the next
+    vote: both ranks leave after it (no MoE layer can run without rank 1), rank 0 with its request
+    unfinished and its tokens so far tp 1's."""
+    model = "qwen3-coder-tiny"
+    prompt = PROMPTS[0][0]
+    ref_tokens, _ = reference(model, ((prompt, 40),), False)
+    events = ((Add(0, "long", prompt, 40),), (Stop(5),))
+    rank0, rank1 = run_group(GroupJob(model, 1, 2, events=events), tmp_path)
+    assert rank0["group_stopped"] and rank1["group_stopped"]
+    assert rank0["num_votes"] == rank1["num_votes"] == 6  # five steps, then the vote that stopped them
+    assert rank0["has_unfinished"]
+    got = rank0["step_tokens"]["long"]
+    assert len(got) == 5 and got == ref_tokens[0][:5]
 
 
 # 5. settings the engine refuses
