@@ -153,7 +153,9 @@ def run_dp_rank(dp_rank: int, job: GroupJob, group_address: str, out_dir: str) -
         num_pages=NUM_PAGES, compile=False, speculative=speculative(job.mtp),
     )
     with route_every_token_to(job.route_to_expert), LLMEngine(job.model, config) as engine:
-        result: dict[str, object] = {"dp_rank": dp_rank, "experts": experts_held(engine)}
+        # the head's own parameters in detail, and every rank's (tp workers' too) as each reported at start
+        result: dict[str, object] = {"dp_rank": dp_rank, "experts": experts_held(engine),
+                                     "held_lines": engine.held_experts()}
         if job.prompts:
             mine = job.prompts[dp_rank]
             outputs = engine.generate([list(p) for p, _ in mine], [greedy(n) for _, n in mine])

@@ -69,6 +69,11 @@ def assert_holds_only_its_experts(result: dict, job: GroupJob) -> None:
         assert layer["held"] == [start, stop], layer
         assert layer["w13_experts"] == layer["w2_experts"] == stop - start, layer
         assert layer["checkpoint_experts"] == list(range(start, stop)), layer
+    # every tp rank of the group, the workers the engine spawned included, reads its holding from its parameters
+    num_experts = result["experts"][0]["num_experts"]
+    want = [f"ep rank {rank + t} of {job.ep} holds routed experts {list(range(*expert_range(num_experts, job.ep, rank + t)))}"
+            for t in range(job.tp)]
+    assert [line.split(" in ")[0] for line in result["held_lines"]] == want, result["held_lines"]
 
 
 def assert_group_agreed_to_stop(results: list[dict]) -> None:
