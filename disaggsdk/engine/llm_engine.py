@@ -125,8 +125,10 @@ class LLMEngine:
 
     def counters(self, into: UnitCounters | None = None) -> UnitCounters:
         """A copy of ``into`` (zeros when None) with this engine's counters since start filled in:
-        its scheduler's preemptions and prefix-cache lookups, and speculative decoding's drafts."""
+        its scheduler's preemptions and prefix-cache lookups, speculative decoding's drafts, and
+        expert parallelism's exchange and idle steps."""
         sched, spec = self.scheduler, self.spec_stats
+        experts = self.runner.tp.experts
         return msgspec.structs.replace(
             into if into is not None else UnitCounters(),
             num_preemptions=sched.num_preemptions,
@@ -134,7 +136,10 @@ class LLMEngine:
             spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
             spec_num_accepted_tokens=spec.num_accepted_tokens,
             spec_accepted_per_position=list(spec.accepted_per_position),
-            spec_drafts_per_position=list(spec.drafts_per_position))
+            spec_drafts_per_position=list(spec.drafts_per_position),
+            expert_all_to_all_bytes=experts.counters.payload_bytes if experts is not None else 0,
+            expert_all_to_all_seconds=experts.counters.exchange_s if experts is not None else 0.0,
+            dp_idle_steps=self.lockstep.num_idle_steps if self.lockstep is not None else 0)
 
     def held_experts(self) -> list[str]:
         """Under expert parallelism, what each rank of this engine holds of the routed experts, read

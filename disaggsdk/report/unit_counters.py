@@ -117,6 +117,16 @@ class UnitCounters(msgspec.Struct, kw_only=True):
     spec_accepted_per_position: Annotated[list[int], per_position(
         "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.")] = []
     spec_drafts_per_position: list[int] = []  # drafts that reached each position (the live view's acceptance)
+    # expert parallelism (engine.expert_parallel, engine.dp_lockstep): all zero without it
+    expert_all_to_all_bytes: Annotated[int, counter(
+        "expert_all_to_all_bytes",
+        "Hidden-state bytes this engine's head rank sent to other ranks in MoE dispatch and combine.")] = 0
+    expert_all_to_all_seconds: Annotated[float, counter(
+        "expert_all_to_all_seconds",
+        "Time the head rank spent inside MoE all-to-all collectives, waiting for the other ranks included.")] = 0.0
+    dp_idle_steps: Annotated[int, counter(
+        "dp_idle_steps",
+        "Steps a lock-step dp rank ran with an empty batch because another rank of its group had work.")] = 0
 
     def count_transfer(self, record: RequestTransfer) -> None:
         """Count one request whose handoff finished (either side's record)."""

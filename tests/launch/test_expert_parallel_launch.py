@@ -53,6 +53,8 @@ def test_expert_parallel_deployment_keeps_greedy_tokens(model, colocated, tmp_pa
     if model == "deepseek-r1-tiny":
         assert sum(s.counters.spec_num_accepted_tokens for s in decoding) > 0
     assert all(s.num_free_pages == s.num_pages for s in stats.values())
+    # the exchange is counted where users read it (disaggsdk_expert_all_to_all_bytes_total); units of ep 1 send none
+    assert all(s.counters.expert_all_to_all_bytes > 0 for s in decoding)
     # each rank's parameters hold only its half of the 8 routed experts
     held = held_by_rank(str(tmp_path))
     instances = [("decode-0.dp0", "decode-0.dp1")] + ([] if colocated else [("prefill-0",)])
