@@ -76,14 +76,12 @@ def _pin(cores: list[int]) -> bool:
 
 
 def _dispatcher_of(engine: LLMEngine) -> ExpertDispatcher:
-    """The rank's one dispatcher: every MoE layer of a rank holds the same object."""
-    from disaggsdk.engine.models.layers.moe import Experts
-
-    dispatchers = {id(m.dispatcher): m.dispatcher for m in engine.runner.model.modules()
-                   if isinstance(m, Experts) and m.dispatcher is not None}
-    if len(dispatchers) != 1:
-        raise RuntimeError(f"expected one expert dispatcher on this rank, found {len(dispatchers)}")
-    return next(iter(dispatchers.values()))
+    """The rank's one dispatcher (every MoE layer of the rank holds this same object, so its counters
+    are the rank's totals)."""
+    dispatcher = engine.runner.tp.experts
+    if dispatcher is None:
+        raise RuntimeError("this engine runs without expert parallelism: no dispatcher to measure")
+    return dispatcher
 
 
 def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch: int, prompt_len: int,
