@@ -13,7 +13,9 @@ combine), metadata bytes, rows, collectives, and the seconds spent inside them. 
 includes waiting for the slowest rank to reach each MoE layer, so it is what ep costs a step here,
 not the wire's speed. Beside it: the simulator's prediction for the same shape (`sim.all_to_all`,
 uniform routing) and the step time of a tp 1 engine without ep on one core at B and at the
-instance's ``dp x B`` (the cost of ep on one machine). Prints one JSON object.
+instance's ``dp x B`` (the cost of ep on one machine). Prints one JSON object. With ``--tp`` above 1
+the figures are each dp rank's head (tp rank 0, which dispatches its 1/tp share of the tokens); its
+tp workers' dispatchers live in their own processes and are not read.
 
 Ranks that exchange through loopback gloo on a shared 2-core machine measure the software path, not
 an interconnect: read the share, not the microseconds, and run it alone (`uptime` is in the output).
