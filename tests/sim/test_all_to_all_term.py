@@ -236,10 +236,10 @@ def test_the_simulator_takes_each_roles_ep_from_the_spec():
     spec = load_spec("specs/r1_dp.yaml")
     config = SimConfig(H200, weight_dtype="fp8")
     sim = Simulation(spec, config)
-    assert [(i.cost.tp, i.cost.dp, i.cost.ep) for i in sim.prefill + sim.decode] == [(8, 1, 1), (1, 8, 8)]
-    prefill_ep = attrs.evolve(spec, prefill=attrs.evolve(spec.prefill, ep=8))
-    assert Simulation(prefill_ep, config).prefill[0].cost.ep == 8
-    colocated = Simulation(spec, attrs.evolve(config, colocated=True))
+    assert [(i.cost.tp, i.cost.dp, i.cost.ep) for i in sim.prefill + sim.decode] == [(8, 1, 8), (1, 8, 8)]
+    prefill_tp = attrs.evolve(spec, prefill=attrs.evolve(spec.prefill, ep=1))
+    assert Simulation(prefill_tp, config).prefill[0].cost.ep == 1
+    colocated = Simulation(prefill_tp, attrs.evolve(config, colocated=True))
     assert sorted(i.cost.ep for i in colocated.decode) == [1, 8]
 
 
@@ -247,12 +247,12 @@ def test_a_run_states_the_assumptions_of_its_all_to_all():
     config = SimConfig(H200, weight_dtype="fp8")
     dp = run_simulations(load_spec("specs/r1_dp.yaml"), config, [False], rates=[1.0], duration_s=5.0)
     term = dp["config"]["all_to_all"]
-    assert term == {"ep": {"decode": 8}, **all_to_all_assumptions(H200, "bfloat16")}
+    assert term == {"ep": {"prefill": 8, "decode": 8}, **all_to_all_assumptions(H200, "bfloat16")}
     assert (term["link_gb_per_s"], term["link_efficiency"], term["latency_us_per_call"]) == (450, 0.7, 8)
     json.dumps(dp["config"])  # the --json output carries it
     line = all_to_all_line(dp)
     assert line is not None
-    for words in ("decode ep 8", "uniform routing", "bfloat16 on the wire", "no dedup", "450 GB/s", "x 0.7",
+    for words in ("prefill ep 8", "decode ep 8", "uniform routing", "bfloat16 on the wire", "no dedup", "450 GB/s", "x 0.7",
                   "8 us per call", "4 calls per MoE layer"):
         assert words in line
     tp = run_simulations(load_spec("specs/r1_tp.yaml"), config, [False], rates=[1.0], duration_s=5.0)
