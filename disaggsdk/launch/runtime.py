@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
 
+import msgspec
+
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
@@ -39,6 +41,7 @@ from disaggsdk.launch.units import (
     ProcessLauncher,
     core_sets,
     dp_group_addresses,
+    free_loopback_address,
     process_tree_cpu_s,
     rejoin_unit,
     start_units,
@@ -136,7 +139,10 @@ class Supervisor:
         self._rejoining: dict[str, UnitHandle] = {}  # restarted processes still in their handshake
         # restarted units are spawned by one thread that lives as long as the runtime: a unit's
         # PDEATHSIG fires when the *thread* that spawned it exits, not only its process
-        self._restarts_due: queue.Queue[ch.UnitArgs | None] = queue.Queue()
+        # what restarts together: one unit, or every unit of a lock-step dp group (engine.dp_lockstep:
+        # its ranks share one process group, which a lone newcomer cannot join)
+        self._restarts_due: queue.Queue[list[ch.UnitArgs] | None] = queue.Queue()
+        self._groups_due: set[str] = set()  # group addresses of the groups queued for a restart
         self._restarter = threading.Thread(target=self._restart_loop, name="disaggsdk-restarts", daemon=True)
         self.units: dict[str, UnitHandle] = {}
         self._stalls = StallWatch(self.spec.serve.unit_stall_s, [name for name, _ in self._names], time.monotonic())
@@ -345,44 +351,83 @@ class Supervisor:
             self.send(other.args.name, ch.PeerDown(u.args.name))
         self._on_unit_down(u.args.name, report)
         if will_restart:
-            self._restarts_due.put(u.args)
+            self._queue_restart(u)
+
+    def _queue_restart(self, u: UnitHandle) -> None:
+        """Queue ``u``'s restart; a rank of a lock-step dp group takes its whole group with it: the
+        others cannot step without it (their next collective fails) and a lone newcomer cannot join
+        their process group, so they are stopped now and all start again together."""
+        address = u.args.group_address
+        if address is None:
+            self._restarts_due.put([u.args])
+            return
+        if address in self._groups_due:
+            return  # a member killed below, or one that died with the first: its group is queued already
+        self._groups_due.add(address)
+        group = [o for o in self.units.values() if o.args.group_address == address]
+        for other in group:
+            if other is not u and other.process.is_alive():
+                other.fatal = other.fatal or f"stopped with its lock-step dp group: {u.args.name} died"
+                other.process.kill()
+        self._restarts_due.put([o.args for o in group])
 
     def _restart_loop(self) -> None:
-        while (args := self._restarts_due.get()) is not None:
-            self._restart(args)
+        while (group := self._restarts_due.get()) is not None:
+            self._restart(group)
 
-    def _restart(self, args: ch.UnitArgs) -> None:
-        """Start a dead unit again (bounded, with back-off) and tell the others it is back."""
-        name = args.name
+    def _restart(self, group: list[ch.UnitArgs]) -> None:
+        """Start dead units again, together (one unit, or a lock-step dp group: every member is
+        spawned before any handshake, since none finishes starting until all have joined; a group
+        meets at a new address), bounded by the first's restart budget, with back-off; then tell
+        the others they are back."""
+        names = [args.name for args in group]
+        lead, queued_address = names[0], group[0].group_address
         try:
-            while self._restarts[name].allows() and not self._closed:
-                attempt = self._restarts[name].spend()
+            while self._restarts[lead].allows() and not self._closed:
+                attempt = self._restarts[lead].spend()
+                for name in names[1:]:
+                    self._restarts[name].spend()
                 if self._closing.wait(RESTART_BACKOFF_S * 2 ** (attempt - 1)):
                     return
-                u = None
+                if len(group) > 1:
+                    address = free_loopback_address()
+                    group = [msgspec.structs.replace(args, group_address=address) for args in group]
+                started: dict[str, UnitHandle] = {}
                 try:  # a launcher may refuse the start itself (a Ray node lost: not the plan's node)
-                    u = self._rejoining[name] = self.launcher.spawn(args)
-                    info = rejoin_unit(u, [o for o in self.units.values() if o.healthy], self._start_timeout_s)
+                    for args in group:
+                        started[args.name] = self._rejoining[args.name] = self.launcher.spawn(args)
+                    infos = []
+                    for u in started.values():  # each learns the live units and the members back before it
+                        back = [o for o in started.values() if o.info is not None]
+                        infos.append(rejoin_unit(u, [o for o in self.units.values() if o.healthy] + back,
+                                                 self._start_timeout_s))
                 except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again
-                    if u is not None:
-                        stop_units({name: u}, timeout_s=1.0)
-                    self._say(f"restart {attempt} of unit {name} failed: {exc}")
+                    stop_units(started, timeout_s=1.0)
+                    self._say(f"restart {attempt} of unit{'s' if len(names) > 1 else ''} {', '.join(names)} "
+                              f"failed: {exc}")
                     continue
                 finally:
-                    self._rejoining.pop(name, None)
+                    for name in names:
+                        self._rejoining.pop(name, None)
                 if self._closed:
-                    stop_units({name: u})
+                    stop_units(started)
                     return
-                self._stalls.restarted(name, time.monotonic())
-                old, self.units[name] = self.units[name], u
-                old.channel.close()
-                for other in self.units.values():
-                    if other is not u:
-                        self.send(other.args.name, ch.PeerUp(info))
-                self._say(f"unit {name} restarted ({attempt} of {self.max_restarts} within "
-                          f"{self._restarts[name].window_s:g} s), incarnation {info.incarnation}")
+                for name, u in started.items():
+                    self._stalls.restarted(name, time.monotonic())
+                    old, self.units[name] = self.units[name], u
+                    old.channel.close()
+                for info in infos:
+                    for other in self.units.values():
+                        if other.args.name not in started:
+                            self.send(other.args.name, ch.PeerUp(info))
+                for name, info in zip(names, infos):
+                    self._say(f"unit {name} restarted ({attempt} of {self.max_restarts} within "
+                              f"{self._restarts[name].window_s:g} s), incarnation {info.incarnation}")
                 return
-            self._say(f"unit {name} stays down: {self.max_restarts} restarts used within "
-                      f"{self._restarts[name].window_s:g} s")
+            self._say(f"unit{'s' if len(names) > 1 else ''} {', '.join(names)} stay{'' if len(names) > 1 else 's'} "
+                      f"down: {self.max_restarts} restarts used within {self._restarts[lead].window_s:g} s")
         finally:
-            self._restarting.discard(name)
+            for name in names:
+                self._restarting.discard(name)
+            if queued_address is not None:
+                self._groups_due.discard(queued_address)

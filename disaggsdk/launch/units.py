@@ -62,13 +62,15 @@ def dp_group_addresses(spec: Spec, plan: Plan) -> dict[str, str]:
     is served by its first rank's process. The port is free now; the first rank binds it when it
     starts, moments later.
     """
-    out = {}
-    for inst in plan.instances:
-        if inst.dp > 1 and spec.roles[inst.role].ep > 1:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                out[inst.name] = f"127.0.0.1:{s.getsockname()[1]}"
-    return out
+    return {inst.name: free_loopback_address() for inst in plan.instances
+            if inst.dp > 1 and spec.roles[inst.role].ep > 1}
+
+
+def free_loopback_address() -> str:
+    """"127.0.0.1:port" with a port free now (a dp group's store; a restarted group gets a new one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def core_sets(cpu_affinity: CpuAffinity, n: int) -> list[tuple[int, ...] | None]:

@@ -94,3 +94,31 @@ def test_r1_dp_tiny_serves_the_openai_client_with_every_rank_holding_only_its_ex
     decode = {(unit, rank): e for (unit, rank), e in held.items() if unit.startswith("decode-0.dp")}
     assert prefill == {r: [r] for r in range(8)}, held
     assert decode == {(f"decode-0.dp{r}", r): [r] for r in range(8)}, held
+
+
+def test_a_dead_dp_rank_restarts_with_its_whole_lock_step_group():
+    """One rank of a dp 2 ep 2 decode instance SIGKILLed: the runtime stops its partner (it cannot step
+    alone, and a lone newcomer cannot join its process group), starts both again at a new address, and
+    the deployment serves the same greedy tokens."""
+    from tests.launch.test_restart import wait_healthy_again
+
+    model = "qwen3-coder-tiny"
+    prompts = [load_tokenizer(model).encode(p) for p in PROMPTS[:3]]
+    want = plain_tokens(model, prompts)
+    spec = make_spec(model, decode_dp=2, provider="tcp", num_pages=128, budget=32)  # tcp: see test_lifecycle.py
+    spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, ep=2))
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    before = live_descendants()
+    with serve_locally(spec, on_event=lambda _line: None, max_restarts=2) as rt:
+        units = rt.runtime.units
+        old = {name: units[name].info.incarnation for name in ("decode-0.dp0", "decode-0.dp1")}
+        address = units["decode-0.dp0"].args.group_address
+        rt.runtime.kill_unit("decode-0.dp1")
+        for name, incarnation in old.items():
+            wait_healthy_again(rt, name, incarnation)
+        new_address = units["decode-0.dp0"].args.group_address
+        assert new_address == units["decode-0.dp1"].args.group_address and new_address != address
+        assert any("stopped with its lock-step dp group: decode-0.dp1 died" in f for f in rt.runtime.failures)
+        events = rt.generate_batch(prompts, params, timeout_s=120)
+    assert live_descendants() <= before, "a unit or tp worker outlived close()"
+    assert [[t for e in ev for t in e.new_token_ids] for ev in events] == want
