@@ -73,6 +73,7 @@ class UnitHandle:
     started: bool = False
     fatal: str | None = None
     exit_report: str | None = None
+    stopped_with_group: bool = False  # killed by the runtime because a rank of its lock-step dp group died
 
 
 class Launcher(Protocol):

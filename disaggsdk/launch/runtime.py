@@ -32,7 +32,7 @@ from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
-from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitStalled
+from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled
 from disaggsdk.launch.tiny import check_runnable, tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
@@ -349,7 +349,7 @@ class Supervisor:
         self._say(report)
         for other in self.units.values():
             self.send(other.args.name, ch.PeerDown(u.args.name))
-        self._on_unit_down(u.args.name, report)
+        self._on_unit_down(u.args.name, UnitDown(report, collateral=u.stopped_with_group))
         if will_restart:
             self._queue_restart(u)
 
@@ -368,6 +368,7 @@ class Supervisor:
         for other in group:
             if other is not u and other.process.is_alive():
                 other.fatal = other.fatal or f"stopped with its lock-step dp group: {u.args.name} died"
+                other.stopped_with_group = True
                 other.process.kill()
         self._restarts_due.put([o.args for o in group])
 

@@ -30,8 +30,17 @@ class UnitStalled(msgspec.Struct, frozen=True):
 # on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` notice),
 # from the runtime's reader
 MessageListener = Callable[[str, FromUnit | UnitStalled], None]
-# on_unit_down(unit name, report): the unit died; the report says how, with its log tail
-DownListener = Callable[[str, str], None]
+class UnitDown(msgspec.Struct, frozen=True):
+    """A unit died: how (``report``, with its log tail), and whether it was only collateral: stopped
+    by the runtime because another rank of its lock-step dp group died (engine.dp_lockstep), so
+    nothing it held is suspected of having killed it."""
+
+    report: str
+    collateral: bool = False
+
+
+# on_unit_down(unit name, how it went down), from the runtime's reader
+DownListener = Callable[[str, UnitDown], None]
 
 
 class Runtime(Protocol):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
-from disaggsdk.launch.runtime_api import Runtime, UnitStalled
+from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
@@ -123,13 +123,14 @@ class Router:
             if sink is not None:
                 sink(event)
 
-    def _on_unit_down(self, unit: str, _report: str) -> None:
+    def _on_unit_down(self, unit: str, down: UnitDown) -> None:
         with self._lock:
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self.routing.forget(unit)  # what it cached goes with it
-            # each waiting request's fingerprint counts this death once, however many copies waited
-            waiting = [rid for rid in held if rid in self._not_started]
+            # each waiting request's fingerprint counts this death once, however many copies waited;
+            # a unit stopped only because its lock-step group lost a rank did not die of what it held
+            waiting = [] if down.collateral else [rid for rid in held if rid in self._not_started]
             deaths = {fp: self._poison.unit_died_holding(fp) for fp in {self._fingerprints.get(r) for r in waiting}}
             # A waiting request is poison once units died holding it max_unit_deaths times, or at its
             # first death when its client sent poison before; its client is counted once per request.
@@ -267,7 +268,7 @@ class Router:
                 self._clients.pop(request_id, None)
             raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
         if not delivered:
-            self._on_unit_down(unit, "")  # died between the choice and the send: end what it held
+            self._on_unit_down(unit, UnitDown(""))  # died between the choice and the send: end what it held
         return unit
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,

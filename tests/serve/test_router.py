@@ -7,6 +7,7 @@ import pytest
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
+from disaggsdk.launch.runtime_api import UnitDown
 from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.router import Router
 from disaggsdk.spec import Spec
@@ -52,9 +53,9 @@ class FakeRuntime:
     def close(self):
         self.closed = True
 
-    def die(self, unit):
+    def die(self, unit, collateral: bool = False):
         self.healthy[unit] = False
-        self.on_unit_down(unit, f"unit {unit} died")
+        self.on_unit_down(unit, UnitDown(f"unit {unit} died", collateral=collateral))
 
 
 def stats(name: str, role: str, seq: int, used: int = 0, rejected_frames: dict | None = None) -> ch.UnitStats:
@@ -201,6 +202,22 @@ def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fa
     assert "poison-again" not in router._sinks  # nothing of it stays in flight
     router.submit("other-seed", [1, 2, 3], SamplingParams(max_tokens=4, seed=4), events.append)
     assert rt.sent[-1][1].request_id == "other-seed"
+
+
+def test_a_unit_stopped_with_its_lock_step_group_counts_no_death_against_what_it_held(fake):
+    """Issue 36: when one rank of a lock-step dp group dies the runtime stops the others (collateral);
+    their waiting requests move on as after any death, but are not suspected of having killed them."""
+    rt, router = fake
+    events = []
+    assert router.submit("innocent", [1, 2, 3], PLAIN, events.append) == "decode-0"
+    rt.die("decode-0", collateral=True)
+    assert events == [] and rt.sent[-1][0] == "decode-1"
+    rt.healthy["decode-0"] = True
+    rt.die("decode-1", collateral=True)
+    assert events and "retry the request" in events[-1].error  # moved once already: ended, not refused as poison
+    rt.healthy["decode-1"] = True
+    router.submit("innocent-again", [1, 2, 3], PLAIN, events.append)  # an identical request is still sent
+    assert rt.sent[-1][1].request_id == "innocent-again"
 
 
 def test_a_request_that_was_streaming_counts_no_death_against_its_fingerprint(fake):
