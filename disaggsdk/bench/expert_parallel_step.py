@@ -27,11 +27,12 @@ import argparse
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import time
 from typing import TYPE_CHECKING, Any
+
+from disaggsdk.engine.group_address import free_loopback_address
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -54,12 +55,6 @@ def cpu_model_name() -> str:
         if line.startswith("Model name:"):
             return line.split(":", 1)[1].strip()
     return "unknown"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cores_of(dp_rank: int, tp: int, num_cpus: int) -> list[int]:
@@ -281,7 +276,7 @@ def run_bench(model: str = "deepseek-r1-tiny", dp: int = 2, tp: int = 1, batches
             "warmup_steps": warmup_steps, "steps": steps, "mtp_tokens": mtp_tokens, "seed": seed, "baseline": False,
             "baseline_batches": tuple(sorted({b for batch in batches for b in (batch, dp * batch)}))}
     load_before = os.getloadavg()
-    ranks = _run_processes(dp, opts, f"127.0.0.1:{_free_port()}" if dp > 1 else None)
+    ranks = _run_processes(dp, opts, free_loopback_address() if dp > 1 else None)
     # after the instance, alone on the machine: the same model, tp 1, every expert, one core
     base = _run_processes(1, {**opts, "baseline": True}, None)[0] if baseline else None
     weight_dtype = EngineConfig().weight_dtype

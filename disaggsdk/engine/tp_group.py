@@ -17,7 +17,6 @@ in (engine.dp_lockstep), and the experts' exchange runs over the world.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
+from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.models.layers.moe import held_experts_line
 from disaggsdk.engine.parallel import TensorParallel
@@ -46,12 +46,6 @@ _HEADER_LEN = 6
 
 class TensorParallelError(DisaggError):
     """A tensor-parallel worker could not start or died."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 IDLE_WAIT_LIMIT_S = 30 * 24 * 3600  # how long a worker waits for its next step: "forever", in gloo terms
@@ -239,7 +233,7 @@ class TPGroup:
         self.size = size = engine.tp
         ctx = mp.get_context("spawn")
         # a dp group's ranks meet where the launcher said; a lone instance's where its head chose
-        address = engine.group_address or f"127.0.0.1:{_free_port()}"
+        address = engine.group_address or free_loopback_address()
         self.procs: list[BaseProcess] = []
         # each worker's `held_experts_line` (what its parameters hold under ep), as it reported at start
         self.held_experts: list[str | None] = []

@@ -28,6 +28,7 @@ from multiprocessing.connection import wait as wait_any
 
 import msgspec
 
+from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
@@ -41,7 +42,6 @@ from disaggsdk.launch.units import (
     ProcessLauncher,
     core_sets,
     dp_group_addresses,
-    free_loopback_address,
     process_tree_cpu_s,
     rejoin_unit,
     start_units,

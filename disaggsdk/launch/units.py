@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal
 
+from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, LaunchError, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
@@ -64,13 +65,6 @@ def dp_group_addresses(spec: Spec, plan: Plan) -> dict[str, str]:
     """
     return {inst.name: free_loopback_address() for inst in plan.instances
             if inst.dp > 1 and spec.roles[inst.role].ep > 1}
-
-
-def free_loopback_address() -> str:
-    """"127.0.0.1:port" with a port free now (a dp group's store; a restarted group gets a new one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def core_sets(cpu_affinity: CpuAffinity, n: int) -> list[tuple[int, ...] | None]:
