@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import msgspec
 
 from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.unit import Unit
@@ -30,7 +31,7 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
     scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2,
                                 prefix_cache=SimpleNamespace(queries=96, hits=64))
     engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, config=SimpleNamespace(num_pages=40),
-                             spec_stats=SpecStats())
+                             spec_stats=SpecStats(), runner=SimpleNamespace(tp=TensorParallel()), lockstep=None)
     engine.counters = functools.partial(LLMEngine.counters, engine)  # the engine's own reading of its counters
     messenger = None if totals is None else SimpleNamespace(
         totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={})

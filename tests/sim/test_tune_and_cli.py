@@ -84,7 +84,7 @@ def test_simulate_cli_json_and_table(run_cli):
     table = run_cli("simulate", "specs/r1_dp.yaml", "--qps", "1", "--duration-s", "10")
     assert table.returncode == 0 and "disagg" in table.stdout
     # the dp figures say what their expert all-to-all assumes
-    assert "expert all-to-all (decode ep 8): uniform routing" in table.stdout and "8 us per call" in table.stdout
+    assert "expert all-to-all (prefill ep 8, decode ep 8): uniform routing" in table.stdout and "8 us per call" in table.stdout
 
 
 def test_simulate_cli_errors_exit_2(run_cli):
