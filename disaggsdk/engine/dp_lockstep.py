@@ -43,6 +43,7 @@ class DataParallelLockstep:
         self.dp_size = dp_size
         self.num_votes = 0
         self.num_idle_steps = 0  # steps this rank ran with an empty batch because another had work
+        self.idle_votes_in_a_row = 0  # votes since the group last had work (a loop may poll slower then)
 
     def vote(self, has_work: bool, stopping: bool) -> StepVote:
         """Collective over the heads: every head calls it once per round of its loop.
@@ -59,4 +60,5 @@ class DataParallelLockstep:
         run, stop = (bool(v) for v in flags.tolist())
         if run and not has_work and not stop:
             self.num_idle_steps += 1
+        self.idle_votes_in_a_row = 0 if run else self.idle_votes_in_a_row + 1
         return StepVote(run=run and not stop, stop=stop)

@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     from disaggsdk.messenger.ports import Messenger
 
 IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its launcher channel between polls
+# A rank of a lock-step dp group votes with the others every round, so an idle group costs every
+# rank a collective per wait: after LOCKSTEP_IDLE_VOTES idle votes (~0.2 s) its ranks poll every
+# LOCKSTEP_IDLE_WAIT_S instead (r1_dp.yaml --tiny, idle: 1.26 cores of 2 before, 0.56 after, as
+# with ep 1; docs/expert-parallel.md).
+# A rank that gets a request wakes at once; the others join its vote within that wait, so the
+# first request after a quiet spell waits at most that long more.
+LOCKSTEP_IDLE_VOTES = 100
+LOCKSTEP_IDLE_WAIT_S = 0.02
 BUSY_WAIT_S = 0.0005  # the same while only transfers are in flight (no step to run)
 
 
@@ -142,6 +150,8 @@ class Unit:
                 wait_s = 0.0
             elif self.messenger is not None and self.messenger.busy:
                 wait_s = BUSY_WAIT_S  # transfers in flight: poll often, but leave the core to others
+            elif engine.lockstep is not None and engine.lockstep.idle_votes_in_a_row >= LOCKSTEP_IDLE_VOTES:
+                wait_s = LOCKSTEP_IDLE_WAIT_S
             else:
                 wait_s = IDLE_WAIT_S
             self._drain_parent(wait_s)
