@@ -1,4 +1,5 @@
-"""`disaggsdk launch SPEC`: start a deployment on this machine and serve it until Ctrl-C / SIGTERM.
+"""`disaggsdk launch SPEC` (or ``--model M --device cpu --decoders 2``: cli.one_line_spec): start a deployment on
+this machine and serve it until Ctrl-C / SIGTERM.
 
 With ``--bench`` it runs a benchmark with the live view instead, prints the summary and shuts down
 (what ``make demo`` does).
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
+from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 
 if TYPE_CHECKING:
@@ -26,7 +28,9 @@ POLL_S = 0.25
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `launch`."""
-    parser.add_argument("target", metavar="SPEC", help="deployment spec (YAML)")
+    parser.add_argument("target", metavar="SPEC", nargs="?", default=None,
+                        help="deployment spec (YAML); or describe one with --model and the flags below")
+    add_one_line_arguments(parser)
     parser.add_argument("--tiny", action="store_true", help="same topology with the tiny variant of the model, on CPU")
     parser.add_argument("--colocated", action="store_true",
                         help="the comparison layout: mixed prefill+decode instances on the same CPU budget")
@@ -66,9 +70,8 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     """
     from disaggsdk.face.deployment import launch
     from disaggsdk.launch.base import LaunchError
-    from disaggsdk.spec import load_spec
 
-    spec = with_runtime_options(load_spec(args.target), args)
+    spec = with_runtime_options(spec_of_args(args), args)
     layout = "colocated" if colocated else "disaggregated"
     console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
     start = time.monotonic()
@@ -148,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0 on a clean shutdown.
     """
+    if args.print_spec:
+        from disaggsdk.spec import spec_to_yaml
+
+        print(spec_to_yaml(with_runtime_options(spec_of_args(args), args)), end="")
+        return 0
     console = Console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
         if args.complete:

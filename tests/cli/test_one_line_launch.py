@@ -1,0 +1,57 @@
+"""`disaggsdk launch --model M --device cpu --decoders 2` (issue 38 item 6): a deployment from flags
+builds the spec a YAML file would, says which flag is wrong, and serves the openai client."""
+
+from __future__ import annotations
+
+import signal
+
+from disaggsdk.cli.one_line_spec import spec_from_flags
+from disaggsdk.spec import load_spec, parse_spec_yaml, spec_to_yaml
+
+
+def test_flags_build_the_spec_the_yaml_would(run_cli):
+    p = run_cli("launch", "--model", "qwen3-coder-tiny", "--device", "cpu", "--decoders", "2", "--print-spec")
+    assert p.returncode == 0, p.stderr
+    spec = parse_spec_yaml(p.stdout)
+    # the tiny_local.yaml deployment, but for its name and the demo's port and host count
+    local = load_spec("specs/tiny_local.yaml")
+    assert (spec.model, spec.device, spec.hardware.gpu, spec.kv.dtype, spec.transport.provider) == (
+        local.model, local.device, local.hardware.gpu, local.kv.dtype, local.transport.provider)
+    assert (spec.prefill, spec.decode) == (local.prefill, local.decode)
+    assert spec_to_yaml(spec) == p.stdout  # what it prints is what it launches
+    r1 = spec_from_flags("deepseek-r1", None, {"--decode-dp": 8, "--decode-ep": 8, "--prefill-tp": 8})
+    assert (r1.device, r1.decode.dp, r1.decode.ep, r1.prefill.tp) == ("cuda", 8, 8, 8)
+
+
+def test_bad_flags_name_the_flag_and_exit_2(run_cli):
+    p = run_cli("launch", "--model", "qwen3-coder-tiny", "--device", "cpu", "--decode-tp", "3")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--decode-tp ($.decode.tp): tp=3" in p.stderr
+    p = run_cli("launch", "specs/tiny_local.yaml", "--decoders", "2")
+    assert p.returncode == 2 and "specs/tiny_local.yaml is a spec and --decoders describes another" in p.stderr
+    p = run_cli("launch")
+    assert p.returncode == 2 and "--model MODEL" in p.stderr
+    p = run_cli("launch", "--model", "no-such-model", "--device", "cpu")
+    assert p.returncode == 2 and "--model ($.model)" in p.stderr
+
+
+def test_a_one_line_launch_serves_the_openai_client():
+    import openai
+
+    from tests.conftest import start_cli_server
+    from tests.serve.test_launch_cli import descendants, reap, still_alive
+
+    proc, url = start_cli_server("launch", "--model", "qwen3-coder-tiny", "--device", "cpu", "--decoders", "2",
+                                 "--port", "0", "--no-live", timeout_s=180)
+    kids: set[int] = set()
+    try:
+        kids = descendants(proc.pid)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = client.completions.create(model=client.models.list().data[0].id, prompt="def f(x):", max_tokens=6)
+        assert answer.usage.completion_tokens > 0
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out
+        assert not still_alive(kids)
+    finally:
+        reap(proc, kids)
