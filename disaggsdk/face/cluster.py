@@ -102,8 +102,15 @@ class Cluster:
         return Cluster(attrs.evolve(self.draft, name=name))
 
     def device(self, device: Device) -> Cluster:
-        """``cpu`` or ``cuda``."""
-        return Cluster(attrs.evolve(self.draft, device=device))
+        """``cpu`` or ``cuda``. The hardware follows: ``cpu`` makes ``hardware.gpu`` "cpu" (a CPU rank is
+        one process), and ``cuda`` after ``cpu`` brings back the default GPU kind; call ``.hardware(gpu=...)``
+        afterwards for another one."""
+        gpu = self.draft.hardware.gpu
+        if device == "cpu":
+            gpu = "cpu"
+        elif gpu == "cpu":
+            gpu = Hardware().gpu
+        return Cluster(attrs.evolve(self.draft, device=device, hardware=attrs.evolve(self.draft.hardware, gpu=gpu)))
 
     def seed(self, seed: int) -> Cluster:
         """Seed of every random choice (replica-set assignment, tiny weights, sampling)."""

@@ -60,3 +60,13 @@ def test_on_ray_sets_the_launch_section_and_round_trips():
     assert (c.spec.launch.backend, c.spec.launch.address) == ("ray", "auto")
     assert parse_spec_yaml(spec_to_yaml(c.spec)).launch == c.spec.launch
     assert Cluster().spec.launch.backend == "local"
+
+
+def test_device_cpu_brings_cpu_hardware_along():
+    """Issue 38: `.device("cpu")` alone gives a spec that validates (it failed on hardware.gpu h200)."""
+    spec = Cluster().prefill(tp=1).decoders(2).model("qwen3-coder-tiny").device("cpu").spec
+    assert (spec.device, spec.hardware.gpu) == ("cpu", "cpu")
+    back = Cluster().model("qwen3-coder-tiny").device("cpu").device("cuda").spec
+    assert (back.device, back.hardware.gpu) == ("cuda", "h200")
+    h100 = Cluster().model("qwen3-coder-tiny").hardware(gpu="h100").device("cuda").spec
+    assert h100.hardware.gpu == "h100"  # a GPU kind already chosen stays
