@@ -91,7 +91,11 @@ def test_a_unit_answers_a_request_whose_grammar_it_cannot_build_and_serves_on(de
     regex = SamplingParams(max_tokens=6, structured=StructuredOutput("regex", "[a-c]{2}x"))
     for events in router.generate_batch([[5, 6, 7], [8, 9, 10]], [PLAIN, regex], timeout_s=60):
         assert events[-1].finished and events[-1].finish_reason in ("length", "stop")
-    assert {s.name: s.healthy for s in router.stats()} == dict.fromkeys(["prefill-0", "decode-0", "decode-1"], True)
+    # every unit is still the one that started (none died); not `router.stats()`'s health, which also
+    # reads a unit silent for serve.unit_stall_s as unhealthy: on this 2-core box a unit can be
+    # starved that long while it serves on (seen once in a full-suite run, 2026-12-06)
+    assert {name: u.healthy for name, u in router.runtime.units.items()} == dict.fromkeys(
+        ["prefill-0", "decode-0", "decode-1"], True)
 
 
 def wait_for(condition, timeout_s: float, what: str):
