@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
     from disaggsdk.engine.expert_parallel import ExpertDispatcher
-    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 
 DEFAULT_BATCHES = (1, 8, 32)
 PAGE_SIZE = 16
@@ -130,15 +130,12 @@ def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch
         engine.on_step = None
     for rid in ids:
         engine.abort(rid)
-    # in a lock-step group the others may still be measuring: this rank steps (idle) until no rank has work
-    engine.step()
-    while engine.lockstep is not None and not engine.group_idle and not engine.group_stopped:
-        engine.step()
+    engine.step_until_group_idle()  # in a lock-step group the others may still be measuring
     return {"steps": records, "totals": totals}
 
 
 def _engine_config(tp: int, dp: int, dp_rank: int, ep: int, address: str | None, max_batch: int, prompt_len: int,
-                   warmup_steps: int, steps: int, mtp_tokens: int) -> Any:
+                   warmup_steps: int, steps: int, mtp_tokens: int) -> EngineConfig:
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 

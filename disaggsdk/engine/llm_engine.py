@@ -378,10 +378,15 @@ class LLMEngine:
                     if req.params.prompt_logprobs is not None:
                         out.prompt_logprobs = list(req.prompt_logprobs)
                     final[out.request_id] = out
-        if self.lockstep is not None:
-            # the other dp ranks' requests still need this rank in every MoE layer: step until a vote
-            # finds no work anywhere (every rank leaves at that same vote)
-            self.step()
-            while not self.group_idle and not self.group_stopped:
-                self.step()
+        self.step_until_group_idle()
         return [final[rid] for rid in ids]
+
+    def step_until_group_idle(self) -> None:
+        """In a lock-step dp group, once this rank's own work is done: step (empty batches) until a
+        vote finds no work on any rank or the group stops; every rank leaves at that same vote. The
+        other ranks' requests need this one in every MoE layer. Nothing outside a group."""
+        if self.lockstep is None:
+            return
+        self.step()
+        while not self.group_idle and not self.group_stopped:
+            self.step()
