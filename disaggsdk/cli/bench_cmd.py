@@ -22,6 +22,7 @@ from rich.console import Console
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 from disaggsdk.cli.runtime_options import add_runtime_options
+from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
@@ -174,7 +175,7 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=2) + "\n")
     if args.json:
-        Console(stderr=True).print(summary_table(results))
+        make_console(stderr=True).print(summary_table(results))
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
@@ -198,7 +199,7 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
     if len(results) == 2:
         (name_a, a), (name_b, b) = results
         ratios = ", ".join(f"{key} {a[key] / b[key]:.2f}" for key in RATIO_KEYS if b.get(key))
-        Console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
+        make_console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     """
     target = _target(args)
     _check_options(args)  # before a spec's minute of start-up
-    console = Console(stderr=args.json)
+    console = make_console(stderr=args.json)
     if target.startswith(("http://", "https://")):
         if args.tiny or args.colocated or args.compare:
             raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")

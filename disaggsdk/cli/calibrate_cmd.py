@@ -62,15 +62,16 @@ def run(args: argparse.Namespace) -> int:
                   sys.stdout, indent=2)
         print()
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from disaggsdk.report.console import make_console
 
     table = Table(title=f"calibration of {args.model}: RMS relative error {rms:.1%}")
     for col in ("tokens", "sequences", "measured ms", "model ms"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["num_tokens"]), str(r["num_sequences"]), f"{r['seconds'] * 1e3:.2f}", f"{r['predicted_s'] * 1e3:.2f}")
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(f"matrix rate {profile.bf16_tflops * 1e3:.1f} GFLOP/s, memory {profile.hbm_gb_per_s:.1f} GB/s, "
                   f"per step {profile.step_overhead_ms:.2f} ms (+{profile.messenger_step_overhead_ms:.2f} with a "

@@ -18,6 +18,7 @@ from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
 from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
+from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(spec_to_yaml(with_runtime_options(spec_of_args(args), args)), end="")
         return 0
-    console = Console(stderr=args.json)
+    console = make_console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
         if args.complete:
             print_completions(d, console, args.complete, args.complete_tokens)

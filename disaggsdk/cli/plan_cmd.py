@@ -40,19 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from disaggsdk.plan import make_plan
     from disaggsdk.plan.render import plan_renderable
+    from disaggsdk.report.console import make_console
     from disaggsdk.spec import load_spec
 
     plan = make_plan(load_spec(args.spec))
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(num_tokens=args.input_len), indent=2) + "\n")
     else:
-        # piped (no terminal to measure), rich would wrap the memory tables at 80 columns
-        width = None if sys.stdout.isatty() else 160
-        Console(highlight=False, width=width).print(plan_renderable(plan, num_tokens=args.input_len))
+        make_console(highlight=False).print(plan_renderable(plan, num_tokens=args.input_len))
     problems = plan.memory_problems
     if problems:
         from disaggsdk.errors import SpecError

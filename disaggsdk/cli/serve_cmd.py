@@ -7,9 +7,8 @@ import os
 import time
 from typing import get_args
 
-from rich.console import Console
-
 from disaggsdk.cli.bench_cmd import API_KEY_ENV
+from disaggsdk.report.console import make_console
 from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, WeightDtype
 from disaggsdk.spec.types import Spec
 
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
-    console = Console()
+    console = make_console()
     config = EngineConfig(
         num_pages=args.num_pages, page_size=args.page_size, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,

@@ -84,11 +84,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
-    from rich.console import Console
-
+    from disaggsdk.report.console import make_console
     from disaggsdk.sim.render import all_to_all_line, runs_table
 
-    console = Console()
+    console = make_console()
     console.print(runs_table(result))
     if (line := all_to_all_line(result)) is not None:
         console.print(line)
@@ -131,8 +130,9 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
         json.dump({"profile": profile.name, "tolerance": TOLERANCE, "rows": rows}, sys.stdout, indent=2)
         print()
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from disaggsdk.report.console import make_console
 
         medians = f", medians of {args.repeat} runs" if args.repeat > 1 else ""
         table = Table(title=f"mean TTFT and TPOT (ms), measured vs simulated on {profile.name}{medians}: {spec.label}")
@@ -145,7 +145,7 @@ def _validate(args: argparse.Namespace, spec, profile) -> int:
                           f"{t['measured']:.1f}", f"{t['simulated']:.1f}", f"{t['error']:+.0%}",
                           f"{p['measured']:.2f}", f"{p['simulated']:.2f}", f"{p['error']:+.0%}",
                           "yes" if r["within_tolerance"] else "no")
-        console = Console()
+        console = make_console()
         console.print(table)
         if rows and rows[0]["speed_corrected"]:
             console.print("slower: the speed monitor's decode step / prefill CPU time during the runs over its time "

@@ -35,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the benchmark and prints the table (or JSON). Returns 0."""
-    from rich.console import Console
     from rich.table import Table
 
     from disaggsdk.bench.transfer_bench import run_bench
+    from disaggsdk.report.console import make_console
 
     sizes = [_size(s) for s in args.sizes.split(",")]
     cells = run_bench(args.provider, sizes, tuple(args.maps.split(",")),
@@ -59,5 +59,5 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(size, c.page_map, str(c.num_writes), str(c.num_posted), f"{c.gb_per_s:.2f}",
                       f"{c.writes_per_s:,.0f}", f"{c.latency_p50_ms:.2f}", f"{c.latency_p99_ms:.2f}",
                       f"{c.memcpy_gb_per_s:.2f}", f"{c.ratio:.2f}x")
-    Console().print(table)
+    make_console().print(table)
     return 0

@@ -89,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
         json.dump({"slos": slos, "qps": args.request_rate, "gpus": args.gpus, "ranking": out}, sys.stdout, indent=2)
         print()
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from disaggsdk.report.console import make_console
 
         table = Table(title=f"{args.model} on {profile.name}: {args.request_rate} qps within {args.gpus} GPUs, SLOs {args.slo}")
         table.add_column("layout", no_wrap=True)
@@ -99,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             table.add_row(r["label"], str(r["unit_gpus"]), f"{r['max_qps']:.2f}", f"{r['goodput_per_gpu']:.3f}",
                           str(r["units"]), str(r["gpus_needed"]), "yes" if r["fits"] else "no")
-        Console().print(table)
+        make_console().print(table)
         if best is None:
-            Console(stderr=True).print(f"[red]no layout meets the SLOs at {args.request_rate} qps within {args.gpus} GPUs[/]")
+            make_console(stderr=True).print(
+                f"[red]no layout meets the SLOs at {args.request_rate} qps within {args.gpus} GPUs[/]")
         elif args.output:
-            Console().print(f"best: {best['label']} x {best['units']} -> {args.output}")
+            make_console().print(f"best: {best['label']} x {best['units']} -> {args.output}")
     return 0 if best is not None else 1

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-
 from disaggsdk.errors import SpecError
+from disaggsdk.report.console import make_console
 
 HELP = ("Check deployment spec files, their ranks' memory included; print every problem with its YAML path and "
         "the fix.")
@@ -20,8 +19,8 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.plan.memory import check_memory
     from disaggsdk.spec import load_spec
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console(highlight=False)
+    err = make_console(stderr=True, highlight=False)
     failed = False
     for path in args.specs:
         try:
