@@ -122,7 +122,6 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
 
     from disaggsdk.bench.serve_bench import bench, conversations_of, served_model
     from disaggsdk.bench.serve_request import RequestOptions
-    from disaggsdk.report.live import InstanceRow
     from disaggsdk.report.live_table import LiveView, instance_table
 
     options = RequestOptions(bench_args.endpoint(args), args.temperature, args.ignore_eos)
@@ -138,8 +137,7 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     def render() -> Any:
         if deployment is None or getattr(args, "no_live", False):
             return progress
-        rows = deployment.metrics()["instances"]
-        return [progress, instance_table([InstanceRow(**r) for r in rows], title=deployment.name)]
+        return [progress, instance_table(deployment.metrics().rows, title=deployment.name)]
 
     started_s = [time.monotonic()]  # moved to the timed load's start, past the untimed test request
 

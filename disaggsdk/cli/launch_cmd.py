@@ -117,13 +117,12 @@ def serve_until_signal(d: Deployment, console: Console, live: bool) -> None:
     `cli.main`): the deployment shuts down the same way and the process exits 143, as a
     terminated process should; Ctrl-C returns normally.
     """
-    from disaggsdk.report.live import InstanceRow
     from disaggsdk.report.live_table import LiveView, instance_table
 
     console.print("serving; Ctrl-C to stop")
     try:
         if live:
-            render = lambda: instance_table([InstanceRow(**r) for r in d.metrics()["instances"]], title=d.url)  # noqa: E731
+            render = lambda: instance_table(d.metrics().rows, title=d.url)  # noqa: E731
             with LiveView(render, console):
                 _wait_while_serving(d)
         else:

@@ -7,15 +7,19 @@ whole spec (tp against the model's heads) are checked by `.spec`, `.plan()` and 
 
 from __future__ import annotations
 
+import functools
 import html
 import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 
+from disaggsdk.errors import SpecError
 from disaggsdk.spec.engine_settings import SpecMethod, WeightDtype
+from disaggsdk.spec.field_checks import FieldErrors
 from disaggsdk.spec.kv import KV, Provider, TransferSettings
 from disaggsdk.spec.rules import check_spec
 from disaggsdk.spec.serving import Routing
@@ -29,6 +33,75 @@ if TYPE_CHECKING:
 
 Section = TypeVar("Section", bound=attrs.AttrsInstance)
 SectionArgs = ParamSpec("SectionArgs")
+CallArgs = ParamSpec("CallArgs")
+
+# the builder method that sets each top-level spec key (a section's keys are that method's keywords)
+_METHOD_OF_KEY = {"prefill": "prefill", "decode": "decoders", "name": "named", "launch": "on_ray"}
+# how a key that is a method's first positional argument is written in a hint
+_POSITIONAL = {("decode", "replicas"): "Cluster.decoders(n)", ("prefill", "replicas"): "Cluster.prefills(n)",
+               ("transport", "provider"): "Cluster.transport(provider)",
+               ("speculative", "method"): "Cluster.speculative(method)"}
+_SPEC_PATH = re.compile(r"\$\.([a-z_]+)(?:\.([a-z_]+))?")
+
+
+def builder_call(path: str) -> str | None:
+    """The `Cluster` call that sets the spec key at ``path`` (``$.decode.tp`` -> ``Cluster.decoders(n, tp=...)``),
+    or None where the builder has no method for it (a YAML-only key)."""
+    match = _SPEC_PATH.fullmatch(path)
+    if match is None:
+        return None
+    section, key = match.groups()
+    if (section, key) in _POSITIONAL:
+        return _POSITIONAL[section, key]
+    name = _METHOD_OF_KEY.get(section, section)
+    method = getattr(Cluster, name, None)
+    if not callable(method):
+        return None
+    first = "n, " if name == "decoders" else ""
+    if key is None:  # a top-level scalar: model, device, seed, name
+        return f"Cluster.{name}(...)"
+    if key not in inspect.signature(method).parameters:
+        return None
+    return f"Cluster.{name}({first}{key}=...)"
+
+
+def with_builder_hint(problem: str) -> str:
+    """A spec problem (``$.hardware.gpu: ... set $.device to ...``) with the `Cluster` calls that fix it
+    appended, for errors raised from the builder: the spec path stays, the Python call follows."""
+    calls = []
+    for match in _SPEC_PATH.finditer(problem):
+        call = builder_call(match.group(0))
+        if call is not None and call not in calls:
+            calls.append(call)
+    return f"{problem} (in Python: {' or '.join(calls)})" if calls else problem
+
+
+class BuilderFieldErrors(FieldErrors):
+    """`FieldErrors` raised by a `Cluster` method, its message led by the call (``Cluster.prefill(tp=0): ...``).
+
+    Attributes:
+        detail: the message without the call.
+    """
+
+    detail: str
+
+    def __init__(self, call: str, cause: FieldErrors):
+        super().__init__(cause.owner, cause.problems)
+        self.detail = cause.detail if isinstance(cause, BuilderFieldErrors) else str(cause)
+        self.args = (f"{call}: {self.detail}",)
+
+
+def _names_the_call(method: Callable[Concatenate[Cluster, CallArgs], Cluster],
+                    ) -> Callable[Concatenate[Cluster, CallArgs], Cluster]:
+    """``method`` whose bad values fail with the call in front: ``Cluster.prefill(tp=0): Role.tp: must be ...``."""
+    @functools.wraps(method)
+    def named(self: Cluster, /, *args: CallArgs.args, **kwargs: CallArgs.kwargs) -> Cluster:
+        try:
+            return method(self, *args, **kwargs)
+        except FieldErrors as exc:  # the outermost call names it: ``decoders(3, tp=0)``, not the ``decode`` it calls
+            shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items() if v is not None]
+            raise BuilderFieldErrors(f"{method.__qualname__}({', '.join(shown)})", exc) from None
+    return named
 
 
 def _set(section: Section, **changes: object) -> Section:
@@ -58,6 +131,7 @@ def _section_method(
         return Cluster(put(self.draft, _set(get(self.draft), **dict(zip(names, args)), **kwargs)))
 
     method.__name__, method.__qualname__, method.__doc__ = name, f"Cluster.{name}", doc
+    method = _names_the_call(method)
     # help() and Jupyter show the section's keyword arguments, not *args/**kwargs (`inspect.signature`
     # reads a function's __signature__ first)
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
@@ -73,34 +147,41 @@ class Cluster:
     draft: Spec = attrs.field(factory=Spec)
 
     # roles
+    @_names_the_call
     def prefill(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None,
                 ep: int | None = None) -> Cluster:
         """Shape of each prefill instance, and how many there are; ``ep=tp*dp`` partitions the routed experts."""
         role = _set(self.draft.prefill, tp=tp, dp=dp, replicas=replicas, ep=ep)
         return Cluster(attrs.evolve(self.draft, prefill=role))
 
+    @_names_the_call
     def decode(self, tp: int | None = None, dp: int | None = None, replicas: int | None = None,
                ep: int | None = None) -> Cluster:
         """Shape of each decode instance, and how many there are; ``ep=tp*dp`` partitions the routed experts."""
         return Cluster(attrs.evolve(self.draft, decode=_set(self.draft.decode, tp=tp, dp=dp, replicas=replicas, ep=ep)))
 
+    @_names_the_call
     def decoders(self, replicas: int, tp: int | None = None, dp: int | None = None, ep: int | None = None) -> Cluster:
         """``replicas`` decode instances of ``tp`` x ``dp`` ranks each (``ep``: see `decode`)."""
         return self.decode(tp=tp, dp=dp, replicas=replicas, ep=ep)
 
+    @_names_the_call
     def prefills(self, replicas: int, tp: int | None = None, dp: int | None = None, ep: int | None = None) -> Cluster:
         """``replicas`` prefill instances of ``tp`` x ``dp`` ranks each (``ep``: see `prefill`)."""
         return self.prefill(tp=tp, dp=dp, replicas=replicas, ep=ep)
 
     # everything else
+    @_names_the_call
     def model(self, model: str) -> Cluster:
         """A catalog name (``qwen3-coder``, ``deepseek-r1``, ``*-tiny``) or a checkpoint directory."""
         return Cluster(attrs.evolve(self.draft, model=model))
 
+    @_names_the_call
     def named(self, name: str) -> Cluster:
         """Give the deployment a name (shown in plans and dashboards)."""
         return Cluster(attrs.evolve(self.draft, name=name))
 
+    @_names_the_call
     def device(self, device: Device) -> Cluster:
         """``cpu`` or ``cuda``. The hardware follows: ``cpu`` makes ``hardware.gpu`` "cpu" (a CPU rank is
         one process), and ``cuda`` after ``cpu`` brings back the default GPU kind; call ``.hardware(gpu=...)``
@@ -112,6 +193,7 @@ class Cluster:
             gpu = Hardware().gpu
         return Cluster(attrs.evolve(self.draft, device=device, hardware=attrs.evolve(self.draft.hardware, gpu=gpu)))
 
+    @_names_the_call
     def seed(self, seed: int) -> Cluster:
         """Seed of every random choice (replica-set assignment, tiny weights, sampling)."""
         return Cluster(attrs.evolve(self.draft, seed=seed))
@@ -128,6 +210,7 @@ class Cluster:
         instance prefills itself (at most ``max_local_prefill_tokens`` missing from its prefix cache;
         see `TransferSettings`).""")
 
+    @_names_the_call
     def engine(self, num_pages: int | None = None, max_num_batched_tokens: int | None = None,
                max_num_seqs: int | None = None, prefix_caching: bool | None = None,
                memory_utilization: float | None = None, dtype: WeightDtype | None = None,
@@ -139,23 +222,27 @@ class Cluster:
                       memory_utilization=memory_utilization, dtype=dtype, max_model_len=max_model_len)
         return Cluster(attrs.evolve(self.draft, engine=engine))
 
+    @_names_the_call
     def transport(self, provider: Provider, same_host_copy: bool | None = None) -> Cluster:
         """``auto``, ``shm``, ``tcp``, ``efa`` or ``verbs``; ``same_host_copy`` see `Transport`."""
         return Cluster(attrs.evolve(self.draft, transport=_set(self.draft.transport, provider=provider,
                                                                same_host_copy=same_host_copy)))
 
+    @_names_the_call
     def speculative(self, method: SpecMethod, num_tokens: int | None = None) -> Cluster:
         """Speculative decoding on the decode instances: ``"mtp"``, ``"ngram"`` or ``"none"``, with
         ``num_tokens`` drafts per step (1..4)."""
         spec = _set(self.draft.speculative, method=method, num_tokens=num_tokens)
         return Cluster(attrs.evolve(self.draft, speculative=spec))
 
+    @_names_the_call
     def serve(self, host: str | None = None, port: int | None = None, routing: Routing | None = None) -> Cluster:
         """Where the OpenAI-compatible endpoint listens, and how it picks a decode unit per request
         (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`)."""
         serve = _set(self.draft.serve, host=host, port=port, routing=routing)
         return Cluster(attrs.evolve(self.draft, serve=serve))
 
+    @_names_the_call
     def on_ray(self, address: str | None = None) -> Cluster:
         """Run the units as Ray actors on a cluster's nodes (``address``: ``"auto"``, ``"HOST:PORT"``;
         None: a new one-node cluster), each instance in a placement group on the node the plan says."""
@@ -168,9 +255,12 @@ class Cluster:
         plan's to say (`plan()` shows it; `launch()` and `disaggsdk validate` refuse what does not fit).
 
         Raises:
-            SpecError: listing every problem.
+            SpecError: listing every problem, each with its spec path and the builder call that fixes it.
         """
-        return check_spec(self.draft)
+        try:
+            return check_spec(self.draft)
+        except SpecError as exc:
+            raise SpecError([with_builder_hint(p) for p in exc.problems]) from None
 
     def to_yaml(self) -> str:
         """The spec as YAML, loadable by `Cluster.from_yaml` and ``disaggsdk launch``."""

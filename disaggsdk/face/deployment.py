@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.engine.speculative.stats import SpecStats
     from disaggsdk.report.dashboard import Dashboard
+    from disaggsdk.report.deployment_metrics import DeploymentMetrics
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.serve.backend import ServingBackend
     from disaggsdk.spec.types import Spec
@@ -166,18 +167,21 @@ class Deployment:
                                 list(c.spec_accepted_per_position), list(c.spec_drafts_per_position)))
         return total
 
-    def metrics(self, window_s: float = 30.0) -> dict[str, Any]:
+    def metrics(self, window_s: float = 30.0) -> DeploymentMetrics:
         """Live numbers: one row per instance (TTFT p50/p99, tokens/s per request, queues, KV, transfer).
 
-        Returns:
-            ``{"num_served": int, "instances": [dict per instance]}``.
-        """
-        from dataclasses import asdict
+        Args:
+            window_s: the latencies summarise requests that ended this many seconds ago or later.
 
+        Returns:
+            a snapshot that shows as a table (HTML in Jupyter, rich in a terminal); ``.rows`` holds
+            the typed rows, ``.row("decode-0")`` one of them, ``.frame()`` a pandas DataFrame.
+        """
+        from disaggsdk.report.deployment_metrics import DeploymentMetrics
         from disaggsdk.report.live import instance_rows
 
         rows = instance_rows(self.server_metrics.recent(), self.backend.stats(), time.monotonic(), window_s)
-        return {"num_served": self.server_metrics.num_served, "instances": [asdict(r) for r in rows]}
+        return DeploymentMetrics(self.server_metrics.num_served, tuple(rows), self.name)
 
     def dashboard(self, start: bool = True, interval_s: float = 1.0) -> Dashboard:
         """An ipywidgets dashboard of this deployment (display it in a notebook cell).

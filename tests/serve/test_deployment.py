@@ -25,7 +25,8 @@ def test_deployment_context_manager_leaves_nothing_running():
         dash = d.dashboard(interval_s=0.05)
         assert d.generate([256, 5, 6], max_tokens=3, ignore_eos=True) is not None
         m = d.metrics()
-        assert m["num_served"] == 1 and m["instances"][0]["name"] == "mixed-0"
+        assert m.num_served == 1 and m.rows[0].name == "mixed-0" and m.row("mixed-0").num_requests == 1
+        assert "mixed-0" in m._repr_html_() and "mixed-0" in str(m) and m.frame().loc["mixed-0", "num_requests"] == 1
         rows = dash.refresh()
         assert rows[0].num_requests == 1 and "<svg" in dash.plot.value
         assert our_threads()

@@ -70,7 +70,7 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
                                                             "logit_bias": {"9": 100}, "frequency_penalty": 0.5,
                                                             "min_tokens": 4, "return_token_ids": True}).json()
         assert biased["choices"][0]["token_ids"] == [9, 9, 9, 9]
-        roles = {r["name"]: r["role"] for r in d.metrics()["instances"]}
+        roles = {r.name: r.role for r in d.metrics().rows}
         assert roles == {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
         # a dead prefill unit: still serving (decode retries or prefills locally), and /health says so
         d.backend.runtime.kill_unit("prefill-0")
@@ -80,5 +80,5 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         health = httpx.get(f"{d.url}/health")
         assert health.status_code == 200 and health.json()["status"] == "degraded"
         assert health.json()["instances"]["prefill-0"] == "down"
-        assert not next(r for r in d.metrics()["instances"] if r["name"] == "prefill-0")["healthy"]
+        assert not d.metrics().row("prefill-0").healthy
     assert not (child_pids() - before)

@@ -70,3 +70,32 @@ def test_device_cpu_brings_cpu_hardware_along():
     assert (back.device, back.hardware.gpu) == ("cuda", "h200")
     h100 = Cluster().model("qwen3-coder-tiny").hardware(gpu="h100").device("cuda").spec
     assert h100.hardware.gpu == "h100"  # a GPU kind already chosen stays
+
+
+def test_a_cross_rule_error_from_the_builder_names_the_spec_path_and_the_call():
+    draft = Cluster().prefill(tp=1).decoders(2).model("qwen3-coder-tiny").device("cpu").hardware(gpu="h200")
+    with pytest.raises(SpecError) as caught:
+        _ = draft.spec
+    (problem,) = caught.value.problems
+    assert problem.startswith("$.hardware.gpu: 'h200' with device 'cpu'")  # the YAML path stays
+    assert "Cluster.hardware(gpu=...) or Cluster.device(...)" in problem
+    with pytest.raises(SpecError, match=r"\$\.decode\.tp: tp=5 .*Cluster\.decoders\(n, tp=\.\.\.\)"):
+        _ = Cluster().decoders(3, tp=5).spec
+
+
+def test_a_bad_value_names_the_outermost_call_that_gave_it():
+    with pytest.raises(ValueError, match=r"^Cluster\.decoders\(3, tp=0\): Role\.tp: must be a positive number"):
+        Cluster().decoders(3, tp=0)
+    with pytest.raises(ValueError, match=r"^Cluster\.hardware\(gpu='x'\): Hardware\.gpu: 'x' is not valid"):
+        Cluster().hardware(gpu="x")
+
+
+def test_builder_call_maps_spec_paths_to_methods():
+    from disaggsdk.face.cluster import builder_call
+
+    assert builder_call("$.decode.replicas") == "Cluster.decoders(n)"
+    assert builder_call("$.prefill.tp") == "Cluster.prefill(tp=...)"
+    assert builder_call("$.serve.port") == "Cluster.serve(port=...)"
+    assert builder_call("$.launch.address") == "Cluster.on_ray(address=...)"
+    assert builder_call("$.name") == "Cluster.named(...)"
+    assert builder_call("$.serve.max_queued_requests") is None  # YAML only: no hint rather than a wrong one
