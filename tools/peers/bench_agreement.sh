@@ -3,7 +3,7 @@
 # ONE server with the same load, given with the same flags (ours accepts vLLM's spellings), and
 # the script prints a JSON document comparing mean TTFT / TPOT / ITL (ratio ours / vLLM; issue #19
 # asks for agreement within 10%). Run it alone on the machine: on 2 cores anything else moves both.
-# Usage, from the project root after `make install`:
+# Usage, from the project root after `make install`, with VLLM_VENV set (tools/peers/env.sh):
 #   tools/peers/bench_agreement.sh [SPEC|URL] [RATE] [INPUT_LEN] [OUTPUT_LEN] [NUM_PROMPTS] [REPEAT] [BACKEND]
 # Defaults: specs/tiny_local.yaml 2 256 64 100 3 openai (BACKEND openai-chat loads /v1/chat/completions).
 # A URL uses a server that is already up (its first model; its tokenizer must be a catalog name or a
@@ -14,9 +14,9 @@
 set -u
 TARGET=${1:-specs/tiny_local.yaml}; RATE=${2:-2}; IN=${3:-256}; OUT=${4:-64}; N=${5:-100}; REPEAT=${6:-3}
 BACKEND=${7:-openai}
-PEERS="$(cd "$(dirname "$0")/../../../shared/peers/vllm" && pwd)"
+PEERS="$(cd "$(dirname "$0")" && pwd)"  # tools/peers: env.sh, vllm_cli.py
 PY=.venv/bin/python
-VPY=$("$PEERS/env.sh") || { echo "vllm venv failed" >&2; exit 1; }
+VPY=$("$PEERS/env.sh") || exit 2  # env.sh said what to set
 W=$(mktemp -d); SERVER=""
 cleanup() {
   if [ -n "$SERVER" ]; then kill -TERM -- "-$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; fi

@@ -1,10 +1,10 @@
-# Sourced by the peer scripts (from the project root, after `make install`): the shared harness's
-# vLLM venv ($VPY), our interpreter and CLI ($PY, $EXE), a work folder removed at exit ($W) holding
-# the harness's tiny Qwen3 directory ($W/m), and wait_up. KEEP=DIR keeps the result JSONs and logs
+# Sourced by the peer scripts (from the project root, after `make install`): the vLLM venv ($VPY:
+# $VLLM_VENV's python, tools/peers/env.sh), our interpreter and CLI ($PY, $EXE), a work folder
+# removed at exit ($W) holding make_model.py's tiny Qwen3 directory ($W/m), and wait_up. KEEP=DIR keeps the result JSONs and logs
 # in DIR (per-request TTFTs and ITLs, to look into a figure).
-HERE="$(cd "$(dirname "$0")/../../../shared/peers/vllm" && pwd)"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # tools/peers: env.sh, make_model.py, vllm_cli.py
 PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
-VPY=$("$HERE/env.sh") || { echo "vllm venv failed"; exit 1; }
+VPY=$("$HERE/env.sh") || exit 2  # env.sh said what to set
 W=$(mktemp -d); trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$W"/*.json "$W"/*.log "$KEEP"/ 2>/dev/null; rm -rf "$W"' EXIT
 $PY "$HERE/make_model.py" "$W/m" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Prefix caching side by side on a multi-turn chat load (issue #21): a disaggsdk spec (default
-# specs/tiny_pd.yaml, its model replaced by the shared harness's tiny Qwen3 directory) with its
+# specs/tiny_pd.yaml, its model replaced by make_model.py's tiny Qwen3 directory) with its
 # prefix cache on, the same spec with it off, and `vllm serve` (colocated, prefix caching on, as it
 # ships), one after the other on the same machine, measured by OUR client (`disaggsdk bench
 # --dataset-name multi-turn`: `vllm bench serve` has no dataset whose turns resend the history).
-# Usage, from the project root after `make install`, alone on the machine:
+# Usage, from the project root after `make install`, alone on the machine, with VLLM_VENV set:
 #   tools/peers/multi_turn_vs_vllm.sh [SPEC] [CONVERSATIONS_PER_S] [CONVERSATIONS] [TURNS] [SYSTEM_LEN] [USER_LEN] [OUT]
 # Defaults: specs/tiny_pd.yaml 1 16 4 512 64 64 (~86% of prompt tokens repeat an earlier prompt).
 # Each server gets an untimed warm-up on other conversations (seed 2), then the measured run (seed 1).

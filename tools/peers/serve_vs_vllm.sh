@@ -2,15 +2,15 @@
 # Serving side by side, measured by vLLM's own client (`vllm bench serve`) on one tiny Qwen3
 # directory: a disaggsdk spec (default specs/tiny_pd.yaml, its model replaced by that directory)
 # against `vllm serve` (colocated, chunked prefill) on the same machine, the same load.
-# Usage, from the project root after `make install`:
-#   ../shared/peers/vllm/serve_vs_vllm.sh [SPEC] [RATE] [INPUT_LEN] [OUTPUT_LEN] [NUM_PROMPTS]
+# Usage, from the project root after `make install`, with VLLM_VENV set (tools/peers/env.sh):
+#   tools/peers/serve_vs_vllm.sh [SPEC] [RATE] [INPUT_LEN] [OUTPUT_LEN] [NUM_PROMPTS]
 # RATE "inf" sends every request at once. Defaults: specs/tiny_pd.yaml 2.5 1024 128 40.
 # ROUNDS=R (default 1) runs R rounds, each one run of both servers (which starts first alternates),
 # and prints each round's ratios and the medians over the rounds. This machine's speed drifts by a
 # third within minutes (vLLM's own mean TTFT moved between 98 and 153 ms in one afternoon), so one
 # pair of runs can land either side of a line; rounds show the spread and the median.
 #
-# The project's copy of ../shared/peers/vllm/serve_vs_vllm.sh with one change: the warm-up run uses
+# The project's copy of the serving harness the sessions shared, with one change: the warm-up run uses
 # other prompts (seed 2) than the measured run (seed 1). With the same seed, `vllm serve`'s prefix
 # cache (on by default) holds every measured prompt after the warm-up, so its measured TTFT is the
 # cost of one token: 23-56 ms against ~100 ms for its own prefill of 1,024 tokens (LLM.generate,
