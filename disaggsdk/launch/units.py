@@ -131,7 +131,15 @@ class ProcessLauncher:
         return provider
 
     def start(self, plan: Plan) -> None:
-        """Nothing to reserve on this machine."""
+        """Nothing to reserve on this machine; refuse a launch from a script's unguarded top level,
+        which every "spawn" child would run again (`main_guard`).
+
+        Raises:
+            LaunchError: the launch is not under ``if __name__ == "__main__":`` in the main script.
+        """
+        from disaggsdk.launch.main_guard import check_main_guarded
+
+        check_main_guarded()
 
     def spawn(self, args: UnitArgs) -> UnitHandle:
         """Start the process of one unit and send it its `UnitArgs` (the channel's first frame)."""
