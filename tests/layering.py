@@ -1,6 +1,6 @@
 """The package layers of disaggsdk and the arrows between them: the one table the layering test reads.
 
-Modelled on the layer table of shared/DESIGN.md, bottom to top. A package may import any package
+Modelled on the layer table of docs/architecture.md, bottom to top. A package may import any package
 below it, lazy imports and `TYPE_CHECKING` imports included; never one above it; and never one of
 the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the typed exceptions
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes

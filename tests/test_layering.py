@@ -1,4 +1,4 @@
-"""The package graph is a DAG that follows the layers of tests/layering.py (shared/DESIGN.md)."""
+"""The package graph is a DAG that follows the layers of tests/layering.py (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -117,8 +117,8 @@ def fit_profile(arch: ModelArch, samples: list[StepSample], name: str = "cpu-loc
         transfer_write_overhead_us=10.0,
         sources={
             "rates": f"fitted by `disaggsdk calibrate` on {len(samples)} timed steps of {arch.name}",
-            "allreduce": "shared/FACTS.md: gloo all-reduce of 8x512 float32 on loopback ~0.55 ms",
-            "nic": "shared/FACTS.md: libfabric shm 5.5 GB/s at 64 KiB writes (~40 Gbit/s)",
+            "allreduce": "docs/machine-facts.md: gloo all-reduce of 8x512 float32 on loopback ~0.55 ms",
+            "nic": "docs/machine-facts.md: libfabric shm 5.5 GB/s at 64 KiB writes (~40 Gbit/s)",
         },
     )
     best = (float("inf"), base)

@@ -1,6 +1,6 @@
 """A tensor-parallel worker's KV pool in shared memory, its fd handed to the instance head.
 
-One transfer engine on the head process registers every rank's pool (shared/DESIGN.md, "Shared
+One transfer engine on the head process registers every rank's pool (docs/architecture.md, "Shared
 KV memory"). A worker started with ``EngineConfig.kv_share_path`` allocates its pool as a memfd,
 connects to that Unix socket, sends its tp rank (4 bytes) and then the fd (SCM_RIGHTS), and keeps
 the region for the model runner. The protocol is `disaggsdk.memory.pool_handover`.

@@ -2,7 +2,7 @@
 
 Both directions are tagged unions, so a frame decodes to exactly one of the structs below and
 msgspec checks every field's type (a frame from a unit on another machine is data, not code:
-shared/LESSONS.md). `PROTOCOL_VERSION` travels in every frame header (`launch.channel`); change
+docs/lessons.md). `PROTOCOL_VERSION` travels in every frame header (`launch.channel`); change
 it with any change of these structs that an older peer would misread.
 """
 

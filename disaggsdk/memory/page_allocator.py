@@ -10,7 +10,7 @@ free list runs dry and it is evicted (its hash forgotten, a new generation on it
 
 A *grant* records the pages an owner received and a generation number. Each page remembers the
 generation of its current grant, so a late write carrying an old generation can be recognised and
-dropped after the page was freed and handed to someone else (see shared/LESSONS.md).
+dropped after the page was freed and handed to someone else (see docs/lessons.md).
 """
 
 from __future__ import annotations

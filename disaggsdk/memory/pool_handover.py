@@ -1,6 +1,6 @@
 """The shared-KV-pool hand-over: tp workers send their memfd pools to the instance head.
 
-One transfer engine on the head process registers every rank's pool (shared/DESIGN.md, "Shared
+One transfer engine on the head process registers every rank's pool (docs/architecture.md, "Shared
 KV memory"). A worker connects to the head's Unix socket, sends its tp rank (4 bytes) and then
 the fd (SCM_RIGHTS), and waits for a one-byte ack (`send_pool`). The head's `PoolCollector` is
 started before the engine spawns its workers; `wait` returns every rank's mapped `SharedRegion`.

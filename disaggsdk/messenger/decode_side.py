@@ -2,7 +2,7 @@
 
 Runs on the decode unit's main thread, next to the engine (which is not thread-safe); only the
 counter futures resolve on the transfer engine's pump thread. One request's life here
-(shared/DESIGN.md, "The KV messenger"): pinned pages for ``prompt[:-1]`` and a context slot are
+(docs/architecture.md, "The KV messenger"): pinned pages for ``prompt[:-1]`` and a context slot are
 granted, after the pages of its longest prefix this unit's prefix cache holds (shared, never
 written: prefill skips them; all of them: no prefill at all); the prefill unit `serve.routing`
 picks gets a `PrefillRequest`; an immediate counter waits for exactly the writes the route

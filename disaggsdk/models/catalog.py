@@ -2,7 +2,7 @@
 
 Each entry is a Hugging Face ``config.json`` dict, so the engine builds a tiny model and
 `transformers` builds its reference twin from the very same numbers. Real numbers come from the
-models' published config.json (see shared/FACTS.md).
+models' published config.json (see docs/machine-facts.md).
 """
 
 from __future__ import annotations

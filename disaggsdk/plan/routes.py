@@ -5,7 +5,7 @@ ranks**: a request is prefilled by one dp group of P and decoded by one dp group
 dp group of an instance shards its KV the same way, so one table serves every (dp group, dp group)
 pair; `Instance.rank_of(dp_rank, tp_rank)` turns a tp rank into a device.
 
-Rules (shared/DESIGN.md, "Sharding and transfer routes"):
+Rules (docs/architecture.md, "Sharding and transfer routes"):
 
 * every destination rank receives its whole page, replicas included, from one replica set of P:
   for each P shard overlapping the D rank's heads, the P rank of that shard in the assigned set

@@ -1,7 +1,7 @@
 """How many writes a decode rank must expect for one request: the number its counter waits for.
 
 A request with a prompt of N tokens moves the KV of N - 1 tokens: the last prompt token is the
-first token decode runs (shared/DESIGN.md, step 6). Pages always move whole, the unused tail of
+first token decode runs (docs/architecture.md, step 6). Pages always move whole, the unused tail of
 the last page included, so a request needs ``ceil((N - 1) / page_size)`` pages per layer. On top,
 one context write (hidden state and logits of the last prefilled position) lands on the decode
 head rank (tp rank 0 of the dp group). A one-token prompt needs no prefill at all: 0 writes.

@@ -53,7 +53,7 @@ class Transport(CheckedFields):
         "Open to remote writes only the pages granted to one transfer, each run under a fresh key revoked when the "
         "transfer ends, instead of the whole KV pool under one key: a write with a captured or stale key lands "
         "nowhere. `auto`: on for tcp (reachable through sockets), off for shm (the OS user is the boundary there) "
-        "and for NICs (a registration pins memory: hundreds per request). README, 'Trust boundaries'.",
+        "and for NICs (a registration pins memory: hundreds per request). docs/security.md.",
         choice(GRANT_KEYS_SETTINGS))
     verify_pages: bool = key(False,
         "Prefill sends a keyed digest (HMAC-SHA256 under the deployment secret) of every byte it wrote; decode "

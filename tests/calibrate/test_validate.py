@@ -10,7 +10,7 @@ from disaggsdk.face.deployment import launch
 from disaggsdk.spec import load_spec
 
 # Simulated and measured means must lie within this factor of each other. The verdict's 15%
-# (compare_row) needs a quiet machine and more requests than this test sends (README: worst error
+# (compare_row) needs a quiet machine and more requests than this test sends (docs/performance.md: worst error
 # 6% over 60 prompts); this test's 6 prompts read simulated/measured 0.69-0.83 on the 2-core dev VM.
 # A wide factor leaves room for a loaded CI machine (this is a check of behaviour, not of speed),
 # while a unit slip (s for ms, x1000), a replayed trace that is not the one sent or a profile
