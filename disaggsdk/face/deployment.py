@@ -223,7 +223,9 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
     Args:
         model: a tiny catalog name or a checkpoint directory.
         engine_config: engine settings.
-        host, port, api_key: see `Deployment`.
+        host: see `Deployment`.
+        port: see `Deployment`.
+        api_key: see `Deployment`.
         server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``,
             ``allowed_origins`` and ``limits``.
     """
@@ -242,7 +244,8 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         spec: a checked spec.
         tiny: run the spec's topology with the tiny variant of its model (CPU).
         colocated: the comparison layout: the same CPU budget as mixed prefill+decode instances.
-        host, port: override ``spec.serve``; port 0 picks a free one.
+        host: overrides ``spec.serve.host``.
+        port: overrides ``spec.serve.port``; 0 picks a free one.
         api_key: see `Deployment`.
         served_model_name: overrides ``spec.serve.model_name``.
         allowed_origins: see `Deployment`.
