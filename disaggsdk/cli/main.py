@@ -22,6 +22,7 @@ from disaggsdk.cli.options import (
     add_global_options,
     set_log_level,
 )
+from disaggsdk.cli.required_extras import command_extras, extra_for_missing_module, install_hint, missing_extras
 from disaggsdk.errors import DisaggError
 
 # sub-command -> module; the order is the order of `disaggsdk --help`.
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script. Returns the process exit code."""
     args = build_parser().parse_args(argv)  # bad arguments: argparse prints usage and exits 2
     set_log_level(args.log_level)
+    # a missing pip extra is one line before anything starts, not a traceback from deep inside
+    extras = command_extras(args.command, args)
+    missing = missing_extras(extras)
+    if missing:
+        print(f"error: {install_hint(args.command, missing)}", file=sys.stderr)
+        return EXIT_USER_ERROR
     from disaggsdk.launch.signals import sigterm_unwinds
 
     try:
@@ -75,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM unwinds like Ctrl-C, so their `with` blocks stop units and remove shared memory
         with sigterm_unwinds():
             return int(args.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        # an import the table above did not foresee (a lazy ray or cuda-python import): the same line
+        extra = extra_for_missing_module(exc.name, extras)
+        if extra is None:
+            raise  # not a module any extra installs: a bug, its traceback is the report
+        print(f"error: {install_hint(args.command, (extra,))}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except DisaggError as exc:
         err = Console(stderr=True, highlight=False)
         for line in str(exc).splitlines():

@@ -1,0 +1,121 @@
+"""Which pip extra each command needs, checked before it runs, so a missing one is one line and exit 2.
+
+A plain ``pip install disaggsdk`` brings only the core (attrs, cattrs, pyyaml, rich): ``validate``,
+``plan``, ``simulate`` and ``tune`` run on it. The other commands import third-party modules from
+the extras in pyproject.toml. Without this check the first of those imports, somewhere deep in
+the engine or the server, ended the command with a traceback and ``No module named 'numpy'``;
+now `cli.main` asks `missing_extras` first (``importlib.util.find_spec`` only looks for the
+module, it imports nothing, so the check costs microseconds and keeps the CLI's start light) and
+turns an import that still escapes a command into the same line (`extra_for_missing_module`).
+
+The tables are data the packaging tests hold against pyproject.toml: every distribution of an
+extra has its import name here, and every third-party import in the package is in the core or in
+`MODULE_EXTRAS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Mapping
+
+# extra -> the top-level modules its distributions install (the import names, not the pip names)
+EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
+    "engine": ("torch", "safetensors", "tokenizers", "llguidance", "numpy", "msgspec"),
+    "transfer": ("cffi", "msgspec"),
+    "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "jinja2"),
+    "gpu": ("cuda",),
+    "notebook": ("ipywidgets", "matplotlib", "pandas"),
+    "ray": ("ray",),
+}
+
+# module -> the extra that provides it: the modules above (one two extras bring maps to the first:
+# msgspec -> engine, so the walk is backwards), and those their distributions bring along that our
+# code imports by name (an import of these fails only when the extra is missing)
+MODULE_EXTRAS: Mapping[str, str] = {
+    **{module: extra for extra, modules in list(EXTRA_MODULES.items())[::-1] for module in modules},
+    "_cffi_backend": "transfer",  # cffi's compiled half: what a cffi-built module imports first
+    "starlette": "serve",  # fastapi's base
+    "h11": "serve",  # uvicorn's HTTP/1.1 parser (serve/http_limits.py sets its limits)
+}
+
+# the extras a command needs however it is called; commands not listed run on the core
+COMMAND_EXTRAS: Mapping[str, tuple[str, ...]] = {
+    "generate": ("engine",),
+    "serve": ("engine", "serve"),
+    "launch": ("engine", "transfer", "serve"),
+    "bench": ("serve",),  # the load client; a SPEC target launches a deployment as well
+    "transfer-bench": ("transfer",),
+    "kv-bench": ("engine", "transfer"),
+    "calibrate": ("engine",),
+}
+
+# starting a deployment (prefill and decode processes, KV over libfabric, the OpenAI server)
+DEPLOYMENT_EXTRAS = ("engine", "transfer", "serve")
+
+
+def _starts_deployment(command: str, args: argparse.Namespace) -> bool:
+    # the options with which a command that otherwise needs less launches a spec's processes
+    if command == "bench":
+        target = getattr(args, "target", None)
+        return target is not None and getattr(args, "base_url", None) is None \
+            and not str(target).startswith(("http://", "https://"))
+    if command == "generate":
+        return bool(getattr(args, "spec", None))
+    if command == "simulate":
+        return bool(getattr(args, "validate", False))
+    if command == "calibrate":
+        return bool(getattr(args, "deployment", None))
+    return False
+
+
+def command_extras(command: str, args: argparse.Namespace | None = None) -> tuple[str, ...]:
+    """The extras ``disaggsdk COMMAND`` needs when called with ``args``.
+
+    Args:
+        command: the sub-command's name (``"generate"``, ``"transfer-bench"``).
+        args: its parsed arguments; options that launch a deployment (``bench SPEC``,
+            ``generate --spec``, ``simulate --validate``, ``calibrate --deployment``) add the
+            deployment's extras. None: the extras of the command's plainest call.
+
+    Returns:
+        The extras' names in pyproject.toml order, empty for a core command.
+    """
+    needed = set(COMMAND_EXTRAS.get(command, ()))
+    if args is not None and _starts_deployment(command, args):
+        needed.update(DEPLOYMENT_EXTRAS)
+    return tuple(extra for extra in EXTRA_MODULES if extra in needed)
+
+
+def missing_extras(extras: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``extras`` with a module that cannot be found (looked up, not imported)."""
+    return tuple(extra for extra in extras
+                 if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES[extra]))
+
+
+def extra_for_missing_module(module_name: str | None, command_extras: tuple[str, ...] = ()) -> str | None:
+    """The extra that installs ``module_name`` (a ModuleNotFoundError's ``name``), or None if none does.
+
+    Args:
+        module_name: the module that was not found, dotted or not (``"numpy.linalg"``).
+        command_extras: the extras of the command that failed; where two extras bring the module
+            (msgspec: engine and transfer) the command's own is named.
+    """
+    if not module_name:
+        return None
+    top = module_name.split(".")[0]
+    for extra in command_extras:
+        if top in EXTRA_MODULES[extra]:
+            return extra
+    return MODULE_EXTRAS.get(top)
+
+
+def install_hint(command: str, extras: tuple[str, ...]) -> str:
+    """The one line that says which extras ``disaggsdk COMMAND`` needs and how to install them.
+
+    >>> install_hint("generate", ("engine",))
+    "disaggsdk generate needs the engine extra: pip install 'disaggsdk[engine]'"
+    """
+    names = extras[0] if len(extras) == 1 else ", ".join(extras[:-1]) + " and " + extras[-1]
+    noun = "extra" if len(extras) == 1 else "extras"
+    return f"disaggsdk {command} needs the {names} {noun}: pip install 'disaggsdk[{','.join(extras)}]'"
