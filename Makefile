@@ -13,6 +13,12 @@ sysdeps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfabric-dev libfabric-bin; \
 	fi
+	@# chromium: the quickstart notebook's test opens its HTML export in a headless browser
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing chromium (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; \
+	fi
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/* native/cpu_linear/*)
 	$(MAKE) sysdeps

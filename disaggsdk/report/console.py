@@ -7,10 +7,11 @@ obeyed where set, and otherwise the console is wide enough that no table of ours
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 # a ceiling, not the width printed: tables take their natural width, and nothing the CLI prints
 # expands to fill the line (panels are built with expand=False), so a piped table is as wide as
@@ -36,3 +37,12 @@ def make_console(stderr: bool = False, highlight: bool = True) -> Console:
     if stream.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
         return console  # rich reads the terminal's size, or COLUMNS, itself
     return Console(stderr=stderr, highlight=highlight, width=UNBOUNDED_COLUMNS)
+
+
+def plain_text(renderable: RenderableType) -> str:
+    """``renderable`` as plain text (no colour, trailing spaces trimmed), as wide as it needs up to
+    `UNBOUNDED_COLUMNS`: for ``print`` and Jupyter's text/plain, which have no width to ask."""
+    out = io.StringIO()
+    # force_jupyter=False: in a kernel rich would display the text as a cell output, not write it to out
+    Console(file=out, width=UNBOUNDED_COLUMNS, color_system=None, highlight=False, force_jupyter=False).print(renderable)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())

@@ -2,6 +2,11 @@
 
 It is updated from the kernel: `refresh()` once, or `start()` a thread that refreshes every
 ``interval_s`` until `stop()`. Numbers come from `disaggsdk.report.live`; this file only renders.
+
+Where widgets cannot run (a notebook exported to static HTML, GitHub, a viewer without the kernel)
+the display falls back to a snapshot: the same table and plot as plain HTML and inline SVG, no
+script. In Jupyter the widget's JavaScript comes from the installed ``jupyterlab_widgets`` /
+``widgetsnbextension`` packages (dependencies of ipywidgets), never from a CDN.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from disaggsdk.report.console import plain_text
 from disaggsdk.report.live import InstanceRow, Served, instance_rows, latency_series
+from disaggsdk.report.live_table import instance_table
 from disaggsdk.report.svg_plot import latency_svg
 
 if TYPE_CHECKING:
@@ -59,9 +66,10 @@ class Dashboard:
         self._served, self._stats, self._title = served, stats, title
         self.interval_s = interval_s
         self.origin_s = time.monotonic()
-        self.table = widgets.HTML()
-        self.plot = widgets.HTML()
-        self.widget = widgets.VBox([widgets.HTML(f"<b>{html.escape(title)}</b>"), self.table, self.plot])
+        self.table = widgets.HTML()  # rows_html of the last refresh
+        self.plot = widgets.HTML()  # latency_svg of the last refresh
+        self.widget = widgets.VBox([widgets.HTML(self._heading()), self.table, self.plot])
+        self.rows: list[InstanceRow] = []  # of the last refresh
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.refresh()
@@ -70,6 +78,7 @@ class Dashboard:
         """Recompute and redraw now. Returns the rows shown."""
         served, now = self._served(), time.monotonic()
         rows = instance_rows(served, self._stats(), now)
+        self.rows = rows
         self.table.value = rows_html(rows)
         self.plot.value = latency_svg(latency_series(served, self.origin_s), title="TTFT and ITL over time (ms)")
         return rows
@@ -94,6 +103,18 @@ class Dashboard:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def _heading(self) -> str:
+        return f"<b>{html.escape(self._title)}</b>"
+
+    def snapshot_html(self) -> str:
+        """The dashboard as of the last refresh, as static HTML: the title, the instance table and
+        the latency plot (inline SVG); no script, so it shows wherever HTML does."""
+        return f'<div class="disaggsdk-dashboard">{self._heading()}{self.table.value}{self.plot.value}</div>'
+
     def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object]:
-        bundle: dict[str, object] = self.widget._repr_mimebundle_(**kwargs)
+        # the widget view for a live kernel, and the snapshot as text/html beside it: a renderer
+        # that cannot run the widget (nbconvert without widget state, GitHub) shows the snapshot
+        bundle: dict[str, object] = dict(self.widget._repr_mimebundle_(**kwargs))
+        bundle["text/html"] = self.snapshot_html()
+        bundle["text/plain"] = plain_text(instance_table(self.rows, title=self._title))  # not VBox(children=...)
         return bundle

@@ -8,14 +8,12 @@ for code (`frame`); `rows` is the typed data underneath. Numbers come from
 from __future__ import annotations
 
 import html
-import io
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from rich.console import Console
 from rich.table import Table
 
-from disaggsdk.report.console import UNBOUNDED_COLUMNS
+from disaggsdk.report.console import plain_text
 from disaggsdk.report.dashboard import rows_html
 from disaggsdk.report.live import InstanceRow
 from disaggsdk.report.live_table import instance_table
@@ -83,10 +81,7 @@ class DeploymentMetrics:
         return f"<b>{html.escape(self._heading())}</b>{rows_html(self.rows)}"
 
     def __str__(self) -> str:
-        # a console of its own: print() and logs get the whole table, not one cut to 80 columns
-        out = io.StringIO()
-        Console(file=out, width=UNBOUNDED_COLUMNS, color_system=None, highlight=False).print(self)
-        return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+        return plain_text(self)  # the whole table, not one cut to 80 columns
 
     def __repr__(self) -> str:
         return f"<DeploymentMetrics {self.title}: {len(self.rows)} instances, {self.num_served} served>"

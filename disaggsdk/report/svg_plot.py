@@ -53,6 +53,9 @@ def latency_svg(series: LatencySeries, width: int = 640, height: int = 240, titl
     parts.append(f'<text x="{pad_l + plot_w / 2}" y="{height - 2}" text-anchor="middle">seconds</text>')
     parts.append(f'<text x="12" y="{pad_t + plot_h / 2}" transform="rotate(-90 12 {pad_t + plot_h / 2})" '
                  f'text-anchor="middle">ms</text>')
+    if not any(named.values()):  # a dashboard shown at launch: say why the plot is empty
+        parts.append(f'<text x="{pad_l + plot_w / 2}" y="{pad_t + plot_h / 2}" text-anchor="middle" '
+                     f'fill="#999">no requests yet</text>')
     for i, (name, pts) in enumerate(named.items()):
         color = COLORS[name]
         radius = 2.5 if name == "TTFT" else 1.2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.table import Table
 
-from disaggsdk.report.console import UNBOUNDED_COLUMNS, make_console
+from disaggsdk.report.console import UNBOUNDED_COLUMNS, make_console, plain_text
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADERS = ("TTFT mean ms", "TTFT p99 ms", "TPOT mean ms", "ITL p99 ms", "tok/s/req", "busiest")
@@ -59,3 +59,9 @@ def test_a_piped_cli_table_is_cut_only_when_columns_says_so(columns):
         assert "…" not in proc.stdout and all(h in proc.stdout for h in HEADERS), proc.stdout
     else:  # the user asked for 80: rich fits the table into it (the control: this table does not fit 80)
         assert max(map(len, proc.stdout.splitlines())) <= 80 and "tok/s/req" not in proc.stdout
+
+
+def test_plain_text_is_the_whole_table_without_colour_or_trailing_spaces():
+    text = plain_text(wide_table())
+    assert "…" not in text and "\x1b[" not in text and text.count("KV B/token/rank") == 4
+    assert all(line == line.rstrip() for line in text.splitlines())

@@ -59,7 +59,8 @@ def test_tables_and_plot_render():
     assert "p99_itl_ms" in text and "colocated" in text
     svg = latency_svg(latency_series([served("d", 0.0, [0.1, 0.2, 0.3], 0.3)], 0.0), title="t")
     assert svg.startswith("<svg") and svg.count("<circle") == 3
-    assert latency_svg(latency_series([], 0.0)).startswith("<svg")  # empty plot before any request
+    empty = latency_svg(latency_series([], 0.0))  # before any request
+    assert empty.startswith("<svg") and "no requests yet" in empty and "no requests yet" not in svg
 
 
 def test_dashboard_refreshes_from_its_sources():
@@ -77,6 +78,20 @@ def test_dashboard_refreshes_from_its_sources():
     assert rows[1].num_requests == 1 and "<circle" in dash.plot.value
     dash.start()
     dash.stop()
+
+
+def test_dashboard_display_carries_the_widget_and_a_static_snapshot():
+    pytest.importorskip("ipywidgets")
+    from disaggsdk.report.dashboard import Dashboard
+
+    dash = Dashboard(lambda: [served("decode-0", 0.0, [0.1, 0.2], 0.2)], lambda: STATS, title="demo")
+    bundle = dash._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dash.widget.model_id
+    # the snapshot: what a renderer without widgets shows; the same table and plot, no script
+    snapshot = bundle["text/html"]
+    assert snapshot == dash.snapshot_html() and "<script" not in snapshot
+    assert "<b>demo</b>" in snapshot and "<td>decode-0</td>" in snapshot and "<svg" in snapshot
+    assert "decode-0" in bundle["text/plain"] and "VBox" not in bundle["text/plain"]
 
 
 def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
