@@ -24,6 +24,9 @@ def load_native() -> tuple[Any, Any]:
     try:
         from disaggsdk.transfer import _fabric
     except ImportError as exc:
+        if exc.name in ("_cffi_backend", "cffi"):  # the module is built; the Python package it loads with is not
+            raise NativeLibraryMissing(
+                f"the native transfer library needs cffi ({exc}): pip install 'disaggsdk[transfer]'") from exc
         raise NativeLibraryMissing(
             "the native transfer library (disaggsdk.transfer._fabric) is not available "
             f"({exc}). Install libfabric with the Debian package libfabric-dev "

@@ -192,3 +192,16 @@ def test_the_cli_starts_without_heavy_imports():
             f"print(sorted(m for m in {sorted(MODULE_EXTRAS)!r} if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_transport_without_cffi_names_the_transfer_extra():
+    # the Python API's door to the native module (no CLI check in front): cffi absent is an extra to
+    # install, not libfabric to rebuild
+    code = (
+        "import sys; sys.modules['_cffi_backend'] = None\n"
+        "from disaggsdk.transfer import TransferEngine, NativeLibraryMissing\n"
+        "try:\n    TransferEngine('shm')\nexcept NativeLibraryMissing as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'disaggsdk[transfer]'" in out.stdout and "libfabric-dev" not in out.stdout
