@@ -184,10 +184,15 @@ class Deployment:
         return DeploymentMetrics(self.server_metrics.num_served, tuple(rows), self.name)
 
     def dashboard(self, start: bool = True, interval_s: float = 1.0) -> Dashboard:
-        """An ipywidgets dashboard of this deployment (display it in a notebook cell).
+        """An ipywidgets dashboard of this deployment (display it in a notebook cell; where widgets cannot
+        run, such as a notebook exported to HTML, the cell shows a static snapshot of it).
 
         Args:
             start: refresh it every ``interval_s`` in the background (until `shutdown`).
+            interval_s: seconds between two refreshes.
+
+        Returns:
+            the dashboard; ``refresh()`` redraws it now, ``snapshot_html()`` is its static picture.
         """
         from disaggsdk.report.dashboard import Dashboard
 

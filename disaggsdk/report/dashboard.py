@@ -7,6 +7,11 @@ Where widgets cannot run (a notebook exported to static HTML, GitHub, a viewer w
 the display falls back to a snapshot: the same table and plot as plain HTML and inline SVG, no
 script. In Jupyter the widget's JavaScript comes from the installed ``jupyterlab_widgets`` /
 ``widgetsnbextension`` packages (dependencies of ipywidgets), never from a CDN.
+
+nbconvert shows the snapshot when the notebook carries no widget state (JupyterLab saves none by
+default). With widget state it picks the widget view and fetches its renderer from unpkg.com,
+which no Python package ships: execute for export with
+``jupyter nbconvert --execute --ExecutePreprocessor.store_widget_state=False --to html``.
 """
 
 from __future__ import annotations
