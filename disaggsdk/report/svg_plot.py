@@ -19,6 +19,11 @@ def _thin(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return list(points[::step])
 
 
+def _tick(value: float) -> str:
+    # whole numbers from 10 up; two significant digits below, so a 3-second run reads 0, 1.5, 3
+    return f"{value:.0f}" if value == 0 or abs(value) >= 10 else f"{value:.2g}"
+
+
 def latency_svg(series: LatencySeries, width: int = 640, height: int = 240, title: str = "") -> str:
     """An SVG document: TTFT (dots) and ITL (dots) in ms against seconds, shared axes.
 
@@ -45,15 +50,16 @@ def latency_svg(series: LatencySeries, width: int = 640, height: int = 240, titl
              f'font-family="sans-serif" font-size="11">',
              f'<text x="{pad_l}" y="14">{html.escape(title)}</text>',
              f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
-    for frac in (0.0, 0.5, 1.0):
+    empty = not any(named.values())
+    for frac in () if empty else (0.0, 0.5, 1.0):  # an empty plot has no scale to label
         y = y1 * frac
-        parts.append(f'<text x="{pad_l - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.0f}</text>')
+        parts.append(f'<text x="{pad_l - 4}" y="{py(y) + 4:.1f}" text-anchor="end">{_tick(y)}</text>')
         x = x0 + (x1 - x0) * frac
-        parts.append(f'<text x="{px(x):.1f}" y="{height - 16}" text-anchor="middle">{x:.0f}</text>')
+        parts.append(f'<text x="{px(x):.1f}" y="{height - 16}" text-anchor="middle">{_tick(x)}</text>')
     parts.append(f'<text x="{pad_l + plot_w / 2}" y="{height - 2}" text-anchor="middle">seconds</text>')
     parts.append(f'<text x="12" y="{pad_t + plot_h / 2}" transform="rotate(-90 12 {pad_t + plot_h / 2})" '
                  f'text-anchor="middle">ms</text>')
-    if not any(named.values()):  # a dashboard shown at launch: say why the plot is empty
+    if empty:  # a dashboard shown at launch: say why the plot is empty
         parts.append(f'<text x="{pad_l + plot_w / 2}" y="{pad_t + plot_h / 2}" text-anchor="middle" '
                      f'fill="#999">no requests yet</text>')
     for i, (name, pts) in enumerate(named.items()):

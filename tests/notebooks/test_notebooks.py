@@ -64,7 +64,7 @@ def test_quickstart_metrics_and_dashboard_show_tables_not_dicts(quickstart):
     assert "widgets" not in quickstart.metadata
 
 
-def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser(quickstart):
+def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser(quickstart, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed: `make sysdeps` installs it (Debian package chromium)")
@@ -78,20 +78,20 @@ def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser(q
     html_path, png_path = ARTIFACTS / "quickstart.html", ARTIFACTS / "quickstart.png"
     html_path.write_text(page)
     png_path.unlink(missing_ok=True)
-    # offline for certain: no proxy reachable, every host name unresolvable
-    headless = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
-    dom = subprocess.run([*headless, "--dump-dom", html_path.as_uri()], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    # offline for certain (no proxy reachable, every host name unresolvable), a profile of its own;
+    # the window is as tall as the page, so the screenshot holds both dashboards
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path}",
+         "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1280,9000",
+         f"--screenshot={png_path}", "--dump-dom", html_path.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    print(f"\nthe exported quickstart and its screenshot: {html_path}, {png_path}")
     snapshots = dom.split('class="disaggsdk-dashboard"')[1:]
     assert len(snapshots) == 2, "the dashboard cells rendered blank"
     for snapshot in snapshots:
         table = snapshot.split("</table>")[0]
         assert all(f"<th>{h}</th>" in table for h in DASHBOARD_HEADERS)
         assert all(f"<td>{name}</td>" in table for name in INSTANCES)
-    print(f"\nscreenshot of the exported quickstart: {png_path}")
-    subprocess.run([*headless, "--window-size=1280,9000", f"--screenshot={png_path}", html_path.as_uri()],
-                   capture_output=True, timeout=120, check=True)
     assert png_path.stat().st_size > 10_000
 
 

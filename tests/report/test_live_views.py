@@ -61,6 +61,9 @@ def test_tables_and_plot_render():
     assert svg.startswith("<svg") and svg.count("<circle") == 3
     empty = latency_svg(latency_series([], 0.0))  # before any request
     assert empty.startswith("<svg") and "no requests yet" in empty and "no requests yet" not in svg
+    assert 'text-anchor="end"' not in empty  # no axis labels on an empty scale
+    # seconds 0.1..0.3 and ms 0..105: the ticks read 0.1, 0.2, 0.3 and 0, 52, 105 (not 0, 0, 0)
+    assert all(f">{tick}</text>" in svg for tick in ("0.1", "0.2", "0.3", "0", "52", "105"))
 
 
 def test_dashboard_refreshes_from_its_sources():
