@@ -22,6 +22,7 @@ from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
+    from disaggsdk.spec.types import Spec
 
 HELP = "Launch a spec's processes on this machine behind an OpenAI-compatible server (live TTFT/TPS)."
 POLL_S = 0.25
@@ -51,11 +52,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-window-s", type=float, default=None, metavar="S",
                         help="how long a restart counts against --max-restarts (default: 600)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
+    parser.add_argument("--access-log", action="store_true",
+                        help="one line per finished request on stdout: status, tokens, TTFT, total time, the prefill "
+                             "and decode instance (the spec's serve.access_log)")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
     parser.add_argument("--complete", action="append", default=[], metavar="TEXT",
                         help="once ready, complete TEXT through the endpoint (greedy) and print it (repeatable)")
     parser.add_argument("--complete-tokens", type=int, default=48, metavar="N", help="tokens per --complete")
     add_load_arguments(parser)
+
+
+def spec_to_launch(args: argparse.Namespace) -> Spec:
+    """The spec ``args`` name or describe, with the command's overrides (``--backend``, ``--address``,
+    ``--access-log``) applied: what ``--print-spec`` prints and `launch_spec` starts.
+
+    Raises:
+        DisaggError: a bad spec or flag (the message names it).
+    """
+    import attrs
+
+    spec = with_runtime_options(spec_of_args(args), args)
+    if getattr(args, "access_log", False):  # bench shares launch_spec and has no such flag
+        spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, access_log=True))
+    return spec
 
 
 def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, port: int | None = None,
@@ -72,7 +91,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     from disaggsdk.face.deployment import launch
     from disaggsdk.launch.base import LaunchError
 
-    spec = with_runtime_options(spec_of_args(args), args)
+    spec = spec_to_launch(args)
     layout = "colocated" if colocated else "disaggregated"
     console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
     start = time.monotonic()
@@ -87,7 +106,10 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
         if not args.restart_window_s > 0:
             raise LaunchError(f"--restart-window-s {args.restart_window_s}: give a positive number of seconds")
         options["restart_window_s"] = args.restart_window_s
-    d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None),
+    def progress(line: str) -> None:  # each unit's loading / compiling / ready, where the ready line goes
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None), on_progress=progress,
                port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
                served_model_name=getattr(args, "served_model_name", None),
                allowed_origins=getattr(args, "allowed_origins", ()), **options)
@@ -154,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_spec:
         from disaggsdk.spec import spec_to_yaml
 
-        print(spec_to_yaml(with_runtime_options(spec_of_args(args), args)), end="")
+        print(spec_to_yaml(spec_to_launch(args)), end="")
         return 0
     console = make_console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:

@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the weights and KV pages")
     parser.add_argument("--dtype", default=_DEFAULT.engine.dtype, choices=get_args(WeightDtype), help="weight dtype")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
+    parser.add_argument("--access-log", action="store_true",
+                        help="one line per finished request on stdout: status, tokens, TTFT, total time, the instance")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     )
     start = time.monotonic()
     d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name,
-                    allowed_origins=args.allowed_origins)
+                    allowed_origins=args.allowed_origins, access_log=args.access_log)
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}")
     serve_until_signal(d, console, live=not args.no_live)
     return 0

@@ -38,11 +38,14 @@ class LLMEngine:
         model: a tiny catalog name or a Hugging Face checkpoint directory.
         config: engine settings.
         kv_buffer: optional external memory for rank 0's KV pool (``kv_pool_bytes`` long).
+        on_compile: called once the weights are loaded, right before the step compiles (only when it
+            does): a launcher tells its user why the next minute is quiet.
     Raises:
         EngineError: bad settings. ModelError: the model cannot be built.
     """
 
-    def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None):
+    def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None,
+                 on_compile: Callable[[], None] | None = None):
         from disaggsdk.engine.models.base import check_tp
         from disaggsdk.models import resolve_model
 
@@ -86,6 +89,8 @@ class LLMEngine:
         self.layer_counter = LayerCounter()
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:
+            if on_compile is not None:
+                on_compile()
             self.runner.warm_up(self._on_layer_done)
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None

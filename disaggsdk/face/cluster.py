@@ -140,6 +140,11 @@ def _section_method(
     return method
 
 
+def _print_progress(line: str) -> None:
+    """A start-up line on stdout: a notebook shows stdout as the cell's output (stderr: a red box)."""
+    print(line, flush=True)
+
+
 @attrs.frozen
 class Cluster:
     """A deployment being described. `draft` is the spec so far, not yet cross-checked."""
@@ -236,10 +241,12 @@ class Cluster:
         return Cluster(attrs.evolve(self.draft, speculative=spec))
 
     @_names_the_call
-    def serve(self, host: str | None = None, port: int | None = None, routing: Routing | None = None) -> Cluster:
-        """Where the OpenAI-compatible endpoint listens, and how it picks a decode unit per request
-        (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`)."""
-        serve = _set(self.draft.serve, host=host, port=port, routing=routing)
+    def serve(self, host: str | None = None, port: int | None = None, routing: Routing | None = None,
+              access_log: bool | None = None) -> Cluster:
+        """Where the OpenAI-compatible endpoint listens, how it picks a decode unit per request
+        (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`), and whether it writes
+        a line per finished request (``access_log``, see `Serve.access_log`)."""
+        serve = _set(self.draft.serve, host=host, port=port, routing=routing, access_log=access_log)
         return Cluster(attrs.evolve(self.draft, serve=serve))
 
     @_names_the_call
@@ -280,9 +287,12 @@ class Cluster:
     def launch(self, **options: Any) -> Deployment:
         """Start this deployment (on this machine, or on Ray after `on_ray`) behind an OpenAI-compatible server.
 
+        Start-up progress (each unit's loading, compiling, ready) prints to stdout, as output, unless
+        ``on_progress`` takes the lines.
+
         Args:
             options: `disaggsdk.face.deployment.launch` options (``tiny``, ``colocated``,
-                ``port`` -- 0 picks a free one --, ``api_key``...).
+                ``port`` -- 0 picks a free one --, ``api_key``, ``on_progress``...).
         Returns:
             a running `Deployment` (a context manager; ``shutdown()`` stops every process).
         Raises:
@@ -290,6 +300,7 @@ class Cluster:
         """
         from disaggsdk.face.deployment import launch
 
+        options.setdefault("on_progress", _print_progress)
         return launch(self.spec, **options)
 
     def _repr_html_(self) -> str:

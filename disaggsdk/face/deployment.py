@@ -73,6 +73,7 @@ class Deployment:
         served_model_name: the model name clients use (default: the backend's model).
         allowed_origins: web origins whose pages may call the server (CORS; ``"*"``: any); none by default.
         limits: header and idle timeouts, the queue bound (`serve.http_limits`); None: the spec's defaults.
+        access_log: one line per finished request on stdout (`serve.access_log`).
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
@@ -81,7 +82,7 @@ class Deployment:
                  api_key: str | None = None, name: str = "deployment", sock: socket.socket | None = None,
                  allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, metrics_require_key: bool = False,
                  served_model_name: str | None = None, allowed_origins: Sequence[str] = (),
-                 limits: HttpLimits | None = None):
+                 limits: HttpLimits | None = None, access_log: bool = False):
         self.backend = backend
         self.name = name
         self.api_key = api_key
@@ -89,7 +90,7 @@ class Deployment:
         self.server_metrics = ServerMetrics(backend.stats, self._served_name, max_model_len=backend.max_model_len)
         app = build_app(backend, self.server_metrics, api_key, allowed_hosts=allowed_hosts,
                         metrics_require_key=metrics_require_key, served_model_name=self._served_name,
-                        allowed_origins=allowed_origins, limits=limits)
+                        allowed_origins=allowed_origins, limits=limits, access_log=access_log)
         self._server = HttpServer(app, host, port, sock, limits)
         try:
             self._server.start()
@@ -277,4 +278,4 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
                       allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
                       served_model_name=served_model_name or spec.serve.model_name, allowed_origins=allowed_origins,
-                      limits=HttpLimits.from_spec(spec.serve))
+                      limits=HttpLimits.from_spec(spec.serve), access_log=spec.serve.access_log)

@@ -9,6 +9,7 @@ it with any change of these structs that an older peer would misread.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import msgspec
 
@@ -20,8 +21,9 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
 # 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats);
 # 8: UnitStats carries the counters as one `UnitCounters` record (a new counter there needs no bump:
-# msgspec skips fields it does not know and fills missing ones with their defaults)
-PROTOCOL_VERSION = 8
+# msgspec skips fields it does not know and fills missing ones with their defaults);
+# 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit
+PROTOCOL_VERSION = 9
 
 # runtime -> unit
 
@@ -96,6 +98,23 @@ class Started(msgspec.Struct, frozen=True, tag=True):
     name: str
 
 
+ProgressStage = Literal["loading", "compiling", "compiled"]
+
+
+class Progress(msgspec.Struct, frozen=True, tag=True):
+    """A start-up step of a unit, sent before its `Ready` so that the launcher can show a cold start.
+
+    ``stage``: "loading" its weights (``weight_bytes`` of them per rank), "compiling" its step
+    (torch.compile, the long part of a first start), "compiled" (``elapsed_s`` after "compiling").
+    """
+
+    name: str
+    stage: ProgressStage
+    model: str = ""
+    weight_bytes: int = 0
+    elapsed_s: float = 0.0
+
+
 class Logprob(msgspec.Struct, frozen=True, array_like=True):
     token_id: int
     logprob: float
@@ -122,6 +141,7 @@ class Tokens(msgspec.Struct, frozen=True, tag=True):
     logprobs: list[Logprob] = []
     prompt_logprobs: list[Logprob | None] | None = None  # when this unit computed the prompt and was asked
     num_cached_tokens: int = 0  # prompt tokens no unit computed (prefix caches): usage's cached_tokens
+    prefill_unit: str = ""  # on a decode unit's first Tokens of a request: the prefill unit that computed its prompt
 
 
 class PromptLogprobs(msgspec.Struct, frozen=True, tag=True):
@@ -170,6 +190,6 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
 
 
 ToUnit = UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
-FromUnit = Ready | Started | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
+FromUnit = Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

@@ -21,7 +21,7 @@ def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
                provider: str | None = None, start_timeout_s: float = 300.0,
                on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
                max_restarts: int = DEFAULT_MAX_RESTARTS, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
-               ) -> Supervisor:
+               on_progress: Callable[[str], None] | None = None) -> Supervisor:
     """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.router.Router`.
 
     Args:
@@ -32,7 +32,7 @@ def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
         tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
         cpu_affinity: ignored: Ray places the units.
         colocated, log_dir, provider, start_timeout_s, on_event, secret, max_restarts,
-            restart_window_s: as for `LocalRuntime` (`runtime.Supervisor`).
+            restart_window_s, on_progress: as for `LocalRuntime` (`runtime.Supervisor`).
     Raises:
         LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
     """
@@ -41,6 +41,6 @@ def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
     del cpu_affinity  # accepted so that every runtime takes the same options
     runtime = Supervisor(spec, RayLauncher(address), tiny=tiny, colocated=colocated, log_dir=log_dir,
                          provider=provider, start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
-                         max_restarts=max_restarts, restart_window_s=restart_window_s)
+                         max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
     runtime.start()
     return runtime

@@ -15,6 +15,7 @@ requests lives in `disaggsdk.serve.router`.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import queue
 import secrets
@@ -52,6 +53,8 @@ from disaggsdk.launch.units import (
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 0.5  # before the first restart of a unit; doubled for each next one
 
@@ -60,7 +63,8 @@ def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
                  cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
                  start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
                  secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                 launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S) -> Supervisor:
+                 launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+                 on_progress: Callable[[str], None] | None = None) -> Supervisor:
     """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.router.Router`.
 
     The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
@@ -72,7 +76,7 @@ def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
     runtime = Supervisor(spec, launcher or ProcessLauncher(), tiny=tiny, colocated=colocated,
                          cpu_affinity=cpu_affinity, log_dir=log_dir, provider=provider,
                          start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
-                         max_restarts=max_restarts, restart_window_s=restart_window_s)
+                         max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
     runtime.start()
     return runtime
 
@@ -91,7 +95,11 @@ class Supervisor:
         log_dir: where unit logs go; None: a temporary directory close() removes unless a unit failed.
         provider: libfabric provider overriding the spec ("shm", "tcp").
         start_timeout_s: how long start-up may take.
-        on_event: optional callback for start-up and failure lines (default: print to stderr).
+        on_event: optional callback for failure and restart lines (default: print to stderr).
+        on_progress: optional callback for start-up lines, one per unit and step (loading weights,
+            compiling, ready) and the deployment's ready line (default: ``on_event``'s). `Cluster.launch`
+            and ``disaggsdk launch`` print them to stdout: a notebook shows stdout as output, stderr as
+            an error.
         secret: the control-frame secret (random when None).
         max_restarts: how often a unit that dies is started again within ``restart_window_s`` (a new
             incarnation, after a back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
@@ -106,10 +114,11 @@ class Supervisor:
                  cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
                  start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
                  secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                 restart_window_s: float = DEFAULT_RESTART_WINDOW_S):
+                 restart_window_s: float = DEFAULT_RESTART_WINDOW_S, on_progress: Callable[[str], None] | None = None):
         from disaggsdk.plan import make_plan
 
         self._say = on_event or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._progress = on_progress or self._say
         self.spec = tiny_spec(spec) if tiny else spec
         self.plan = make_plan(self.spec)
         if self.plan.memory_problems:  # what `disaggsdk validate` refuses: nothing starts that cannot fit
@@ -178,7 +187,9 @@ class Supervisor:
                                    os.path.join(self.log_dir, f"{name}.log"), self._work_dir, affinity[i],
                                    parent_pid=os.getpid(), dp_rank=dp_rank, group_address=addresses.get(inst.name))
                 self.units[name] = self.launcher.spawn(args)
-            start_units(self.units, self._start_timeout_s)
+                log.info("unit %s (%s, instance %s) started as pid %d; its log: %s", name, role, inst.name,
+                         self.units[name].process.pid, args.log_path)
+            start_units(self.units, self._start_timeout_s, self._progress)
         except BaseException:
             self._own_log_dir = False  # a failed start keeps its logs: the error names them
             self.close()
@@ -186,8 +197,8 @@ class Supervisor:
         self._restarter.start()
         roles = ", ".join(f"{n} ({u.args.role})" for n, u in self.units.items())
         for name, where in self.launcher.placement().items():
-            self._say(f"placement: {name} -> {where}")
-        self._say(f"ready: {len(self.units)} units over {self.provider}: {roles}; logs in {self.log_dir}")
+            self._progress(f"placement: {name} -> {where}")
+        self._progress(f"ready: {len(self.units)} units over {self.provider}: {roles}; logs in {self.log_dir}")
 
     # the Runtime seam
 
@@ -401,7 +412,7 @@ class Supervisor:
                     for u in started.values():  # each learns the live units and the members back before it
                         back = [o for o in started.values() if o.info is not None]
                         infos.append(rejoin_unit(u, [o for o in self.units.values() if o.healthy] + back,
-                                                 self._start_timeout_s))
+                                                 self._start_timeout_s, self._say))
                 except Exception as exc:  # noqa: BLE001 - a failed restart is reported and tried again
                     stop_units(started, timeout_s=1.0)
                     self._say(f"restart {attempt} of unit{'s' if len(names) > 1 else ''} {', '.join(names)} "

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from disaggsdk.launch.unit_parts import UnitParts
     from disaggsdk.messenger.peers import UnitInfo
     from disaggsdk.messenger.ports import Messenger
+    from disaggsdk.plan import Plan
 
 IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its launcher channel between polls
 # A rank of a lock-step dp group votes with the others every round, so an idle group costs every
@@ -80,7 +81,10 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
 
         torch.set_num_threads(len(args.cpu_ids) if args.cpu_ids else 1)
         spec = parse_spec_yaml(args.spec_yaml)
-        parts = assemble(args, spec, make_plan(spec))
+        plan = make_plan(spec)
+        report = StartupReport(conn, args.name, spec.model, plan, args.instance)
+        parts = assemble(args, spec, plan, on_compile=report)
+        report.done()
         unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model)
         lease.on_stop(unit.stop)
         unit.await_peers()
@@ -100,6 +104,35 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         exit_now(1)  # with the /dev/shm file a failed close (or a stop during start-up) left
     parts.close()
     print(f"{args.name}: stopped", flush=True)
+
+
+class StartupReport:
+    """Tells the launcher what a starting unit does (`messages.Progress`): "loading" at once, then, called
+    by the engine right before its step compiles, "compiling"; "compiled" once `done` is called after it.
+
+    Args:
+        conn: the unit's channel to the launcher.
+        name, model: the unit's name and model.
+        plan, instance: where the weights one rank of the unit holds are known (`Plan.instance_memory`).
+    """
+
+    def __init__(self, conn: FrameChannel[ch.ToUnit], name: str, model: str, plan: Plan, instance: str):
+        self._conn, self._name, self._model = conn, name, model
+        self._compile_start_s: float | None = None
+        ranks = plan.instance_memory(instance).ranks
+        weight_bytes = ranks[0].weights.total if ranks else 0
+        conn.send(ch.Progress(name, "loading", model=model, weight_bytes=weight_bytes))
+
+    def __call__(self) -> None:
+        """The engine's ``on_compile``: the weights are loaded and the step compiles now."""
+        self._compile_start_s = time.monotonic()
+        self._conn.send(ch.Progress(self._name, "compiling", model=self._model))
+
+    def done(self) -> None:
+        """The engine is built: say how long compiling took, if it compiled."""
+        if self._compile_start_s is not None:
+            elapsed_s = time.monotonic() - self._compile_start_s
+            self._conn.send(ch.Progress(self._name, "compiled", model=self._model, elapsed_s=elapsed_s))
 
 
 class Unit:
@@ -268,7 +301,8 @@ class Unit:
                 logprobs = [lp for lp in ch.wire_logprobs(out.new_logprobs) if lp is not None]
                 items.append(ch.Tokens(out.request_id, list(out.new_token_ids), out.finished,
                                        out.finish_reason, error=out.error, logprobs=logprobs,
-                                       prompt_logprobs=prompt, num_cached_tokens=out.num_cached_tokens))
+                                       prompt_logprobs=prompt, num_cached_tokens=out.num_cached_tokens,
+                                       prefill_unit=self.parts.prefill_unit_of(out.request_id)))
         if len(items) > 1:
             self.conn.send(ch.TokensBatch(items))
         elif items:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,10 @@ class UnitParts:
         """Hand a step's outputs on; returns those whose tokens go to the runtime."""
         return outputs
 
+    def prefill_unit_of(self, request_id: str) -> str:
+        """The prefill unit that computed the prompt of ``request_id``: "" here, where the engine did."""
+        return ""
+
     def close(self) -> None:
         """Stop the messenger, the tp workers and the transfer engine. Idempotent."""
         if self.messenger is not None:
@@ -86,8 +90,14 @@ class DecodeParts(UnitParts):
             self.messenger.submit(request_id, prompt_ids, params)
 
     def abort(self, request_id: str) -> None:
+        if self.messenger is not None:
+            self.messenger.prefilled_by.pop(request_id, None)
         if self.messenger is None or not self.messenger.abort(request_id):
             self.engine.abort(request_id)
+
+    def prefill_unit_of(self, request_id: str) -> str:
+        """The prefill unit that computed the prompt of ``request_id``, once (then ""); "" when none did."""
+        return self.messenger.prefilled_by.pop(request_id, "") if self.messenger is not None else ""
 
 
 @dataclass
@@ -133,30 +143,31 @@ def unit_info(args: UnitArgs, address: bytes = b"", pools: list[bytes] | None = 
                     context, slot_bytes, args.num_context_slots)
 
 
-def assemble(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
-    """The parts of the unit ``args`` describes."""
+def assemble(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None = None) -> UnitParts:
+    """The parts of the unit ``args`` describes; ``on_compile``: see `LLMEngine`."""
     return {"mixed": assemble_mixed, "prefill": assemble_prefill, "decode": assemble_decode}[args.role](
-        args, spec, plan)
+        args, spec, plan, on_compile)
 
 
-def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
+def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None = None) -> UnitParts:
     """A colocated unit: one engine that prefills and decodes, no messenger."""
     from disaggsdk.engine.llm_engine import LLMEngine
 
     instance = plan.instance(args.instance)
     config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role,
                                     dp_rank=args.dp_rank, group_address=args.group_address)
-    engine = LLMEngine(spec.model, config)
+    engine = LLMEngine(spec.model, config, on_compile=on_compile)
     for line in engine.held_experts():
         print(f"{args.name}: {line}", flush=True)
     return UnitParts(engine, unit_info(args))
 
 
-def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
+def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
+                     on_compile: Callable[[], None] | None = None) -> UnitParts:
     """A prefill unit: pools, transfer engine, and the prefill side of the messenger."""
     from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
 
-    kv = _kv_unit(args, spec, plan)
+    kv = _kv_unit(args, spec, plan, on_compile)
     try:
         messenger = PrefillMessenger(
             kv.info, engine=kv.engine, transfer=kv.transfer, plan=plan, pool_regions=kv.pools,
@@ -169,11 +180,12 @@ def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
     return kv.parts(PrefillParts, messenger)
 
 
-def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
+def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
+                    on_compile: Callable[[], None] | None = None) -> UnitParts:
     """A decode unit: pools, transfer engine, and the decode side of the messenger."""
     from disaggsdk.messenger.decode_side import DecodeMessenger
 
-    kv = _kv_unit(args, spec, plan)
+    kv = _kv_unit(args, spec, plan, on_compile)
     try:
         messenger = DecodeMessenger(
             kv.info, kv.engine, kv.transfer, plan, memoryview(kv.context), args.secret,
@@ -185,7 +197,7 @@ def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan) -> UnitParts:
     return kv.parts(DecodeParts, messenger)
 
 
-def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan) -> KVUnit:
+def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None) -> KVUnit:
     """An engine over memfd pools (rank 0's here, the workers' handed over), all registered with one
     transfer engine, and the context slots."""
     from disaggsdk.engine.llm_engine import LLMEngine
@@ -208,7 +220,7 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan) -> KVUnit:
     try:
         collector = PoolCollector(share_path, tp - 1) if share_path else None
         try:
-            engine = LLMEngine(spec.model, config, kv_buffer=region0.buffer)
+            engine = LLMEngine(spec.model, config, kv_buffer=region0.buffer, on_compile=on_compile)
             if engine.runner.compiled is not None:
                 print(f"{args.name}: compiled its step (torch.compile)", flush=True)
             for line in engine.held_experts():

@@ -9,9 +9,10 @@ import multiprocessing as mp
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait as wait_any
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, overload
 
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.launch import messages as ch
@@ -161,9 +162,27 @@ class ProcessLauncher:
         """Nothing held beyond the processes, which `stop_units` stops."""
 
 
-def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> UnitInfo:
+# said while a unit compiles, so that a quiet start is expected, not feared. Measured on CPU
+# (qwen3-coder-tiny, 3 units on 2 shared cores, 2026-12-06): 188 s with an empty compile cache, 26 s from it
+FIRST_COMPILE_WORDS = "minutes on a first start; later starts reuse torch's compile cache"
+
+ProgressListener = Callable[[str], None]
+
+
+def progress_line(msg: ch.Progress) -> str:
+    """One short line for a unit's start-up step (``decode0: compiling its step ...``)."""
+    if msg.stage == "loading":
+        size = f", {msg.weight_bytes / 1e6:,.1f} MB per rank" if msg.weight_bytes else ""
+        return f"{msg.name}: loading weights ({msg.model}{size})"
+    if msg.stage == "compiling":
+        return f"{msg.name}: compiling its step with torch.compile ({FIRST_COMPILE_WORDS})"
+    return f"{msg.name}: compiled in {msg.elapsed_s:.1f} s"
+
+
+def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float,
+                on_progress: ProgressListener | None = None) -> UnitInfo:
     """The start-up handshake of a restarted unit: its `Ready`, the address book of the live
-    units and itself, its `Started`.
+    units and itself, its `Started`. ``on_progress`` gets a line per start-up step (`progress_line`).
 
     Returns:
         How the others see it now (its new incarnation).
@@ -172,46 +191,90 @@ def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float) -> Un
         LaunchError: it died, failed or took too long (with its log tail).
     """
     deadline = time.monotonic() + timeout_s
-    ready = _startup_reply(u, deadline)
+    ready = _next_reply(u, deadline, on_progress)
     if not isinstance(ready, ch.Ready):
         raise LaunchError(f"unit {u.args.name} sent {type(ready).__name__} while restarting, expected Ready")
     u.info = ready.info
     u.channel.send(ch.Peers([o.info for o in others if o.info is not None] + [ready.info]))
-    started = _startup_reply(u, deadline)
+    started = _next_reply(u, deadline, on_progress)
     if not isinstance(started, ch.Started):
         raise LaunchError(f"unit {u.args.name} sent {type(started).__name__} while restarting, expected Started")
     u.started = True
     return ready.info
 
 
-def start_units(units: dict[str, UnitHandle], timeout_s: float) -> None:
+def start_units(units: dict[str, UnitHandle], timeout_s: float, on_progress: ProgressListener | None = None) -> None:
     """Wait for every unit's Ready, give all of them the address book, wait for every Started.
+
+    Every unit is listened to at once, so that each one's start-up steps reach ``on_progress`` as they
+    happen (`progress_line`, then ``<unit>: ready after S s`` at its `Ready`).
 
     Raises:
         LaunchError: a unit died, failed or took too long (with its log tail).
     """
-    deadline = time.monotonic() + timeout_s
+    start_s = time.monotonic()
+    deadline = start_s + timeout_s
+    say = on_progress or (lambda _line: None)
+    ready = _replies_of_all(units, deadline, on_progress, lambda name: say(
+        f"{name}: ready after {time.monotonic() - start_s:.1f} s"))
     infos: list[UnitInfo] = []
     for name, u in units.items():
-        ready = _startup_reply(u, deadline)
-        if not isinstance(ready, ch.Ready):
-            raise LaunchError(f"unit {name} sent {type(ready).__name__} while starting, expected Ready")
-        u.info = ready.info
-        infos.append(ready.info)
+        msg = ready[name]
+        if not isinstance(msg, ch.Ready):
+            raise LaunchError(f"unit {name} sent {type(msg).__name__} while starting, expected Ready")
+        u.info = msg.info
+        infos.append(msg.info)
     peers = ch.Peers(infos)
     for u in units.values():
         u.channel.send(peers)
+    started = _replies_of_all(units, deadline, on_progress, lambda _name: None)
     for name, u in units.items():
-        started = _startup_reply(u, deadline)
-        if not isinstance(started, ch.Started):
-            raise LaunchError(f"unit {name} sent {type(started).__name__} while starting, expected Started")
+        if not isinstance(started[name], ch.Started):
+            raise LaunchError(f"unit {name} sent {type(started[name]).__name__} while starting, expected Started")
         u.started = True
 
 
-def _startup_reply(u: UnitHandle, deadline: float) -> ch.FromUnit:
+def _replies_of_all(units: dict[str, UnitHandle], deadline: float, on_progress: ProgressListener | None,
+                    on_reply: Callable[[str], None]) -> dict[str, ch.FromUnit]:
+    """The next reply (not `Progress`) of every unit, whichever speaks first; ``on_reply(name)`` at each."""
+    replies: dict[str, ch.FromUnit] = {}
+    while len(replies) < len(units):
+        waiting = [u for name, u in units.items() if name not in replies]
+        try:
+            wait_any([u.channel.fileno() for u in waiting], timeout=0.1)
+        except (OSError, ValueError):
+            pass  # a channel closed under us: polling it below says why
+        for u in waiting:
+            msg = _next_reply(u, deadline, on_progress, wait_s=0.0)
+            if msg is not None:
+                replies[u.args.name] = msg
+                on_reply(u.args.name)
+    return replies
+
+
+@overload
+def _next_reply(u: UnitHandle, deadline: float, on_progress: ProgressListener | None) -> ch.FromUnit: ...
+@overload
+def _next_reply(u: UnitHandle, deadline: float, on_progress: ProgressListener | None,
+                wait_s: float) -> ch.FromUnit | None: ...
+def _next_reply(u: UnitHandle, deadline: float, on_progress: ProgressListener | None,
+                wait_s: float | None = None) -> ch.FromUnit | None:
+    """``u``'s next start-up reply, handing its `Progress` frames to ``on_progress`` on the way.
+
+    Args:
+        wait_s: how long to wait for it; None: until ``deadline`` (then it never returns None).
+    Raises:
+        LaunchError: it died, failed (`Fatal`) or passed ``deadline`` (with its log tail).
+    """
+    until = deadline if wait_s is None else time.monotonic() + wait_s
     while True:
         try:
-            if u.channel.poll(0.1):
+            if u.channel.poll(min(0.1, max(0.0, until - time.monotonic()))):
+                msg = u.channel.recv()
+                if isinstance(msg, ch.Progress):
+                    if on_progress is not None:
+                        on_progress(progress_line(msg))
+                    continue
                 break
         except ChannelClosed:
             time.sleep(0.05)  # it closed its end: its process is exiting, as the check below finds
@@ -219,7 +282,8 @@ def _startup_reply(u: UnitHandle, deadline: float) -> ch.FromUnit:
             what = "died" if not u.process.is_alive() else "did not start in time"
             raise LaunchError(f"unit {u.args.name} {what}; last lines of {u.args.log_path}:\n"
                               f"{unit_log_tail(u)}")
-    msg = u.channel.recv()
+        if time.monotonic() >= until:
+            return None
     if isinstance(msg, ch.Fatal):
         u.process.join(10)
         raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"

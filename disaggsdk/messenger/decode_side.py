@@ -88,6 +88,9 @@ class DecodeMessenger:
         self._down: dict[str, float] = {}
         self._outstanding: dict[str, int] = {}
         self._handoffs: dict[str, Handoff] = {}
+        # request id -> the prefill unit whose KV it was admitted with, until the unit reports its first
+        # tokens (the access log's "prefill"); absent: no prefill unit was asked (cached, or prefilled here)
+        self.prefilled_by: dict[str, str] = {}
         self._pending: deque[Handoff] = deque()
         self._quarantine: list[Quarantine] = []
         self._imms = itertools.count(1)
@@ -308,6 +311,7 @@ class DecodeMessenger:
         self._count_not_sent(h.num_cached_pages)
         cached_tokens = max(h.num_cached_pages * self.page_size, payload.num_cached_tokens)
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=cached_tokens)
+        self.prefilled_by[h.request_id] = h.prefill
 
     def _admit_cached(self, h: Handoff, num_pages: int) -> None:
         """Admit a request whose prompt KV this unit's prefix cache held whole: no prefill unit is asked."""

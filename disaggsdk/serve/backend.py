@@ -28,6 +28,7 @@ class TokenEvent:
     new_logprobs: Sequence[TokenLogprobs] = ()
     error: str | None = None  # set with finish_reason "error": what went wrong, for the client
     instance: str = ""  # the decode (or mixed) instance that produced the tokens
+    prefill_instance: str = ""  # on a request's first event: the prefill instance that computed its prompt, if any
     # with params.prompt_logprobs: the prompt's logprobs (entry 0 None), on the request's first event
     prompt_logprobs: Sequence[TokenLogprobs | None] | None = None
     # prompt tokens no engine computed for it (prefix caches; usage's ``cached_tokens``): fixed when the

@@ -25,6 +25,7 @@ class RuntimeOptions(TypedDict, total=False):
     provider: str | None
     start_timeout_s: float
     on_event: Callable[[str], None] | None
+    on_progress: Callable[[str], None] | None
     secret: bytes | None
     max_restarts: int
     restart_window_s: float

@@ -20,6 +20,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from disaggsdk.engine.structured.output import StructuredOutput
+from disaggsdk.serve.access_log import AccessLog, note_runs
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.choices import Choices, expand_choices
@@ -79,7 +80,8 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
               metrics_require_key: bool = False, served_model_name: str | None = None,
-              allowed_origins: Sequence[str] = (), limits: HttpLimits | None = None) -> FastAPI:
+              allowed_origins: Sequence[str] = (), limits: HttpLimits | None = None,
+              access_log: bool = False) -> FastAPI:
     """The FastAPI application serving ``backend``.
 
     Every error, the framework's included (unknown route, wrong method, a crash), answers an
@@ -98,6 +100,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             any); none by default.
         limits: the bounds on clients (`serve.http_limits`; here the queue of requests without a
             first token); None: the spec's defaults.
+        access_log: one line per finished request (`serve.access_log`).
     Returns:
         the app, ready for uvicorn.
     """
@@ -231,6 +234,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
         client = request.client.host if request.client else ""  # what poison_requests counts deaths by
         runs = [RequestRun(backend, metrics, rid, r, model, client) for rid, r in zip(run_ids, reqs)]
+        note_runs(request, runs)
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
         choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)
         try:
@@ -255,6 +259,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     root = APIRouter(dependencies=[Depends(check_key)])  # vLLM serves these beside /v1, not in it
     add_tokenize_routes(app, root, backend, chat_template, body_of)
     app.include_router(root)
+    if access_log:  # outermost of the app's own middleware: it times and sees every answer, errors included
+        app.add_middleware(AccessLog)
     return app
 
 

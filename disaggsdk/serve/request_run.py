@@ -49,6 +49,7 @@ class RequestRun:
     error: str | None = None
     finish_reason: str | None = None
     _instance: str = ""
+    prefill_instance: str = ""  # the prefill instance that computed its prompt ("": none did)
     _events: AsyncGenerator[TokenEvent, None] | None = None  # from start() on
     _text: TextStream = field(init=False)
     _first_chunk: bool = True
@@ -61,6 +62,11 @@ class RequestRun:
         self.timeline = RequestTimeline(time.monotonic(), prompt_tokens=len(self.req.prompt_ids))
         decode = functools.partial(self.backend.decode, skip_special_tokens=self.req.skip_special_tokens)
         self._text = TextStream(decode, self.req.stop, self.req.include_stop_str_in_output)
+
+    @property
+    def instance(self) -> str:
+        """The decode (or mixed) instance that produced its tokens ("" before any came)."""
+        return self._instance
 
     @property
     def completion_tokens(self) -> int:
@@ -119,6 +125,7 @@ class RequestRun:
     def _take(self, event: TokenEvent) -> Piece:
         now = time.monotonic()
         self._instance = event.instance or self._instance
+        self.prefill_instance = event.prefill_instance or self.prefill_instance
         tokens = [] if self.req.echo_only else list(event.new_token_ids)  # the one token made is dropped
         self.timeline.token_times_s.extend([now] * len(tokens))
         echo = self._echo(event) if self._first_chunk else ""

@@ -99,7 +99,7 @@ class Router:
         scores = [lp for lp in ch.engine_logprobs(msg.logprobs) if lp is not None]  # a token's never is
         event = TokenEvent(msg.request_id, msg.token_ids, msg.finished, msg.finish_reason,
                            scores, error=msg.error, instance=unit, prompt_logprobs=prompt,
-                           num_cached_tokens=msg.num_cached_tokens)
+                           num_cached_tokens=msg.num_cached_tokens, prefill_instance=msg.prefill_unit)
         with self._lock:
             if msg.request_id not in self._in_flight[unit]:
                 return  # moved off this unit while it was stalled (its abort answer too), or finished

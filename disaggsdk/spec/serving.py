@@ -50,6 +50,9 @@ class Serve(CheckedFields):
         "Requests handed to the engines that have no first token yet; past it a request gets 503 with "
         "`Retry-After` at once instead of a first token minutes later (SGLang's `--max-queued-requests`). One HTTP "
         "request counts once, whatever its `n`.", positive)
+    access_log: bool = key(False,
+        "One line per finished request on stdout (uvicorn's access line plus prompt and output tokens, TTFT, total "
+        "time, and the prefill and decode instance that served it; `disaggsdk launch --access-log`).")
     unit_stall_s: float = key(10.0,
         "Seconds a live unit may send nothing (no tokens, no answer to the stats it is asked for every quarter of "
         "this) before it is stalled: down in `/health` and `disaggsdk_engine_healthy`, given no new requests, and "
