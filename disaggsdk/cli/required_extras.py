@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 # extra -> the top-level modules its distributions install (the import names, not the pip names)
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
-    "engine": ("torch", "safetensors", "tokenizers", "llguidance", "numpy", "msgspec"),
+    "engine": ("torch", "safetensors", "tokenizers", "llguidance", "numpy", "msgspec", "cffi"),
     "transfer": ("cffi", "msgspec"),
     "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "jinja2"),
     "gpu": ("cuda",),

@@ -77,11 +77,11 @@ def test_transfer_bench_without_cffi_names_the_extra_not_libfabric(monkeypatch, 
 
 
 def test_only_the_missing_extras_are_named(monkeypatch, capsys):
-    _hide_modules(monkeypatch, "httpx", "cffi")  # engine present, transfer and serve missing
+    _hide_modules(monkeypatch, "torch", "httpx")  # transfer present, engine and serve missing
     assert cli_main.main(["launch", SPEC, "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert err == ("error: disaggsdk launch needs the transfer and serve extras: "
-                   "pip install 'disaggsdk[transfer,serve]'\n")
+    assert err == ("error: disaggsdk launch needs the engine and serve extras: "
+                   "pip install 'disaggsdk[engine,serve]'\n")
 
 
 def test_core_commands_run_without_any_extra(monkeypatch, capsys):
