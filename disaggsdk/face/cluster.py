@@ -42,6 +42,9 @@ _POSITIONAL = {("decode", "replicas"): "Cluster.decoders(n)", ("prefill", "repli
                ("transport", "provider"): "Cluster.transport(provider)",
                ("speculative", "method"): "Cluster.speculative(method)"}
 _SPEC_PATH = re.compile(r"\$\.([a-z_]+)(?:\.([a-z_]+))?")
+# a key a message names without its "$." ("raise `prefill.tp`", "hardware.cpu_memory_gb"): a section's, so
+# that "the model's" or "disaggsdk.launch" never reads as one
+_BARE_KEY = re.compile(r"(?<![\w.$])(" + "|".join(f.name for f in attrs.fields(Spec)) + r")\.([a-z_]+)")
 
 
 def builder_call(path: str) -> str | None:
@@ -69,8 +72,10 @@ def with_builder_hint(problem: str) -> str:
     """A spec problem (``$.hardware.gpu: ... set $.device to ...``) with the `Cluster` calls that fix it
     appended, for errors raised from the builder: the spec path stays, the Python call follows."""
     calls = []
-    for match in _SPEC_PATH.finditer(problem):
-        call = builder_call(match.group(0))
+    found = sorted([*_SPEC_PATH.finditer(problem), *_BARE_KEY.finditer(problem)], key=lambda m: m.start())
+    for match in found:
+        path = match.group(0) if match.group(0).startswith("$.") else f"$.{match.group(0)}"
+        call = builder_call(path)
         if call is not None and call not in calls:
             calls.append(call)
     return f"{problem} (in Python: {' or '.join(calls)})" if calls else problem
@@ -287,8 +292,8 @@ class Cluster:
     def launch(self, **options: Any) -> Deployment:
         """Start this deployment (on this machine, or on Ray after `on_ray`) behind an OpenAI-compatible server.
 
-        Start-up progress (each unit's loading, compiling, ready) prints to stdout, as output, unless
-        ``on_progress`` takes the lines.
+        Start-up progress (each unit's loading, compiling, ready) and the endpoint's ready line print to
+        stdout, as output, unless ``on_progress`` takes the lines.
 
         Args:
             options: `disaggsdk.face.deployment.launch` options (``tiny``, ``colocated``,
@@ -296,12 +301,21 @@ class Cluster:
         Returns:
             a running `Deployment` (a context manager; ``shutdown()`` stops every process).
         Raises:
-            SpecError, HardwareError: the spec cannot run here (the message says what instead).
+            SpecError, HardwareError: the spec cannot run here (the message says what instead; a spec
+                problem with the builder call that fixes it).
         """
+        import time
+
         from disaggsdk.face.deployment import launch
 
-        options.setdefault("on_progress", _print_progress)
-        return launch(self.spec, **options)
+        say: Callable[[str], None] = options.setdefault("on_progress", _print_progress)
+        start_s = time.monotonic()
+        try:
+            deployment = launch(self.spec, **options)
+        except SpecError as exc:  # the plan's memory rules: checked only now, and as much the builder's to fix
+            raise SpecError([with_builder_hint(p) for p in exc.problems]) from None
+        say(f"ready in {time.monotonic() - start_s:.1f} s: {deployment.url}/v1  model {deployment.model_name}")
+        return deployment
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(spec_to_yaml(self.draft))}</pre>"

@@ -70,7 +70,8 @@ def test_a_launch_reports_each_unit_on_stdout_and_logs_each_request_with_its_ins
     for unit in ("prefill-0", "decode-0"):
         assert f"{unit}: loading weights (qwen3-coder-tiny, " in "\n".join(progress)
         assert any(re.fullmatch(rf"{unit}: ready after \d+\.\d s", line) for line in progress), progress
-    assert progress[-1].startswith("ready: 2 units over shm")
+    assert progress[-2].startswith("ready: 2 units over shm")
+    assert re.fullmatch(r"ready in \d+\.\d s: http://127\.0\.0\.1:\d+/v1  model qwen3-coder-tiny", progress[-1])
     prompt_tokens = answer["usage"]["prompt_tokens"]
     generated = [line for line in access.lines if "/v1/completions" in line]
     assert len(generated) == 2, access.lines

@@ -99,3 +99,14 @@ def test_builder_call_maps_spec_paths_to_methods():
     assert builder_call("$.launch.address") == "Cluster.on_ray(address=...)"
     assert builder_call("$.name") == "Cluster.named(...)"
     assert builder_call("$.serve.max_queued_requests") is None  # YAML only: no hint rather than a wrong one
+
+
+def test_a_memory_problem_found_at_launch_names_the_calls_too():
+    draft = Cluster().model("qwen3-coder-tiny").device("cpu").prefill(tp=1).decoders(1).engine(num_pages=10**7)
+    with pytest.raises(SpecError) as caught:
+        draft.launch(port=0)  # refused by the plan before any process starts
+    problem = caught.value.problems[0]
+    assert problem.startswith("$.engine.num_pages: prefill rank 0's 10000000 pages need")
+    # the keys the message names bare ("raise `prefill.tp`") get their calls as well
+    assert problem.endswith("(in Python: Cluster.engine(num_pages=...) or Cluster.hardware(cpu_memory_gb=...) "
+                            "or Cluster.prefill(tp=...))")
