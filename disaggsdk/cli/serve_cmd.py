@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.cli.launch_cmd import serve_until_signal
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.face.deployment import serve_model
+    from disaggsdk.launch.progress import compiling_line, loading_line
 
     console = make_console()
     config = EngineConfig(
@@ -58,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
     )
     start = time.monotonic()
+    say = lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    say(loading_line("mixed-0", args.model))  # the in-process engine's name (`InProcessBackend`)
     d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name,
-                    allowed_origins=args.allowed_origins, access_log=args.access_log)
+                    allowed_origins=args.allowed_origins, access_log=args.access_log,
+                    on_compile=lambda: say(compiling_line("mixed-0")))
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}")
     serve_until_signal(d, console, live=not args.no_live)
     return 0

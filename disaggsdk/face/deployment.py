@@ -15,7 +15,7 @@ import math
 import socket
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
@@ -223,7 +223,8 @@ class Deployment:
 
 
 def serve_model(model: str, engine_config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
-                api_key: str | None = None, **server_options: Any) -> Deployment:
+                api_key: str | None = None, on_compile: Callable[[], None] | None = None,
+                **server_options: Any) -> Deployment:
     """One colocated engine in this process behind the server (`disaggsdk serve`).
 
     Args:
@@ -232,12 +233,13 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         host: see `Deployment`.
         port: see `Deployment`.
         api_key: see `Deployment`.
+        on_compile: called right before the engine's step compiles (`LLMEngine`), if it does.
         server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``,
-            ``allowed_origins`` and ``limits``.
+            ``allowed_origins``, ``limits`` and ``access_log``.
     """
     from disaggsdk.serve.inprocess_backend import InProcessBackend
 
-    backend = InProcessBackend(model, engine_config)
+    backend = InProcessBackend(model, engine_config, on_compile=on_compile)
     return Deployment(backend, host, port, api_key, name=f"{model} (colocated, in process)", **server_options)
 
 

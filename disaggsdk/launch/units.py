@@ -19,6 +19,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, LaunchError, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.messages import UnitArgs
+from disaggsdk.launch.progress import ProgressListener, progress_line
 from disaggsdk.transfer.shm_files import remove_fabric_shm
 
 if TYPE_CHECKING:
@@ -160,23 +161,6 @@ class ProcessLauncher:
 
     def close(self) -> None:
         """Nothing held beyond the processes, which `stop_units` stops."""
-
-
-# said while a unit compiles, so that a quiet start is expected, not feared. Measured on CPU
-# (qwen3-coder-tiny, 3 units on 2 shared cores, 2026-12-06): 188 s with an empty compile cache, 26 s from it
-FIRST_COMPILE_WORDS = "minutes on a first start; later starts reuse torch's compile cache"
-
-ProgressListener = Callable[[str], None]
-
-
-def progress_line(msg: ch.Progress) -> str:
-    """One short line for a unit's start-up step (``decode0: compiling its step ...``)."""
-    if msg.stage == "loading":
-        size = f", {msg.weight_bytes / 1e6:,.1f} MB per rank" if msg.weight_bytes else ""
-        return f"{msg.name}: loading weights ({msg.model}{size})"
-    if msg.stage == "compiling":
-        return f"{msg.name}: compiling its step with torch.compile ({FIRST_COMPILE_WORDS})"
-    return f"{msg.name}: compiled in {msg.elapsed_s:.1f} s"
 
 
 def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -75,14 +75,15 @@ class InProcessBackend:
         ``max_model_len``, else the model's context."""
         return self._engine.config.max_model_len or self._engine.arch.max_context_tokens
 
-    def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0"):
+    def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0",
+                 on_compile: Callable[[], None] | None = None):
         from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
         from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
         self.model_name = model
         self.name = name
         self._tokenizer = load_tokenizer(model) or ByteTokenizer()
-        self._engine: LLMEngine = LLMEngine(model, replace(config or EngineConfig(), mode="mixed"))
+        self._engine: LLMEngine = LLMEngine(model, replace(config or EngineConfig(), mode="mixed"), on_compile=on_compile)
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Reset | None] = queue.SimpleQueue()
         self._subscribers: dict[str, _Subscriber] = {}  # engine thread only
         self._stats = InstanceStats(name, "mixed", kv_pages_total=self._engine.config.num_pages)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.units import progress_line
+from disaggsdk.launch.progress import progress_line
 from disaggsdk.serve.access_log import LOGGER_NAME, access_line
 from tests.launch._helpers import make_spec
 
@@ -141,3 +141,35 @@ def test_serve_model_logs_requests_of_its_one_engine():
     assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/completions HTTP/1\.1" 200 prompt_tokens=\d+ output_tokens=3 '
                         r"ttft_ms=\d+\.\d total_ms=\d+\.\d prefill=- decode=\S+", access.lines[0]), access.lines
     assert re.fullmatch(r'127\.0\.0\.1:\d+ "POST /v1/completions HTTP/1\.1" 400 total_ms=\d+\.\d', access.lines[1])
+
+
+def test_serve_says_it_loads_before_it_is_ready():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", "serve", "--model", "qwen3-coder-tiny",
+                             "--port", "0", "--no-live"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready in"):
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert lines[0] == "mixed-0: loading weights (qwen3-coder-tiny)\n", lines
+    assert lines[-1].startswith("ready in") and "loading" not in err
+
+
+def test_the_access_logger_prints_to_stdout_unless_given_a_handler():
+    from disaggsdk.serve.access_log import access_logger
+
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    logger.handlers.clear()
+    try:
+        handler = access_logger().handlers[0]
+        assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout
+        assert access_logger().handlers == [handler]  # once: a second app adds no second line
+    finally:
+        logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
