@@ -12,6 +12,7 @@ extra alone, and ``make demo``'s job from the wheel without the Makefile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -135,11 +136,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def tiny_server(tmp_path: Path) -> Iterator[str]:
-    """`disaggsdk serve` of the tiny model from this (complete) environment; yields its URL."""
+@contextlib.contextmanager
+def serving(cli: Path, tmp_path: Path) -> Iterator[str]:
+    """`disaggsdk serve` of the tiny model by the console script ``cli``, until exit; yields its URL."""
     port = _free_port()
-    cli = Path(sys.executable).parent / "disaggsdk"
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen([str(cli), "serve", "--model", "qwen3-coder-tiny", "--port", str(port), "--no-live"],
                               stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -163,6 +163,13 @@ def tiny_server(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+@pytest.fixture
+def tiny_server(tmp_path: Path) -> Iterator[str]:
+    """The tiny model served from this (complete) environment: a server for the serve-only venv's client."""
+    with serving(Path(sys.executable).parent / "disaggsdk", tmp_path) as url:
+        yield url
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("extra", ["engine", "transfer", "serve"])
@@ -178,6 +185,10 @@ def test_each_extra_alone_runs_its_commands(built_wheel, tmp_path, extra, reques
         (output,) = json.loads(generated.stdout)["outputs"]
         assert len(output["token_ids"]) == 8 and output["text"].strip()
         assert "speculative" in json.loads(generated.stdout)  # the n-gram proposer ran
+        calibrated = run_cli(bin_dir, tmp_path, "calibrate", "--rounds", "1", "--output", str(tmp_path / "profile.yaml"),
+                             timeout_s=900)
+        assert calibrated.returncode == 0, calibrated.stderr
+        assert "matrix rate" in calibrated.stdout and (tmp_path / "profile.yaml").stat().st_size > 0
     elif extra == "transfer":
         measured = run_cli(bin_dir, tmp_path, "transfer-bench", "--sizes", "4K,64K", "--maps", "contiguous",
                            "--region-mib", "4", "--total-mib", "4", "--json", timeout_s=600)
@@ -219,3 +230,12 @@ def test_the_wheel_runs_make_demos_job_without_the_makefile(built_wheel, tmp_pat
     assert "benchmark" in demo.stdout and "mean_ttft_ms" in demo.stdout
     result = json.loads((tmp_path / "demo.json").read_text())
     assert result["completed"] == 24 and result["failed"] == 0
+    # the other commands these three extras serve, from the same venv
+    kv = run_cli(bin_dir, tmp_path, "kv-bench", SPEC, "--input-len", "128", "--num-prompts", "2", timeout_s=900)
+    assert kv.returncode == 0, kv.stderr[-3000:]
+    assert {"streaming", "ablation", "exposed_ratio"} <= set(json.loads(kv.stdout))  # both modes measured
+    with serving(bin_dir / "disaggsdk", tmp_path) as url:
+        loaded = run_cli(bin_dir, tmp_path, "bench", url, "--num-prompts", "4", "--input-len", "32", "--output-len", "8",
+                         "--output", str(tmp_path / "bench.json"), timeout_s=600)
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads((tmp_path / "bench.json").read_text())["completed"] == 4
