@@ -86,14 +86,14 @@ def join_groups(engine: EngineConfig, num_experts: int, tp_rank: int, address: s
     heads = None
     if dp_size == 1:
         tp_group: dist.ProcessGroup | None = dist.group.WORLD
-        control = dist.new_group(backend="gloo", timeout=idle)
+        control = _member(dist.new_group(backend="gloo", timeout=idle))
     else:
         for d in range(dp_size):
             ranks = list(range(d * tp_size, (d + 1) * tp_size))
             group = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
             group_control = dist.new_group(ranks, backend="gloo", timeout=idle)
             if d == engine.dp_rank:
-                tp_group, control = group, group_control
+                tp_group, control = _member(group), _member(group_control)
         heads = dist.new_group([d * tp_size for d in range(dp_size)], backend="gloo", timeout=idle)
     experts = None
     if engine.ep > 1:
@@ -104,7 +104,7 @@ def join_groups(engine: EngineConfig, num_experts: int, tp_rank: int, address: s
     if heads is not None and tp_rank == 0:
         from disaggsdk.engine.dp_lockstep import DataParallelLockstep
 
-        lockstep = DataParallelLockstep(heads, engine.dp_rank, dp_size)
+        lockstep = DataParallelLockstep(_member(heads), engine.dp_rank, dp_size)
     return RankGroups(TensorParallel(rank=tp_rank, size=tp_size, group=tp_group, experts=experts), control, lockstep)
 
 
@@ -304,3 +304,11 @@ class TPGroup:
                 proc.kill()
                 proc.join()
         self.procs = []
+
+
+def _member(group: object) -> dist.ProcessGroup:
+    """A group this rank belongs to, as a ProcessGroup: `new_group` returns a marker to the ranks outside
+    a group (typed so from torch 2.14), and every group kept here is one of this rank's."""
+    if not isinstance(group, dist.ProcessGroup):
+        raise RuntimeError(f"this rank is not in the group it joined: {group!r}")
+    return group
