@@ -44,8 +44,9 @@ check: install
 	$(VENV)/bin/ruff check disaggsdk tests tools
 	$(VENV)/bin/mypy
 
+# --durations: the slowest tests, printed at the end, so the suite's time stays in view
 test: check
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-all: check
 	$(PY) -m pytest -q -p no:cacheprovider -m 'slow or not slow'

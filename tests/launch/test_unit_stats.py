@@ -37,6 +37,9 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
         totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={})
     u = Unit.__new__(Unit)
     u.args, u.conn, u.engine, u.messenger = SimpleNamespace(name=f"{role}-0", role=role), Conn(), engine, messenger
+    # which prefill unit computed a request's prompt (the messenger's record, read once per request)
+    prefilled_by = {"r": "prefill-1"}
+    u.parts = SimpleNamespace(prefill_unit_of=lambda request_id: prefilled_by.pop(request_id, ""))
     return u
 
 
@@ -62,10 +65,13 @@ def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
     assert (empty.prefix_cache_queries, empty.bytes_not_sent, empty.prefix_cache_hit_rate) == (0, 0, None)
 
 
-def test_tokens_carry_the_requests_cached_tokens():
+def test_tokens_carry_the_requests_cached_tokens_and_its_prefill_unit_once():
     u = unit("decode", None)
     out = SimpleNamespace(request_id="r", new_token_ids=[5], finished=False, finish_reason=None, error=None,
                           new_logprobs=[], prompt_logprobs=None, num_cached_tokens=32)
     u._emit([out])
-    assert round_trip(u.conn.sent[0]).num_cached_tokens == 32
+    u._emit([out])
+    first, second = (round_trip(m) for m in u.conn.sent)
+    assert (first.num_cached_tokens, first.prefill_unit) == (32, "prefill-1")
+    assert second.prefill_unit == ""  # the access log names it from the first tokens
     assert round_trip(ch.Tokens("r", [1])).num_cached_tokens == 0  # default: nothing cached
