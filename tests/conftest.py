@@ -51,8 +51,12 @@ def run_cli():
     return run
 
 
-def start_cli_server(*args: str, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+def start_cli_server(*args: str, timeout_s: float = 120, env: dict[str, str] | None = None,
+                     separate_stderr: bool = False, lines: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """``disaggsdk ARGS`` as a process that serves; returns it and its base URL once it says it is ready.
+
+    ``env`` adds variables; ``separate_stderr`` keeps stderr apart (``proc.stderr``) for a test of what lands
+    on which stream; ``lines`` receives what it printed up to the ready line.
 
     Raises:
         AssertionError: it printed no URL in time (the process is killed; its output is the message).
@@ -60,10 +64,12 @@ def start_cli_server(*args: str, timeout_s: float = 120) -> tuple[subprocess.Pop
     import re
     import time
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, url = [], None
+    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", *args], cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
+                            text=True)
+    lines = [] if lines is None else lines
+    url = None
     deadline = time.monotonic() + timeout_s
     while url is None and time.monotonic() < deadline:
         line = proc.stdout.readline()

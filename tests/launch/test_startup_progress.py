@@ -18,6 +18,7 @@ import pytest
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.progress import progress_line
 from disaggsdk.serve.access_log import LOGGER_NAME, access_line
+from tests.conftest import start_cli_server
 from tests.launch._helpers import make_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,22 +87,11 @@ def test_a_launch_reports_each_unit_on_stdout_and_logs_each_request_with_its_ins
 @pytest.mark.slow
 def test_a_cli_launch_with_compiling_prints_progress_and_access_lines_on_stdout():
     """The real start: torch.compile on, progress and the ready line on stdout, stderr quiet."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "DISAGGSDK_COMPILE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.cli.main", "launch", "--model", "qwen3-coder-tiny",
-                             "--device", "cpu", "--port", "0", "--no-live", "--access-log"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
+    proc, url = start_cli_server("launch", "--model", "qwen3-coder-tiny", "--device", "cpu", "--port", "0",
+                                 "--no-live", "--access-log", timeout_s=600, env={"DISAGGSDK_COMPILE": "1"},
+                                 separate_stderr=True, lines=lines)
     try:
-        url = None
-        deadline = time.monotonic() + 600
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            found = re.search(r"ready in .*(http://127\.0\.0\.1:\d+)/v1", line)
-            url = found.group(1) if found else None
-        assert url is not None, "".join(lines)
         body = {"model": "qwen3-coder-tiny", "prompt": "def fib(n):\n    if n < 2:", "max_tokens": 2}
         httpx.post(f"{url}/v1/completions", json=body, timeout=120)
         time.sleep(0.5)
