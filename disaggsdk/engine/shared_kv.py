@@ -1,9 +1,10 @@
-"""A tensor-parallel worker's KV pool in shared memory, its fd handed to the instance head.
+"""A tensor-parallel worker's KV pool in shareable memory, its fd handed to the instance head.
 
 One transfer engine on the head process registers every rank's pool (docs/architecture.md, "Shared
-KV memory"). A worker started with ``EngineConfig.kv_share_path`` allocates its pool as a memfd,
-connects to that Unix socket, sends its tp rank (4 bytes) and then the fd (SCM_RIGHTS), and keeps
-the region for the model runner. The protocol is `disaggsdk.memory.pool_handover`.
+KV memory"). A worker started with ``EngineConfig.kv_share_path`` allocates its pool on its device
+(a memfd on the CPU, a cuMem allocation on a GPU: `disaggsdk.memory.rank_pool`), connects to that
+Unix socket, sends its tp rank (4 bytes) and then the fd (SCM_RIGHTS), and keeps the pool for the
+model runner. The protocol is `disaggsdk.memory.pool_handover`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from disaggsdk.engine.model_runner import RunnerConfig
     from disaggsdk.engine.parallel import TensorParallel
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.memory.rank_pool import RankPool
 
 
 def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
@@ -27,20 +30,21 @@ def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
     return KVCache.page_format(geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype).pool_bytes
 
 
-def share_pool(config: RunnerConfig, tp: TensorParallel) -> SharedRegion:
-    """Create this rank's pool as a memfd and send it to the head at ``config.engine.kv_share_path``.
+def share_pool(config: RunnerConfig, tp: TensorParallel) -> RankPool:
+    """Create this rank's pool on its device and send it to the head at ``config.engine.kv_share_path``.
 
     Returns:
-        The region (keep it alive as long as the model runner uses it).
+        The pool (keep it alive as long as the model runner uses it; `pool_tensor` is its KV buffer).
     Raises:
         SharedKVError: the head is not listening or went away.
+        SharedMemoryError: the pool cannot be allocated (CudaDriverMissing: no CUDA driver or cuda-python).
     """
     from disaggsdk.memory.pool_handover import SharedKVError, send_pool
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.memory.rank_pool import create_rank_pool
 
     path = config.engine.kv_share_path
     assert path is not None, "only a worker told where to hand its pool shares it"
-    region = SharedRegion.create(pool_bytes(config, tp), f"disaggsdk-kv-rank{tp.rank}")
+    region = create_rank_pool(pool_bytes(config, tp), config.engine.device, f"disaggsdk-kv-rank{tp.rank}")
     try:
         send_pool(path, tp.rank, region)
     except SharedKVError:
@@ -48,3 +52,8 @@ def share_pool(config: RunnerConfig, tp: TensorParallel) -> SharedRegion:
         raise
     return region
 
+
+def pool_tensor(pool: RankPool, size_bytes: int) -> torch.Tensor:
+    """The first ``size_bytes`` of ``pool`` as a uint8 tensor on its device: the engine's KV buffer (a CUDA
+    pool is rounded up to its allocation granularity; the KV cache wants its format's exact size)."""
+    return pool.as_tensor()[:size_bytes]

@@ -173,12 +173,12 @@ def _worker_main(rank: int, address: str, config: RunnerConfig, num_experts: int
         tp, control = groups.tp, groups.control
         kv_region = None
         if config.engine.kv_share_path:  # the head's transfer engine registers this rank's pool too
-            from disaggsdk.engine.shared_kv import share_pool
+            from disaggsdk.engine.shared_kv import pool_bytes, pool_tensor, share_pool
             from disaggsdk.memory.pool_handover import die_with_parent
 
             die_with_parent()
             kv_region = share_pool(config, tp)
-        runner = ModelRunner(config, tp, kv_region.buffer if kv_region else None)
+        runner = ModelRunner(config, tp, pool_tensor(kv_region, pool_bytes(config, tp)) if kv_region else None)
     except Exception as exc:  # noqa: BLE001 - any start-up failure is reported to rank 0, which raises it typed
         ready.send(f"rank {rank}: {type(exc).__name__}: {exc}")
         return

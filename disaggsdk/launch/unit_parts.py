@@ -21,8 +21,10 @@ if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.launch.kv_pools import UnitPools
     from disaggsdk.launch.messages import UnitArgs
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.memory.rank_pool import RankPool
     from disaggsdk.messenger.decode_side import DecodeMessenger
     from disaggsdk.messenger.prefill_side import PrefillMessenger
     from disaggsdk.plan import Plan
@@ -38,7 +40,7 @@ class UnitParts:
     info: UnitInfo
     messenger: Messenger | None = None
     transfer: TransferEngine | None = None
-    regions: list[SharedRegion] = field(default_factory=list)  # each tp rank's KV pool
+    regions: list[RankPool] = field(default_factory=list)  # each tp rank's KV pool (and host mirror)
     registrations: list[MemoryRegion] = field(default_factory=list)  # of each pool and the context
     context: bytearray | None = None  # the context slots (decode: written into; prefill: staged in)
 
@@ -106,11 +108,12 @@ class KVUnit:
 
     engine: LLMEngine
     transfer: TransferEngine
-    regions: list[SharedRegion]  # each tp rank's KV pool
-    pools: list[MemoryRegion]  # the registration of each pool
+    regions: list[RankPool]  # each tp rank's KV pool, then their host mirrors if any: kept mapped while registered
+    pools: list[MemoryRegion]  # the registration of each pool (or of its mirror)
     context: bytearray  # the context slots
     context_region: MemoryRegion  # their registration
     info: UnitInfo
+    staging: HostMirror | None = None  # the host mirrors' copies, when the pools are registered through them
 
     def parts(self, kind: type[UnitParts], messenger: Messenger) -> UnitParts:
         """The unit's parts with ``messenger`` on top."""
@@ -172,7 +175,7 @@ def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
         messenger = PrefillMessenger(
             kv.info, engine=kv.engine, transfer=kv.transfer, plan=plan, pool_regions=kv.pools,
             staging=ContextStaging(kv.context_region, memoryview(kv.context)), secret=args.secret,
-            streaming=spec.transfer.streaming, verify_pages=spec.transport.verify_pages,
+            streaming=spec.transfer.streaming, verify_pages=spec.transport.verify_pages, kv_mirror=kv.staging,
         )
     except BaseException:
         kv.close()
@@ -190,7 +193,8 @@ def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
         messenger = DecodeMessenger(
             kv.info, kv.engine, kv.transfer, plan, memoryview(kv.context), args.secret,
             deadline_s=spec.transfer.deadline_s, pools=kv.pools, context_region=kv.context_region,
-            grant_keys=spec.transport.grant_keys_on(args.provider), verify_pages=spec.transport.verify_pages)
+            grant_keys=spec.transport.grant_keys_on(args.provider), verify_pages=spec.transport.verify_pages,
+            kv_mirror=kv.staging)
     except BaseException:
         kv.close()
         raise
@@ -198,13 +202,15 @@ def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
 
 
 def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None) -> KVUnit:
-    """An engine over memfd pools (rank 0's here, the workers' handed over), all registered with one
-    transfer engine, and the context slots."""
+    """An engine over shareable pools on its device (rank 0's here, the workers' handed over), all
+    registered with one transfer engine (or through host mirrors: `launch.kv_pools`), and the
+    context slots."""
     from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.shared_kv import pool_tensor
+    from disaggsdk.launch.kv_pools import register_pools
     from disaggsdk.memory.pool_handover import PoolCollector
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.memory.rank_pool import create_rank_pool
     from disaggsdk.messenger.context import context_bytes
-    from disaggsdk.transfer import TransferEngine
 
     tp = plan.instance(args.instance).tp
     share_path = os.path.join(args.work_dir, f"{args.name}.kv.sock") if tp > 1 else None
@@ -212,15 +218,15 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
                                     group_address=args.group_address)
     print(f"{args.name}: building {spec.model} tp={tp} ep={config.ep} mode={config.mode}"
           + (f" dp rank {config.dp_rank} of a lock-step {config.dp_size}" if config.lockstep else ""), flush=True)
-    region0 = SharedRegion.create(_pool_bytes(plan, config, tp), f"{args.name}-kv-rank0")
-    regions = [region0]
+    size_bytes = _pool_bytes(plan, config, tp)
+    pool0 = create_rank_pool(size_bytes, config.device, f"{args.name}-kv-rank0")
+    regions: list[RankPool] = [pool0]
     engine: LLMEngine | None = None
-    transfer: TransferEngine | None = None
-    registrations: list[MemoryRegion] = []  # what a failure deregisters
+    unit_pools: UnitPools | None = None
     try:
         collector = PoolCollector(share_path, tp - 1) if share_path else None
         try:
-            engine = LLMEngine(spec.model, config, kv_buffer=region0.buffer, on_compile=on_compile)
+            engine = LLMEngine(spec.model, config, kv_buffer=pool_tensor(pool0, size_bytes), on_compile=on_compile)
             if engine.runner.compiled is not None:
                 print(f"{args.name}: compiled its step (torch.compile)", flush=True)
             for line in engine.held_experts():
@@ -231,26 +237,27 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
         finally:
             if collector is not None:
                 collector.close()
-        transfer = TransferEngine(args.provider, direct=spec.transport.same_host_copy)
         # Peers write only into a decode unit's pools and context, and there only under the
         # whole-region key when grant keys are off; a prefill unit's regions are write sources.
         targets = args.role == "decode" and not spec.transport.grant_keys_on(args.provider)
-        # pools are memfds: prefill units on this machine map a target's and copy with memcpy
-        pools = [transfer.register(r.buffer, shared_fd=r.fd if targets else None, remote_write=targets)
-                 for r in regions]
-        registrations = list(pools)
+        fmt = engine.kv_cache.fmt
+        unit_pools = register_pools(spec, args.provider, regions, size_bytes, fmt.num_layers, fmt.num_pages, targets)
+        print(f"{args.name}: KV pools {unit_pools.mode}: {unit_pools.reason}", flush=True)
+        transfer = unit_pools.transfer
+        pools = unit_pools.registrations
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)
         context = bytearray(slot_bytes * args.num_context_slots)
         context_region = transfer.register(context, remote_write=targets)
-        registrations = [*pools, context_region]
         info = unit_info(args, transfer.address, [m.descriptor.to_bytes() for m in pools],
                          context_region.descriptor.to_bytes(), slot_bytes)
     except BaseException:
         if engine is not None:
             engine.close()
-        _close_transfer(transfer, registrations)
+        if unit_pools is not None:
+            _close_transfer(unit_pools.transfer, unit_pools.registrations)
         raise
-    return KVUnit(engine, transfer, regions, pools, context, context_region, info)
+    return KVUnit(engine, transfer, [*regions, *unit_pools.mirrors], pools, context, context_region, info,
+                  unit_pools.staging)
 
 
 def _pool_bytes(plan: Plan, config: EngineConfig, tp: int) -> int:

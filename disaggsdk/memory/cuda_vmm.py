@@ -12,9 +12,12 @@ cuda-python (`cuda.bindings.driver`, the `gpu` extra) is imported on first use o
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.memory.shared_memory import SharedMemoryError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CudaDriverMissing(SharedMemoryError):
@@ -91,6 +94,16 @@ def _map(driver: Any, handle: Any, size_bytes: int, granularity: int, device: in
     return int(va)
 
 
+class _CudaArrayInterface:
+    """What `torch.as_tensor` reads to wrap memory it did not allocate: a [size_bytes] uint8 array
+    at a device address (the CUDA array interface, version 3)."""
+
+    def __init__(self, address: int, size_bytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (size_bytes,), "typestr": "|u1", "data": (address, False), "strides": None, "version": 3,
+        }
+
+
 class _CudaMapped:
     """A physical allocation handle mapped at `address` in this process."""
 
@@ -99,7 +112,23 @@ class _CudaMapped:
         self.address = address  # device virtual address of byte 0
         self.size_bytes = size_bytes
         self.device = device
+        self.cuda_device: int | None = device  # the RankPool contract: device memory of this ordinal
         self.fd = -1
+
+    def as_tensor(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A CUDA tensor over the whole mapping, sharing its memory (imports torch).
+
+        The tensor does not own the memory: keep this object alive (and open) while it is used.
+
+        Args:
+            dtype: element type; torch.uint8 when None.
+        Returns:
+            Tensor of shape [size_bytes // dtype itemsize] on ``cuda:<device>``.
+        """
+        import torch
+
+        raw = torch.as_tensor(_CudaArrayInterface(self.address, self.size_bytes), device=f"cuda:{self.device}")
+        return raw if dtype is None or dtype == torch.uint8 else raw.view(dtype)
 
     def close(self) -> None:
         """Unmaps, frees the address range, releases the handle and closes the fd (if any)."""

@@ -1,9 +1,10 @@
-"""The shared-KV-pool hand-over: tp workers send their memfd pools to the instance head.
+"""The shared-KV-pool hand-over: tp workers send their pools (memfd or cuMem) to the instance head.
 
 One transfer engine on the head process registers every rank's pool (docs/architecture.md, "Shared
 KV memory"). A worker connects to the head's Unix socket, sends its tp rank (4 bytes) and then
-the fd (SCM_RIGHTS), and waits for a one-byte ack (`send_pool`). The head's `PoolCollector` is
-started before the engine spawns its workers; `wait` returns every rank's mapped `SharedRegion`.
+the fd (SCM_RIGHTS, `rank_pool.send_rank_pool`), and waits for a one-byte ack (`send_pool`). The
+head's `PoolCollector` is started before the engine spawns its workers; `wait` returns every rank's
+pool mapped here (`RankPool`: a memfd region, or a CUDA allocation imported and mapped).
 `die_with_parent` keeps every rank from outliving its launcher.
 """
 
@@ -18,8 +19,8 @@ import threading
 import time
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.memory.fd_passing import recv_region, send_region
-from disaggsdk.memory.shared_memory import SharedRegion
+from disaggsdk.memory.rank_pool import RankPool, recv_rank_pool, send_rank_pool
+from disaggsdk.memory.shared_memory import SharedMemoryError
 
 RANK_HEADER = struct.Struct("<I")
 _PR_SET_PDEATHSIG = 1
@@ -29,7 +30,7 @@ class SharedKVError(DisaggError):
     """A worker could not hand its KV pool to the instance head."""
 
 
-def send_pool(path: str, rank: int, region: SharedRegion, timeout_s: float = 60.0) -> None:
+def send_pool(path: str, rank: int, region: RankPool, timeout_s: float = 60.0) -> None:
     """Hand ``region`` (tp rank ``rank``'s pool) to the head listening at ``path``; wait for its ack.
 
     Raises:
@@ -40,9 +41,9 @@ def send_pool(path: str, rank: int, region: SharedRegion, timeout_s: float = 60.
             sock.settimeout(timeout_s)
             sock.connect(path)
             sock.sendall(RANK_HEADER.pack(rank))
-            send_region(sock, region)
+            send_rank_pool(sock, region)
             sock.recv(1)  # the head's ack: it has mapped the region
-    except OSError as exc:
+    except (OSError, SharedMemoryError) as exc:
         raise SharedKVError(f"tp rank {rank}: cannot hand the KV pool to the head at {path}: {exc}") from exc
 
 
@@ -72,7 +73,7 @@ class PoolCollector:
 
     def __init__(self, path: str, num_workers: int):
         self.path = path
-        self.regions: dict[int, SharedRegion] = {}
+        self.regions: dict[int, RankPool] = {}
         self.error: str | None = None
         self._num_workers = num_workers
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -96,13 +97,13 @@ class PoolCollector:
                 try:
                     conn.settimeout(30)
                     (rank,) = RANK_HEADER.unpack(conn.recv(RANK_HEADER.size, socket.MSG_WAITALL))
-                    self.regions[rank] = recv_region(conn)
+                    self.regions[rank] = recv_rank_pool(conn)
                     conn.sendall(b"k")
                 except Exception as exc:  # noqa: BLE001 - any failure is reported by wait(); the worker fails on its side too
                     self.error = f"{type(exc).__name__}: {exc}"
 
-    def wait(self, timeout_s: float) -> dict[int, SharedRegion]:
-        """Every worker's region by tp rank.
+    def wait(self, timeout_s: float) -> dict[int, RankPool]:
+        """Every worker's pool by tp rank, mapped here.
 
         Raises:
             SharedKVError: not all arrived within ``timeout_s``.

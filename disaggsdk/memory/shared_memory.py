@@ -26,10 +26,15 @@ class SharedMemoryError(DisaggError):
 class SharedRegion:
     """A memfd-backed region mapped read-write in this process; owns the fd and the mapping.
 
+    It is the host form of a rank's KV pool (`disaggsdk.memory.rank_pool.RankPool`); a CUDA
+    pool is `cuda_vmm.CudaSharedAllocation`.
+
     Args:
         fd: a memfd (or any mappable fd); the region takes ownership and closes it.
         size_bytes: bytes to map, or None for the file's size.
     """
+
+    cuda_device: int | None = None  # host memory (the RankPool contract)
 
     def __init__(self, fd: int, size_bytes: int | None = None):
         try:

@@ -44,6 +44,7 @@ from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
+    from disaggsdk.memory.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer
 
@@ -67,13 +68,16 @@ class DecodeMessenger:
         context_region: the registration of ``context_buffer`` (for per-grant keys).
         grant_keys: open only each attempt's pages, under keys revoked when it ends (`grant_keys`).
         verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
+        kv_mirror: when ``pools`` are host mirrors of the engine's pools, what copies a request's
+            landed pages into the engine's before it is scheduled (`memory.host_mirror`).
     """
 
     def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Plan, context_buffer: memoryview,
                  secret: bytes, deadline_s: float, *, pools: Sequence[MemoryRegion] = (),
                  context_region: MemoryRegion | None = None,
-                 grant_keys: bool = False, verify_pages: bool = False):
+                 grant_keys: bool = False, verify_pages: bool = False, kv_mirror: HostMirror | None = None):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
+        self.kv_mirror = kv_mirror
         self.secret, self.deadline_s = secret, deadline_s
         self.pools, self.context_region = list(pools), context_region
         self.grant_keys, self.verify_pages = grant_keys, verify_pages
@@ -307,6 +311,8 @@ class DecodeMessenger:
             self.failed.append((h.request_id, str(exc)))
             return
         self._free_slots.append(h.slot)
+        if self.kv_mirror is not None:  # every layer landed in the mirror: the engine reads its own pool
+            self.kv_mirror.to_device(h.grant.page_ids)
         self.totals.add(h.record(payload.forward_end_s, admitted_s=time.monotonic()))
         self._count_not_sent(h.num_cached_pages)
         cached_tokens = max(h.num_cached_pages * self.page_size, payload.num_cached_tokens)

@@ -32,6 +32,7 @@ from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_rea
 if TYPE_CHECKING:
     from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.memory.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
 
@@ -51,15 +52,19 @@ class PrefillMessenger:
         secret: the deployment secret.
         streaming: send layer by layer during the forward pass (False: after it).
         verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
+        kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
+            layer's pages into them before they are written (`memory.host_mirror`); None: the pools
+            are registered themselves.
     """
 
     def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Plan,
                  pool_regions: Sequence[MemoryRegion], staging: ContextStaging, secret: bytes, streaming: bool = True,
-                 verify_pages: bool = False):
+                 verify_pages: bool = False, kv_mirror: HostMirror | None = None):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.pool_regions = list(pool_regions)
         self.verify_pages = verify_pages
-        # the source bytes a page digest reads (host pools only: verify_pages is refused on CUDA)
+        self.kv_mirror = kv_mirror
+        # the source bytes a page digest reads (host pools or mirrors only: the spec refuses it otherwise)
         self._pool_views = [r.view() for r in self.pool_regions] if verify_pages else []
         self.context_region, self.context_buffer = staging.region, staging.buffer
         self.secret, self.streaming = secret, streaming
@@ -238,6 +243,8 @@ class PrefillMessenger:
                 continue
             skip = job.msg.num_cached_pages  # destinations list the pages after decode's cached ones
             try:
+                if self.kv_mirror is not None:  # the layer is complete: its pages go to the registered mirror
+                    self.kv_mirror.to_host(layer_id, page_ids[first:stop])
                 pairs = layer_writes(job.transfers, self.layout, layer_id, self.src_geometry, job.dst_geometry,
                                      page_ids[first:stop], job.msg.destinations[0].page_ids[first - skip : stop - skip])
                 for w in pairs:

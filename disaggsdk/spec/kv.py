@@ -13,10 +13,12 @@ Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
 KVDtype = Literal["bfloat16", "float16", "float32", "fp8"]
 GrantKeysSetting = Literal["auto", "on", "off"]
+KVStaging = Literal["auto", "direct", "host"]
 
 LAYOUTS = ("HND", "NHD")
 PROVIDERS = ("auto", "shm", "tcp", "efa", "verbs")
 GRANT_KEYS_SETTINGS = ("auto", "on", "off")
+KV_STAGINGS = ("auto", "direct", "host")
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
 
 
@@ -60,6 +62,14 @@ class Transport(CheckedFields):
         "admits a request only when its pages give the same digest, else retries it and counts it "
         "(`disaggsdk_kv_pages_failed_verification_total`). Costs one hash pass over the KV on each side; host "
         "memory only.")
+    kv_staging: KVStaging = key("auto",
+        "Where the transport reads and writes KV pages. `direct`: in the pools themselves (GPU memory needs a "
+        "provider with FI_HMEM for CUDA: efa, verbs with GPUDirect, shm with CUDA IPC). `host`: through a host "
+        "mirror of each rank's pool, copied page by page as layers finish (prefill) and before a request is "
+        "scheduled (decode), as vLLM's NIXL connector with `kv_buffer_device: cpu`; it doubles the KV memory in "
+        "host RAM. `auto`: direct for host pools, and for GPU pools where the provider registers CUDA memory, "
+        "else host (tcp, or a libfabric built without CUDA); each unit logs which it chose. docs/gpu.md.",
+        choice(KV_STAGINGS))
 
     def grant_keys_on(self, provider: str) -> bool:
         """Whether units on libfabric ``provider`` (as resolved: "tcp", "tcp;ofi_rxm", "shm", ...) use

@@ -119,10 +119,19 @@ def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def verified_pages_are_host_memory(spec: Spec, arch: ModelArch) -> list[str]:
-    """`transport.verify_pages` hashes KV pages on the host; GPU pools have no such path yet."""
-    if spec.transport.verify_pages and spec.device == "cuda":
+    """`transport.verify_pages` hashes KV pages on the host: GPU pools only through host mirrors."""
+    if spec.transport.verify_pages and spec.device == "cuda" and spec.transport.kv_staging != "host":
         return ["$.transport.verify_pages: page digests are computed on the host and cannot read a "
-                "CUDA KV pool yet; set it to false on device 'cuda'"]
+                "CUDA KV pool; set it to false on device 'cuda', or stage KV through host mirrors "
+                "($.transport.kv_staging: host)"]
+    return []
+
+
+def tcp_cannot_reach_gpu_memory(spec: Spec, arch: ModelArch) -> list[str]:
+    """libfabric's tcp provider has no FI_HMEM: GPU pools cannot be registered with it directly."""
+    if spec.device == "cuda" and spec.transport.provider == "tcp" and spec.transport.kv_staging == "direct":
+        return ["$.transport.kv_staging: the tcp provider cannot register GPU memory; set it to host (or auto), "
+                "or use a provider with FI_HMEM for CUDA (efa, verbs, shm)"]
     return []
 
 
@@ -167,7 +176,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.prefill.ep", "$.decode.ep"), ep_spans_the_instance),
     Rule(("$.device", "$.hardware.gpu"), device_matches_hardware),
     Rule(("$.transport.provider", "$.device"), rdma_needs_gpus),
-    Rule(("$.transport.verify_pages", "$.device"), verified_pages_are_host_memory),
+    Rule(("$.transport.verify_pages", "$.device", "$.transport.kv_staging"), verified_pages_are_host_memory),
+    Rule(("$.transport.kv_staging", "$.transport.provider", "$.device"), tcp_cannot_reach_gpu_memory),
     Rule(("$.speculative.method",), speculation_fits_the_model),
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
     Rule(("$.engine.max_model_len",), max_model_len_within_the_model),

@@ -41,7 +41,7 @@ def check_against_hf(ref_tokens, ref_tops, got_tokens, got_tops) -> None:
 def make_spec(model: str, prefill_tp: int = 1, decode_tp: int = 1, decode_dp: int = 1, provider: str = "shm",
               prefill_replicas: int = 1, decode_replicas: int = 1, streaming: bool = True, deadline_s: float = 30.0,
               num_pages: int = 64, budget: int = 12, page_size: int = 4, layout: str = "HND",
-              verify_pages: bool = False):
+              verify_pages: bool = False, kv_staging: str = "auto"):
     """The tiny_local spec reshaped for one test case (CPU, float32 KV)."""
     spec = load_spec(os.path.join(os.path.dirname(__file__), "..", "..", "specs", "tiny_local.yaml"))
     return attrs.evolve(
@@ -49,7 +49,7 @@ def make_spec(model: str, prefill_tp: int = 1, decode_tp: int = 1, decode_dp: in
         prefill=attrs.evolve(spec.prefill, tp=prefill_tp, replicas=prefill_replicas),
         decode=attrs.evolve(spec.decode, tp=decode_tp, dp=decode_dp, replicas=decode_replicas),
         kv=attrs.evolve(spec.kv, page_size=page_size, layout=layout),
-        transport=attrs.evolve(spec.transport, provider=provider, verify_pages=verify_pages),
+        transport=attrs.evolve(spec.transport, provider=provider, verify_pages=verify_pages, kv_staging=kv_staging),
         transfer=attrs.evolve(spec.transfer, streaming=streaming, deadline_s=deadline_s),
         engine=attrs.evolve(spec.engine, num_pages=num_pages, max_num_batched_tokens=budget),
     )

@@ -81,3 +81,24 @@ def test_disaggregated_tokens_equal_colocated_and_transformers(references, model
     assert sum(s.counters.transfer_bytes for s in prefill) > 0 and sum(s.counters.transfer_failures for s in stats.values()) == 0
     assert sum(len([r for r in s.recent]) for s in decode) == len([n for n in PROMPT_LENGTHS if n > 1])
     assert not any(s.counters.rejected_frames or s.counters.rejected_requests for s in stats.values())
+
+
+# Host mirrors (`transport.kv_staging: host`, what a GPU unit falls back to where the provider cannot
+# register device memory): the engines compute in pools the transport never touches, so a page not
+# copied to its mirror before the write, or back after landing, would change the tokens.
+MIRROR_CASES = [("qwen3-coder-tiny", 2, 1, "tcp", True), ("deepseek-r1-tiny", 1, 2, "shm", False)]
+
+
+@pytest.mark.parametrize("model,ptp,dtp,provider,streaming",
+                         [pytest.param(*c, marks=() if i == 0 else pytest.mark.slow) for i, c in enumerate(MIRROR_CASES)],
+                         ids=[f"{c[0].split('-')[0]}-p{c[1]}-d{c[2]}-{c[3]}{'' if c[4] else '-ablation'}"
+                              for c in MIRROR_CASES])
+def test_tokens_through_host_mirrors_equal_colocated(references, model, ptp, dtp, provider, streaming):
+    directory, prompts, ref_tokens, ref_tops, colocated = references[model]
+    # over tcp the digests are computed from the mirrors on both sides: they must match too
+    spec = make_spec(directory, ptp, dtp, 1, provider, streaming=streaming, verify_pages=provider == "tcp",
+                     kv_staging="host")
+    events, got, stats = serve_and_generate(spec, prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert got == colocated
+    assert all(s.num_free_pages == s.num_pages for s in stats.values())
+    assert sum(s.counters.transfer_failures for s in stats.values()) == 0

@@ -67,3 +67,15 @@ def test_speculation_needs_an_mtp_layer_for_mtp_and_runs_at_any_tp():
         Speculative("ngram", 5)
     with pytest.raises(ValueError, match="'eagle' is not valid; use one of none, mtp, ngram"):
         Speculative("eagle")
+
+
+def test_gpu_pools_over_tcp_need_host_staging_and_digests_need_host_memory():
+    from disaggsdk.spec.kv import Transport
+
+    tcp_direct = Transport(provider="tcp", kv_staging="direct")
+    (problem,) = spec_problems(Spec(transport=tcp_direct))
+    assert problem.startswith("$.transport.kv_staging: the tcp provider cannot register GPU memory")
+    assert spec_problems(Spec(transport=Transport(provider="tcp"))) == []  # auto stages through host mirrors
+    (problem,) = spec_problems(Spec(transport=Transport(provider="efa", verify_pages=True)))
+    assert "($.transport.kv_staging: host)" in problem
+    assert spec_problems(Spec(transport=Transport(provider="efa", verify_pages=True, kv_staging="host"))) == []
