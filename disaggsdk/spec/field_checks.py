@@ -180,12 +180,20 @@ def _served_name(value: str | None) -> str | None:
     return None
 
 
+def _device_ids(value: tuple[int, ...]) -> str | None:
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
+        return f"must list device ids, integers 0 or more, got {list(value)!r}"
+    return None
+
+
 positive = Check("positive", _positive, {"exclusiveMinimum": 0})
 positive_or_unset = Check("positive, or unset", _positive_or_unset, {"exclusiveMinimum": 0})
 fraction = Check("in (0, 1]", _fraction, {"exclusiveMinimum": 0, "maximum": 1})
 non_negative = Check("0 or more", _non_negative, {"minimum": 0})
 served_name = Check("1..128 characters, no spaces", _served_name, {"minLength": 1, "maxLength": 128,
                                                                     "pattern": "^\\S+$"})
+device_ids = Check("device ids 0 or more", _device_ids, {"items": {"type": "integer", "minimum": 0}})
 power_of_two = Check("power of two", _power_of_two, {"minimum": 1})
 port = Check("TCP port 0..65535", _port, {"minimum": 0, "maximum": 65535})
 

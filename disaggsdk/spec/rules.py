@@ -151,6 +151,19 @@ def address_needs_ray(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def cuda_devices_need_local_cuda(spec: Spec, arch: ModelArch) -> list[str]:
+    """`launch.cuda_devices` maps GPUs of the local backend: a CPU spec has none, and Ray hands out its own."""
+    if not spec.launch.cuda_devices:
+        return []
+    if spec.device != "cuda":
+        return [f"$.launch.cuda_devices: {list(spec.launch.cuda_devices)} maps CUDA devices and this spec runs on "
+                f"device: {spec.device}; remove it"]
+    if spec.launch.backend != "local":
+        return ["$.launch.cuda_devices: Ray gives each unit the GPUs it reserved (CUDA_VISIBLE_DEVICES); "
+                "remove it, or use launch.backend: local"]
+    return []
+
+
 def max_model_len_within_the_model(spec: Spec, arch: ModelArch) -> list[str]:
     """`engine.max_model_len` is at most the model's context (`max_position_embeddings`)."""
     longest = arch.max_context_tokens
@@ -181,6 +194,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.speculative.method",), speculation_fits_the_model),
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
     Rule(("$.engine.max_model_len",), max_model_len_within_the_model),
+    Rule(("$.launch.cuda_devices", "$.device", "$.launch.backend"), cuda_devices_need_local_cuda),
 )
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, key, port, positive, served_name
+from disaggsdk.spec.field_checks import CheckedFields, about, choice, device_ids, key, port, positive, served_name
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
@@ -70,3 +70,13 @@ class Launch(CheckedFields):
     address: str | None = key(None,
         "The Ray cluster (`auto`: the one `ray start` runs here; `HOST:PORT`); unset: the one running here, else a "
         "new one-node cluster. Only with `backend: ray`.")
+    cuda_devices: tuple[int, ...] = attrs.field(
+        default=(), converter=tuple,
+        metadata=about("`device: cuda` on the local backend: this machine's CUDA device for each of the plan's GPUs, "
+                       "in plan order (node 0's GPU 0, 1, ..., then node 1's); each unit gets its ranks' devices as "
+                       "`CUDA_VISIBLE_DEVICES`. A repeated id puts ranks on one GPU, e.g. `[0, 0]` with "
+                       "`hardware.gpus_per_node: 1` runs a prefill and a decode instance on GPU 0 (as two vLLM "
+                       "servers with one `CUDA_VISIBLE_DEVICES`): their `engine.memory_utilization` must add up to "
+                       "at most 1. Empty: GPU slot i on device i (needs as many devices as the plan has GPUs).",
+                       device_ids),
+    )
