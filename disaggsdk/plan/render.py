@@ -32,6 +32,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
     Returns:
         Tables in display order.
     """
+    from disaggsdk.plan.kv_staging import kv_staging_summary
     from disaggsdk.plan.plan import instance_page_shape
 
     arch = plan.arch
@@ -87,7 +88,7 @@ def plan_tables(plan: Plan, num_tokens: int = 1024) -> list[TableData]:
         (
             f"routes: writes per page per layer (whole dp group), KV bytes per token per rank, "
             f"expected writes for {num_tokens} tokens "
-            f"({layout}, page_size {plan.spec.kv.page_size})",
+            f"({layout}, page_size {plan.spec.kv.page_size}); {kv_staging_summary(plan.spec)}",
             ("route", "kind", "transfers", "HND", "NHD", "KV B/token/rank", "expected"),
             routes,
         ),
