@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -23,8 +24,54 @@ class StepChunkInfo:
     is_last_prefill_chunk: bool  # after this step the request's prefill is complete
 
 
+@runtime_checkable
+class AnyLayerCounter(Protocol):
+    """A step's layer counter, as the engine drives it and the messenger's streamer reads it: the
+    CPU twin `LayerCounter` (a shared tensor under a condition variable) or, on a CUDA device,
+    `engine.device_layer_counter.DeviceLayerCounter` (host-mapped memory a stream-ordered op writes,
+    so a CUDA graph's replay bumps it with no Python running).
+
+    The engine calls ``begin_step`` before it launches a step, the model ``on_layer_done`` after each
+    layer's attention output projection; another thread ``read``s or ``wait``s.
+    """
+
+    values: torch.Tensor  # [2], int64, [step_id, layers_done]: the memory the model's op writes
+
+    def begin_step(self) -> int:
+        """Start counting a new step; returns its id (1, 2, ...)."""
+        ...
+
+    def on_layer_done(self, layer_id: int, output: torch.Tensor | None = None) -> None:
+        """Layer ``layer_id`` of the current step is complete (``output``: its attention output)."""
+        ...
+
+    def read(self) -> tuple[int, int]:
+        """(step_id, layers_done): the latest begun step and how many of its layers are complete."""
+        ...
+
+    def wait(self, step_id: int, layers_done: int, timeout_s: float | None = None) -> bool:
+        """Block until step ``step_id`` has ``layers_done`` layers (or a later step began);
+        False on timeout."""
+        ...
+
+
+def new_layer_counter(device: torch.device) -> AnyLayerCounter:
+    """The layer counter for an engine on ``device``: `DeviceLayerCounter` on CUDA (its memory
+    pinned on the host and mapped into the device), `LayerCounter` anywhere else.
+
+    Raises:
+        RuntimeError: a CUDA ``device`` without a usable CUDA runtime.
+    """
+    if device.type == "cuda":
+        from disaggsdk.engine.device_layer_counter import DeviceLayerCounter
+
+        return DeviceLayerCounter.on_device(device)
+    return LayerCounter()
+
+
 class LayerCounter:
-    """Layers completed by the running step, readable from another thread.
+    """Layers completed by the running step, readable from another thread (the CPU twin of
+    `engine.device_layer_counter.DeviceLayerCounter`; both are `AnyLayerCounter`s).
 
     The model bumps it after each layer's attention output projection: the eager model through
     ``ForwardBatch.on_layer_done``, a compiled step through the ``disaggsdk::layer_done`` op
