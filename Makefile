@@ -19,6 +19,12 @@ sysdeps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; \
 	fi
+	@# shellcheck: tests/tools/test_gpu_check.py lints tools/gpu_check.sh with it
+	@if ! command -v shellcheck >/dev/null 2>&1; then \
+	  echo "installing shellcheck (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq shellcheck; \
+	fi
 
 $(STAMP): pyproject.toml constraints-cpu.txt setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/* native/cpu_linear/*)
 	$(MAKE) sysdeps
