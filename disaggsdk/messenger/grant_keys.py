@@ -86,7 +86,8 @@ def open_grant(transfer: Transport, pools: Sequence[MemoryRegion], geometry: Poo
         for pool in pools:
             rank_segments = []
             for offset, length in runs:
-                region = transfer.register_pointer(pool.address + offset, length)
+                # a grant key covers part of the pool's own memory: device memory stays device memory
+                region = transfer.register_pointer(pool.address + offset, length, cuda_device=pool.cuda_device)
                 keys.registrations.append(region)
                 rank_segments.append(_segment(offset, region.descriptor))
             keys.segments.append(rank_segments)

@@ -43,8 +43,9 @@ class Transport(Protocol):
     def cancel(self, imm: int) -> None:
         """Stop waiting for writes carrying ``imm``."""
 
-    def register_pointer(self, address: int, length_bytes: int) -> MemoryRegion:
-        """Open ``[address, + length_bytes)`` to peers' writes under a fresh key (a `MemoryRegion`)."""
+    def register_pointer(self, address: int, length_bytes: int, *, cuda_device: int | None = None) -> MemoryRegion:
+        """Open ``[address, + length_bytes)`` to peers' writes under a fresh key (a `MemoryRegion`);
+        ``cuda_device``: the ordinal when it is device memory."""
 
     def deregister(self, region: MemoryRegion) -> None:
         """Close a registration: writes with its key land nowhere from now on."""

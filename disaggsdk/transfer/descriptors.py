@@ -81,6 +81,7 @@ class MemoryRegion:
     length_bytes: int
     descriptor: RegionDescriptor
     keepalive: object = attrs.field(repr=False)  # the buffer or its cffi view: must outlive `handle`
+    cuda_device: int | None = None  # the CUDA device ordinal of device memory (FI_HMEM_CUDA); None: host
 
     def view(self) -> memoryview:
         """The region's bytes, read in place (host memory only: a CUDA region cannot be read here).

@@ -164,7 +164,8 @@ class TransferEngine:
         self._check(rc, f"registering {length_bytes} bytes")
         descriptor = RegionDescriptor(int(desc.addr_base), int(desc.key), int(desc.len),
                                       int(desc.mr_mode), int(desc.check))
-        return MemoryRegion(int(handle[0]), address, length_bytes, descriptor, keepalive)
+        return MemoryRegion(int(handle[0]), address, length_bytes, descriptor, keepalive,
+                            cuda_device=device if iface == 1 else None)
 
     def deregister(self, region: MemoryRegion) -> None:
         """Releases a registration and the buffer export `register` took.

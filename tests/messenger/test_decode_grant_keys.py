@@ -43,6 +43,7 @@ class Region:
         self.buffer = bytearray(size)
         self.address = ctypes.addressof((ctypes.c_char * size).from_buffer(self.buffer))
         self.length_bytes = size
+        self.cuda_device = None  # host memory
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)
@@ -56,7 +57,7 @@ class KeyedTransfer(FakeTransfer):
         self.open: dict[int, tuple[int, int]] = {}  # key -> (address, length)
         self._keys = iter(range(1000, 10**6))
 
-    def register_pointer(self, address: int, length_bytes: int):
+    def register_pointer(self, address: int, length_bytes: int, *, cuda_device=None):
         key = next(self._keys)
         self.open[key] = (address, length_bytes)
         return SimpleNamespace(key=key, descriptor=SimpleNamespace(length_bytes=length_bytes, key=key, check=key * 3))

@@ -53,3 +53,28 @@ def test_a_write_outside_every_segment_is_refused_whole():
 def test_segments_outside_the_pool_or_overlapping_are_refused(segments):
     with pytest.raises(ValueError, match="outside"):
         GrantTargets(RegionDescriptor(0, 1, GEOMETRY.pool_bytes, 0, 0), segments)
+
+
+def test_a_grant_on_device_memory_registers_device_memory():
+    """A key over part of a GPU pool is registered as that device's memory; the context slot stays host."""
+    from disaggsdk.messenger.grant_keys import open_grant
+    from disaggsdk.transfer.descriptors import MemoryRegion
+
+    asked: list[tuple[int, int, int | None]] = []
+
+    class Recording:
+        def register_pointer(self, address, length_bytes, *, cuda_device=None):
+            asked.append((address, length_bytes, cuda_device))
+            return MemoryRegion(len(asked), address, length_bytes, RegionDescriptor(address, len(asked), length_bytes, 0, 0), None,
+                                cuda_device=cuda_device)
+
+        def deregister(self, region):
+            pass
+
+    pool = MemoryRegion(1, 1 << 20, GEOMETRY.pool_bytes, RegionDescriptor(1 << 20, 1, GEOMETRY.pool_bytes, 0, 0), None,
+                        cuda_device=3)
+    context = MemoryRegion(2, 1 << 30, 400, RegionDescriptor(1 << 30, 2, 400, 0, 0), None)
+    open_grant(Recording(), [pool], GEOMETRY, [4, 5], context, 100, 100)
+    *pages, slot = asked
+    assert pages and all(device == 3 for _, _, device in pages)
+    assert slot == ((1 << 30) + 100, 100, None)
