@@ -73,6 +73,10 @@ def join_groups(engine: EngineConfig, num_experts: int, tp_rank: int, address: s
     """
     tp_size, dp_size = engine.tp, engine.dp_size
     backend = "nccl" if engine.device.startswith("cuda") else "gloo"
+    if engine.device == "cuda":
+        # the launcher shows a unit its dp group's devices in tp order (launch.cuda_devices): tp rank r
+        # owns cuda:r; set before NCCL starts, which binds this rank's communicator to the current device
+        torch.cuda.set_device(tp_rank)
     rank = engine.dp_rank * tp_size + tp_rank
     dist.init_process_group(
         backend, init_method=f"tcp://{address}", rank=rank, world_size=tp_size * dp_size,

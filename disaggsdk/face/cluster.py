@@ -301,7 +301,7 @@ class Cluster:
         Returns:
             a running `Deployment` (a context manager; ``shutdown()`` stops every process).
         Raises:
-            SpecError, HardwareError: the spec cannot run here (the message says what instead; a spec
+            SpecError, UnitCannotRun: the spec cannot run here (the message says what instead; a spec
                 problem with the builder call that fixes it).
         """
         import time

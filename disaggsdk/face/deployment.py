@@ -259,14 +259,14 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         allowed_origins: see `Deployment`.
         runtime_options: passed to `disaggsdk.launch.LocalRuntime` (``cpu_affinity``, ``log_dir``).
     Raises:
-        HardwareError: a GPU spec without ``tiny`` on a machine without GPUs.
+        UnitCannotRun: a `device: cuda` spec without ``tiny`` on a machine without CUDA (its units
+            say so before loading anything).
         LaunchUnavailableError: this build has no local runtime.
         ServerStartError: the port cannot be bound (checked before any unit starts).
     """
-    from disaggsdk.face.preflight import check_hardware, local_runtime
+    from disaggsdk.face.preflight import local_runtime
     from disaggsdk.serve.http_server import bind_listener
 
-    check_hardware(spec, tiny)
     serve_locally = local_runtime()
     host = host or spec.serve.host
     port = spec.serve.port if port is None else port

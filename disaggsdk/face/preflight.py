@@ -1,64 +1,19 @@
-"""What a spec needs from this machine before `launch` starts anything, and where the runtime is.
+"""Where the local runtime is, before `launch` starts anything.
 
-A GPU spec on a machine without CUDA fails here, with the hardware it needs and what to run
-instead, rather than deep inside a rank process.
+A `device: cuda` spec is not refused here on a machine without CUDA: its units start and each
+says so at its first CUDA call, before it loads a weight (`launch.cuda_devices.require_cuda`),
+so the path a GPU node takes is the one tested on the CPU.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from disaggsdk.errors import DisaggError
-
-if TYPE_CHECKING:
-    from disaggsdk.spec.types import Spec
-
-
-class HardwareError(DisaggError):
-    """The spec needs hardware this machine does not have."""
 
 
 class LaunchUnavailableError(DisaggError):
     """This installation has no local runtime to start a deployment's processes."""
-
-
-def gpus_needed(spec: Spec) -> int:
-    """Devices the spec's instances use in all (every rank of every instance)."""
-    return sum(role.replicas * role.tp * role.dp for role in (spec.prefill, spec.decode))
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA device (imports torch)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def check_hardware(spec: Spec, tiny: bool, has_cuda: bool | None = None) -> None:
-    """Refuse a CUDA spec on a machine without GPUs unless it runs with the tiny model on CPU.
-
-    Args:
-        spec: the deployment.
-        tiny: the caller asked for the tiny variant on CPU (``--tiny``).
-        has_cuda: whether CUDA is present; looked up when None.
-    Raises:
-        HardwareError: saying what the spec needs and what to run instead.
-    """
-    if spec.device != "cuda" or tiny:
-        return
-    if has_cuda is None:
-        has_cuda = cuda_available()
-    if has_cuda:
-        return
-    hw = spec.hardware
-    raise HardwareError(
-        f"{spec.label} needs CUDA GPUs: {gpus_needed(spec)} x {hw.gpu} ({hw.gpus_per_node} per node, "
-        f"{hw.nics_per_node} NICs of {hw.nic_gbps:g} Gb/s) for prefill {spec.prefill.replicas} x tp{spec.prefill.tp}"
-        f"{f' dp{spec.prefill.dp}' if spec.prefill.dp > 1 else ''} and decode {spec.decode.replicas} x "
-        f"tp{spec.decode.tp}{f' dp{spec.decode.dp}' if spec.decode.dp > 1 else ''}; this machine has none.\n"
-        f"Run the same topology with the tiny model on CPU: add --tiny (Python: launch(tiny=True)); "
-        f"or estimate it at scale with `disaggsdk simulate`."
-    )
 
 
 def local_runtime() -> Any:

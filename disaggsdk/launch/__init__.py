@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disaggsdk.launch.base import LaunchError
+from disaggsdk.launch.base import LaunchError, UnitCannotRun
 
 if TYPE_CHECKING:
     from disaggsdk.launch.runtime import LocalRuntime
     from disaggsdk.launch.tiny import tiny_spec
 
-__all__ = ["LaunchError", "LocalRuntime", "tiny_spec"]
+__all__ = ["LaunchError", "LocalRuntime", "UnitCannotRun", "tiny_spec"]
 
 
 def __getattr__(name: str) -> object:

@@ -24,6 +24,11 @@ class LaunchError(DisaggError):
     """A deployment that cannot be started as asked."""
 
 
+class UnitCannotRun(LaunchError):
+    """A unit found this machine unfit for it before building anything (no CUDA device): the message,
+    one line, is the whole report and says what to do; nothing in the unit's log adds to it."""
+
+
 class ChannelClosed(LaunchError):
     """The other end closed the channel (its process exited or died)."""
 

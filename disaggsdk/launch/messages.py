@@ -22,8 +22,9 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats);
 # 8: UnitStats carries the counters as one `UnitCounters` record (a new counter there needs no bump:
 # msgspec skips fields it does not know and fills missing ones with their defaults);
-# 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit
-PROTOCOL_VERSION = 9
+# 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit;
+# 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
+PROTOCOL_VERSION = 10
 
 # runtime -> unit
 
@@ -46,6 +47,9 @@ class UnitArgs(msgspec.Struct, frozen=True, tag=True):
     # "host:port" where the dp ranks of an expert-parallel instance meet (their lock-step group,
     # engine.dp_lockstep); None: the instance's dp ranks are independent engines
     group_address: str | None = None
+    # `device: cuda` on the local backend: the unit's devices (`launch.cuda_devices`), set before its
+    # first CUDA call; None: leave the environment's (Ray sets it for the GPUs it granted)
+    cuda_visible_devices: str | None = None
 
 
 class Peers(msgspec.Struct, frozen=True, tag=True):
@@ -176,6 +180,9 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):
     message: str
+    # the unit cannot run on this machine (`base.UnitCannotRun`): ``message`` is the whole report, for
+    # the user as it is; False: a failure whose log tail tells the rest
+    cannot_run: bool = False
 
 
 class TransportStuck(msgspec.Struct, frozen=True, tag=True):

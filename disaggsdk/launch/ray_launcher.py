@@ -204,8 +204,11 @@ class RayLauncher:
         node = self.nodes[inst.nodes[0]]
         self._check_alive(args.name, node)
         strategy = PlacementGroupSchedulingStrategy(self._groups[inst.name], placement_group_bundle_index=index)
-        actor = unit_host_actor().options(scheduling_strategy=strategy, resources={self._resource: inst.tp},
-                                          name=None).remote()
+        # Ray takes GPUs as num_gpus, never in resources, and shows the actor (and the unit it starts)
+        # the granted ones as CUDA_VISIBLE_DEVICES: tp rank r of the unit uses cuda:r
+        amount: dict[str, object] = ({"num_gpus": inst.tp} if self._resource == "GPU"
+                                     else {"resources": {self._resource: inst.tp}})
+        actor = unit_host_actor().options(scheduling_strategy=strategy, name=None, **amount).remote()
         self._actors.append(actor)
         token = secrets.token_bytes(TOKEN_BYTES)
         # no parent pid: the unit's parent is its actor, which it dies with

@@ -32,10 +32,10 @@ import msgspec
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitHandle
+from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitCannotRun, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled
-from disaggsdk.launch.tiny import check_runnable, tiny_spec
+from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
@@ -71,7 +71,9 @@ def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
     `Supervisor.start`; see `Supervisor` for the arguments.
 
     Raises:
-        LaunchError: a GPU spec without GPUs, or a unit that failed to start (with its log tail).
+        LaunchError: a `device: cuda` plan on more devices than this machine has, or a unit that failed
+            to start (with its log tail).
+        UnitCannotRun: a unit found no CUDA device (one line, with what to do).
     """
     runtime = Supervisor(spec, launcher or ProcessLauncher(), tiny=tiny, colocated=colocated,
                          cpu_affinity=cpu_affinity, log_dir=log_dir, provider=provider,
@@ -160,8 +162,9 @@ class Supervisor:
         """Start every unit and wait until all are started; on failure nothing is left running.
 
         Raises:
-            LaunchError: started before; no room for the plan (the launcher's), a GPU spec without
-                GPUs, or a unit that failed to start (with its log tail).
+            LaunchError: started before; no room for the plan (the launcher's: too few CUDA devices),
+                or a unit that failed to start (with its log tail).
+            UnitCannotRun: a unit found no CUDA device (one line, with what to do).
         """
         from disaggsdk.spec import spec_to_yaml
 
@@ -170,8 +173,7 @@ class Supervisor:
         self._started = True
         atexit.register(self.close)
         try:
-            self.launcher.start(self.plan)
-            check_runnable(self.spec)
+            self.launcher.start(self.plan)  # a `device: cuda` plan's devices are checked there and in each unit
             remove_orphaned_fabric_shm()  # what a launcher killed with SIGKILL left behind
             self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="disaggsdk-logs-")
             os.makedirs(self.log_dir, exist_ok=True)
@@ -190,8 +192,9 @@ class Supervisor:
                 log.info("unit %s (%s, instance %s) started as pid %d; its log: %s", name, role, inst.name,
                          self.units[name].process.pid, args.log_path)
             start_units(self.units, self._start_timeout_s, self._progress)
-        except BaseException:
-            self._own_log_dir = False  # a failed start keeps its logs: the error names them
+        except BaseException as exc:
+            # a failed start keeps its logs, which the error names; a unit that cannot run here said all there is
+            self._own_log_dir = self._own_log_dir and isinstance(exc, UnitCannotRun)
             self.close()
             raise
         self._restarter.start()

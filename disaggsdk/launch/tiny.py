@@ -14,8 +14,8 @@ def tiny_spec(spec: Spec) -> Spec:
 
     Weights are held in float32 and KV in float32 (tokens compare with transformers exactly) unless the spec's KV
     is fp8, which CPU units store too (its loss is what such a spec asks to see); "auto"
-    transport becomes shm. A role's ``ep`` stays: each tiny rank holds its share of the routed experts
-    and the dp ranks of an expert-parallel instance step in lock-step, as on the GPUs.
+    transport becomes shm; ``launch.cuda_devices`` goes. A role's ``ep`` stays: each tiny rank holds
+    its share of the routed experts and the dp ranks of an expert-parallel instance step in lock-step, as on the GPUs.
 
     Raises:
         LaunchError: the model has no tiny variant.
@@ -29,34 +29,6 @@ def tiny_spec(spec: Spec) -> Spec:
         kv=attrs.evolve(spec.kv, dtype="fp8" if spec.kv.dtype == "fp8" else "float32"),
         transport=attrs.evolve(spec.transport, provider=provider),
         engine=attrs.evolve(spec.engine, dtype="float32"),
+        launch=attrs.evolve(spec.launch, cuda_devices=()),  # no CUDA devices to map on the CPU
     )
 
-
-def check_runnable(spec: Spec) -> None:
-    """Refuse a GPU spec, saying what to run instead.
-
-    Without CUDA the spec needs hardware this machine lacks; with CUDA it still cannot run here
-    yet: units share their KV pools as host memfd regions, and the cuMem path
-    (`disaggsdk.memory.cuda_vmm`) is not wired into them.
-
-    Raises:
-        LaunchError: ``device: cuda``.
-    """
-    if spec.device != "cuda":
-        return
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if not has_cuda:
-        ranks = sum(r.replicas * r.tp * r.dp for r in (spec.prefill, spec.decode))
-        raise LaunchError(
-            f"{spec.label} needs {ranks} CUDA GPUs ({spec.hardware.gpu}) and this machine has none; "
-            f"run it on the CPU with its tiny model: add --tiny (LocalRuntime(spec, tiny=True))"
-        )
-    raise LaunchError(
-        f"{spec.label}: the local runtime runs CPU units only for now (KV pools are host memfd regions, "
-        f"CUDA pools are not wired in); add --tiny to run the same topology on the CPU"
-    )

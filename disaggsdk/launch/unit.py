@@ -1,6 +1,8 @@
 """One unit process: an engine (with its tp workers) and, unless colocated, its messenger.
 
-Started by `LocalRuntime` with "spawn". Start-up: assemble the unit's parts for its role
+Started by `LocalRuntime` with "spawn". Start-up: a `device: cuda` unit takes its devices
+(`UnitArgs.cuda_visible_devices`) and checks them first (`launch.cuda_devices.require_cuda`), so a
+machine without CUDA is told in one line before any weight loads; then assemble the unit's parts for its role
 (`launch.unit_parts`: engine over memfd pools, transfer engine, messenger), report `Ready` with
 the descriptors, receive the other units' `Peers`, report `Started`. Then a single loop owns the
 engine: parent commands, control frames, messenger polling, one step.
@@ -71,6 +73,10 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
     lease.start()  # SIGTERM stops the unit from here on
     if args.cpu_ids:
         os.sched_setaffinity(0, args.cpu_ids)
+    if args.cuda_visible_devices is not None:  # before anything here (or a tp worker it spawns) calls CUDA
+        from disaggsdk.launch.cuda_devices import VISIBLE_DEVICES_ENV
+
+        os.environ[VISIBLE_DEVICES_ENV] = args.cuda_visible_devices
     parts = None
     try:
         import torch
@@ -82,6 +88,10 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         torch.set_num_threads(len(args.cpu_ids) if args.cpu_ids else 1)
         spec = parse_spec_yaml(args.spec_yaml)
         plan = make_plan(spec)
+        if spec.device == "cuda":  # the first CUDA call, before a single weight is loaded
+            from disaggsdk.launch.cuda_devices import require_cuda
+
+            require_cuda(args.name, plan.instance(args.instance).tp)
         report = StartupReport(conn, args.name, spec.model, plan, args.instance)
         parts = assemble(args, spec, plan, on_compile=report)
         report.done()
@@ -90,9 +100,16 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         unit.await_peers()
         unit.run()
     except BaseException as exc:  # noqa: BLE001 - report, then exit non-zero: the launcher shows the log tail
-        traceback.print_exc()
+        from disaggsdk.launch.base import UnitCannotRun
+
+        cannot_run = isinstance(exc, UnitCannotRun)
+        if cannot_run:  # a machine unfit for the unit: the message is the whole report, not a bug's trace
+            print(exc, flush=True)
+        else:
+            traceback.print_exc()
         try:
-            conn.send(ch.Fatal(f"{args.name}: {type(exc).__name__}: {exc}"))
+            conn.send(ch.Fatal(str(exc) if cannot_run else f"{args.name}: {type(exc).__name__}: {exc}",
+                               cannot_run=cannot_run))
         except ChannelClosed:
             pass
         if parts is not None:

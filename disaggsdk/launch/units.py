@@ -14,9 +14,11 @@ from multiprocessing.connection import wait as wait_any
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal, overload
 
+import msgspec
+
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import ChannelClosed, LaunchError, UnitHandle
+from disaggsdk.launch.base import ChannelClosed, LaunchError, UnitCannotRun, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.progress import ProgressListener, progress_line
@@ -127,26 +129,48 @@ class ProcessLauncher:
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
+        # `device: cuda`: CUDA_VISIBLE_DEVICES of each unit by (instance, dp rank) (`launch.cuda_devices`)
+        self._visible_devices: dict[tuple[str, int], str] = {}
 
     def provider_for(self, plan: Plan, provider: str) -> str:
         """Every unit is on this machine: the provider asked for."""
         return provider
 
     def start(self, plan: Plan) -> None:
-        """Nothing to reserve on this machine; refuse a launch from a script's unguarded top level,
-        which every "spawn" child would run again (`main_guard`).
+        """Refuse a launch from a script's unguarded top level, which every "spawn" child would run
+        again (`main_guard`); for a `device: cuda` plan, give each unit its devices
+        (`cuda_devices`), refusing one that needs more than this machine has. A machine without
+        CUDA is not refused here: its units start and each says so at its first CUDA call.
 
         Raises:
-            LaunchError: the launch is not under ``if __name__ == "__main__":`` in the main script.
+            LaunchError: the launch is not under ``if __name__ == "__main__":`` in the main script;
+                ranks that share a device do not fit it; fewer devices than the plan places ranks on.
         """
         from disaggsdk.launch.main_guard import check_main_guarded
 
         check_main_guarded()
+        if plan.spec.device != "cuda":
+            return
+        from disaggsdk.launch.cuda_devices import (
+            VISIBLE_DEVICES_ENV,
+            check_device_count,
+            check_shared_memory,
+            unit_visible_devices,
+        )
+
+        check_shared_memory(plan)
+        num_devices = _cuda_device_count()
+        if num_devices:
+            check_device_count(plan, num_devices)
+        self._visible_devices = unit_visible_devices(plan, os.environ.get(VISIBLE_DEVICES_ENV))
 
     def spawn(self, args: UnitArgs) -> UnitHandle:
         """Start the process of one unit and send it its `UnitArgs` (the channel's first frame)."""
         from disaggsdk.launch.unit import unit_main
 
+        devices = self._visible_devices.get((args.instance, args.dp_rank))
+        if devices is not None:
+            args = msgspec.structs.replace(args, cuda_visible_devices=devices)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = self._ctx.Process(target=unit_main, args=(child,), name=f"disaggsdk-{args.name}")
         proc.start()
@@ -161,6 +185,15 @@ class ProcessLauncher:
 
     def close(self) -> None:
         """Nothing held beyond the processes, which `stop_units` stops."""
+
+
+def _cuda_device_count() -> int:
+    """The CUDA devices this launcher sees; 0 without CUDA (or without torch, which a unit needs anyway)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def rejoin_unit(u: UnitHandle, others: list[UnitHandle], timeout_s: float,
@@ -270,6 +303,8 @@ def _next_reply(u: UnitHandle, deadline: float, on_progress: ProgressListener | 
             return None
     if isinstance(msg, ch.Fatal):
         u.process.join(10)
+        if msg.cannot_run:  # the whole report, for the user: its log has only the same line
+            raise UnitCannotRun(msg.message)
         raise LaunchError(f"unit {u.args.name} failed to start: {msg.message}\n"
                           f"last lines of {u.args.log_path}:\n{unit_log_tail(u)}")
     return msg
