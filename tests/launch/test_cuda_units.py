@@ -210,3 +210,32 @@ def test_tiny_pd_on_one_gpu_gives_the_cpu_greedy_tokens(monkeypatch):
     _, on_cpu, _ = serve_and_generate(tiny_spec(spec), prompts, params)
     assert on_gpu == on_cpu
     assert sum(s.counters.transfer_bytes for s in stats.values()) > 0  # the KV crossed from the prefill unit to decode
+
+
+@pytest.mark.slow  # a Ray cluster of its own; the local launcher's case runs by default above
+@needs_no_cuda
+def test_ray_grants_each_unit_its_gpus_and_the_unit_says_it_has_no_cuda():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from disaggsdk.launch.ray_runtime import RayRuntime
+
+    small = 80 << 20  # object store bytes per node: nothing big goes through it
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                            "object_store_memory": small})
+    for _ in range(2):  # two nodes of one logical GPU each: Ray hands them out as on a GPU node
+        cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=small)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    try:
+        spec = cuda_spec(backend="ray")
+        spec = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=1))  # one unit a node
+        with pytest.raises(UnitCannotRun) as info:
+            RayRuntime(spec, max_restarts=0, on_event=lambda _l: None, on_progress=lambda _l: None)
+        assert (match := NO_CUDA.search(str(info.value))), info.value
+        assert match.group(2) == "0"  # Ray's CUDA_VISIBLE_DEVICES: the one GPU of the unit's node
+        assert not [pg for pg in ray.util.placement_group_table().values()
+                    if pg["name"].startswith("disaggsdk-") and pg["state"] != "REMOVED"]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
