@@ -79,7 +79,8 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
-        self.allocator = PageAllocator(config.num_pages)
+        # without the CUDA graphs' scratch page (engine.cuda_graph_step), which no request may hold
+        self.allocator = PageAllocator(config.num_pages - self.runner.num_scratch_pages)
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
             prefix_caching=config.prefix_caching, hash_lookahead=hash_lookahead(config),
@@ -92,6 +93,10 @@ class LLMEngine:
             if on_compile is not None:
                 on_compile()
             self.runner.warm_up(self._on_layer_done)
+        if self.runner.num_scratch_pages:  # a CUDA rank: decode steps as CUDA graphs
+            if on_compile is not None:
+                on_compile()
+            self.runner.capture_decode_graphs(self._on_layer_done)
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)

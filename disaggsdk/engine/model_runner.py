@@ -19,6 +19,7 @@ from disaggsdk.memory.kv_layout import kv_dtype_name
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.cuda_graph_step import CudaGraphStep
     from disaggsdk.engine.models.base import KVGeometry
     from disaggsdk.memory.kv_layout import PoolMemory
 
@@ -32,8 +33,9 @@ class RunnerConfig:
 
     model: str
     engine: EngineConfig
-    # compile the step (engine.compiled_step): `engine.compile`, its unset resolved by the head (the
-    # environment's default); only a CPU rank of tp 1 does
+    # compile the step: `engine.compile`, its unset resolved by the head (the environment's default);
+    # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step), CUDA graphs of its
+    # decode steps on a GPU (engine.cuda_graph_step)
     compile: bool = False
     extra_kv_layers: int = 0  # KV layers after the model's own: the MTP layer's, when it drafts
 
@@ -78,6 +80,43 @@ class ModelRunner:
             from disaggsdk.engine.compiled_step import CompiledStep
 
             self.compiled = CompiledStep(self.model, self.attn)
+        self.decode_graphs: CudaGraphStep | None = None  # made by `capture_decode_graphs`
+        # the pool's last page is the graphs' scratch page (their padding rows' KV): the engine's page
+        # allocator leaves it out
+        self.num_scratch_pages = 1 if self._can_capture_decode_graphs() else 0
+
+    def _can_capture_decode_graphs(self) -> bool:
+        """CUDA graphs of decode steps: asked for (``compile``), a CUDA rank of tp 1 on FlashInfer's
+        GQA wrappers, a pool with a page to spare, no speculative decoding (its steps carry drafts,
+        and the MTP layer reuses the step's plan), and no host sync in the model (expert
+        parallelism's exchange; experts in a dtype other than bfloat16 loop on the host)."""
+        config, engine = self.config, self.config.engine
+        if not (config.compile and self.device.type == "cuda" and self.tp.size == 1 and self.tp.experts is None
+                and engine.num_pages >= 2 and engine.speculative is None
+                and (not self.model.arch.num_experts or engine.weight_dtype == "bfloat16")):
+            return False
+        from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
+
+        return isinstance(self.attn, FlashInferBackend) and self.attn.supports_decode_graphs
+
+    def capture_decode_graphs(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> bool:
+        """Capture decode steps as CUDA graphs (engine.cuda_graph_step), when this rank can
+        (``num_scratch_pages`` says) and a graph can hold ``on_layer_done`` (the engine's layer
+        counter callback: a `DeviceLayerCounter`'s, or None); from then on `run` replays them for
+        pure decode steps. Returns whether it captured."""
+        from disaggsdk.engine.cuda_graph_step import CudaGraphStep, is_capturable_counter
+
+        if not self.num_scratch_pages or not is_capturable_counter(on_layer_done):
+            return False
+        from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
+
+        assert isinstance(self.attn, FlashInferBackend)
+        engine = self.config.engine
+        graphs = CudaGraphStep(self.model, self.attn, min(engine.max_num_seqs, engine.max_num_batched_tokens),
+                               scratch_page_id=self.kv_cache.num_pages - 1, on_layer_done=on_layer_done)
+        graphs.capture()
+        self.decode_graphs = graphs
+        return True
 
     def _kv_scales(self, geometry: KVGeometry) -> KVScales:
         """An fp8 cache's static per-layer scales: the checkpoint's (1.0 where it has none, and for
@@ -103,9 +142,12 @@ class ModelRunner:
     def run_keeping_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`run`, also giving the hidden states of every row first ([num_tokens, hidden_size]: what
         the MTP layer reads); the attention backend stays planned for ``batch``."""
-        if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
-            self.attn.plan(batch)
-        hidden_all = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            hidden_all = self.decode_graphs(batch)  # plans the backend for the padded batch itself
+        else:
+            if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
+                self.attn.plan(batch)
+            hidden_all = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
         rows = hidden_all[batch.logits_indices]
         if rows.shape[0] == 0:
             return hidden_all, rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)

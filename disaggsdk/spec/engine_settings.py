@@ -38,9 +38,11 @@ class EngineSettings(CheckedFields):
         "Token budget of one engine step; longer prompts are prefilled in chunks.", positive)
     max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.", positive)
     compile: bool | None = key(None,
-        "Compile each unit's model step with torch.compile (CPU units of tp 1; attention and the layer counter are "
-        "ops inside the graph, so KV streaming is unchanged). Unset: on, unless the environment says "
-        "`DISAGGSDK_COMPILE=0`. Each unit compiles before it reports ready (seconds; cached on disk afterwards).")
+        "Compile each unit's model step (units of tp 1): with torch.compile on a CPU (attention and the layer "
+        "counter are ops inside the graph, so KV streaming is unchanged); on a GPU, its decode steps as CUDA graphs "
+        "captured at padded batch sizes up to `max_num_seqs`, the layer counter written from inside them (FlashInfer "
+        "attention; written, not yet run on a GPU). Unset: on, unless the environment says `DISAGGSDK_COMPILE=0`. "
+        "Each unit compiles before it reports ready (seconds; cached on disk afterwards).")
     prefix_caching: bool = key(True,
         "Cache the KV pages of prompts and reuse them for later prompts that start the same (vLLM's automatic "
         "prefix caching): a hit computes only the new suffix, and a decode unit asks prefill only for the pages it "

@@ -15,11 +15,19 @@ torch reference does (`engine.kv_scales.to_cache`); the wrappers are planned wit
 the latent's one scale as both ``ckv_scale`` and ``kpe_scale``; FlashInfer's fp8 MLA path needs an
 SM90 GPU, bfloat16 queries and DeepSeek's 512 + 64 latent. Tested against the reference by the
 ``gpu``-marked tests only: not claimed working until they have run on a GPU.
+
+CUDA-graph decode (`engine.cuda_graph_step`): FlashInfer's decode wrapper in graph mode keeps its
+page table in buffers fixed at construction, one wrapper per captured batch size (all over one set
+of buffers, sized for the largest; replays never overlap). `plan_decode_graph` plans the wrapper of
+a padded step on the host and points the KV writes at fixed index buffers, so the graph's kernels
+find the step's metadata where they were captured. The head count, softmax scale and dtype it
+plans with are the last eager decode step's (the model gives them to ``run`` only).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +35,7 @@ from disaggsdk.engine.attention import AttentionBackendError
 from disaggsdk.engine.kv_scales import to_cache
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.cuda_graph_step import PaddedDecode
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.kv_cache import KVCache
 
@@ -61,7 +70,7 @@ class FlashInferBackend:
                 f"the flashinfer backend needs the KV cache on a CUDA device, not {device}; use torch_ref on CPU"
             )
         self.kv_cache = kv_cache
-        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._workspace = workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         if kv_cache.fmt.attention == "mla":
             self._mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
         else:
@@ -72,12 +81,16 @@ class FlashInferBackend:
         self._is_decode = False
         self._new_page: torch.Tensor | None = None  # [num_tokens], int64
         self._new_offset: torch.Tensor | None = None  # [num_tokens], int64
+        self._decode_key: tuple | None = None  # the last eager decode plan's key: what graphs plan with
+        self._graph_wrappers: dict[int, Any] = {}  # captured batch size -> graph-mode decode wrapper
+        self._graph_wrapper: Any = None  # the one a graph replay of this step runs; None: eager step
 
     def plan(self, batch: ForwardBatch) -> None:
         """Keep the step's metadata; the wrapper itself is planned at the step's first `run`."""
         device = self.kv_cache.buffer.device
         self._page_size = batch.page_size
         self._planned_key = None
+        self._graph_wrapper = None
         qo = batch.qo_indptr
         self._is_decode = int(qo[-1]) == batch.batch_size  # every request brings one token
         slots = batch.kv_slot_ids.to(device=device, dtype=torch.int64)
@@ -94,6 +107,9 @@ class FlashInferBackend:
         key = (num_q_heads, sm_scale, dtype)
         if key == self._planned_key:
             return
+        if self._graph_wrapper is not None:
+            raise AttentionBackendError(f"a decode graph was planned for (num_q_heads, sm_scale, dtype) = "
+                                        f"{self._planned_key}, but the model runs {key}")
         g = self.kv_cache.geometry
         m = self._meta
         common = dict(sm_scale=sm_scale, q_data_type=dtype, kv_data_type=self.kv_cache.dtype)
@@ -102,6 +118,7 @@ class FlashInferBackend:
                 m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
                 g.num_kv_heads_local, g.head_dim, self._page_size, **common,
             )
+            self._decode_key = key
         else:
             self._prefill.plan(
                 m["qo_indptr"], m["kv_page_indptr"], m["kv_page_indices"], m["kv_last_page_len"], num_q_heads,
@@ -128,7 +145,7 @@ class FlashInferBackend:
         v_tm[self._new_page, self._new_offset] = to_cache(v, v_tm.dtype, v_scale)
         self._plan_gqa(q.shape[1], sm_scale, q.dtype)
         paged = self.kv_cache.k_v(layer_id)  # strided K and V views in the pool's layout
-        wrapper = self._decode if self._is_decode else self._prefill
+        wrapper = self._graph_wrapper or (self._decode if self._is_decode else self._prefill)
         if self.kv_cache.dtype != torch.float8_e4m3fn:
             return wrapper.run(q.contiguous(), paged)
         return wrapper.run(q.contiguous(), paged, k_scale=k_scale, v_scale=v_scale)
@@ -164,3 +181,67 @@ class FlashInferBackend:
             return self._mla.run(q_latent.contiguous(), q_rope.contiguous(), cache[..., :rank], cache[..., rank:])
         return self._mla.run(q_latent.contiguous(), q_rope.contiguous(), cache[..., :rank], cache[..., rank:],
                              ckv_scale=scale, kpe_scale=scale)
+
+    # CUDA-graph decode (engine.cuda_graph_step)
+
+    @property
+    def supports_decode_graphs(self) -> bool:
+        """Whether decode steps can run as CUDA graphs here: GQA caches (the MLA wrapper is not
+        wired for graph mode yet)."""
+        return self.kv_cache.fmt.attention != "mla"
+
+    def prepare_decode_graphs(self, batch_sizes: Sequence[int], max_num_page_ids: int) -> None:
+        """Make a graph-mode decode wrapper for each captured batch size, over shared buffers.
+
+        Args:
+            batch_sizes: the captured sizes.
+            max_num_page_ids: the longest padded page list a step may hold.
+        """
+        flashinfer = _import_flashinfer()
+        device = self.kv_cache.buffer.device
+        largest = max(batch_sizes)
+        self._graph_kv_page_indptr = torch.zeros(largest + 1, dtype=torch.int32, device=device)  # [largest + 1]
+        self._graph_kv_page_indices = torch.zeros(max_num_page_ids, dtype=torch.int32, device=device)
+        self._graph_kv_last_page_len = torch.zeros(largest, dtype=torch.int32, device=device)  # [largest]
+        self._graph_new_page = torch.zeros(largest, dtype=torch.int64, device=device)  # [largest]
+        self._graph_new_offset = torch.zeros(largest, dtype=torch.int64, device=device)  # [largest]
+        self._graph_wrappers = {
+            size: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self._workspace, self.kv_cache.layout, use_cuda_graph=True,
+                paged_kv_indptr_buffer=self._graph_kv_page_indptr[:size + 1],
+                paged_kv_indices_buffer=self._graph_kv_page_indices,
+                paged_kv_last_page_len_buffer=self._graph_kv_last_page_len[:size],
+            )
+            for size in batch_sizes
+        }
+
+    def plan_decode_graph(self, padded: PaddedDecode) -> None:
+        """Plan a padded decode step for the graph of its size (on the host, before the replay):
+        FlashInfer's graph-mode wrapper copies the page table into its buffers, and the new tokens'
+        KV slots go to the fixed index buffers the captured writes read.
+
+        Raises:
+            AttentionBackendError: no eager decode step ran yet (nothing to plan with), or
+                `prepare_decode_graphs` made no wrapper of this size.
+        """
+        if self._decode_key is None:
+            raise AttentionBackendError("plan_decode_graph needs one eager decode step first: its head count, "
+                                        "softmax scale and dtype are what the graph is planned with")
+        if padded.batch_size not in self._graph_wrappers:
+            raise AttentionBackendError(f"no decode graph wrapper of batch size {padded.batch_size}; made: "
+                                        f"{sorted(self._graph_wrappers)}")
+        num_q_heads, sm_scale, dtype = self._decode_key
+        g = self.kv_cache.geometry
+        page_size = self.kv_cache.page_size
+        wrapper = self._graph_wrappers[padded.batch_size]
+        wrapper.plan(padded.kv_page_indptr, padded.kv_page_indices, padded.kv_last_page_len, num_q_heads,
+                     g.num_kv_heads_local, g.head_dim, page_size, sm_scale=sm_scale, q_data_type=dtype,
+                     kv_data_type=self.kv_cache.dtype)
+        size = padded.batch_size
+        self._graph_new_page[:size].copy_(padded.kv_slot_ids // page_size)
+        self._graph_new_offset[:size].copy_(padded.kv_slot_ids % page_size)
+        self._new_page, self._new_offset = self._graph_new_page[:size], self._graph_new_offset[:size]
+        self._page_size = page_size
+        self._is_decode = True
+        self._planned_key = self._decode_key
+        self._graph_wrapper = wrapper
