@@ -13,8 +13,8 @@ DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the 
 the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
 runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
 call a step where the layer and its argmax were two).
-On CUDA the same ops would let decode steps be captured as CUDA graphs (the MoE layer no longer
-syncs with the host); not built yet (no GPU to test it on).
+Its CUDA twin is `engine.cuda_graph_step`: decode steps captured as CUDA graphs, the layer counter
+a fill of host-mapped memory inside them (`engine.device_layer_counter`).
 """
 
 from __future__ import annotations
