@@ -197,7 +197,9 @@ class CudaGraphStep:
                 self._forward(size)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # thread_local: CUDA calls other threads of the unit make meanwhile (a transfer engine's)
+            # are theirs, not an error of this capture
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 hidden = self._forward(size)
             pool = graph.pool()
             self._graphs[size] = (graph, hidden)
