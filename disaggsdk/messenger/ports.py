@@ -17,7 +17,7 @@ from disaggsdk.messenger.stats import TransferTotals
 
 if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig
-    from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
+    from disaggsdk.engine.hooks import AnyLayerCounter, StepChunkInfo
     from disaggsdk.engine.kv_cache import KVCache
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.memory.page_allocator import PageGrant
@@ -56,7 +56,7 @@ class PrefillEngine(Protocol):
 
     arch: ModelArch  # hidden_size, vocab_size: the context payload's shape
     config: EngineConfig  # page_size
-    layer_counter: LayerCounter  # what the streamer waits on
+    layer_counter: AnyLayerCounter  # what the streamer waits on (host memory a CUDA graph writes, on a GPU)
     on_step: Callable[[list[StepChunkInfo]], None] | None  # called before each forward pass with its chunks
 
     @property
