@@ -56,8 +56,11 @@ class PrefillEngine(Protocol):
 
     arch: ModelArch  # hidden_size, vocab_size: the context payload's shape
     config: EngineConfig  # page_size
-    layer_counter: AnyLayerCounter  # what the streamer waits on (host memory a CUDA graph writes, on a GPU)
     on_step: Callable[[list[StepChunkInfo]], None] | None  # called before each forward pass with its chunks
+
+    @property
+    def layer_counter(self) -> AnyLayerCounter:
+        """What the streamer waits on (on a GPU: host memory a CUDA graph writes)."""
 
     @property
     def kv_cache(self) -> KVCache:
