@@ -14,7 +14,7 @@ __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compiled_step import compile_by_default
 from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, hash_lookahead
-from disaggsdk.engine.hooks import LayerCounter, StepChunkInfo
+from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.sampling import SamplingParams, new_generator
@@ -87,7 +87,7 @@ class LLMEngine:
         )
         self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group,
                                           lockstep=self.lockstep is not None)
-        self.layer_counter = LayerCounter()
+        self.layer_counter = new_layer_counter(self.runner.device)  # LayerCounter on a CPU
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
         if self.runner.compiled is not None:
             if on_compile is not None:
