@@ -129,6 +129,11 @@ class LLMEngine:
         return self.allocator.num_free_pages
 
     @property
+    def num_pages(self) -> int:
+        """KV pages requests may hold: the pool's, less the CUDA graphs' scratch page when there is one."""
+        return self.allocator.num_pages
+
+    @property
     def spec_stats(self) -> SpecStats:
         """Speculative decoding's acceptance counters since start (all zero without speculation)."""
         return self._speculator.stats if self._speculator is not None else SpecStats()

@@ -340,7 +340,7 @@ class Unit:
         waiting = len(e.scheduler.waiting) + (m.num_waiting if m is not None else 0)
         return ch.UnitStats(
             seq=seq, name=self.args.name, role=self.args.role, running=len(e.scheduler.running), waiting=waiting,
-            num_free_pages=e.num_free_pages, num_pages=e.config.num_pages, counters=counters,
+            num_free_pages=e.num_free_pages, num_pages=e.num_pages, counters=counters,
             recent=list(m.totals.recent) if m is not None and with_recent else [])
 
     def stop(self) -> None:

@@ -80,7 +80,7 @@ def test_only_a_device_counter_can_be_held_by_a_graph():
 def test_a_cpu_engine_captures_nothing_and_keeps_every_page():
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=16)) as engine:
         assert engine.runner.num_scratch_pages == 0 and engine.runner.decode_graphs is None
-        assert engine.num_free_pages == 16
+        assert engine.num_free_pages == engine.num_pages == 16
 
 
 # --- GPU ----------------------------------------------------------------------------------------------
@@ -120,6 +120,7 @@ def test_replayed_decode_logits_equal_the_eager_cuda_step():
             diff = torch.stack(engine.kv_cache.k_v_token_major(layer)) != before[layer]  # [2, pages, ...]
             changed |= set(diff.flatten(2).any(-1).any(0).nonzero().flatten().tolist())
         scratch = engine.kv_cache.num_pages - 1
+        assert engine.num_pages == scratch  # requests never hold the scratch page: gauges count without it
         new_token_pages = {pg[len(p) // 4] for p, pg in zip(prompts, pages)}
         assert changed and changed <= new_token_pages | {scratch}  # the pages of the new tokens only
         runner.decode_graphs = None  # the same step eagerly (it rewrites the same KV slots)

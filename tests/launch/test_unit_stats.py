@@ -30,7 +30,8 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
     """A `Unit` over fakes: only what `_stats` and `_emit` read."""
     scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2,
                                 prefix_cache=SimpleNamespace(queries=96, hits=64))
-    engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, config=SimpleNamespace(num_pages=40),
+    # a pool of 41 pages of which requests may hold 40 (a CUDA engine's graphs keep one as scratch)
+    engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, num_pages=40, config=SimpleNamespace(num_pages=41),
                              spec_stats=SpecStats(), runner=SimpleNamespace(tp=TensorParallel()), lockstep=None)
     engine.counters = functools.partial(LLMEngine.counters, engine)  # the engine's own reading of its counters
     messenger = None if totals is None else SimpleNamespace(
@@ -60,6 +61,7 @@ def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
 
 def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
     sent = round_trip(unit("mixed", None)._stats(seq=0, with_recent=False))
+    assert (sent.num_free_pages, sent.num_pages) == (30, 40)  # pages requests can hold, not the pool's
     assert (sent.counters.prefix_cache_queries, sent.counters.pages_not_sent, sent.counters.requests_fully_cached) == (96, 0, 0)
     empty = instance_stats("decode-1", "decode", False, None).counters
     assert (empty.prefix_cache_queries, empty.bytes_not_sent, empty.prefix_cache_hit_rate) == (0, 0, None)
