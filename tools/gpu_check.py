@@ -5,7 +5,7 @@ Standard library only, so the script can run it before anything is installed; th
 CPU reference run as ``disaggsdk`` processes. Each step prints one JSON document on stdout:
 
     python tools/gpu_check.py environment
-    python tools/gpu_check.py gpu-tests JUNIT_XML
+    python tools/gpu_check.py gpu-tests JUNIT_XML [--log PYTEST_LOG]
     python tools/gpu_check.py deploy SPEC [--prompt TEXT ...] [--output-len N]
     python tools/gpu_check.py summary ENVIRONMENT_JSON GPU_TESTS_JSON DEPLOY_JSON --elapsed-s S
 
@@ -103,8 +103,37 @@ def gpu_test_results(junit_xml: Path) -> dict[str, Any]:
                 result = {"outcome": outcome, "reason": (child.get("message") or "").strip()[:300]}
                 break
         tests[test_id] = result
+    return _counted(tests)
+
+
+# a test's line in ``pytest -v`` output: "tests/a.py::test_b[x] SKIPPED (needs 2 GPUs) [ 50%]"
+VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \((.*)\))?")
+
+
+def unfinished_gpu_test_results(pytest_log: Path) -> dict[str, Any]:
+    """What a ``pytest -v`` run that wrote no report (stopped at the check's time limit) said of each test it
+    reached. Never ``ok``: the tests it did not reach were not verified.
+
+    Returns:
+        as `gpu_test_results`, with ``"error"`` saying the run did not finish.
+    Raises:
+        OSError: no log.
+    """
+    tests: dict[str, dict[str, str]] = {}
+    for line in pytest_log.read_text(errors="replace").splitlines():
+        found = VERBOSE_LINE.match(line)
+        if found:
+            outcome = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "error"}.get(
+                found.group(2), "skipped")
+            tests[found.group(1)] = {"outcome": outcome, **({"reason": found.group(3)} if found.group(3) else {})}
+    return {**_counted(tests), "ok": False, "error": f"pytest wrote no report (stopped?); {pytest_log} has the rest"}
+
+
+def _counted(tests: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """``tests`` with their counts, and ``ok``: some ran, none failed, every skip was for missing hardware."""
     outcomes = [t["outcome"] for t in tests.values()]
-    for_hardware = [t for t in tests.values() if t["outcome"] == "skipped" and HARDWARE_SHORTAGE_SKIP.search(t["reason"])]
+    for_hardware = [t for t in tests.values()
+                    if t["outcome"] == "skipped" and HARDWARE_SHORTAGE_SKIP.search(t.get("reason", ""))]
     counts = {"passed": outcomes.count("passed"), "failed": outcomes.count("failed") + outcomes.count("error"),
               "skipped": outcomes.count("skipped"), "skipped_for_hardware": len(for_hardware)}
     ok = bool(tests) and counts["failed"] == 0 and counts["skipped"] == counts["skipped_for_hardware"]
@@ -321,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.add_parser("environment")
     tests = steps.add_parser("gpu-tests")
     tests.add_argument("junit_xml", type=Path)
+    tests.add_argument("--log", type=Path, help="the run's `pytest -v` output, read when it wrote no report")
     run = steps.add_parser("deploy")
     run.add_argument("spec", type=Path)
     run.add_argument("--prompt", action="append", dest="prompts")
@@ -342,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             document = gpu_test_results(args.junit_xml)
         except (OSError, ElementTree.ParseError) as exc:
             document = {"ok": False, "error": f"no pytest report: {exc}"}
+            if args.log and args.log.is_file():
+                document = unfinished_gpu_test_results(args.log)
     elif args.step == "deploy":
         # SIGTERM (the script's cleanup, its timeout) unwinds through deploy's finally, which stops the launch
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))

@@ -72,9 +72,16 @@ cleanup() {
     kill -KILL -- "-$pid" 2>/dev/null
   done
 }
+# stopped from outside: what was started goes first, then the one JSON says so
+interrupted() {
+  cleanup
+  printf '{"ok": false, "reason": "interrupted by %s", "log_dir": "%s", "elapsed_s": %d}\n' \
+    "$1" "$LOG_DIR" $((SECONDS - START_S))
+  exit "$2"
+}
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'interrupted SIGINT 130' INT
+trap 'interrupted SIGTERM 143' TERM
 
 # run_step LIMIT_S OUT_FILE COMMAND...: COMMAND with stdout to OUT_FILE (stderr beside it, .err),
 # stopped after LIMIT_S or what is left of the budget; returns its exit status (124: timed out).
@@ -127,10 +134,14 @@ if [[ "$TORCH_SEES_CUDA" != True ]]; then
 else
   mapfile -t GPU_TEST_FILES < <(grep -rl "mark.gpu" tests --include='*.py' | sort)
   say "${#GPU_TEST_FILES[@]} files of gpu tests"
-  run_step 240 "$LOG_DIR/pytest.log" "$PY" -m pytest -m gpu -p no:cacheprovider -q -rA \
+  # -v: a line per test as it ends, what the summary reads if the run is stopped before its report
+  PER_TEST_LIMIT=()
+  has_module pytest_timeout && PER_TEST_LIMIT=(--timeout=150)
+  run_step 270 "$LOG_DIR/pytest.log" "$PY" -m pytest -m gpu -p no:cacheprovider -v -rA "${PER_TEST_LIMIT[@]}" \
     --junitxml="$LOG_DIR/gpu_tests.xml" "${GPU_TEST_FILES[@]}"
   say "pytest exited $? (pytest.log)"
-  run_step 60 "$LOG_DIR/gpu_tests.json" "$PY" tools/gpu_check.py gpu-tests "$LOG_DIR/gpu_tests.xml"
+  run_step 60 "$LOG_DIR/gpu_tests.json" "$PY" tools/gpu_check.py gpu-tests "$LOG_DIR/gpu_tests.xml" \
+    --log "$LOG_DIR/pytest.log"
 
   say "disaggregated deployment of $SPEC"
   run_step 240 "$LOG_DIR/deployment.json" "$PY" tools/gpu_check.py deploy "$SPEC" \

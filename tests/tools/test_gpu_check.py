@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tools.gpu_check import deploy, environment, gpu_test_results, summary
+from tools.gpu_check import deploy, environment, gpu_test_results, summary, unfinished_gpu_test_results
 
 SCRIPT = ROOT / "tools" / "gpu_check.sh"
 
@@ -67,12 +67,13 @@ def test_wants_a_package():
 
 
 def junit_of(tmp_path, source: str):
-    """The junit report of a real pytest run of ``source``."""
+    """The junit report of a real pytest run of ``source`` (its ``-v`` output beside it, ``report.log``)."""
     (tmp_path / "test_gpu_like.py").write_text(source)
     report = tmp_path / "report.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                    "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "test_gpu_like.py")],
-                   capture_output=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--junitxml={report}",
+                           "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "test_gpu_like.py")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    (tmp_path / "report.log").write_text(done.stdout)
     return report
 
 
@@ -84,6 +85,11 @@ def test_a_report_passes_only_without_failures_and_with_skips_for_missing_hardwa
     assert (results["passed"], results["failed"], results["skipped"], results["skipped_for_hardware"]) == (1, 1, 2, 1)
     assert results["ok"] is False
     assert "flashinfer-python" in results["tests"][next(t for t in results["tests"] if "package" in t)]["reason"]
+
+    # a run stopped before its report: the same outcomes from its -v lines, and never ok
+    unfinished = unfinished_gpu_test_results(tmp_path / "report.log")
+    assert {k.split("::")[1]: v["outcome"] for k, v in unfinished["tests"].items()} == outcomes
+    assert unfinished["skipped_for_hardware"] == 1 and unfinished["ok"] is False and "no report" in unfinished["error"]
 
     only_hardware = GPU_TESTS.replace("assert 1 == 2", "pass").replace('pytest.skip("needs CUDA and flashinfer-python")',
                                                                           "pass")
