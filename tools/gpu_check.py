@@ -6,8 +6,8 @@ CPU reference run as ``disaggsdk`` processes. Each step prints one JSON document
 
     python tools/gpu_check.py environment
     python tools/gpu_check.py gpu-tests JUNIT_XML [--log PYTEST_LOG]
-    python tools/gpu_check.py deploy SPEC [--prompt TEXT ...] [--output-len N]
-    python tools/gpu_check.py summary ENVIRONMENT_JSON GPU_TESTS_JSON DEPLOY_JSON --elapsed-s S
+    python tools/gpu_check.py deploy SPEC [--prompt TEXT ...] [--output-len N] [--dtype D --compare first-token]
+    python tools/gpu_check.py summary ENVIRONMENT_JSON GPU_TESTS_JSON DEPLOY_JSON... --elapsed-s S
 
 ``deploy`` runs on a CPU spec too (tests/tools/test_gpu_check.py runs it on specs/tiny_pd.yaml): the
 path is the same one, only the spec's device differs.
@@ -210,25 +210,61 @@ def cpu_reference(model: str, prompts: list[str], output_len: int, timeout_s: fl
     return [out["token_ids"] for out in json.loads(done.stdout)["outputs"]]
 
 
-def deploy(spec: Path, prompts: list[str], output_len: int, log_dir: Path, timeout_s: float) -> dict[str, Any]:
+def spec_in_dtype(spec: Path, dtype: str, out_dir: Path) -> Path:
+    """A copy of ``spec`` whose weights, activations and KV pages are ``dtype``, written into ``out_dir``.
+
+    Raises:
+        disaggsdk.errors.SpecError: ``spec`` does not validate, or not in ``dtype``.
+    """
+    import attrs
+
+    from disaggsdk.spec import load_spec, save_spec
+
+    loaded = load_spec(spec)
+    changed = attrs.evolve(loaded, engine=attrs.evolve(loaded.engine, dtype=dtype), kv=attrs.evolve(loaded.kv, dtype=dtype))
+    path = out_dir / f"{spec.stem}_{dtype}.yaml"
+    save_spec(changed, path)
+    return path
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many tokens two greedy continuations share before they part (all of the shorter if they never do)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def deploy(spec: Path, prompts: list[str], output_len: int, log_dir: Path, timeout_s: float,
+           dtype: str | None = None, compare: str = "exact") -> dict[str, Any]:
     """Launch ``spec`` (``disaggsdk launch``), complete every prompt greedily at once over HTTP, shut it
     down, and compare the tokens with the CPU engine's in float32.
 
     Args:
-        spec: a disaggregated spec (a prefill and a decode unit) whose engine dtype is float32.
+        spec: a disaggregated spec (a prefill and a decode unit).
         prompts: the completions' prompts.
         output_len: tokens per completion (``ignore_eos``: exactly this many).
         log_dir: where the launch's output and the units' logs go.
         timeout_s: how long the launch may take to be ready, and each completion.
+        dtype: run the spec with its weights, activations and KV in this dtype (None: as it says).
+        compare: ``exact``: every token must equal the CPU engine's (a float32 deployment);
+            ``first-token``: each prompt's first token must (a bfloat16 deployment, whose later tokens
+            may part from float32's at a near tie and then differ for good: `common_prefix_tokens` says where).
     Returns:
-        ``{"tokens_equal", "ttft_s" (the slowest first token), "ttft_s_each", "elapsed_s", "deployment_tokens",
-        "cpu_tokens", "ok", "error"?}``.
+        ``{"spec", "dtype", "compare", "tokens_equal", "first_tokens_equal", "common_prefix_tokens", "ttft_s"
+        (the slowest first token), "ttft_s_each", "elapsed_s", "deployment_tokens", "cpu_tokens", "ok", "error"?}``.
     """
     start_s = time.monotonic()
     log_dir.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"spec": str(spec), "tokens_equal": False, "ok": False}
+    result: dict[str, Any] = {"spec": str(spec), "dtype": dtype, "compare": compare, "tokens_equal": False,
+                              "ok": False}
+    try:
+        launched = spec_in_dtype(spec, dtype, log_dir) if dtype else spec
+    except Exception as exc:  # noqa: BLE001 - the check's answer, not a traceback
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
     launch_log = log_dir / "launch.out"
-    command = [sys.executable, "-m", "disaggsdk.cli.main", "launch", str(spec), "--port", "0", "--no-live",
+    command = [sys.executable, "-m", "disaggsdk.cli.main", "launch", str(launched), "--port", "0", "--no-live",
                "--log-dir", str(log_dir)]
     # its own process group: every unit it starts is stopped with it, whatever happens here
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -261,13 +297,36 @@ def deploy(spec: Path, prompts: list[str], output_len: int, log_dir: Path, timeo
         _stop(proc)
     if "error" not in result:
         try:
-            result["cpu_tokens"] = cpu_reference(_spec_model(spec), prompts, output_len, timeout_s)
-            result["tokens_equal"] = result["cpu_tokens"] == result["deployment_tokens"]
-            result["ok"] = result["tokens_equal"] and all(len(t) == output_len for t in result["deployment_tokens"])
+            result.update(compare_tokens(result["deployment_tokens"],
+                                         cpu_reference(_spec_model(spec), prompts, output_len, timeout_s),
+                                         output_len, compare))
         except Exception as exc:  # noqa: BLE001
             result["error"] = f"{type(exc).__name__}: {exc}"
     result["elapsed_s"] = round(time.monotonic() - start_s, 1)
     return result
+
+
+def compare_tokens(deployed: list[list[int]], cpu: list[list[int]], output_len: int, compare: str) -> dict[str, Any]:
+    """A deployment's greedy tokens against the CPU engine's, prompt by prompt.
+
+    Args:
+        deployed, cpu: each prompt's tokens from the deployment and from the CPU engine.
+        output_len: the tokens each completion had to give.
+        compare: ``exact`` or ``first-token`` (see `deploy`).
+    Returns:
+        ``{"cpu_tokens", "tokens_equal", "first_tokens_equal", "common_prefix_tokens", "ok"}``; ``ok`` when every
+        completion is ``output_len`` long and the comparison holds.
+    Raises:
+        ValueError: an unknown ``compare``.
+    """
+    if compare not in ("exact", "first-token"):
+        raise ValueError(f"compare must be exact or first-token, not {compare!r}")
+    first_tokens_equal = len(deployed) == len(cpu) and all(d[:1] == c[:1] and d for d, c in zip(deployed, cpu))
+    tokens_equal = deployed == cpu
+    full_length = all(len(d) == output_len for d in deployed)
+    return {"cpu_tokens": cpu, "tokens_equal": tokens_equal, "first_tokens_equal": first_tokens_equal,
+            "common_prefix_tokens": [common_prefix_len(d, c) for d, c in zip(deployed, cpu)],
+            "ok": full_length and (tokens_equal if compare == "exact" else first_tokens_equal)}
 
 
 def _wait_ready(proc: subprocess.Popen[str], launch_log: Path, timeout_s: float) -> str:
@@ -304,34 +363,40 @@ def _wait_ready(proc: subprocess.Popen[str], launch_log: Path, timeout_s: float)
 # the summary
 
 
-def summary(env: dict[str, Any], gpu_tests: dict[str, Any], deployment: dict[str, Any], elapsed_s: float,
+def summary(env: dict[str, Any], gpu_tests: dict[str, Any], deployments: list[dict[str, Any]], elapsed_s: float,
             log_dir: str | None = None, notes: list[str] | None = None) -> dict[str, Any]:
-    """The check's one JSON document: the machine, each gpu test, the deployment, and ``ok`` when all passed.
+    """The check's one JSON document: the machine, each gpu test, the deployments, and ``ok`` when all passed.
 
     Args:
         env: `environment`'s result.
         gpu_tests: `gpu_test_results`'s (or ``{"ok": False, "error": ...}`` when pytest gave no report).
-        deployment: `deploy`'s (or ``{"ok": False, "error": ...}``).
+        deployments: `deploy`'s results (or ``{"ok": False, "error": ...}``), the float32 one first.
         elapsed_s: the whole check's seconds.
         log_dir: where the steps' output is.
         notes: what the script installed, or failed to.
+    Returns:
+        the document; ``tokens_equal`` says whether every exact-compared deployment gave the CPU engine's
+        tokens, ``ttft_s`` is the first deployment's.
     """
+    exact = [d for d in deployments if d.get("compare", "exact") == "exact"]
     document = {
-        "ok": bool(gpu_tests.get("ok")) and bool(deployment.get("ok")),
+        "ok": bool(gpu_tests.get("ok")) and bool(deployments) and all(d.get("ok") for d in deployments),
         "gpu_name": env.get("gpu_name"), "driver": env.get("driver"), "gpu_count": env.get("gpu_count"),
         "torch": env.get("torch"), "torch_cuda": env.get("torch_cuda"), "flashinfer": env.get("flashinfer"),
         "cuda_python": env.get("cuda_python"), "disaggsdk": env.get("disaggsdk"),
         "gpu_tests": gpu_tests,
-        "deployment": deployment,
-        "tokens_equal": bool(deployment.get("tokens_equal")),
-        "ttft_s": deployment.get("ttft_s"),
+        "deployments": deployments,
+        "tokens_equal": bool(exact) and all(d.get("tokens_equal") for d in exact),
+        "ttft_s": deployments[0].get("ttft_s") if deployments else None,
         "elapsed_s": round(elapsed_s, 1),
         "log_dir": log_dir,
         "notes": notes or [],
     }
     if not document["ok"]:
-        failed = [name for name, part in (("gpu tests", gpu_tests), ("deployment", deployment)) if not part.get("ok")]
-        document["reason"] = f"{' and '.join(failed)} did not pass"
+        failed = ["gpu tests"] if not gpu_tests.get("ok") else []
+        failed += [f"the deployment in {d['dtype']}" if d.get("dtype") else "the deployment in the spec's dtype"
+                   for d in deployments if not d.get("ok")]
+        document["reason"] = f"{' and '.join(failed) or 'no deployment'} did not pass"
     return document
 
 
@@ -357,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--output-len", type=int, default=16)
     run.add_argument("--log-dir", type=Path, default=Path("gpu_check_logs"))
     run.add_argument("--timeout-s", type=float, default=240.0)
+    run.add_argument("--dtype", help="run the spec in this dtype (weights, activations, KV)")
+    run.add_argument("--compare", choices=("exact", "first-token"), default="exact")
     total = steps.add_parser("summary")
     total.add_argument("environment_json")
     total.add_argument("gpu_tests_json")
-    total.add_argument("deploy_json")
+    total.add_argument("deploy_json", nargs="+")
     total.add_argument("--elapsed-s", type=float, required=True)
     total.add_argument("--log-dir")
     total.add_argument("--notes", default="", help="lines of notes (what was installed)")
@@ -378,11 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM (the script's cleanup, its timeout) unwinds through deploy's finally, which stops the launch
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
         document = deploy(args.spec, args.prompts or list(DEFAULT_PROMPTS), args.output_len, args.log_dir,
-                          args.timeout_s)
+                          args.timeout_s, args.dtype, args.compare)
     else:
         document = summary(_read_json(args.environment_json, "environment"),
                            _read_json(args.gpu_tests_json, "gpu tests"),
-                           _read_json(args.deploy_json, "deployment"), args.elapsed_s, args.log_dir,
+                           [_read_json(path, "deployment") for path in args.deploy_json], args.elapsed_s, args.log_dir,
                            [line for line in args.notes.splitlines() if line.strip()])
     print(json.dumps(document))
     return 0 if document.get("ok", True) else 1

@@ -3,7 +3,8 @@
 #   1. every `gpu`-marked test (pytest -m gpu), each test's outcome recorded;
 #   2. a disaggregated deployment of the tiny model, a prefill and a decode unit on GPU 0
 #      (specs/tiny_pd_cuda.yaml: launch.cuda_devices [0, 0]), its greedy tokens for a few prompts
-#      compared with the CPU engine's in float32;
+#      compared with the CPU engine's in float32: in float32, every token equal; then the same in
+#      bfloat16 (FlashInfer's dtype), each prompt's first token equal;
 #   3. ONE JSON document on stdout (tools/gpu_check.py summary); progress goes to stderr, each
 #      step's output to files under the log directory the JSON names.
 #
@@ -131,24 +132,33 @@ if [[ "$TORCH_SEES_CUDA" != True ]]; then
   printf '{"ok": false, "error": "torch does not see a CUDA GPU: install a CUDA build of torch (docs/gpu.md)"}\n' \
     >"$LOG_DIR/gpu_tests.json"
   printf '{"ok": false, "error": "not run: torch does not see a CUDA GPU"}\n' >"$LOG_DIR/deployment.json"
+  printf '{"ok": false, "dtype": "bfloat16", "error": "not run: torch does not see a CUDA GPU"}\n' \
+    >"$LOG_DIR/deployment_bfloat16.json"
 else
   mapfile -t GPU_TEST_FILES < <(grep -rl "mark.gpu" tests --include='*.py' | sort)
   say "${#GPU_TEST_FILES[@]} files of gpu tests"
   # -v: a line per test as it ends, what the summary reads if the run is stopped before its report
   PER_TEST_LIMIT=()
   has_module pytest_timeout && PER_TEST_LIMIT=(--timeout=150)
-  run_step 270 "$LOG_DIR/pytest.log" "$PY" -m pytest -m gpu -p no:cacheprovider -v -rA "${PER_TEST_LIMIT[@]}" \
+  run_step 240 "$LOG_DIR/pytest.log" "$PY" -m pytest -m gpu -p no:cacheprovider -v -rA "${PER_TEST_LIMIT[@]}" \
     --junitxml="$LOG_DIR/gpu_tests.xml" "${GPU_TEST_FILES[@]}"
   say "pytest exited $? (pytest.log)"
   run_step 60 "$LOG_DIR/gpu_tests.json" "$PY" tools/gpu_check.py gpu-tests "$LOG_DIR/gpu_tests.xml" \
     --log "$LOG_DIR/pytest.log"
 
+  # float32 (the spec's): every token must equal the CPU engine's
   say "disaggregated deployment of $SPEC"
-  run_step 240 "$LOG_DIR/deployment.json" "$PY" tools/gpu_check.py deploy "$SPEC" \
-    --log-dir "$LOG_DIR/deployment" --timeout-s 150
+  run_step 150 "$LOG_DIR/deployment.json" "$PY" tools/gpu_check.py deploy "$SPEC" \
+    --log-dir "$LOG_DIR/deployment" --timeout-s 120
   say "deployment exited $?"
+  # bfloat16, the dtype FlashInfer's kernels take (their prefill has no float32 path): each prompt's
+  # first token must equal float32's; later ones may part at a near tie
+  say "the same deployment in bfloat16"
+  run_step 150 "$LOG_DIR/deployment_bfloat16.json" "$PY" tools/gpu_check.py deploy "$SPEC" \
+    --dtype bfloat16 --compare first-token --log-dir "$LOG_DIR/deployment_bfloat16" --timeout-s 120
+  say "bfloat16 deployment exited $?"
 fi
 
 ENV_NOTES=$(printf '%s\n' "${INSTALL_NOTES[@]+"${INSTALL_NOTES[@]}"}")
 "$PY" tools/gpu_check.py summary "$LOG_DIR/environment.json" "$LOG_DIR/gpu_tests.json" \
-  "$LOG_DIR/deployment.json" --elapsed-s $((SECONDS - START_S)) --log-dir "$LOG_DIR" --notes "$ENV_NOTES"
+  "$LOG_DIR/deployment.json" "$LOG_DIR/deployment_bfloat16.json" --elapsed-s $((SECONDS - START_S)) --log-dir "$LOG_DIR" --notes "$ENV_NOTES"

@@ -11,10 +11,19 @@ import shutil
 import subprocess
 import sys
 
+import attrs
 import pytest
 
 from tests.conftest import ROOT
-from tools.gpu_check import deploy, environment, gpu_test_results, summary, unfinished_gpu_test_results
+from tools.gpu_check import (
+    compare_tokens,
+    deploy,
+    environment,
+    gpu_test_results,
+    spec_in_dtype,
+    summary,
+    unfinished_gpu_test_results,
+)
 
 SCRIPT = ROOT / "tools" / "gpu_check.sh"
 
@@ -101,17 +110,46 @@ def test_a_skip_for_a_missing_package_or_no_test_at_all_does_not_pass(tmp_path):
     assert gpu_test_results(junit_of(tmp_path, "X = 1\n"))["ok"] is False  # collected nothing
 
 
-def test_the_summary_passes_only_when_the_tests_and_the_deployment_did():
+def test_the_summary_passes_only_when_the_tests_and_every_deployment_did():
     env = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "570.1", "torch": "2.9.0"}
-    passed_tests, deployed = {"ok": True, "passed": 3}, {"ok": True, "tokens_equal": True, "ttft_s": 0.05}
-    document = summary(env, passed_tests, deployed, 123.4, "/tmp/logs", ["flashinfer-python: installed"])
+    passed_tests = {"ok": True, "passed": 3}
+    exact = {"ok": True, "compare": "exact", "dtype": None, "tokens_equal": True, "ttft_s": 0.05}
+    first_token = {"ok": True, "compare": "first-token", "dtype": "bfloat16", "tokens_equal": False, "ttft_s": 0.04}
+    document = summary(env, passed_tests, [exact, first_token], 123.4, "/tmp/logs", ["flashinfer-python: installed"])
     assert document["ok"] is True and "reason" not in document
+    # tokens_equal speaks for the exact (float32) deployments; the bfloat16 one passes on its first tokens
     assert (document["gpu_name"], document["tokens_equal"], document["ttft_s"]) == ("NVIDIA H100 80GB HBM3", True, 0.05)
     assert document["gpu_tests"] == passed_tests and document["notes"] == ["flashinfer-python: installed"]
-    unequal = summary(env, passed_tests, {"ok": False, "tokens_equal": False}, 1.0)
-    assert unequal["ok"] is False and unequal["reason"] == "deployment did not pass"
-    both = summary(env, {"ok": False, "error": "no pytest report"}, {"ok": False}, 1.0)
-    assert both["reason"] == "gpu tests and deployment did not pass"
+    unequal = summary(env, passed_tests, [{**exact, "ok": False, "tokens_equal": False}, first_token], 1.0)
+    assert unequal["ok"] is False and unequal["tokens_equal"] is False
+    assert unequal["reason"] == "the deployment in the spec's dtype did not pass"
+    both = summary(env, {"ok": False, "error": "no pytest report"}, [exact, {**first_token, "ok": False}], 1.0)
+    assert both["reason"] == "gpu tests and the deployment in bfloat16 did not pass"
+    assert summary(env, passed_tests, [], 1.0)["ok"] is False
+
+
+def test_tokens_compare_exactly_or_by_their_first_token():
+    cpu = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    parted = [[5, 6, 1, 2], [9, 10, 11, 12]]  # the first prompt parts from the CPU's at its third token
+    assert compare_tokens(cpu, cpu, 4, "exact")["ok"] is True
+    exact = compare_tokens(parted, cpu, 4, "exact")
+    assert exact["ok"] is False and exact["first_tokens_equal"] is True and exact["common_prefix_tokens"] == [2, 4]
+    assert compare_tokens(parted, cpu, 4, "first-token")["ok"] is True
+    assert compare_tokens([[4, 6, 7, 8], cpu[1]], cpu, 4, "first-token")["ok"] is False
+    assert compare_tokens([[5, 6, 7], cpu[1]], cpu, 4, "first-token")["ok"] is False  # a short completion
+    assert compare_tokens([[], []], [[], []], 0, "first-token")["ok"] is False  # no first token to compare
+    with pytest.raises(ValueError, match="exact or first-token"):
+        compare_tokens(cpu, cpu, 4, "close")
+
+
+def test_a_spec_in_another_dtype_changes_the_weights_and_the_kv_and_nothing_else(tmp_path):
+    from disaggsdk.spec import load_spec
+
+    original = load_spec(ROOT / "specs" / "tiny_pd_cuda.yaml")
+    changed = load_spec(spec_in_dtype(ROOT / "specs" / "tiny_pd_cuda.yaml", "bfloat16", tmp_path))
+    assert (changed.engine.dtype, changed.kv.dtype) == ("bfloat16", "bfloat16")
+    assert changed.launch.cuda_devices == original.launch.cuda_devices == (0, 0)
+    assert attrs.evolve(changed, engine=original.engine, kv=original.kv) == original
 
 
 @needs_no_gpu
@@ -140,3 +178,8 @@ def test_the_deployment_step_on_cpu_gives_the_cpu_engines_tokens(tmp_path):
     assert result.get("error") is None and result["ok"] is True and result["tokens_equal"] is True
     assert [len(t) for t in result["deployment_tokens"]] == [6, 6]
     assert all(t is not None and t > 0 for t in result["ttft_s_each"])
+    # the check's second deployment, in bfloat16 and held to its first tokens, on the CPU twin too
+    bf16 = deploy(ROOT / "specs" / "tiny_pd.yaml", ["def fib(n):"], 6, tmp_path / "bf16", timeout_s=300,
+                  dtype="bfloat16", compare="first-token")
+    assert bf16.get("error") is None and bf16["ok"] is True and bf16["first_tokens_equal"] is True
+    assert (tmp_path / "bf16" / "tiny_pd_bfloat16.yaml").is_file()
