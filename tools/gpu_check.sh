@@ -11,10 +11,11 @@
 # Usage: tools/gpu_check.sh            (from anywhere; uses the repository's .venv)
 # Environment:
 #   GPU_CHECK_PYTHON   the Python to use (default: REPO/.venv/bin/python, else python3)
-#   GPU_CHECK_SPEC     the deployment's spec (default: specs/tiny_pd_cuda.yaml)
+#   GPU_CHECK_SPEC     the deployment's spec, from the repository root (default: specs/tiny_pd_cuda.yaml)
 #   GPU_CHECK_LOG_DIR  where the logs go (default: a new /tmp/gpu_check.XXXXXX)
 #   GPU_CHECK_NO_INSTALL=1  install nothing (default: cuda-python and flashinfer-python if missing)
-# Exit: 0 everything passed; 1 something failed (the JSON says what); 2 no CUDA GPU here.
+# Exit: 0 everything passed; 1 something failed (the JSON says what); 2 no CUDA GPU here;
+# 130 / 143 interrupted (SIGINT / SIGTERM), once what it started has stopped.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
