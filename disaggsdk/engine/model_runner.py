@@ -73,7 +73,9 @@ class ModelRunner:
             geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer,
             scales=self._kv_scales(geometry) if kv_dtype_name(config.kv_dtype) == "float8_e4m3fn" else None,
         )
-        self.attn = create_backend(engine.attention_backend or default_backend(engine.device), self.kv_cache)
+        self.attn = create_backend(
+            engine.attention_backend or default_backend(engine.device, engine.weight_dtype, kv_dtype_name(config.kv_dtype)),
+            self.kv_cache)
         self.compiled: CompiledStep | None = None
         # expert parallelism's exchange sizes its buffers from the routing on the host: not a graph to compile
         if config.compile and tp.size == 1 and tp.experts is None and self.device.type == "cpu":

@@ -50,10 +50,19 @@ def create_backend(name: str, kv_cache: KVCache) -> AttentionBackend:
     return getattr(module, cls_name)(kv_cache)
 
 
-def default_backend(device: str) -> str:
-    """The backend name to use on ``device``: "cuda..." -> flashinfer when importable, "cpu" -> the
-    native decode kernel when built; otherwise the torch reference."""
-    if device.startswith("cuda") and importlib.util.find_spec("flashinfer") is not None:
+def default_backend(device: str, weight_dtype: str = "bfloat16", kv_dtype: str = "bfloat16") -> str:
+    """The backend name to use on ``device``: "cuda..." -> flashinfer when importable and the step is
+    16-bit (FlashInfer's kernels take fp16/bf16 queries and fp16/bf16/fp8 KV: a float32 model or
+    cache on a GPU runs the torch reference), "cpu" -> the native decode kernel when built;
+    otherwise the torch reference.
+
+    Args:
+        device: the engine's torch device ("cpu", "cuda", "cuda:N").
+        weight_dtype: the dtype the weights are held in (the queries' dtype), a torch dtype name.
+        kv_dtype: the KV cache's element type, a torch dtype name ("float8_e4m3fn" for fp8).
+    """
+    sixteen_bit = weight_dtype in ("bfloat16", "float16") and kv_dtype != "float32"
+    if device.startswith("cuda") and sixteen_bit and importlib.util.find_spec("flashinfer") is not None:
         return "flashinfer"
     if device == "cpu" and importlib.util.find_spec(CPU_KERNELS_MODULE) is not None:
         return "cpu"

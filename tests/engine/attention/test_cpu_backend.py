@@ -240,3 +240,15 @@ def assert_dense(out, reqs, qs, ks, vs) -> None:
                                    dense(qs[i][cached:], ks[i], vs[i], list(range(cached, cached + new)), 0.3),
                                    rtol=1e-5, atol=1e-5)
         rows += new
+
+
+def test_default_backend_on_cuda_is_flashinfer_for_16_bit_steps_only(monkeypatch):
+    """FlashInfer takes 16-bit queries and 16-bit or fp8 KV: a float32 model or cache on a GPU runs the reference."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flashinfer" else real(name))
+    assert default_backend("cuda", "bfloat16", "bfloat16") == "flashinfer"
+    assert default_backend("cuda:1", "float16", "float8_e4m3fn") == "flashinfer"
+    assert default_backend("cuda", "float32", "float32") == "torch_ref"
+    assert default_backend("cuda", "bfloat16", "float32") == "torch_ref"
