@@ -65,8 +65,8 @@ def test_a_grant_on_device_memory_registers_device_memory():
     class Recording:
         def register_pointer(self, address, length_bytes, *, cuda_device=None):
             asked.append((address, length_bytes, cuda_device))
-            return MemoryRegion(len(asked), address, length_bytes, RegionDescriptor(address, len(asked), length_bytes, 0, 0), None,
-                                cuda_device=cuda_device)
+            descriptor = RegionDescriptor(address, len(asked), length_bytes, 0, 0)
+            return MemoryRegion(len(asked), address, length_bytes, descriptor, None, cuda_device=cuda_device)
 
         def deregister(self, region):
             pass
