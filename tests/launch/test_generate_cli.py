@@ -39,9 +39,10 @@ def test_a_gpu_spec_without_gpus_says_what_to_run(run_cli):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    proc = run_cli("generate", "--spec", "specs/r1_dp.yaml", "--prompt-ids", "1,2,3", timeout_s=120)
+    # the units start and each stops at its first CUDA call (tests/launch/test_cuda_units.py has the rest)
+    proc = run_cli("generate", "--spec", "specs/tiny_pd_cuda.yaml", "--prompt-ids", "1,2,3", timeout_s=120)
     assert proc.returncode == 2
-    assert "--tiny" in proc.stderr and "GPUs" in proc.stderr
+    assert "no CUDA device" in proc.stderr and "--tiny" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_tiny_maps_a_gpu_spec_to_its_tiny_model_with_the_same_topology():
