@@ -6,7 +6,9 @@ the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the t
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes
 against the model's head counts, and architecture facts import nothing of the spec. ``report``
 sits below ``memory``: the engine and the messenger count into its records (`UnitCounters`,
-`RequestTransfer`), which units send and /metrics reads unchanged.
+`RequestTransfer`), which units send and /metrics reads unchanged. ``testbed`` sits just above
+``errors``: it drives iproute2 and imports nothing else of disaggsdk, so any layer (bench,
+calibrate, the face) may build the many-node testbed it measures on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 LAYERS: tuple[str, ...] = (
     "errors",     # disaggsdk/errors.py
+    "testbed",    # nodes in namespaces joined by shaped links (standard library + iproute2 only)
     "models",     # architecture facts: catalog + HF config.json
     "spec",       # frozen attrs classes, YAML, validation (data only)
     "plan",       # pure planning: instances, placement, sharding, routes

@@ -19,6 +19,19 @@ def test_the_package_graph_has_no_cycle():
     assert package_cycles(read_imports(PACKAGE)) == []
 
 
+def test_the_testbed_uses_only_the_standard_library_and_the_errors():
+    """The testbed runs where nothing but Python and iproute2 is installed (a bare test machine)."""
+    import sys
+
+    imports = [imp for imp in read_imports(PACKAGE) if imp.path.startswith("disaggsdk/testbed/")]
+    assert imports
+    for imp in imports:
+        top = imp.target_module.split(".")[0]
+        allowed = top in sys.stdlib_module_names or top == "__future__" \
+            or imp.target_module.startswith(("disaggsdk.testbed", "disaggsdk.errors"))
+        assert allowed, f"{imp.path}:{imp.line}: the testbed imports {imp.target_module}"
+
+
 def test_every_package_has_a_layer():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages - {"cli", "face"} <= set(LAYERS)

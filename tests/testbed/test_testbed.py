@@ -1,0 +1,187 @@
+"""Testbeds on this machine (root and iproute2; skipped otherwise): nodes with their own addresses,
+hostnames, /dev/shm, /tmp and processes; TCP between nodes through the shaped links, counted by
+`status`; the host's namespace untouched; `down` leaving nothing, also after a failed `up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from disaggsdk.testbed import LinkSpec, NetemUnavailable, TestbedError, down, netem_available, status
+from disaggsdk.testbed import testbed as testbed_module
+from disaggsdk.testbed.naming import namespace_prefix, state_path
+from tests.testbed.conftest import (
+    host_mounts,
+    host_network,
+    netns_names,
+    netns_skip_reason,
+    pids_in_netns,
+    running,
+    unique_name,
+)
+
+# node 1 listens, prints its port, counts what arrives until the sender closes, prints the count
+RECEIVER = ("import socket, sys\n"
+            "s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)\n"
+            "print(s.getsockname()[1], flush=True)\n"
+            "c, _ = s.accept(); n = 0\n"
+            "while (b := c.recv(1 << 16)):\n"
+            "    n += len(b)\n"
+            "print(n, flush=True)\n")
+SENDER = ("import socket, sys\n"
+          "c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)\n"
+          "c.sendall(bytes(int(sys.argv[3]))); c.close()\n")
+TRANSFER_BYTES = 1 << 20
+
+
+def _node_ipv4(node) -> list[str]:
+    shown = json.loads(node.run(["ip", "-j", "-4", "addr", "show"]).stdout)
+    return sorted(f"{a['local']}/{a['prefixlen']}" for link in shown for a in link["addr_info"] if link["ifname"] != "lo")
+
+
+def test_two_nodes_have_their_own_addresses_hostnames_and_processes(testbed):
+    tb = testbed(nodes=2)
+    n0, n1 = tb.nodes
+    assert (n0.address, n1.address) == ("198.18.0.10", "198.18.0.11")
+    assert _node_ipv4(n0) == ["198.18.0.10/24"] and _node_ipv4(n1) == ["198.18.0.11/24"]
+    hostnames = [node.run(["hostname"]).stdout.strip() for node in tb.nodes]
+    assert hostnames == [n0.name, n1.name] and hostnames[0] != hostnames[1]
+    assert os.uname().nodename not in hostnames  # the host keeps its own name
+    # its own pid namespace: the node's /proc lists its anchor and the command, not the host's processes
+    pids = n0.run(["sh", "-c", "ls /proc | grep -c '^[0-9]'"]).stdout.strip()
+    assert int(pids) < 10
+    # the only route is the testbed's /24: nothing a node sends can leave the testbed
+    routes = json.loads(n0.run(["ip", "-j", "route", "show"]).stdout)
+    assert [route["dst"] for route in routes] == ["198.18.0.0/24"]
+    outside = n0.run([sys.executable, "-c", "import socket; socket.create_connection(('203.0.113.1', 9), timeout=2)"],
+                     check=False)
+    assert outside.returncode != 0 and "unreachable" in outside.stderr  # refused at once: no route, no packet
+
+
+def test_dev_shm_and_tmp_of_a_node_are_its_own(testbed):
+    tb = testbed(nodes=2)
+    marker = f"testbed-marker-{os.getpid()}"
+    for directory in ("/dev/shm", "/tmp"):
+        tb.node(0).run(["sh", "-c", f"echo hello > {directory}/{marker}"])
+        assert tb.node(0).run(["cat", f"{directory}/{marker}"]).stdout == "hello\n"
+        assert tb.node(1).run(["test", "-e", f"{directory}/{marker}"], check=False).returncode == 1
+        assert not os.path.exists(f"{directory}/{marker}")  # nor on the host
+
+
+def test_tcp_between_nodes_crosses_both_links_and_status_counts_it(testbed):
+    tb = testbed(nodes=2, link=LinkSpec(rate_mbit=100))
+    n0, n1 = tb.nodes
+    _, before = status(tb.name, tb.state_file.parent)
+    receiver = n1.popen([sys.executable, "-c", RECEIVER, n1.address])
+    try:
+        port = receiver.stdout.readline().strip()
+        n0.run([sys.executable, "-c", SENDER, n1.address, port, str(TRANSFER_BYTES)])
+        received, _ = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    assert int(received) == TRANSFER_BYTES
+    _, after = status(tb.name, tb.state_file.parent)
+    sent_by_0 = after[0].tx_bytes - before[0].tx_bytes
+    got_by_1 = after[1].rx_bytes - before[1].rx_bytes
+    # the payload plus its TCP/IP headers (~3%); the acks flow back, much smaller
+    assert TRANSFER_BYTES <= sent_by_0 < 1.1 * TRANSFER_BYTES
+    assert TRANSFER_BYTES <= got_by_1 < 1.1 * TRANSFER_BYTES
+    assert 0 < after[1].tx_bytes - before[1].tx_bytes < TRANSFER_BYTES / 10
+    assert all(node.alive for node in after)
+
+
+def test_each_link_is_shaped_at_its_rate_on_both_ends(testbed):
+    tb = testbed(nodes=1, link=LinkSpec(rate_mbit=200))
+    node = tb.node(0)
+    for namespace, device in ((node.namespace, node.interface), (tb.switch_namespace, node.switch_port)):
+        shown = json.loads(subprocess.run(["tc", "-n", namespace, "-j", "qdisc", "show", "dev", device],
+                                          capture_output=True, text=True, check=True).stdout)
+        tbf = [q for q in shown if q["kind"] == "tbf"]
+        assert len(tbf) == 1 and tbf[0]["options"]["rate"] == 200e6 / 8  # bytes per second
+
+
+def test_the_host_namespace_is_untouched_and_down_leaves_nothing(testbed):
+    network, mounts = host_network(), host_mounts()
+    tb = testbed(nodes=2)
+    worker = tb.node(1).popen(["sleep", "600"])  # a process of the node's, still running at `down`
+    assert host_network() == network  # no interface, address or qdisc on the host while it is up
+    pids = [pid for node in tb.nodes for pid in pids_in_netns(node.namespace)]
+    assert len(pids) >= 5  # two anchors and their unshares, the worker (and its nsenter)
+    assert down(tb.name, tb.state_file.parent) is True
+    assert worker.wait(10) != 0  # killed with its node
+    assert [pid for pid in pids if running(pid)] == []
+    assert not {ns for ns in netns_names() if ns.startswith(namespace_prefix(tb.name))}
+    assert host_mounts() == mounts
+    assert host_network() == network
+    assert not tb.state_file.exists()
+    assert down(tb.name, tb.state_file.parent) is False  # again: nothing to do, no error
+
+
+def test_a_failure_half_way_through_up_tears_down_what_was_built(testbed, monkeypatch):
+    anchors = []
+    real_start_anchor = testbed_module.start_anchor
+
+    def start_anchor_then_fail(name, namespace):
+        if anchors:
+            raise TestbedError("the second anchor fails")
+        anchors.append(real_start_anchor(name, namespace))
+        return anchors[-1]
+
+    monkeypatch.setattr(testbed_module, "start_anchor", start_anchor_then_fail)
+    network, mounts = host_network(), host_mounts()
+    name_before = set(netns_names())
+    with pytest.raises(TestbedError, match="the second anchor fails"):
+        testbed(nodes=3)
+    assert set(netns_names()) == name_before
+    assert anchors and not any(running(pid) for pid in anchors[0])
+    assert host_network() == network and host_mounts() == mounts
+
+
+def test_down_clears_the_leftovers_of_a_testbed_without_a_state_file(tmp_path):
+    reason = netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    name = unique_name()
+    namespace = f"{namespace_prefix(name)}n0"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    stray = subprocess.Popen(["ip", "netns", "exec", namespace, "sleep", "600"])
+    try:
+        deadline = time.monotonic() + 10
+        while stray.pid not in pids_in_netns(namespace) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until `ip netns exec` has entered the namespace
+        assert stray.pid in pids_in_netns(namespace)
+        assert down(name, tmp_path) is True
+        assert stray.wait(10) != 0
+        assert namespace not in netns_names()
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+    assert not state_path(name, tmp_path).exists()
+
+
+def test_delay_and_loss_need_netem(testbed):
+    probe = testbed(nodes=1)
+    with_delay = LinkSpec(rate_mbit=100, delay_ms=5, loss_pct=1)
+    if not netem_available(probe.switch_namespace):
+        names_before = set(netns_names())
+        with pytest.raises(NetemUnavailable) as caught:
+            testbed(nodes=2, link=with_delay)
+        assert "sch_netem" in str(caught.value) and "--link 100mbit" in str(caught.value)
+        assert set(netns_names()) == names_before  # the half-built testbed is gone
+        return
+    tb = testbed(nodes=1, link=with_delay)
+    node = tb.node(0)
+    shown = subprocess.run(["tc", "-n", node.namespace, "qdisc", "show", "dev", node.interface],
+                           capture_output=True, text=True, check=True).stdout
+    netem = [line for line in shown.splitlines() if line.startswith("qdisc netem")]
+    assert len(netem) == 1 and " delay 5ms" in netem[0] and " loss 1%" in netem[0], shown
+    assert any(line.startswith("qdisc tbf") for line in shown.splitlines()), shown
