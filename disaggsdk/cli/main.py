@@ -38,6 +38,7 @@ COMMANDS = {
     "simulate": "disaggsdk.cli.simulate_cmd",
     "tune": "disaggsdk.cli.tune_cmd",
     "calibrate": "disaggsdk.cli.calibrate_cmd",
+    "testbed": "disaggsdk.cli.testbed_cmd",
 }
 
 

@@ -76,7 +76,8 @@ def command_extras(command: str, args: argparse.Namespace | None = None) -> tupl
         command: the sub-command's name (``"generate"``, ``"transfer-bench"``).
         args: its parsed arguments; options that launch a deployment (``bench SPEC``,
             ``generate --spec``, ``simulate --validate``, ``calibrate --deployment``) add the
-            deployment's extras. None: the extras of the command's plainest call.
+            deployment's extras; ``testbed up --ray`` adds ray. None: the extras of the command's
+            plainest call.
 
     Returns:
         The extras' names in pyproject.toml order, empty for a core command.
@@ -84,6 +85,8 @@ def command_extras(command: str, args: argparse.Namespace | None = None) -> tupl
     needed = set(COMMAND_EXTRAS.get(command, ()))
     if args is not None and _starts_deployment(command, args):
         needed.update(DEPLOYMENT_EXTRAS)
+    if command == "testbed" and args is not None and getattr(args, "ray", False):
+        needed.add("ray")  # `testbed up --ray` runs `ray start` in every node
     return tuple(extra for extra in EXTRA_MODULES if extra in needed)
 
 
