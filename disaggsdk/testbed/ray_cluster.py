@@ -59,9 +59,18 @@ def ray_argv(*args: str) -> list[str]:
 
 def ray_env() -> dict[str, str]:
     """The environment of a ``ray`` command in a node: no RAY_ADDRESS of the host's own cluster
-    (it would join that instead), and no usage report (nothing leaves the testbed)."""
+    (it would join that instead), no usage report (nothing leaves the testbed), and one
+    authentication mode for every node.
+
+    Ray turns token authentication on for a head where a token file exists (``~/.ray/auth_token``)
+    but not for a node joining it, which is then refused; so the mode is set for all of them:
+    token, unless the caller's environment says otherwise. The head makes the token if there is
+    none; the other nodes read the same file (the nodes share the host's home directory), and so
+    does a driver started in a node with this environment.
+    """
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.setdefault("RAY_AUTH_MODE", "token")
     return env
 
 
