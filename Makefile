@@ -25,6 +25,12 @@ sysdeps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq shellcheck; \
 	fi
+	@# iproute2: the testbed (tests/testbed) builds nodes with ip and tc; nsenter/unshare are util-linux
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	  echo "installing iproute2 (Debian)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq iproute2; \
+	fi
 
 $(STAMP): pyproject.toml constraints-cpu.txt setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/* native/cpu_linear/*)
 	$(MAKE) sysdeps
