@@ -95,6 +95,15 @@ def test_tcp_between_nodes_crosses_both_links_and_status_counts_it(testbed):
     assert TRANSFER_BYTES <= got_by_1 < 1.1 * TRANSFER_BYTES
     assert 0 < after[1].tx_bytes - before[1].tx_bytes < TRANSFER_BYTES / 10
     assert all(node.alive for node in after)
+    # the payload went through both shapers on its way: node 0's egress and the switch's port to node 1
+    assert _tbf_sent_bytes(n0.namespace, n0.interface) >= TRANSFER_BYTES
+    assert _tbf_sent_bytes(tb.switch_namespace, n1.switch_port) >= TRANSFER_BYTES
+
+
+def _tbf_sent_bytes(namespace: str, device: str) -> int:
+    shown = json.loads(subprocess.run(["tc", "-n", namespace, "-j", "-s", "qdisc", "show", "dev", device],
+                                      capture_output=True, text=True, check=True).stdout)
+    return sum(int(q["bytes"]) for q in shown if q["kind"] == "tbf")
 
 
 def test_each_link_is_shaped_at_its_rate_on_both_ends(testbed):
