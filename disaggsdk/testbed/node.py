@@ -198,11 +198,16 @@ def start_anchor(name: str, namespace: str) -> tuple[int, int]:
 def stop_anchor(node: Node, timeout_s: float = 10.0) -> None:
     """Kill node's anchor and with it every process of the node's pid namespace; reap the
     ``unshare`` that waited for it where it is this process's child. Nothing if it is gone."""
-    if _pid_in_namespace(node.anchor_pid, node.namespace):
+    # only pids still in the node's namespace are the node's: a recorded pid may since have been
+    # given to another process
+    members = [pid for pid in (node.anchor_pid, node.unshare_pid) if _pid_in_namespace(pid, node.namespace)]
+    if node.anchor_pid in members:
         # SIGKILL: pid 1 of a namespace ignores other signals it has no handler for; its death
         # makes the kernel kill the namespace's every process
         os.kill(node.anchor_pid, signal.SIGKILL)
-    wait_gone([node.anchor_pid, node.unshare_pid], timeout_s, reap=True)
+    wait_gone(members, timeout_s, reap=True)
+    if node.unshare_pid not in members:
+        _reap_if_our_zombie(node.unshare_pid)  # an anchor that died before `down`
 
 
 def wait_gone(pids: Sequence[int], timeout_s: float, reap: bool = False) -> list[int]:
@@ -229,6 +234,16 @@ def wait_gone(pids: Sequence[int], timeout_s: float, reap: bool = False) -> list
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.02)
+
+
+def _reap_if_our_zombie(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+        if state == "Z" and int(parent) == os.getpid():
+            os.waitpid(pid, 0)
+    except (OSError, ValueError, ChildProcessError):
+        pass
 
 
 def _runs(pid: int) -> bool:

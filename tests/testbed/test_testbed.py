@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -131,6 +132,20 @@ def test_the_host_namespace_is_untouched_and_down_leaves_nothing(testbed):
     assert host_network() == network
     assert not tb.state_file.exists()
     assert down(tb.name, tb.state_file.parent) is False  # again: nothing to do, no error
+
+
+def test_a_node_whose_anchor_died_shows_down_and_down_still_clears_it(testbed):
+    tb = testbed(nodes=2)
+    lost = tb.node(1)
+    os.kill(lost.anchor_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while running(lost.anchor_pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, nodes = status(tb.name, tb.state_file.parent)
+    assert [node.alive for node in nodes] == [True, False]
+    assert down(tb.name, tb.state_file.parent) is True
+    assert not os.path.exists(f"/proc/{lost.unshare_pid}")  # reaped, not left a zombie of this process
+    assert not {ns for ns in netns_names() if ns.startswith(namespace_prefix(tb.name))}
 
 
 def test_a_failure_half_way_through_up_tears_down_what_was_built(testbed, monkeypatch):
