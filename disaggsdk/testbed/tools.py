@@ -31,9 +31,14 @@ def require_tools() -> None:
     if missing:
         raise TestbedUnavailable(f"the testbed needs {', '.join(missing)} on PATH: "
                                  "install iproute2 and util-linux (apt-get install iproute2 util-linux)")
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    # root is not enough in a container without CAP_NET_ADMIN / CAP_SYS_ADMIN: make (and remove) a
+    # namespace of our own to know, rather than fail half-way through building a testbed
+    probe_name = f"dsk-probe-{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", probe_name], capture_output=True, text=True,
+                           timeout=COMMAND_TIMEOUT_S)
     if probe.returncode != 0:
-        raise TestbedUnavailable(f"the testbed needs `ip netns`, which fails here: {probe.stderr.strip()}")
+        raise TestbedUnavailable(f"the testbed needs `ip netns add`, which fails here: {probe.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", probe_name], capture_output=True, timeout=COMMAND_TIMEOUT_S)
 
 
 def run_tool(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> str:
