@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    from disaggsdk.report.host_cpu import host_cpu
+
     result = run_bench(args.model, args.num_prompts, args.input_len, args.output_len, args.tp, args.layout,
                        args.seed, args.repeats)
-    print(json.dumps(result))
+    print(json.dumps(result | {"cpu": host_cpu().as_json()}))  # every figure says where it was taken
     return 0
 
 

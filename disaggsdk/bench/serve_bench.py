@@ -231,12 +231,16 @@ def bench(
     if not any(t.ok for t in timelines):
         errors = {t.error for t in timelines if t.error}
         raise BenchError(f"every request failed against {url}: {sorted(errors)[:3]}")
+    from disaggsdk.report.host_cpu import host_cpu
+
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": options.backend,
         "backend": options.backend, "label": None, "model_id": model, "tokenizer_id": tokenizer_id or model,
         "num_prompts": len(timelines), "request_rate": "inf" if math.isinf(shape.qps) else shape.qps,
         "burstiness": shape.burstiness, "max_concurrency": shape.max_concurrency,
         "endpoint": options.endpoint, "temperature": options.temperature, "ignore_eos": options.ignore_eos,
+        # the client's machine: where the server ran too, for a spec launched here (every figure says where)
+        "cpu": host_cpu().as_json(),
     }
     summary = summarize(timelines, duration_s, percentiles, slos_ms)
     result |= {"request_goodput": None} | keep_percentiles_of(summary, percentile_metrics)

@@ -20,6 +20,7 @@ from disaggsdk.cli.options import (
     EXIT_USER_ERROR,
     HelpFormatter,
     add_global_options,
+    package_version,
     set_log_level,
 )
 from disaggsdk.cli.required_extras import command_extras, extra_for_missing_module, install_hint, missing_extras
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script. Returns the process exit code."""
+    from disaggsdk.cli.version_info import version_text, wants_verbose_version
+
+    if wants_verbose_version(sys.argv[1:] if argv is None else argv):  # argparse's --version exits before -v
+        print(version_text(package_version(), verbose=True))
+        return 0
     args = build_parser().parse_args(argv)  # bad arguments: argparse prints usage and exits 2
     set_log_level(args.log_level)
     # a missing pip extra is one line before anything starts, not a traceback from deep inside

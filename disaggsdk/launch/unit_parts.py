@@ -159,6 +159,7 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[
     instance = plan.instance(args.instance)
     config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role,
                                     dp_rank=args.dp_rank, group_address=args.group_address)
+    print(f"{args.name}: building {spec.model} tp={instance.tp} mode={config.mode}{_on_cpu(config)}", flush=True)
     engine = LLMEngine(spec.model, config, on_compile=on_compile)
     for line in engine.held_experts():
         print(f"{args.name}: {line}", flush=True)
@@ -217,7 +218,8 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
     config = EngineConfig.from_spec(spec, tp=tp, role=args.role, kv_share_path=share_path, dp_rank=args.dp_rank,
                                     group_address=args.group_address)
     print(f"{args.name}: building {spec.model} tp={tp} ep={config.ep} mode={config.mode}"
-          + (f" dp rank {config.dp_rank} of a lock-step {config.dp_size}" if config.lockstep else ""), flush=True)
+          + (f" dp rank {config.dp_rank} of a lock-step {config.dp_size}" if config.lockstep else "")
+          + _on_cpu(config), flush=True)
     size_bytes = _pool_bytes(plan, config, tp)
     pool0 = create_rank_pool(size_bytes, config.device, f"{args.name}-kv-rank0")
     regions: list[RankPool] = [pool0]
@@ -258,6 +260,15 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
         raise
     return KVUnit(engine, transfer, [*regions, *unit_pools.mirrors], pools, context, context_region, info,
                   unit_pools.staging)
+
+
+def _on_cpu(config: EngineConfig) -> str:
+    """" on <the CPU>" for a CPU engine's start-up line: every figure from its log says where it was taken."""
+    if config.device != "cpu":
+        return ""
+    from disaggsdk.report.host_cpu import host_cpu
+
+    return f" on {host_cpu().line()}"
 
 
 def _pool_bytes(plan: Plan, config: EngineConfig, tp: int) -> int:

@@ -142,3 +142,17 @@ def test_tune_needs_a_model_and_a_rate_with_a_message(run_cli):
     assert p.returncode == 2 and "give the model" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("tune", "--model", "qwen3-coder", "--gpus", "8", "--slo", "ttft_p90_ms=1000")
     assert p.returncode == 2 and "--request-rate" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_version_verbose_names_the_cpu_and_the_kernels(capsys):
+    from disaggsdk.cli.version_info import wants_verbose_version
+    from disaggsdk.report.host_cpu import host_cpu
+
+    assert main(["--version", "-v"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"disaggsdk {version('disaggsdk')}"
+    assert f"cpu: {host_cpu().line()}" in out
+    assert any(line.startswith("torch ") and "ATen CPU kernels at" in line for line in out)
+    assert any(line.startswith("bfloat16 decode linear: ") for line in out)
+    assert wants_verbose_version(["--verbose", "--version"]) and not wants_verbose_version(["--version"])
+    assert not wants_verbose_version(["-v", "--version", "plan"])  # a command's -v is the command's
