@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from disaggsdk.transfer.errors import TransferError
+from disaggsdk.transfer.interfaces import tcp_domain
 
 if TYPE_CHECKING:
     from disaggsdk.transfer.completions import CompletionPump
@@ -27,8 +28,9 @@ def open_endpoint(ffi: Any, lib: Any, provider: str, domain: str | None, hmem: b
     Args:
         ffi, lib: the loaded native module (`load_native`).
         provider: a full libfabric provider name (`PROVIDER_ALIASES` applied).
-        domain: NIC / domain name. None: "lo" for tcp, so regions are not reachable from the
-            network unless a NIC is named; the provider's first domain otherwise.
+        domain: NIC / domain name. None: for tcp the interface ``FI_TCP_IFACE`` names, else "lo",
+            so regions are not reachable from the network unless a NIC is named
+            (`interfaces.tcp_domain`); the provider's first domain otherwise.
         hmem: ask for device-memory (FI_HMEM) support.
 
     Returns:
@@ -38,7 +40,7 @@ def open_endpoint(ffi: Any, lib: Any, provider: str, domain: str | None, hmem: b
         TransferError: the provider cannot open such an endpoint; the message has its reason.
     """
     if domain is None and provider.startswith("tcp"):
-        domain = "lo"
+        domain = tcp_domain(None)
     out = ffi.new("fab_engine **")
     err = ffi.new("char[]", _ERROR_TEXT_BYTES)
     rc = lib.fab_open(provider.encode(), domain.encode() if domain else ffi.NULL, int(hmem), out, err,

@@ -49,9 +49,9 @@ class TransferEngine:
 
     Args:
         provider: "shm", "tcp" (= "tcp;ofi_rxm"), "verbs", "efa", or a full libfabric name.
-        domain: NIC / domain name ("mlx5_0", "eth0", "lo"). None: "lo" for tcp (loopback
-            unless a NIC is named, so regions are not reachable from the network by default),
-            the provider's first domain otherwise.
+        domain: NIC / domain name ("mlx5_0", "eth0", "lo"). None: for tcp the interface
+            ``FI_TCP_IFACE`` names, else "lo" (regions are not reachable from the network unless
+            a NIC is named: `interfaces.tcp_domain`), the provider's first domain otherwise.
         hmem: ask for device-memory (FI_HMEM) support, needed to register GPU memory.
         direct: with shm, copy into target regions that were registered with ``shared_fd`` by
             mapping them here (see same_host.py): ~memcpy speed, and the copy runs on the

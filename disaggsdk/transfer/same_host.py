@@ -25,14 +25,27 @@ from disaggsdk.transfer.errors import TransferError
 _SHARE_FORMAT = struct.Struct("<16s6Q")  # host id, pid, fd, offset, device, inode, check
 
 
+# What "one host" means for a same-host path: the same kernel (boot id), the same network
+# namespace, the same mount namespace (whose /dev/shm and /proc the initiator opens) and the same
+# pid namespace (the share names the target by pid). Containers and the testbed's nodes share the
+# kernel's boot id but not these, and must not take the path.
+_NAMESPACES = ("net", "mnt", "pid")
+
+
 @lru_cache(maxsize=1)
 def host_id() -> bytes:
-    """16 bytes naming this boot of this machine (the kernel's boot id)."""
+    """16 bytes naming this host as a same-host path sees it: this boot of the kernel and this
+    process's network, mount and pid namespaces (two containers, or two testbed nodes, on one
+    machine get different ids). All zeros where they cannot be read: never equal to a real id, so
+    no direct path."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return bytes.fromhex(f.read().strip().replace("-", ""))[:16]
+            boot_id = bytes.fromhex(f.read().strip().replace("-", ""))
+        namespaces = [os.stat(f"/proc/self/ns/{name}") for name in _NAMESPACES]
     except (OSError, ValueError):
-        return b"\0" * 16  # never equal to a real id: no direct path
+        return b"\0" * 16
+    identity = boot_id + b"".join(struct.pack("<QQ", st.st_dev, st.st_ino) for st in namespaces)
+    return hashlib.blake2b(identity, digest_size=16).digest()
 
 
 @attrs.frozen

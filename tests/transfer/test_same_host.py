@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -54,8 +56,15 @@ def test_mappings_are_refused_for_another_file_host_or_size():
             PeerMapping(attrs.evolve(share, pid=2 ** 22 + 17), 1 << 16)  # no such process
 
 
-def test_host_id_names_this_boot():
+def test_host_id_names_this_boot_and_namespaces():
+    """Another process in the same namespaces is on the same host; other namespaces are not
+    (tests/testbed/test_deployment_across_nodes.py runs it in two testbed nodes)."""
     assert len(host_id()) == 16 and any(host_id())
+    script = "from disaggsdk.transfer.same_host import host_id; print(host_id().hex())"
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == host_id().hex()
+    with open("/proc/sys/kernel/random/boot_id") as f:  # more than the kernel's boot id
+        assert host_id() != bytes.fromhex(f.read().strip().replace("-", ""))
     fd = os.open("/dev/null", os.O_RDONLY)
     try:
         assert SameHostShare.of_fd(fd).pid == os.getpid()
