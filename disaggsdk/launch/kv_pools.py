@@ -47,7 +47,7 @@ def mirror_wanted(spec: Spec, pools: Sequence[RankPool]) -> bool | None:
 
 
 def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_bytes: int, num_layers: int,
-                   num_pages: int, remote_write: bool) -> UnitPools:
+                   num_pages: int, remote_write: bool, domain: str | None = None) -> UnitPools:
     """Open the unit's transfer engine and register each rank's pool, or its host mirror.
 
     Args:
@@ -57,6 +57,8 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
         size_bytes: bytes of one pool's format (a CUDA pool may be rounded up beyond it).
         num_layers: KV layers per pool; num_pages: pages per layer.
         remote_write: peers write into these pools (a decode unit without grant keys).
+        domain: the libfabric domain (for tcp the interface) the endpoint opens on; None: the
+            provider's default (`transfer.TransferEngine`).
     Raises:
         TransferError: the provider cannot open an endpoint, or refuses a registration it must make
             (``kv_staging: direct`` with GPU pools it cannot register).
@@ -66,16 +68,16 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
     wanted = mirror_wanted(spec, pools)
     direct = spec.transport.same_host_copy
     if wanted is True:
-        transfer = TransferEngine(provider, direct=direct)
+        transfer = TransferEngine(provider, domain, direct=direct)
         return _mirrored(transfer, pools, size_bytes, num_layers, num_pages, remote_write,
                          "transport.kv_staging is host")
     on_gpu = pools[0].cuda_device is not None
     try:
-        transfer = TransferEngine(provider, direct=direct, hmem=on_gpu)
+        transfer = TransferEngine(provider, domain, direct=direct, hmem=on_gpu)
     except TransferError as exc:
         if wanted is False:
             raise
-        transfer = TransferEngine(provider, direct=direct)
+        transfer = TransferEngine(provider, domain, direct=direct)
         return _mirrored(transfer, pools, size_bytes, num_layers, num_pages, remote_write,
                          f"{provider} offers no FI_HMEM endpoint ({exc})")
     registrations: list[MemoryRegion] = []

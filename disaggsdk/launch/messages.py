@@ -24,7 +24,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 # msgspec skips fields it does not know and fills missing ones with their defaults);
 # 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit;
 # 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
-PROTOCOL_VERSION = 10
+# 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
+PROTOCOL_VERSION = 11
 
 # runtime -> unit
 
@@ -50,6 +51,10 @@ class UnitArgs(msgspec.Struct, frozen=True, tag=True):
     # `device: cuda` on the local backend: the unit's devices (`launch.cuda_devices`), set before its
     # first CUDA call; None: leave the environment's (Ray sets it for the GPUs it granted)
     cuda_visible_devices: str | None = None
+    # the IP of the unit's node when its peers run on other hosts (the Ray launcher's, for tcp): its
+    # KV endpoint listens on the interface holding it (`transfer.interfaces.tcp_domain`); None: every
+    # peer is on this machine, so loopback
+    node_address: str | None = None
 
 
 class Peers(msgspec.Struct, frozen=True, tag=True):

@@ -212,7 +212,8 @@ class RayLauncher:
         self._actors.append(actor)
         token = secrets.token_bytes(TOKEN_BYTES)
         # no parent pid: the unit's parent is its actor, which it dies with
-        unit_args = msgspec.msgpack.encode(msgspec.structs.replace(args, parent_pid=0))
+        unit_args = msgspec.msgpack.encode(msgspec.structs.replace(args, parent_pid=0,
+                                                                   node_address=self.node_address(args, node)))
         payload = msgspec.msgpack.encode(UnitStart(unit_args, self.host, self._listener.getsockname()[1], token))
         try:
             started = ray.get(actor.start.remote(payload), timeout=PLACEMENT_TIMEOUT_S)
@@ -229,6 +230,13 @@ class RayLauncher:
         self.unit_nodes[args.name] = node
         process = RayUnitProcess(actor, started.pid, same_host=started.address == self.host, log_path=args.log_path)
         return UnitHandle(args, process, FrameChannel(sock, ch.FROM_UNIT))
+
+    def node_address(self, args: ch.UnitArgs, node: RayNode) -> str | None:
+        """The address ``args``'s unit listens on for KV: its Ray node's IP when it speaks tcp and the
+        plan's Ray nodes are on more than one host (their IPs differ), so peers on the other hosts
+        reach it; None (loopback) when every Ray node is on this one host."""
+        hosts = {n.address for n in self.nodes.values()}
+        return node.address if args.provider.startswith("tcp") and len(hosts) > 1 else None
 
     @staticmethod
     def _check_alive(unit: str, node: RayNode) -> None:

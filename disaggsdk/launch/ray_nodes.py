@@ -6,6 +6,12 @@ cluster offers nodes with resources: GPUs for a CUDA spec, and for a CPU spec th
 so a CPU test cluster of logical nodes on one machine says what each node may hold. Plan nodes
 take the cluster's alive nodes in Ray's order, each the first unused one with room for all its
 ranks; a cluster without room is one error that lists, per plan node, what it needs and lacks.
+
+A Ray node started with the resource ``disaggsdk_node_K`` (`pin_resource`: ``ray start --resources
+'{"disaggsdk_slot": 8, "disaggsdk_node_1": 1}'``) is pinned to plan node K: that plan node takes it
+(and no other), and no other plan node does. Ray's order of its nodes is not fixed, so this is how
+a deployment puts prefill on one chosen machine and decode on another (the testbed pins its node
+K to plan node K).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ if TYPE_CHECKING:
     from disaggsdk.spec.types import Spec
 
 SLOT_RESOURCE = "disaggsdk_slot"
+PIN_RESOURCE_PREFIX = "disaggsdk_node_"
 
 
 class RayNodeInfo(TypedDict, total=False):
@@ -50,6 +57,11 @@ def rank_resource(spec: Spec) -> str:
     return "GPU" if spec.device == "cuda" else SLOT_RESOURCE
 
 
+def pin_resource(plan_node: int) -> str:
+    """The Ray resource that pins a Ray node to plan node ``plan_node`` (its amount does not matter)."""
+    return f"{PIN_RESOURCE_PREFIX}{plan_node}"
+
+
 def ranks_per_node(plan: Plan) -> dict[int, int]:
     """How many ranks the plan puts on each of its nodes.
 
@@ -77,14 +89,21 @@ def map_plan_nodes(plan: Plan, ray_nodes: list[RayNodeInfo], resource: str) -> d
     alive = [RayNode(n["NodeID"], n.get("NodeManagerAddress", "?"), dict(n.get("Resources", {})))
              for n in ray_nodes if n.get("Alive")]
     free = [n for n in alive if n.resources.get(resource, 0) >= 1]
+    need_by_node = ranks_per_node(plan)
+    pins = {pin_resource(plan_node) for plan_node in need_by_node}
     mapping: dict[int, RayNode] = {}
     problems = []
-    for plan_node, need in ranks_per_node(plan).items():
-        node = next((n for n in free if n.resources[resource] >= need), None)
+    for plan_node, need in need_by_node.items():
+        pinned = [n for n in alive if pin_resource(plan_node) in n.resources]
+        # a plan node with a pinned Ray node takes only that; the others never take a node pinned to one
+        candidates = ([n for n in free if n in pinned] if pinned
+                      else [n for n in free if not pins & n.resources.keys()])
+        node = next((n for n in candidates if n.resources[resource] >= need), None)
         if node is None:
-            largest = max((n.resources[resource] for n in free), default=0)
+            largest = max((n.resources[resource] for n in candidates), default=0)
+            where = f"the node pinned to it ({pin_resource(plan_node)})" if pinned else "the largest unused node"
             problems.append(f"plan node {plan_node} needs {need} {resource} on one Ray node; "
-                            + (f"the largest unused node offers {largest:g}" if free else "no unused node offers any"))
+                            + (f"{where} offers {largest:g}" if candidates else "no unused node offers any"))
             continue
         free.remove(node)
         mapping[plan_node] = node

@@ -202,6 +202,19 @@ def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
     return kv.parts(DecodeParts, messenger)
 
 
+def kv_domain(args: UnitArgs) -> str | None:
+    """The libfabric domain of the unit's KV endpoint: for tcp the interface that reaches its peers
+    (`transfer.interfaces.tcp_domain`: ``FI_TCP_IFACE``, else the one holding ``args.node_address``,
+    else "lo"); None for other providers (their own default).
+
+    Raises:
+        TransferError: no interface here holds ``args.node_address``.
+    """
+    from disaggsdk.transfer.interfaces import tcp_domain
+
+    return tcp_domain(args.node_address) if args.provider.startswith("tcp") else None
+
+
 def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None) -> KVUnit:
     """An engine over shareable pools on its device (rank 0's here, the workers' handed over), all
     registered with one transfer engine (or through host mirrors: `launch.kv_pools`), and the
@@ -243,8 +256,10 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
         # whole-region key when grant keys are off; a prefill unit's regions are write sources.
         targets = args.role == "decode" and not spec.transport.grant_keys_on(args.provider)
         fmt = engine.kv_cache.fmt
-        unit_pools = register_pools(spec, args.provider, regions, size_bytes, fmt.num_layers, fmt.num_pages, targets)
-        print(f"{args.name}: KV pools {unit_pools.mode}: {unit_pools.reason}", flush=True)
+        unit_pools = register_pools(spec, args.provider, regions, size_bytes, fmt.num_layers, fmt.num_pages, targets,
+                                    domain=kv_domain(args))
+        print(f"{args.name}: KV pools {unit_pools.mode}: {unit_pools.reason}; endpoint {unit_pools.transfer.provider} "
+              f"on {unit_pools.transfer.domain}", flush=True)
         transfer = unit_pools.transfer
         pools = unit_pools.registrations
         slot_bytes = context_bytes(plan.arch.hidden_size, plan.arch.vocab_size)

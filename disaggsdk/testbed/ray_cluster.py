@@ -25,6 +25,9 @@ from disaggsdk.testbed.node import Node
 RAY_START_TIMEOUT_S = 120.0
 RAY_STOP_TIMEOUT_S = 30.0
 RAY_JOIN_TIMEOUT_S = 60.0
+# the launcher's resource that pins a Ray node to a plan node (spelt out here: the testbed imports
+# nothing but the standard library)
+PIN_RESOURCE_PREFIX = "disaggsdk_node_"
 # `ray status`: under "Active:", one line per alive node such as " 1 node_3f2a..."
 _ACTIVE_NODE_LINE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+")
 
@@ -36,7 +39,8 @@ class RayOptions:
     Attributes:
         port: the head's GCS port in node 0 (each node has its own ports: no clash with the host).
         num_cpus: CPUs each Ray node offers; None: Ray counts the machine's.
-        resources: custom resources each Ray node offers (``{"disaggsdk_slot": 8}`` for CPU specs).
+        resources: custom resources each Ray node offers (``{"disaggsdk_slot": 8}`` for CPU specs);
+            node K offers ``disaggsdk_node_K: 1`` besides, which pins it to a deployment's plan node K.
         object_store_bytes: each node's object store size; None: Ray's default.
     """
 
@@ -89,14 +93,19 @@ def start_ray(nodes: Sequence[Node], options: RayOptions) -> str:
     common = ["--disable-usage-stats"]
     if options.num_cpus is not None:
         common.append(f"--num-cpus={options.num_cpus}")
-    if options.resources:
-        common.append(f"--resources={json.dumps(dict(options.resources))}")
     if options.object_store_bytes is not None:
         common.append(f"--object-store-memory={options.object_store_bytes}")
+
+    def resources(k: int) -> str:
+        # node K also offers disaggsdk_node_K, which pins it to a deployment's plan node K
+        # (disaggsdk.launch.ray_nodes.pin_resource): prefill on node 0, decode on node 1
+        return f"--resources={json.dumps({**options.resources, f'{PIN_RESOURCE_PREFIX}{k}': 1})}"
+
     _ray_start([(head, ["--head", f"--node-ip-address={head.address}", f"--port={options.port}",
-                        "--include-dashboard=false", *common])])
+                        "--include-dashboard=false", *common, resources(0)])])
     # the others join at once, each in its own node
-    _ray_start([(node, [f"--address={address}", f"--node-ip-address={node.address}", *common]) for node in nodes[1:]])
+    _ray_start([(node, [f"--address={address}", f"--node-ip-address={node.address}", *common, resources(k)])
+                for k, node in enumerate(nodes) if k > 0])
     wait_for_ray_nodes(head, address, len(nodes))
     return address
 
