@@ -108,6 +108,11 @@ def wait_for(condition, timeout_s: float, what: str):
 def test_a_stopped_decode_unit_is_stalled_routed_around_and_serves_again_when_continued(deployment):
     router, rt = deployment.backend, deployment.backend.runtime
     pid = rt.units["decode-1"].process.pid
+    # start the stall clock at the stop: a unit still busy with the previous test's work (a big grammar)
+    # can have been silent for most of serve.unit_stall_s already, and would read as stalled before the
+    # router routes to it below (failed once so in a full-suite run, 2026-12-06)
+    wait_for(lambda: rt._stalls.silent_s("decode-1", time.monotonic()) < 0.5 and rt.is_healthy("decode-1"),
+             30, "decode-1 was not heard from recently")
     with httpx.Client(base_url=deployment.url, timeout=60) as client:
         instances = lambda: client.get("/health").json()["instances"]  # noqa: E731
         os.kill(pid, signal.SIGSTOP)
