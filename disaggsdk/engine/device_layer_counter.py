@@ -30,21 +30,6 @@ import torch
 POLL_INTERVAL_S = 20e-6
 
 
-class _DevicePointer:
-    """A CUDA array interface (version 2: no stream to synchronise with) over ``host``'s memory, for
-    `torch.as_tensor`; it keeps ``host`` alive as long as the tensor made from it lives."""
-
-    def __init__(self, host: torch.Tensor):
-        self.host = host
-        self.__cuda_array_interface__ = {
-            "shape": tuple(host.shape),
-            "typestr": "<i8",
-            "data": (host.data_ptr(), False),  # (address, read-only)
-            "strides": None,  # C-contiguous
-            "version": 2,
-        }
-
-
 def mapped_view(host: torch.Tensor) -> torch.Tensor:
     """A CUDA tensor over the memory of the pinned host tensor ``host`` (under unified addressing its
     host pointer is the device pointer): kernels that write the view write ``host``.
@@ -60,7 +45,9 @@ def mapped_view(host: torch.Tensor) -> torch.Tensor:
     """
     if host.device.type != "cpu" or host.dtype != torch.int64 or not host.is_contiguous() or not host.is_pinned():
         raise ValueError("mapped_view needs a pinned, contiguous int64 CPU tensor (torch.zeros(..., pin_memory=True))")
-    view = torch.as_tensor(_DevicePointer(host))
+    from disaggsdk.memory.cuda_array import cuda_bytes
+
+    view = cuda_bytes(host.data_ptr(), host.numel() * host.element_size(), owner=host).view(torch.int64).view(host.shape)
     if view.device.type != "cuda" or view.data_ptr() != host.data_ptr():
         raise RuntimeError(f"pinned memory at {host.data_ptr():#x} is not addressable from the GPU as it is "
                            f"(torch made {view.device} memory at {view.data_ptr():#x}); this CUDA platform "

@@ -94,16 +94,6 @@ def _map(driver: Any, handle: Any, size_bytes: int, granularity: int, device: in
     return int(va)
 
 
-class _CudaArrayInterface:
-    """What `torch.as_tensor` reads to wrap memory it did not allocate: a [size_bytes] uint8 array
-    at a device address (the CUDA array interface, version 3)."""
-
-    def __init__(self, address: int, size_bytes: int):
-        self.__cuda_array_interface__ = {
-            "shape": (size_bytes,), "typestr": "|u1", "data": (address, False), "strides": None, "version": 3,
-        }
-
-
 class _CudaMapped:
     """A physical allocation handle mapped at `address` in this process."""
 
@@ -118,17 +108,18 @@ class _CudaMapped:
     def as_tensor(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A CUDA tensor over the whole mapping, sharing its memory (imports torch).
 
-        The tensor does not own the memory: keep this object alive (and open) while it is used.
+        The tensor keeps this object alive, but `close` unmaps the memory all the same: close it only
+        once its tensors are no longer used.
 
         Args:
             dtype: element type; torch.uint8 when None.
         Returns:
             Tensor of shape [size_bytes // dtype itemsize] on ``cuda:<device>``.
         """
-        import torch
+        from disaggsdk.memory.cuda_array import cuda_bytes
 
-        raw = torch.as_tensor(_CudaArrayInterface(self.address, self.size_bytes), device=f"cuda:{self.device}")
-        return raw if dtype is None or dtype == torch.uint8 else raw.view(dtype)
+        raw = cuda_bytes(self.address, self.size_bytes, owner=self, device=f"cuda:{self.device}")
+        return raw if dtype is None else raw.view(dtype)
 
     def close(self) -> None:
         """Unmaps, frees the address range, releases the handle and closes the fd (if any)."""
