@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from disaggsdk.memory.shared_memory import SharedRegion
 
@@ -28,22 +28,10 @@ class UnitPools:
 
     transfer: TransferEngine
     registrations: list[MemoryRegion]  # one per tp rank: the pool itself, or its mirror
-    mode: str  # "host": host pools as they are; "device": GPU pools by FI_HMEM; "mirror": through host copies
+    mode: Literal["host", "device", "mirror"]  # host pools as they are; GPU pools by FI_HMEM; through host copies
     reason: str  # why this mode, for the unit's start-up log
     staging: HostMirror | None = None  # set in "mirror" mode
     mirrors: list[SharedRegion] = field(default_factory=list)  # the host mirrors ("mirror" mode)
-
-
-def mirror_wanted(spec: Spec, pools: Sequence[RankPool]) -> bool | None:
-    """Whether the unit stages its pools through host mirrors: True / False when the spec settles it,
-    None when it depends on what the provider can register (``auto`` with GPU pools)."""
-    setting = spec.transport.kv_staging
-    if setting == "host":
-        return True
-    on_gpu = pools[0].cuda_device is not None
-    if not on_gpu or setting == "direct":
-        return False
-    return None
 
 
 def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_bytes: int, num_layers: int,
@@ -63,9 +51,10 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
         TransferError: the provider cannot open an endpoint, or refuses a registration it must make
             (``kv_staging: direct`` with GPU pools it cannot register).
     """
+    from disaggsdk.plan.kv_staging import mirror_wanted
     from disaggsdk.transfer import TransferEngine, TransferError
 
-    wanted = mirror_wanted(spec, pools)
+    wanted = mirror_wanted(spec)  # what the plan said; None: whether the provider registers GPU memory
     direct = spec.transport.same_host_copy
     if wanted is True:
         transfer = TransferEngine(provider, domain, direct=direct)

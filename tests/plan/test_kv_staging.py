@@ -21,3 +21,13 @@ def test_plan_shows_it_with_the_routes():
 
     titles = [t[0] for t in plan_tables(make_plan(Spec(transport=Transport(provider="tcp"))))]
     assert any("staged through host mirrors" in t for t in titles)
+
+
+def test_the_spec_settles_mirroring_except_auto_on_a_gpu():
+    from disaggsdk.plan.kv_staging import mirror_wanted
+
+    cpu = Spec(model="qwen3-tiny", device="cpu", hardware=Hardware(gpu="cpu"))
+    assert mirror_wanted(cpu) is False
+    assert mirror_wanted(Spec(transport=Transport(kv_staging="host"))) is True
+    assert mirror_wanted(Spec(transport=Transport(kv_staging="direct"))) is False
+    assert mirror_wanted(Spec(transport=Transport(provider="tcp"))) is None  # launch finds tcp has no FI_HMEM
