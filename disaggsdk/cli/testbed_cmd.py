@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from disaggsdk.cli.options import EXIT_CODES_EPILOG, HelpFormatter, add_global_options
 from disaggsdk.testbed.naming import DEFAULT_NAME
@@ -104,7 +103,7 @@ def _resources(text: str | None) -> dict[str, float]:
     if text is None:
         return {}
     try:
-        parsed: Any = json.loads(text)
+        parsed: object = json.loads(text)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from disaggsdk.testbed.errors import NetemUnavailable
+from disaggsdk.testbed.state import LinkState
 from disaggsdk.testbed.tools import run_tool, try_tool
 
 MTU_BYTES = 1500
@@ -96,12 +96,12 @@ class LinkSpec:
             text += f",{self.loss_pct:g}%"
         return text
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> LinkState:
         """The fields as JSON numbers (the state file, ``--json``)."""
-        return asdict(self)
+        return {"rate_mbit": self.rate_mbit, "delay_ms": self.delay_ms, "loss_pct": self.loss_pct}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LinkSpec:
+    def from_dict(cls, data: LinkState) -> LinkSpec:
         """The inverse of `to_dict`."""
         return cls(rate_mbit=float(data["rate_mbit"]), delay_ms=float(data.get("delay_ms", 0.0)),
                    loss_pct=float(data.get("loss_pct", 0.0)))

@@ -24,10 +24,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import IO, Any
 
 from disaggsdk.testbed.errors import TestbedError
+from disaggsdk.testbed.state import NodeState
 from disaggsdk.testbed.tools import run_tool
 
 ANCHOR_READY_TIMEOUT_S = 15.0
@@ -140,12 +141,14 @@ class Node:
         stats = shown[0]["stats64"]
         return LinkCounters(rx_bytes=int(stats["rx"]["bytes"]), tx_bytes=int(stats["tx"]["bytes"]))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NodeState:
         """The fields as JSON values (the state file)."""
-        return asdict(self)
+        return {"name": self.name, "index": self.index, "address": self.address, "namespace": self.namespace,
+                "interface": self.interface, "switch_port": self.switch_port, "anchor_pid": self.anchor_pid,
+                "unshare_pid": self.unshare_pid}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Node:
+    def from_dict(cls, data: NodeState) -> Node:
         """The inverse of `to_dict`."""
         return cls(name=str(data["name"]), index=int(data["index"]), address=str(data["address"]),
                    namespace=str(data["namespace"]), interface=str(data["interface"]),

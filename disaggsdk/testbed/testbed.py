@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from disaggsdk.testbed.errors import TestbedError
 from disaggsdk.testbed.link import LinkSpec, require_netem, shape_link
@@ -40,6 +38,7 @@ from disaggsdk.testbed.naming import (
 )
 from disaggsdk.testbed.node import LinkCounters, Node, start_anchor, stop_anchor, wait_gone
 from disaggsdk.testbed.ray_cluster import RayOptions, start_ray, stop_ray
+from disaggsdk.testbed.state import NodeStatusState, StateFile
 from disaggsdk.testbed.tools import require_tools, run_tool, try_tool
 
 STATE_VERSION = 1
@@ -76,14 +75,14 @@ class Testbed:
         """Node ``index``."""
         return self.nodes[index]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StateFile:
         """The testbed as JSON values: the state file and ``testbed up --json``."""
         return {"version": STATE_VERSION, "name": self.name, "link": self.link.to_dict(),
                 "switch_namespace": self.switch_namespace, "nodes": [node.to_dict() for node in self.nodes],
                 "ray_address": self.ray_address, "complete": self.complete, "state_file": str(self.state_file)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], state_file: Path) -> Testbed:
+    def from_dict(cls, data: StateFile, state_file: Path) -> Testbed:
         """The inverse of `to_dict`.
 
         Raises:
@@ -117,7 +116,7 @@ class NodeStatus:
     rx_bytes: int  # received over its link
     tx_bytes: int  # sent over its link
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NodeStatusState:
         """The fields as JSON values."""
         return {"name": self.name, "address": self.address, "namespace": self.namespace, "alive": self.alive,
                 "rx_bytes": self.rx_bytes, "tx_bytes": self.tx_bytes}
