@@ -187,15 +187,19 @@ def netem_args(link: LinkSpec) -> list[str]:
 
 def shape_link(link: LinkSpec, node_namespace: str, node_interface: str, switch_namespace: str,
                switch_port: str) -> None:
-    """Put ``link``'s qdiscs on both ends of one node's veth (see the module's docstring).
+    """Put ``link``'s qdiscs on both ends of one node's veth (see the module's docstring), in place
+    of whatever shaped it before: a link can be reshaped while traffic crosses it (``tc qdisc
+    replace`` swaps the root qdisc; packets queued in the old one are dropped, as a NIC's
+    renegotiation would).
 
     Raises:
         TestbedError: a ``tc`` command failed (its stderr is in the message).
     """
-    tc_node = ["tc", "-n", node_namespace, "qdisc", "add", "dev", node_interface]
+    tc_node = ["tc", "-n", node_namespace, "qdisc", "replace", "dev", node_interface]
     if link.needs_netem:
         run_tool([*tc_node, "root", "handle", "1:", *netem_args(link)])
         run_tool([*tc_node, "parent", "1:", "handle", "2:", *tbf_args(link)])
     else:
         run_tool([*tc_node, "root", "handle", "1:", *tbf_args(link)])
-    run_tool(["tc", "-n", switch_namespace, "qdisc", "add", "dev", switch_port, "root", "handle", "1:", *tbf_args(link)])
+    run_tool(["tc", "-n", switch_namespace, "qdisc", "replace", "dev", switch_port, "root", "handle", "1:",
+              *tbf_args(link)])

@@ -97,6 +97,21 @@ class Testbed:
                    ray_address=None if data.get("ray_address") is None else str(data["ray_address"]),
                    complete=bool(data["complete"]), state_file=state_file)
 
+    def set_link(self, link: LinkSpec) -> Testbed:
+        """Reshape every node's link to ``link`` while the testbed runs (a benchmark's rate sweep)
+        and record it; returns the testbed as it now is.
+
+        Raises:
+            NetemUnavailable: ``link`` has delay or loss and the kernel no sch_netem.
+            TestbedError: a ``tc`` command failed.
+        """
+        require_netem(link, self.switch_namespace)
+        for node in self.nodes:
+            shape_link(link, node.namespace, node.interface, self.switch_namespace, node.switch_port)
+        changed = replace(self, link=link)
+        _write_state(changed)
+        return changed
+
     def __enter__(self) -> Testbed:
         return self
 

@@ -117,6 +117,32 @@ def test_each_link_is_shaped_at_its_rate_on_both_ends(testbed):
         assert len(tbf) == 1 and tbf[0]["options"]["rate"] == 200e6 / 8  # bytes per second
 
 
+def test_set_link_reshapes_every_link_in_place_and_records_it(testbed):
+    """A rate sweep reshapes the running testbed: both ends of each link get the new rate, the state
+    file says it, and traffic still crosses."""
+    tb = testbed(nodes=2, link=LinkSpec(rate_mbit=200))
+    changed = tb.set_link(LinkSpec(rate_mbit=50))
+    for node in tb.nodes:
+        for namespace, device in ((node.namespace, node.interface), (tb.switch_namespace, node.switch_port)):
+            shown = json.loads(subprocess.run(["tc", "-n", namespace, "-j", "qdisc", "show", "dev", device],
+                                              capture_output=True, text=True, check=True).stdout)
+            assert [q["options"]["rate"] for q in shown if q["kind"] == "tbf"] == [50e6 / 8]
+    assert changed.link.rate_mbit == 50
+    assert json.loads(tb.state_file.read_text())["link"]["rate_mbit"] == 50
+    n0, n1 = tb.nodes
+    receiver = n1.popen([sys.executable, "-c", RECEIVER, n1.address])
+    try:
+        port = receiver.stdout.readline().strip()
+        n0.run([sys.executable, "-c", SENDER, n1.address, port, str(TRANSFER_BYTES)])
+        received, _ = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    assert int(received) == TRANSFER_BYTES
+    assert _tbf_sent_bytes(n0.namespace, n0.interface) >= TRANSFER_BYTES  # through the new qdisc
+
+
 def test_the_host_namespace_is_untouched_and_down_leaves_nothing(testbed):
     network, mounts = host_network(), host_mounts()
     tb = testbed(nodes=2)
