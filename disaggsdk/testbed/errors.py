@@ -17,3 +17,8 @@ class TestbedUnavailable(TestbedError):
 
 class NetemUnavailable(TestbedError):
     """A link asks for delay or loss and the kernel has no ``sch_netem`` qdisc (rate shaping still works)."""
+
+
+class PacketDropUnavailable(TestbedError):
+    """A link asks for loss and this machine can drop packets neither with ``sch_netem`` nor with
+    nftables (the ``nft`` command is missing)."""

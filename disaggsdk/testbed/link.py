@@ -7,7 +7,9 @@ egress of the switch's end (what the node receives). Delay and loss are put on t
 only, so a packet from node A to node B meets them once: the one-way delay between two nodes is
 ``delay_ms`` (the round trip twice that) and the loss ``loss_pct``, while each direction still
 crosses two rate limits of the same rate. Delay and loss take ``netem``; a kernel without
-``sch_netem`` shapes the rate alone and a link that asks for more is a `NetemUnavailable`.
+``sch_netem`` shapes the rate alone, drops the loss with nftables on the node's ingress instead
+(`link_faults.set_link_loss`: also met once between two nodes), and a link that asks for delay is
+a `NetemUnavailable`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class LinkSpec:
     Attributes:
         rate_mbit: line rate in megabits (10^6 bits) per second, each direction.
         delay_ms: one-way delay a packet between two nodes meets, milliseconds (needs netem).
-        loss_pct: share of packets between two nodes that are dropped, percent (needs netem).
+        loss_pct: share of packets between two nodes that are dropped, percent (netem; nftables without it).
     """
 
     rate_mbit: float
@@ -79,7 +81,7 @@ class LinkSpec:
 
     @property
     def needs_netem(self) -> bool:
-        """Whether the link asks for delay or loss, which only netem gives."""
+        """Whether the link asks for delay or loss, which netem gives (the loss also nftables)."""
         return self.delay_ms > 0 or self.loss_pct > 0
 
     @property
@@ -153,17 +155,32 @@ def netem_available(namespace: str) -> bool:
     return added
 
 
-def require_netem(link: LinkSpec, namespace: str) -> None:
-    """Check that ``link`` can be shaped here.
+def netem_shapes(link: LinkSpec, namespace: str) -> bool:
+    """Check that ``link`` can be shaped here and say whether netem shapes its delay and loss.
+
+    Args:
+        link: the link wanted.
+        namespace: a namespace of the testbed to probe the kernel in (`netem_available`).
+
+    Returns:
+        True where netem adds the delay and the loss; False where the link asks for neither, or
+        the kernel has no sch_netem and the link asks only for loss, which the caller then drops
+        with nftables (`link_faults.set_link_loss`).
 
     Raises:
-        NetemUnavailable: it asks for delay or loss and the kernel has no sch_netem.
+        NetemUnavailable: it asks for delay and the kernel has no sch_netem.
     """
-    if link.needs_netem and not netem_available(namespace):
+    if not link.needs_netem:
+        return False
+    if netem_available(namespace):
+        return True
+    if link.delay_ms > 0:
+        keep = f"{link.rate_mbit:g}mbit" + (f",0ms,{link.loss_pct:g}%" if link.loss_pct else "")
         raise NetemUnavailable(
-            f"--link {link.describe()}: this kernel has no sch_netem qdisc, so the rate can be shaped (tbf) "
-            f"but delay and loss cannot; use --link {link.rate_mbit:g}mbit, or a kernel with sch_netem "
+            f"--link {link.describe()}: this kernel has no sch_netem qdisc, so the rate (tbf) and the loss "
+            f"(nftables) can be shaped but the delay cannot; use --link {keep}, or a kernel with sch_netem "
             "(CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
+    return False
 
 
 def tbf_args(link: LinkSpec) -> list[str]:
@@ -186,17 +203,19 @@ def netem_args(link: LinkSpec) -> list[str]:
 
 
 def shape_link(link: LinkSpec, node_namespace: str, node_interface: str, switch_namespace: str,
-               switch_port: str) -> None:
+               switch_port: str, netem: bool = True) -> None:
     """Put ``link``'s qdiscs on both ends of one node's veth (see the module's docstring), in place
     of whatever shaped it before: a link can be reshaped while traffic crosses it (``tc qdisc
     replace`` swaps the root qdisc; packets queued in the old one are dropped, as a NIC's
     renegotiation would).
 
+    ``netem`` (what `netem_shapes` says): False shapes the rate alone, whatever the link asks for.
+
     Raises:
         TestbedError: a ``tc`` command failed (its stderr is in the message).
     """
     tc_node = ["tc", "-n", node_namespace, "qdisc", "replace", "dev", node_interface]
-    if link.needs_netem:
+    if netem and link.needs_netem:
         run_tool([*tc_node, "root", "handle", "1:", *netem_args(link)])
         run_tool([*tc_node, "parent", "1:", "handle", "2:", *tbf_args(link)])
     else:

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import TracebackType
 
 from disaggsdk.testbed.errors import TestbedError
-from disaggsdk.testbed.link import LinkSpec, require_netem, shape_link
+from disaggsdk.testbed.link import LinkSpec, netem_shapes, shape_link
+from disaggsdk.testbed.link_faults import require_nftables, set_link_loss
 from disaggsdk.testbed.naming import (
     BRIDGE,
     DEFAULT_NAME,
@@ -102,12 +103,14 @@ class Testbed:
         and record it; returns the testbed as it now is.
 
         Raises:
-            NetemUnavailable: ``link`` has delay or loss and the kernel no sch_netem.
-            TestbedError: a ``tc`` command failed.
+            NetemUnavailable: ``link`` has delay and the kernel no sch_netem.
+            PacketDropUnavailable: ``link`` has loss, the kernel no sch_netem and ``nft`` is missing.
+            TestbedError: a ``tc`` or ``nft`` command failed.
         """
-        require_netem(link, self.switch_namespace)
+        netem = _check_link(link, self.switch_namespace)
         for node in self.nodes:
-            shape_link(link, node.namespace, node.interface, self.switch_namespace, node.switch_port)
+            _shape(link, node.namespace, node.interface, self.switch_namespace, node.switch_port, netem,
+                   fresh=False)
         changed = replace(self, link=link)
         _write_state(changed)
         return changed
@@ -143,7 +146,7 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
 
     Args:
         nodes: how many nodes, 1 to `naming.MAX_NODES`.
-        link: every node's link (rate; delay and loss need sch_netem).
+        link: every node's link (rate; delay needs sch_netem, loss sch_netem or nftables).
         name: the testbed's name; several testbeds of different names can be up at once.
         ray: start a Ray node in each node with these options; None: no Ray.
         state_dir: where the state file goes.
@@ -153,7 +156,8 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
 
     Raises:
         TestbedUnavailable: not root, or iproute2/util-linux missing.
-        NetemUnavailable: ``link`` has delay or loss and the kernel no sch_netem.
+        NetemUnavailable: ``link`` has delay and the kernel no sch_netem.
+        PacketDropUnavailable: ``link`` has loss, the kernel no sch_netem and ``nft`` is missing.
         TestbedError: bad arguments, a testbed of that name is up already, or a step failed. On
             any failure everything built so far is torn down first.
     """
@@ -173,9 +177,9 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
     try:
         _write_state(testbed)
         _make_switch(testbed.switch_namespace)
-        require_netem(link, testbed.switch_namespace)
+        netem = _check_link(link, testbed.switch_namespace)
         for index in range(nodes):
-            testbed = replace(testbed, nodes=(*testbed.nodes, _make_node(name, index, link)))
+            testbed = replace(testbed, nodes=(*testbed.nodes, _make_node(name, index, link, netem)))
             _write_state(testbed)
         if ray is not None:
             testbed = replace(testbed, ray_address=start_ray(testbed.nodes, ray))
@@ -284,7 +288,23 @@ def _make_switch(namespace: str) -> None:
     run_tool(["ip", "-n", namespace, "link", "set", BRIDGE, "up"])
 
 
-def _make_node(name: str, index: int, link: LinkSpec) -> Node:
+def _check_link(link: LinkSpec, namespace: str) -> bool:
+    # whether netem shapes the link; without it a loss is dropped by nftables, which must be here
+    netem = netem_shapes(link, namespace)
+    if link.loss_pct and not netem:
+        require_nftables(f"--link {link.describe()}: the loss, on a kernel without sch_netem,")
+    return netem
+
+
+def _shape(link: LinkSpec, namespace: str, interface: str, sw: str, port: str, netem: bool, fresh: bool) -> None:
+    # a fresh node has no loss table to remove: it runs `nft` only where it drops
+    shape_link(link, namespace, interface, sw, port, netem)
+    loss_pct = 0.0 if netem else link.loss_pct
+    if loss_pct or not fresh:
+        set_link_loss(namespace, interface, loss_pct)
+
+
+def _make_node(name: str, index: int, link: LinkSpec, netem: bool) -> Node:
     namespace, port, address = node_namespace(name, index), switch_port(index), node_address(index)
     sw = switch_namespace(name)
     run_tool(["ip", "netns", "add", namespace])
@@ -296,7 +316,7 @@ def _make_node(name: str, index: int, link: LinkSpec) -> Node:
     run_tool(["ip", "-n", namespace, "addr", "add", f"{address}/{SUBNET_PREFIX_LEN}", "dev", NODE_INTERFACE])
     run_tool(["ip", "-n", namespace, "link", "set", "lo", "up"])
     run_tool(["ip", "-n", namespace, "link", "set", NODE_INTERFACE, "up"])
-    shape_link(link, namespace, NODE_INTERFACE, sw, port)
+    _shape(link, namespace, NODE_INTERFACE, sw, port, netem, fresh=True)
     node = node_name(name, index)
     anchor_pid, unshare_pid = start_anchor(node, namespace)
     return Node(name=node, index=index, address=address, namespace=namespace, interface=NODE_INTERFACE,

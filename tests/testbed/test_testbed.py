@@ -13,7 +13,15 @@ import time
 
 import pytest
 
-from disaggsdk.testbed import LinkSpec, NetemUnavailable, TestbedError, down, netem_available, status
+from disaggsdk.testbed import (
+    LinkSpec,
+    NetemUnavailable,
+    TestbedError,
+    down,
+    netem_available,
+    nftables_available,
+    status,
+)
 from disaggsdk.testbed import testbed as testbed_module
 from disaggsdk.testbed.naming import namespace_prefix, state_path
 from tests.testbed.conftest import (
@@ -218,15 +226,21 @@ def test_down_clears_the_leftovers_of_a_testbed_without_a_state_file(tmp_path):
     assert not state_path(name, tmp_path).exists()
 
 
-def test_delay_and_loss_need_netem(testbed):
+def test_delay_needs_netem_and_loss_without_it_takes_nftables(testbed):
     probe = testbed(nodes=1)
     with_delay = LinkSpec(rate_mbit=100, delay_ms=5, loss_pct=1)
     if not netem_available(probe.switch_namespace):
         names_before = set(netns_names())
         with pytest.raises(NetemUnavailable) as caught:
             testbed(nodes=2, link=with_delay)
-        assert "sch_netem" in str(caught.value) and "--link 100mbit" in str(caught.value)
+        # the message offers the link this kernel can shape: the rate and the loss, no delay
+        assert "sch_netem" in str(caught.value) and "--link 100mbit,0ms,1%" in str(caught.value)
         assert set(netns_names()) == names_before  # the half-built testbed is gone
+        if nftables_available():  # the loss alone builds (tests/testbed/test_link_faults.py drives it)
+            lossy = testbed(nodes=1, link=LinkSpec(rate_mbit=100, loss_pct=1))
+            shown = subprocess.run(["tc", "-n", lossy.node(0).namespace, "qdisc", "show", "dev",
+                                    lossy.node(0).interface], capture_output=True, text=True, check=True).stdout
+            assert [line.split()[1] for line in shown.splitlines()] == ["tbf"], shown
         return
     tb = testbed(nodes=1, link=with_delay)
     node = tb.node(0)
