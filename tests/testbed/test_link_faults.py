@@ -273,3 +273,254 @@ def test_kv_pages_written_between_tcp_endpoints_under_one_percent_loss_land_inta
             target.wait(10)
     assert received == sent[1]
     assert drop_counts(n1.namespace)[FAULT_TABLE] > 0  # the loss was there while the pages crossed
+
+
+# a deployment across two nodes through the faults (slow: a Ray cluster and two units)
+
+DEADLINE_S = 5.0  # transfer.deadline_s: how long decode waits for a request's KV before it retries
+HANG_BOUND_S = DEADLINE_S + 55.0  # a request still open this long after it was sent hangs
+SHORT_PROMPTS = [list(range(40 + k, 240 + k)) for k in range(3)]  # 200 tokens: 0.8 MiB of KV each
+# 2,000 tokens: 8 MiB of KV (4 layers, 4 KV heads of 32 float32 each, K and V), ~3.4 s at 20 Mbit/s
+LONG_PROMPT = [(7 * k) % 4000 + 10 for k in range(2000)]
+MAX_TOKENS = 8
+SLOW_LINK = LinkSpec(rate_mbit=20)
+FAST_LINK = LinkSpec(rate_mbit=1000)
+# run in node 0: one completion; prints its tokens or its error, and how long it took
+ASK = """import json, sys, time, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", timeout=float(sys.argv[4]), max_retries=0)
+model = client.models.list().data[0].id
+start = time.monotonic()
+try:
+    out = client.completions.create(model=model, prompt=json.loads(sys.argv[2]), max_tokens=int(sys.argv[3]),
+                                    temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    answer = {"token_ids": out.model_dump()["choices"][0]["token_ids"]}
+except openai.APIError as exc:
+    answer = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps({**answer, "elapsed_s": time.monotonic() - start}), flush=True)
+"""
+# run in node 0: GET or POST one path of the front end, print the body
+FRONT = """import sys, httpx
+print(httpx.request(sys.argv[2], sys.argv[1] + sys.argv[3], timeout=60).text)
+"""
+
+
+class _Deployment:
+    """Prefill in node 0, decode in node 1 (Ray), the driver and every client in node 0."""
+
+    def __init__(self, tb):
+        from disaggsdk.testbed.ray_cluster import ray_env
+        from tests.testbed.test_deployment_across_nodes import LOG_DIR, SPEC_PATH, _wait_ready
+
+        self.tb, self.log_dir = tb, LOG_DIR
+        self.env = {**ray_env(), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+        n0 = tb.node(0)
+        n0.run(["sh", "-c", f"cat > {SPEC_PATH}"], input=_spec_yaml())
+        self.launch = n0.popen(["sh", "-c", f'echo "$$"; exec "$0" -m disaggsdk.cli.main launch {SPEC_PATH} '
+                                            f"--backend ray --address {tb.ray_address} --port 0 --no-live "
+                                            f"--max-restarts 0 --log-dir {LOG_DIR}", sys.executable],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
+        self.lines: list[str] = []
+        assert self.launch.stdout is not None
+        self.driver_pid = self.launch.stdout.readline().strip()
+        self.url = _wait_ready(self.launch, self.lines)
+
+    def ask(self, prompt: list[int], timeout_s: float = HANG_BOUND_S) -> dict:
+        done = self.tb.node(0).run([sys.executable, "-c", ASK, self.url, json.dumps(prompt), str(MAX_TOKENS),
+                                    str(timeout_s)], env=self.env, timeout_s=timeout_s + 30)
+        return json.loads(done.stdout)
+
+    def ask_later(self, prompt: list[int], timeout_s: float = HANG_BOUND_S) -> subprocess.Popen[str]:
+        return self.tb.node(0).popen([sys.executable, "-c", ASK, self.url, json.dumps(prompt), str(MAX_TOKENS),
+                                      str(timeout_s)], env=self.env)
+
+    def front(self, method: str, path: str) -> str:
+        return self.tb.node(0).run([sys.executable, "-c", FRONT, self.url, method, path], env=self.env).stdout
+
+    def free_pages(self) -> dict[str, int]:
+        """Each unit's free pages once its prefix cache let go of what it held."""
+        return json.loads(self.front("POST", "/reset_prefix_cache"))["num_free_pages"]
+
+    def log(self, unit: str) -> str:
+        node = self.tb.node(0 if unit.startswith("prefill") else 1)
+        return node.run(["cat", f"{self.log_dir}/{unit}.log"], check=False).stdout
+
+    def stop(self) -> None:
+        """SIGTERM to the driver in node 0; the launch ends on its own (killed if it does not in 60 s)."""
+        try:
+            if self.launch.poll() is None:
+                self.tb.node(0).run(["kill", "-TERM", self.driver_pid], check=False)
+                assert self.launch.stdout is not None
+                self.lines += self.launch.stdout.readlines()
+                self.launch.wait(60)
+        finally:
+            if self.launch.poll() is None:
+                self.launch.kill()
+                self.launch.wait(10)
+
+
+def _spec_yaml() -> str:
+    import attrs
+
+    from disaggsdk.spec import spec_to_yaml
+    from tests.launch._helpers import make_spec
+
+    spec = make_spec("qwen3-tiny", provider="tcp", num_pages=512, budget=256, page_size=16, deadline_s=DEADLINE_S)
+    return spec_to_yaml(attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=1)))
+
+
+def _deployment_testbed(testbed):
+    pytest.importorskip("ray")
+    pytest.importorskip("openai")
+    pytest.importorskip("disaggsdk.transfer._fabric")
+    from disaggsdk.testbed import RayOptions
+
+    return testbed(nodes=2, link=FAST_LINK,
+                   ray=RayOptions(num_cpus=1, resources={"disaggsdk_slot": 1}, object_store_bytes=80 << 20))
+
+
+def _disaggsdk_shm_files(node) -> list[str]:
+    # the KV pools and mirrors (disaggsdk-kv*) and libfabric shm endpoints ("<pid>:<ep>:<n>")
+    listed = node.run(["ls", "-A", "/dev/shm"]).stdout.split()
+    return [name for name in listed if name.startswith("disaggsdk") or name.split(":")[0].isdigit()]
+
+
+def _after_stop_no_shm_left(tb) -> dict[str, list[str]]:
+    # the units' processes end with the launch; give their exit a bounded while
+    deadline = time.monotonic() + 30
+    while True:
+        left = {node.name: _disaggsdk_shm_files(node) for node in tb.nodes}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def _report(**facts: object) -> None:
+    # what the fault did, for the issue: `pytest -s` shows it, a failure's captured output holds it
+    print("link-fault:", json.dumps(facts, default=str), flush=True)
+
+
+@pytest.mark.slow
+@needs_nft
+def test_a_deployment_across_nodes_under_one_percent_loss_answers_the_unfaulted_tokens(testbed):
+    tb = _deployment_testbed(testbed)
+    deployment = _Deployment(tb)
+    try:
+        baseline_pages = deployment.free_pages()
+        want = [deployment.ask(prompt)["token_ids"] for prompt in SHORT_PROMPTS]
+        deployment.free_pages()  # decode's prefix cache forgets them: the faulted run transfers them again
+        sent_before = _metric_value(deployment.front("GET", "/metrics"), "disaggsdk_kv_transfer_bytes_total",
+                                    "prefill-0")
+        drop_packets(tb, 1, 1.0)
+        faulted = [deployment.ask(prompt) for prompt in SHORT_PROMPTS]
+        drops = drop_counts(tb.node(1).namespace)[FAULT_TABLE] + \
+            drop_counts(tb.switch_namespace)[f"{FAULT_TABLE}_{tb.node(1).switch_port}"]
+        metrics = deployment.front("GET", "/metrics")
+        heal_link(tb, 1)
+        pages_after = deployment.free_pages()
+    finally:
+        deployment.stop()
+    _report(case="1% loss", elapsed_s=[a.get("elapsed_s") for a in faulted], dropped_packets=drops,
+            errors=[a["error"] for a in faulted if "error" in a])
+    assert [a.get("token_ids") for a in faulted] == want, faulted
+    assert _metric_value(metrics, "disaggsdk_kv_transfer_bytes_total", "prefill-0") > sent_before  # KV crossed
+    assert drops > 0
+    assert pages_after == baseline_pages
+    assert _after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
+    assert "Traceback" not in "".join(deployment.lines), "".join(deployment.lines)
+
+
+@pytest.mark.slow
+def test_a_link_cut_while_kv_is_in_flight_ends_the_request_within_its_deadline_and_service_resumes(testbed):
+    """Node 1's link (decode's, and its Ray node's) is cut for 3 s while a long prompt's KV crosses
+    it: the request completes (retried, prefilled locally) or fails with a clear error, never hangs;
+    after the heal new requests get the unfaulted tokens; no page or shm file is left."""
+    tb = _deployment_testbed(testbed)
+    deployment = _Deployment(tb)
+    try:
+        baseline_pages = deployment.free_pages()
+        want_long = deployment.ask(LONG_PROMPT)["token_ids"]
+        want_short = deployment.ask(SHORT_PROMPTS[0])["token_ids"]
+        deployment.free_pages()
+        tb = tb.set_link(SLOW_LINK)  # 8 MiB of KV take seconds: the cut lands mid-transfer
+        rx_before = tb.node(1).link_counters().rx_bytes
+        in_flight = deployment.ask_later(LONG_PROMPT)
+        try:
+            while tb.node(1).link_counters().rx_bytes - rx_before < (1 << 20):  # the KV is crossing
+                assert in_flight.poll() is None, in_flight.communicate()
+                time.sleep(0.05)
+            cut_at = time.monotonic()
+            cut_link(tb, 1)
+            time.sleep(3.0)
+            heal_link(tb, 1)
+            healed_at = time.monotonic()
+            out, _ = in_flight.communicate(timeout=HANG_BOUND_S + 30)
+        finally:
+            if in_flight.poll() is None:
+                in_flight.kill()
+                in_flight.wait(10)
+        ended_after_cut_s = time.monotonic() - cut_at
+        outcome = json.loads(out)
+        tb = tb.set_link(FAST_LINK)
+        after_heal = [deployment.ask(SHORT_PROMPTS[0]), deployment.ask(LONG_PROMPT)]
+        metrics = deployment.front("GET", "/metrics")
+        health = json.loads(deployment.front("GET", "/health"))
+        pages_after = deployment.free_pages()
+        decode_log = deployment.log("decode-0")
+        prefill_log = deployment.log("prefill-0")
+    finally:
+        deployment.stop()
+    counters = {name: {engine: _metric_value(metrics, name, engine, missing=-1.0)
+                       for engine in ("prefill-0", "decode-0")}
+                for name in ("disaggsdk_kv_transfer_failures_total", "disaggsdk_requests_retried_total",
+                             "disaggsdk_requests_prefilled_locally_total")}
+    _report(case="cut 3 s mid-transfer", in_flight=outcome, ended_after_cut_s=ended_after_cut_s,
+            healed_after_cut_s=healed_at - cut_at, after_heal_elapsed_s=[a.get("elapsed_s") for a in after_heal],
+            after_heal_errors=[a["error"] for a in after_heal if "error" in a], counters=counters, health=health,
+            decode_log_tail=decode_log[-3000:], prefill_log_tail=prefill_log[-1500:])
+    # the in-flight request ended (answered or refused) well before the hang bound
+    assert outcome["elapsed_s"] < HANG_BOUND_S, outcome
+    if "error" in outcome:
+        assert len(outcome["error"]) > 20, outcome  # a message, not a bare status
+    else:
+        assert outcome["token_ids"] == want_long, outcome
+    assert [a.get("token_ids") for a in after_heal] == [want_short, want_long], after_heal
+    assert health["status"] == "ok", health
+    # nothing left in any engine's batch or queue, and every page back in the pools
+    for gauge in ("disaggsdk_num_requests_running", "disaggsdk_num_requests_waiting"):
+        assert [_metric_value(metrics, gauge, engine) for engine in ("prefill-0", "decode-0")] == [0, 0], gauge
+    assert pages_after == baseline_pages
+    assert _after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
+
+
+@pytest.mark.slow
+def test_a_deployment_across_nodes_under_50ms_jitter_answers_the_unfaulted_tokens(testbed):
+    probe = testbed(nodes=1)
+    if not netem_available(probe.switch_namespace):
+        pytest.skip("no sch_netem on this kernel: jitter takes netem (CONFIG_NET_SCH_NETEM)")
+    tb = _deployment_testbed(testbed)
+    deployment = _Deployment(tb)
+    try:
+        baseline_pages = deployment.free_pages()
+        want = [deployment.ask(prompt)["token_ids"] for prompt in SHORT_PROMPTS]
+        deployment.free_pages()
+        add_jitter(tb, 1, 50)
+        faulted = [deployment.ask(prompt) for prompt in SHORT_PROMPTS]
+        heal_link(tb, 1)
+        pages_after = deployment.free_pages()
+    finally:
+        deployment.stop()
+    _report(case="50 ms jitter", elapsed_s=[a.get("elapsed_s") for a in faulted])
+    assert [a.get("token_ids") for a in faulted] == want, faulted
+    assert pages_after == baseline_pages
+    assert _after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
+
+
+def _metric_value(text: str, name: str, engine: str, missing: float | None = None) -> float:
+    import re
+
+    found = re.search(rf'^{name}{{[^}}]*engine="{engine}"[^}}]*}} (\S+)$', text, re.M)
+    if found is None:
+        if missing is not None:
+            return missing
+        raise AssertionError(f"no {name} for {engine} in /metrics")
+    return float(found.group(1))
