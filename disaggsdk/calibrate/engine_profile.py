@@ -55,7 +55,10 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
 
     longest = max(max(prefill_lens), max(decode_contexts)) + decode_steps + 8
     num_pages = (max(decode_batches) + 1) * (-(-longest // page_size)) + 8
-    engine = LLMEngine(model, EngineConfig(page_size=page_size, num_pages=num_pages,
+    # no prefix cache: every timed prefill repeats one prompt, and with the cache on each repeat
+    # after the first computed only its last token (the fit then saw a 1,024-token prefill take
+    # a tenth of its real time)
+    engine = LLMEngine(model, EngineConfig(page_size=page_size, num_pages=num_pages, prefix_caching=False,
                                            max_num_batched_tokens=max(prefill_lens), max_num_seqs=64))
     ids = itertools.count()
 

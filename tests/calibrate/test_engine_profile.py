@@ -63,3 +63,22 @@ def test_cpu_time_splits_into_per_token_and_per_request_costs():
 def test_calibrate_rejects_a_bad_round_count(run_cli):
     result = run_cli("calibrate", "--rounds", "0")
     assert result.returncode == 2 and "--rounds" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_timed_prefills_compute_every_token(monkeypatch):
+    """Each prefill of the grid repeats one prompt: with a prefix cache, every repeat after the
+    first would compute its last token only and the fit would see prefill ten times too fast."""
+    from disaggsdk.engine import llm_engine
+
+    configs = []
+
+    class Recording(llm_engine.LLMEngine):
+        def __init__(self, model, config):
+            configs.append(config)
+            super().__init__(model, config)
+
+    monkeypatch.setattr(llm_engine, "LLMEngine", Recording)
+    samples = time_engine("qwen3-tiny", prefill_lens=(16,), decode_batches=(1,), decode_contexts=(16,),
+                          decode_steps=2, repeats=1)
+    assert [c.prefix_caching for c in configs] == [False]
+    assert samples[0].num_tokens == 16 and samples[0].context_pairs == 16 * 17 / 2
