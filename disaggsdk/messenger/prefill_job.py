@@ -52,6 +52,7 @@ class SendsState:
     num_writes: int
     first_submit_s: float  # time.monotonic() when its first write was submitted (0.0: none yet)
     last_done_s: float  # ... when its latest write completed locally
+    last_layer_s: float  # ... when the writes of the KV's last layer were last submitted
 
 
 class JobSends:
@@ -67,6 +68,7 @@ class JobSends:
         self._num_writes = 0
         self._first_submit_s = 0.0
         self._last_done_s = 0.0
+        self._last_layer_s = 0.0
         self._aborted = False
         self._failure: str | None = None  # set once: the job stops sending and reports after draining
 
@@ -102,6 +104,12 @@ class JobSends:
             self._first_submit_s = self._first_submit_s or now
         fut.add_done_callback(self._write_done)  # outside the lock: it runs here when fut is done already
 
+    def last_layer_submitted(self) -> None:
+        """The writes of the KV's last layer (of the latest chunk) were submitted (streamer thread)."""
+        now = time.monotonic()
+        with self._lock:
+            self._last_layer_s = now
+
     def _write_done(self, _fut: Future[None]) -> None:
         with self._lock:
             self._last_done_s = time.monotonic()
@@ -122,7 +130,7 @@ class JobSends:
     def _state(self) -> SendsState:
         busy = self._inflight_steps > 0 or not all(f.done() for f in self._futures)
         return SendsState(busy, self._aborted, self._failure, self._num_bytes, self._num_writes,
-                          self._first_submit_s, self._last_done_s)
+                          self._first_submit_s, self._last_done_s, self._last_layer_s)
 
 
 @dataclass
@@ -159,7 +167,8 @@ class PrefillJob:
         return RequestTransfer(request_id, "prefill", len(self.msg.token_ids), bytes=sent.num_bytes,
                                writes=sent.num_writes, transfer_s=max(0.0, sent.last_done_s - sent.first_submit_s),
                                lead_s=self.forward_end_s - sent.first_submit_s, arrived_s=self.arrived_s,
-                               forward_start_s=self.forward_start_s, forward_end_s=self.forward_end_s)
+                               forward_start_s=self.forward_start_s, forward_end_s=self.forward_end_s,
+                               last_layer_s=sent.last_layer_s)
 
     @classmethod
     def for_request(cls, msg: pr.PrefillRequest, sender: PeerId, info: UnitInfo, peer: Peer, plan: Plan,

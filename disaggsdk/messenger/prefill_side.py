@@ -250,6 +250,8 @@ class PrefillMessenger:
                 for w in pairs:
                     self._submit_writes(job, self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
                                         job.dst_targets[w.dst_tp_rank], w.src_offsets, w.dst_offsets, w.lengths)
+                if layer_id == self.num_layers - 1:
+                    job.sends.last_layer_submitted()
                 if job.digest is not None:  # after submitting: the hashing overlaps the writes
                     add_layer(job.digest, layer_id, pairs, self._pool_views, job.dst_geometry, job.grant_index)
             except Exception as exc:  # noqa: BLE001 - a failed submit fails the request, never the unit

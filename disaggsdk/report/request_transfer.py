@@ -27,6 +27,9 @@ class RequestTransfer(msgspec.Struct, frozen=True):
     arrived_s: float = 0.0  # prefill: its request frame was handled
     forward_start_s: float = 0.0  # prefill: the step with its first chunk began
     forward_end_s: float = 0.0  # both: prefill's forward pass ended (decode: read from the context)
+    # prefill: the KV's last layer was complete and its writes submitted (the latest chunk's): what
+    # a layer-streamed transfer can at best leave is that layer's share, measured from here
+    last_layer_s: float = 0.0
     submitted_s: float = 0.0  # decode: the request reached the decode unit
     sent_s: float = 0.0  # decode: its (last) prefill request was sent
     fired_s: float = 0.0  # decode: its counter fired (every write of it landed)

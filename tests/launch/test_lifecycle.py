@@ -100,6 +100,11 @@ def test_streamed_writes_start_during_the_forward_pass(env):
     rt.generate_batch([prompt(150, 41)], GREEDY)
     records = [r for s in rt.unit_stats().values() if s.role == "prefill" for r in s.recent if r.num_tokens == 41]
     assert records and records[-1].lead_s > 0, records  # first write went before the forward ended
+    # the last layer's writes went out once its KV was complete: after the forward began, before
+    # the decode unit's counter fired (one machine's clock)
+    fired = [r.fired_s for s in rt.unit_stats().values() if s.role == "decode" for r in s.recent
+             if r.request_id == records[-1].request_id]
+    assert records[-1].forward_start_s < records[-1].last_layer_s < fired[0], (records[-1], fired)
     assert records[-1].writes == 10 * 4 + 1  # pages x layers + context (identical sharding, HND)
 
 
