@@ -62,6 +62,8 @@ def _starts_deployment(command: str, args: argparse.Namespace) -> bool:
             and not str(target).startswith(("http://", "https://"))
     if command == "generate":
         return bool(getattr(args, "spec", None))
+    if command == "testbed":
+        return getattr(args, "testbed_action", None) == "bench"
     if command == "simulate":
         return bool(getattr(args, "validate", False))
     if command == "calibrate":
@@ -75,9 +77,9 @@ def command_extras(command: str, args: argparse.Namespace | None = None) -> tupl
     Args:
         command: the sub-command's name (``"generate"``, ``"transfer-bench"``).
         args: its parsed arguments; options that launch a deployment (``bench SPEC``,
-            ``generate --spec``, ``simulate --validate``, ``calibrate --deployment``) add the
-            deployment's extras; ``testbed up --ray`` adds ray. None: the extras of the command's
-            plainest call.
+            ``generate --spec``, ``simulate --validate``, ``calibrate --deployment``, ``testbed
+            bench``) add the deployment's extras; ``testbed up --ray`` and ``testbed bench`` add
+            ray. None: the extras of the command's plainest call.
 
     Returns:
         The extras' names in pyproject.toml order, empty for a core command.
@@ -85,8 +87,9 @@ def command_extras(command: str, args: argparse.Namespace | None = None) -> tupl
     needed = set(COMMAND_EXTRAS.get(command, ()))
     if args is not None and _starts_deployment(command, args):
         needed.update(DEPLOYMENT_EXTRAS)
-    if command == "testbed" and args is not None and getattr(args, "ray", False):
-        needed.add("ray")  # `testbed up --ray` runs `ray start` in every node
+    if command == "testbed" and args is not None and (getattr(args, "ray", False)
+                                                      or getattr(args, "testbed_action", None) == "bench"):
+        needed.add("ray")  # `testbed up --ray` runs `ray start` in every node; `bench` too
     return tuple(extra for extra in EXTRA_MODULES if extra in needed)
 
 

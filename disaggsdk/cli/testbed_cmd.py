@@ -40,6 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status = action("status", "Show each node's address and the bytes its link carried.")
     status.add_argument("--json", action="store_true", help="print JSON")
     action("down", "Stop Ray and every process in the nodes, delete the namespaces and the state file.")
+    bench = action("bench", "Measure KV transfer across a shaped link: prefill in node 0, decode in node 1, exposed "
+                            "transfer with layer streaming and without, KV goodput, TTFT vs the simulator (JSON).")
+    bench.add_argument("spec", nargs="?", default="specs/tiny_pd.yaml",
+                       help="a CPU spec of one prefill and one decode instance (default: specs/tiny_pd.yaml)")
+    bench.add_argument("--input-lens", default="1024,4096,16384", metavar="N,N,...", help="prompt lengths (tokens)")
+    bench.add_argument("--ratios", default="0.5,1,3", metavar="R,R,...",
+                       help="shaped rates, as the whole transfer's time over the prefill's compute at each length")
+    bench.add_argument("--num-prompts", default="3", metavar="N", help="measured requests per length and rate")
+    bench.add_argument("--reference-rate", default="10gbit", metavar="RATE",
+                       help="the rate C and the bytes are measured at, and TTFT penalties are taken against")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         return _up(args)
     if args.testbed_action == "status":
         return _status(args)
+    if args.testbed_action == "bench":
+        return _bench(args)
     return _down(args)
 
 
@@ -96,6 +108,31 @@ def _down(args: argparse.Namespace) -> int:
 
     removed = down(args.name)
     print(f"testbed {args.name} is down" if removed else f"no testbed {args.name} was up")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import sys
+
+    from disaggsdk.calibrate.link_bench import run_link_bench
+    from disaggsdk.spec import load_spec
+    from disaggsdk.testbed import TestbedError
+    from disaggsdk.testbed.link import parse_rate_mbit
+
+    try:
+        reference_mbit = parse_rate_mbit(args.reference_rate)
+        input_lens = [int(n) for n in args.input_lens.split(",")]
+        ratios = [float(r) for r in args.ratios.split(",")]
+    except ValueError as exc:
+        raise TestbedError(f"testbed bench: {exc}; e.g. --input-lens 1024,4096 --ratios 0.5,1,3 "
+                           "--reference-rate 10gbit") from None
+    num_prompts = _whole_number("--num-prompts", args.num_prompts)
+    if min(input_lens) < 2 or min(ratios) <= 0 or num_prompts < 1:
+        raise TestbedError("testbed bench: prompt lengths of at least 2 tokens, positive ratios and at least one "
+                           "prompt, e.g. --input-lens 1024 --ratios 1 --num-prompts 3")
+    result = run_link_bench(load_spec(args.spec), input_lens, ratios, num_prompts, reference_mbit, name=args.name,
+                            on_progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=2))
     return 0
 
 

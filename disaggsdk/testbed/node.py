@@ -119,12 +119,13 @@ class Node:
 
     def popen(self, argv: Sequence[str], *, stdout: int | IO[Any] | None = subprocess.PIPE,
               stderr: int | IO[Any] | None = subprocess.PIPE, env: Mapping[str, str] | None = None,
-              cwd: str | None = None) -> subprocess.Popen[str]:
+              cwd: str | None = None, stdin: int | IO[Any] | None = subprocess.DEVNULL) -> subprocess.Popen[str]:
         """Start ``argv`` inside this node and return at once (a server, a long transfer).
 
-        The caller owns the process; `down` kills it with the node if it is still running.
+        The caller owns the process; `down` kills it with the node if it is still running. Its
+        stdin is empty unless ``stdin`` says otherwise (``subprocess.PIPE``: the caller talks to it).
         """
-        return subprocess.Popen(self.command(argv, cwd), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+        return subprocess.Popen(self.command(argv, cwd), stdin=stdin, stdout=stdout, stderr=stderr,
                                 text=True, env=None if env is None else dict(env))
 
     def is_alive(self) -> bool:
