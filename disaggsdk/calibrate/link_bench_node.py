@@ -1,14 +1,14 @@
 """The link bench's node side: runs inside testbed node 0 (``python -m
 disaggsdk.calibrate.link_bench_node CONFIG_JSON``), where the Ray cluster is reachable.
 
-It times the engine for the simulator (`calibrate_engine`; each mode and length then anchors that
-profile on its reference group, `anchored_profile`), then for each mode (layer streaming,
+It times the engine for the simulator (`calibrate_engine`), then for each mode (layer streaming,
 then the after-forward ablation) launches the deployment through Ray (prefill in node 0, decode in
 node 1), and for each prompt length and line rate sends one warm-up and ``num_prompts`` measured
 requests, one at a time. The link belongs to the host (only it reaches every namespace), so the
 rate is asked for over a pipe: one JSON line ``{"set_link_mbit": R}`` on stdout, answered ``ok``
 (or ``error: ...``) on stdin. The result is the last stdout line, ``{"result": {...}}``; progress
-goes to stderr.
+goes to stderr. The simulator's figure for a group (`simulated_group_ttft_s`) re-times the engine
+profile to the group's measured compute and adds the overhead fitted on the reference group.
 
 Rates: at each length a first group at the reference rate (fast enough that the link costs
 little) measures the prefill compute C and the bytes sent; the shaped rates are those at which
@@ -71,7 +71,7 @@ class LinkRow(TypedDict):
     bytes_per_request: float  # what prefill sent: KV and the context payload
     kv_bytes_per_layer: float
     compute_ms: float  # C: the prefill's forward pass
-    line_transfer_ms: float  # T: bytes_per_request at the line rate
+    line_transfer_ms: float  # T: bytes_per_request at the line rate, with the TCP/IP and Ethernet headers
     transfer_to_compute: float  # T / C
     exposed_ms: float  # forward end -> decode's counter fired: what the TTFT pays
     exposed_after_last_layer_ms: float  # the last layer's writes submitted -> decode's counter fired
@@ -85,9 +85,9 @@ class LinkRow(TypedDict):
     kv_goodput_fraction: float | None  # after_forward only: bytes / exposed as a share of the line rate
     ttft_ms: float  # the server's TTFT (router received -> first token at the router)
     ttft_penalty_ms: float  # ttft_ms minus the reference rate's, same mode and length
-    sim_ttft_ms: float  # the simulator with the NIC at rate_mbit, anchored on the reference group (`anchored_profile`)
+    sim_ttft_ms: float  # the simulator, given the group's compute and the reference's overhead (`simulated_group_ttft_s`)
     sim_penalty_ms: float
-    sim_ttft_error: float  # sim_ttft_ms / ttft_ms - 1 (0 at the reference rate by construction)
+    sim_ttft_error: float  # sim_ttft_ms / ttft_ms - 1 (about 0 at the reference rate, by construction)
 
 
 class LinkControl(Protocol):
@@ -176,39 +176,58 @@ def simulated_ttft_s(spec: Spec, profile: HardwareProfile, input_len: int, rate_
     return float(result["mean_ttft_ms"]) / 1e3
 
 
-def anchored_profile(spec: Spec, engine_profile: HardwareProfile, input_len: int, streaming: bool,
-                     reference_mbit: float, reference: GroupMeasure) -> HardwareProfile:
-    """``engine_profile`` anchored on the reference group of one mode and length, where the link
-    costs little: its compute re-timed so the simulated prefill takes the measured C (the units
-    share the machine's two cores with Ray and each other, which the engine timing did not), and
-    what is left of the measured TTFT over the simulated put in ``handoff_overhead_ms``. The shaped
-    rates' predictions then test the simulator's link model alone.
-    """
+def retimed_profile(spec: Spec, engine_profile: HardwareProfile, input_len: int, compute_s: float) -> HardwareProfile:
+    """``engine_profile`` re-timed (`HardwareProfile.slowed_by`) so that the simulated prefill of
+    ``input_len`` tokens takes ``compute_s``: the units share the machine's two cores with Ray, the
+    link's TCP processing and each other, which the engine timing alone did not, and the shared
+    VM's speed drifts from one group to the next."""
     from disaggsdk.models import resolve_model
     from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
 
     tokens = input_len - 1  # decode's first step runs the last prompt token
     cost = StepCostModel(resolve_model(spec.model), engine_profile, weight_dtype="float32", kv_dtype=spec.kv.dtype)
-    simulated_compute_s = cost.step_time_s(tokens, 1, prefill_context_pairs(tokens, 0), 0)
-    retimed = engine_profile.slowed_by(reference.compute_s / simulated_compute_s)
-    left_s = reference.ttft_s - simulated_ttft_s(spec, retimed, input_len, reference_mbit, streaming)
-    return attrs.evolve(retimed, handoff_overhead_ms=retimed.handoff_overhead_ms + max(0.0, left_s) * 1e3)
+    return engine_profile.slowed_by(compute_s / cost.step_time_s(tokens, 1, prefill_context_pairs(tokens, 0), 0))
 
 
-def row(spec: Spec, profile: HardwareProfile, mode: str, input_len: int, rate_mbit: float, reference: bool,
-        measured: GroupMeasure, reference_row: LinkRow | None) -> LinkRow:
+def fitted_overhead_ms(spec: Spec, engine_profile: HardwareProfile, input_len: int, streaming: bool,
+                       reference_mbit: float, reference: GroupMeasure) -> float:
+    """What the reference group's TTFT (the link costs little there) has beyond the simulated one,
+    in ms and at least 0: the serving stack's handoff, which the engine timing does not see."""
+    retimed = retimed_profile(spec, engine_profile, input_len, reference.compute_s)
+    return max(0.0, reference.ttft_s - simulated_ttft_s(spec, retimed, input_len, reference_mbit, streaming)) * 1e3
+
+
+def simulated_group_ttft_s(spec: Spec, engine_profile: HardwareProfile, overhead_ms: float, input_len: int,
+                           rate_mbit: float, streaming: bool, compute_s: float) -> float:
+    """The simulator's TTFT for one group: ``engine_profile`` re-timed to the group's own measured
+    compute, the reference's fitted overhead added, one NIC behind the group's link. Given the
+    compute, what the simulator predicts is the link's part: its error is the link model's."""
+    profile = retimed_profile(spec, engine_profile, input_len, compute_s)
+    profile = attrs.evolve(profile, handoff_overhead_ms=profile.handoff_overhead_ms + overhead_ms)
+    return simulated_ttft_s(spec, profile, input_len, rate_mbit, streaming)
+
+
+def wire_transfer_s(num_bytes: float, rate_mbit: float) -> float:
+    """T: ``num_bytes`` of KV through a link of ``rate_mbit`` as TCP carries them (with the TCP/IP
+    and Ethernet headers its frames add: `TCP_PAYLOAD_SHARE`), the least time the link allows."""
+    return line_transfer_s(num_bytes / TCP_PAYLOAD_SHARE, rate_mbit)
+
+
+def row(spec: Spec, engine_profile: HardwareProfile, overhead_ms: float, mode: str, input_len: int, rate_mbit: float,
+        reference: bool, measured: GroupMeasure, reference_row: LinkRow | None) -> LinkRow:
     """One group's figures (see `LinkRow`)."""
     from disaggsdk.messenger.context import context_bytes
     from disaggsdk.models import resolve_model
 
     arch = resolve_model(spec.model)
     streaming = mode == "streaming"
-    transfer_s = line_transfer_s(measured.bytes_per_request, rate_mbit)
+    transfer_s = wire_transfer_s(measured.bytes_per_request, rate_mbit)
     # the ablation sends everything after the forward: its floor is the whole transfer
     floor_s = exposed_floor_s(transfer_s, measured.compute_s, arch.num_layers) if streaming else transfer_s
     strict_s = strict_exposed_floor_s(transfer_s, measured.compute_s, arch.num_layers) if streaming else transfer_s
     judged_s = measured.exposed_after_last_layer_s if streaming else measured.exposed_s
-    sim_s = simulated_ttft_s(spec, profile, input_len, rate_mbit, streaming)
+    sim_s = simulated_group_ttft_s(spec, engine_profile, overhead_ms, input_len, rate_mbit, streaming,
+                                   measured.compute_s)
     ttft_ms, sim_ms = measured.ttft_s * 1e3, sim_s * 1e3
     kv_bytes = measured.bytes_per_request - context_bytes(arch.hidden_size, arch.vocab_size)
     return {
@@ -271,16 +290,18 @@ def run(config: LinkBenchConfig, link: LinkControl, log: IO[str]) -> tuple[list[
                 link.set_rate(config["reference_mbit"])
                 measure_group(router, input_len, 1, f"warm-{mode}-{input_len}")
                 first = measure_group(router, input_len, config["num_prompts"], f"lb-{mode}-{input_len}-ref")
-                anchored = anchored_profile(spec, profile, input_len, mode == "streaming", config["reference_mbit"], first)
-                reference = row(spec, anchored, mode, input_len, config["reference_mbit"], True, first, None)
+                overhead_ms = fitted_overhead_ms(spec, profile, input_len, mode == "streaming", config["reference_mbit"],
+                                                 first)
+                reference = row(spec, profile, overhead_ms, mode, input_len, config["reference_mbit"], True, first, None)
                 rows.append(reference)
                 if input_len not in rates:  # from the streaming run's reference: both modes share the rates
-                    rates[input_len] = [rate_for_ratio_mbit(first.bytes_per_request, first.compute_s, ratio)
+                    rates[input_len] = [rate_for_ratio_mbit(first.bytes_per_request / TCP_PAYLOAD_SHARE, first.compute_s,
+                                                            ratio)
                                         for ratio in config["ratios"]]
                 for k, rate in enumerate(rates[input_len]):
                     link.set_rate(rate)
                     measured = measure_group(router, input_len, config["num_prompts"], f"lb-{mode}-{input_len}-{k}")
-                    rows.append(row(spec, anchored, mode, input_len, rate, False, measured, reference))
+                    rows.append(row(spec, profile, overhead_ms, mode, input_len, rate, False, measured, reference))
                     log.write(f"{mode} {input_len} tokens at {rate:.1f} Mbit/s: exposed {rows[-1]['exposed_ms']:.1f} ms "
                               f"({rows[-1]['exposed_after_last_layer_ms']:.1f} after the last layer), "
                               f"floor {rows[-1]['floor_ms']:.1f} ms, TTFT {rows[-1]['ttft_ms']:.1f} ms "

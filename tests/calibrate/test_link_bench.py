@@ -10,17 +10,19 @@ import json
 import attrs
 import pytest
 
+from disaggsdk.bench.link_figures import TCP_PAYLOAD_SHARE
 from disaggsdk.calibrate.link_bench import summarize, testbed_spec
 from disaggsdk.calibrate.link_bench_node import (
     GroupMeasure,
     PipeLinkControl,
-    anchored_profile,
     bench_spec,
+    fitted_overhead_ms,
     row,
-    simulated_ttft_s,
+    simulated_group_ttft_s,
+    wire_transfer_s,
 )
 from disaggsdk.errors import DisaggError
-from disaggsdk.sim.hardware import HardwareProfile, load_profile
+from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.spec import load_spec
 
 # rates of the order `disaggsdk calibrate` fits for the tiny models on one 2-core VM's core
@@ -59,33 +61,39 @@ def test_the_pipe_asks_for_a_rate_and_waits_for_the_host():
         PipeLinkControl(io.StringIO(), io.StringIO("")).set_rate(1.0)
 
 
-def test_the_anchored_simulator_reproduces_the_reference_group_and_prices_a_slow_link(spec):
-    engine = CPU_LIKE  # anchoring re-times its compute to what was measured
+def test_the_simulator_given_a_groups_compute_prices_its_link(spec):
+    engine = CPU_LIKE  # re-timed to what was measured
     reference = GroupMeasure(requests=3, bytes_per_request=8 << 20, compute_s=0.120, exposed_s=0.002,
                              exposed_after_last_layer_s=0.004, ttft_s=0.140)
-    anchored = anchored_profile(spec, engine, 1024, True, 10_000, reference)
-    assert simulated_ttft_s(spec, anchored, 1024, 10_000, True) == pytest.approx(0.140, rel=0.02)
-    # the link model on top: at a rate where the transfer takes 3x the compute, streaming leaves
-    # about T - C + T/L after the forward, the ablation all of T
-    slow_mbit = (8 << 20) * 8 / (3 * 0.120) / 1e6
-    streaming = simulated_ttft_s(spec, anchored, 1024, slow_mbit, True)
-    ablation = simulated_ttft_s(spec, anchored_profile(spec, engine, 1024, False, 10_000, reference), 1024,
-                                slow_mbit, False)
-    assert 0.140 + 0.15 < streaming < ablation
+    overhead_ms = fitted_overhead_ms(spec, engine, 1024, True, 10_000, reference)
+    assert overhead_ms > 0
+    # the reference group comes out as measured
+    assert simulated_group_ttft_s(spec, engine, overhead_ms, 1024, 10_000, True, 0.120) == pytest.approx(0.140, rel=0.02)
+    # a group whose compute ran 20 ms longer is simulated with it
+    slower = simulated_group_ttft_s(spec, engine, overhead_ms, 1024, 10_000, True, 0.140)
+    assert slower == pytest.approx(0.160, rel=0.03)
+    # at a rate where the transfer takes 3x the compute, streaming leaves about T - C after the
+    # forward, the ablation all of T
+    slow_mbit = wire_transfer_s(8 << 20, 1.0) * 1.0 / (3 * 0.120)  # T = 3 C at this rate
+    streaming = simulated_group_ttft_s(spec, engine, overhead_ms, 1024, slow_mbit, True, 0.120)
+    ablation = simulated_group_ttft_s(spec, engine, overhead_ms, 1024, slow_mbit, False, 0.120)
+    assert 0.140 + 0.2 < streaming < ablation
+    assert ablation == pytest.approx(0.140 + 0.36, rel=0.1)
 
 
 def test_rows_put_the_floor_and_goodput_where_they_belong(spec):
-    profile = load_profile("h100")
     measured = GroupMeasure(requests=3, bytes_per_request=8 << 20, compute_s=0.1, exposed_s=0.3,
                             exposed_after_last_layer_s=0.33, ttft_s=0.45)
-    ablation = row(spec, profile, "after_forward", 1024, 8 * 8 * 1.048576 / 0.3, False, measured, None)
+    rate_mbit = wire_transfer_s(8 << 20, 1.0) / 0.3  # T = 300 ms, headers counted
+    ablation = row(spec, CPU_LIKE, 0.0, "after_forward", 1024, rate_mbit, False, measured, None)
+    assert ablation["line_transfer_ms"] == pytest.approx(300)
     assert ablation["floor_ms"] == pytest.approx(ablation["line_transfer_ms"])  # the ablation's floor is T
-    assert ablation["kv_goodput_fraction"] == pytest.approx(1.0, rel=1e-3)
-    streaming = row(spec, profile, "streaming", 1024, 8 * 8 * 1.048576 / 0.3, False, measured, ablation)
+    assert ablation["kv_goodput_fraction"] == pytest.approx(TCP_PAYLOAD_SHARE)  # all of what TCP can carry
+    assert ablation["exposed_over_floor"] == pytest.approx(1.0)  # judged from the forward's end
+    streaming = row(spec, CPU_LIKE, 0.0, "streaming", 1024, rate_mbit, False, measured, ablation)
     assert streaming["kv_goodput_fraction"] is None
     assert streaming["floor_ms"] == pytest.approx(300 - 100 + 75)  # T - C + T/L with L = 4
     assert streaming["exposed_over_floor"] == pytest.approx(330 / 275)  # judged from the last layer
-    assert ablation["exposed_over_floor"] == pytest.approx(1.0, rel=1e-3)  # judged from the forward's end
     assert streaming["strict_floor_ms"] == pytest.approx(300 - 100 + 25)  # T - C + C/L
     assert ablation["strict_floor_ms"] == ablation["floor_ms"]
     assert streaming["ttft_penalty_ms"] == pytest.approx(0.0)
