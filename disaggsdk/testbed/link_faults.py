@@ -90,17 +90,17 @@ def drop_packets(testbed: Testbed, index: int, loss_pct: float) -> None:
     if not 0 < loss_pct <= 100:
         raise ValueError(f"loss {loss_pct}%: give more than 0% and at most 100%")
     node = testbed.nodes[index]
-    if nftables_available() or netem_available(testbed.switch_namespace):
-        _set_gso_max_segs(node.namespace, node.interface, 1)
-        _set_gso_max_segs(testbed.switch_namespace, node.switch_port, 1)
-    if nftables_available():
-        _set_ingress_drop(node.namespace, FAULT_TABLE, node.interface, loss_pct)
-        _set_ingress_drop(testbed.switch_namespace, _port_table(node.switch_port), node.switch_port, loss_pct)
-        return
-    if not netem_available(testbed.switch_namespace):
+    by_nft = nftables_available()
+    if not by_nft and not netem_available(testbed.switch_namespace):
         raise PacketDropUnavailable(
             f"dropping {loss_pct:g}% of node {node.name}'s packets needs nftables or the kernel's sch_netem, "
             f"and this machine has neither: {_INSTALL_NFT}")
+    _set_gso_max_segs(node.namespace, node.interface, 1)
+    _set_gso_max_segs(testbed.switch_namespace, node.switch_port, 1)
+    if by_nft:
+        _set_ingress_drop(node.namespace, FAULT_TABLE, node.interface, loss_pct)
+        _set_ingress_drop(testbed.switch_namespace, _port_table(node.switch_port), node.switch_port, loss_pct)
+        return
     # on the node's egress the fault's netem takes the place of the link's own: it keeps its delay,
     # and its loss joins the fault's
     link = testbed.link

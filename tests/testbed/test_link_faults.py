@@ -7,6 +7,7 @@ cases run a prefill/decode deployment across two nodes through them.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -349,9 +350,9 @@ class _Deployment:
         try:
             if self.launch.poll() is None:
                 self.tb.node(0).run(["kill", "-TERM", self.driver_pid], check=False)
-                assert self.launch.stdout is not None
-                self.lines += self.launch.stdout.readlines()
-                self.launch.wait(60)
+            assert self.launch.stdout is not None
+            self.lines += self.launch.stdout.readlines()  # to its end, also when it ended on its own
+            self.launch.wait(60)
         finally:
             if self.launch.poll() is None:
                 self.launch.kill()
@@ -394,6 +395,13 @@ def _after_stop_no_shm_left(tb) -> dict[str, list[str]]:
         time.sleep(0.5)
 
 
+def _stopped_cleanly(deployment: _Deployment) -> bool:
+    # the driver's SIGTERM ended it after a clean shutdown: status 143, which nsenter passes on as
+    # the signal's number or dies of, by version (as in test_deployment_across_nodes)
+    return deployment.launch.returncode in (128 + signal.SIGTERM, signal.SIGTERM, -signal.SIGTERM) and \
+        "Traceback" not in "".join(deployment.lines)
+
+
 def _report(**facts: object) -> None:
     # what the fault did, for the issue: `pytest -s` shows it, a failure's captured output holds it
     print("link-fault:", json.dumps(facts, default=str), flush=True)
@@ -420,13 +428,13 @@ def test_a_deployment_across_nodes_under_one_percent_loss_answers_the_unfaulted_
     finally:
         deployment.stop()
     _report(case="1% loss", elapsed_s=[a.get("elapsed_s") for a in faulted], dropped_packets=drops,
-            errors=[a["error"] for a in faulted if "error" in a])
+            errors=[a["error"] for a in faulted if "error" in a], launch_rc=deployment.launch.returncode)
     assert [a.get("token_ids") for a in faulted] == want, faulted
     assert _metric_value(metrics, "disaggsdk_kv_transfer_bytes_total", "prefill-0") > sent_before  # KV crossed
     assert drops > 0
     assert pages_after == baseline_pages
     assert _after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
-    assert "Traceback" not in "".join(deployment.lines), "".join(deployment.lines)
+    assert _stopped_cleanly(deployment), "".join(deployment.lines)
 
 
 @pytest.mark.slow
@@ -476,7 +484,8 @@ def test_a_link_cut_while_kv_is_in_flight_ends_the_request_within_its_deadline_a
     _report(case="cut 3 s mid-transfer", in_flight=outcome, ended_after_cut_s=ended_after_cut_s,
             healed_after_cut_s=healed_at - cut_at, after_heal_elapsed_s=[a.get("elapsed_s") for a in after_heal],
             after_heal_errors=[a["error"] for a in after_heal if "error" in a], counters=counters, health=health,
-            decode_log_tail=decode_log[-3000:], prefill_log_tail=prefill_log[-1500:])
+            decode_log_tail=decode_log[-3000:], prefill_log_tail=prefill_log[-1500:],
+            launch_rc=deployment.launch.returncode, launch_said=[line for line in deployment.lines if "unit " in line])
     # the in-flight request ended (answered or refused) well before the hang bound
     assert outcome["elapsed_s"] < HANG_BOUND_S, outcome
     if "error" in outcome:
@@ -490,6 +499,7 @@ def test_a_link_cut_while_kv_is_in_flight_ends_the_request_within_its_deadline_a
         assert [_metric_value(metrics, gauge, engine) for engine in ("prefill-0", "decode-0")] == [0, 0], gauge
     assert pages_after == baseline_pages
     assert _after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
+    assert _stopped_cleanly(deployment), "".join(deployment.lines)
 
 
 @pytest.mark.slow
