@@ -76,6 +76,28 @@ with TransferEngine("tcp", tcp_domain(sys.argv[1])) as engine:
 """
 
 
+def write_pages_across(n0, n1, timeout_s: float = 60.0) -> tuple[str, list[str], str]:
+    """Node 0 writes NUM_PAGES pages into a region of node 1 over tcp endpoints (TARGET, INITIATOR).
+
+    Returns:
+        (node 1's endpoint interface, what INITIATOR printed: interface, digest sent, same-host
+        writes, the digest of what landed in node 1)
+    """
+    target = n1.popen([sys.executable, "-c", TARGET, n1.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert target.stdout is not None
+        domain, address, descriptor = target.stdout.readline().split()
+        sent = n0.run([sys.executable, "-c", INITIATOR, n0.address, address, descriptor],
+                      timeout_s=timeout_s).stdout.split()
+        received = target.stdout.readline().strip()
+        assert target.wait(30) == 0
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait(10)
+    return domain, sent, received
+
+
 def test_host_id_differs_between_nodes(testbed):
     """Two testbed nodes share the kernel (one boot id) but are not one host for a same-host path."""
     tb = testbed(nodes=2)
@@ -91,18 +113,8 @@ def test_kv_pages_cross_the_link_between_tcp_endpoints_on_the_node_interfaces(te
     pytest.importorskip("disaggsdk.transfer._fabric")
     tb = testbed(nodes=2, link=LinkSpec(rate_mbit=1000))
     n0, n1 = tb.nodes
-    target = n1.popen([sys.executable, "-c", TARGET, n1.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert target.stdout is not None
-        domain, address, descriptor = target.stdout.readline().split()
-        before = n1.link_counters()
-        sent = n0.run([sys.executable, "-c", INITIATOR, n0.address, address, descriptor]).stdout.split()
-        received = target.stdout.readline().strip()
-        assert target.wait(30) == 0
-    finally:
-        if target.poll() is None:
-            target.kill()
-            target.wait(10)
+    before = n1.link_counters()
+    domain, sent, received = write_pages_across(n0, n1)
     after = n1.link_counters()
     assert domain == n1.interface and sent[0] == n0.interface  # eth0 in each node, not lo
     assert received == sent[1]  # every byte landed

@@ -30,7 +30,7 @@ from disaggsdk.testbed import (
 )
 from disaggsdk.testbed.link_faults import FAULT_TABLE, LINK_LOSS_TABLE, drop_counts
 from tests.testbed.conftest import netns_names
-from tests.testbed.test_deployment_across_nodes import INITIATOR, TARGET
+from tests.testbed.test_deployment_across_nodes import write_pages_across
 
 # node 1 listens, prints its port, then the byte count and sha256 of what arrived once the sender closed
 RECEIVER = ("import hashlib, socket, sys\n"
@@ -260,18 +260,7 @@ def test_kv_pages_written_between_tcp_endpoints_under_one_percent_loss_land_inta
     tb = testbed(nodes=2, link=LinkSpec(rate_mbit=1000))
     n0, n1 = tb.nodes
     drop_packets(tb, 1, 1.0)
-    target = n1.popen([sys.executable, "-c", TARGET, n1.address])
-    try:
-        assert target.stdout is not None
-        _, address, descriptor = target.stdout.readline().split()
-        sent = n0.run([sys.executable, "-c", INITIATOR, n0.address, address, descriptor],
-                      timeout_s=TRANSFER_TIMEOUT_S).stdout.split()
-        received = target.stdout.readline().strip()
-        assert target.wait(30) == 0
-    finally:
-        if target.poll() is None:
-            target.kill()
-            target.wait(10)
+    _, sent, received = write_pages_across(n0, n1, timeout_s=TRANSFER_TIMEOUT_S)
     assert received == sent[1]
     assert drop_counts(n1.namespace)[FAULT_TABLE] > 0  # the loss was there while the pages crossed
 

@@ -48,6 +48,20 @@ SENDER = ("import socket, sys\n"
 TRANSFER_BYTES = 1 << 20
 
 
+def _send_between(n0, n1) -> int:
+    """Node 0 sends TRANSFER_BYTES to a TCP receiver in node 1; returns what node 1 counted."""
+    receiver = n1.popen([sys.executable, "-c", RECEIVER, n1.address])
+    try:
+        port = receiver.stdout.readline().strip()
+        n0.run([sys.executable, "-c", SENDER, n1.address, port, str(TRANSFER_BYTES)])
+        received, _ = receiver.communicate(timeout=30)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    return int(received)
+
+
 def _node_ipv4(node) -> list[str]:
     shown = json.loads(node.run(["ip", "-j", "-4", "addr", "show"]).stdout)
     return sorted(f"{a['local']}/{a['prefixlen']}" for link in shown for a in link["addr_info"] if link["ifname"] != "lo")
@@ -86,16 +100,7 @@ def test_tcp_between_nodes_crosses_both_links_and_status_counts_it(testbed):
     tb = testbed(nodes=2, link=LinkSpec(rate_mbit=100))
     n0, n1 = tb.nodes
     _, before = status(tb.name, tb.state_file.parent)
-    receiver = n1.popen([sys.executable, "-c", RECEIVER, n1.address])
-    try:
-        port = receiver.stdout.readline().strip()
-        n0.run([sys.executable, "-c", SENDER, n1.address, port, str(TRANSFER_BYTES)])
-        received, _ = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
-            receiver.wait()
-    assert int(received) == TRANSFER_BYTES
+    assert _send_between(n0, n1) == TRANSFER_BYTES
     _, after = status(tb.name, tb.state_file.parent)
     sent_by_0 = after[0].tx_bytes - before[0].tx_bytes
     got_by_1 = after[1].rx_bytes - before[1].rx_bytes
@@ -138,16 +143,7 @@ def test_set_link_reshapes_every_link_in_place_and_records_it(testbed):
     assert changed.link.rate_mbit == 50
     assert json.loads(tb.state_file.read_text())["link"]["rate_mbit"] == 50
     n0, n1 = tb.nodes
-    receiver = n1.popen([sys.executable, "-c", RECEIVER, n1.address])
-    try:
-        port = receiver.stdout.readline().strip()
-        n0.run([sys.executable, "-c", SENDER, n1.address, port, str(TRANSFER_BYTES)])
-        received, _ = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
-            receiver.wait()
-    assert int(received) == TRANSFER_BYTES
+    assert _send_between(n0, n1) == TRANSFER_BYTES
     assert _tbf_sent_bytes(n0.namespace, n0.interface) >= TRANSFER_BYTES  # through the new qdisc
 
 
