@@ -21,6 +21,7 @@ Where each prompt is prefilled (here when short after the cache, else which pref
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from disaggsdk.memory.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer
+
+log = logging.getLogger(__name__)
 
 DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
 DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
@@ -353,6 +356,9 @@ class DecodeMessenger:
 
     def _retry(self, h: Handoff, reason: str, drained: bool, now: float) -> None:
         assert h.prefill is not None, "only an attempt out is retried"
+        # logged as well as counted: /metrics says how many, the unit's log says which and why
+        log.warning("request %s: KV handoff attempt %d from %s failed: %s; retrying", h.request_id, h.attempt,
+                    h.prefill, reason)
         self.totals.counters.transfer_failures += 1
         h.tried.add(h.prefill)
         self._handoffs.pop(h.request_id, None)
@@ -362,6 +368,8 @@ class DecodeMessenger:
         self._start_pending(now)
 
     def _prefill_locally(self, h: Handoff) -> None:
+        if h.attempt:
+            log.warning("request %s: prefilling it here after %d failed KV handoff attempt(s)", h.request_id, h.attempt)
         self.totals.counters.prefilled_locally += 1
         self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True))
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)

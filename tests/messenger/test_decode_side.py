@@ -93,7 +93,7 @@ def last(transfer, kind):
     return [(peer, m) for peer, m in transfer.sent if isinstance(m, kind)][-1]
 
 
-def test_deadline_retry_keeps_old_pages_until_the_drain_report(side):
+def test_deadline_retry_keeps_old_pages_until_the_drain_report(side, caplog):
     dm, engine, transfer, context = side
     dm.submit("r", list(range(9)), None)  # 8 tokens move: 2 pages
     peer, first = last(transfer, pr.PrefillRequest)
@@ -101,7 +101,10 @@ def test_deadline_retry_keeps_old_pages_until_the_drain_report(side):
     count, _ = transfer.counters[first.imm]
     assert count == 2 * 4 + 1  # pages x layers + context, as the planner says
     now = time.monotonic()
-    dm.poll(now + 6)  # past the deadline
+    with caplog.at_level("WARNING", logger="disaggsdk.messenger.decode_side"):
+        dm.poll(now + 6)  # past the deadline
+    assert [r.getMessage() for r in caplog.records] == [
+        "request r: KV handoff attempt 1 from prefill-0 failed: prefill-0 missed the 5 s deadline; retrying"]
     peer, abort = last(transfer, pr.AbortPrefill)
     assert peer == "prefill-0" and (abort.request_id, abort.generation) == ("r", first.generation)
     assert first.imm in transfer.cancelled
@@ -122,13 +125,15 @@ def test_deadline_retry_keeps_old_pages_until_the_drain_report(side):
     assert dm.totals.counters.requests_retried == 1 and dm.totals.recent[-1].attempts == 2
 
 
-def test_rejection_retries_at_once_and_the_last_resort_is_local(side):
+def test_rejection_retries_at_once_and_the_last_resort_is_local(side, caplog):
     dm, engine, transfer, _ = side
     dm.submit("r", list(range(6)), None)
-    for _ in range(2):
-        _, req = last(transfer, pr.PrefillRequest)
-        dm.on_frame(from_prefill(pr.PrefillRejected("r", req.generation, "overloaded")))
+    with caplog.at_level("WARNING", logger="disaggsdk.messenger.decode_side"):
+        for _ in range(2):
+            _, req = last(transfer, pr.PrefillRequest)
+            dm.on_frame(from_prefill(pr.PrefillRejected("r", req.generation, "overloaded")))
     assert engine.local == ["r"] and dm.totals.counters.prefilled_locally == 1
+    assert caplog.records[-1].getMessage() == "request r: prefilling it here after 2 failed KV handoff attempt(s)"
     dm.poll(time.monotonic() + 1)
     assert engine.allocator.num_free_pages == NUM_PAGES  # rejected attempts never wrote: all free
 

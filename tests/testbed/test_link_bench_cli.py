@@ -1,5 +1,6 @@
 """`disaggsdk testbed bench`: bad input is one line and exit 2; the whole bench across a two-node
-testbed on one short prompt and one shaped rate (slow: two launches through Ray, ~4 min)."""
+testbed on one short prompt and one shaped rate (slow: two launches through Ray, ~25 s with a warm
+compile cache)."""
 
 from __future__ import annotations
 
