@@ -32,6 +32,16 @@ def line_transfer_s(num_bytes: float, rate_mbit: float) -> float:
     return num_bytes * BITS_PER_BYTE / (rate_mbit * 1e6)
 
 
+def wire_transfer_s(num_bytes: float, rate_mbit: float) -> float:
+    """T: ``num_bytes`` through a link of ``rate_mbit`` as TCP carries them (with the TCP/IP and
+    Ethernet headers its frames add: `TCP_PAYLOAD_SHARE`), the least time the link allows.
+
+    Raises:
+        ValueError: a rate that is not positive.
+    """
+    return line_transfer_s(num_bytes / TCP_PAYLOAD_SHARE, rate_mbit)
+
+
 def exposed_floor_s(transfer_s: float, compute_s: float, num_layers: int) -> float:
     """The issue's floor of the transfer left after the forward pass with layer streaming:
     max(T/L, T - C + T/L) (module docstring).

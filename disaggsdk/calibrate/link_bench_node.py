@@ -35,9 +35,9 @@ from disaggsdk.bench.link_figures import (
     TCP_PAYLOAD_SHARE,
     exposed_floor_s,
     goodput_fraction,
-    line_transfer_s,
     rate_for_ratio_mbit,
     strict_exposed_floor_s,
+    wire_transfer_s,
 )
 
 if TYPE_CHECKING:
@@ -205,12 +205,6 @@ def simulated_group_ttft_s(spec: Spec, engine_profile: HardwareProfile, overhead
     profile = retimed_profile(spec, engine_profile, input_len, compute_s)
     profile = attrs.evolve(profile, handoff_overhead_ms=profile.handoff_overhead_ms + overhead_ms)
     return simulated_ttft_s(spec, profile, input_len, rate_mbit, streaming)
-
-
-def wire_transfer_s(num_bytes: float, rate_mbit: float) -> float:
-    """T: ``num_bytes`` of KV through a link of ``rate_mbit`` as TCP carries them (with the TCP/IP
-    and Ethernet headers its frames add: `TCP_PAYLOAD_SHARE`), the least time the link allows."""
-    return line_transfer_s(num_bytes / TCP_PAYLOAD_SHARE, rate_mbit)
 
 
 def row(spec: Spec, engine_profile: HardwareProfile, overhead_ms: float, mode: str, input_len: int, rate_mbit: float,

@@ -10,12 +10,17 @@ from disaggsdk.bench.link_figures import (
     line_transfer_s,
     rate_for_ratio_mbit,
     strict_exposed_floor_s,
+    wire_transfer_s,
 )
 
 
 def test_line_transfer_is_bits_over_the_rate():
     assert line_transfer_s(125_000_000, 1000) == pytest.approx(1.0)  # 1 Gbit at 1 Gbit/s
     assert line_transfer_s(1 << 20, 8) == pytest.approx((1 << 20) * 8 / 8e6)
+
+
+def test_the_wire_time_counts_the_headers_tcp_adds():
+    assert wire_transfer_s(1448, 1514 * 8 / 1e6) == pytest.approx(1.0)  # one full frame's payload a second
 
 
 def test_the_floor_is_the_last_layer_when_the_link_keeps_up_and_the_overhang_when_it_does_not():
@@ -45,7 +50,8 @@ def test_goodput_is_the_line_time_over_the_measured_time():
 @pytest.mark.parametrize("call", [lambda: line_transfer_s(1, 0), lambda: exposed_floor_s(1, 1, 0),
                                   lambda: exposed_floor_s(-1, 1, 4),
                                   lambda: strict_exposed_floor_s(1, 1, 0), lambda: rate_for_ratio_mbit(1, 0, 1),
-                                  lambda: rate_for_ratio_mbit(1, 1, 0), lambda: goodput_fraction(1, 0, 1)])
+                                  lambda: rate_for_ratio_mbit(1, 1, 0), lambda: goodput_fraction(1, 0, 1),
+                                  lambda: wire_transfer_s(1, 0)])
 def test_impossible_inputs_are_refused(call):
     with pytest.raises(ValueError):
         call()

@@ -10,7 +10,7 @@ import json
 import attrs
 import pytest
 
-from disaggsdk.bench.link_figures import TCP_PAYLOAD_SHARE
+from disaggsdk.bench.link_figures import TCP_PAYLOAD_SHARE, wire_transfer_s
 from disaggsdk.calibrate.link_bench import summarize, testbed_spec
 from disaggsdk.calibrate.link_bench_node import (
     GroupMeasure,
@@ -19,7 +19,6 @@ from disaggsdk.calibrate.link_bench_node import (
     fitted_overhead_ms,
     row,
     simulated_group_ttft_s,
-    wire_transfer_s,
 )
 from disaggsdk.errors import DisaggError
 from disaggsdk.sim.hardware import HardwareProfile
