@@ -190,11 +190,17 @@ def tbf_args(link: LinkSpec) -> list[str]:
             "latency", f"{TBF_LATENCY_MS}ms"]
 
 
+def delay_queue_packets(link: LinkSpec, delay_ms: float) -> int:
+    """How many packets a queue that delays ``link``'s packets by up to ``delay_ms`` holds (netem's
+    ``limit``, the user-space delayer's queue): twice a full delay's worth at line rate, so the
+    delay alone drops nothing."""
+    in_flight_packets = math.ceil(link.rate_bytes_per_s * delay_ms / 1e3 / MTU_BYTES)
+    return max(NETEM_MIN_LIMIT_PACKETS, 2 * in_flight_packets)
+
+
 def netem_args(link: LinkSpec) -> list[str]:
-    """The ``netem`` qdisc's arguments for ``link``'s delay and loss; its queue holds a full
-    delay's worth of packets at line rate, so the delay alone drops nothing."""
-    in_flight_packets = math.ceil(link.rate_bytes_per_s * link.delay_ms / 1e3 / MTU_BYTES)
-    args = ["netem", "limit", str(max(NETEM_MIN_LIMIT_PACKETS, 2 * in_flight_packets))]
+    """The ``netem`` qdisc's arguments for ``link``'s delay and loss (its queue: `delay_queue_packets`)."""
+    args = ["netem", "limit", str(delay_queue_packets(link, link.delay_ms))]
     if link.delay_ms:
         args += ["delay", f"{link.delay_ms:g}ms"]
     if link.loss_pct:

@@ -14,11 +14,15 @@ Each fault is on one node's link and `heal_link` removes every fault of that lin
   on the sender's own egress would not be a loss: the kernel tells the sending TCP (a failed
   transmit, which it retries as congestion), and a UDP sender gets an error. Where ``nft`` is
   missing and the kernel has ``sch_netem``, a ``netem loss`` on the egress of both ends does it.
-* **jitter** (`add_jitter`): what the node sends waits ``max(delay, jitter) ± jitter`` ms in a
-  ``netem`` on its egress. Only netem varies delay: without sch_netem it is a `NetemUnavailable`.
+* **jitter** (`add_jitter`): what the node sends waits ``max(delay, jitter) ± jitter`` ms on its
+  egress, each packet's draw its own (uniform; a packet may overtake another): in a ``netem``
+  where the kernel has sch_netem, else in the user-space delayer (`packet_delay`: iptables'
+  NFQUEUE on the node's egress, a process of the link holding each packet for its draw). Without
+  either (no sch_netem, no ``iptables``) it is a `NetemUnavailable` that says what to install.
 
-Everything a fault adds lives in the testbed's namespaces (nftables tables are per network
-namespace, qdiscs per device), so `down`, which deletes the namespaces, removes it with them.
+Everything a fault adds lives in the testbed's namespaces (nftables tables and iptables rules are
+per network namespace, qdiscs per device), so `down`, which deletes the namespaces, removes it with
+them; a delayer's process is recorded beside the state file, and `heal_link` and `down` stop it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from disaggsdk.testbed.errors import NetemUnavailable, PacketDropUnavailable, TestbedError
-from disaggsdk.testbed.link import LinkSpec, netem_args, netem_available, shape_link, tbf_args
+from disaggsdk.testbed.link import (
+    LinkSpec,
+    delay_queue_packets,
+    netem_args,
+    netem_available,
+    shape_link,
+    tbf_args,
+)
+from disaggsdk.testbed.packet_delay import iptables_available, record_path, start_delayer, stop_delayer
 from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, run_tool
 
 if TYPE_CHECKING:
@@ -112,21 +124,31 @@ def drop_packets(testbed: Testbed, index: int, loss_pct: float) -> None:
 
 def add_jitter(testbed: Testbed, index: int, jitter_ms: float) -> None:
     """Vary the delay of what node ``index`` sends by ``jitter_ms`` either way around
-    ``max(link delay, jitter_ms)`` (netem; packets may overtake each other, as on a real path).
+    ``max(link delay, jitter_ms)``, uniformly and per packet (packets may overtake each other, as
+    on a real path); in place of an earlier `add_jitter` on that link. netem does it where the
+    kernel has sch_netem, the user-space delayer (`packet_delay`) elsewhere.
 
     Raises:
         ValueError: ``jitter_ms`` not positive.
-        NetemUnavailable: the kernel has no sch_netem, which alone varies delay.
-        TestbedError: a ``tc`` command failed.
+        NetemUnavailable: the kernel has no sch_netem and ``iptables``, which feeds the delayer, is
+            missing (the message says what to install).
+        TestbedError: a ``tc`` or ``iptables`` command failed, or the delayer did not start.
     """
     if not jitter_ms > 0:
         raise ValueError(f"jitter {jitter_ms} ms: give more than 0")
     node = testbed.nodes[index]
-    if not netem_available(testbed.switch_namespace):
-        raise NetemUnavailable(
-            f"jitter of {jitter_ms:g} ms on node {node.name}'s link: only the kernel's sch_netem qdisc varies "
-            "delay, and this kernel has none; use a kernel with sch_netem (CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
     delay_ms = max(testbed.link.delay_ms, jitter_ms)
+    if not netem_available(testbed.switch_namespace):
+        if not iptables_available():
+            raise NetemUnavailable(
+                f"jitter of {jitter_ms:g} ms on node {node.name}'s link: this kernel has no sch_netem qdisc, and "
+                "the user-space delayer that stands in for it queues packets with iptables' NFQUEUE, but the "
+                "`iptables` command is missing: install iptables (apt-get install iptables), or use a kernel "
+                "with sch_netem (CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
+        start_delayer(node.namespace, node.interface, delay_ms, jitter_ms,
+                      delay_queue_packets(testbed.link, delay_ms + jitter_ms),
+                      record_path(testbed.state_file.parent, node.name))
+        return
     options = ["delay", f"{delay_ms:g}ms", f"{jitter_ms:g}ms"]
     if testbed.link.loss_pct:
         options += ["loss", f"{testbed.link.loss_pct:g}%"]
@@ -134,14 +156,15 @@ def add_jitter(testbed: Testbed, index: int, jitter_ms: float) -> None:
 
 
 def heal_link(testbed: Testbed, index: int) -> None:
-    """Remove every fault of node ``index``'s link: the port comes up, the drop tables go and a
-    link a netem fault reshaped gets its own shaping back (the testbed's `LinkSpec`). Safe to call
-    on a link without faults.
+    """Remove every fault of node ``index``'s link: the port comes up, the drop tables go, a
+    jitter's delayer stops (its rules go first) and a link a netem fault reshaped gets its own
+    shaping back (the testbed's `LinkSpec`). Safe to call on a link without faults.
 
     Raises:
         TestbedError: a command failed.
     """
     node = testbed.nodes[index]
+    stop_delayer(record_path(testbed.state_file.parent, node.name))
     run_tool(["ip", "-n", testbed.switch_namespace, "link", "set", node.switch_port, "up"])
     link_loss_by_nft = False
     if nftables_available():

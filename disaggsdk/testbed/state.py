@@ -50,3 +50,16 @@ class NodeStatusState(TypedDict):
     alive: bool
     rx_bytes: int
     tx_bytes: int
+
+
+class DelayerState(TypedDict):
+    """A `packet_delay.Delayer`: the record of a node's user-space packet delayer (its own file,
+    ``NAME-nK.delayer.json`` beside the state file, so a fault added from one process is found by
+    a heal or a `down` in another)."""
+
+    pid: int
+    namespace: str
+    interface: str
+    queue_num: int
+    delay_ms: float
+    jitter_ms: float

@@ -5,8 +5,9 @@ The layout: a switch namespace holding a bridge; per node a network namespace jo
 by a veth shaped by `link.shape_link`, and an anchor process (`node.start_anchor`). Nothing is
 created in the host's network namespace: every interface is made inside a namespace of the testbed
 (``ip -n NS link add ... peer ... netns SW``) and every address is assigned there. Everything
-created is recorded in ``/run/disaggsdk-testbed/NAME.json`` as it is made; `down` removes what the
-file names and every namespace with the testbed's prefix, so it also clears a half-built testbed.
+created is recorded in ``/run/disaggsdk-testbed/NAME.json`` as it is made (a node's packet delayer,
+`packet_delay`, in ``NAME-nK.delayer.json`` beside it); `down` removes what the files name and
+every namespace with the testbed's prefix, so it also clears a half-built testbed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from disaggsdk.testbed.naming import (
     switch_port,
 )
 from disaggsdk.testbed.node import LinkCounters, Node, start_anchor, stop_anchor, wait_gone
+from disaggsdk.testbed.packet_delay import records_of, stop_delayer
 from disaggsdk.testbed.ray_cluster import RayOptions, start_ray, stop_ray
 from disaggsdk.testbed.state import NodeStatusState, StateFile
 from disaggsdk.testbed.tools import require_tools, run_tool, try_tool
@@ -234,9 +236,9 @@ def status(name: str = DEFAULT_NAME, state_dir: Path = STATE_DIR) -> tuple[Testb
 
 
 def down(name: str = DEFAULT_NAME, state_dir: Path = STATE_DIR) -> bool:
-    """Take testbed ``name`` down: stop Ray in its nodes, kill every process in its namespaces,
-    delete the namespaces (their veths and bridge go with them) and the state file. Safe to call
-    again, and on a half-built testbed.
+    """Take testbed ``name`` down: stop Ray in its nodes and their links' packet delayers, kill
+    every process in its namespaces, delete the namespaces (their veths and bridge go with them),
+    the state file and the delayers' records. Safe to call again, and on a half-built testbed.
 
     Returns:
         whether there was anything to remove.
@@ -258,6 +260,8 @@ def down(name: str = DEFAULT_NAME, state_dir: Path = STATE_DIR) -> bool:
     nodes = recorded.nodes if recorded is not None else ()
     if recorded is not None and recorded.ray_address is not None:
         stop_ray(nodes)
+    for record in records_of(state_dir, name):
+        stop_delayer(record, remove_rules=False)  # its rules go with its namespace below
     for node in nodes:
         stop_anchor(node)
     namespaces = _namespaces(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from disaggsdk.testbed import (
     link_is_cut,
     netem_available,
     nftables_available,
+    packet_delay,
 )
 from disaggsdk.testbed.link_faults import FAULT_TABLE, LINK_LOSS_TABLE, drop_counts
 from tests.testbed.conftest import netns_names
@@ -229,24 +231,120 @@ def test_link_loss_without_netem_is_dropped_by_nftables_and_goes_with_the_testbe
 
 # jitter
 
+# node 1 echoes every UDP datagram back to its sender; prints its port first
+ECHO = ("import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 0))\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "while True:\n"
+        "    data, peer = s.recvfrom(64); s.sendto(data, peer)\n")
+# node 0 sends argv[3] numbered datagrams one after another, each awaited (argv[4] s at most);
+# prints the round trips in ms as JSON
+ECHO_CLIENT = ("import json, socket, sys, time\n"
+               "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2])))\n"
+               "rtts = []\n"
+               "for n in range(int(sys.argv[3])):\n"
+               "    s.settimeout(float(sys.argv[4])); start = time.monotonic(); s.send(str(n).encode())\n"
+               "    while s.recv(64) != str(n).encode():\n"
+               "        pass  # a late echo of an earlier datagram\n"
+               "    rtts.append((time.monotonic() - start) * 1e3)\n"
+               "print(json.dumps(rtts), flush=True)\n")
+NUM_ECHOES = 50
+ECHO_TIMEOUT_S = 5.0  # one round trip longer than this is a lost or stuck datagram, never a jitter
 
-def test_jitter_of_50ms_varies_the_delay_where_netem_exists(testbed):
+
+def _round_trips_ms(node, to) -> list[float]:
+    """NUM_ECHOES UDP round trips from ``node`` to ``to`` and back, milliseconds."""
+    server = to.popen([sys.executable, "-c", ECHO, to.address])
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        done = node.run([sys.executable, "-c", ECHO_CLIENT, to.address, port, str(NUM_ECHOES), str(ECHO_TIMEOUT_S)],
+                        timeout_s=NUM_ECHOES * ECHO_TIMEOUT_S)
+        return json.loads(done.stdout)
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _nft_tables(namespace: str) -> list[str]:
+    # every nftables table of the namespace, any family (iptables-nft's `ip mangle` among them)
+    listed = subprocess.run(["ip", "netns", "exec", namespace, "nft", "list", "tables"], capture_output=True,
+                            text=True, check=True).stdout
+    return sorted(line.split(None, 1)[1] for line in listed.splitlines() if line.startswith("table"))
+
+
+def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_intact(testbed):
+    """50 ms of jitter on node 1's link: node 1's echoes come back 0-100 ms late, each by its own
+    draw (netem where the kernel has it, the user-space delayer elsewhere); a 4 MiB stream whose
+    acks are delayed and reordered so still lands whole; the heal leaves no trace."""
     tb = testbed(nodes=2)
     n0, n1 = tb.nodes
-    if not netem_available(tb.switch_namespace):
-        with pytest.raises(NetemUnavailable, match="sch_netem") as caught:
+    by_netem = netem_available(tb.switch_namespace)
+    if not by_netem and not packet_delay.iptables_available():
+        with pytest.raises(NetemUnavailable, match="apt-get install iptables"):
             add_jitter(tb, 1, 50)
-        assert [kind for kind, _ in _qdisc_kinds(n1.namespace, n1.interface)] == ["tbf"]  # nothing half-added
-        pytest.skip(f"no sch_netem on this kernel, so no jitter: {caught.value}")
+        pytest.skip("no sch_netem and no iptables for the user-space delayer: apt-get install iptables")
+    record = packet_delay.record_path(tb.state_file.parent, n1.name)
+    tables_before = _nft_tables(n1.namespace) if nftables_available() else []
+    unjittered = _round_trips_ms(n0, n1)
     add_jitter(tb, 1, 50)
-    shown = subprocess.run(["tc", "-n", n1.namespace, "qdisc", "show", "dev", n1.interface], capture_output=True,
-                           text=True, check=True).stdout
-    assert "delay 50ms  50ms" in shown or "delay 50ms 50ms" in shown, shown
+    if by_netem:
+        shown = subprocess.run(["tc", "-n", n1.namespace, "qdisc", "show", "dev", n1.interface],
+                               capture_output=True, text=True, check=True).stdout
+        assert "delay 50ms  50ms" in shown or "delay 50ms 50ms" in shown, shown
+    else:
+        delayer = packet_delay.read_delayer(record)
+        assert delayer is not None and packet_delay.delayer_runs(delayer)
+        assert (delayer.delay_ms, delayer.jitter_ms) == (50, 50)
+        assert len(packet_delay.delayer_rules(n1.namespace)) == 1
+    jittered = _round_trips_ms(n0, n1)
     with _Receiver(n1) as receiver:  # node 1's acks come late and out of order; every byte still lands
+        started = time.monotonic()
         sent = _send(n0, n1, receiver.port).stdout.strip()
         assert receiver.result() == (STREAM_BYTES, sent)
+        stream_s = time.monotonic() - started
+    _report(case="50 ms jitter, no deployment", by="netem" if by_netem else "user-space delayer",
+            unjittered_ms=[min(unjittered), statistics.median(unjittered), max(unjittered)],
+            jittered_ms=[min(jittered), statistics.median(jittered), max(jittered)],
+            stream_4mib_s=stream_s)
+    # each echo waits uniform(0, 100) ms at node 1: of 50, some wait little and some long (the odds
+    # of none under 30 ms, or of a spread under 40 ms, are below 1e-7); the bounds leave the loaded
+    # VM's own delays plenty of room
+    assert statistics.median(unjittered) < 20, unjittered
+    assert min(jittered) < 30 and max(jittered) - min(jittered) > 40, jittered
+    assert statistics.median(jittered) > statistics.median(unjittered) + 15, (unjittered, jittered)
     heal_link(tb, 1)
     assert [kind for kind, _ in _qdisc_kinds(n1.namespace, n1.interface)] == ["tbf"]
+    if not by_netem:
+        assert not packet_delay.delayer_runs(delayer) and not record.exists()
+        assert packet_delay.delayer_rules(n1.namespace) == []
+    if nftables_available():
+        assert _nft_tables(n1.namespace) == tables_before  # iptables-nft's emptied table is gone too
+    assert statistics.median(_round_trips_ms(n0, n1)) < 20
+
+
+def test_jitter_again_replaces_the_delayer_and_down_stops_it(testbed):
+    """Without sch_netem: a second add_jitter stops the first delayer and starts one with the new
+    jitter (one rule); `down` stops the delayer and removes its record; a heal without jitter is a no-op."""
+    tb = testbed(nodes=2)
+    if netem_available(tb.switch_namespace):
+        pytest.skip("this kernel has sch_netem, which adds the jitter (the test above covers it)")
+    if not packet_delay.iptables_available():
+        pytest.skip("no iptables for the user-space delayer: apt-get install iptables")
+    n1 = tb.node(1)
+    record = packet_delay.record_path(tb.state_file.parent, n1.name)
+    heal_link(tb, 1)  # nothing to heal: no record, no iptables call
+    add_jitter(tb, 1, 50)
+    first = packet_delay.read_delayer(record)
+    add_jitter(tb, 1, 20)
+    second = packet_delay.read_delayer(record)
+    assert first is not None and second is not None and first.pid != second.pid
+    assert not packet_delay.delayer_runs(first) and packet_delay.delayer_runs(second)
+    assert (second.delay_ms, second.jitter_ms) == (20, 20)
+    assert len(packet_delay.delayer_rules(n1.namespace)) == 1
+    assert down(tb.name, tb.state_file.parent) is True
+    assert not packet_delay.delayer_runs(second) and not record.exists()
+    assert not packet_delay.records_of(tb.state_file.parent, tb.name)
 
 
 # the transport under loss
