@@ -39,18 +39,26 @@ class TransportWatchdog:
         self.transfer, self.stuck_after_s = transfer, stuck_after_s
         self._peer_ids: dict[bytes, str] = {}  # a peer's transport address -> "name#incarnation"
         self._next_check_s = 0.0
+        self._last_check_s: float | None = None
 
     def know_peer(self, address: bytes, peer_id: str) -> None:
         """Remember whose address ``address`` is, to name a poisoned peer."""
         self._peer_ids[bytes(address)] = peer_id
 
     def check(self, now_s: float) -> TransportStuck | None:
-        """A `TransportStuck` report once the thread has been stuck too long, else None."""
+        """A `TransportStuck` report once the thread has been stuck too long, seen by two checks
+        close together (one after a long absence of this loop only starts the count), else None."""
         if now_s < self._next_check_s:
             return None
         self._next_check_s = now_s + CHECK_EVERY_S
+        last_s, self._last_check_s = self._last_check_s, now_s
         stuck_s = self.transfer.health.round_age_s()
         if stuck_s < self.stuck_after_s:
+            return None
+        if last_s is None or now_s - last_s > max(2 * CHECK_EVERY_S, self.stuck_after_s / 2):
+            # this loop was away for long itself (a long step, or the whole process stopped: SIGSTOP,
+            # a paused VM), so the thread's old round may only mean it has not been scheduled since:
+            # it gets until the next check to finish one (a unit stopped 6 s had exited as stuck)
             return None
         peer = self.transfer.health.posting_to()  # read after the age: a late post cannot be blamed
         poisoned = self._peer_ids.get(peer.address, "unknown peer") if peer is not None else None
