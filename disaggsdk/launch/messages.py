@@ -25,7 +25,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit;
 # 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
-PROTOCOL_VERSION = 11
+# 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage)
+PROTOCOL_VERSION = 12
 
 # runtime -> unit
 
@@ -201,7 +202,13 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
     poisoned_peer: str | None = None
 
 
+class Heartbeat(msgspec.Struct, frozen=True, tag=True):
+    """Sent by a thread of the unit's own (`unit_heartbeat`), whatever its loop is doing: the unit
+    is reachable. It says nothing of progress: a unit in a 20 s step still sends it."""
+
+
 ToUnit = UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
-FromUnit = Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
+FromUnit = (Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
+            | Heartbeat)
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

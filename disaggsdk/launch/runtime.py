@@ -8,8 +8,10 @@ descriptors, waits for `Started`. Then one reader thread hands every unit messag
 (`serve.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
 others told (decode units retry its prefills elsewhere). A live unit silent for
 `serve.unit_stall_s` is stalled (`launch.unit_stall`): unhealthy, and the listener told
-(`UnitStalled`), until it speaks again. `close()` (also at exit) leaves no process behind. Routing
-requests lives in `disaggsdk.serve.router`.
+(`UnitStalled`), until it speaks again. One whose channel carries nothing for
+`serve.unit_unreachable_s`, not even its heartbeat (`launch.unit_heartbeat`), is unreachable
+(`launch.unit_silence`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
+`close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.router`.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitCannotRun, UnitHandle
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
-from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled
+from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
+from disaggsdk.launch.unit_silence import SilenceWatch
 from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
     CpuAffinity,
@@ -156,7 +159,9 @@ class Supervisor:
         self._groups_due: set[str] = set()  # group addresses of the groups queued for a restart
         self._restarter = threading.Thread(target=self._restart_loop, name="disaggsdk-restarts", daemon=True)
         self.units: dict[str, UnitHandle] = {}
-        self._stalls = StallWatch(self.spec.serve.unit_stall_s, [name for name, _ in self._names], time.monotonic())
+        names, now_s = [name for name, _ in self._names], time.monotonic()
+        self._stalls = StallWatch(self.spec.serve.unit_stall_s, names, now_s)  # the loops' frames
+        self._reach = SilenceWatch(self.spec.serve.unit_unreachable_s, names, now_s)  # every frame
 
     def start(self) -> None:
         """Start every unit and wait until all are started; on failure nothing is left running.
@@ -210,8 +215,9 @@ class Supervisor:
         return {name: u.args.role for name, u in self.units.items()}
 
     def is_healthy(self, unit: str) -> bool:
-        """Whether ``unit`` is alive, not reported down and not stalled (silent for `serve.unit_stall_s`)."""
-        return self.units[unit].healthy and not self._stalls.is_stalled(unit)
+        """Whether ``unit`` is alive, not reported down, not stalled (its loop silent for
+        `serve.unit_stall_s`) and not unreachable (its channel silent for `serve.unit_unreachable_s`)."""
+        return self.units[unit].healthy and not self._stalls.is_silent(unit) and not self._reach.is_silent(unit)
 
     def may_recover(self, unit: str) -> bool:
         """Whether ``unit`` is healthy, being restarted, or still has restarts left."""
@@ -230,6 +236,7 @@ class Supervisor:
         now_s = time.monotonic()
         for name in self.units:  # silence is counted from here: nobody read the units before
             self._stalls.restarted(name, now_s)
+            self._reach.restarted(name, now_s)
         self._reader = threading.Thread(target=self._read_loop, name="disaggsdk-runtime-reader", daemon=True)
         self._reader.start()
 
@@ -308,9 +315,16 @@ class Supervisor:
             self._watch_stalls([u.args.name for u in live if u.healthy])
 
     def _watch_stalls(self, live: list[str]) -> None:
-        """Ask silent units for their stats; report those silent for `serve.unit_stall_s`."""
+        """Report units silent for `serve.unit_unreachable_s`; ask those whose loops are silent for
+        their stats, and report them silent for `serve.unit_stall_s`. An unreachable unit is not
+        also reported stalled, nor asked: nothing reaches it."""
         now_s = time.monotonic()
-        stalled, probe = self._stalls.check(live, now_s)
+        for name in self._reach.newly_silent(live, now_s):
+            silent_s = self._reach.silent_s(name, now_s)
+            self._say(f"unit {name} unreachable: nothing heard from it for {silent_s:.1f} s, not even its heartbeat "
+                      "(serve.unit_unreachable_s); it takes no new requests, and those it held are moved or ended")
+            self._on_message(name, UnitUnreachable(silent_s))
+        stalled, probe = self._stalls.check([n for n in live if not self._reach.is_silent(n)], now_s)
         for name in probe:
             self.send(name, ch.GetStats(0))
         for name in stalled:
@@ -321,13 +335,22 @@ class Supervisor:
 
     def _drain(self, u: UnitHandle) -> bool:
         """Deliver every whole frame ``u`` sent; True when its channel is closed or broken."""
+        name = u.args.name
         try:
-            heard = False
+            heard = progressed = False
             while u.channel.poll(0):
                 heard = True
-                self._deliver(u, u.channel.recv())
-            if heard and self._stalls.heard(u.args.name, time.monotonic()):
-                self._say(f"unit {u.args.name} speaks again: it takes requests again")
+                msg = u.channel.recv()
+                if not isinstance(msg, ch.Heartbeat):  # the runtime's alone: no listener needs it
+                    progressed = True
+                    self._deliver(u, msg)
+            now_s = time.monotonic()
+            if heard and self._reach.heard(name, now_s):
+                # its loop's silence counts from now: nothing asked it for stats while it was cut off
+                self._stalls.restarted(name, now_s)
+                self._say(f"unit {name} is reachable again: it takes requests again")
+            elif progressed and self._stalls.heard(name, now_s):
+                self._say(f"unit {name} speaks again: it takes requests again")
         except ChannelClosed:
             return True
         except ChannelError as exc:  # a unit that speaks garbage is treated as dead
@@ -429,6 +452,7 @@ class Supervisor:
                     return
                 for name, u in started.items():
                     self._stalls.restarted(name, time.monotonic())
+                    self._reach.restarted(name, time.monotonic())
                     old, self.units[name] = self.units[name], u
                     old.channel.close()
                 for info in infos:

@@ -27,9 +27,17 @@ class UnitStalled(msgspec.Struct, frozen=True):
     silent_s: float
 
 
-# on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` notice),
-# from the runtime's reader
-MessageListener = Callable[[str, FromUnit | UnitStalled], None]
+class UnitUnreachable(msgspec.Struct, frozen=True):
+    """The runtime's own notice (never on a unit's channel): nothing at all, not even the unit's
+    heartbeat, was heard from a live unit for ``silent_s`` (`serve.unit_unreachable_s` or more): its
+    link is cut or its process frozen. It reads unhealthy until it is heard again."""
+
+    silent_s: float
+
+
+# on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` or
+# `UnitUnreachable` notice), from the runtime's reader
+MessageListener = Callable[[str, FromUnit | UnitStalled | UnitUnreachable], None]
 class UnitDown(msgspec.Struct, frozen=True):
     """A unit died: how (``report``, with its log tail), and whether it was only collateral: stopped
     by the runtime because another rank of its lock-step dp group died (engine.dp_lockstep), so
@@ -54,7 +62,8 @@ class Runtime(Protocol):
         """Every unit's role by name ("prefill" | "decode" | "mixed"), in start order."""
 
     def is_healthy(self, unit: str) -> bool:
-        """Whether ``unit`` is alive, has not been reported down, and is not stalled (`UnitStalled`)."""
+        """Whether ``unit`` is alive, has not been reported down, and is neither stalled
+        (`UnitStalled`) nor unreachable (`UnitUnreachable`)."""
 
     def may_recover(self, unit: str) -> bool:
         """Whether ``unit`` is healthy or may be again (a restart pending or left)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
 from disaggsdk.launch.messages import UnitArgs
+from disaggsdk.launch.unit_heartbeat import UnitHeartbeat
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sequence import RequestOutput
@@ -98,7 +99,12 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model)
         lease.on_stop(unit.stop)
         unit.await_peers()
-        unit.run()
+        heartbeat = UnitHeartbeat.for_unreachable_s(conn, spec.serve.unit_unreachable_s)
+        heartbeat.start()  # from now on the runtime watches for silence (`launch.unit_reach`)
+        try:
+            unit.run()
+        finally:
+            heartbeat.stop()
     except BaseException as exc:  # noqa: BLE001 - report, then exit non-zero: the launcher shows the log tail
         from disaggsdk.launch.base import UnitCannotRun
 

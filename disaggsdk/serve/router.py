@@ -9,8 +9,12 @@ never once units have died holding an identical request `poison_requests.MAX_UNI
 is then poison, ends with an error and an identical one is refused before any unit sees it, so one
 request cannot spend the units' restarts. A unit the runtime reports stalled (`UnitStalled`: silent
 for `serve.unit_stall_s`) is not picked (`Runtime.is_healthy`) and its requests without a first
-token move once, as from a dead unit, with an abort to it for when it wakes. The units' stats
-answers are collected by `unit_stats_replies`.
+token move once, as from a dead unit, with an abort to it for when it wakes. A unit reported
+unreachable (`UnitUnreachable`: not even its heartbeat heard for `serve.unit_unreachable_s`: a cut
+link, a frozen process) is not picked either; its requests without a first token move once, and
+every other request it held ends with an error that says to retry, each with an abort to it for
+when it is reached again (its pages free then). The units' stats answers are collected by
+`unit_stats_replies`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
-from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled
+from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
@@ -81,7 +85,7 @@ class Router:
 
     # messages from the runtime's reader thread
 
-    def _on_message(self, unit: str, msg: ch.FromUnit | UnitStalled) -> None:
+    def _on_message(self, unit: str, msg: ch.FromUnit | UnitStalled | UnitUnreachable) -> None:
         if isinstance(msg, ch.Tokens):
             self._on_tokens(unit, msg)
         elif isinstance(msg, ch.TokensBatch):
@@ -93,6 +97,8 @@ class Router:
             self._stats.received(msg)
         elif isinstance(msg, UnitStalled):
             self._on_unit_stalled(unit)
+        elif isinstance(msg, UnitUnreachable):
+            self._on_unit_unreachable(unit, msg.silent_s)
 
     def _on_tokens(self, unit: str, msg: ch.Tokens) -> None:
         prompt = ch.engine_logprobs(msg.prompt_logprobs) if msg.prompt_logprobs is not None else None
@@ -145,20 +151,22 @@ class Router:
                     poison[rid] = fp_deaths
         for rid in held:
             if rid in poison:
-                error = self._poison.refusal(poison[rid])
-            elif self._resubmit(rid):
-                continue
-            else:
-                error = f"unit {unit} died; retry the request"
-            self._join.forget(rid)
-            with self._lock:
-                sink = self._sinks.pop(rid, None)
-                self._not_started.pop(rid, None)
-                self._fingerprints.pop(rid, None)
-                self._clients.pop(rid, None)
-            if sink is not None:
-                sink(TokenEvent(rid, [], True, "error", error=error, instance=unit))
+                self._end_with_error(rid, unit, self._poison.refusal(poison[rid]))
+            elif not self._resubmit(rid):
+                self._end_with_error(rid, unit, f"unit {unit} died; retry the request")
         self._stats.unit_down(unit)
+
+    def _end_with_error(self, request_id: str, unit: str, error: str) -> None:
+        """End a request that ``unit`` held (and holds no more) with ``error``."""
+        self._join.forget(request_id)
+        with self._lock:
+            self._in_flight[unit].discard(request_id)
+            sink = self._sinks.pop(request_id, None)
+            self._not_started.pop(request_id, None)
+            self._fingerprints.pop(request_id, None)
+            self._clients.pop(request_id, None)
+        if sink is not None:
+            sink(TokenEvent(request_id, [], True, "error", error=error, instance=unit))
 
     def _on_unit_stalled(self, unit: str) -> None:
         """Move the requests waiting on a stalled unit for their first token (once, as from a dead
@@ -169,11 +177,24 @@ class Router:
             if self._resubmit(rid, leaving=unit):
                 self.runtime.send(unit, ch.Abort(rid))
 
+    def _on_unit_unreachable(self, unit: str, silent_s: float) -> None:
+        """Move the requests waiting on an unreachable unit for their first token (once, as from a
+        dead unit) and end the others with a retryable error: their tokens cannot reach their clients
+        until the unit is heard again, which may be never. Each gets an abort, sent now, that the unit
+        reads when it is reached again (a cut link's socket holds it), so its pages come back."""
+        with self._lock:
+            held = list(self._in_flight[unit])
+        for rid in held:
+            if not self._resubmit(rid, leaving=unit):
+                self._end_with_error(rid, unit, f"unit {unit} is unreachable: nothing heard from it for {silent_s:.1f} s "
+                                                "(serve.unit_unreachable_s); retry the request")
+            self.runtime.send(unit, ch.Abort(rid))
+
     def _resubmit(self, request_id: str, leaving: str | None = None) -> bool:
         """Send a request that lost its unit before its first token to another live unit, once.
 
         Args:
-            leaving: the unit it leaves when that unit still lives (stalled); None: it died.
+            leaving: the unit it leaves when that unit still lives (stalled or unreachable); None: it died.
         """
         with self._lock:
             start = self._not_started.get(request_id)

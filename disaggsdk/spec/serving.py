@@ -58,6 +58,12 @@ class Serve(CheckedFields):
         "this) before it is stalled: down in `/health` and `disaggsdk_engine_healthy`, given no new requests, and "
         "its requests without a first token moved to another unit. It serves again once it speaks. Above the "
         "longest step a unit may take.", positive)
+    unit_unreachable_s: float = key(10.0,
+        "Seconds a live unit's channel may carry nothing, not even the heartbeat a thread of the unit sends every "
+        "quarter of this whatever its loop does, before it is unreachable (a cut link, a frozen process; a unit busy "
+        "in a long step still beats): down in `/health`, given no new requests, its requests without a first token "
+        "moved to another unit, and every other request it held ended with an error that says to retry (HTTP 503 "
+        "when no unit is left to serve). It serves again once it is heard.", positive)
 
 
 @attrs.frozen

@@ -9,7 +9,10 @@ launched deployment (one prefill and two decode units, over HTTP):
   the other decode unit with it;
 * a decode unit stopped with SIGSTOP is down in /health and /metrics within `serve.unit_stall_s`,
   its waiting request moves and completes on the other unit, new requests go there, and once
-  continued it is up and serving again.
+  continued it is up and serving again;
+* a decode unit stopped for `serve.unit_unreachable_s` (not even its heartbeat heard) ends the
+  request it was streaming with an error that says to retry, instead of holding it until it wakes;
+  continued, it reads the abort the router sent, gives its pages back and serves again.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ httpx = pytest.importorskip("httpx")
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
 from disaggsdk.face.deployment import launch  # noqa: E402
+from disaggsdk.launch import messages as ch  # noqa: E402
 from tests.launch._helpers import make_spec  # noqa: E402
 
 UNIT_STALL_S = 3.0
+UNIT_UNREACHABLE_S = 6.0
 PROBE_CHOICES = [f"option number {i}" for i in range(70_000)]  # 689 KB as JSON, as the probe sent
 PLAIN = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -40,7 +45,8 @@ PLAIN = SamplingParams(max_tokens=4, ignore_eos=True)
 def deployment():
     spec = make_spec("qwen3-coder-tiny", decode_replicas=2, num_pages=128, budget=32)
     spec = attrs.evolve(spec, engine=attrs.evolve(spec.engine, compile=False),
-                        serve=attrs.evolve(spec.serve, unit_stall_s=UNIT_STALL_S, routing="least_loaded"))
+                        serve=attrs.evolve(spec.serve, unit_stall_s=UNIT_STALL_S, unit_unreachable_s=UNIT_UNREACHABLE_S,
+                                                         routing="least_loaded"))
     with launch(spec, port=0, max_restarts=0) as d:
         yield d
         assert not d.backend.runtime.failures  # no unit died in any test of this module
@@ -147,3 +153,55 @@ def test_a_stopped_decode_unit_is_stalled_routed_around_and_serves_again_when_co
                   if events[-1].finish_reason == "length"}
         assert served == {"decode-0", "decode-1"}
         assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_unit_stopped_past_unit_unreachable_s_ends_its_stream_with_a_retryable_error_and_frees_it_on_waking(
+        deployment):
+    router, rt = deployment.backend, deployment.backend.runtime
+    # the KV pool holds 512 tokens; ~1 s of decoding on this box, and the unit is stopped at its first tokens
+    STREAM_TOKENS = 500
+    wait_for(lambda: rt.is_healthy("decode-0") and rt.is_healthy("decode-1"), 30, "a decode unit is not healthy")
+    streaming, done = [], threading.Event()
+
+    def sink(ev):
+        streaming.append(ev)
+        if ev.finished:
+            done.set()
+
+    heard = []  # what the units say, as the router hears it (it drops what it no longer waits for)
+    listener = rt._on_message
+
+    def record(name, msg):
+        heard.append((name, msg))
+        listener(name, msg)
+
+    rt._on_message = record
+    unit = router.submit("streams", [3, 1, 4, 1, 5], SamplingParams(max_tokens=STREAM_TOKENS, ignore_eos=True), sink)
+    pid = rt.units[unit].process.pid
+    wait_for(lambda: streaming, 30, "the request never streamed")
+    assert not streaming[-1].finished, streaming
+    os.kill(pid, signal.SIGSTOP)
+    stopped_s = time.monotonic()
+    try:
+        assert done.wait(UNIT_UNREACHABLE_S + 20), "the stream was held past serve.unit_unreachable_s"
+        ended_after_s = time.monotonic() - stopped_s
+        assert not rt.is_healthy(unit)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    last = streaming[-1]
+    assert last.finish_reason == "error" and f"{unit} is unreachable" in last.error and "retry" in last.error
+    assert ended_after_s >= UNIT_UNREACHABLE_S * 0.9  # not before its heartbeat was missed that long
+    assert 0 < sum(len(ev.new_token_ids) for ev in streaming) < STREAM_TOKENS
+    wait_for(lambda: rt.is_healthy(unit), 30, f"{unit} never came back")
+    # it read the router's abort once continued (and answered it), and every page it held is free again
+    wait_for(lambda: any(name == unit and isinstance(msg, ch.Tokens) and msg.request_id == "streams"
+                         and msg.finish_reason == "abort" for name, msg in heard), 30, f"{unit} never read the abort")
+    rt._on_message = listener
+
+    def all_free():
+        router.reset_prefix_cache()
+        return all(st.num_free_pages == st.num_pages for st in router.unit_stats().values())
+
+    wait_for(all_free, 30, f"{unit} kept the aborted stream's pages")
+    events = router.generate_batch([[2, 7, 1, 8]] * 2, PLAIN, timeout_s=60)
+    assert all(evs[-1].finish_reason == "length" for evs in events)

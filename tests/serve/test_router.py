@@ -255,6 +255,48 @@ def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are
     assert [t for ev in streaming for t in ev.new_token_ids] == [9, 10]
 
 
+def test_an_unreachable_unit_loses_every_request_it_held_and_each_gets_an_abort_for_the_heal(fake):
+    """Waiting requests move once; streaming ones end with an error that says to retry (their tokens
+    cannot reach the client); every one gets an abort, which the unit reads once it is reached again."""
+    from disaggsdk.launch.runtime_api import UnitUnreachable
+
+    rt, router = fake
+    waiting, streaming = [], []
+    assert router.submit("w", [1, 2], PLAIN, waiting.append) == "decode-0"
+    assert router.submit("other", [5], PLAIN, lambda ev: None) == "decode-1"
+    assert router.submit("s", [3], PLAIN, streaming.append) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("s", [9]))
+    rt.stalled.add("decode-0")  # the runtime reads an unreachable unit unhealthy, then tells the router
+    rt.on_message("decode-0", UnitUnreachable(10.0))
+    assert ("decode-1", ch.Generate("w", [1, 2], PLAIN)) in rt.sent
+    assert ("decode-0", ch.Abort("w")) in rt.sent and ("decode-0", ch.Abort("s")) in rt.sent
+    assert streaming[-1].finished and streaming[-1].finish_reason == "error"
+    assert "decode-0 is unreachable" in streaming[-1].error and "retry the request" in streaming[-1].error
+    assert router.submit("new", [8], PLAIN, lambda ev: None) == "decode-1"
+    rt.stalled.discard("decode-0")  # the link heals: what it sends for either request is theirs no more
+    rt.on_message("decode-0", ch.Tokens("s", [10], True, "length"))
+    rt.on_message("decode-0", ch.Tokens("w", [], True, "abort"))
+    assert [t for ev in streaming for t in ev.new_token_ids] == [9] and len(streaming) == 2
+    assert waiting == []
+    rt.on_message("decode-1", ch.Tokens("w", [6], True, "length"))
+    assert [t for ev in waiting for t in ev.new_token_ids] == [6] and waiting[-1].instance == "decode-1"
+
+
+def test_a_request_on_an_unreachable_unit_with_nowhere_to_move_ends_with_a_retryable_error():
+    from disaggsdk.launch.runtime_api import UnitUnreachable
+
+    rt = FakeRuntime({"prefill-0": "prefill", "decode-0": "decode"})
+    router = Router(rt)
+    events = []
+    router.submit("w", [1, 2], PLAIN, events.append)
+    rt.stalled.add("decode-0")
+    rt.on_message("decode-0", UnitUnreachable(3.0))
+    assert events[-1].finish_reason == "error" and "unreachable" in events[-1].error
+    assert ("decode-0", ch.Abort("w")) in rt.sent
+    with pytest.raises(LaunchError, match="no decode unit is healthy"):
+        router.submit("next", [1], PLAIN, lambda ev: None)
+
+
 def test_one_client_cannot_keep_spending_restarts_with_ever_new_poison(fake):
     """A client that varies its poison (issue 33): its first poison request costs two unit deaths, the
     next one a single death (never moved), then its requests are refused; other clients are served."""
