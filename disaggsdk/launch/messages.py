@@ -25,7 +25,7 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 9: Progress (start-up steps a launcher shows), Tokens.prefill_unit;
 # 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
-# 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage)
+# 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage), UnitStats.open_grant_keys
 PROTOCOL_VERSION = 12
 
 # runtime -> unit
@@ -182,6 +182,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     num_pages: int
     counters: UnitCounters
     recent: list[RequestTransfer]
+    open_grant_keys: int = 0  # per-grant registrations open to remote KV writes (a gauge: 0 when idle)
 
 
 class Fatal(msgspec.Struct, frozen=True, tag=True):

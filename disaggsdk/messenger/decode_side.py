@@ -175,6 +175,14 @@ class DecodeMessenger:
         return len(self._pending) + len(self._handoffs)
 
     @property
+    def open_grant_keys(self) -> int:
+        """Registrations open to remote writes for one attempt each (`grant_keys`): those of attempts
+        in flight and of ended ones whose writes may still land (quarantined). 0 when nothing is in
+        flight and the quarantine is drained; one left then is a grant that was never revoked."""
+        held = [h.keys for h in self._handoffs.values()] + [q.keys for q in self._quarantine]
+        return sum(len(keys.registrations) for keys in held if keys is not None)
+
+    @property
     def busy(self) -> bool:
         """Whether requests wait for their KV (their counters and deadlines need polling)."""
         return self.num_waiting > 0

@@ -137,6 +137,10 @@ class Messenger(Protocol):
     def num_waiting(self) -> int:
         """Requests held here that the engine does not know yet."""
 
+    @property
+    def open_grant_keys(self) -> int:
+        """Per-grant registrations open to remote writes now (`grant_keys`; 0 on a prefill unit)."""
+
     def add_peers(self, units: Sequence[UnitInfo]) -> None:
         """Learn the other units of the deployment (the ones of the other role matter), at start or
         when one comes back with a new incarnation."""

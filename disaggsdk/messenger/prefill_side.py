@@ -120,6 +120,11 @@ class PrefillMessenger:
         """Always 0: a prefill request goes to the engine as soon as it is accepted."""
         return 0
 
+    @property
+    def open_grant_keys(self) -> int:
+        """Always 0: grants are the decode side's; a prefill unit only writes into them."""
+        return 0
+
     # control frames
 
     def on_frame(self, frame: bytes) -> None:

@@ -23,6 +23,7 @@ class InstanceStats:
     waiting: int = 0
     kv_pages_used: int = 0
     kv_pages_total: int = 0
+    kv_grant_keys_open: int = 0  # registrations open to remote KV writes, one attempt each (decode units)
     counters: UnitCounters = field(default_factory=UnitCounters)
 
     @property

@@ -30,6 +30,8 @@ GAUGES = (
     ("waiting", "num_requests_waiting", "Requests waiting to be scheduled by the engine."),
     ("kv_pages_used", "kv_pages_used", "KV cache pages in use."),
     ("kv_pages_total", "kv_pages_capacity", "KV cache pages in the engine's pool (used or free)."),
+    ("kv_grant_keys_open", "kv_grant_keys_open", "Registrations open to remote KV writes, each for one transfer "
+     "attempt's pages (transport.grant_keys); 0 once every transfer has ended."),
     ("healthy", "engine_healthy", "1 while the engine is serving, 0 when it is down."),
 )
 
@@ -68,6 +70,7 @@ class EngineCollector:
             gauges["waiting"].add_metric(values, float(s.waiting))
             gauges["kv_pages_used"].add_metric(values, float(s.kv_pages_used))
             gauges["kv_pages_total"].add_metric(values, float(s.kv_pages_total))
+            gauges["kv_grant_keys_open"].add_metric(values, float(s.kv_grant_keys_open))
             gauges["healthy"].add_metric(values, float(s.healthy))
             usage.add_metric(values, s.kv_cache_usage)
             for one in series:

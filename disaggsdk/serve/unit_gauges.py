@@ -13,4 +13,4 @@ def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) 
         return InstanceStats(name=name, role=role, healthy=healthy)
     return InstanceStats(name=name, role=role, healthy=healthy, running=s.running, waiting=s.waiting,
                          kv_pages_used=s.num_pages - s.num_free_pages, kv_pages_total=s.num_pages,
-                         counters=s.counters)
+                         kv_grant_keys_open=s.open_grant_keys, counters=s.counters)

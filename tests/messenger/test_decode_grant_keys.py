@@ -108,6 +108,7 @@ def test_only_the_granted_pages_and_slot_are_open_and_only_until_the_counter_fir
     granted = {b for layer in range(NUM_LAYERS) for p in pages
                for b in range(GEOMETRY.page_offset(layer, p), GEOMETRY.page_offset(layer, p) + PAGE_BYTES)}
     assert open_bytes == granted and len(opened) == len(page_runs(GEOMETRY, pages))
+    assert dm.open_grant_keys == len(transfer.open) == len(opened) + 1  # the runs and the context slot
     assert [(s.offset_bytes, s.length_bytes) for s in req.destinations[0].segments] == opened
     assert (req.context.segment.offset_bytes, req.context.segment.length_bytes) == (req.context.offset_bytes,
                                                                                       req.context.length_bytes)
@@ -115,6 +116,7 @@ def test_only_the_granted_pages_and_slot_are_open_and_only_until_the_counter_fir
     transfer.counters[req.imm][1].set_result(None)
     dm.poll()
     assert not transfer.open and engine.admitted == []  # revoked at once; admitted only with the digest
+    assert dm.open_grant_keys == 0
     dm.on_frame(from_prefill(pr.PageDigest("r", req.generation, digest)))
     dm.poll()
     assert engine.admitted == ["r"] and dm.totals.counters.kv_pages_failed_verification == 0
@@ -128,9 +130,11 @@ def test_an_ended_attempts_keys_stay_until_no_write_of_it_can_land(side):
     dm.poll(time.monotonic() + 6)  # deadline: retried on prefill-1, the old attempt quarantined
     # its writes may still be coming: they land in its own parked pages, which keep their keys
     assert first_keys <= set(transfer.open)
+    assert dm.open_grant_keys == len(transfer.open)  # the quarantined attempt's and the retry's
     dm.on_frame(from_prefill(pr.PrefillFailed("r", first.generation, "aborted")))
     dm.poll(time.monotonic() + DRAIN_GRACE_S + 0.01)
     assert not first_keys & set(transfer.open)  # drained: revoked with the pages' release
+    assert dm.open_grant_keys == len(transfer.open)  # only the retry's
 
 
 def test_pages_that_do_not_match_the_digest_are_retried_and_counted(side):

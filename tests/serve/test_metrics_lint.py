@@ -17,7 +17,8 @@ EVERY_FIELD = [  # every family gets samples: reasons, draft positions, preempti
     InstanceStats("prefill-0", "prefill", kv_pages_used=3, kv_pages_total=12, counters=UnitCounters(
         transfer_bytes=4096, transfer_writes=8, transfer_s=0.25, transfer_failures=1,
         rejected_frames={"replayed": 2}, rejected_requests={"overloaded": 1})),
-    InstanceStats("decode-0", "decode", running=2, waiting=1, kv_pages_used=25, kv_pages_total=100, counters=UnitCounters(
+    InstanceStats("decode-0", "decode", running=2, waiting=1, kv_pages_used=25, kv_pages_total=100,
+                  kv_grant_keys_open=7, counters=UnitCounters(
         exposed_transfer_s=0.01, requests_retried=1, spec_num_drafts=4, spec_num_draft_tokens=8,
         spec_num_accepted_tokens=5, spec_accepted_per_position=[3, 2], spec_drafts_per_position=[4, 4],
         num_preemptions=3)),
@@ -53,6 +54,8 @@ def test_every_family_with_samples_passes_the_lint():
     assert usage == {"prefill-0": 0.25, "decode-0": 0.25}
     capacity = {s.labels["engine"]: s.value for s in fams["disaggsdk_kv_pages_capacity"].samples}
     assert capacity == {"prefill-0": 12.0, "decode-0": 100.0}
+    grants = {s.labels["engine"]: s.value for s in fams["disaggsdk_kv_grant_keys_open"].samples}
+    assert grants == {"prefill-0": 0.0, "decode-0": 7.0}
     # every engine's scheduler counts preemptions: one sample each, 0 where none happened
     assert [(s.labels["engine"], s.value) for s in fams["disaggsdk_num_preemptions"].samples
             if s.name.endswith("_total")] == [("prefill-0", 0.0), ("decode-0", 3.0)]

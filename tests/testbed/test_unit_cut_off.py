@@ -31,6 +31,17 @@ def _decode_state(deployment: faults._Deployment) -> str:
     return json.loads(deployment.front("GET", "/health"))["instances"]["decode-0"]
 
 
+def _grant_keys_open_once_settled(deployment: faults._Deployment, within_s: float = 30.0) -> float:
+    # a failed attempt's keys stay open until no write of it can land (the quarantine's drain)
+    deadline = time.monotonic() + within_s
+    while True:
+        metrics = deployment.front("GET", "/metrics")
+        grants = faults._metric_value(metrics, "disaggsdk_kv_grant_keys_open", "decode-0")
+        if grants == 0 or time.monotonic() > deadline:
+            return grants
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_heal_then_serves_again(
         testbed, monkeypatch):
@@ -69,6 +80,7 @@ def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_he
             time.sleep(0.5)
         back_after_heal_s = time.monotonic() - healed_at
         after_heal = deployment.ask(faults.LONG_PROMPT)
+        grants_open = _grant_keys_open_once_settled(deployment)
         metrics = deployment.front("GET", "/metrics")
         pages_after = deployment.free_pages()
     finally:
@@ -85,5 +97,6 @@ def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_he
     for gauge in ("disaggsdk_num_requests_running", "disaggsdk_num_requests_waiting"):
         assert [faults._metric_value(metrics, gauge, e) for e in ("prefill-0", "decode-0")] == [0, 0], gauge
     assert pages_after == baseline_pages  # the abort it read after the heal freed the request's pages
+    assert grants_open == 0  # every registration the cut transfer opened to remote writes is revoked
     assert faults._after_stop_no_shm_left(tb) == {node.name: [] for node in tb.nodes}
     assert faults._stopped_cleanly(deployment), "".join(deployment.lines)
