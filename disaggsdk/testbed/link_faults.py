@@ -14,11 +14,13 @@ Each fault is on one node's link and `heal_link` removes every fault of that lin
   on the sender's own egress would not be a loss: the kernel tells the sending TCP (a failed
   transmit, which it retries as congestion), and a UDP sender gets an error. Where ``nft`` is
   missing and the kernel has ``sch_netem``, a ``netem loss`` on the egress of both ends does it.
-* **jitter** (`add_jitter`): what the node sends waits ``max(delay, jitter) ± jitter`` ms on its
-  egress, each packet's draw its own (uniform; a packet may overtake another): in a ``netem``
-  where the kernel has sch_netem, else in the user-space delayer (`packet_delay`: iptables'
-  NFQUEUE on the node's egress, a process of the link holding each packet for its draw). Without
-  either (no sch_netem, no ``iptables``) it is a `NetemUnavailable` that says what to install.
+* **jitter** (`add_jitter`): what the node sends waits ``max(delay, jitter) ± jitter`` ms, each
+  packet's draw its own (uniform; a packet may overtake another): in a ``netem`` on the node's
+  egress where the kernel has sch_netem, else in the user-space delayer (`packet_delay`: iptables'
+  NFQUEUE on every other node's ingress for packets from this node, a process of the link holding
+  each for its draw; the ingress, because a TCP sender's small-queue budget would count packets
+  held on its own egress and cap its rate). Without either (no sch_netem, no ``iptables``) it is a
+  `NetemUnavailable` that says what to install.
 
 Everything a fault adds lives in the testbed's namespaces (nftables tables and iptables rules are
 per network namespace, qdiscs per device), so `down`, which deletes the namespaces, removes it with
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from disaggsdk.testbed.errors import NetemUnavailable, PacketDropUnavailable, TestbedError
@@ -41,7 +44,7 @@ from disaggsdk.testbed.link import (
     shape_link,
     tbf_args,
 )
-from disaggsdk.testbed.packet_delay import iptables_available, record_path, start_delayer, stop_delayer
+from disaggsdk.testbed.packet_delay import iptables_available, record_path, start_delayers, stop_delayers
 from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, run_tool
 
 if TYPE_CHECKING:
@@ -59,6 +62,9 @@ _NUMGEN_MOD = 10000  # drop shares resolve to 0.01%
 # a wire would carry; the heal gives the veth's own limit back
 GSO_MAX_SEGS_VETH = 65535
 _INSTALL_NFT = "install nftables (apt-get install nftables)"
+# the user-space delayer's NFQUEUE numbers (per namespace): a jitter on node K's packets is queue
+# JITTER_QUEUE_BASE + K on every other node's ingress
+JITTER_QUEUE_BASE = 100
 
 
 def nftables_available() -> bool:
@@ -145,9 +151,10 @@ def add_jitter(testbed: Testbed, index: int, jitter_ms: float) -> None:
                 "the user-space delayer that stands in for it queues packets with iptables' NFQUEUE, but the "
                 "`iptables` command is missing: install iptables (apt-get install iptables), or use a kernel "
                 "with sch_netem (CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
-        start_delayer(node.namespace, node.interface, delay_ms, jitter_ms,
-                      delay_queue_packets(testbed.link, delay_ms + jitter_ms),
-                      record_path(testbed.state_file.parent, node.name))
+        holders = [(other.namespace, other.interface) for other in testbed.nodes if other.index != index]
+        start_delayers(holders, node.address, JITTER_QUEUE_BASE + index, delay_ms, jitter_ms,
+                       delay_queue_packets(testbed.link, delay_ms + jitter_ms),
+                       jitter_record(testbed, index))
         return
     options = ["delay", f"{delay_ms:g}ms", f"{jitter_ms:g}ms"]
     if testbed.link.loss_pct:
@@ -164,7 +171,7 @@ def heal_link(testbed: Testbed, index: int) -> None:
         TestbedError: a command failed.
     """
     node = testbed.nodes[index]
-    stop_delayer(record_path(testbed.state_file.parent, node.name))
+    stop_delayers(jitter_record(testbed, index))
     run_tool(["ip", "-n", testbed.switch_namespace, "link", "set", node.switch_port, "up"])
     link_loss_by_nft = False
     if nftables_available():
@@ -178,6 +185,11 @@ def heal_link(testbed: Testbed, index: int) -> None:
         # only netem puts a fault's qdisc there: this kernel has it
         shape_link(testbed.link, node.namespace, node.interface, testbed.switch_namespace, node.switch_port,
                    netem=True)
+
+
+def jitter_record(testbed: Testbed, index: int) -> Path:
+    """Where the user-space delayers of a jitter on node ``index``'s packets are recorded."""
+    return record_path(testbed.state_file.parent, testbed.nodes[index].name, "jitter")
 
 
 def set_link_loss(namespace: str, interface: str, loss_pct: float) -> None:

@@ -1,27 +1,33 @@
-"""A user-space packet delayer: what a node sends waits ``delay_ms ± jitter_ms`` in a process of
-its link, for kernels without ``sch_netem`` (netem alone varies delay in the kernel; this one also
-lacks ``sch_fq``/``etf``, so no departure-time delay either).
+"""A user-space packet delayer: packets wait ``delay_ms ± jitter_ms`` in a process of the link, for
+kernels without ``sch_netem`` (netem alone varies delay in the kernel; this one also lacks
+``sch_fq``/``etf``, so no departure-time delay either).
 
 The kernel's NFQUEUE (``nfnetlink_queue``, reached by iptables' ``-j NFQUEUE``; nftables' own
 ``queue`` is often not built) hands each packet to a process and holds it until the process gives
-a verdict. The delayer binds the queue over raw netlink (``AF_NETLINK``, ``NETLINK_NETFILTER``; no
+a verdict. The delayer binds a queue over raw netlink (``AF_NETLINK``, ``NETLINK_NETFILTER``; no
 library), asks for metadata only (``NFQNL_COPY_META``: no payload is copied to user space), and
 gives each packet's ACCEPT at ``arrival + uniform(delay - jitter, delay + jitter)``, drawn per
 packet as netem draws its jitter: a packet whose draw is shorter overtakes those queued before it,
-as on netem. Its iptables rule sits in the node's namespace on ``mangle POSTROUTING -o eth0``,
-where netem sat: on the node's egress, before the link's tbf shapes the rate, so a packet between
-two nodes meets the delay once and the delayed packets are then shaped as any others.
+as on netem.
 
-The delayer is part of the link, not a process of the node: it runs in the node's network
-namespace only (``ip netns exec``), so a node's own processes neither see nor stop it, and `down`'s
-sweep of the testbed's namespaces kills it with whatever else is left. Its record
-(``/run/disaggsdk-testbed/NAME-nK.delayer.json``) names its pid for `stop_delayer`.
+**Where it holds packets: on the receiving node's ingress** (``mangle PREROUTING -i eth0``,
+``-s SENDER`` for what one node sends), not on the sender's egress where netem sits. A TCP sender
+counts what it sent and the kernel has not yet freed against its small-queue budget (TSQ: about
+two packets or a millisecond of its pacing rate); netem orphans what it holds, a queued packet
+cannot be orphaned from user space, so a delay on the sender's egress caps a flow at that budget
+per delay: 9 Mbit/s through a 5 ms delay at 1 Gbit/s, measured. The receiver's IP layer has
+orphaned the packet before PREROUTING, so there the same delay passed 727 Mbit/s. A packet
+between two nodes still meets the delay once, after the link's rate shaping rather than before.
+
+The delayer is part of the link, not a process of a node: it runs in a node's network namespace
+only (``ip netns exec``), so the node's own processes neither see nor stop it, and `down`'s sweep
+of the testbed's namespaces kills it with whatever else is left. Its record, a file beside the
+state file, names its pid and namespace for `stop_delayers`.
 
 Its limits: every packet crosses to user space and back (two netlink messages and a Python loop),
 and release times are those of ``select``'s timer (tens of microseconds late under load). The
-queue takes a TCP sender's GSO super-packets whole (``NFQA_CFG_F_GSO``), as netem does, so at line
-rate it handles a few thousand packets a second rather than one per frame; docs/testbed.md has
-the throughput measured.
+queue takes GSO super-packets whole (``NFQA_CFG_F_GSO``), as netem does, so a TCP stream costs it
+a packet per 64 KiB rather than per frame; docs/testbed.md has the throughput measured.
 
 Run as a program inside a namespace (`main`: ``--queue-num N --delay-ms D --jitter-ms J``) it
 binds the queue, prints ``ready`` and delays until SIGTERM, when it releases every packet it holds
@@ -45,7 +51,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +59,10 @@ from disaggsdk.testbed.errors import TestbedError
 from disaggsdk.testbed.state import DelayerState
 from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, run_tool, try_tool
 
-# the queue number in the node's namespace (queues are per network namespace: every node's is its own)
-DELAY_QUEUE_NUM = 39
 READY_LINE = "ready"
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
-RULE_COMMENT = "disaggsdk-delay"  # marks the delayer's iptables rules, so a stop finds them all
+RULE_COMMENT = "disaggsdk-delay"  # marks the delayer's iptables rules: ``disaggsdk-delay-qN`` for queue N
 IPTABLES = "iptables"
 _MODULE = "disaggsdk.testbed.packet_delay"
 # the program's command line: `-m` would run this module a second time beside the copy that
@@ -101,13 +105,14 @@ _VERDICTS_PER_SEND = 1024  # 32 KiB of verdict messages in one send
 
 @dataclass(frozen=True)
 class Delayer:
-    """A delayer on one node's egress, as its record says.
+    """One delayer process on one node's ingress, as its record says.
 
     Attributes:
         pid: its process, as the host numbers it.
-        namespace: the node's network namespace, where it and its rule are.
-        interface: the node's end of its link, whose egress it delays.
-        queue_num: the NFQUEUE it binds.
+        namespace: the receiving node's network namespace, where it and its rule are.
+        interface: the node's end of its link, whose ingress it holds.
+        queue_num: the NFQUEUE it binds (queues are per network namespace).
+        source: the IPv4 address whose packets it holds; None: every packet the interface receives.
         delay_ms: the mean delay it adds, milliseconds.
         jitter_ms: how far each packet's delay is drawn either side of ``delay_ms``, milliseconds.
     """
@@ -116,126 +121,117 @@ class Delayer:
     namespace: str
     interface: str
     queue_num: int
+    source: str | None
     delay_ms: float
     jitter_ms: float
 
     def to_dict(self) -> DelayerState:
         """The fields as JSON values (the record)."""
         return {"pid": self.pid, "namespace": self.namespace, "interface": self.interface,
-                "queue_num": self.queue_num, "delay_ms": self.delay_ms, "jitter_ms": self.jitter_ms}
+                "queue_num": self.queue_num, "source": self.source, "delay_ms": self.delay_ms,
+                "jitter_ms": self.jitter_ms}
 
     @classmethod
     def from_dict(cls, data: DelayerState) -> Delayer:
         """The inverse of `to_dict`."""
         return cls(pid=int(data["pid"]), namespace=str(data["namespace"]), interface=str(data["interface"]),
-                   queue_num=int(data["queue_num"]), delay_ms=float(data["delay_ms"]),
-                   jitter_ms=float(data["jitter_ms"]))
+                   queue_num=int(data["queue_num"]), source=None if data["source"] is None else str(data["source"]),
+                   delay_ms=float(data["delay_ms"]), jitter_ms=float(data["jitter_ms"]))
 
 
-def record_path(state_dir: Path, node_name: str) -> Path:
-    """Where the delayer of node ``node_name`` (``NAME-nK``) is recorded."""
-    return state_dir / f"{node_name}.delayer.json"
+def record_path(state_dir: Path, node_name: str, purpose: str) -> Path:
+    """Where the delayers of node ``node_name`` (``NAME-nK``) for ``purpose`` (``jitter``: a fault
+    on what it sends; ``link``: its link's own delay, on what it receives) are recorded."""
+    return state_dir / f"{node_name}.{purpose}.delayers.json"
 
 
 def records_of(state_dir: Path, testbed_name: str) -> list[Path]:
     """Every delayer record of testbed ``testbed_name`` (a name has no ``-``, so no other testbed's match)."""
-    return sorted(state_dir.glob(f"{testbed_name}-n*.delayer.json"))
+    return sorted(state_dir.glob(f"{testbed_name}-n*.delayers.json"))
 
 
 def iptables_available() -> bool:
-    """Whether the ``iptables`` command, which puts packets into the delayer's queue, is here."""
+    """Whether the ``iptables`` command, which puts packets into a delayer's queue, is here."""
     return shutil.which(IPTABLES) is not None
 
 
-def read_delayer(record: Path) -> Delayer | None:
-    """The delayer ``record`` names; None where there is no record (or an unreadable one)."""
+def read_delayers(record: Path) -> list[Delayer]:
+    """The delayers ``record`` names; empty where there is no record (or an unreadable one)."""
     try:
-        return Delayer.from_dict(json.loads(record.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError):
-        return None
+        return [Delayer.from_dict(entry) for entry in json.loads(record.read_text(encoding="utf-8"))]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
-def start_delayer(namespace: str, interface: str, delay_ms: float, jitter_ms: float, max_queued_packets: int,
-                  record: Path) -> Delayer:
-    """Start a delayer in ``namespace`` and send what ``interface`` sends through it, in place of
-    any delayer ``record`` names; nothing is left behind if a step fails.
+def start_delayers(holders: Sequence[tuple[str, str]], source: str | None, queue_num: int, delay_ms: float,
+                   jitter_ms: float, max_queued_packets: int, record: Path) -> list[Delayer]:
+    """Delay packets on the ingress of each of ``holders``, in place of the delayers ``record``
+    names; nothing is left behind if a step fails.
+
+    A delayer with a ``source`` is put ahead of those without on its node's path: a packet takes
+    the first delayer it meets (an ACCEPT moves it past the rest of the chain), so a jitter on one
+    sender's packets stands in for the link's own delay for them, as netem's jitter does.
 
     Args:
-        namespace: the node's network namespace.
-        interface: the node's end of its link.
+        holders: (network namespace, interface) of each receiving node.
+        source: the sender whose packets are delayed; None: every packet the holders receive.
+        queue_num: the NFQUEUE, per namespace; one number per purpose and sender.
         delay_ms: the mean delay, milliseconds (at least ``jitter_ms``).
         jitter_ms: each packet's delay is uniform in ``delay_ms ± jitter_ms``; 0 delays every packet alike.
-        max_queued_packets: packets the queue holds before it drops (as netem's ``limit``).
-        record: where it is recorded for `stop_delayer`.
+        max_queued_packets: packets a queue holds before it drops (as netem's ``limit``).
+        record: where they are recorded for `stop_delayers`.
 
     Returns:
-        the delayer, running and on the packets' path.
+        the delayers, running and on the packets' path.
 
     Raises:
         ValueError: a negative delay or jitter, or a jitter above the delay.
-        TestbedError: ``iptables`` is missing, the delayer did not start (its message), or the rule was refused.
+        TestbedError: ``iptables`` is missing, a delayer did not start (its message), or a rule was refused.
     """
     if not 0 <= jitter_ms <= delay_ms:
         raise ValueError(f"delay {delay_ms:g} ms ± {jitter_ms:g} ms: give 0 <= jitter <= delay")
     if not iptables_available():
         raise TestbedError(f"a delay without sch_netem queues packets with iptables' NFQUEUE, and the `{IPTABLES}` "
                            f"command is missing: {_INSTALL_IPTABLES}")
-    stop_delayer(record)
-    argv = ["ip", "netns", "exec", namespace, sys.executable, "-c", _RUN_MAIN, "--queue-num", str(DELAY_QUEUE_NUM),
-            "--delay-ms", repr(delay_ms), "--jitter-ms", repr(jitter_ms), "--max-queued-packets",
-            str(max_queued_packets)]
-    # its own session: a Ctrl-C in the terminal that added the delay does not reach it
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    delayer = Delayer(pid=proc.pid, namespace=namespace, interface=interface, queue_num=DELAY_QUEUE_NUM,
-                      delay_ms=delay_ms, jitter_ms=jitter_ms)
+    stop_delayers(record)
+    started: list[Delayer] = []
     try:
-        # recorded before anything else can fail, so the stop below (or a later one) finds it
-        _write_record(record, delayer)
-        _wait_ready(proc)
-        _iptables(namespace, ["-A", *_rule(delayer)])
+        for namespace, interface in holders:
+            started.append(_start_one(namespace, interface, source, queue_num, delay_ms, jitter_ms,
+                                      max_queued_packets, lambda delayer: _write_record(record, [*started, delayer])))
     except BaseException:
-        stop_delayer(record)
+        stop_delayers(record)
         raise
-    finally:
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        proc.stderr.close()
-    # it outlives this Popen on purpose (until `stop_delayer` or `down`): marked done, Popen
-    # neither warns that it still runs nor reaps it behind `stop_delayer`'s back
-    proc.returncode = 0
-    return delayer
+    return started
 
 
-def stop_delayer(record: Path, remove_rules: bool = True) -> bool:
-    """Take the delayer ``record`` names off the path and stop it: its rules go first, then it
-    releases what it holds and exits (killed if it does not), then the record. Safe to call where
-    there is none.
+def stop_delayers(record: Path, remove_rules: bool = True) -> bool:
+    """Take the delayers ``record`` names off the path and stop them: their rules go first, then
+    each releases what it holds and exits (killed if it does not), then the record. Safe to call
+    where there is none.
 
     Args:
-        record: its record (`record_path`).
-        remove_rules: False where its namespace is about to be deleted, and its rules with it (`down`).
+        record: their record (`record_path`).
+        remove_rules: False where their namespaces are about to be deleted, and the rules with them (`down`).
 
     Returns:
         whether there was a delayer recorded.
 
     Raises:
-        TestbedError: its rules could not be removed (the message holds iptables' words).
+        TestbedError: a rule could not be removed (the message holds iptables' words).
     """
-    delayer = read_delayer(record)
-    if delayer is None:
-        record.unlink(missing_ok=True)
-        return False
-    if remove_rules and Path(f"/run/netns/{delayer.namespace}").exists():
-        _remove_rules(delayer.namespace)
-    _stop_process(delayer)
+    delayers = read_delayers(record)
+    for delayer in delayers:
+        if remove_rules and Path(f"/run/netns/{delayer.namespace}").exists():
+            _remove_rules(delayer.namespace, delayer.queue_num)
+        _stop_process(delayer)
     record.unlink(missing_ok=True)
-    return True
+    return bool(delayers)
 
 
 def delayer_rules(namespace: str) -> list[str]:
-    """The delayer's iptables rules in ``namespace`` as ``iptables -S`` writes them (empty: none)."""
-    listed = run_tool(["ip", "netns", "exec", namespace, IPTABLES, "-w", "-t", "mangle", "-S", "POSTROUTING"])
+    """Every delayer's iptables rule in ``namespace`` as ``iptables -S`` writes it, in path order (empty: none)."""
+    listed = run_tool(["ip", "netns", "exec", namespace, IPTABLES, "-w", "-t", "mangle", "-S", "PREROUTING"])
     return [line for line in listed.splitlines() if RULE_COMMENT in line]
 
 
@@ -251,28 +247,60 @@ def delayer_runs(delayer: Delayer) -> bool:
     return in_namespace and _MODULE.encode() in cmdline and _runs(delayer.pid)
 
 
+def _start_one(namespace: str, interface: str, source: str | None, queue_num: int, delay_ms: float,
+               jitter_ms: float, max_queued_packets: int, record: Callable[[Delayer], None]) -> Delayer:
+    argv = ["ip", "netns", "exec", namespace, sys.executable, "-c", _RUN_MAIN, "--queue-num", str(queue_num),
+            "--delay-ms", repr(delay_ms), "--jitter-ms", repr(jitter_ms), "--max-queued-packets",
+            str(max_queued_packets)]
+    # its own session: a Ctrl-C in the terminal that added the delay does not reach it
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    delayer = Delayer(pid=proc.pid, namespace=namespace, interface=interface, queue_num=queue_num, source=source,
+                      delay_ms=delay_ms, jitter_ms=jitter_ms)
+    try:
+        record(delayer)  # before anything else can fail, so the caller's stop finds it
+        _wait_ready(proc)
+        # a sender's delayer ahead of the link's own (see `start_delayers`)
+        _iptables(namespace, ["-I", "PREROUTING", "1", *_rule(delayer)[1:]] if source else ["-A", *_rule(delayer)])
+    finally:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+        # it outlives this Popen on purpose (until `stop_delayers` or `down`): marked done, Popen
+        # neither warns that it still runs nor reaps it behind `stop_delayers`' back
+        proc.returncode = 0
+    return delayer
+
+
 def _rule(delayer: Delayer) -> list[str]:
     # --queue-bypass: while no delayer is bound to the queue (a crashed one), packets pass undelayed
     # instead of being dropped; a link that loses its delay is a smaller surprise than a dead one
-    return ["POSTROUTING", "-o", delayer.interface, "-m", "comment", "--comment", RULE_COMMENT,
+    source = ["-s", delayer.source] if delayer.source else []
+    return ["PREROUTING", "-i", delayer.interface, *source, "-m", "comment", "--comment", _comment(delayer.queue_num),
             "-j", "NFQUEUE", "--queue-num", str(delayer.queue_num), "--queue-bypass"]
+
+
+def _comment(queue_num: int) -> str:
+    return f"{RULE_COMMENT}-q{queue_num}"
 
 
 def _iptables(namespace: str, args: list[str]) -> None:
     run_tool(["ip", "netns", "exec", namespace, IPTABLES, "-w", "-t", "mangle", *args])
 
 
-def _remove_rules(namespace: str) -> None:
+def _remove_rules(namespace: str, queue_num: int) -> None:
     if not iptables_available():
         return  # nothing could have added one
     for line in delayer_rules(namespace):
-        _iptables(namespace, ["-D", *shlex.split(line)[1:]])  # "-A POSTROUTING ..." deleted as written
+        words = shlex.split(line)
+        if _comment(queue_num) in words:
+            _iptables(namespace, ["-D", *words[1:]])  # "-A PREROUTING ..." deleted as written
     _remove_empty_mangle_table(namespace)
 
 
 def _remove_empty_mangle_table(namespace: str) -> None:
     # iptables-nft keeps an emptied table as an nftables table (`nft list tables` shows `ip mangle`):
-    # where the rule was the delayer's alone, the table goes too, so a heal leaves the namespace as
+    # where the rules were the delayers' alone, the table goes too, so a heal leaves the namespace as
     # it found it. iptables-legacy's tables are not nftables' and are left (they hold no rule).
     if "nf_tables" not in run_tool([IPTABLES, "--version"]) or shutil.which("nft") is None:
         return
@@ -321,10 +349,10 @@ def _runs(pid: int) -> bool:
         return False
 
 
-def _write_record(record: Path, delayer: Delayer) -> None:
+def _write_record(record: Path, delayers: list[Delayer]) -> None:
     record.parent.mkdir(parents=True, exist_ok=True)
     partial = record.with_suffix(".json.partial")
-    partial.write_text(json.dumps(delayer.to_dict(), indent=2) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps([delayer.to_dict() for delayer in delayers], indent=2) + "\n", encoding="utf-8")
     os.replace(partial, record)
 
 
@@ -500,7 +528,7 @@ def run_delayer(queue: NfQueue, delay_ms: float, jitter_ms: float, rng: random.R
 def main(argv: list[str] | None = None) -> int:
     """The delayer as a program: bind, print ``ready``, delay until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(prog="packet_delay", description="Delay every packet of an NFQUEUE queue.")
-    parser.add_argument("--queue-num", type=int, default=DELAY_QUEUE_NUM)
+    parser.add_argument("--queue-num", type=int, required=True)
     parser.add_argument("--delay-ms", type=float, required=True)
     parser.add_argument("--jitter-ms", type=float, default=0.0)
     parser.add_argument("--max-queued-packets", type=int, default=1000)

@@ -53,13 +53,14 @@ class NodeStatusState(TypedDict):
 
 
 class DelayerState(TypedDict):
-    """A `packet_delay.Delayer`: the record of a node's user-space packet delayer (its own file,
-    ``NAME-nK.delayer.json`` beside the state file, so a fault added from one process is found by
-    a heal or a `down` in another)."""
+    """A `packet_delay.Delayer`: one user-space packet delayer of a node's link. A record
+    (``NAME-nK.PURPOSE.delayers.json`` beside the state file, its own file so a fault added from one
+    process is found by a heal or a `down` in another) holds a list of them."""
 
     pid: int
     namespace: str
     interface: str
     queue_num: int
+    source: str | None
     delay_ms: float
     jitter_ms: float

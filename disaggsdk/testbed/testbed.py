@@ -5,9 +5,9 @@ The layout: a switch namespace holding a bridge; per node a network namespace jo
 by a veth shaped by `link.shape_link`, and an anchor process (`node.start_anchor`). Nothing is
 created in the host's network namespace: every interface is made inside a namespace of the testbed
 (``ip -n NS link add ... peer ... netns SW``) and every address is assigned there. Everything
-created is recorded in ``/run/disaggsdk-testbed/NAME.json`` as it is made (a node's packet delayer,
-`packet_delay`, in ``NAME-nK.delayer.json`` beside it); `down` removes what the files name and
-every namespace with the testbed's prefix, so it also clears a half-built testbed.
+created is recorded in ``/run/disaggsdk-testbed/NAME.json`` as it is made (the packet delayers of
+`packet_delay` in ``NAME-nK.PURPOSE.delayers.json`` beside it); `down` removes what the files name
+and every namespace with the testbed's prefix, so it also clears a half-built testbed.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from disaggsdk.testbed.naming import (
     switch_port,
 )
 from disaggsdk.testbed.node import LinkCounters, Node, start_anchor, stop_anchor, wait_gone
-from disaggsdk.testbed.packet_delay import records_of, stop_delayer
+from disaggsdk.testbed.packet_delay import records_of, stop_delayers
 from disaggsdk.testbed.ray_cluster import RayOptions, start_ray, stop_ray
 from disaggsdk.testbed.state import NodeStatusState, StateFile
 from disaggsdk.testbed.tools import require_tools, run_tool, try_tool
@@ -261,7 +261,7 @@ def down(name: str = DEFAULT_NAME, state_dir: Path = STATE_DIR) -> bool:
     if recorded is not None and recorded.ray_address is not None:
         stop_ray(nodes)
     for record in records_of(state_dir, name):
-        stop_delayer(record, remove_rules=False)  # its rules go with its namespace below
+        stop_delayers(record, remove_rules=False)  # their rules go with the namespaces below
     for node in nodes:
         stop_anchor(node)
     namespaces = _namespaces(name)

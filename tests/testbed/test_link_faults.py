@@ -275,8 +275,8 @@ def _nft_tables(namespace: str) -> list[str]:
 
 def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_intact(testbed):
     """50 ms of jitter on node 1's link: node 1's echoes come back 0-100 ms late, each by its own
-    draw (netem where the kernel has it, the user-space delayer elsewhere); a 4 MiB stream whose
-    acks are delayed and reordered so still lands whole; the heal leaves no trace."""
+    draw (netem where the kernel has it, the user-space delayer on node 0's ingress elsewhere); a
+    4 MiB stream whose acks are delayed and reordered so still lands whole; the heal leaves no trace."""
     tb = testbed(nodes=2)
     n0, n1 = tb.nodes
     by_netem = netem_available(tb.switch_namespace)
@@ -284,8 +284,8 @@ def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_in
         with pytest.raises(NetemUnavailable, match="apt-get install iptables"):
             add_jitter(tb, 1, 50)
         pytest.skip("no sch_netem and no iptables for the user-space delayer: apt-get install iptables")
-    record = packet_delay.record_path(tb.state_file.parent, n1.name)
-    tables_before = _nft_tables(n1.namespace) if nftables_available() else []
+    record = link_faults.jitter_record(tb, 1)
+    tables_before = _nft_tables(n0.namespace) if nftables_available() else []
     unjittered = _round_trips_ms(n0, n1)
     add_jitter(tb, 1, 50)
     if by_netem:
@@ -293,10 +293,13 @@ def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_in
                                capture_output=True, text=True, check=True).stdout
         assert "delay 50ms  50ms" in shown or "delay 50ms 50ms" in shown, shown
     else:
-        delayer = packet_delay.read_delayer(record)
-        assert delayer is not None and packet_delay.delayer_runs(delayer)
-        assert (delayer.delay_ms, delayer.jitter_ms) == (50, 50)
-        assert len(packet_delay.delayer_rules(n1.namespace)) == 1
+        [delayer] = packet_delay.read_delayers(record)  # on node 0's ingress, for node 1's packets
+        assert (delayer.namespace, delayer.source, delayer.delay_ms, delayer.jitter_ms) == \
+            (n0.namespace, n1.address, 50, 50)
+        assert packet_delay.delayer_runs(delayer)
+        [rule] = packet_delay.delayer_rules(n0.namespace)
+        assert f"-s {n1.address}/32 -i {n0.interface}" in rule and "NFQUEUE" in rule, rule
+        assert packet_delay.delayer_rules(n1.namespace) == []
     jittered = _round_trips_ms(n0, n1)
     with _Receiver(n1) as receiver:  # node 1's acks come late and out of order; every byte still lands
         started = time.monotonic()
@@ -307,9 +310,9 @@ def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_in
             unjittered_ms=[min(unjittered), statistics.median(unjittered), max(unjittered)],
             jittered_ms=[min(jittered), statistics.median(jittered), max(jittered)],
             stream_4mib_s=stream_s)
-    # each echo waits uniform(0, 100) ms at node 1: of 50, some wait little and some long (the odds
-    # of none under 30 ms, or of a spread under 40 ms, are below 1e-7); the bounds leave the loaded
-    # VM's own delays plenty of room
+    # each echo waits uniform(0, 100) ms: of 50, some wait little and some long (the odds of none
+    # under 30 ms, or of a spread under 40 ms, are below 1e-7); the bounds leave the loaded VM's
+    # own delays plenty of room
     assert statistics.median(unjittered) < 20, unjittered
     assert min(jittered) < 30 and max(jittered) - min(jittered) > 40, jittered
     assert statistics.median(jittered) > statistics.median(unjittered) + 15, (unjittered, jittered)
@@ -317,33 +320,34 @@ def test_jitter_of_50ms_varies_the_delay_each_packet_meets_and_a_stream_lands_in
     assert [kind for kind, _ in _qdisc_kinds(n1.namespace, n1.interface)] == ["tbf"]
     if not by_netem:
         assert not packet_delay.delayer_runs(delayer) and not record.exists()
-        assert packet_delay.delayer_rules(n1.namespace) == []
+        assert packet_delay.delayer_rules(n0.namespace) == []
     if nftables_available():
-        assert _nft_tables(n1.namespace) == tables_before  # iptables-nft's emptied table is gone too
+        assert _nft_tables(n0.namespace) == tables_before  # iptables-nft's emptied table is gone too
     assert statistics.median(_round_trips_ms(n0, n1)) < 20
 
 
-def test_jitter_again_replaces_the_delayer_and_down_stops_it(testbed):
-    """Without sch_netem: a second add_jitter stops the first delayer and starts one with the new
-    jitter (one rule); `down` stops the delayer and removes its record; a heal without jitter is a no-op."""
-    tb = testbed(nodes=2)
+def test_jitter_again_replaces_the_delayers_and_down_stops_them(testbed):
+    """Without sch_netem, on three nodes: node 2's jitter is held on the ingress of nodes 0 and 1; a
+    second add_jitter stops those delayers and starts ones with the new jitter (one rule each);
+    `down` stops them and removes the record; a heal without jitter is a no-op."""
+    tb = testbed(nodes=3)
     if netem_available(tb.switch_namespace):
         pytest.skip("this kernel has sch_netem, which adds the jitter (the test above covers it)")
     if not packet_delay.iptables_available():
         pytest.skip("no iptables for the user-space delayer: apt-get install iptables")
-    n1 = tb.node(1)
-    record = packet_delay.record_path(tb.state_file.parent, n1.name)
-    heal_link(tb, 1)  # nothing to heal: no record, no iptables call
-    add_jitter(tb, 1, 50)
-    first = packet_delay.read_delayer(record)
-    add_jitter(tb, 1, 20)
-    second = packet_delay.read_delayer(record)
-    assert first is not None and second is not None and first.pid != second.pid
-    assert not packet_delay.delayer_runs(first) and packet_delay.delayer_runs(second)
-    assert (second.delay_ms, second.jitter_ms) == (20, 20)
-    assert len(packet_delay.delayer_rules(n1.namespace)) == 1
+    record = link_faults.jitter_record(tb, 2)
+    heal_link(tb, 2)  # nothing to heal: no record, no iptables call
+    add_jitter(tb, 2, 50)
+    first = packet_delay.read_delayers(record)
+    add_jitter(tb, 2, 20)
+    second = packet_delay.read_delayers(record)
+    assert [d.namespace for d in first] == [d.namespace for d in second] == [tb.node(0).namespace,
+                                                                             tb.node(1).namespace]
+    assert not any(packet_delay.delayer_runs(d) for d in first)
+    assert all(packet_delay.delayer_runs(d) and (d.delay_ms, d.jitter_ms) == (20, 20) for d in second)
+    assert [len(packet_delay.delayer_rules(node.namespace)) for node in tb.nodes] == [1, 1, 0]
     assert down(tb.name, tb.state_file.parent) is True
-    assert not packet_delay.delayer_runs(second) and not record.exists()
+    assert not any(packet_delay.delayer_runs(d) for d in second) and not record.exists()
     assert not packet_delay.records_of(tb.state_file.parent, tb.name)
 
 

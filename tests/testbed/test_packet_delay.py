@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from disaggsdk.testbed import TestbedError, add_jitter, netem_available, packet_delay
-from disaggsdk.testbed.packet_delay import DELAY_QUEUE_NUM, READY_LINE, _attribute, _packet_ids, run_delayer
+from disaggsdk.testbed import TestbedError, add_jitter, link_faults, netem_available, packet_delay
+from disaggsdk.testbed.link_faults import JITTER_QUEUE_BASE
+from disaggsdk.testbed.packet_delay import READY_LINE, _attribute, _packet_ids, run_delayer
 from tests.testbed.conftest import pids_in_netns
 
 STOP_BOUND_S = 10.0  # a loop still running this long after its stop hangs
@@ -130,7 +131,7 @@ def test_a_stop_releases_every_packet_still_held_at_once():
 def _packet_message(packet_id: int, extra_attribute: bytes = b"") -> bytes:
     # nfnetlink_queue's NFQNL_MSG_PACKET as the kernel sends it with NFQNL_COPY_META: nlmsghdr,
     # nfgenmsg, NFQA_PACKET_HDR (id, hw protocol, hook: 7 bytes, padded), further attributes
-    body = struct.pack("!BBH", 2, 0, DELAY_QUEUE_NUM) + extra_attribute + \
+    body = struct.pack("!BBH", 2, 0, 39) + extra_attribute + \
         _attribute(1, struct.pack("!IHB", packet_id, 0x0800, 4))
     return struct.pack("=IHHII", 16 + len(body), 3 << 8, 0, 0, 0) + body
 
@@ -157,19 +158,19 @@ def test_a_delayer_that_cannot_bind_leaves_no_rule_record_or_process(testbed):
         pytest.skip("this kernel has sch_netem, which adds the jitter")
     if not packet_delay.iptables_available():
         pytest.skip("no iptables for the user-space delayer: apt-get install iptables")
-    n1 = tb.node(1)
-    squatter = subprocess.Popen(["ip", "netns", "exec", n1.namespace, sys.executable, "-c",
-                                 packet_delay._RUN_MAIN, "--delay-ms", "1"],
+    n0 = tb.node(0)  # node 1's jitter is held on node 0's ingress, in queue JITTER_QUEUE_BASE + 1
+    queue_num = JITTER_QUEUE_BASE + 1
+    squatter = subprocess.Popen(["ip", "netns", "exec", n0.namespace, sys.executable, "-c", packet_delay._RUN_MAIN,
+                                 "--queue-num", str(queue_num), "--delay-ms", "1"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == READY_LINE
-        with pytest.raises(TestbedError, match=r"(?s)did not start.*NFQUEUE 39: Operation not permitted"):
+        with pytest.raises(TestbedError, match=rf"(?s)did not start.*NFQUEUE {queue_num}: Operation not permitted"):
             add_jitter(tb, 1, 50)
-        record = packet_delay.record_path(tb.state_file.parent, n1.name)
-        assert not record.exists()
-        assert packet_delay.delayer_rules(n1.namespace) == []
+        assert not link_faults.jitter_record(tb, 1).exists()
+        assert packet_delay.delayer_rules(n0.namespace) == []
         assert squatter.poll() is None  # another's delayer, not recorded: left alone
-        assert [pid for pid in pids_in_netns(n1.namespace) if pid != squatter.pid and _is_delayer(pid)] == []
+        assert [pid for pid in pids_in_netns(n0.namespace) if pid != squatter.pid and _is_delayer(pid)] == []
     finally:
         squatter.terminate()
         squatter.wait(10)
