@@ -98,7 +98,7 @@ async def run_load(
 async def run_conversations(
     url: str, model: str, conversations: Sequence[Sequence[BenchRequest]], shape: LoadShape,
     api_key: str | None = None, options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None,
 ) -> tuple[list[StreamTimeline], float]:
     """Start ``conversations`` with the arrival process ``shape``; each sends its turns in order.
 
@@ -109,7 +109,9 @@ async def run_conversations(
     once alone before the timed load (it fails fast on wrong settings, and both tools then start on
     a server that has answered once; for a multi-turn load it also puts the shared system prompt in
     the server's cache, as a running chat service has it); then ``shape.num_warmups`` copies of it,
-    at most ``max_concurrency`` at a time. ``on_start`` is called when the timed load begins.
+    at most ``max_concurrency`` at a time. ``warmup``, when given, is sent for the test and the warm-ups
+    instead of the first request, so that no measured prompt is in the server's prefix cache before it
+    is measured. ``on_start`` is called when the timed load begins.
 
     Returns:
         (timelines conversation by conversation, turns in order; duration in seconds from the
@@ -137,11 +139,12 @@ async def run_conversations(
                 timelines.append(await one(req))  # returns once the response has ended
             return timelines
 
-        test = await one(conversations[0][0], timed=False) if shape.initial_test else None
+        first = warmup or conversations[0][0]
+        test = await one(first, timed=False) if shape.initial_test else None
         if test is not None and not test.ok:
             raise BenchError(f"the initial test request failed against {url} ({test.error}); "
                              f"check the model, endpoint and lengths")
-        await asyncio.gather(*(one(conversations[0][0], timed=False) for _ in range(shape.num_warmups)))
+        await asyncio.gather(*(one(first, timed=False) for _ in range(shape.num_warmups)))
         if on_start is not None:
             on_start()
         start = time.perf_counter()
@@ -173,7 +176,7 @@ def bench(
     api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
     percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
     percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None,
 ) -> dict[str, Any]:
     """Run a benchmark against ``url`` and return vLLM ``bench serve`` style results.
 
@@ -196,6 +199,7 @@ def bench(
         tokenizer_id: recorded as ``tokenizer_id`` (the tokenizer the prompts were made with).
         on_start: called (on the benchmark's thread) when the timed load begins, after the
             untimed initial test request and warm-ups.
+        warmup: the request the initial test and warm-ups send (None: the first of ``requests``).
     Returns:
         vLLM's result keys (`serve_result`) plus the run's settings, ``failed``, ``send_times_s``
         and ``client_cpu_s``, the CPU time of this process during the load: the client's alone when
@@ -216,7 +220,7 @@ def bench(
     def work() -> None:
         try:
             box["out"] = asyncio.run(
-                run_conversations(url, model, conversations, shape, api_key, options, on_done, on_start))
+                run_conversations(url, model, conversations, shape, api_key, options, on_done, on_start, warmup))
         except BaseException as exc:  # noqa: BLE001 - whatever ended the load is re-raised in the caller's thread
             box["exc"] = exc
 

@@ -10,15 +10,16 @@ for the OpenAI backends. This module also turns the parsed options into what
 from __future__ import annotations
 
 import argparse
-import math
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from disaggsdk.bench.goodput_sweep import DEFAULT_SEARCH_STEPS, DEFAULT_TARGET
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS
 
 if TYPE_CHECKING:
+    from disaggsdk.bench.goodput_sweep import RateSweep
     from disaggsdk.bench.multi_turn import MultiTurnShape
     from disaggsdk.bench.serve_bench import LoadShape
 
@@ -47,8 +48,16 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("load")
     g.add_argument("--num-prompts", type=int, default=50,
                    help="requests to send (multi-turn: conversations, each of --multi-turn-turns requests)")
-    g.add_argument("--request-rate", "--qps", dest="request_rate", type=float, default=math.inf,
-                   help="mean arrival rate in requests/s (Poisson); inf: all at once")
+    g.add_argument("--request-rate", "--qps", dest="request_rate", default="inf", metavar="RATE|R,R,...|search",
+                   help="mean arrival rate in requests/s (Poisson); inf: all at once. bench only: a list (0.5,1,2) "
+                        "sweeps the rates, `search` bisects for the highest rate meeting the SLOs; each reports "
+                        "the goodput rate (needs --goodput)")
+    g.add_argument("--goodput-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
+                   help=f"a sweep's goodput rate is the highest at which this share of requests met every SLO "
+                        f"(default {DEFAULT_TARGET})")
+    g.add_argument("--search-steps", type=int, default=DEFAULT_SEARCH_STEPS,
+                   help=f"bisections of --request-rate search (default {DEFAULT_SEARCH_STEPS}), after one run at "
+                        f"rate inf that measures the most the server completes per second")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
     g.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     g.add_argument("--num-warmups", type=int, default=0,
@@ -159,16 +168,51 @@ def multi_turn_shape(args: argparse.Namespace) -> MultiTurnShape:
     return MultiTurnShape(args.multi_turn_turns, args.multi_turn_system_len, user_len, output_len)
 
 
-def load_shape(args: argparse.Namespace) -> LoadShape:
+def load_shape(args: argparse.Namespace, rate: float | None = None, seed: int | None = None) -> LoadShape:
     """The arrival process of the load options, with vLLM's untimed test request first.
 
+    Args:
+        rate, seed: one run of a sweep's (default: the one ``--request-rate``, ``--seed``).
     Raises:
         BenchError: a rate, burstiness, concurrency, warm-up count or think time out of range.
+        BenchArgsError: no ``rate`` given and ``--request-rate`` asks for a sweep.
     """
     from disaggsdk.bench.serve_bench import LoadShape
 
-    return LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed, args.num_warmups,
-                     initial_test=True, think_time_s=args.multi_turn_think_s)
+    if rate is None:
+        rates = request_rates(args)
+        if rates is None or len(rates) > 1:
+            raise BenchArgsError(f"--request-rate {args.request_rate} sweeps rates: `disaggsdk bench` runs sweeps; "
+                                 "give one rate here")
+        rate = rates[0]
+    return LoadShape(rate, args.burstiness, args.max_concurrency, args.seed if seed is None else seed,
+                     args.num_warmups, initial_test=True, think_time_s=args.multi_turn_think_s)
+
+
+def request_rates(args: argparse.Namespace) -> tuple[float, ...] | None:
+    """``--request-rate`` as rates (one, or a list to sweep), or None to search.
+
+    Raises:
+        SweepError: a value that is neither.
+    """
+    from disaggsdk.bench.goodput_sweep import parse_request_rates
+
+    return parse_request_rates(str(args.request_rate))
+
+
+def rate_sweep(args: argparse.Namespace) -> RateSweep | None:
+    """The goodput sweep ``--request-rate`` asks for (a list or ``search``), or None for one rate.
+
+    Raises:
+        SweepError: bad rates, target or steps.
+    """
+    from disaggsdk.bench.goodput_sweep import RateSweep
+
+    rates = request_rates(args)
+    if rates is not None and len(rates) == 1:
+        return None
+    return RateSweep(tuple(sorted(rates)) if rates is not None else (), args.goodput_target, args.search_steps,
+                     getattr(args, "repeat", 1))
 
 
 def slos_ms(args: argparse.Namespace) -> dict[str, float]:
@@ -222,7 +266,7 @@ def result_paths(args: argparse.Namespace, result: dict[str, Any]) -> list[Path]
     paths = [Path(args.output)] if args.output else []
     if args.save_result or args.result_dir or args.result_filename:
         name = args.result_filename or result_filename(
-            result["backend"], args.request_rate, args.max_concurrency, result["model_id"],
+            result["backend"], float(result["request_rate"]), args.max_concurrency, result["model_id"],
             result.get("date") or datetime.now().strftime("%Y%m%d-%H%M%S"))
         paths.append(Path(args.result_dir or ".") / name)
     return paths

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from disaggsdk.bench.goodput_sweep import RateSweep, goodput_line
+from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 from disaggsdk.cli.runtime_options import add_runtime_options
@@ -26,7 +30,6 @@ from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
-    from disaggsdk.bench.multi_turn import MultiTurnWorkload
     from disaggsdk.engine.tokenizer import Tokenizer
     from disaggsdk.face.deployment import Deployment
 
@@ -37,8 +40,9 @@ RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `bench`."""
-    parser.add_argument("target", nargs="?", default=None,
-                        help="server URL (http://host:port) or a spec file to launch (or --base-url)")
+    parser.add_argument("targets", nargs="*", default=[], metavar="TARGET",
+                        help="server URL (http://host:port) or a spec file to launch (or --base-url); several are "
+                             "loaded one after the other with the same prompts and reported side by side")
     parser.add_argument("--base-url", default=None, metavar="URL", help="the server, as vLLM spells it")
     parser.add_argument("--model", default=None, help="model to ask for (default: the server's first)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -116,8 +120,14 @@ def _tokenizer(model: str | None) -> Tokenizer:
 
 
 def run_load(args: argparse.Namespace, console: Console, url: str, model: str | None, api_key: str | None,
-             deployment: Deployment | None = None, title: str = "benchmark") -> dict[str, Any]:
-    """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table)."""
+             deployment: Deployment | None = None, title: str = "benchmark", rate: float | None = None,
+             seed: int | None = None) -> dict[str, Any]:
+    """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table).
+
+    Args:
+        rate, seed: one run of a goodput sweep: its rate, and the seed of its own prompts (the test
+            request is then drawn from ``--seed``, so no measured prompt was sent before it is measured).
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from disaggsdk.bench.serve_bench import bench, conversations_of, served_model
@@ -128,8 +138,14 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     slos_ms, percentiles = bench_args.slos_ms(args), bench_args.percentiles(args)
     percentile_metrics = bench_args.percentile_metrics(args)
     model = model or served_model(url, api_key)
-    requests = load_requests(args, model, options.chat)
-    shape = bench_args.load_shape(args)
+    requests = load_requests(args if seed is None else argparse.Namespace(**{**vars(args), "seed": seed}), model,
+                             options.chat)
+    warmup: BenchRequest | None = None
+    if seed is not None and not isinstance(requests, MultiTurnWorkload):
+        # (a multi-turn load's test request puts the shared system prompt in the cache on purpose)
+        drawn = load_requests(argparse.Namespace(**{**vars(args), "num_prompts": 1}), model, options.chat)
+        warmup = drawn[0] if not isinstance(drawn, MultiTurnWorkload) else None
+    shape = bench_args.load_shape(args, rate, seed)
     progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console)
     task = progress.add_task("requests", total=sum(map(len, conversations_of(requests))))
@@ -149,7 +165,8 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     with LiveView(render, console):
         result = bench(url, requests, shape, model, api_key, slos_ms, on_done=lambda _: progress.advance(task),
                        percentiles=percentiles, options=options, percentile_metrics=percentile_metrics,
-                       tokenizer_id=args.tokenizer or model, on_start=load_started)
+                       tokenizer_id=args.tokenizer or model, on_start=load_started,
+                       warmup=warmup)
     phases = deployment.ttft_phases(started_s[0]) if deployment is not None else None
     if phases and phases["requests"]:
         # the rest of the client's TTFT: HTTP, the server's text streaming, the client's parsing
@@ -200,63 +217,149 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
         make_console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
 
 
-def _target(args: argparse.Namespace) -> str:
-    if args.target and args.base_url and args.target.rstrip("/") != args.base_url.rstrip("/"):
-        raise BenchArgsError(f"two targets: {args.target} and --base-url {args.base_url}; give one")
-    target = args.target or args.base_url
-    if not target:
+def _targets(args: argparse.Namespace) -> list[str]:
+    targets = list(args.targets)
+    if args.base_url:
+        if not args.base_url.startswith(("http://", "https://")):
+            raise BenchArgsError(f"--base-url {args.base_url}: expected http://host:port")
+        if args.base_url.rstrip("/") not in [t.rstrip("/") for t in targets]:
+            targets.append(args.base_url)
+    if not targets:
         raise BenchArgsError("give a server URL or a SPEC to launch (or --base-url URL)")
-    if args.base_url and not args.base_url.startswith(("http://", "https://")):
-        raise BenchArgsError(f"--base-url {args.base_url}: expected http://host:port")
-    return target
+    if len(set(targets)) < len(targets):
+        raise BenchArgsError(f"a target is given twice: {' '.join(targets)}")
+    return targets
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    """Raise BenchArgsError (or BenchError, DatasetError) for options that cannot work, before anything starts."""
+def _is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def _check_options(args: argparse.Namespace, targets: list[str]) -> None:
+    """Raise BenchArgsError (or BenchError, DatasetError, SweepError) for options that cannot work,
+    before anything starts."""
     bench_args.endpoint(args)
     if bench_args.dataset_name(args) == "multi-turn":
         bench_args.multi_turn_shape(args)
-    bench_args.load_shape(args)
-    bench_args.slos_ms(args)
-    if args.repeat > 1 and (99 not in bench_args.percentiles(args) or "itl" not in bench_args.percentile_metrics(args)):
+    sweep = bench_args.rate_sweep(args)
+    rates = bench_args.request_rates(args)
+    bench_args.load_shape(args, rates[0] if rates else 1.0)
+    slos = bench_args.slos_ms(args)
+    if sweep is not None and not slos:
+        raise BenchArgsError(f"--request-rate {args.request_rate} sweeps for the goodput rate: give the SLOs it "
+                             f"must meet, e.g. --goodput ttft:2000 tpot:100 (ms)")
+    if args.repeat < 1:
+        raise BenchArgsError(f"--repeat must be >= 1, got {args.repeat}")
+    if sweep is None and args.repeat > 1 and (99 not in bench_args.percentiles(args)
+                                              or "itl" not in bench_args.percentile_metrics(args)):
         raise BenchArgsError(f"--repeat picks the run by {REPEAT_KEY}: keep 99 in --metric-percentiles and itl in "
                              f"--percentile-metrics")
     bench_args.percentiles(args)
     bench_args.percentile_metrics(args)
+    if any(_is_url(t) for t in targets) and (args.tiny or args.colocated or args.compare) \
+            and all(_is_url(t) for t in targets):
+        raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")
+
+
+def _spec_args(args: argparse.Namespace, spec_path: str) -> argparse.Namespace:
+    """``args`` as `launch_cmd.launch_spec` reads them for one spec target."""
+    return argparse.Namespace(**{**vars(args), "target": spec_path})
+
+
+def _sweep(args: argparse.Namespace, console: Console, sweep: RateSweep, name: str, url: str, model: str | None,
+           api_key: str | None, deployment: Deployment | None = None) -> dict[str, Any]:
+    """Every run of ``sweep`` against one server; its goodput document (`goodput_sweep.run_sweep`)."""
+    from disaggsdk.bench.goodput_sweep import run_sweep
+    from disaggsdk.report.host_cpu import host_cpu
+
+    def run_at(rate: float, seed: int) -> dict[str, Any]:
+        label = "inf" if math.isinf(rate) else f"{rate:.3g}"
+        return run_load(args, console, url, model, api_key, deployment, f"{name} @ {label} req/s", rate, seed)
+
+    doc = run_sweep(run_at, sweep, bench_args.slos_ms(args), args.seed)
+    console.print(goodput_line(name, doc))
+    return doc | {"target": name, "cpu": host_cpu().as_json()}
+
+
+def _report_sweeps(args: argparse.Namespace, console: Console, docs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Each sweep's runs as a table, the goodput rates side by side, and the JSON where asked."""
+    from rich.table import Table
+
+    doc: Any = docs[0][1] if len(docs) == 1 else {name: d for name, d in docs}
+    out = make_console(stderr=True) if args.json else console
+    for name, d in docs:
+        table = Table(title=f"{name}: SLO attainment by rate ({', '.join(f'{k} {v:g} ms' for k, v in d['slos_ms'].items())})")
+        for col in ("round", "rate req/s", "attainment", "goodput req/s", "done req/s", "p99 TTFT ms",
+                    "median TPOT ms"):
+            table.add_column(col, justify="right")
+        for row in d["sweep"]:
+            table.add_row(str(row["round"] + 1), str(row["request_rate"]), f"{row['slo_attainment']:.0%}",
+                          f"{row['request_goodput']:.2f}", f"{row['request_throughput']:.2f}",
+                          f"{row['p99_ttft_ms']:.0f}" if row.get("p99_ttft_ms") is not None else "-",
+                          f"{row['median_tpot_ms']:.1f}" if row.get("median_tpot_ms") is not None else "-")
+        out.print(table)
+    for name, d in docs:
+        out.print(goodput_line(name, d))
+    if len(docs) == 2 and docs[1][1]["goodput_request_rate"] > 0:
+        (name_a, a), (name_b, b) = docs
+        out.print(f"goodput {name_a} / {name_b}: {a['goodput_request_rate'] / b['goodput_request_rate']:.2f}")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+        out.print(f"results written to {args.output}")
+    if args.json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Benchmark a URL, or launch a spec (once, or twice with --compare), load it and tear it down.
+    """Benchmark URLs and specs (each spec launched once, or twice with --compare, loaded and torn
+    down), one after the other; with a list of rates or ``search``, sweep each for its goodput rate.
 
     Returns:
         0 on success.
     Raises:
         DisaggError: bad options, an unreachable server, or a spec that cannot be launched.
     """
-    target = _target(args)
-    _check_options(args)  # before a spec's minute of start-up
-    console = make_console(stderr=args.json)
-    if target.startswith(("http://", "https://")):
-        if args.tiny or args.colocated or args.compare:
-            raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")
-        result = run_load(args, console, target.rstrip("/"), args.model, args.api_key)
-        report(args, console, [(target, result)])
-        return 0
     from disaggsdk.bench.serve_bench import median_run
     from disaggsdk.cli.launch_cmd import launch_spec
 
-    if args.repeat < 1:
-        raise BenchArgsError(f"--repeat must be >= 1, got {args.repeat}")
+    targets = _targets(args)
+    _check_options(args, targets)  # before a spec's minute of start-up
+    sweep = bench_args.rate_sweep(args)
+    console = make_console(stderr=args.json)
     layouts = [False, True] if args.compare else [args.colocated]
     runs: dict[str, list[dict[str, Any]]] = {}
-    for i in range(args.repeat):  # layouts alternate, so a noisy minute hurts both alike
-        for colocated in layouts:
-            name = "colocated" if colocated else "disaggregated"
-            title = f"{name} {i + 1}/{args.repeat}" if args.repeat > 1 else name
-            with launch_spec(args, console, colocated=colocated, port=0, pin=args.compare) as d:
-                runs.setdefault(name, []).append(run_load(args, console, d.url, d.model_name, d.api_key, d, title))
-    results = [(name, median_run(rs, REPEAT_KEY)) for name, rs in runs.items()]
-    if args.repeat > 1:
+    sweeps: list[tuple[str, dict[str, Any]]] = []
+    # a sweep runs every round on one launch; plain runs alternate layouts across --repeat launches,
+    # so a noisy minute hurts both alike
+    repeats = 1 if sweep is not None else args.repeat
+    for i in range(repeats):
+        for target in targets:
+            if _is_url(target):
+                url = target.rstrip("/")
+                if sweep is not None:
+                    sweeps.append((url, _sweep(args, console, sweep, url, url, args.model, args.api_key)))
+                else:
+                    title = f"{url} {i + 1}/{repeats}" if repeats > 1 else url
+                    runs.setdefault(url, []).append(run_load(args, console, url, args.model, args.api_key,
+                                                             title=title))
+                continue
+            for colocated in layouts:
+                name = ("colocated" if colocated else "disaggregated") + (f" {target}" if len(targets) > 1 else "")
+                title = f"{name} {i + 1}/{repeats}" if repeats > 1 else name
+                with launch_spec(_spec_args(args, target), console, colocated=colocated, port=0,
+                                 pin=args.compare) as d:
+                    if sweep is not None:
+                        sweeps.append((name, _sweep(args, console, sweep, name, d.url, d.model_name, d.api_key, d)))
+                    else:
+                        runs.setdefault(name, []).append(run_load(args, console, d.url, d.model_name, d.api_key, d,
+                                                                  title))
+    if sweep is not None:
+        _report_sweeps(args, console, sweeps)
+        return 0
+    results = [(name, median_run(rs, REPEAT_KEY) if len(rs) > 1 else rs[0]) for name, rs in runs.items()]
+    if repeats > 1:
         for name, rs in runs.items():
             values = ", ".join(f"{r[REPEAT_KEY]:.1f}" for r in rs)
             console.print(f"{name}: {REPEAT_KEY} of each run: {values}; reporting the median run")

@@ -123,7 +123,7 @@ def summarize(
         duration_s: wall time of the run (first send to last token).
         percentiles: which percentiles to report (``p99_ttft_ms``...).
         slos_ms: SLOs for goodput, e.g. ``{"ttft": 500, "tpot": 50}``; goodput is the rate of
-            requests meeting all of them.
+            requests meeting all of them, ``slo_attainment`` their share of the requests sent.
     Returns:
         a flat dict of numbers.
     Raises:
@@ -151,7 +151,9 @@ def summarize(
         "total_token_throughput": (input_tokens + output_tokens) / duration_s,
     }
     if slos_ms:
-        result["request_goodput"] = sum(is_good(t, slos_ms) for t in done) / duration_s
+        good = sum(is_good(t, slos_ms) for t in done)
+        result["request_goodput"] = good / duration_s
+        result["slo_attainment"] = good / len(timelines) if timelines else 0.0  # a failed request met none
     result |= metric_stats("ttft", [t.ttft_ms for t in done], percentiles)
     result |= metric_stats("tpot", tpots, percentiles)
     result |= metric_stats("itl", [x for t in done for x in t.itls_ms], percentiles)

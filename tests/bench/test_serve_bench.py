@@ -162,6 +162,58 @@ def test_bench_command_takes_vllm_spellings_and_saves_vllm_named_results(server,
     assert r["backend"] == "openai-chat" and r["completed"] == 2 and r["output_lens"] == [3, 3]
 
 
+SWEEP_LOAD = ("--num-prompts", "4", "--input-len", "16", "--output-len", "4", "--api-key", "k", "--json")
+
+
+def test_bench_sweeps_a_list_of_rates_for_the_goodput_rate_in_rounds(server, run_cli):
+    p = run_cli("bench", server.url, "--request-rate", "40,20", "--goodput", "ttft:100000", "--repeat", "2",
+                *SWEEP_LOAD)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["rates"] == [20.0, 40.0] and doc["slos_ms"] == {"ttft": 100000.0}
+    assert [(row["round"], row["request_rate"]) for row in doc["sweep"]] == [(0, 20.0), (0, 40.0), (1, 20.0), (1, 40.0)]
+    assert all(row["slo_attainment"] == 1.0 and row["completed"] == 4 for row in doc["sweep"])
+    assert doc["goodput_request_rate"] == 40.0 and doc["goodput_rounds"] == [40.0, 40.0]
+    assert doc["cpu"]["model_name"] and doc["target"] == server.url
+    assert "goodput 40.00 req/s" in p.stderr  # the person's line, with the table, on stderr under --json
+
+
+def test_bench_searches_for_the_goodput_rate_from_the_flat_out_run(server, run_cli):
+    p = run_cli("bench", server.url, "--request-rate", "search", "--search-steps", "2", "--goodput",
+                "ttft:0.001", *SWEEP_LOAD)  # no request answers within a microsecond: every rate misses
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    flat_out = doc["sweep"][0]
+    assert flat_out["request_rate"] == "inf" and flat_out["slo_attainment"] == 0.0
+    half = flat_out["request_throughput"] / 2
+    assert [row["request_rate"] for row in doc["sweep"][1:]] == [pytest.approx(half), pytest.approx(half / 2)]
+    assert doc["goodput_request_rate"] == 0.0
+    p = run_cli("bench", server.url, "--request-rate", "search", "--goodput", "ttft:100000", *SWEEP_LOAD)
+    doc = json.loads(p.stdout)  # met flat out: one run, its throughput is the goodput
+    assert len(doc["sweep"]) == 1 and doc["goodput_request_rate"] == doc["sweep"][0]["request_throughput"]
+
+
+def test_one_bench_command_sweeps_a_spec_and_a_server_and_sets_their_goodput_side_by_side(server, run_cli):
+    p = run_cli("bench", "specs/tiny_pd.yaml", server.url, "--request-rate", "10,20", "--goodput", "ttft:100000",
+                "--no-live", *SWEEP_LOAD)
+    assert p.returncode == 0, p.stderr
+    docs = json.loads(p.stdout)
+    assert list(docs) == ["disaggregated specs/tiny_pd.yaml", server.url]
+    for doc in docs.values():
+        assert [row["request_rate"] for row in doc["sweep"]] == [10.0, 20.0] and doc["goodput_request_rate"] == 20.0
+    assert "goodput disaggregated specs/tiny_pd.yaml / " in p.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--request-rate", "1,2"], "give the SLOs it must meet"),
+    (["--request-rate", "fast"], "--request-rate 'fast'"),
+    (["--request-rate", "search", "--goodput", "ttft:5", "--goodput-target", "2"], "--goodput-target"),
+])
+def test_bench_refuses_a_sweep_that_cannot_run_before_sending(run_cli, argv, message):
+    p = run_cli("bench", "http://127.0.0.1:9", *argv)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--backend", "openai", "--endpoint", "/v1/chat/completions"], "--backend openai sends to"),
     (["--dataset-name", "sharegpt"], "--dataset-path"),

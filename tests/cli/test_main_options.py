@@ -95,8 +95,10 @@ def test_vllm_goodput_and_backend_mean_what_our_slo_and_endpoint_do():
 
 
 def test_aliases_do_not_overwrite_the_defaults():
+    from disaggsdk.cli import bench_args
+
     args = build_parser().parse_args(["bench", "http://h:1"])
-    assert math.isinf(args.request_rate) and args.input_len == 256 and args.dataset_path is None
+    assert bench_args.request_rates(args) == (math.inf,) and args.input_len == 256 and args.dataset_path is None
     assert build_parser().parse_args(["generate"]).output_len == 16
 
 
@@ -115,7 +117,8 @@ def test_help_shows_defaults_and_exit_codes_and_hides_old_spellings(command, run
 
 def test_bench_help_lists_vllm_spellings_with_defaults(run_cli):
     text = " ".join(run_cli("bench", "--help").stdout.split())
-    for flag in ("--request-rate REQUEST_RATE, --qps", "--goodput KEY:MS", "--save-result", "--result-dir",
+    for flag in ("--request-rate RATE|R,R,...|search, --qps", "--goodput KEY:MS", "--goodput-target SHARE",
+                 "--search-steps SEARCH_STEPS", "--save-result", "--result-dir",
                  "--result-filename", "--percentile-metrics", "--metric-percentiles", "--endpoint",
                  "--max-concurrency", "--temperature", "--random-input-len", "--random-output-len",
                  "--random-range-ratio", "--dataset-name", "--dataset-path"):

@@ -1,0 +1,179 @@
+"""Goodput: the highest request rate at which a target share of requests meets every SLO.
+
+The measure DistServe settled on and ``vllm bench serve --goodput`` reports per run: here it is
+swept. A sweep runs the load at several rates, each a fresh set of prompts (a prompt seen at an
+earlier rate would be served from the prefix cache), and reads each run's SLO attainment: the share
+of the requests *sent* that met every SLO (a failed request met none). Two ways to choose the rates:
+
+* a list (``--request-rate 0.5,1,2``): the goodput rate is the highest rate below the first one, in
+  ascending order, whose attainment falls under the target; noise above a failing rate cannot raise it;
+* a search (``--request-rate search``): one run at an infinite rate measures the most the server
+  completes per second, X; if even that run meets the target the goodput is X; otherwise ``steps``
+  bisections of (0, X] keep the highest rate that met it.
+
+Rounds repeat the whole sweep on new prompts. The reported rate is the median of the rounds' rates;
+the lowest and highest of N rounds bracket the true median with probability 1 - 2^(1-N) (75% for 3,
+94% for 5), which is the confidence stated beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from disaggsdk.errors import DisaggError
+
+DEFAULT_TARGET = 0.9  # DistServe's and the field's share of requests that must meet the SLOs
+DEFAULT_SEARCH_STEPS = 5
+SEARCH = "search"
+SEEDS_PER_ROUND = 1000  # round r's k-th run draws its prompts with seed + 1 + r * 1000 + k
+
+# one run of the load at a rate (requests/s; inf: all at once) with prompts drawn from a seed: its
+# result (`serve_bench.bench`'s document, with ``slo_attainment`` and ``request_throughput``)
+RunAt = Callable[[float, int], dict[str, Any]]
+
+# the keys of each run the sweep's rows keep (the runs' whole documents are kept apart)
+ROW_KEYS = ("request_throughput", "request_goodput", "completed", "failed", "median_ttft_ms", "p99_ttft_ms",
+            "median_tpot_ms", "p99_tpot_ms", "p99_itl_ms")
+
+
+class SweepError(DisaggError):
+    """A sweep that cannot run as asked (bad rates, no SLOs, a target outside (0, 1])."""
+
+
+@dataclass(frozen=True)
+class RateSweep:
+    """What to sweep.
+
+    Args:
+        rates: the rates to run, ascending (requests/s); empty: search.
+        target: the share of sent requests that must meet every SLO, in (0, 1].
+        search_steps: bisections of a search.
+        rounds: how many times the whole sweep runs, each on new prompts.
+    """
+
+    rates: tuple[float, ...] = ()
+    target: float = DEFAULT_TARGET
+    search_steps: int = DEFAULT_SEARCH_STEPS
+    rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= 1:
+            raise SweepError(f"--goodput-target {self.target}: a share of requests in (0, 1], e.g. 0.9")
+        if self.search_steps < 1 or self.rounds < 1:
+            raise SweepError(f"--search-steps ({self.search_steps}) and --repeat ({self.rounds}) must be >= 1")
+        if list(self.rates) != sorted(set(self.rates)) or any(not 0 < r < math.inf for r in self.rates):
+            raise SweepError(f"--request-rate {','.join(map(str, self.rates))}: give distinct finite rates > 0, "
+                             "ascending, e.g. 0.5,1,2")
+
+    @property
+    def is_search(self) -> bool:
+        """Whether the rates are searched for rather than given."""
+        return not self.rates
+
+
+def parse_request_rates(text: str) -> tuple[float, ...] | None:
+    """``--request-rate``: one rate (``"2"``, ``"inf"``), a list (``"0.5,1,2"``), or ``"search"`` (None).
+
+    Raises:
+        SweepError: anything else, or a rate that is not positive.
+    """
+    if text.strip().lower() == SEARCH:
+        return None
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        rates = ()
+    if not rates or any(not r > 0 for r in rates):
+        raise SweepError(f"--request-rate {text!r}: give a rate > 0 (requests/s; inf: all at once), a list such as "
+                         f"0.5,1,2 to sweep, or {SEARCH}")
+    return rates
+
+
+def goodput_of(attainment_by_rate: dict[float, float], target: float) -> float:
+    """The highest rate below the first (ascending) whose attainment is under ``target``; 0.0 when
+    the lowest rate already misses it."""
+    best = 0.0
+    for rate in sorted(attainment_by_rate):
+        if attainment_by_rate[rate] < target:
+            break
+        best = rate
+    return best
+
+
+def _row(round_index: int, rate: float, result: dict[str, Any]) -> dict[str, Any]:
+    return {"round": round_index, "request_rate": "inf" if math.isinf(rate) else rate,
+            "slo_attainment": result["slo_attainment"]} | {k: result.get(k) for k in ROW_KEYS}
+
+
+def sweep_round(run_at: RunAt, sweep: RateSweep, seed: int, round_index: int) -> tuple[float, list[dict[str, Any]]]:
+    """One round of ``sweep``: its goodput rate and a row per run (in run order)."""
+    seeds = iter(range(seed + 1 + round_index * SEEDS_PER_ROUND, seed + 1 + (round_index + 1) * SEEDS_PER_ROUND))
+    rows = []
+
+    def attainment_at(rate: float) -> tuple[float, dict[str, Any]]:
+        result = run_at(rate, next(seeds))
+        rows.append(_row(round_index, rate, result))
+        return result["slo_attainment"], result
+
+    if not sweep.is_search:
+        return goodput_of({rate: attainment_at(rate)[0] for rate in sweep.rates}, sweep.target), rows
+    attainment, at_most = attainment_at(math.inf)
+    most_per_s = float(at_most["request_throughput"])
+    if attainment >= sweep.target:  # the server meets the SLOs even flat out: its throughput is the goodput
+        return most_per_s, rows
+    low, high = 0.0, most_per_s
+    for _ in range(sweep.search_steps):
+        rate = (low + high) / 2
+        if attainment_at(rate)[0] >= sweep.target:
+            low = rate
+        else:
+            high = rate
+    return low, rows
+
+
+def run_sweep(run_at: RunAt, sweep: RateSweep, slos_ms: dict[str, float], seed: int = 0) -> dict[str, Any]:
+    """Every round of ``sweep`` through ``run_at``.
+
+    Returns:
+        ``goodput_request_rate`` (the rounds' median), ``goodput_rounds``, ``goodput_range`` (lowest,
+        highest) with ``goodput_range_confidence``, ``slo_attainment_target``, ``slos_ms``, the way the
+        rates were chosen, and ``sweep``: a row per run (round, rate, attainment, throughputs, latencies).
+    Raises:
+        SweepError: no SLOs to attain.
+    """
+    if not slos_ms:
+        raise SweepError("a goodput sweep needs SLOs: --goodput ttft:MS tpot:MS (or --slo ttft=MS,tpot=MS)")
+    rates, rows = [], []
+    for r in range(sweep.rounds):
+        rate, round_rows = sweep_round(run_at, sweep, seed, r)
+        rates.append(rate)
+        rows += round_rows
+    return {
+        "goodput_request_rate": statistics.median(rates),
+        "goodput_rounds": rates,
+        "goodput_range": [min(rates), max(rates)],
+        "goodput_range_confidence": 1 - 2 ** (1 - len(rates)) if len(rates) > 1 else None,
+        "slo_attainment_target": sweep.target,
+        "slos_ms": dict(slos_ms),
+        "rates": f"{SEARCH} ({sweep.search_steps} bisections of (0, the throughput at rate inf])" if sweep.is_search
+        else list(sweep.rates),
+        "sweep": rows,
+    }
+
+
+def goodput_line(name: str, doc: dict[str, Any]) -> str:
+    """One line for a person: the goodput rate, its range over the rounds, the target and the SLOs."""
+    slos = ", ".join(f"{k} {v:g} ms" for k, v in doc["slos_ms"].items())
+    rounds = doc["goodput_rounds"]
+    spread = ""
+    if len(rounds) > 1:
+        low, high = doc["goodput_range"]
+        spread = (f" (rounds {', '.join(f'{r:.2f}' for r in rounds)}: {low:.2f}-{high:.2f} brackets the median "
+                  f"with {doc['goodput_range_confidence']:.0%} confidence)")
+    return (f"{name}: goodput {doc['goodput_request_rate']:.2f} req/s{spread}: the highest rate at which "
+            f"{doc['slo_attainment_target']:.0%} of requests met {slos}")
+
