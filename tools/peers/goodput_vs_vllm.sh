@@ -22,9 +22,21 @@ setsid "$VPY" "$HERE/vllm_cli.py" serve "$W/m" --dtype float32 --max-model-len 2
   --host 127.0.0.1 --port 8394 >"$W/vllm.log" 2>&1 & VL=$!
 trap 'kill -TERM -$VL 2>/dev/null' INT TERM
 if ! wait_up 8394 $VL; then tail -5 "$W/vllm.log"; echo "vllm serve did not come up"; exit 1; fi
-cpu_s() { ps -s $VL -o times= | awk '{s += $1} END {print s + 0}'; }
-before=$(cpu_s); sleep 10; after=$(cpu_s)
-echo "vllm serve idle: $((after - before)) CPU s in 10 s (its whole session)" >&2
+$PY - $VL >&2 <<'PY'
+import os, sys, time
+def cpu_s(session):  # user + system time of every process of the server's session
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+before = cpu_s(int(sys.argv[1])); time.sleep(10); after = cpu_s(int(sys.argv[1]))
+print(f"vllm serve idle: {after - before:.2f} CPU s in 10 s (its whole session)")
+PY
 lscpu | grep "Model name" >&2
 $EXE bench "$W/spec.yaml" http://127.0.0.1:8394 --request-rate "${RATES:-search}" --search-steps "${STEPS:-4}" \
   --goodput ttft:$TTFT tpot:$TPOT --repeat "${ROUNDS:-3}" --input-len $IN --output-len $OUT --num-prompts $N \
