@@ -31,11 +31,12 @@ sysdeps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq iproute2; \
 	fi
-	@# nftables: the testbed's link faults (and a --link loss on a kernel without sch_netem) drop packets with nft
-	@if ! command -v nft >/dev/null 2>&1; then \
-	  echo "installing nftables (Debian)"; \
+	@# nftables, iptables: on a kernel without sch_netem the testbed's link faults drop packets with nft,
+	@# and delay them (jitter) through iptables' NFQUEUE (testbed/packet_delay.py)
+	@if ! command -v nft >/dev/null 2>&1 || ! command -v iptables >/dev/null 2>&1; then \
+	  echo "installing nftables and iptables (Debian)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nftables; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nftables iptables; \
 	fi
 
 $(STAMP): pyproject.toml constraints-cpu.txt setup.py $(wildcard native/*.c native/*.h native/*.py native/cpu_attention/* native/cpu_linear/*)
