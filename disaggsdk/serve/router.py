@@ -161,6 +161,7 @@ class Router:
         self._join.forget(request_id)
         with self._lock:
             self._in_flight[unit].discard(request_id)
+            self._resubmitted.discard(request_id)
             sink = self._sinks.pop(request_id, None)
             self._not_started.pop(request_id, None)
             self._fingerprints.pop(request_id, None)

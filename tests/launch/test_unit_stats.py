@@ -35,7 +35,7 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
                              spec_stats=SpecStats(), runner=SimpleNamespace(tp=TensorParallel()), lockstep=None)
     engine.counters = functools.partial(LLMEngine.counters, engine)  # the engine's own reading of its counters
     messenger = None if totals is None else SimpleNamespace(
-        totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={})
+        totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={}, open_grant_keys=5)
     u = Unit.__new__(Unit)
     u.args, u.conn, u.engine, u.messenger = SimpleNamespace(name=f"{role}-0", role=role), Conn(), engine, messenger
     # which prefill unit computed a request's prompt (the messenger's record, read once per request)
@@ -57,6 +57,7 @@ def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
         assert (c.prefix_cache_queries, c.prefix_cache_hits, c.num_preemptions) == (96, 64, 2)
         assert (c.pages_not_sent, c.bytes_not_sent, c.requests_fully_cached, c.requests_prefilled_short) == (12, 49152, 1, 3)
     assert snapshot.counters.prefix_cache_hit_rate == 64 / 96
+    assert sent.open_grant_keys == snapshot.kv_grant_keys_open == 5  # the grants its messenger holds open now
 
 
 def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
