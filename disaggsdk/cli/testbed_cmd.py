@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--nodes", required=True, metavar="N", help="how many nodes")
     up.add_argument("--link", required=True, metavar="RATE[,DELAY[,LOSS]]",
                     help="each node's link: rate with a bit unit (100mbit, 1gbit), one-way delay (5ms) and "
-                         "loss (1%%) between nodes; a delay needs the kernel's sch_netem, loss takes nftables without it")
+                         "loss (1%%) between nodes; without the kernel's sch_netem a delay takes iptables, a loss nftables")
     up.add_argument("--ray", action="store_true", help="start a Ray node in each node (head in node 0)")
     up.add_argument("--ray-port", default="6379", metavar="PORT", help="the Ray head's port in node 0")
     up.add_argument("--ray-resources", default=None, metavar="JSON",

@@ -8,8 +8,9 @@ only, so a packet from node A to node B meets them once: the one-way delay betwe
 ``delay_ms`` (the round trip twice that) and the loss ``loss_pct``, while each direction still
 crosses two rate limits of the same rate. Delay and loss take ``netem``; a kernel without
 ``sch_netem`` shapes the rate alone, drops the loss with nftables on the node's ingress instead
-(`link_faults.set_link_loss`: also met once between two nodes), and a link that asks for delay is
-a `NetemUnavailable`.
+(`link_faults.set_link_loss`: also met once between two nodes) and holds the delay in the
+user-space packet delayer on the node's ingress (`link_faults.set_link_delay`, `packet_delay`;
+needs iptables, else a link that asks for delay is a `NetemUnavailable`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from disaggsdk.testbed.errors import NetemUnavailable
+from disaggsdk.testbed.packet_delay import iptables_available
 from disaggsdk.testbed.state import LinkState
 from disaggsdk.testbed.tools import run_tool, try_tool
 
@@ -46,7 +48,8 @@ class LinkSpec:
 
     Attributes:
         rate_mbit: line rate in megabits (10^6 bits) per second, each direction.
-        delay_ms: one-way delay a packet between two nodes meets, milliseconds (needs netem).
+        delay_ms: one-way delay a packet between two nodes meets, milliseconds (netem; the
+            user-space delayer without it).
         loss_pct: share of packets between two nodes that are dropped, percent (netem; nftables without it).
     """
 
@@ -164,22 +167,25 @@ def netem_shapes(link: LinkSpec, namespace: str) -> bool:
 
     Returns:
         True where netem adds the delay and the loss; False where the link asks for neither, or
-        the kernel has no sch_netem and the link asks only for loss, which the caller then drops
-        with nftables (`link_faults.set_link_loss`).
+        the kernel has no sch_netem: the caller then drops the loss with nftables
+        (`link_faults.set_link_loss`) and holds the delay in the user-space delayer
+        (`link_faults.set_link_delay`).
 
     Raises:
-        NetemUnavailable: it asks for delay and the kernel has no sch_netem.
+        NetemUnavailable: it asks for delay, the kernel has no sch_netem and ``iptables``, which
+            feeds the delayer, is missing.
     """
     if not link.needs_netem:
         return False
     if netem_available(namespace):
         return True
-    if link.delay_ms > 0:
+    if link.delay_ms > 0 and not iptables_available():
         keep = f"{link.rate_mbit:g}mbit" + (f",0ms,{link.loss_pct:g}%" if link.loss_pct else "")
         raise NetemUnavailable(
-            f"--link {link.describe()}: this kernel has no sch_netem qdisc, so the rate (tbf) and the loss "
-            f"(nftables) can be shaped but the delay cannot; use --link {keep}, or a kernel with sch_netem "
-            "(CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
+            f"--link {link.describe()}: this kernel has no sch_netem qdisc, and the user-space delayer that "
+            "holds the delay without it queues packets with iptables' NFQUEUE, but the `iptables` command is "
+            f"missing: install iptables (apt-get install iptables), use --link {keep}, or a kernel with "
+            "sch_netem (CONFIG_NET_SCH_NETEM, modprobe sch_netem)")
     return False
 
 

@@ -62,8 +62,10 @@ _NUMGEN_MOD = 10000  # drop shares resolve to 0.01%
 # a wire would carry; the heal gives the veth's own limit back
 GSO_MAX_SEGS_VETH = 65535
 _INSTALL_NFT = "install nftables (apt-get install nftables)"
-# the user-space delayer's NFQUEUE numbers (per namespace): a jitter on node K's packets is queue
-# JITTER_QUEUE_BASE + K on every other node's ingress
+# the user-space delayer's NFQUEUE numbers (per namespace): the link's own delay is queue
+# LINK_DELAY_QUEUE_NUM on every node's ingress, a jitter on node K's packets queue
+# JITTER_QUEUE_BASE + K on every other node's ingress, ahead of it
+LINK_DELAY_QUEUE_NUM = 1
 JITTER_QUEUE_BASE = 100
 
 
@@ -190,6 +192,27 @@ def heal_link(testbed: Testbed, index: int) -> None:
 def jitter_record(testbed: Testbed, index: int) -> Path:
     """Where the user-space delayers of a jitter on node ``index``'s packets are recorded."""
     return record_path(testbed.state_file.parent, testbed.nodes[index].name, "jitter")
+
+
+def set_link_delay(link: LinkSpec, namespace: str, interface: str, record: Path) -> None:
+    """The link's own delay where the kernel has no sch_netem: hold every packet ``interface``
+    receives for ``link.delay_ms`` in the user-space delayer (on each node's ingress, so met once
+    between two nodes, as netem's on each egress); no delay stops it. In place of the delayer
+    ``record`` names.
+
+    Raises:
+        TestbedError: ``iptables`` is missing, or the delayer did not start.
+    """
+    if link.delay_ms > 0:
+        start_delayers([(namespace, interface)], None, LINK_DELAY_QUEUE_NUM, link.delay_ms, 0.0,
+                       delay_queue_packets(link, link.delay_ms), record)
+    else:
+        stop_delayers(record)
+
+
+def link_delay_record(state_dir: Path, node_name: str) -> Path:
+    """Where the user-space delayer of node ``node_name``'s link delay is recorded."""
+    return record_path(state_dir, node_name, "link")
 
 
 def set_link_loss(namespace: str, interface: str, loss_pct: float) -> None:

@@ -21,7 +21,7 @@ from types import TracebackType
 
 from disaggsdk.testbed.errors import TestbedError
 from disaggsdk.testbed.link import LinkSpec, netem_shapes, shape_link
-from disaggsdk.testbed.link_faults import require_nftables, set_link_loss
+from disaggsdk.testbed.link_faults import link_delay_record, require_nftables, set_link_delay, set_link_loss
 from disaggsdk.testbed.naming import (
     BRIDGE,
     DEFAULT_NAME,
@@ -105,14 +105,14 @@ class Testbed:
         and record it; returns the testbed as it now is.
 
         Raises:
-            NetemUnavailable: ``link`` has delay and the kernel no sch_netem.
+            NetemUnavailable: ``link`` has delay, the kernel no sch_netem and ``iptables`` is missing.
             PacketDropUnavailable: ``link`` has loss, the kernel no sch_netem and ``nft`` is missing.
-            TestbedError: a ``tc`` or ``nft`` command failed.
+            TestbedError: a ``tc``, ``nft`` or ``iptables`` command failed.
         """
         netem = _check_link(link, self.switch_namespace)
         for node in self.nodes:
             _shape(link, node.namespace, node.interface, self.switch_namespace, node.switch_port, netem,
-                   fresh=False)
+                   link_delay_record(self.state_file.parent, node.name), fresh=False)
         changed = replace(self, link=link)
         _write_state(changed)
         return changed
@@ -148,7 +148,7 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
 
     Args:
         nodes: how many nodes, 1 to `naming.MAX_NODES`.
-        link: every node's link (rate; delay needs sch_netem, loss sch_netem or nftables).
+        link: every node's link (rate; delay sch_netem or iptables, loss sch_netem or nftables).
         name: the testbed's name; several testbeds of different names can be up at once.
         ray: start a Ray node in each node with these options; None: no Ray.
         state_dir: where the state file goes.
@@ -158,7 +158,7 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
 
     Raises:
         TestbedUnavailable: not root, or iproute2/util-linux missing.
-        NetemUnavailable: ``link`` has delay and the kernel no sch_netem.
+        NetemUnavailable: ``link`` has delay, the kernel no sch_netem and ``iptables`` is missing.
         PacketDropUnavailable: ``link`` has loss, the kernel no sch_netem and ``nft`` is missing.
         TestbedError: bad arguments, a testbed of that name is up already, or a step failed. On
             any failure everything built so far is torn down first.
@@ -181,7 +181,7 @@ def up(nodes: int, link: LinkSpec, name: str = DEFAULT_NAME, ray: RayOptions | N
         _make_switch(testbed.switch_namespace)
         netem = _check_link(link, testbed.switch_namespace)
         for index in range(nodes):
-            testbed = replace(testbed, nodes=(*testbed.nodes, _make_node(name, index, link, netem)))
+            testbed = replace(testbed, nodes=(*testbed.nodes, _make_node(name, index, link, netem, state_dir)))
             _write_state(testbed)
         if ray is not None:
             testbed = replace(testbed, ray_address=start_ray(testbed.nodes, ray))
@@ -300,15 +300,20 @@ def _check_link(link: LinkSpec, namespace: str) -> bool:
     return netem
 
 
-def _shape(link: LinkSpec, namespace: str, interface: str, sw: str, port: str, netem: bool, fresh: bool) -> None:
-    # a fresh node has no loss table to remove: it runs `nft` only where it drops
+def _shape(link: LinkSpec, namespace: str, interface: str, sw: str, port: str, netem: bool, delayer_record: Path,
+           fresh: bool) -> None:
+    # a fresh node has no loss table or delayer to remove: it runs `nft` only where it drops, a
+    # delayer only where it delays
     shape_link(link, namespace, interface, sw, port, netem)
     loss_pct = 0.0 if netem else link.loss_pct
     if loss_pct or not fresh:
         set_link_loss(namespace, interface, loss_pct)
+    delay_ms = 0.0 if netem else link.delay_ms
+    if delay_ms or not fresh:
+        set_link_delay(replace(link, delay_ms=delay_ms), namespace, interface, delayer_record)
 
 
-def _make_node(name: str, index: int, link: LinkSpec, netem: bool) -> Node:
+def _make_node(name: str, index: int, link: LinkSpec, netem: bool, state_dir: Path) -> Node:
     namespace, port, address = node_namespace(name, index), switch_port(index), node_address(index)
     sw = switch_namespace(name)
     run_tool(["ip", "netns", "add", namespace])
@@ -320,8 +325,8 @@ def _make_node(name: str, index: int, link: LinkSpec, netem: bool) -> Node:
     run_tool(["ip", "-n", namespace, "addr", "add", f"{address}/{SUBNET_PREFIX_LEN}", "dev", NODE_INTERFACE])
     run_tool(["ip", "-n", namespace, "link", "set", "lo", "up"])
     run_tool(["ip", "-n", namespace, "link", "set", NODE_INTERFACE, "up"])
-    _shape(link, namespace, NODE_INTERFACE, sw, port, netem, fresh=True)
     node = node_name(name, index)
+    _shape(link, namespace, NODE_INTERFACE, sw, port, netem, link_delay_record(state_dir, node), fresh=True)
     anchor_pid, unshare_pid = start_anchor(node, namespace)
     return Node(name=node, index=index, address=address, namespace=namespace, interface=NODE_INTERFACE,
                 switch_port=port, anchor_pid=anchor_pid, unshare_pid=unshare_pid)

@@ -31,17 +31,6 @@ def _decode_state(deployment: faults._Deployment) -> str:
     return json.loads(deployment.front("GET", "/health"))["instances"]["decode-0"]
 
 
-def _grant_keys_open_once_settled(deployment: faults._Deployment, within_s: float = 30.0) -> float:
-    # a failed attempt's keys stay open until no write of it can land (the quarantine's drain)
-    deadline = time.monotonic() + within_s
-    while True:
-        metrics = deployment.front("GET", "/metrics")
-        grants = faults._metric_value(metrics, "disaggsdk_kv_grant_keys_open", "decode-0")
-        if grants == 0 or time.monotonic() > deadline:
-            return grants
-        time.sleep(0.5)
-
-
 @pytest.mark.slow
 def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_heal_then_serves_again(
         testbed, monkeypatch):
@@ -80,7 +69,7 @@ def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_he
             time.sleep(0.5)
         back_after_heal_s = time.monotonic() - healed_at
         after_heal = deployment.ask(faults.LONG_PROMPT)
-        grants_open = _grant_keys_open_once_settled(deployment)
+        grants_open = faults.grant_keys_open_once_settled(deployment)
         metrics = deployment.front("GET", "/metrics")
         pages_after = deployment.free_pages()
     finally:
