@@ -293,7 +293,9 @@ def _report_sweeps(args: argparse.Namespace, console: Console, docs: list[tuple[
                     "median TPOT ms"):
             table.add_column(col, justify="right")
         for row in d["sweep"]:
-            table.add_row(str(row["round"] + 1), str(row["request_rate"]), f"{row['slo_attainment']:.0%}",
+            rate = row["request_rate"]
+            table.add_row(str(row["round"] + 1), rate if isinstance(rate, str) else f"{rate:.2f}",
+                          f"{row['slo_attainment']:.0%}",
                           f"{row['request_goodput']:.2f}", f"{row['request_throughput']:.2f}",
                           f"{row['p99_ttft_ms']:.0f}" if row.get("p99_ttft_ms") is not None else "-",
                           f"{row['median_tpot_ms']:.1f}" if row.get("median_tpot_ms") is not None else "-")
