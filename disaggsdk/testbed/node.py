@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from disaggsdk.testbed.errors import TestbedError
 from disaggsdk.testbed.state import NodeState
-from disaggsdk.testbed.tools import run_tool
+from disaggsdk.testbed.tools import process_runs, run_tool
 
 ANCHOR_READY_TIMEOUT_S = 15.0
 ANCHOR_READY_LINE = "ready"
@@ -233,7 +233,7 @@ def wait_gone(pids: Sequence[int], timeout_s: float, reap: bool = False) -> list
                         continue  # our child, reaped now
                 except ChildProcessError:
                     pass  # not our child: its parent (or init) reaps it
-            if _runs(pid):
+            if process_runs(pid):
                 left.append(pid)
         if not left or time.monotonic() > deadline:
             return left
@@ -250,18 +250,9 @@ def _reap_if_our_zombie(pid: int) -> None:
         pass
 
 
-def _runs(pid: int) -> bool:
-    # a zombie has exited; only its parent's wait is missing
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _pid_in_namespace(pid: int, namespace: str) -> bool:
     try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{namespace}").st_ino and _runs(pid)
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{namespace}").st_ino and process_runs(pid)
     except OSError:
         return False
 

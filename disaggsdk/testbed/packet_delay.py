@@ -57,7 +57,7 @@ from pathlib import Path
 
 from disaggsdk.testbed.errors import TestbedError
 from disaggsdk.testbed.state import DelayerState
-from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, run_tool, try_tool
+from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, process_runs, run_tool, try_tool
 
 READY_LINE = "ready"
 READY_TIMEOUT_S = 15.0
@@ -244,7 +244,7 @@ def delayer_runs(delayer: Delayer) -> bool:
             os.stat(f"/run/netns/{delayer.namespace}").st_ino
     except OSError:
         return False
-    return in_namespace and _MODULE.encode() in cmdline and _runs(delayer.pid)
+    return in_namespace and _MODULE.encode() in cmdline and process_runs(delayer.pid)
 
 
 def _start_one(namespace: str, interface: str, source: str | None, queue_num: int, delay_ms: float,
@@ -334,19 +334,11 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
                 return False
         except ChildProcessError:
             pass  # not our child (another process started it): its parent or init reaps it
-        if not _runs(pid):
+        if not process_runs(pid):
             return False
         if time.monotonic() > deadline:
             return True
         time.sleep(0.02)
-
-
-def _runs(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _write_record(record: Path, delayers: list[Delayer]) -> None:

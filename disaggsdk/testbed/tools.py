@@ -63,3 +63,12 @@ def try_tool(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> bool:
         return subprocess.run(list(argv), capture_output=True, timeout=timeout_s).returncode == 0
     except subprocess.TimeoutExpired:
         return False
+
+
+def process_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: only its parent's wait is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -232,15 +232,22 @@ def test_a_request_that_was_streaming_counts_no_death_against_its_fingerprint(fa
         assert events[-1].finish_reason == "error" and "retry the request" in events[-1].error
 
 
-def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are_dropped(fake):
-    from disaggsdk.launch.runtime_api import UnitStalled
-
-    rt, router = fake
+def _one_waiting_and_one_streaming_on_decode_0(rt, router):
+    """Requests "w" (no token yet) and "s" (one token streamed) on decode-0, "other" on decode-1;
+    returns the events of "w" and of "s"."""
     waiting, streaming = [], []
     assert router.submit("w", [1, 2], PLAIN, waiting.append) == "decode-0"
     assert router.submit("other", [5], PLAIN, lambda ev: None) == "decode-1"
     assert router.submit("s", [3], PLAIN, streaming.append) == "decode-0"
     rt.on_message("decode-0", ch.Tokens("s", [9]))
+    return waiting, streaming
+
+
+def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are_dropped(fake):
+    from disaggsdk.launch.runtime_api import UnitStalled
+
+    rt, router = fake
+    waiting, streaming = _one_waiting_and_one_streaming_on_decode_0(rt, router)
     rt.stalled.add("decode-0")  # the runtime reads a stalled unit unhealthy, then tells the router
     rt.on_message("decode-0", UnitStalled(10.0))
     assert ("decode-1", ch.Generate("w", [1, 2], PLAIN)) in rt.sent and ("decode-0", ch.Abort("w")) in rt.sent
@@ -261,11 +268,7 @@ def test_an_unreachable_unit_loses_every_request_it_held_and_each_gets_an_abort_
     from disaggsdk.launch.runtime_api import UnitUnreachable
 
     rt, router = fake
-    waiting, streaming = [], []
-    assert router.submit("w", [1, 2], PLAIN, waiting.append) == "decode-0"
-    assert router.submit("other", [5], PLAIN, lambda ev: None) == "decode-1"
-    assert router.submit("s", [3], PLAIN, streaming.append) == "decode-0"
-    rt.on_message("decode-0", ch.Tokens("s", [9]))
+    waiting, streaming = _one_waiting_and_one_streaming_on_decode_0(rt, router)
     rt.stalled.add("decode-0")  # the runtime reads an unreachable unit unhealthy, then tells the router
     rt.on_message("decode-0", UnitUnreachable(10.0))
     assert ("decode-1", ch.Generate("w", [1, 2], PLAIN)) in rt.sent

@@ -448,6 +448,27 @@ class _Deployment:
                 self.launch.wait(10)
 
 
+def cut_while_kv_crosses(deployment: _Deployment, tb):
+    """Slow the links, send the long prompt from node 0 and cut node 1's link once 1 MiB of its KV
+    has crossed. Returns (the reshaped testbed, the client's process, when the link was cut); the
+    client is killed if the cut never came."""
+    tb = tb.set_link(SLOW_LINK)  # 8 MiB of KV take seconds: the cut lands mid-transfer
+    rx_before = tb.node(1).link_counters().rx_bytes
+    in_flight = deployment.ask_later(LONG_PROMPT)
+    try:
+        while tb.node(1).link_counters().rx_bytes - rx_before < (1 << 20):  # the KV is crossing
+            assert in_flight.poll() is None, in_flight.communicate()
+            time.sleep(0.05)
+        cut_at = time.monotonic()
+        cut_link(tb, 1)
+    except BaseException:
+        if in_flight.poll() is None:
+            in_flight.kill()
+            in_flight.wait(10)
+        raise
+    return tb, in_flight, cut_at
+
+
 def _spec_yaml() -> str:
     import attrs
 
@@ -539,15 +560,8 @@ def test_a_link_cut_while_kv_is_in_flight_ends_the_request_within_its_deadline_a
         want_long = deployment.ask(LONG_PROMPT)["token_ids"]
         want_short = deployment.ask(SHORT_PROMPTS[0])["token_ids"]
         deployment.free_pages()
-        tb = tb.set_link(SLOW_LINK)  # 8 MiB of KV take seconds: the cut lands mid-transfer
-        rx_before = tb.node(1).link_counters().rx_bytes
-        in_flight = deployment.ask_later(LONG_PROMPT)
+        tb, in_flight, cut_at = cut_while_kv_crosses(deployment, tb)
         try:
-            while tb.node(1).link_counters().rx_bytes - rx_before < (1 << 20):  # the KV is crossing
-                assert in_flight.poll() is None, in_flight.communicate()
-                time.sleep(0.05)
-            cut_at = time.monotonic()
-            cut_link(tb, 1)
             time.sleep(3.0)
             heal_link(tb, 1)
             healed_at = time.monotonic()

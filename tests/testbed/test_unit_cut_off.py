@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from disaggsdk.testbed import cut_link, heal_link
+from disaggsdk.testbed import heal_link
 from tests.testbed import test_link_faults as faults
 
 UNREACHABLE_S = 4.0  # serve.unit_unreachable_s: under the transfer deadline (faults.DEADLINE_S, 5 s)
@@ -41,26 +41,17 @@ def test_a_decode_unit_cut_off_past_its_deadline_fails_the_request_before_the_he
         baseline_pages = deployment.free_pages()
         want_long = deployment.ask(faults.LONG_PROMPT)["token_ids"]
         deployment.free_pages()
-        tb = tb.set_link(faults.SLOW_LINK)  # 8 MiB of KV take seconds: the cut lands mid-transfer
-        rx_before = tb.node(1).link_counters().rx_bytes
-        in_flight = deployment.ask_later(faults.LONG_PROMPT)
+        tb, in_flight, cut_at = faults.cut_while_kv_crosses(deployment, tb)
         try:
-            while tb.node(1).link_counters().rx_bytes - rx_before < (1 << 20):  # the KV is crossing
-                assert in_flight.poll() is None, in_flight.communicate()
-                time.sleep(0.05)
-            cut_at = time.monotonic()
-            cut_link(tb, 1)
-            try:
-                out, _ = in_flight.communicate(timeout=CUT_S)
-                ended_after_cut_s = time.monotonic() - cut_at
-                down_while_cut = _decode_state(deployment)
-            finally:
-                time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
-                heal_link(tb, 1)
+            out, _ = in_flight.communicate(timeout=CUT_S)
+            ended_after_cut_s = time.monotonic() - cut_at
+            down_while_cut = _decode_state(deployment)
         finally:
             if in_flight.poll() is None:
                 in_flight.kill()
                 in_flight.wait(10)
+            time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
+            heal_link(tb, 1)
         outcome = json.loads(out)
         tb = tb.set_link(faults.FAST_LINK)
         healed_at = time.monotonic()
