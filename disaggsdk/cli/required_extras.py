@@ -57,9 +57,8 @@ DEPLOYMENT_EXTRAS = ("engine", "transfer", "serve")
 def _starts_deployment(command: str, args: argparse.Namespace) -> bool:
     # the options with which a command that otherwise needs less launches a spec's processes
     if command == "bench":
-        target = getattr(args, "target", None)
-        return target is not None and getattr(args, "base_url", None) is None \
-            and not str(target).startswith(("http://", "https://"))
+        targets = getattr(args, "targets", None) or []
+        return any(not str(target).startswith(("http://", "https://")) for target in targets)
     if command == "generate":
         return bool(getattr(args, "spec", None))
     if command == "testbed":

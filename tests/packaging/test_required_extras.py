@@ -121,6 +121,9 @@ def test_options_that_launch_a_deployment_need_its_extras():
     parser = cli_main.build_parser()
     assert command_extras("bench", parser.parse_args(["bench", "http://127.0.0.1:8000"])) == ("serve",)
     assert command_extras("bench", parser.parse_args(["bench", SPEC])) == ("engine", "transfer", "serve")
+    # one command may sweep a spec and a server: the spec launches a deployment
+    assert command_extras("bench", parser.parse_args(["bench", "http://127.0.0.1:8000", SPEC])) == (
+        "engine", "transfer", "serve")
     assert command_extras("generate", parser.parse_args(["generate", "--model", "m"])) == ("engine",)
     assert command_extras("generate", parser.parse_args(["generate", "--spec", SPEC])) == ("engine", "transfer", "serve")
     assert command_extras("simulate", parser.parse_args(["simulate", SPEC])) == ()
