@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
 from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
@@ -178,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(spec_to_yaml(spec_to_launch(args)), end="")
         return 0
+    if args.bench:
+        bench_args.load_shape(args)  # a rate that cannot run (a sweep is bench's) fails before the start-up
     console = make_console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
         if args.complete:

@@ -159,3 +159,9 @@ def test_version_verbose_names_the_cpu_and_the_kernels(capsys):
     assert any(line.startswith("bfloat16 decode linear: ") for line in out)
     assert wants_verbose_version(["--verbose", "--version"]) and not wants_verbose_version(["--version"])
     assert not wants_verbose_version(["-v", "--version", "plan"])  # a command's -v is the command's
+
+
+def test_launch_bench_refuses_a_sweep_before_it_starts_anything(run_cli):
+    p = run_cli("launch", "specs/tiny_pd.yaml", "--bench", "--request-rate", "1,2", "--goodput", "ttft:500")
+    assert p.returncode == 2 and "`disaggsdk bench` runs sweeps" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert "starting" not in p.stdout + p.stderr  # refused before the launch
