@@ -22,9 +22,12 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    from disaggsdk.bench.serve_bench import BenchResult
 
 DEFAULT_TARGET = 0.9  # DistServe's and the field's share of requests that must meet the SLOs
 DEFAULT_SEARCH_STEPS = 5
@@ -33,11 +36,40 @@ SEEDS_PER_ROUND = 1000  # round r's k-th run draws its prompts with seed + 1 + r
 
 # one run of the load at a rate (requests/s; inf: all at once) with prompts drawn from a seed: its
 # result (`serve_bench.bench`'s document, with ``slo_attainment`` and ``request_throughput``)
-RunAt = Callable[[float, int], dict[str, Any]]
+RunAt = Callable[[float, int], "BenchResult"]
 
-# the keys of each run the sweep's rows keep (the runs' whole documents are kept apart)
-ROW_KEYS = ("request_throughput", "request_goodput", "completed", "failed", "median_ttft_ms", "p99_ttft_ms",
-            "median_tpot_ms", "p99_tpot_ms", "p99_itl_ms")
+
+class SweepRow(TypedDict):
+    """One run of a sweep: its round and rate, and what of its result the sweep keeps (its whole
+    document is the run's own). A latency is None where the run asked for no such percentile."""
+
+    round: int
+    request_rate: float | str  # "inf": all at once
+    slo_attainment: float  # the share of the requests sent that met every SLO
+    request_throughput: float
+    request_goodput: float
+    completed: int
+    failed: int
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_tpot_ms: float | None
+    p99_tpot_ms: float | None
+    p99_itl_ms: float | None
+
+
+class GoodputSweep(TypedDict):
+    """A sweep's result (`run_sweep`); ``target`` and ``cpu`` are added by the command that ran it."""
+
+    goodput_request_rate: float  # the median of the rounds'
+    goodput_rounds: list[float]
+    goodput_range: list[float]  # lowest, highest
+    goodput_range_confidence: float | None  # that the range holds the median; None for one round
+    slo_attainment_target: float
+    slos_ms: dict[str, float]
+    rates: str | list[float]  # the rates given, or how the search chose them
+    sweep: list[SweepRow]
+    target: NotRequired[str]
+    cpu: NotRequired[dict[str, object]]
 
 
 class SweepError(DisaggError):
@@ -104,38 +136,42 @@ def goodput_of(attainment_by_rate: dict[float, float], target: float) -> float:
     return best
 
 
-def _row(round_index: int, rate: float, result: dict[str, Any]) -> dict[str, Any]:
-    return {"round": round_index, "request_rate": "inf" if math.isinf(rate) else rate,
-            "slo_attainment": result["slo_attainment"]} | {k: result.get(k) for k in ROW_KEYS}
+def _row(round_index: int, rate: float, result: BenchResult) -> SweepRow:
+    return SweepRow(round=round_index, request_rate="inf" if math.isinf(rate) else rate,
+                    slo_attainment=float(result["slo_attainment"]),
+                    request_throughput=float(result["request_throughput"]),
+                    request_goodput=float(result["request_goodput"]), completed=int(result["completed"]),
+                    failed=int(result["failed"]), median_ttft_ms=result.get("median_ttft_ms"),
+                    p99_ttft_ms=result.get("p99_ttft_ms"), median_tpot_ms=result.get("median_tpot_ms"),
+                    p99_tpot_ms=result.get("p99_tpot_ms"), p99_itl_ms=result.get("p99_itl_ms"))
 
 
-def sweep_round(run_at: RunAt, sweep: RateSweep, seed: int, round_index: int) -> tuple[float, list[dict[str, Any]]]:
+def sweep_round(run_at: RunAt, sweep: RateSweep, seed: int, round_index: int) -> tuple[float, list[SweepRow]]:
     """One round of ``sweep``: its goodput rate and a row per run (in run order)."""
     seeds = iter(range(seed + 1 + round_index * SEEDS_PER_ROUND, seed + 1 + (round_index + 1) * SEEDS_PER_ROUND))
-    rows = []
+    rows: list[SweepRow] = []
 
-    def attainment_at(rate: float) -> tuple[float, dict[str, Any]]:
-        result = run_at(rate, next(seeds))
-        rows.append(_row(round_index, rate, result))
-        return result["slo_attainment"], result
+    def run(rate: float) -> SweepRow:
+        rows.append(_row(round_index, rate, run_at(rate, next(seeds))))
+        return rows[-1]
 
     if not sweep.is_search:
-        return goodput_of({rate: attainment_at(rate)[0] for rate in sweep.rates}, sweep.target), rows
-    attainment, at_most = attainment_at(math.inf)
-    most_per_s = float(at_most["request_throughput"])
-    if attainment >= sweep.target:  # the server meets the SLOs even flat out: its throughput is the goodput
+        return goodput_of({rate: run(rate)["slo_attainment"] for rate in sweep.rates}, sweep.target), rows
+    flat_out = run(math.inf)
+    most_per_s = flat_out["request_throughput"]
+    if flat_out["slo_attainment"] >= sweep.target:  # the server meets the SLOs even flat out: its throughput is the goodput
         return most_per_s, rows
     low, high = 0.0, most_per_s
     for _ in range(sweep.search_steps):
         rate = (low + high) / 2
-        if attainment_at(rate)[0] >= sweep.target:
+        if run(rate)["slo_attainment"] >= sweep.target:
             low = rate
         else:
             high = rate
     return low, rows
 
 
-def run_sweep(run_at: RunAt, sweep: RateSweep, slos_ms: dict[str, float], seed: int = 0) -> dict[str, Any]:
+def run_sweep(run_at: RunAt, sweep: RateSweep, slos_ms: dict[str, float], seed: int = 0) -> GoodputSweep:
     """Every round of ``sweep`` through ``run_at``.
 
     Returns:
@@ -147,25 +183,22 @@ def run_sweep(run_at: RunAt, sweep: RateSweep, slos_ms: dict[str, float], seed: 
     """
     if not slos_ms:
         raise SweepError("a goodput sweep needs SLOs: --goodput ttft:MS tpot:MS (or --slo ttft=MS,tpot=MS)")
-    rates, rows = [], []
+    rates: list[float] = []
+    rows: list[SweepRow] = []
     for r in range(sweep.rounds):
         rate, round_rows = sweep_round(run_at, sweep, seed, r)
         rates.append(rate)
         rows += round_rows
-    return {
-        "goodput_request_rate": statistics.median(rates),
-        "goodput_rounds": rates,
-        "goodput_range": [min(rates), max(rates)],
-        "goodput_range_confidence": 1 - 2 ** (1 - len(rates)) if len(rates) > 1 else None,
-        "slo_attainment_target": sweep.target,
-        "slos_ms": dict(slos_ms),
-        "rates": f"{SEARCH} ({sweep.search_steps} bisections of (0, the throughput at rate inf])" if sweep.is_search
+    return GoodputSweep(
+        goodput_request_rate=statistics.median(rates), goodput_rounds=rates, goodput_range=[min(rates), max(rates)],
+        goodput_range_confidence=1 - 2 ** (1 - len(rates)) if len(rates) > 1 else None,
+        slo_attainment_target=sweep.target, slos_ms=dict(slos_ms),
+        rates=f"{SEARCH} ({sweep.search_steps} bisections of (0, the throughput at rate inf])" if sweep.is_search
         else list(sweep.rates),
-        "sweep": rows,
-    }
+        sweep=rows)
 
 
-def goodput_line(name: str, doc: dict[str, Any]) -> str:
+def goodput_line(name: str, doc: GoodputSweep) -> str:
     """One line for a person: the goodput rate, its range over the rounds, the target and the SLOs."""
     slos = ", ".join(f"{k} {v:g} ms" for k, v in doc["slos_ms"].items())
     rounds = doc["goodput_rounds"]

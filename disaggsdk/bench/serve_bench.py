@@ -39,6 +39,9 @@ from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS, RequestTimeline, summarize
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
+# a run's result: vLLM's `bench serve` document (`serve_result`) and ours beside it, whose keys vary
+# with the options (the percentiles asked for, the SLOs, a multi-turn load): JSON, read by key
+BenchResult = dict[str, Any]
 OnDone = Callable[[RequestTimeline], None]
 Load = Sequence[BenchRequest] | MultiTurnWorkload  # independent requests, or conversations
 
@@ -177,7 +180,7 @@ def bench(
     percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
     percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
     on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None,
-) -> dict[str, Any]:
+) -> BenchResult:
     """Run a benchmark against ``url`` and return vLLM ``bench serve`` style results.
 
     Runs its own event loop on a fresh thread, so it works from a notebook (whose thread already

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from disaggsdk.bench.goodput_sweep import RateSweep, goodput_line
+from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, goodput_line
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
@@ -30,6 +30,7 @@ from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.bench.serve_bench import BenchResult
     from disaggsdk.engine.tokenizer import Tokenizer
     from disaggsdk.face.deployment import Deployment
 
@@ -121,7 +122,7 @@ def _tokenizer(model: str | None) -> Tokenizer:
 
 def run_load(args: argparse.Namespace, console: Console, url: str, model: str | None, api_key: str | None,
              deployment: Deployment | None = None, title: str = "benchmark", rate: float | None = None,
-             seed: int | None = None) -> dict[str, Any]:
+             seed: int | None = None) -> BenchResult:
     """Run the load against ``url`` with a progress bar (and, for a deployment, the live instance table).
 
     Args:
@@ -267,25 +268,26 @@ def _spec_args(args: argparse.Namespace, spec_path: str) -> argparse.Namespace:
 
 
 def _sweep(args: argparse.Namespace, console: Console, sweep: RateSweep, name: str, url: str, model: str | None,
-           api_key: str | None, deployment: Deployment | None = None) -> dict[str, Any]:
+           api_key: str | None, deployment: Deployment | None = None) -> GoodputSweep:
     """Every run of ``sweep`` against one server; its goodput document (`goodput_sweep.run_sweep`)."""
     from disaggsdk.bench.goodput_sweep import run_sweep
     from disaggsdk.report.host_cpu import host_cpu
 
-    def run_at(rate: float, seed: int) -> dict[str, Any]:
+    def run_at(rate: float, seed: int) -> BenchResult:
         label = "inf" if math.isinf(rate) else f"{rate:.3g}"
         return run_load(args, console, url, model, api_key, deployment, f"{name} @ {label} req/s", rate, seed)
 
     doc = run_sweep(run_at, sweep, bench_args.slos_ms(args), args.seed)
     console.print(goodput_line(name, doc))
-    return doc | {"target": name, "cpu": host_cpu().as_json()}
+    doc["target"], doc["cpu"] = name, host_cpu().as_json()
+    return doc
 
 
-def _report_sweeps(args: argparse.Namespace, console: Console, docs: list[tuple[str, dict[str, Any]]]) -> None:
+def _report_sweeps(args: argparse.Namespace, console: Console, docs: list[tuple[str, GoodputSweep]]) -> None:
     """Each sweep's runs as a table, the goodput rates side by side, and the JSON where asked."""
     from rich.table import Table
 
-    doc: Any = docs[0][1] if len(docs) == 1 else {name: d for name, d in docs}
+    doc: GoodputSweep | dict[str, GoodputSweep] = docs[0][1] if len(docs) == 1 else {name: d for name, d in docs}
     out = make_console(stderr=True) if args.json else console
     for name, d in docs:
         table = Table(title=f"{name}: SLO attainment by rate ({', '.join(f'{k} {v:g} ms' for k, v in d['slos_ms'].items())})")
@@ -332,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     console = make_console(stderr=args.json)
     layouts = [False, True] if args.compare else [args.colocated]
     runs: dict[str, list[dict[str, Any]]] = {}
-    sweeps: list[tuple[str, dict[str, Any]]] = []
+    sweeps: list[tuple[str, GoodputSweep]] = []
     # a sweep runs every round on one launch; plain runs alternate layouts across --repeat launches,
     # so a noisy minute hurts both alike
     repeats = 1 if sweep is not None else args.repeat
