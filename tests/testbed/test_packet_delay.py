@@ -17,7 +17,7 @@ import pytest
 
 from disaggsdk.testbed import TestbedError, add_jitter, link_faults, netem_available, packet_delay
 from disaggsdk.testbed.link_faults import JITTER_QUEUE_BASE
-from disaggsdk.testbed.packet_delay import READY_LINE, _attribute, _packet_ids, run_delayer
+from disaggsdk.testbed.nfqueue_delayer import READY_LINE, _attribute, _packet_ids, run_delayer
 from tests.testbed.conftest import pids_in_netns
 
 STOP_BOUND_S = 10.0  # a loop still running this long after its stop hangs
