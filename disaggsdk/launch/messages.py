@@ -16,6 +16,7 @@ import msgspec
 from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.report.span_records import RequestSpanRecords
 from disaggsdk.report.unit_counters import UnitCounters
 
 # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
@@ -26,7 +27,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
 # 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage), UnitStats.open_grant_keys
-PROTOCOL_VERSION = 12
+# 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `report.span_records`)
+PROTOCOL_VERSION = 13
 
 # runtime -> unit
 
@@ -66,6 +68,9 @@ class Generate(msgspec.Struct, frozen=True, tag=True):
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams  # a plain dataclass: msgspec encodes it and re-runs its checks on decode
+    # the router traces it (`serve.request_tracing`): the units it reaches record its phases and send
+    # them in a `RequestSpans`; False (tracing off, the default): nothing is recorded or sent
+    traced: bool = False
 
 
 class Abort(msgspec.Struct, frozen=True, tag=True):
@@ -185,6 +190,15 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     open_grant_keys: int = 0  # per-grant registrations open to remote KV writes (a gauge: 0 when idle)
 
 
+class RequestSpans(msgspec.Struct, frozen=True, tag=True):
+    """A traced request's phases on one unit (``role``: its role), sent once the unit let go of it:
+    a decode (or mixed) unit when it finished, a prefill unit when its writes completed."""
+
+    unit: str
+    role: str
+    record: RequestSpanRecords
+
+
 class Fatal(msgspec.Struct, frozen=True, tag=True):
     message: str
     # the unit cannot run on this machine (`base.UnitCannotRun`): ``message`` is the whole report, for
@@ -210,6 +224,6 @@ class Heartbeat(msgspec.Struct, frozen=True, tag=True):
 
 ToUnit = UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
 FromUnit = (Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
-            | Heartbeat)
+            | Heartbeat | RequestSpans)
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

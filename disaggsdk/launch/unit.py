@@ -23,6 +23,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.unit_heartbeat import UnitHeartbeat
+from disaggsdk.launch.unit_spans import UnitSpans
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sequence import RequestOutput
@@ -179,6 +180,7 @@ class Unit:
         self.grammars = GrammarAdmission(model)  # structured requests wait there, not in the loop
         self.engine, self.messenger, self.transfer = parts.engine, parts.messenger, parts.transfer
         self.watchdog = TransportWatchdog(self.transfer, stuck_after_s) if self.transfer is not None else None
+        self.spans = UnitSpans()  # the traced requests' phases here (none unless the router traces)
         self.stopping = False
 
     def await_peers(self) -> None:
@@ -217,10 +219,17 @@ class Unit:
             if self.messenger is not None:
                 self.messenger.poll()
                 self._report_failures(self.messenger)
+                self._take_spans(self.messenger)
             if engine.must_step():
+                step_start_ns = time.time_ns() if self.spans else 0
                 outputs = engine.step()
+                if step_start_ns:
+                    self.spans.step(outputs, step_start_ns, time.time_ns())
                 self._emit_prompt_logprobs(outputs)  # before the KV's context leaves: the router has them first
-                self._emit(self.parts.after_step(outputs, time.monotonic()))
+                emitted = self.parts.after_step(outputs, time.monotonic())
+                self._emit(emitted)
+                if self.spans:
+                    self._send_spans(emitted)
             if self.watchdog is not None and (stuck := self.watchdog.check(time.monotonic())) is not None:
                 self._give_up_transport(stuck)
 
@@ -271,16 +280,20 @@ class Unit:
         from disaggsdk.errors import DisaggError
 
         if isinstance(msg, ch.Generate):
+            if msg.traced:
+                self.spans.begin(msg.request_id, time.time_ns())
             try:
                 # before a decode unit's messenger holds it for KV: the engine sees it only later
                 self.engine.check_prompt(msg.request_id, msg.prompt_ids, msg.params)
                 if not self.grammars.hold(msg):  # a grammar is built first, off this loop
                     self._admit(msg, None)
             except DisaggError as exc:
+                self.spans.drop(msg.request_id)
                 self.conn.send(ch.Tokens(msg.request_id, [], True, "error", str(exc)))
         elif isinstance(msg, ch.Abort):
             if not self.grammars.abort(msg.request_id):
                 self.parts.abort(msg.request_id)
+            self.spans.drop(msg.request_id)
             self.conn.send(ch.Tokens(msg.request_id, [], True, "abort"))
         elif isinstance(msg, ch.PeerDown):
             if self.messenger is not None:
@@ -303,10 +316,11 @@ class Unit:
 
         if error is None:
             try:
-                self.parts.submit(msg.request_id, msg.prompt_ids, msg.params)
+                self.parts.submit(msg.request_id, msg.prompt_ids, msg.params, msg.traced)
                 return
             except DisaggError as exc:
                 error = str(exc)
+        self.spans.drop(msg.request_id)
         self.conn.send(ch.Tokens(msg.request_id, [], True, "error", error))
 
     def _emit_prompt_logprobs(self, outputs: list[RequestOutput]) -> None:
@@ -331,11 +345,29 @@ class Unit:
         elif items:
             self.conn.send(items[0])
 
+    def _send_spans(self, outputs: list[RequestOutput]) -> None:
+        """Send the spans of the traced requests that finished (after their tokens: a client never
+        waits for a trace)."""
+        for out in outputs:
+            record = self.spans.finish(out.request_id, time.time_ns()) if out.finished else None
+            if record is not None:
+                self.conn.send(ch.RequestSpans(self.args.name, self.args.role, record))
+
     def _report_failures(self, messenger: Messenger) -> None:
         failed = messenger.failed
         while failed:
             rid, message = failed.pop()
+            self.spans.drop(rid)
             self.conn.send(ch.Tokens(rid, [], True, "error", message))
+
+    def _take_spans(self, messenger: Messenger) -> None:
+        """A prefill unit's records of traced requests go to the router as they are; a decode unit's
+        handoff records open its own (`UnitSpans.merge`), or go nowhere once the request was dropped."""
+        records = messenger.traced_spans
+        while records:
+            record = records.pop()
+            if not self.spans.merge(record) and self.args.role == "prefill":
+                self.conn.send(ch.RequestSpans(self.args.name, self.args.role, record))
 
     def _stats(self, seq: int, with_recent: bool) -> ch.UnitStats:
         e, m = self.engine, self.messenger

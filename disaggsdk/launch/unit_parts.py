@@ -44,8 +44,8 @@ class UnitParts:
     registrations: list[MemoryRegion] = field(default_factory=list)  # of each pool and the context
     context: bytearray | None = None  # the context slots (decode: written into; prefill: staged in)
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Start a request on this unit."""
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, traced: bool = False) -> None:
+        """Start a request on this unit (``traced``: the router traces it, `launch.unit_spans`)."""
         self.engine.add_request(request_id, prompt_ids, params)
 
     def abort(self, request_id: str) -> None:
@@ -87,9 +87,9 @@ class DecodeParts(UnitParts):
 
     messenger: DecodeMessenger | None
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, traced: bool = False) -> None:
         if self.messenger is not None:  # None once closed
-            self.messenger.submit(request_id, prompt_ids, params)
+            self.messenger.submit(request_id, prompt_ids, params, traced)
 
     def abort(self, request_id: str) -> None:
         if self.messenger is not None:

@@ -41,6 +41,7 @@ from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.memory import num_pages_per_rank
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord, epoch_ns
 from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class DecodeMessenger:
         self.totals = TransferTotals()
         self.failed: list[tuple[str, str]] = []  # (request_id, message) for the launcher to report
         self.failed_grants: list[str] = []  # why grant keys could not be registered (those requests prefilled here)
+        self.traced_spans: list[RequestSpanRecords] = []  # traced requests' handoffs, once admitted
         self.rejected: dict[str, int] = {}  # requests are refused by prefill units, not here
         self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing,
                                             num_pages_per_rank(plan.spec, "decode", plan.arch),
@@ -147,14 +149,20 @@ class DecodeMessenger:
         for name in self._prefills:
             self.prefill_choice.forget(name)
 
-    def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None) -> None:
-        """Start a request: it runs on the decode engine once its KV has arrived."""
+    def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None,
+               traced: bool = False) -> None:
+        """Start a request: it runs on the decode engine once its KV has arrived.
+
+        Args:
+            traced: the router traces it: its handoff's phases go to ``traced_spans`` once it is
+                admitted, and the prefill unit is asked to record its own.
+        """
         prompt = list(prompt_ids)
         if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
             self.engine.add_prefilled_request(request_id, prompt, params)
             return
         now = time.monotonic()
-        self._pending.append(Handoff(request_id, prompt, params, submitted_s=now))
+        self._pending.append(Handoff(request_id, prompt, params, submitted_s=now, traced=traced))
         self._start_pending(now)
 
     def abort(self, request_id: str) -> bool:
@@ -324,7 +332,10 @@ class DecodeMessenger:
         self._free_slots.append(h.slot)
         if self.kv_mirror is not None:  # every layer landed in the mirror: the engine reads its own pool
             self.kv_mirror.to_device(h.grant.page_ids)
-        self.totals.add(h.record(payload.forward_end_s, admitted_s=time.monotonic()))
+        record = h.record(payload.forward_end_s, admitted_s=time.monotonic())
+        self.totals.add(record)
+        if h.traced:
+            self.traced_spans.append(handoff_spans(record, h.prefill))
         self._count_not_sent(h.num_cached_pages)
         cached_tokens = max(h.num_cached_pages * self.page_size, payload.num_cached_tokens)
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=cached_tokens)
@@ -334,7 +345,11 @@ class DecodeMessenger:
         """Admit a request whose prompt KV this unit's prefix cache held whole: no prefill unit is asked."""
         self.totals.counters.requests_fully_cached += 1
         self._count_not_sent(num_pages)
-        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=0))
+        record = RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=0, submitted_s=h.submitted_s,
+                                 admitted_s=time.monotonic())
+        self.totals.add(record)
+        if h.traced:
+            self.traced_spans.append(handoff_spans(record, ""))
         self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=num_pages * self.page_size)
 
     def _count_not_sent(self, num_pages: int) -> None:
@@ -379,7 +394,11 @@ class DecodeMessenger:
         if h.attempt:
             log.warning("request %s: prefilling it here after %d failed KV handoff attempt(s)", h.request_id, h.attempt)
         self.totals.counters.prefilled_locally += 1
-        self.totals.add(RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True))
+        record = RequestTransfer(h.request_id, "decode", len(h.prompt_ids), attempts=h.attempt, prefilled_locally=True,
+                                 submitted_s=h.submitted_s, admitted_s=time.monotonic())
+        self.totals.add(record)
+        if h.traced:
+            self.traced_spans.append(handoff_spans(record, ""))
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)
 
     def _geometry(self) -> PoolGeometry:
@@ -401,3 +420,30 @@ class DecodeMessenger:
     def _next_imm(self) -> int:
         return next(self._imms) % (1 << 32) or next(self._imms)
 
+
+
+def handoff_spans(record: RequestTransfer, prefill_unit: str) -> RequestSpanRecords:
+    """A traced request's handoff on the decode side as spans (`report.span_records`): from its arrival
+    to its admission to the engine, and inside it the wait for pages and a context slot, the wait for
+    the counter (prefill computing and writing its KV) and the admission itself.
+
+    Args:
+        record: the handoff's measurements (``time.monotonic()`` of this process).
+        prefill_unit: the prefill unit whose KV it was admitted with ("": none, cached or prefilled here).
+    """
+    offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def ns(s: float) -> int:
+        return epoch_ns(s, offset_ns)
+
+    r = record
+    start, end = ns(r.submitted_s), ns(r.admitted_s)
+    how = "prefilled here" if r.prefilled_locally else prefill_unit or "prefix cache"
+    spans = [SpanRecord("kv handoff", start, end, -1, {"kv_from": how, "attempts": r.attempts,
+                                                       "num_tokens": r.num_tokens})]
+    if r.sent_s:
+        spans.append(SpanRecord("wait for pages", start, ns(r.sent_s), 0))
+        spans.append(SpanRecord("wait for kv (counter)", ns(r.sent_s), ns(r.fired_s), 0,
+                                {"prefill_unit": prefill_unit, "exposed_transfer_ms": r.exposed_s * 1e3}))
+        spans.append(SpanRecord("admit", ns(r.fired_s), end, 0))
+    return RequestSpanRecords(r.request_id, start, end, spans)

@@ -70,6 +70,7 @@ class Handoff:
     num_cached_pages: int = 0  # the current attempt's prompt pages decode held already (not sent)
     keys: GrantKeys | None = None  # the current attempt's per-grant registrations (None: whole pool open)
     digest: bytes | None = None  # the current attempt's page digest from prefill (transport.verify_pages)
+    traced: bool = False  # the router traces it: its handoff's phases become spans (`span_log`)
 
     def record(self, forward_end_s: float, admitted_s: float) -> RequestTransfer:
         """The measurements of a request whose KV arrived (``forward_end_s``: prefill's, from the context)."""
@@ -108,6 +109,7 @@ def prefill_request(h: Handoff, grant: PageGrant, me: UnitInfo, spec: Spec, page
                                keys.context if keys else None),
         prompt_logprobs=h.params.prompt_logprobs if h.params is not None else None,
         num_cached_pages=h.num_cached_pages,
+        traced=h.traced,
     )
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import TransferTotals
+from disaggsdk.report.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig
@@ -128,6 +129,9 @@ class Messenger(Protocol):
     totals: TransferTotals
     rejected: dict[str, int]  # requests refused, by `RejectReason` value
     failed: list[tuple[str, str]]  # (request_id, message) of requests to end with an error
+    # the spans of traced requests this messenger is done with (`span_log`), for the unit to ship
+    # (prefill) or to put in front of its own (decode); the unit empties it
+    traced_spans: list[RequestSpanRecords]
 
     @property
     def busy(self) -> bool:

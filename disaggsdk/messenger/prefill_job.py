@@ -20,6 +20,7 @@ from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.grant_keys import GrantTargets
 from disaggsdk.messenger.page_digest import PageDigest, attempt_key
 from disaggsdk.messenger.peers import PeerId, UnitInfo
+from disaggsdk.messenger.span_log import SpanLog
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.report.request_transfer import RequestTransfer
 
@@ -160,6 +161,8 @@ class PrefillJob:
     context_sent: bool = False  # main thread
     forward_start_s: float = 0.0  # main thread: when the step with its first chunk began
     forward_end_s: float = 0.0  # main thread: when the step with its last chunk ended
+    spans: SpanLog | None = None  # when the router traces it: its phases here (thread-safe)
+    num_chunks: int = 0  # main thread: its chunks that ran so far
 
     def record(self, request_id: str) -> RequestTransfer:
         """This job's measurements, once every write of it completed."""
@@ -201,14 +204,30 @@ class PrefillJob:
                    digest=digest, grant_index={p: i for i, p in enumerate(msg.destinations[0].page_ids)})
 
 
+@dataclass
+class ChunkTrace:
+    """A traced job's chunk in one step, as its layers are seen done (streamer thread only).
+
+    Attributes:
+        span: the chunk's span in the job's `SpanLog` (the parent of its layers' compute spans).
+        layer_start_ns: when the layer now computing began: the step's start, then each layer's end
+            as the streamer saw it (``time.time_ns()``).
+    """
+
+    span: int
+    layer_start_ns: int
+
+
 class PageRange(NamedTuple):
     """Pages ``[first, stop)`` of a job's prompt that one step completes: the step's work for it that
-    the streamer hands back layer by layer (``page_ids``: the request's source pages, in order)."""
+    the streamer hands back layer by layer (``page_ids``: the request's source pages, in order;
+    ``chunk``: where its layers' spans go when the job is traced)."""
 
     job: PrefillJob
     first: int
     stop: int
     page_ids: tuple[int, ...]
+    chunk: ChunkTrace | None = None
 
 
 def dst_geometry(plan: Plan, src_instance: str, info: UnitInfo, num_layers: int) -> PoolGeometry:

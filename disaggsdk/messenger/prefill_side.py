@@ -24,12 +24,16 @@ from disaggsdk.messenger.grant_keys import GrantTargets
 from disaggsdk.messenger.page_digest import add_layer
 from disaggsdk.messenger.peers import FrameCounters, PeerId, UnitInfo
 from disaggsdk.messenger.ports import PrefillEngine, Transport
-from disaggsdk.messenger.prefill_job import ContextStaging, PageRange, PrefillJob, dst_geometry, imms
+from disaggsdk.messenger.prefill_job import ChunkTrace, ContextStaging, PageRange, PrefillJob, dst_geometry, imms
+from disaggsdk.messenger.span_log import SpanLog
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
+from disaggsdk.report.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.sequence import RequestOutput
     from disaggsdk.memory.host_mirror import HostMirror
@@ -84,8 +88,10 @@ class PrefillMessenger:
         self.frames, self.totals = FrameCounters(), TransferTotals()
         self.rejected: dict[str, int] = {}
         self.failed: list[tuple[str, str]] = []  # prefill failures go to the decode side, never here
+        self.traced_spans: list[RequestSpanRecords] = []  # traced requests' phases here, once released
+        self._open_chunks: list[tuple[SpanLog, int]] = []  # traced chunks of the step running now (main thread)
         self._streamer: LayerStreamer[PageRange] = LayerStreamer(
-            engine.layer_counter, self.num_layers, self._submit_layer, self._finish_items, name=f"{me.name}-streamer")
+            engine.layer_counter, self.num_layers, self._stream_layer, self._finish_items, name=f"{me.name}-streamer")
         engine.on_step = self._on_step
 
     def close(self) -> None:
@@ -195,6 +201,8 @@ class PrefillMessenger:
         except DisaggError as exc:
             return Rejection(RejectReason.ENGINE, str(exc))
         self._free_slots.pop()
+        if msg.traced:
+            job.spans = SpanLog(msg.request_id, time.time_ns())
         self._jobs[msg.request_id] = job
         return None
 
@@ -208,11 +216,12 @@ class PrefillMessenger:
             if job is None or job.sends.aborted:
                 continue
             job.forward_start_s = job.forward_start_s or time.monotonic()
+            chunk = self._trace_chunk(job, c, len(chunks)) if job.spans is not None else None
             # writes read these pages until they drain: never let the scheduler evict them
             self.engine.pin_pages(c.request_id)
             ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
             if ready > job.pages_queued:
-                items.append(PageRange(job, job.pages_queued, ready, c.page_ids))
+                items.append(PageRange(job, job.pages_queued, ready, c.page_ids, chunk))
                 job.pages_queued = ready
                 job.sends.step_queued()
         if not items:
@@ -222,8 +231,25 @@ class PrefillMessenger:
         else:
             self._after_forward.append(items)
 
+    def _trace_chunk(self, job: PrefillJob, c: StepChunkInfo, batch_size: int) -> ChunkTrace:
+        """Open the span of a traced job's chunk (closed in `after_step`); the first one ends its queueing."""
+        assert job.spans is not None, "only traced jobs"
+        now_ns = time.time_ns()
+        if job.num_chunks == 0:
+            job.spans.add("queue", job.spans.start_ns, now_ns)
+        span = job.spans.open(f"prefill chunk {job.num_chunks}", now_ns, start_pos=c.start_pos,
+                              num_tokens=c.num_tokens, batch_size=batch_size)
+        job.num_chunks += 1
+        self._open_chunks.append((job.spans, span))
+        return ChunkTrace(span, now_ns)
+
     def after_step(self, outputs: list[RequestOutput], forward_end_s: float) -> None:
         """Call right after ``engine.step()``: ablation writes, then context of finished prefills."""
+        if self._open_chunks:
+            now_ns = time.time_ns()
+            for spans, span in self._open_chunks:
+                spans.close(span, now_ns)
+            self._open_chunks = []
         for items in self._after_forward:
             for layer in range(self.num_layers):
                 self._submit_layer(items, layer)
@@ -242,19 +268,40 @@ class PrefillMessenger:
         for item in items:
             item.job.sends.step_submitted()
 
+    def _stream_layer(self, items: list[PageRange], layer_id: int) -> None:
+        """The streamer saw layer ``layer_id`` done: its compute span ends now (for traced jobs), its
+        writes go. Seen, not measured inside the model: a layer done while the streamer still
+        submitted the one before is seen when that submit returns."""
+        now_ns = 0
+        for item in items:
+            if item.chunk is not None and item.job.spans is not None:
+                now_ns = now_ns or time.time_ns()
+                item.job.spans.add(f"layer {layer_id} compute", item.chunk.layer_start_ns, now_ns, item.chunk.span,
+                                   layer=layer_id)
+                item.chunk.layer_start_ns = now_ns
+        self._submit_layer(items, layer_id)
+
     def _submit_layer(self, items: list[PageRange], layer_id: int) -> None:
-        for job, first, stop, page_ids in items:
+        for job, first, stop, page_ids, _chunk in items:
             if job.sends.aborted:
                 continue
             skip = job.msg.num_cached_pages  # destinations list the pages after decode's cached ones
+            start_ns = time.time_ns() if job.spans is not None else 0
+            futures: list[Future[None]] = []
             try:
                 if self.kv_mirror is not None:  # the layer is complete: its pages go to the registered mirror
                     self.kv_mirror.to_host(layer_id, page_ids[first:stop])
                 pairs = layer_writes(job.transfers, self.layout, layer_id, self.src_geometry, job.dst_geometry,
                                      page_ids[first:stop], job.msg.destinations[0].page_ids[first - skip : stop - skip])
                 for w in pairs:
-                    self._submit_writes(job, self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
-                                        job.dst_targets[w.dst_tp_rank], w.src_offsets, w.dst_offsets, w.lengths)
+                    futures += self._submit_writes(job, self.pool_regions[w.src_tp_rank], job.dst_regions[w.dst_tp_rank],
+                                                   job.dst_targets[w.dst_tp_rank], w.src_offsets, w.dst_offsets,
+                                                   w.lengths)
+                if job.spans is not None:  # submitted -> every write of it completed locally
+                    span = job.spans.open(f"layer {layer_id} transfer", start_ns, layer=layer_id,
+                                          bytes=sum(sum(w.lengths) for w in pairs),
+                                          writes=sum(len(w.lengths) for w in pairs), pages=stop - first)
+                    job.spans.close_when_done(span, futures)
                 if layer_id == self.num_layers - 1:
                     job.sends.last_layer_submitted()
                 if job.digest is not None:  # after submitting: the hashing overlaps the writes
@@ -263,9 +310,10 @@ class PrefillMessenger:
                 self._fail(job, f"submitting layer {layer_id}: {exc}")
 
     def _submit_writes(self, job: PrefillJob, src: MemoryRegion, dst: RegionDescriptor, targets: GrantTargets | None,
-                       src_offsets: array[int], dst_offsets: array[int], lengths: array[int]) -> None:
+                       src_offsets: array[int], dst_offsets: array[int], lengths: array[int]) -> list[Future[None]]:
         """Submit writes from ``src`` into a decode region: one batch into the whole region, or with
-        per-grant keys one batch per granted segment the writes land in."""
+        per-grant keys one batch per granted segment the writes land in. Returns each batch's
+        completion."""
         from disaggsdk.transfer import WriteBatch
 
         batches: list[tuple[RegionDescriptor, array[int], list[array[int]]]]
@@ -273,9 +321,13 @@ class PrefillMessenger:
             batches = [(dst, dst_offsets, [src_offsets, lengths])]
         else:
             batches = list(targets.split(dst_offsets, src_offsets, lengths))  # all or nothing: checked first
+        futures = []
         for desc, dst_offs, (src_offs, lens) in batches:
             batch = WriteBatch(src, desc, src_offs, dst_offs, lens, imms(job.msg.imm, len(lens)))
-            job.sends.track(self.transfer.submit(job.peer, batch), sum(lens), len(lens))
+            fut = self.transfer.submit(job.peer, batch)
+            job.sends.track(fut, sum(lens), len(lens))
+            futures.append(fut)
+        return futures
 
     def _send_context(self, job: PrefillJob, out: RequestOutput, forward_end_s: float) -> None:
         job.forward_end_s = forward_end_s
@@ -293,8 +345,11 @@ class PrefillMessenger:
                 raise ValueError("the request names no context slot")
             if job.sends.aborted:
                 return
-            self._submit_writes(job, self.context_region, job.context_dst, job.context_target,
-                                array("Q", [job.slot * size]), array("Q", [c.offset_bytes]), array("Q", [size]))
+            start_ns = time.time_ns()
+            futures = self._submit_writes(job, self.context_region, job.context_dst, job.context_target,
+                                          array("Q", [job.slot * size]), array("Q", [c.offset_bytes]), array("Q", [size]))
+            if job.spans is not None:
+                job.spans.close_when_done(job.spans.open("context transfer", start_ns, bytes=size), futures)
         except Exception as exc:  # noqa: BLE001 - as a failed layer submit: the request fails, never the unit
             self._fail(job, f"sending the context: {exc}")
             return
@@ -313,6 +368,8 @@ class PrefillMessenger:
                 continue
             del self._jobs[rid]
             self._free_slots.append(job.slot)
+            if job.spans is not None:  # every write of it completed: its phases here are over
+                self.traced_spans.append(job.spans.finish(time.time_ns()))
             if sends.aborted:
                 self.engine.abort(rid)  # frees the pages whether or not the prefill finished
                 self.totals.counters.transfer_failures += 1

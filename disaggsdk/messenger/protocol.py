@@ -25,7 +25,9 @@ import msgspec
 from disaggsdk.errors import DisaggError
 
 MAGIC = b"DSGK"
-PROTOCOL_VERSION = 3  # 2: sender and sequence number inside the MAC; 3: grant segments, digests
+# 2: sender and sequence number inside the MAC; 3: grant segments, digests;
+# 4: PrefillRequest.traced (bodies forbid unknown fields: an older peer would refuse every request)
+PROTOCOL_VERSION = 4
 HEADER = struct.Struct("<4sBBHIQ")
 MAX_SENDER_BYTES = 255
 MAC_BYTES = 32
@@ -115,6 +117,8 @@ class PrefillRequest(Message, frozen=True):
     # the prompt's first pages decode holds already (its prefix cache): prefill writes none of them,
     # and ``destinations`` list only the pages after them
     num_cached_pages: int = 0
+    # the router traces the request: the prefill unit records its phases (`messenger.span_log`)
+    traced: bool = False
 
 
 class PrefillRejected(Message, frozen=True):
