@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt setup.py $(wildcard native/*.c nati
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,notebook,serve,ray,dev]'
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,notebook,serve,ray,trace,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

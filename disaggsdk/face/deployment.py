@@ -27,11 +27,14 @@ from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_app import build_app
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.engine.speculative.stats import SpecStats
     from disaggsdk.report.dashboard import Dashboard
     from disaggsdk.report.deployment_metrics import DeploymentMetrics
     from disaggsdk.report.ttft_phases import PhaseSummary
+    from disaggsdk.report.waterfall import TimelineSpan
     from disaggsdk.serve.backend import ServingBackend
     from disaggsdk.spec.types import Spec
 
@@ -47,6 +50,15 @@ class LaunchedBackend(Protocol):
 
     def unrecoverable(self) -> str | None:
         """Why no request can be served again (units that cannot restart); None while they can."""
+        ...
+
+
+@runtime_checkable
+class TracedBackend(Protocol):
+    """A backend that can trace its requests (`serve.router.Router`: `serve.request_tracing`)."""
+
+    def trace(self, request_id: str) -> list[TimelineSpan]:
+        """The finished spans of a recent traced request; [] when tracing is off or it is not held."""
         ...
 
 
@@ -155,6 +167,36 @@ class Deployment:
             return self.backend.ttft_phases(since_s)
         return None
 
+    def trace(self, request_id: str) -> list[TimelineSpan]:
+        """The spans of a recent request's trace (router, prefill and decode units), when tracing is on
+        (``serve.otlp_traces_endpoint``, ``OTEL_TRACES_EXPORTER``, or ``launch(..., span_exporter=...)``).
+
+        Args:
+            request_id: the response's ``id`` ("cmpl-..."), or the router's id of the request.
+        Returns:
+            its finished spans (`report.waterfall.TimelineSpan`); [] when tracing is off, the backend
+            does not trace (one engine in this process), or the request is older than the last
+            `serve.request_tracing.MAX_KEPT_TRACES` traced ones.
+        """
+        if isinstance(self.backend, TracedBackend):
+            return self.backend.trace(request_id)
+        return []
+
+    def waterfall(self, request_id: str) -> Figure:
+        """A recent request's spans drawn as a waterfall (`report.waterfall.waterfall`): where its
+        time went, unit by unit, each prefill chunk's layers and their transfers, each decode step.
+
+        Raises:
+            ValueError: no spans are held for ``request_id`` (see `trace`).
+        """
+        from disaggsdk.report.waterfall import waterfall
+
+        spans = self.trace(request_id)
+        if not spans:
+            raise ValueError(f"no spans held for request {request_id!r}: tracing is off, or the request is "
+                             "unknown or too old (see Deployment.trace)")
+        return waterfall(spans, title=request_id)
+
     def spec_stats(self, wait_s: float = 2.0) -> SpecStats:
         """Speculative decoding's acceptance counters, summed over the instances that draft
         (cumulative since start; all zero without speculation), from a fresh snapshot of every
@@ -257,12 +299,17 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         api_key: see `Deployment`.
         served_model_name: overrides ``spec.serve.model_name``.
         allowed_origins: see `Deployment`.
-        runtime_options: passed to `disaggsdk.launch.LocalRuntime` (``cpu_affinity``, ``log_dir``).
+        runtime_options: passed to `disaggsdk.serve.local.serve_locally`: ``span_exporter`` (trace
+            every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
+            they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
+            ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.LocalRuntime`'s
+            (``cpu_affinity``, ``log_dir``).
     Raises:
         UnitCannotRun: a `device: cuda` spec without ``tiny`` on a machine without CUDA (its units
             say so before loading anything).
         LaunchUnavailableError: this build has no local runtime.
         ServerStartError: the port cannot be bound (checked before any unit starts).
+        TracingUnavailableError: tracing is asked for but opentelemetry is missing (the ``trace`` extra).
     """
     from disaggsdk.face.preflight import local_runtime
     from disaggsdk.serve.http_server import bind_listener

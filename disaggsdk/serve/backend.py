@@ -8,7 +8,7 @@ asyncio loop can serve many requests at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -55,13 +55,18 @@ class ServingBackend(Protocol):
         """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""
 
     def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                 client: str = "") -> AsyncGenerator[TokenEvent, None]:
+                 client: str = "", trace_context: Mapping[str, str] | None = None) -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``.
         An async generator: a caller that stops reading early ``aclose()``s it.
 
         ``client`` names who sent it (the HTTP edge gives the client's address; "" for a caller in
         this process): a backend whose units can die bounds what one client's requests may cost
-        (`serve.poison_requests`)."""
+        (`serve.poison_requests`).
+
+        ``trace_context``: the client's W3C trace-context headers (``traceparent``, ``tracestate``); a
+        backend that traces its requests continues the client's trace (`serve.request_tracing`). The
+        front end passes it only when the client sent one, so a backend that does not trace may
+        leave the keyword out."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its pages are freed once no write can still land."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -102,10 +102,13 @@ class InProcessBackend:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = ""
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = "",
+        trace_context: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event.
-        ``client`` is not used: a request that takes this engine down takes the server with it."""
+        ``client`` is not used: a request that takes this engine down takes the server with it; nor is
+        ``trace_context``: one engine in this process is not traced (`serve.request_tracing` traces a
+        launched deployment)."""
         if self._closed.is_set():
             yield TokenEvent(request_id, [], True, "error", error="this backend is closed; start a new one",
                              instance=self.name)

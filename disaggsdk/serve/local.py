@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 from disaggsdk.serve.router import Router
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
     from disaggsdk.launch.units import CpuAffinity
     from disaggsdk.spec import Spec
 
@@ -31,28 +33,39 @@ class RuntimeOptions(TypedDict, total=False):
     restart_window_s: float
 
 
-def serve_locally(spec: Spec, **runtime_options: Unpack[RuntimeOptions]) -> Router:
+def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
+                  **runtime_options: Unpack[RuntimeOptions]) -> Router:
     """Start ``spec``'s units with `disaggsdk.launch.LocalRuntime` and route requests to them.
 
     Args:
         spec: a checked `Spec`.
+        span_exporter: trace every request and hand its spans to this OpenTelemetry exporter
+            (`serve.tracing_switch`); None: as ``serve.otlp_traces_endpoint`` and the environment say.
         runtime_options: `LocalRuntime`'s keyword arguments (``tiny``, ``colocated``,
             ``cpu_affinity``, ``log_dir``, ``provider``, ``secret``, ...).
     Returns:
         The router (a `ServingBackend`); closing it stops every unit.
     Raises:
         LaunchError: the units could not start (with the failing unit's log tail).
+        TracingUnavailableError: tracing is asked for but cannot run (checked before any unit starts).
     """
-    if spec.launch.backend == "ray":
-        from disaggsdk.launch.ray_runtime import RayRuntime
+    from disaggsdk.serve.tracing_switch import request_tracing_for
 
-        runtime = RayRuntime(spec, address=spec.launch.address, **runtime_options)
-    else:
-        from disaggsdk.launch.runtime import LocalRuntime
-
-        runtime = LocalRuntime(spec, **runtime_options)
+    tracing = request_tracing_for(spec.serve, span_exporter)
+    runtime = None
     try:
-        return Router(runtime)
+        if spec.launch.backend == "ray":
+            from disaggsdk.launch.ray_runtime import RayRuntime
+
+            runtime = RayRuntime(spec, address=spec.launch.address, **runtime_options)
+        else:
+            from disaggsdk.launch.runtime import LocalRuntime
+
+            runtime = LocalRuntime(spec, **runtime_options)
+        return Router(runtime, tracing)
     except BaseException:
-        runtime.close()
+        if runtime is not None:
+            runtime.close()
+        if tracing is not None:  # its exporter's thread, if it has one
+            tracing.close()
         raise

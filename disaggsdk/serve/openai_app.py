@@ -43,6 +43,7 @@ from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_siz
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 Chunk = str | bytes | memoryview  # what a StreamingResponse's body iterator yields
+TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate")  # W3C trace context, handed to the backend as sent
 ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, "
           "/metrics and POST /reset_prefix_cache")
 
@@ -233,7 +234,11 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             return queued.full_response()
         run_ids = [key] if len(reqs) == 1 else [f"{key}-{k}" for k in range(len(reqs))]
         client = request.client.host if request.client else ""  # what poison_requests counts deaths by
-        runs = [RequestRun(backend, metrics, rid, r, model, client) for rid, r in zip(run_ids, reqs)]
+        # W3C trace context: the backend continues the client's trace (serve.request_tracing), or
+        # starts a new one where the header is not a valid traceparent
+        trace_context = {h: v for h in TRACE_CONTEXT_HEADERS if (v := request.headers.get(h))}
+        runs = [RequestRun(backend, metrics, rid, r, model, client, trace_context=trace_context)
+                for rid, r in zip(run_ids, reqs)]
         note_runs(request, runs)
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))
         choices = Choices(runs, response_id, prompt_tokens, n=parsed.n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from disaggsdk.report.latency import RequestTimeline
@@ -44,6 +44,8 @@ class RequestRun:
     req: ParsedRequest
     model: str
     client: str = ""  # who sent it: the client's address (`ServingBackend.generate`)
+    # the client's W3C trace-context headers (`ServingBackend.generate`); empty: it sent none
+    trace_context: Mapping[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     timeline: RequestTimeline = field(init=False)
     error: str | None = None
@@ -83,7 +85,11 @@ class RequestRun:
             BadRequestError: the backend refused the request before producing a token (400), or
                 no instance that produces tokens is up (503).
         """
-        self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client)
+        if self.trace_context:
+            self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client,
+                                                 trace_context=self.trace_context)
+        else:
+            self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client)
         first = await anext(self._events)
         if first.finish_reason == "error" and not first.new_token_ids:
             self.error = first.error or "the request failed"

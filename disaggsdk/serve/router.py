@@ -24,7 +24,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
@@ -46,6 +46,8 @@ from disaggsdk.spec.rules import max_model_len
 if TYPE_CHECKING:
     from disaggsdk.engine.tokenizer import Tokenizer
     from disaggsdk.report.ttft_phases import PhaseSummary
+    from disaggsdk.report.waterfall import TimelineSpan
+    from disaggsdk.serve.request_tracing import RequestTracing
     from disaggsdk.spec import Spec
 
 
@@ -55,12 +57,16 @@ class Router:
     Args:
         runtime: started units (`disaggsdk.launch.LocalRuntime` or another `Runtime`); the router
             owns it from now on and closes it in `close()`.
+        tracing: trace every request across the units (`serve.request_tracing`, made by
+            `serve.tracing_switch.request_tracing_for`); None: off, units record nothing.
     """
 
     supports_logprobs = True
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, tracing: RequestTracing | None = None):
         self.runtime = runtime
+        self.tracing = tracing
+        self._traced: set[str] = set()  # requests in flight whose root span records (guarded by _lock)
         self.spec: Spec = runtime.spec
         self.model_name = runtime.model_name
         self.max_model_len = max_model_len(self.spec, resolve_model(self.spec.model))  # checked at the HTTP edge
@@ -95,6 +101,9 @@ class Router:
             self._deliver(self._join.scores(msg.request_id, ch.engine_logprobs(msg.logprobs)))
         elif isinstance(msg, ch.UnitStats):
             self._stats.received(msg)
+        elif isinstance(msg, ch.RequestSpans):
+            if self.tracing is not None:
+                self.tracing.unit_spans(msg)
         elif isinstance(msg, UnitStalled):
             self._on_unit_stalled(unit)
         elif isinstance(msg, UnitUnreachable):
@@ -109,8 +118,10 @@ class Router:
         with self._lock:
             if msg.request_id not in self._in_flight[unit]:
                 return  # moved off this unit while it was stalled (its abort answer too), or finished
-            self._not_started.pop(msg.request_id, None)
+            first = self._not_started.pop(msg.request_id, None) is not None
             self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
+        if self.tracing is not None and first:
+            self.tracing.first_token(msg.request_id, unit, msg.prefill_unit)
         self._deliver(self._join.event(event))
 
     def _deliver(self, events: list[TokenEvent]) -> None:
@@ -126,8 +137,11 @@ class Router:
                     self._resubmitted.discard(rid)
                     self._fingerprints.pop(rid, None)
                     self._clients.pop(rid, None)
+                    self._traced.discard(rid)
             if sink is not None:
                 sink(event)
+            if event.finished and self.tracing is not None:
+                self.tracing.finish(rid, event.finish_reason, event.error)
 
     def _on_unit_down(self, unit: str, down: UnitDown) -> None:
         with self._lock:
@@ -166,8 +180,11 @@ class Router:
             self._not_started.pop(request_id, None)
             self._fingerprints.pop(request_id, None)
             self._clients.pop(request_id, None)
+            self._traced.discard(request_id)
         if sink is not None:
             sink(TokenEvent(request_id, [], True, "error", error=error, instance=unit))
+        if self.tracing is not None:
+            self.tracing.finish(request_id, "error", error)
 
     def _on_unit_stalled(self, unit: str) -> None:
         """Move the requests waiting on a stalled unit for their first token (once, as from a dead
@@ -208,7 +225,8 @@ class Router:
             self._in_flight[unit].add(request_id)
             if leaving is not None:
                 self._in_flight[leaving].discard(request_id)
-        if self.runtime.send(unit, ch.Generate(request_id, *start)):
+            traced = request_id in self._traced
+        if self.runtime.send(unit, ch.Generate(request_id, *start, traced=traced)):
             return True
         with self._lock:
             self._in_flight[unit].discard(request_id)
@@ -243,12 +261,15 @@ class Router:
         return self._tokenizer.decode(token_ids, skip_special_tokens)
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-               sink: Callable[[TokenEvent], None], client: str = "") -> str:
+               sink: Callable[[TokenEvent], None], client: str = "",
+               trace_context: Mapping[str, str] | None = None) -> str:
         """Send a request to the serving unit `serve.routing` picks; ``sink`` gets its events (reader thread).
 
         Args:
             client: who sent it (the HTTP edge gives the client's address), for `poison_requests`;
                 "" for a caller in this process.
+            trace_context: the client's W3C trace-context headers (``traceparent``, ``tracestate``):
+                with tracing on, the request's trace continues the client's.
 
         Returns:
             The unit's name.
@@ -259,6 +280,38 @@ class Router:
         """
         hashes = self.routing.hashes(prompt_ids)  # before the lock: a long prompt takes milliseconds
         fp = fingerprint(prompt_ids, params)
+        # (a duplicate id is refused below: `RequestTracing.start` leaves the trace of the request holding it be)
+        traced = self.tracing is not None and self.tracing.start(request_id, trace_context, len(prompt_ids))
+        route_start_ns = time.time_ns() if traced else 0
+        try:
+            unit = self._admit(request_id, prompt_ids, params, sink, client, hashes, fp, traced)
+        except BaseException:
+            if traced and self.tracing is not None:
+                self.tracing.finish(request_id, "error", "refused")
+            raise
+        if traced and self.tracing is not None:
+            self.tracing.routed(request_id, unit, route_start_ns, time.time_ns())
+        try:
+            delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params, traced=traced))
+        except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
+            with self._lock:
+                self._in_flight[unit].discard(request_id)
+                self._sinks.pop(request_id, None)
+                self._not_started.pop(request_id, None)
+                self._fingerprints.pop(request_id, None)
+                self._clients.pop(request_id, None)
+                self._traced.discard(request_id)
+            if traced and self.tracing is not None:
+                self.tracing.finish(request_id, "error", str(exc))
+            raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
+        if not delivered:
+            self._on_unit_down(unit, UnitDown(""))  # died between the choice and the send: end what it held
+        return unit
+
+    def _admit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+               sink: Callable[[TokenEvent], None], client: str, hashes: list[bytes], fp: bytes | None,
+               traced: bool) -> str:
+        """Pick the request's unit and hold it in flight there (`submit` sends it); returns the unit."""
         with self._lock:
             if self._closed:
                 raise LaunchError("the runtime is closed; start a new one")
@@ -277,26 +330,17 @@ class Router:
             self._fingerprints[request_id] = fp
             self._clients[request_id] = client
             self._not_started[request_id] = (list(prompt_ids), params)
+            if traced:
+                self._traced.add(request_id)
             self.first_tokens.received(request_id, time.monotonic())
             self._join.expect(request_id, params)
-        try:
-            delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params))
-        except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
-            with self._lock:
-                self._in_flight[unit].discard(request_id)
-                self._sinks.pop(request_id, None)
-                self._not_started.pop(request_id, None)
-                self._fingerprints.pop(request_id, None)
-                self._clients.pop(request_id, None)
-            raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
-        if not delivered:
-            self._on_unit_down(unit, UnitDown(""))  # died between the choice and the send: end what it held
         return unit
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       client: str = "") -> AsyncGenerator[TokenEvent, None]:
+                       client: str = "", trace_context: Mapping[str, str] | None = None
+                       ) -> AsyncGenerator[TokenEvent, None]:
         """Stream a request's tokens (errors arrive as a final event with finish_reason "error");
-        ``client`` as in `submit`."""
+        ``client`` and ``trace_context`` as in `submit`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -304,7 +348,7 @@ class Router:
             loop.call_soon_threadsafe(events.put_nowait, ev)
 
         try:
-            self.submit(request_id, prompt_ids, params, sink, client)
+            self.submit(request_id, prompt_ids, params, sink, client, trace_context)
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return
@@ -368,6 +412,15 @@ class Router:
         records = [r for s in self.unit_stats().values() for r in s.recent]
         return summarize_phases(first_tokens, records)
 
+    def trace(self, request_id: str) -> list[TimelineSpan]:
+        """The finished spans of a recent traced request (`serve.request_tracing`), by the router's id
+        or the response id its client got; [] when tracing is off or the request is not held."""
+        if self.tracing is None:
+            return []
+        from disaggsdk.serve.request_tracing import timeline_spans
+
+        return timeline_spans(self.tracing.spans_of(request_id))
+
     def placement(self) -> dict[str, str]:
         """Unit name -> where it runs, when units run beyond this machine (Ray); else {}."""
         return self.runtime.placement()
@@ -416,6 +469,10 @@ class Router:
             sinks, self._sinks = self._sinks, {}
         for rid, sink in sinks.items():
             sink(TokenEvent(rid, [], True, "error", error="the runtime was closed"))
+            if self.tracing is not None:
+                self.tracing.finish(rid, "error", "the runtime was closed")
+        if self.tracing is not None:
+            self.tracing.close()
 
     def __enter__(self) -> Router:
         return self

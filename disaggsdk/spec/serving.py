@@ -64,6 +64,13 @@ class Serve(CheckedFields):
         "in a long step still beats): down in `/health`, given no new requests, its requests without a first token "
         "moved to another unit, and every other request it held ended with an error that says to retry (HTTP 503 "
         "when no unit is left to serve). It serves again once it is heard.", positive)
+    otlp_traces_endpoint: str | None = key(None,
+        "Where each request's phases go as OpenTelemetry spans, one trace per request across the router and the "
+        "units it reached (router, queue, each prefill chunk, each layer's compute and KV transfer, the counter, "
+        "each decode step): an OTLP/HTTP traces URL such as `http://localhost:4318/v1/traces` (vLLM's "
+        "`--otlp-traces-endpoint`). A client's W3C `traceparent` header is honoured. Unset: no tracing unless the "
+        "environment sets `OTEL_TRACES_EXPORTER` (`otlp`, `console`); units then record nothing. Needs the `trace` "
+        "extra (docs/tracing.md).")
 
 
 @attrs.frozen
