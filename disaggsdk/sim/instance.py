@@ -45,7 +45,8 @@ class StepTokens:
 class _Prefill:
     record: RequestRecord
     done_tokens: int = 0  # tokens already prefilled
-    target_tokens: int = 0  # tokens to prefill (mixed: whole prompt; prefill mode: prompt[:-1])
+    target_tokens: int = 0  # tokens to prefill (mixed or local: whole prompt; prefill mode: prompt[:-1])
+    local: bool = False  # a decode instance prefills it itself (conditional disaggregation), then decodes it
 
 
 @dataclass
@@ -82,10 +83,12 @@ class SimInstance:
     busy: bool = False
 
     # admission
-    def admit_prefill(self, record: RequestRecord) -> None:
-        """Queue a request's prompt for prefill (mixed and prefill modes)."""
+    def admit_prefill(self, record: RequestRecord, local: bool = False) -> None:
+        """Queue a request's prompt for prefill (mixed and prefill modes; ``local``: a decode instance
+        computes the prompt itself and decodes it, as conditional disaggregation sends a short one)."""
         n = record.request.input_len
-        self._prefills.append(_Prefill(record, 0, n if self.mode == "mixed" else n - 1))
+        whole = self.mode == "mixed" or local
+        self._prefills.append(_Prefill(record, 0, n if whole else n - 1, local))
 
     def admit_decode(self, record: RequestRecord) -> None:
         """A request whose KV arrived: it decodes from its last prompt token (decode mode)."""
@@ -99,6 +102,7 @@ class SimInstance:
 
     @property
     def outstanding_prefill_tokens(self) -> int:
+        """Prompt tokens queued here and not yet computed: the router's measure of prefill work."""
         return sum(p.target_tokens - p.done_tokens for p in self._prefills)
 
     def has_work(self) -> bool:
@@ -165,7 +169,7 @@ class SimInstance:
         while self._prefills and self._prefills[0].done_tokens >= self._prefills[0].target_tokens:
             p = self._prefills.popleft()
             p.record.prefill_done_s = end_s
-            if self.mode == "mixed":
+            if self.mode == "mixed" or p.local:
                 p.record.first_token_s = end_s
                 out.num_tokens += 1
                 out.first.append(p.record)

@@ -2,8 +2,10 @@
 
 Events are arrivals, step completions and KV transfers landing. The router sends each request to
 the decode (or, colocated, mixed) instance with the fewest outstanding requests and, when
-disaggregated, to the prefill instance with the fewest outstanding prompt tokens. The output has
-the field names of `disaggsdk bench` (vLLM's), plus per-instance utilisation.
+disaggregated, to the prefill instance with the fewest outstanding prompt tokens; with conditional
+disaggregation (`transfer.max_local_prefill_tokens`) a short prompt stays on its decode instance. The
+output has the field names of `disaggsdk bench` (vLLM's), plus per-instance utilisation, and SLO
+attainment where the config names SLOs.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class SimConfig:
     # the benchmark client runs on those cores too (validation on this machine)
     client_shares_cores: bool = False
     percentiles: tuple[float, ...] = (50, 90, 99)
+    # SLOs (ms, keys among ttft, tpot, e2el): the summary then has ``slo_attainment`` (the share of the
+    # requests that met every one; an unfinished request met none) and ``request_goodput``, as bench's
+    slos_ms: dict[str, float] = attrs.field(factory=dict)
 
 
 def default_weight_dtype(model: str) -> str:
@@ -199,6 +204,12 @@ class Simulation:
             decode.admit_prefill(record)
             self._kick(decode, now_s)
             return
+        # conditional disaggregation (`transfer.max_local_prefill_tokens`): a short prompt is computed by its
+        # decode instance, with no handoff (no prefix cache is simulated: every prompt token is missing)
+        if record.request.input_len <= self.spec.transfer.max_local_prefill_tokens:
+            decode.admit_prefill(record, local=True)
+            self._kick(decode, now_s)
+            return
         prefill = min(self.prefill, key=lambda i: i.outstanding_prefill_tokens)
         self._decode_of[record.request.request_id] = decode
         decode.num_incoming += 1
@@ -259,9 +270,33 @@ class Simulation:
         result |= metric_stats("itl", itl, pct, weights)
         result |= metric_stats("e2el", e2el, pct)
         result["mean_tokens_per_s_per_request"] = tokens_per_s_per_request(tpot)
+        if self.config.slos_ms:
+            good = sum(self._met_slos(r, self.config.slos_ms) for r in done)
+            result["request_goodput"] = good / duration
+            result["slo_attainment"] = good / len(records) if records else 0.0
+            for name, limit in self.config.slos_ms.items():  # as bench's: the share of requests that missed each
+                result[f"slo_missed_{name}"] = (len(records) - sum(self._met_slos(r, {name: limit}) for r in done)) \
+                    / len(records) if records else 0.0
         result["utilisation"] = {i.name: i.busy_s / duration for i in self.prefill + self.decode}
         result["mode"] = "colocated" if self.config.colocated else "disaggregated"
         return result
+
+
+    @staticmethod
+    def _met_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
+        """Whether a finished request met every SLO of ``slos_ms`` (as `report.latency.is_good` judges
+        a measured one: TPOT over the tokens after the first, none for a one-token answer)."""
+        ttft_ms = (record.first_token_s - record.request.arrival_s) * 1e3
+        values = {"ttft": ttft_ms, "e2el": (record.finish_s - record.request.arrival_s) * 1e3,
+                  "tpot": ((record.finish_s - record.first_token_s) * 1e3 / (record.request.output_len - 1)
+                           if record.request.output_len > 1 else None)}
+        for name, limit in slos_ms.items():
+            if name not in values:
+                raise SpecError(f"unknown SLO {name!r}; use ttft, tpot or e2el (milliseconds)")
+            value = values[name]
+            if value is not None and value > limit:
+                return False
+        return True
 
 
 def simulate(spec: Spec, requests: list[SimRequest], config: SimConfig) -> dict[str, Any]:

@@ -186,3 +186,43 @@ def test_a_decode_rank_holds_the_specs_max_num_seqs():
     assert [i.max_num_seqs for i in Simulation(one, config).decode] == [1] * 3
     reqs = [SimRequest(i, 0.0, 512, 16) for i in range(6)]  # two per decode instance
     assert Simulation(one, config).run(reqs)["mean_e2el_ms"] > Simulation(R1_TP, config).run(reqs)["mean_e2el_ms"]
+
+
+def _with_local_prefill(spec, tokens):
+    import attrs
+
+    return attrs.evolve(spec, transfer=attrs.evolve(spec.transfer, max_local_prefill_tokens=tokens))
+
+
+def test_conditional_disaggregation_keeps_short_prompts_on_decode_by_hand():
+    """A prompt within `transfer.max_local_prefill_tokens` is computed by its decode instance: no prefill
+    step, no transfer; its TTFT is one mixed step, and a long prompt is still handed off."""
+    from disaggsdk.sim.cost_model import prefill_context_pairs
+
+    sim = Simulation(_with_local_prefill(R1_TP, 512), SimConfig(H200, weight_dtype="fp8"))
+    result = sim.run([SimRequest(0, 0.0, 300, 1)])
+    cost = sim.decode[0].cost
+    assert result["mean_ttft_ms"] == pytest.approx(cost.step_time_s(300, 1, prefill_context_pairs(300, 0), 300) * 1e3)
+    assert result["utilisation"]["prefill-0"] == 0.0
+
+    sim = Simulation(_with_local_prefill(R1_TP, 512), SimConfig(H200, weight_dtype="fp8"))
+    sim.run([SimRequest(0, 0.0, 300, 4), SimRequest(1, 0.0, 2049, 4)])
+    assert sim.prefill[0].busy_s > 0  # the long one went to the prefill instance
+    assert all(r.finish_s > 0 for r in sim.decode[0].finished + sim.decode[1].finished
+               + sim.decode[2].finished)
+
+
+def test_slo_attainment_counts_requests_that_met_every_slo():
+    reqs = Workload(qps=2.0, duration_s=20, input_len=2048, output_len=64, seed=1).requests()
+    loose = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", slos_ms={"ttft": 1e6, "tpot": 1e6})).run(reqs)
+    assert loose["slo_attainment"] == 1.0
+    assert loose["request_goodput"] == pytest.approx(loose["request_throughput"])
+    # a TTFT below one prefill step is met by no request; TPOT alone is still met by all
+    tight = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", slos_ms={"ttft": 0.001})).run(reqs)
+    assert tight["slo_attainment"] == 0.0 and tight["request_goodput"] == 0.0
+    mid = loose["median_ttft_ms"]
+    half = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", slos_ms={"ttft": mid})).run(reqs)
+    assert 0.3 < half["slo_attainment"] < 0.8
+    assert "slo_attainment" not in Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8")).run(reqs)
+    with pytest.raises(Exception, match="unknown SLO"):
+        Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", slos_ms={"latency": 1.0})).run(reqs)
