@@ -55,6 +55,20 @@ class SweepRow(TypedDict):
     median_tpot_ms: float | None
     p99_tpot_ms: float | None
     p99_itl_ms: float | None
+    slo_missed: dict[str, float]  # per SLO, the share of the requests sent that missed it
+    # the TTFT phase with the largest mean (`report.ttft_phases`), where the server measured them
+    slowest_ttft_phase: str | None
+
+
+class LimitedBy(TypedDict):
+    """What kept a sweep's goodput from going higher: in the lowest-rate run that missed the target,
+    the SLO missed by the most requests, and (for TTFT, where the server measured its phases) the
+    phase of the time to first token that took longest."""
+
+    request_rate: float | str
+    slo: str
+    missed_share: float
+    ttft_phase: str | None
 
 
 class GoodputSweep(TypedDict):
@@ -68,6 +82,7 @@ class GoodputSweep(TypedDict):
     slos_ms: dict[str, float]
     rates: str | list[float]  # the rates given, or how the search chose them
     sweep: list[SweepRow]
+    limited_by: LimitedBy | None  # None: no run missed the target (the goodput is the throughput)
     target: NotRequired[str]
     cpu: NotRequired[dict[str, object]]
 
@@ -143,7 +158,32 @@ def _row(round_index: int, rate: float, result: BenchResult) -> SweepRow:
                     request_goodput=float(result["request_goodput"]), completed=int(result["completed"]),
                     failed=int(result["failed"]), median_ttft_ms=result.get("median_ttft_ms"),
                     p99_ttft_ms=result.get("p99_ttft_ms"), median_tpot_ms=result.get("median_tpot_ms"),
-                    p99_tpot_ms=result.get("p99_tpot_ms"), p99_itl_ms=result.get("p99_itl_ms"))
+                    p99_tpot_ms=result.get("p99_tpot_ms"), p99_itl_ms=result.get("p99_itl_ms"),
+                    slo_missed={key[len("slo_missed_"):]: float(value) for key, value in result.items()
+                                if key.startswith("slo_missed_")},
+                    slowest_ttft_phase=slowest_phase(result.get("ttft_phases")))
+
+
+def slowest_phase(phases: object) -> str | None:
+    """The phase with the largest mean in a run's ``ttft_phases`` (`report.ttft_phases.PhaseSummary`),
+    the server's whole TTFT and the client's share left out; None where none was measured."""
+    if not isinstance(phases, dict) or not phases.get("requests"):
+        return None
+    means = {k: v for k, v in phases.get("mean_ms", {}).items() if k not in ("server_ttft", "http_and_client")}
+    return max(means, key=means.__getitem__) if means else None
+
+
+def limited_by(rows: list[SweepRow], target: float) -> LimitedBy | None:
+    """What limited a sweep (`LimitedBy`), from the lowest-rate run of ``rows`` under ``target``."""
+    missed = [r for r in rows if r["slo_attainment"] < target]
+    if not missed:
+        return None
+    first = min(missed, key=lambda r: math.inf if isinstance(r["request_rate"], str) else r["request_rate"])
+    if not first["slo_missed"]:
+        return None
+    slo = max(first["slo_missed"], key=first["slo_missed"].__getitem__)
+    return LimitedBy(request_rate=first["request_rate"], slo=slo, missed_share=first["slo_missed"][slo],
+                     ttft_phase=first["slowest_ttft_phase"] if slo == "ttft" else None)
 
 
 def sweep_round(run_at: RunAt, sweep: RateSweep, seed: int, round_index: int) -> tuple[float, list[SweepRow]]:
@@ -195,7 +235,7 @@ def run_sweep(run_at: RunAt, sweep: RateSweep, slos_ms: dict[str, float], seed: 
         slo_attainment_target=sweep.target, slos_ms=dict(slos_ms),
         rates=f"{SEARCH} ({sweep.search_steps} bisections of (0, the throughput at rate inf])" if sweep.is_search
         else list(sweep.rates),
-        sweep=rows)
+        sweep=rows, limited_by=limited_by(rows, sweep.target))
 
 
 def goodput_line(name: str, doc: GoodputSweep) -> str:
@@ -207,6 +247,15 @@ def goodput_line(name: str, doc: GoodputSweep) -> str:
         low, high = doc["goodput_range"]
         spread = (f" (rounds {', '.join(f'{r:.2f}' for r in rounds)}: {low:.2f}-{high:.2f} brackets the median "
                   f"with {doc['goodput_range_confidence']:.0%} confidence)")
-    return (f"{name}: goodput {doc['goodput_request_rate']:.2f} req/s{spread}: the highest rate at which "
+    line = (f"{name}: goodput {doc['goodput_request_rate']:.2f} req/s{spread}: the highest rate at which "
             f"{doc['slo_attainment_target']:.0%} of requests met {slos}")
+    return line + (f"; {limit_text(doc['limited_by'])}" if doc["limited_by"] else "")
+
+
+def limit_text(limit: LimitedBy) -> str:
+    """`LimitedBy` for a person: which SLO gave out first, at what rate, and the phase behind it."""
+    rate = limit["request_rate"]
+    at = "flat out" if isinstance(rate, str) else f"at {rate:.2f} req/s"
+    phase = f" (its longest phase: {limit['ttft_phase']})" if limit["ttft_phase"] else ""
+    return f"limited by {limit['slo'].upper()}{phase}: {limit['missed_share']:.0%} of requests missed it {at}"
 

@@ -123,7 +123,8 @@ def summarize(
         duration_s: wall time of the run (first send to last token).
         percentiles: which percentiles to report (``p99_ttft_ms``...).
         slos_ms: SLOs for goodput, e.g. ``{"ttft": 500, "tpot": 50}``; goodput is the rate of
-            requests meeting all of them, ``slo_attainment`` their share of the requests sent.
+            requests meeting all of them, ``slo_attainment`` their share of the requests sent, and
+            ``slo_missed_<name>`` the share of the requests sent that missed that one (a failed one missed all).
     Returns:
         a flat dict of numbers.
     Raises:
@@ -154,6 +155,9 @@ def summarize(
         good = sum(is_good(t, slos_ms) for t in done)
         result["request_goodput"] = good / duration_s
         result["slo_attainment"] = good / len(timelines) if timelines else 0.0  # a failed request met none
+        for name in slos_ms:  # which SLO kept requests out: the share of the requests sent that missed each
+            result[f"slo_missed_{name}"] = sum(not is_good(t, {name: slos_ms[name]}) for t in timelines) / len(timelines) \
+                if timelines else 0.0
     result |= metric_stats("ttft", [t.ttft_ms for t in done], percentiles)
     result |= metric_stats("tpot", tpots, percentiles)
     result |= metric_stats("itl", [x for t in done for x in t.itls_ms], percentiles)

@@ -103,3 +103,23 @@ def test_a_sweep_without_slos_or_with_bad_settings_is_refused():
                 {"rates": (1.0, 1.0)}, {"rates": (1.0, math.inf)}):
         with pytest.raises(SweepError):
             RateSweep(**bad)
+
+
+def test_a_sweep_names_the_slo_that_gave_out_first_and_the_ttft_phase_behind_it():
+    def server(rate: float, seed: int) -> dict:
+        over = rate > 2.0
+        return {"slo_attainment": 0.5 if over else 1.0, "request_throughput": min(rate, 3.0),
+                "request_goodput": 1.0, "completed": 10, "failed": 0,
+                "slo_missed_ttft": 0.4 if over else 0.0, "slo_missed_tpot": 0.1 if over else 0.0,
+                "ttft_phases": {"requests": 10, "unmeasured": 0,
+                                "mean_ms": {"prefill_queue": 300.0, "prefill_compute": 80.0, "server_ttft": 400.0},
+                                "median_ms": {}}}
+
+    doc = run_sweep(server, RateSweep((1.0, 2.0, 4.0, 8.0)), SLOS)
+    assert doc["sweep"][0]["slo_missed"] == {"ttft": 0.0, "tpot": 0.0}
+    assert doc["sweep"][0]["slowest_ttft_phase"] == "prefill_queue"  # the server's whole TTFT is not a phase
+    assert doc["limited_by"] == {"request_rate": 4.0, "slo": "ttft", "missed_share": 0.4, "ttft_phase": "prefill_queue"}
+    assert "limited by TTFT (its longest phase: prefill_queue): 40% of requests missed it at 4.00 req/s" \
+        in goodput_line("tiny", doc)
+    met = run_sweep(server, RateSweep((1.0, 2.0)), SLOS)
+    assert met["limited_by"] is None and "limited by" not in goodput_line("tiny", met)

@@ -23,6 +23,9 @@ def test_summary_has_vllm_field_names_and_values():
     assert (s["completed"], s["failed"], s["total_input_tokens"], s["total_output_tokens"]) == (2, 1, 10, 5)
     assert s["request_throughput"] == pytest.approx(1.0)
     assert s["request_goodput"] == pytest.approx(0.5)  # only the first met TTFT <= 200 ms
+    assert s["slo_missed_ttft"] == pytest.approx(2 / 3)  # the second was late, the failed one met nothing
+    both = summarize(ts, duration_s=2.0, slos_ms={"ttft": 250, "tpot": 99})  # both TPOTs are 100 ms
+    assert both["slo_missed_ttft"] == pytest.approx(2 / 3) and both["slo_missed_tpot"] == 1.0
     assert s["mean_ttft_ms"] == pytest.approx(200) and s["median_ttft_ms"] == pytest.approx(200)
     assert s["mean_tpot_ms"] == pytest.approx(100)
     assert s["p99_itl_ms"] == pytest.approx(100)
