@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUTPUT_LEN = 64
 DEFAULT_USER_LEN = 64  # multi-turn: each user message, unless --input-len is given
-DATASETS = ("random", "sharegpt", "multi-turn")
+DATASETS = ("random", "sharegpt", "multi-turn", "custom")
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}  # vLLM's --backend -> endpoint
 RUNTIME_BACKENDS = ("local", "ray")  # --backend's other meaning: where a spec's units run (cli.runtime_options)
 
@@ -63,11 +63,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-warmups", type=int, default=0,
                    help="untimed copies of the first request sent before the load (after vLLM's one test request)")
     g.add_argument("--dataset-name", choices=DATASETS, default=None,
-                   help="random token ids, ShareGPT conversations from --dataset-path, or multi-turn chats "
+                   help="random token ids, ShareGPT conversations from --dataset-path, multi-turn chats "
                         "that resend their history (synthetic token ids, or every turn of --dataset-path's "
-                        "conversations) (default: sharegpt when a path is given, else random)")
+                        "conversations), or custom: a JSON-lines trace, one request a line "
+                        "(bench/trace_dataset.py) (default: custom for a .jsonl path, sharegpt for another "
+                        "path, else random)")
     g.add_argument("--dataset-path", "--dataset", dest="dataset_path", default=None, metavar="FILE",
-                   help="ShareGPT-format JSON")
+                   help="ShareGPT-format JSON, or a JSON-lines trace (--dataset-name custom)")
     g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=256,
                    action=_StoreGiven, help=f"prompt tokens of the random dataset (multi-turn: each user "
                                             f"message, {DEFAULT_USER_LEN} unless given)")
@@ -135,17 +137,20 @@ def endpoint(args: argparse.Namespace) -> str:
 
 
 def dataset_name(args: argparse.Namespace) -> str:
-    """``random``, ``sharegpt`` or ``multi-turn``, from ``--dataset-name`` and ``--dataset-path``.
+    """``random``, ``sharegpt``, ``multi-turn`` or ``custom``, from ``--dataset-name`` and ``--dataset-path``.
 
     Raises:
         BenchArgsError: sharegpt without a path, a path for the random dataset, or synthetic
             multi-turn prompts (token ids) for the chat endpoint.
     """
-    name = args.dataset_name or ("sharegpt" if args.dataset_path else "random")
-    if name == "sharegpt" and not args.dataset_path:
+    path = args.dataset_path
+    name = args.dataset_name or ("random" if not path else "custom" if str(path).endswith(".jsonl") else "sharegpt")
+    if name == "sharegpt" and not path:
         raise BenchArgsError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON)")
+    if name == "custom" and not path:
+        raise BenchArgsError("--dataset-name custom needs --dataset-path FILE (a JSON-lines trace)")
     if name == "random" and args.dataset_path:
-        raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt or multi-turn; the random dataset "
+        raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt, multi-turn or custom; the random dataset "
                              "has no file")
     if name == "multi-turn" and not args.dataset_path and endpoint(args) == BACKENDS["openai-chat"]:
         raise BenchArgsError("synthetic multi-turn prompts are token ids, which /v1/chat/completions cannot take: "

@@ -75,6 +75,19 @@ def load_requests(args: argparse.Namespace, model: str | None,
     from disaggsdk.bench.multi_turn import sharegpt_conversations, synthetic_conversations
 
     name = bench_args.dataset_name(args)
+    if name == "custom":
+        from disaggsdk.bench.trace_dataset import trace_lengths, trace_requests
+
+        needs_tokenizer = chat or any(n is None for n, _ in trace_lengths(args.dataset_path))
+        tokenizer_or_none = _tokenizer(args.tokenizer or model) if needs_tokenizer else None
+        traced = trace_requests(args.dataset_path, args.num_prompts,
+                                (lambda text: len(tokenizer_or_none.encode(text))) if tokenizer_or_none else None,
+                                args.output_len, args.seed)
+        if not chat or tokenizer_or_none is None:
+            return traced
+        as_text = [(r.prompt, r.prompt_len) if isinstance(r.prompt, str)
+                   else _text_of_length(tokenizer_or_none, list(r.prompt)) for r in traced]
+        return [BenchRequest(text, n, r.output_len) for (text, n), r in zip(as_text, traced)]
     if name == "multi-turn":
         shape = bench_args.multi_turn_shape(args)
         if not args.dataset_path:

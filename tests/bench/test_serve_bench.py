@@ -249,3 +249,14 @@ def test_median_run_picks_a_real_run_and_lists_all():
     assert median_run(runs[:1], "p99_itl_ms") == runs[0]
     with pytest.raises(ValueError):
         median_run([], "p99_itl_ms")
+
+
+def test_bench_replays_a_jsonl_trace_as_vllms_custom_dataset(server, run_cli, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"input_len": 12, "output_len": 3}\n{"prompt_token_ids": [5, 6, 7, 8], "output_tokens": 2}\n')
+    p = run_cli("bench", server.url, "--dataset-path", str(trace), "--num-prompts", "4", "--api-key", "k", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["completed"] == 4 and set(doc["output_lens"]) <= {2, 3} and set(doc["input_lens"]) <= {4, 12}
+    p = run_cli("bench", server.url, "--dataset-name", "custom", "--api-key", "k")
+    assert p.returncode == 2 and "needs --dataset-path" in p.stderr and "Traceback" not in p.stderr

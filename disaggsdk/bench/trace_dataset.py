@@ -1,0 +1,124 @@
+"""Benchmark prompts from a JSON-lines trace: a user's own traffic, one request per line.
+
+The format is vLLM's ``--dataset-name custom`` (``{"prompt": ..., "output_tokens": ...}``) widened to
+what a trace of real traffic records without its text: each line gives the prompt as text
+(``prompt``), as token ids (``prompt_token_ids``) or as a length alone (``input_len``, sent as random
+token ids of that length), and the answer's length (``output_tokens`` or ``output_len``). Other keys
+(an arrival time, a user id) are ignored: the benchmark's arrival process sets when each is sent.
+
+Each run samples ``num_prompts`` lines with its own seed, with replacement when it wants more than
+the trace holds, and draws fresh ids for length-only lines, so the runs of a sweep do not serve one
+another's prompts from the prefix cache.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError
+
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "input_len")
+OUTPUT_KEYS = ("output_tokens", "output_len")
+
+
+def _positive_int(value: object, where: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DatasetError(f"{where}: {key!r} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def read_trace(path: str | Path) -> list[dict[str, object]]:
+    """The lines of a JSON-lines trace, each checked to name its prompt and its output length.
+
+    Raises:
+        DatasetError: an unreadable file, a line that is not a JSON object, or one without a prompt
+            (``prompt``, ``prompt_token_ids`` or ``input_len``) or an output length, with its line number.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise DatasetError(f"--dataset-path {path}: cannot read it ({exc.strerror})") from None
+    rows: list[dict[str, object]] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{where}: expected an object such as {{\"input_len\": 512, \"output_len\": 64}}")
+        prompt_keys = [k for k in PROMPT_KEYS if k in row]
+        if len(prompt_keys) != 1:
+            raise DatasetError(f"{where}: give the prompt once, as one of {', '.join(PROMPT_KEYS)} "
+                               f"(found {prompt_keys or 'none'})")
+        output_keys = [k for k in OUTPUT_KEYS if k in row]
+        if len(output_keys) != 1:
+            raise DatasetError(f"{where}: give the answer's length once, as {' or '.join(OUTPUT_KEYS)}")
+        _positive_int(row[output_keys[0]], where, output_keys[0])
+        key = prompt_keys[0]
+        if key == "input_len":
+            _positive_int(row[key], where, key)
+        elif key == "prompt" and not (isinstance(row[key], str) and row[key]):
+            raise DatasetError(f"{where}: 'prompt' must be non-empty text")
+        elif key == "prompt_token_ids" and not (
+                isinstance(row[key], list) and row[key] and all(isinstance(t, int) and t >= 0 for t in row[key])):
+            raise DatasetError(f"{where}: 'prompt_token_ids' must be a non-empty list of token ids")
+        rows.append(row)
+    if not rows:
+        raise DatasetError(f"--dataset-path {path}: the trace has no requests")
+    return rows
+
+
+def trace_lengths(path: str | Path) -> list[tuple[int | None, int]]:
+    """(prompt tokens, output tokens) of every line of a trace; None where only text gives the prompt
+    (its length depends on the tokenizer).
+
+    Raises:
+        DatasetError: as `read_trace`.
+    """
+    out: list[tuple[int | None, int]] = []
+    for row in read_trace(path):
+        output = row.get("output_tokens", row.get("output_len"))
+        assert isinstance(output, int), "read_trace checked it"
+        prompt = row.get("input_len", row.get("prompt_token_ids"))
+        out.append((len(prompt) if isinstance(prompt, list) else prompt if isinstance(prompt, int) else None, output))
+    return out
+
+
+def trace_requests(path: str | Path, num_prompts: int, count_tokens: Callable[[str], int] | None = None,
+                   output_len: int | None = None, seed: int = 0) -> list[BenchRequest]:
+    """``num_prompts`` requests sampled (seeded) from a trace; see the module docstring.
+
+    Args:
+        count_tokens: text -> tokens in the served model's tokenizer, for lines that give text; None
+            is enough for a trace of lengths and token ids.
+        output_len: every answer's length instead of the trace's.
+    Raises:
+        DatasetError: as `read_trace`; a text prompt with no tokenizer to count it; ``num_prompts`` < 1.
+    """
+    if num_prompts < 1:
+        raise DatasetError(f"--num-prompts must be >= 1, got {num_prompts}")
+    rows = read_trace(path)
+    rng = random.Random(seed)
+    picked = rng.sample(rows, num_prompts) if num_prompts <= len(rows) else rng.choices(rows, k=num_prompts)
+    out: list[BenchRequest] = []
+    for row in picked:
+        output = output_len or row.get("output_tokens", row.get("output_len"))
+        assert isinstance(output, int), "read_trace checked it"
+        prompt = row.get("prompt", row.get("prompt_token_ids", row.get("input_len")))
+        if isinstance(prompt, int):
+            out.append(BenchRequest([rng.randrange(RANDOM_TOKEN_ID_LIMIT) for _ in range(prompt)], prompt, output))
+        elif isinstance(prompt, list):
+            out.append(BenchRequest([int(t) for t in prompt], len(prompt), output))
+        else:
+            assert isinstance(prompt, str), "read_trace checked it"
+            if count_tokens is None:
+                raise DatasetError(f"--dataset-path {path}: a text prompt needs the served model's tokenizer "
+                                   f"(--tokenizer) to count its tokens")
+            out.append(BenchRequest(prompt, count_tokens(prompt), output))
+    return out
