@@ -34,6 +34,7 @@ COMMANDS = {
     "serve": "disaggsdk.cli.serve_cmd",
     "launch": "disaggsdk.cli.launch_cmd",
     "bench": "disaggsdk.cli.bench_cmd",
+    "compare": "disaggsdk.cli.compare_cmd",
     "transfer-bench": "disaggsdk.cli.transfer_bench_cmd",
     "kv-bench": "disaggsdk.cli.kv_bench_cmd",
     "simulate": "disaggsdk.cli.simulate_cmd",

@@ -48,6 +48,7 @@ COMMAND_EXTRAS: Mapping[str, tuple[str, ...]] = {
     "transfer-bench": ("transfer",),
     "kv-bench": ("engine", "transfer"),
     "calibrate": ("engine",),
+    "compare": ("engine", "transfer", "serve", "notebook"),  # launches each layout; notebook: its plots
 }
 
 # starting a deployment (prefill and decode processes, KV over libfabric, the OpenAI server)

@@ -1,0 +1,335 @@
+"""Should I disaggregate? Goodput of each layout on the user's trace, measured here and simulated at scale.
+
+On this machine every layout that fits is launched, swept for its goodput rate with the user's
+trace (`bench.goodput_sweep`, the same procedure as `disaggsdk bench --request-rate search`) and torn
+down: colocated (every instance mixed), disaggregated at each P:D whose units fit the cores, and
+conditional disaggregation (the P1:D1 layout whose decode unit computes prompts of at most
+``local_prefill_tokens`` itself, `transfer.max_local_prefill_tokens`). Beside each measured sweep,
+the simulator runs the same sweep (the same requests at the same arrivals, seed by seed) on the
+machine's calibrated profile re-timed to the speed a `SpeedMonitor` saw during that layout's runs:
+how far the two goodputs agree says how far to trust the simulator.
+
+The simulator then answers for the target: the spec's own hardware and scale (its GPU profile, its
+model's weight format), colocated, disaggregated at each P:D of its instance count (where both
+roles' instances are alike, so that every split holds the same GPUs) and conditional, each swept
+the same way on the trace's lengths. No GPU is touched: those figures are simulated and say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+import attrs
+
+from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, limit_text, run_sweep
+from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s, bench
+from disaggsdk.errors import DisaggError
+from disaggsdk.sim.hardware import HardwareProfile, load_profile
+from disaggsdk.sim.runner import default_profile_name
+from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype
+from disaggsdk.sim.workload import SimRequest
+from disaggsdk.spec import Spec
+
+if TYPE_CHECKING:
+    from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.calibrate.validate import Launcher
+
+DEFAULT_LOCAL_PREFILL_TOKENS = 512  # conditional: prompts this short are computed on decode
+TARGET_REQUESTS = 1000  # requests per simulated run at the target's scale (its rates are far higher)
+PERCENTILES = (50, 90, 99)
+# (seed, how many) -> the trace's requests: the same draw for a measured run and its simulated twin
+RequestsFor = Callable[[int, int], "list[BenchRequest]"]
+
+
+class CompareError(DisaggError):
+    """A comparison that cannot run as asked (no layout fits, a spec without a CPU twin)."""
+
+
+@attrs.frozen
+class Layout:
+    """One way to deploy: a name a person reads, the spec that runs it, and whether every instance
+    of that spec runs mixed (the colocated twin: the same processes, each doing prefill and decode)."""
+
+    name: str
+    spec: Spec
+    colocated: bool = False
+
+    @property
+    def kind(self) -> Literal["colocated", "disaggregated", "conditional"]:
+        """What family the layout belongs to."""
+        if self.colocated:
+            return "colocated"
+        return "conditional" if self.spec.transfer.max_local_prefill_tokens > 0 else "disaggregated"
+
+
+def _split(spec: Spec, num_prefill: int, num_decode: int) -> Spec:
+    return attrs.evolve(spec, prefill=attrs.evolve(spec.prefill, replicas=num_prefill),
+                        decode=attrs.evolve(spec.decode, replicas=num_decode))
+
+
+def _conditional(spec: Spec, local_prefill_tokens: int) -> Spec:
+    return attrs.evolve(spec, transfer=attrs.evolve(spec.transfer, max_local_prefill_tokens=local_prefill_tokens))
+
+
+def _ratio_name(spec: Spec) -> str:
+    return f"P{spec.prefill.replicas}:D{spec.decode.replicas}"
+
+
+def machine_layouts(spec: Spec, cores: int, local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS) -> list[Layout]:
+    """The layouts of a CPU ``spec`` that fit ``cores`` (one core per unit, as `bench --compare` budgets).
+
+    Every P:D with as many units as ``cores`` (at least P1:D1); colocated runs as many processes, all
+    mixed (the same CPU budget); conditional runs the P1 split whose decode units compute short prompts.
+
+    Raises:
+        CompareError: a spec whose instances are not single-rank CPU units, or fewer than 2 cores.
+    """
+    if spec.device != "cpu":
+        raise CompareError(f"{spec.label}: layouts measured on this machine run a CPU spec; give device: cpu "
+                           f"(or let the comparison derive one from a GPU spec: `machine_spec`)")
+    if cores < 2:
+        raise CompareError(f"a P/D comparison needs 2 cores for its 2 units, and this process may use {cores}")
+    units = max(2, cores)
+    spec = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=units))
+    splits = [_split(spec, num_prefill, units - num_prefill) for num_prefill in range(1, units)]
+    layouts = [Layout("colocated", splits[0], colocated=True)]  # as many mixed units as the splits have
+    layouts += [Layout(_ratio_name(split), split) for split in splits]
+    layouts.append(Layout(f"conditional {_ratio_name(splits[0])} (<= {local_prefill_tokens} tokens on decode)",
+                          _conditional(splits[0], local_prefill_tokens)))
+    return layouts
+
+
+def machine_spec(target: Spec) -> Spec:
+    """The spec measured on this machine for ``target``: a CPU spec as it is; a GPU spec as its tiny
+    model on the CPU (`launch.tiny.tiny_spec`), one single-rank unit per role.
+
+    Raises:
+        CompareError: the target's model has no tiny variant.
+    """
+    if target.device == "cpu":
+        return target
+    from disaggsdk.launch.base import LaunchError
+    from disaggsdk.launch.tiny import tiny_spec
+
+    try:
+        tiny = tiny_spec(target)
+    except LaunchError as exc:
+        raise CompareError(f"cannot measure {target.label} on this machine: {exc}") from None
+    single = {"replicas": 1, "tp": 1, "dp": 1, "ep": 1}
+    return attrs.evolve(tiny, prefill=attrs.evolve(tiny.prefill, **single),
+                        decode=attrs.evolve(tiny.decode, **single),
+                        hardware=attrs.evolve(tiny.hardware, gpus_per_node=2))
+
+
+def target_layouts(spec: Spec, local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS) -> list[Layout]:
+    """The layouts of ``spec`` at its own scale: colocated, each P:D of its instance count where the
+    roles' instances hold as many devices (else the spec's P:D alone), and conditional on the spec's P:D."""
+    layouts = [Layout("colocated", spec, colocated=True)]
+    p, d = spec.prefill, spec.decode
+    total = p.replicas + d.replicas
+    alike = (p.tp * p.dp, p.ep) == (d.tp * d.dp, d.ep) and (p.tp, p.dp) == (d.tp, d.dp)
+    splits = [_split(spec, n, total - n) for n in range(1, total)] if alike else [spec]
+    layouts += [Layout(_ratio_name(s), s) for s in splits]
+    layouts.append(Layout(f"conditional {_ratio_name(spec)} (<= {local_prefill_tokens} tokens on decode)",
+                          _conditional(spec, local_prefill_tokens)))
+    return layouts
+
+
+def sim_requests(requests: Sequence[BenchRequest], rate: float, seed: int) -> list[SimRequest]:
+    """``requests`` as the simulator's, arriving as bench sends them at ``rate`` with ``seed``
+    (`serve_bench.arrival_gaps_s`: the very gaps of the measured run)."""
+    gaps = arrival_gaps_s(LoadShape(qps=rate, seed=seed), len(requests))
+    out, at_s = [], 0.0
+    for i, (req, gap_s) in enumerate(zip(requests, gaps)):
+        out.append(SimRequest(i, at_s, max(2, req.prompt_len), req.output_len))
+        at_s += gap_s
+    return out
+
+
+def simulated_run(layout: Layout, config: SimConfig, requests: Sequence[BenchRequest], rate: float,
+                  seed: int) -> BenchResult:
+    """One simulated run of a sweep: the summary with bench's keys (``slo_attainment`` among them)."""
+    return Simulation(layout.spec, attrs.evolve(config, colocated=layout.colocated)).run(
+        sim_requests(requests, rate, seed))
+
+
+def machine_sim_config(spec: Spec, profile: HardwareProfile, slos_ms: dict[str, float]) -> SimConfig:
+    """The simulator's settings for a launched CPU spec on this machine: its engine settings, float32
+    weights, and the units, the server and the benchmark client sharing the cores (as `validate` runs)."""
+    return SimConfig(profile, weight_dtype="float32", max_num_batched_tokens=spec.engine.max_num_batched_tokens,
+                     streaming=spec.transfer.streaming, shared_cores=len(os.sched_getaffinity(0)),
+                     client_shares_cores=True, percentiles=PERCENTILES, slos_ms=dict(slos_ms))
+
+
+def target_sim_config(spec: Spec, slos_ms: dict[str, float], profile: HardwareProfile | None = None) -> SimConfig:
+    """The simulator's settings for ``spec`` on its own hardware (its GPU's profile unless given, the
+    format its model's checkpoint ships in)."""
+    return SimConfig(profile or load_profile(default_profile_name(spec)), weight_dtype=default_weight_dtype(spec.model),
+                     max_num_batched_tokens=spec.engine.max_num_batched_tokens, streaming=spec.transfer.streaming,
+                     percentiles=PERCENTILES, slos_ms=dict(slos_ms))
+
+
+class LayoutGoodput(TypedDict):
+    """One layout's answer: measured here (with the simulator's figure for the same runs beside it), or
+    simulated alone at the target's scale."""
+
+    layout: str
+    kind: str  # colocated | disaggregated | conditional
+    where: str  # "this machine" or the target's hardware
+    measured: GoodputSweep | None
+    simulated: GoodputSweep
+    goodput_request_rate: float  # the measured one where measured, else the simulated one
+    simulated_error: float | None  # simulated / measured - 1, where both are > 0
+
+
+class TargetGoodput(TypedDict):
+    """One target spec's layouts, simulated at its own scale, and the layout to choose there."""
+
+    spec: str
+    profile: str
+    layouts: list[LayoutGoodput]
+    recommendation: str
+
+
+class Comparison(TypedDict):
+    """`compare_layouts`'s answer (JSON as it is)."""
+
+    slos_ms: dict[str, float]
+    slo_attainment_target: float
+    machine_spec: str
+    profile: str
+    this_machine: list[LayoutGoodput]
+    recommendation: str  # on this machine
+    targets: list[TargetGoodput]
+
+
+def _error(simulated: float, measured: float) -> float | None:
+    return simulated / measured - 1 if simulated > 0 and measured > 0 else None
+
+
+def measure_layout(layout: Layout, requests_for: RequestsFor, sweep: RateSweep, slos_ms: dict[str, float],
+                   num_prompts: int, profile: HardwareProfile, seed: int, *, launch: Launcher,
+                   monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> LayoutGoodput:
+    """Launch ``layout``, sweep it with the trace, tear it down; then sweep the simulator through the
+    very same requests and arrivals on ``profile`` re-timed to the speed ``monitor`` saw meanwhile.
+
+    Args:
+        monitor: a running `calibrate.speed_monitor.SpeedMonitor` (None: simulate on ``profile`` as it is).
+        on_run: called with a line as each measured run starts (progress for a person).
+    """
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor, retimed
+
+    def measured_at(url: str) -> Callable[[float, int], BenchResult]:
+        def run_at(rate: float, run_seed: int) -> BenchResult:
+            if on_run is not None:
+                on_run(f"{layout.name} @ {'inf' if math.isinf(rate) else f'{rate:.3g}'} req/s")
+            warmup = requests_for(seed - 1, 1)[0]  # a prompt no measured run sends (their seeds are above seed)
+            return bench(url, requests_for(run_seed, num_prompts), LoadShape(qps=rate, seed=run_seed, initial_test=True),
+                         slos_ms=slos_ms, percentiles=PERCENTILES, warmup=warmup)
+        return run_at
+
+    start_s = time.monotonic()
+    with launch(layout.spec, colocated=layout.colocated, port=0) as deployment:
+        measured = run_sweep(measured_at(deployment.url), sweep, slos_ms, seed)
+    speed = monitor.speed_since(start_s) if isinstance(monitor, SpeedMonitor) else None
+    config = machine_sim_config(layout.spec, retimed(profile, speed) if speed is not None else profile, slos_ms)
+    simulated = run_sweep(lambda rate, run_seed: simulated_run(layout, config, requests_for(run_seed, num_prompts),
+                                                               rate, run_seed), sweep, slos_ms, seed)
+    return LayoutGoodput(layout=layout.name, kind=layout.kind, where="this machine", measured=measured,
+                         simulated=simulated, goodput_request_rate=measured["goodput_request_rate"],
+                         simulated_error=_error(simulated["goodput_request_rate"], measured["goodput_request_rate"]))
+
+
+def simulate_layout(layout: Layout, config: SimConfig, requests_for: RequestsFor, sweep: RateSweep,
+                    slos_ms: dict[str, float], seed: int, num_requests: int = TARGET_REQUESTS) -> LayoutGoodput:
+    """Sweep ``layout`` in the simulator alone (one round: it is deterministic for a given draw)."""
+    simulated = run_sweep(lambda rate, run_seed: simulated_run(layout, config, requests_for(run_seed, num_requests),
+                                                               rate, run_seed),
+                          dataclasses.replace(sweep, rounds=1), slos_ms, seed)
+    return LayoutGoodput(layout=layout.name, kind=layout.kind, where=f"{config.profile.name} (simulated)",
+                         measured=None, simulated=simulated, goodput_request_rate=simulated["goodput_request_rate"],
+                         simulated_error=None)
+
+
+def recommend(results: Sequence[LayoutGoodput], where: str) -> str:
+    """The layout with the highest goodput and why: its rate against the runner-up's, and what limited
+    each of the others (the SLO they missed first, and the phase behind a TTFT miss where measured)."""
+    if not results:
+        return f"{where}: nothing was compared"
+    ranked = sorted(results, key=lambda r: r["goodput_request_rate"], reverse=True)
+    best = ranked[0]
+    if best["goodput_request_rate"] <= 0:
+        return (f"{where}: no layout met the SLOs for the target share of requests even at the lowest rate tried; "
+                f"loosen the SLOs or add capacity")
+    parts = [f"{where}: {best['layout']}, {best['goodput_request_rate']:.2f} req/s"]
+    if len(ranked) > 1:
+        runner = ranked[1]
+        ratio = (f"{best['goodput_request_rate'] / runner['goodput_request_rate']:.2f}x"
+                 if runner["goodput_request_rate"] > 0 else "where it met none")
+        parts.append(f"{ratio} {runner['layout']}'s {runner['goodput_request_rate']:.2f}")
+    for r in ranked[1:]:
+        sweep = r["measured"] or r["simulated"]
+        if sweep["limited_by"]:
+            parts.append(f"{r['layout']}: {limit_text(sweep['limited_by'])}")
+    return "; ".join(parts)
+
+
+def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep: RateSweep,
+                    slos_ms: dict[str, float], profile: HardwareProfile, *, launch: Launcher,
+                    num_prompts: int = 40, seed: int = 0, targets: Sequence[Spec] = (),
+                    on_run: Callable[[str], None] | None = None) -> Comparison:
+    """Measure every layout of this machine (each also simulated), then simulate each target's layouts.
+
+    Args:
+        layouts: this machine's (`machine_layouts`), all of one machine spec.
+        requests_for: (seed, n) -> n requests drawn from the user's trace with that seed.
+        profile: this machine's calibrated profile (``cpu-local``).
+        launch: starts a deployment (`disaggsdk.face.deployment.launch`, handed in by the face).
+        targets: specs at their own scale, simulated on their hardware's profile (`target_goodput`).
+    Returns:
+        a `Comparison`: per layout the goodput (measured and simulated here; simulated at each target),
+        and a recommendation with its reason for this machine and for each target.
+    """
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor, has_speed
+
+    if not layouts:
+        raise CompareError("no layout to measure")
+    here: list[LayoutGoodput] = []
+    with SpeedMonitor() if has_speed(profile) else contextlib.nullcontext() as monitor:
+        for layout in layouts:
+            here.append(measure_layout(layout, requests_for, sweep, slos_ms, num_prompts, profile, seed,
+                                       launch=launch, monitor=monitor, on_run=on_run))
+    local_prefill_tokens = max(layout.spec.transfer.max_local_prefill_tokens for layout in layouts)
+    return Comparison(slos_ms=dict(slos_ms), slo_attainment_target=sweep.target, machine_spec=layouts[0].spec.label,
+                      profile=profile.name, this_machine=here,
+                      recommendation=recommend(here, "on this machine (measured)"),
+                      targets=[target_goodput(t, requests_for, sweep, slos_ms, seed,
+                                              local_prefill_tokens or DEFAULT_LOCAL_PREFILL_TOKENS, on_run=on_run)
+                               for t in targets])
+
+
+def target_goodput(target: Spec, requests_for: RequestsFor, sweep: RateSweep, slos_ms: dict[str, float],
+                   seed: int = 0, local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL_TOKENS,
+                   profile: HardwareProfile | None = None, num_requests: int = TARGET_REQUESTS,
+                   on_run: Callable[[str], None] | None = None) -> TargetGoodput:
+    """Every layout of ``target`` at its own scale (`target_layouts`), simulated on its hardware's profile
+    (or ``profile``) with the trace's lengths, ``num_requests`` a run, and the layout to choose there
+    with its reason.
+
+    Raises:
+        SpecError: a layout whose ranks do not fit their devices' memory.
+    """
+    config = target_sim_config(target, slos_ms, profile)
+    results = []
+    for layout in target_layouts(target, local_prefill_tokens):
+        if on_run is not None:
+            on_run(f"simulating {target.label}: {layout.name} on {config.profile.name}")
+        results.append(simulate_layout(layout, config, requests_for, sweep, slos_ms, seed, num_requests))
+    return TargetGoodput(spec=target.label, profile=config.profile.name, layouts=results,
+                         recommendation=recommend(results, f"{target.label} on {config.profile.name} (simulated)"))
