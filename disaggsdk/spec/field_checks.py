@@ -180,6 +180,14 @@ def _served_name(value: str | None) -> str | None:
     return None
 
 
+def _http_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        return f"must be an http:// or https:// URL (e.g. http://localhost:4318/v1/traces), got {value!r}"
+    return None
+
+
 def _device_ids(value: tuple[int, ...]) -> str | None:
     bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 0]
     if bad:
@@ -196,6 +204,7 @@ served_name = Check("1..128 characters, no spaces", _served_name, {"minLength": 
 device_ids = Check("device ids 0 or more", _device_ids, {"items": {"type": "integer", "minimum": 0}})
 power_of_two = Check("power of two", _power_of_two, {"minimum": 1})
 port = Check("TCP port 0..65535", _port, {"minimum": 0, "maximum": 65535})
+http_url = Check("http(s) URL", _http_url, {"pattern": "^https?://."})
 
 
 def in_range(low: int, high: int) -> Check[int]:

@@ -6,7 +6,17 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, about, choice, device_ids, key, port, positive, served_name
+from disaggsdk.spec.field_checks import (
+    CheckedFields,
+    about,
+    choice,
+    device_ids,
+    http_url,
+    key,
+    port,
+    positive,
+    served_name,
+)
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
@@ -70,7 +80,7 @@ class Serve(CheckedFields):
         "each decode step): an OTLP/HTTP traces URL such as `http://localhost:4318/v1/traces` (vLLM's "
         "`--otlp-traces-endpoint`). A client's W3C `traceparent` header is honoured. Unset: no tracing unless the "
         "environment sets `OTEL_TRACES_EXPORTER` (`otlp`, `console`); units then record nothing. Needs the `trace` "
-        "extra (docs/tracing.md).")
+        "extra (docs/tracing.md).", http_url)
 
 
 @attrs.frozen

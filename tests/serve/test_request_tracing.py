@@ -167,6 +167,12 @@ def test_tracing_is_off_unless_an_exporter_the_spec_or_the_environment_says_so()
         request_tracing_for(Serve(), environ={"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
+def test_the_spec_key_takes_only_an_http_url():
+    with pytest.raises(ValueError, match="otlp_traces_endpoint: must be an http:// or https:// URL"):
+        Serve(otlp_traces_endpoint="localhost:4318")
+    assert Serve(otlp_traces_endpoint="https://otel.example:4318/v1/traces").otlp_traces_endpoint.startswith("https")
+
+
 # the waterfall
 
 
