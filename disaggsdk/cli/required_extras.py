@@ -27,6 +27,7 @@ EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "gpu": ("cuda",),
     "notebook": ("ipywidgets", "matplotlib", "pandas"),
     "ray": ("ray",),
+    "trace": ("opentelemetry",),  # api, sdk and the OTLP exporter share one namespace package
 }
 
 # module -> the extra that provides it: the modules above (one two extras bring maps to the first:

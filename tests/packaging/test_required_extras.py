@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC = str(REPO / "specs" / "tiny_local.yaml")
 
 # pip name -> import name, where they differ by more than '-' for '_'
-IMPORT_NAME = {"cuda-python": "cuda", "pyyaml": "yaml"}
+# the OpenTelemetry distributions all install into the one `opentelemetry` namespace package
+IMPORT_NAME = {"cuda-python": "cuda", "pyyaml": "yaml", "opentelemetry-api": "opentelemetry",
+               "opentelemetry-sdk": "opentelemetry", "opentelemetry-exporter-otlp-proto-http": "opentelemetry"}
 # third-party imports no extra needs to bring, and why
 NOT_IN_AN_EXTRA = {
     "transformers": "bench/engine_bench.make_checkpoint: a test and tools helper (the dev extra)",
