@@ -28,6 +28,7 @@ from disaggsdk.spec.types import Device, Spec
 from disaggsdk.spec.yaml_io import load_spec, spec_to_yaml
 
 if TYPE_CHECKING:
+    from disaggsdk.face.compare import LayoutComparison
     from disaggsdk.face.deployment import Deployment
     from disaggsdk.plan import Plan
 
@@ -316,6 +317,29 @@ class Cluster:
             raise SpecError([with_builder_hint(p) for p in exc.problems]) from None
         say(f"ready in {time.monotonic() - start_s:.1f} s: {deployment.url}/v1  model {deployment.model_name}")
         return deployment
+
+    def compare(self, trace: str | Path, slo: str | dict[str, float], **options: Any) -> LayoutComparison:
+        """Should this deployment disaggregate, for this traffic? Each layout that fits this machine
+        (colocated, each P:D, conditional) is launched and swept for its goodput on ``trace``, the
+        simulator's figure beside it; a GPU spec's own layouts are then simulated at its scale.
+
+        Args:
+            trace: a JSON-lines trace or a shipped trace's name (``"code-assistant"``).
+            slo: ``"ttft=1000,tpot=50"`` or ``{"ttft": 1000, "tpot": 50}`` (milliseconds).
+            options: `disaggsdk.face.compare.compare`'s (``num_prompts``, ``search_steps``, ``only``...).
+        Returns:
+            a `LayoutComparison`: a table, the plots and the recommendation in a notebook.
+        Raises:
+            DisaggError: a bad trace, SLO, spec or option.
+        """
+        from disaggsdk.bench.serve_bench import parse_slos
+        from disaggsdk.face.compare import compare
+
+        slos_ms = parse_slos(slo) if isinstance(slo, str) else dict(slo)
+        spec = self.spec
+        if spec.device == "cpu":  # this machine's spec itself; there is no other scale to simulate
+            return compare(trace, slos_ms, machine=spec, say=_print_progress, **options)
+        return compare(trace, slos_ms, [spec], say=_print_progress, **options)
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(spec_to_yaml(self.draft))}</pre>"

@@ -56,3 +56,17 @@ def test_compare_refuses_what_cannot_work_before_starting_anything(run_cli, prof
     monkeypatch.setenv("DISAGGSDK_HOME", str(profile_home))
     p = run_cli("compare", *argv)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_cluster_compare_checks_its_trace_slos_and_layouts_before_launching(profile_home, monkeypatch):
+    from disaggsdk import Cluster
+    from disaggsdk.errors import DisaggError
+
+    monkeypatch.setenv("DISAGGSDK_HOME", str(profile_home))
+    cpu = Cluster.from_yaml("specs/tiny_pd.yaml")  # a CPU spec is itself what runs here
+    with pytest.raises(DisaggError, match="no layout P2:D2 here; the layouts are colocated, P1:D1, conditional"):
+        cpu.compare("code-assistant", "ttft=100,tpot=10", only=["P2:D2"])
+    with pytest.raises(DisaggError, match="not a shipped trace"):
+        Cluster().compare("absent.jsonl", {"ttft": 100.0})
+    with pytest.raises(DisaggError, match="--slo"):
+        cpu.compare("code-assistant", "fast=1")
