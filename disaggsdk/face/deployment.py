@@ -264,6 +264,32 @@ class Deployment:
         return f"<Deployment {self.name} {self.model_name} at {self.url} ({state})>"
 
 
+def fetch_trace(url: str, request_id: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[TimelineSpan]:
+    """The spans of a recent request's trace from a deployment running elsewhere (``disaggsdk launch``
+    with tracing on), over its ``/traces/{request_id}`` route; draw them with
+    `disaggsdk.report.waterfall.waterfall`.
+
+    Args:
+        url: the deployment's base URL (``http://host:port``, with or without ``/v1``).
+        request_id: the response's ``id`` ("cmpl-...").
+        api_key: the deployment's API key, if it has one.
+    Returns:
+        the request's finished spans; [] when the deployment holds none for it (tracing off, or the
+        request unknown or too old).
+    Raises:
+        httpx.HTTPError: the deployment cannot be reached, or refused the key.
+    """
+    from disaggsdk.report.waterfall import TimelineSpan
+
+    base = url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(f"{base}/traces/{request_id}", headers=headers, timeout=timeout_s)
+    if r.status_code == 404:
+        return []
+    r.raise_for_status()
+    return [TimelineSpan(**span) for span in r.json()["spans"]]
+
+
 def serve_model(model: str, engine_config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
                 api_key: str | None = None, on_compile: Callable[[], None] | None = None,
                 **server_options: Any) -> Deployment:

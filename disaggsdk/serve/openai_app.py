@@ -9,6 +9,7 @@ With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
@@ -44,7 +45,7 @@ from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_siz
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 Chunk = str | bytes | memoryview  # what a StreamingResponse's body iterator yields
 TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate")  # W3C trace context, handed to the backend as sent
-ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, "
+ROUTES = ("/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, /traces/ID, "
           "/metrics and POST /reset_prefix_cache")
 
 
@@ -171,6 +172,17 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             raise BadRequestError(f"instances {down} did not answer; their caches may still hold pages: "
                                   "try again", status=503, kind=error_kind(503))
         return JSONResponse({"reset": True, "num_free_pages": free})
+
+    @app.get("/traces/{request_id}", dependencies=[Depends(check_key)])
+    def request_trace(request_id: str) -> JSONResponse:
+        # where one request's time went (docs/tracing.md), for a client in another process than the
+        # deployment's (`face.deployment.fetch_trace`); sync: a lock, no await
+        spans = backend.trace(request_id) if isinstance(backend, Router) else []
+        if not spans:
+            raise BadRequestError(f"no trace is held for request {request_id!r}: tracing is off (serve.otlp_traces_endpoint, "
+                                  "OTEL_TRACES_EXPORTER), or the request is unknown or older than the last traced ones",
+                                  status=404)
+        return JSONResponse({"request_id": request_id, "spans": [dataclasses.asdict(s) for s in spans]})
 
     @v1.get("/models")
     async def models() -> JsonObject:

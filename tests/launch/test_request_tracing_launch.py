@@ -100,7 +100,7 @@ def test_a_traceparent_header_puts_the_request_in_the_clients_trace(traced):
     assert format(root.context.trace_id, "032x") != CLIENT_TRACE_ID and root.parent is None
 
 
-def test_a_served_requests_spans_come_back_by_its_id_and_draw_as_a_waterfall(traced):
+def test_a_served_requests_spans_come_back_by_its_id_in_process_and_over_http_and_draw_as_a_waterfall(traced):
     pytest.importorskip("matplotlib")
     d, exporter = traced
     rid = complete(d)
@@ -112,6 +112,11 @@ def test_a_served_requests_spans_come_back_by_its_id_and_draw_as_a_waterfall(tra
     fig.savefig(png, format="png")
     assert png.getvalue().startswith(b"\x89PNG")
     assert d.trace("cmpl-never-sent") == []
+    from disaggsdk.face.deployment import fetch_trace
+
+    # from another process's view: the same spans over HTTP
+    assert sorted(fetch_trace(d.url, rid), key=lambda s: s.span_id) == sorted(spans, key=lambda s: s.span_id)
+    assert fetch_trace(f"{d.url}/v1", "cmpl-never-sent") == []
 
 
 def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypatch):
