@@ -209,11 +209,13 @@ class ChunkTrace:
     """A traced job's chunk in one step, as its layers are seen done (streamer thread only).
 
     Attributes:
+        index: the chunk's number in its request (0, 1, ...).
         span: the chunk's span in the job's `SpanLog` (the parent of its layers' compute spans).
         layer_start_ns: when the layer now computing began: the step's start, then each layer's end
             as the streamer saw it (``time.time_ns()``).
     """
 
+    index: int
     span: int
     layer_start_ns: int
 

@@ -241,7 +241,7 @@ class PrefillMessenger:
                               num_tokens=c.num_tokens, batch_size=batch_size)
         job.num_chunks += 1
         self._open_chunks.append((job.spans, span))
-        return ChunkTrace(span, now_ns)
+        return ChunkTrace(job.num_chunks - 1, span, now_ns)
 
     def after_step(self, outputs: list[RequestOutput], forward_end_s: float) -> None:
         """Call right after ``engine.step()``: ablation writes, then context of finished prefills."""
@@ -282,7 +282,7 @@ class PrefillMessenger:
         self._submit_layer(items, layer_id)
 
     def _submit_layer(self, items: list[PageRange], layer_id: int) -> None:
-        for job, first, stop, page_ids, _chunk in items:
+        for job, first, stop, page_ids, chunk in items:
             if job.sends.aborted:
                 continue
             skip = job.msg.num_cached_pages  # destinations list the pages after decode's cached ones
@@ -299,6 +299,7 @@ class PrefillMessenger:
                                                    w.lengths)
                 if job.spans is not None:  # submitted -> every write of it completed locally
                     span = job.spans.open(f"layer {layer_id} transfer", start_ns, layer=layer_id,
+                                          chunk=chunk.index if chunk is not None else -1,
                                           bytes=sum(sum(w.lengths) for w in pairs),
                                           writes=sum(len(w.lengths) for w in pairs), pages=stop - first)
                     job.spans.close_when_done(span, futures)

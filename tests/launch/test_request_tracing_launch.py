@@ -143,3 +143,28 @@ def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypat
     assert events[0][-1].finish_reason == "length"
     assert ch.Tokens in kinds or ch.TokensBatch in kinds
     assert ch.RequestSpans not in kinds
+
+
+def test_without_streaming_each_chunks_transfers_follow_its_forward_pass():
+    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.serve.local import serve_locally
+
+    exporter = InMemorySpanExporter()
+    before = live_descendants()
+    spec = make_spec("qwen3-coder-tiny", streaming=False, budget=12)  # 29 tokens to prefill: 3 chunks
+    with serve_locally(spec, span_exporter=exporter, on_event=lambda _line: None) as rt:
+        events = rt.generate_batch([PROMPT], SamplingParams(max_tokens=2, ignore_eos=True), timeout_s=60)
+        assert events[0][-1].finish_reason == "length"
+        deadline = time.monotonic() + 20
+        while not any(s.name == "prefill prefill-0" for s in exporter.get_finished_spans()):
+            assert time.monotonic() < deadline, "the prefill unit sent no spans"
+            time.sleep(0.05)
+    assert live_descendants() <= before
+    spans = exporter.get_finished_spans()
+    chunks = {int(s.name.rsplit(" ", 1)[1]): s for s in spans if s.name.startswith("prefill chunk")}
+    transfers = [s for s in spans if s.name.startswith("layer ") and s.name.endswith(" transfer")]
+    assert sorted(chunks) == [0, 1, 2] and transfers
+    assert not any(s.name.endswith(" compute") for s in spans)  # no streamer saw the layers finish
+    assert {int(t.attributes["chunk"]) for t in transfers} == set(chunks)
+    for t in transfers:  # the ablation: a chunk's writes go once its forward pass is over
+        assert t.start_time >= chunks[int(t.attributes["chunk"])].end_time
