@@ -167,6 +167,47 @@ def test_tracing_is_off_unless_an_exporter_the_spec_or_the_environment_says_so()
         request_tracing_for(Serve(), environ={"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
+def test_the_spec_endpoint_gets_the_spans_over_otlp_http():
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    posts: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self):
+            posts.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        tracing = request_tracing_for(Serve(otlp_traces_endpoint=url), environ={})
+        traced_request(tracing, "req-otlp")
+        tracing.close()  # flushes the batch
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert posts and {path for path, _ in posts} == {"/v1/traces"}
+    exported = {}
+    for _, body in posts:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            unit = next(a.value.string_value for a in resource_spans.resource.attributes if a.key == "disaggsdk.unit")
+            for scope in resource_spans.scope_spans:
+                exported.update({span.name: unit for span in scope.spans})
+    assert exported["layer 0 transfer"] == "prefill-0" and exported["disaggsdk.request"] == "router"
+
+
 def test_the_spec_key_takes_only_an_http_url():
     with pytest.raises(ValueError, match="otlp_traces_endpoint: must be an http:// or https:// URL"):
         Serve(otlp_traces_endpoint="localhost:4318")
