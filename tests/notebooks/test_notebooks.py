@@ -103,3 +103,32 @@ def test_simulate_notebook_compares_layouts_and_names_its_disagreements():
     text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
     assert "best:" in text and "1P:3D > 90 tok/s at ~1 QPS/decode node (MTP)" in text
     assert sum(1 for o in outs if o.output_type == "display_data" and "image/png" in o.data) == 2
+
+
+def test_walkthrough_compares_layouts_on_the_shipped_trace_and_draws_a_request_waterfall(tmp_path, monkeypatch):
+    """The walkthrough executed top to bottom: the comparison's table, plots and recommendation, then one
+    traced request's waterfall. The kernel gets a DISAGGSDK_HOME whose cpu-local profile is a datasheet's with
+    the serving fields set, so that it does not calibrate this machine for minutes first; what the
+    notebook shows of the simulator here is then not this machine's, and nothing below reads it."""
+    import attrs
+
+    from disaggsdk.calibrate.engine_profile import save_profile
+    from disaggsdk.sim.hardware import load_profile
+
+    save_profile(attrs.evolve(load_profile("h100"), name="cpu-local", frontend_cpu_ms_per_token=0.1),
+                 tmp_path / "profiles" / "cpu-local.yaml")
+    monkeypatch.setenv("DISAGGSDK_HOME", str(tmp_path))
+    nb = execute("should_i_disaggregate.ipynb")
+    outs = outputs_of(nb)
+    assert not [o for o in outs if o.output_type == "error"], [o for o in outs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
+    assert "chat turns (<= 512 prompt tokens)" in text and "edits (> 512)" in text
+    assert "on this machine (measured): " in text and "qwen3-coder on h200 (simulated): " in text
+    html = [o.data["text/html"] for o in outs if o.output_type == "execute_result" and "text/html" in o.data]
+    table = next(h for h in html if "measured goodput req/s" in h)
+    for layout in ("colocated", "P1:D1", "conditional P1:D1", "P2:D2"):
+        assert f"<td>{layout}" in table
+    assert "data:image/png;base64," in table  # the attainment and TTFT-TPOT plots
+    assert "spans in one trace, across ['decode-0', 'prefill-0', 'router']" in text
+    images = [o for o in outs if o.output_type in ("execute_result", "display_data") and "image/png" in o.data]
+    assert images, "the waterfall did not render"
