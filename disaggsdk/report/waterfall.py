@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 ROW_HEIGHT_IN = 0.22  # inches per span in the figure
 MAX_ROWS = 600  # a figure taller than this says how many spans it left out
+MIN_WIDTH_SHARE = 0.002  # of the whole request: the narrowest bar drawn
+LABEL_FONT_PT = 7
+MONOSPACE_WIDTH = 0.62  # a monospace character's width, in font sizes
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,15 @@ def waterfall(spans: Sequence[TimelineSpan], title: str = "") -> Figure:
     color = {u: palette(i % 10) for i, u in enumerate(units)}
     fig = Figure(figsize=(11, 1.2 + ROW_HEIGHT_IN * len(rows)), layout="constrained")
     ax = fig.subplots()
+    # a span of no measurable length still shows, as a sliver of the whole
+    min_width_ms = (max(s.end_ns for s, _ in rows) - t0) / 1e6 * MIN_WIDTH_SHARE
     for y, (s, _depth) in enumerate(rows):
         start_ms, width_ms = (s.start_ns - t0) / 1e6, max(0, s.end_ns - s.start_ns) / 1e6
-        ax.barh(y, width_ms, left=start_ms, height=0.7, color=color[s.unit])
-    ax.set_yticks(range(len(rows)), ["    " * depth + s.name for s, depth in rows], fontsize=7, family="monospace")
+        ax.barh(y, max(width_ms, min_width_ms), left=start_ms, height=0.7, color=color[s.unit])
+    # names left-aligned, so that the indentation shows each span's depth under its parent
+    labels = ["  " * depth + s.name for s, depth in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=LABEL_FONT_PT, family="monospace", horizontalalignment="left")
+    ax.tick_params(axis="y", pad=max(len(label) for label in labels) * LABEL_FONT_PT * MONOSPACE_WIDTH + 4)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # the first span on top
     ax.set_xlabel("ms since the request's first span began")
     ax.grid(axis="x", alpha=0.3)
