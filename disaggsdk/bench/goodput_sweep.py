@@ -186,9 +186,14 @@ def limited_by(rows: list[SweepRow], target: float) -> LimitedBy | None:
                      ttft_phase=first["slowest_ttft_phase"] if slo == "ttft" else None)
 
 
+def first_run_seed(seed: int, round_index: int) -> int:
+    """The prompt seed of a round's first run (a search's flat-out run); the round's k-th run has this + k."""
+    return seed + 1 + round_index * SEEDS_PER_ROUND
+
+
 def sweep_round(run_at: RunAt, sweep: RateSweep, seed: int, round_index: int) -> tuple[float, list[SweepRow]]:
     """One round of ``sweep``: its goodput rate and a row per run (in run order)."""
-    seeds = iter(range(seed + 1 + round_index * SEEDS_PER_ROUND, seed + 1 + (round_index + 1) * SEEDS_PER_ROUND))
+    seeds = iter(range(first_run_seed(seed, round_index), first_run_seed(seed, round_index + 1)))
     rows: list[SweepRow] = []
 
     def run(rate: float) -> SweepRow:

@@ -4,10 +4,15 @@ On this machine every layout that fits is launched, swept for its goodput rate w
 trace (`bench.goodput_sweep`, the same procedure as `disaggsdk bench --request-rate search`) and torn
 down: colocated (every instance mixed), disaggregated at each P:D whose units fit the cores, and
 conditional disaggregation (the P1:D1 layout whose decode unit computes prompts of at most
-``local_prefill_tokens`` itself, `transfer.max_local_prefill_tokens`). Beside each measured sweep,
-the simulator runs the same sweep (the same requests at the same arrivals, seed by seed) on the
-machine's calibrated profile re-timed to the speed a `SpeedMonitor` saw during that layout's runs:
-how far the two goodputs agree says how far to trust the simulator.
+``local_prefill_tokens`` itself, `transfer.max_local_prefill_tokens`).
+
+Beside each measured sweep, the simulator runs the same sweep (the same requests at the same
+arrivals, seed by seed) on the machine's calibrated profile (``cpu-local``), calibrated again on
+the runs: re-timed to the speed a `SpeedMonitor` saw during that layout's runs, and slowed by what
+the *other* layouts' flat-out runs showed it to overrate (`leave_one_out_slowdowns`: on the 2-core
+VM the profile fitted on sequential requests rated flat-out throughput 14-27% high). A layout's
+own runs never tune its simulated figure, so how far the two goodputs agree says how far to trust
+the simulator.
 
 The simulator then answers for the target: the spec's own hardware and scale (its GPU profile, its
 model's weight format), colocated, disaggregated at each P:D of its instance count (where both
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 import attrs
 
-from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, limit_text, run_sweep
+from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, first_run_seed, limit_text, run_sweep
 from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s, bench
 from disaggsdk.errors import DisaggError
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
@@ -186,6 +191,10 @@ class LayoutGoodput(TypedDict):
     simulated: GoodputSweep
     goodput_request_rate: float  # the measured one where measured, else the simulated one
     simulated_error: float | None  # simulated / measured - 1, where both are > 0
+    # measured layouts: the slowdown of the machine's profile the simulator ran at, fitted on the other
+    # layouts' flat-out runs (`leave_one_out_slowdowns`), and which layouts those were
+    sim_slowdown: float | None
+    sim_fitted_on: list[str]
 
 
 class TargetGoodput(TypedDict):
@@ -213,11 +222,20 @@ def _error(simulated: float, measured: float) -> float | None:
     return simulated / measured - 1 if simulated > 0 and measured > 0 else None
 
 
+@attrs.frozen
+class MeasuredLayout:
+    """A layout's measured sweep, and the simulator's settings for this machine at the speed the
+    `SpeedMonitor` saw during it."""
+
+    layout: Layout
+    sweep: GoodputSweep
+    config: SimConfig
+
+
 def measure_layout(layout: Layout, requests_for: RequestsFor, sweep: RateSweep, slos_ms: dict[str, float],
                    num_prompts: int, profile: HardwareProfile, seed: int, *, launch: Launcher,
-                   monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> LayoutGoodput:
-    """Launch ``layout``, sweep it with the trace, tear it down; then sweep the simulator through the
-    very same requests and arrivals on ``profile`` re-timed to the speed ``monitor`` saw meanwhile.
+                   monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> MeasuredLayout:
+    """Launch ``layout``, sweep it with the trace, tear it down.
 
     Args:
         monitor: a running `calibrate.speed_monitor.SpeedMonitor` (None: simulate on ``profile`` as it is).
@@ -238,12 +256,46 @@ def measure_layout(layout: Layout, requests_for: RequestsFor, sweep: RateSweep, 
     with launch(layout.spec, colocated=layout.colocated, port=0) as deployment:
         measured = run_sweep(measured_at(deployment.url), sweep, slos_ms, seed)
     speed = monitor.speed_since(start_s) if isinstance(monitor, SpeedMonitor) else None
-    config = machine_sim_config(layout.spec, retimed(profile, speed) if speed is not None else profile, slos_ms)
-    simulated = run_sweep(lambda rate, run_seed: simulated_run(layout, config, requests_for(run_seed, num_prompts),
+    return MeasuredLayout(layout, measured,
+                          machine_sim_config(layout.spec, retimed(profile, speed) if speed is not None else profile,
+                                             slos_ms))
+
+
+def flat_out_ratio(m: MeasuredLayout, requests_for: RequestsFor, num_prompts: int, seed: int) -> float | None:
+    """How much more the simulator completes flat out than the layout did: simulated over measured
+    throughput of the sweep's flat-out runs, each simulated on its very requests (None: no such run)."""
+    rows = [r for r in m.sweep["sweep"] if r["request_rate"] == "inf" and r["request_throughput"] > 0]
+    if not rows:
+        return None
+    simulated = sum(simulated_run(m.layout, m.config, requests_for(first_run_seed(seed, r["round"]), num_prompts),
+                                  math.inf, first_run_seed(seed, r["round"]))["request_throughput"] for r in rows)
+    return simulated / sum(r["request_throughput"] for r in rows)
+
+
+def leave_one_out_slowdowns(ratios: Sequence[float | None]) -> list[tuple[float, list[int]]]:
+    """For each layout, the slowdown to simulate it with: the geometric mean of the *other* layouts'
+    `flat_out_ratio`s, and which layouts those were (1.0 and none where no other has one). A layout's
+    own runs never tune its own figure, so its agreement with them is a prediction, not a fit."""
+    out = []
+    for i in range(len(ratios)):
+        others = [j for j, r in enumerate(ratios) if j != i and r is not None and r > 0]
+        product = math.prod(ratios[j] or 1.0 for j in others)
+        out.append((product ** (1 / len(others)) if others else 1.0, others))
+    return out
+
+
+def simulate_measured(m: MeasuredLayout, slowdown: float, fitted_on: Sequence[str], requests_for: RequestsFor,
+                      sweep: RateSweep, slos_ms: dict[str, float], num_prompts: int, seed: int) -> LayoutGoodput:
+    """The simulator's sweep of a measured layout through the very same requests and arrivals, on the
+    profile re-timed to its run's speed and slowed by ``slowdown`` (fitted on the layouts ``fitted_on``)."""
+    config = attrs.evolve(m.config, profile=m.config.profile.slowed_by(slowdown))
+    simulated = run_sweep(lambda rate, run_seed: simulated_run(m.layout, config, requests_for(run_seed, num_prompts),
                                                                rate, run_seed), sweep, slos_ms, seed)
-    return LayoutGoodput(layout=layout.name, kind=layout.kind, where="this machine", measured=measured,
-                         simulated=simulated, goodput_request_rate=measured["goodput_request_rate"],
-                         simulated_error=_error(simulated["goodput_request_rate"], measured["goodput_request_rate"]))
+    measured_rate = m.sweep["goodput_request_rate"]
+    return LayoutGoodput(layout=m.layout.name, kind=m.layout.kind, where="this machine", measured=m.sweep,
+                         simulated=simulated, goodput_request_rate=measured_rate,
+                         simulated_error=_error(simulated["goodput_request_rate"], measured_rate),
+                         sim_slowdown=slowdown, sim_fitted_on=list(fitted_on))
 
 
 def simulate_layout(layout: Layout, config: SimConfig, requests_for: RequestsFor, sweep: RateSweep,
@@ -254,7 +306,7 @@ def simulate_layout(layout: Layout, config: SimConfig, requests_for: RequestsFor
                           dataclasses.replace(sweep, rounds=1), slos_ms, seed)
     return LayoutGoodput(layout=layout.name, kind=layout.kind, where=f"{config.profile.name} (simulated)",
                          measured=None, simulated=simulated, goodput_request_rate=simulated["goodput_request_rate"],
-                         simulated_error=None)
+                         simulated_error=None, sim_slowdown=None, sim_fitted_on=[])
 
 
 def recommend(results: Sequence[LayoutGoodput], where: str) -> str:
@@ -273,11 +325,27 @@ def recommend(results: Sequence[LayoutGoodput], where: str) -> str:
         ratio = (f"{best['goodput_request_rate'] / runner['goodput_request_rate']:.2f}x"
                  if runner["goodput_request_rate"] > 0 else "where it met none")
         parts.append(f"{ratio} {runner['layout']}'s {runner['goodput_request_rate']:.2f}")
+        parts += _noise_caveat(best, runner)
     for r in ranked[1:]:
         sweep = r["measured"] or r["simulated"]
         if sweep["limited_by"]:
             parts.append(f"{r['layout']}: {limit_text(sweep['limited_by'])}")
     return "; ".join(parts)
+
+
+def _noise_caveat(best: LayoutGoodput, runner: LayoutGoodput) -> list[str]:
+    """Whether measured rounds can tell the best layout from the runner-up (a shared VM's run-to-run
+    spread is 10-25%): [] where they can or nothing was measured."""
+    mine, theirs = best["measured"], runner["measured"]
+    if mine is None or theirs is None:
+        return []
+    if len(mine["goodput_rounds"]) < 2:
+        return ["one round each: --repeat 3 gives each layout a range to tell close ones apart"]
+    if mine["goodput_range"][0] <= theirs["goodput_range"][1]:
+        return [f"not told apart from {runner['layout']}: their rounds' ranges overlap "
+                f"({mine['goodput_range'][0]:.2f}-{mine['goodput_range'][1]:.2f} and "
+                f"{theirs['goodput_range'][0]:.2f}-{theirs['goodput_range'][1]:.2f} req/s)"]
+    return []
 
 
 def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep: RateSweep,
@@ -300,11 +368,15 @@ def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep:
 
     if not layouts:
         raise CompareError("no layout to measure")
-    here: list[LayoutGoodput] = []
     with SpeedMonitor() if has_speed(profile) else contextlib.nullcontext() as monitor:
-        for layout in layouts:
-            here.append(measure_layout(layout, requests_for, sweep, slos_ms, num_prompts, profile, seed,
-                                       launch=launch, monitor=monitor, on_run=on_run))
+        measured = [measure_layout(layout, requests_for, sweep, slos_ms, num_prompts, profile, seed, launch=launch,
+                                   monitor=monitor, on_run=on_run) for layout in layouts]
+    # the simulator calibrated on those runs: what the machine under this load really completes, from
+    # the other layouts' flat-out runs (`leave_one_out_slowdowns`)
+    ratios = [flat_out_ratio(m, requests_for, num_prompts, seed) for m in measured]
+    here = [simulate_measured(m, slowdown, [layouts[j].name for j in others], requests_for, sweep, slos_ms,
+                              num_prompts, seed)
+            for m, (slowdown, others) in zip(measured, leave_one_out_slowdowns(ratios))]
     local_prefill_tokens = max(layout.spec.transfer.max_local_prefill_tokens for layout in layouts)
     return Comparison(slos_ms=dict(slos_ms), slo_attainment_target=sweep.target, machine_spec=layouts[0].spec.label,
                       profile=profile.name, this_machine=here,

@@ -86,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     for row in result.rows():
         table.add_row(*row)
     console.print(table)
+    for here in result.result["this_machine"]:
+        if here["sim_fitted_on"]:
+            console.print(f"simulated {here['layout']} here with the profile {here['sim_slowdown']:.2f}x slower: what "
+                          f"the flat-out runs of {', '.join(here['sim_fitted_on'])} showed it to overrate",
+                          soft_wrap=True, highlight=False)
     for line in result.recommendation:
         console.print(f"[bold]recommended[/] {line}", soft_wrap=True)
     if args.plot:

@@ -77,18 +77,38 @@ def test_the_target_sweep_finds_each_layouts_goodput_and_recommends_the_best_wit
     assert result["recommendation"].startswith(f"qwen3-coder on h200 (simulated): {best['layout']}, ")
 
 
-def _goodput(name: str, rate: float, limited: bool) -> LayoutGoodput:
-    sweep = {"goodput_request_rate": rate, "sweep": [],
+def _goodput(name: str, rate: float, limited: bool, rounds: tuple[float, ...] = ()) -> LayoutGoodput:
+    rounds = rounds or (rate,)
+    sweep = {"goodput_request_rate": rate, "sweep": [], "goodput_rounds": list(rounds),
+             "goodput_range": [min(rounds), max(rounds)],
              "limited_by": {"request_rate": 3.0, "slo": "tpot", "missed_share": 0.25, "ttft_phase": None}
              if limited else None}
     return LayoutGoodput(layout=name, kind="disaggregated", where="here", measured=sweep,  # type: ignore[typeddict-item]
-                         simulated=sweep, goodput_request_rate=rate, simulated_error=None)  # type: ignore[typeddict-item]
+                         simulated=sweep, goodput_request_rate=rate, simulated_error=None,  # type: ignore[typeddict-item]
+                         sim_slowdown=None, sim_fitted_on=[])
+
+
+def test_each_layout_is_simulated_at_the_slowdown_the_other_layouts_flat_out_runs_showed():
+    from disaggsdk.calibrate.layout_compare import leave_one_out_slowdowns
+
+    assert leave_one_out_slowdowns([1.1, 1.2, 1.3]) == [
+        (pytest.approx((1.2 * 1.3) ** 0.5), [1, 2]), (pytest.approx((1.1 * 1.3) ** 0.5), [0, 2]),
+        (pytest.approx((1.1 * 1.2) ** 0.5), [0, 1])]
+    assert leave_one_out_slowdowns([1.4]) == [(1.0, [])]  # alone: nothing to calibrate on but its own runs
+    assert leave_one_out_slowdowns([None, 1.2]) == [(1.2, [1]), (1.0, [])]
 
 
 def test_the_recommendation_names_the_best_its_margin_and_what_limited_the_others():
     text = recommend([_goodput("colocated", 2.0, True), _goodput("P1:D1", 3.0, False)], "here")
-    assert text == ("here: P1:D1, 3.00 req/s; 1.50x colocated's 2.00; colocated: limited by TPOT: 25% of "
-                    "requests missed it at 3.00 req/s")
+    assert text == ("here: P1:D1, 3.00 req/s; 1.50x colocated's 2.00; one round each: --repeat 3 gives each layout "
+                    "a range to tell close ones apart; colocated: limited by TPOT: 25% of requests missed it at "
+                    "3.00 req/s")
+    apart = recommend([_goodput("colocated", 2.0, True, (1.9, 2.0, 2.2)), _goodput("P1:D1", 3.0, False, (2.8, 3.0, 3.1))],
+                      "here")
+    assert "round" not in apart and "not told apart" not in apart
+    close = recommend([_goodput("colocated", 2.9, True, (2.7, 2.9, 3.0)), _goodput("P1:D1", 3.0, False, (2.8, 3.0, 3.1))],
+                      "here")
+    assert "not told apart from colocated: their rounds' ranges overlap (2.80-3.10 and 2.70-3.00 req/s)" in close
     assert "no layout met the SLOs" in recommend([_goodput("colocated", 0.0, True)], "here")
 
 
@@ -96,7 +116,7 @@ def test_the_plots_draw_a_comparison_and_save_as_png_svg_or_html(tmp_path):
     from disaggsdk.face.compare import LayoutComparison
 
     target = target_goodput(QWEN, _lengths, RateSweep(search_steps=2), SLOS, num_requests=100)
-    here = [dict(layout, measured=layout["simulated"], where="this machine", simulated_error=0.05)
+    here = [dict(layout, measured=layout["simulated"], where="this machine", simulated_error=0.05, sim_slowdown=1.1)
             for layout in target["layouts"][:2]]
     result = LayoutComparison({"slos_ms": SLOS, "slo_attainment_target": 0.9, "machine_spec": "tiny",  # type: ignore[typeddict-item]
                                "profile": "cpu-local", "this_machine": here, "recommendation": recommend(here, "here"),
