@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError
@@ -122,3 +123,30 @@ def trace_requests(path: str | Path, num_prompts: int, count_tokens: Callable[[s
                                    f"(--tokenizer) to count its tokens")
             out.append(BenchRequest(prompt, count_tokens(prompt), output))
     return out
+
+
+@dataclass(frozen=True)
+class TraceDraws:
+    """The requests of a trace as `trace_requests` draws them, by (seed, how many), each draw made once:
+    a run measured by `disaggsdk bench --dataset-path` (which draws the same with the same seed) and
+    its simulated twin read the very same requests.
+
+    Args:
+        path: the trace.
+        count_tokens: as `trace_requests`'s (the served model's tokenizer, for text prompts).
+    """
+
+    path: Path
+    count_tokens: Callable[[str], int] | None = None
+    _draws: dict[tuple[int, int], tuple[BenchRequest, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __call__(self, seed: int, num_prompts: int) -> list[BenchRequest]:
+        """``num_prompts`` requests drawn with ``seed``.
+
+        Raises:
+            DatasetError: as `trace_requests`.
+        """
+        key = (seed, num_prompts)
+        if key not in self._draws:
+            self._draws[key] = tuple(trace_requests(self.path, num_prompts, self.count_tokens, seed=seed))
+        return list(self._draws[key])

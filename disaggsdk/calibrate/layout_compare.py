@@ -24,16 +24,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 import attrs
 
 from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, first_run_seed, limit_text, run_sweep
-from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s, bench
+from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s
+from disaggsdk.bench.trace_dataset import TraceDraws
 from disaggsdk.errors import DisaggError
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
 from disaggsdk.sim.runner import default_profile_name
@@ -232,10 +238,34 @@ class MeasuredLayout:
     config: SimConfig
 
 
-def measure_layout(layout: Layout, requests_for: RequestsFor, sweep: RateSweep, slos_ms: dict[str, float],
+def bench_trace_in_subprocess(url: str, trace: Path, rate: float, seed: int, num_prompts: int,
+                              slos_ms: dict[str, float]) -> BenchResult:
+    """One run of `disaggsdk bench URL --dataset-path TRACE` as a process of its own, as a real client
+    (`validate.bench_in_subprocess` says why: a client in the server's process shares its interpreter
+    lock, which the simulator does not model); its JSON result.
+
+    Raises:
+        CompareError: the benchmark failed (its last lines of stderr say why).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--dataset-name", "custom", "--dataset-path",
+               str(trace), "--num-prompts", str(num_prompts), "--seed", str(seed),
+               "--request-rate", "inf" if math.isinf(rate) else repr(rate),
+               "--goodput", *(f"{name}:{limit:g}" for name, limit in slos_ms.items()),
+               "--metric-percentiles", ",".join(f"{p:g}" for p in PERCENTILES), "--output", str(out)]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise CompareError(f"the benchmark of {url} at {rate} req/s failed: {done.stderr.strip()[-500:]}")
+        result: BenchResult = json.loads(out.read_text())
+        return result
+
+
+def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms: dict[str, float],
                    num_prompts: int, profile: HardwareProfile, seed: int, *, launch: Launcher,
                    monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> MeasuredLayout:
-    """Launch ``layout``, sweep it with the trace, tear it down.
+    """Launch ``layout``, sweep it with the trace (each run a `bench_trace_in_subprocess`, whose draw of
+    the trace is ``draws(run_seed, num_prompts)``), tear it down.
 
     Args:
         monitor: a running `calibrate.speed_monitor.SpeedMonitor` (None: simulate on ``profile`` as it is).
@@ -247,9 +277,7 @@ def measure_layout(layout: Layout, requests_for: RequestsFor, sweep: RateSweep, 
         def run_at(rate: float, run_seed: int) -> BenchResult:
             if on_run is not None:
                 on_run(f"{layout.name} @ {'inf' if math.isinf(rate) else f'{rate:.3g}'} req/s")
-            warmup = requests_for(seed - 1, 1)[0]  # a prompt no measured run sends (their seeds are above seed)
-            return bench(url, requests_for(run_seed, num_prompts), LoadShape(qps=rate, seed=run_seed, initial_test=True),
-                         slos_ms=slos_ms, percentiles=PERCENTILES, warmup=warmup)
+            return bench_trace_in_subprocess(url, draws.path, rate, run_seed, num_prompts, slos_ms)
         return run_at
 
     start_s = time.monotonic()
@@ -348,7 +376,7 @@ def _noise_caveat(best: LayoutGoodput, runner: LayoutGoodput) -> list[str]:
     return []
 
 
-def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep: RateSweep,
+def compare_layouts(layouts: Sequence[Layout], draws: TraceDraws, sweep: RateSweep,
                     slos_ms: dict[str, float], profile: HardwareProfile, *, launch: Launcher,
                     num_prompts: int = 40, seed: int = 0, targets: Sequence[Spec] = (),
                     on_run: Callable[[str], None] | None = None) -> Comparison:
@@ -356,7 +384,7 @@ def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep:
 
     Args:
         layouts: this machine's (`machine_layouts`), all of one machine spec.
-        requests_for: (seed, n) -> n requests drawn from the user's trace with that seed.
+        draws: the user's trace, drawn by (seed, n) alike for a measured run and its simulated twin.
         profile: this machine's calibrated profile (``cpu-local``).
         launch: starts a deployment (`disaggsdk.face.deployment.launch`, handed in by the face).
         targets: specs at their own scale, simulated on their hardware's profile (`target_goodput`).
@@ -369,19 +397,19 @@ def compare_layouts(layouts: Sequence[Layout], requests_for: RequestsFor, sweep:
     if not layouts:
         raise CompareError("no layout to measure")
     with SpeedMonitor() if has_speed(profile) else contextlib.nullcontext() as monitor:
-        measured = [measure_layout(layout, requests_for, sweep, slos_ms, num_prompts, profile, seed, launch=launch,
+        measured = [measure_layout(layout, draws, sweep, slos_ms, num_prompts, profile, seed, launch=launch,
                                    monitor=monitor, on_run=on_run) for layout in layouts]
     # the simulator calibrated on those runs: what the machine under this load really completes, from
     # the other layouts' flat-out runs (`leave_one_out_slowdowns`)
-    ratios = [flat_out_ratio(m, requests_for, num_prompts, seed) for m in measured]
-    here = [simulate_measured(m, slowdown, [layouts[j].name for j in others], requests_for, sweep, slos_ms,
+    ratios = [flat_out_ratio(m, draws, num_prompts, seed) for m in measured]
+    here = [simulate_measured(m, slowdown, [layouts[j].name for j in others], draws, sweep, slos_ms,
                               num_prompts, seed)
             for m, (slowdown, others) in zip(measured, leave_one_out_slowdowns(ratios))]
     local_prefill_tokens = max(layout.spec.transfer.max_local_prefill_tokens for layout in layouts)
     return Comparison(slos_ms=dict(slos_ms), slo_attainment_target=sweep.target, machine_spec=layouts[0].spec.label,
                       profile=profile.name, this_machine=here,
                       recommendation=recommend(here, "on this machine (measured)"),
-                      targets=[target_goodput(t, requests_for, sweep, slos_ms, seed,
+                      targets=[target_goodput(t, draws, sweep, slos_ms, seed,
                                               local_prefill_tokens or DEFAULT_LOCAL_PREFILL_TOKENS, on_run=on_run)
                                for t in targets])
 

@@ -7,7 +7,6 @@ when it was never calibrated) and wraps the answer for a terminal or a notebook.
 
 from __future__ import annotations
 
-import functools
 import html
 import os
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from disaggsdk.errors import DisaggError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.bench.trace_dataset import TraceDraws
     from disaggsdk.calibrate.layout_compare import Comparison, LayoutGoodput
     from disaggsdk.sim.hardware import HardwareProfile
     from disaggsdk.spec import Spec
@@ -71,22 +70,16 @@ def machine_profile(spec: Spec, recalibrate: bool = False, say: Callable[[str], 
     return profile
 
 
-def _requests_for(trace: Path, model: str) -> Callable[[int, int], list[BenchRequest]]:
-    """(seed, n) -> n requests drawn from ``trace`` (text prompts counted in ``model``'s tokenizer)."""
-    from disaggsdk.bench.trace_dataset import trace_lengths, trace_requests
+def _trace_draws(trace: Path, model: str) -> TraceDraws:
+    """The draws of ``trace`` (text prompts counted in ``model``'s tokenizer, as bench counts them)."""
+    from disaggsdk.bench.trace_dataset import TraceDraws, trace_lengths
 
-    count: Callable[[str], int] | None = None
-    if any(n is None for n, _ in trace_lengths(trace)):
-        from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
+    if all(n is not None for n, _ in trace_lengths(trace)):
+        return TraceDraws(trace)
+    from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
-        tokenizer = load_tokenizer(model) or ByteTokenizer()
-        count = lambda text: len(tokenizer.encode(text))  # noqa: E731
-
-    @functools.cache
-    def draw(seed: int, n: int) -> tuple[BenchRequest, ...]:  # a measured run and its simulated twin: one draw
-        return tuple(trace_requests(trace, n, count, seed=seed))
-
-    return lambda seed, n: list(draw(seed, n))
+    tokenizer = load_tokenizer(model) or ByteTokenizer()
+    return TraceDraws(trace, lambda text: len(tokenizer.encode(text)))
 
 
 @attrs.frozen
@@ -189,10 +182,10 @@ def compare(trace: str | Path, slos_ms: dict[str, float], targets: Sequence[Spec
                               f"{', '.join(layout.name for layout in layouts)} (or a kind: colocated, "
                               f"disaggregated, conditional)")
         layouts = [layout for layout in layouts if layout.name in only or layout.kind in only]
-    requests_for = _requests_for(path, here.model)
-    requests_for(seed, 1)  # a bad trace fails now, not after a calibration
+    draws = _trace_draws(path, here.model)
+    draws(seed, 1)  # a bad trace fails now, not after a calibration
     disaggregated = [layout for layout in layouts if not layout.colocated] or layouts
     profile = profile or machine_profile(disaggregated[0].spec, recalibrate, say)
-    result = compare_layouts(layouts, requests_for, sweep, slos_ms, profile, launch=launch, num_prompts=num_prompts,
+    result = compare_layouts(layouts, draws, sweep, slos_ms, profile, launch=launch, num_prompts=num_prompts,
                              seed=seed, targets=[t for t in targets if t.device != "cpu"], on_run=say)
     return LayoutComparison(result)

@@ -71,3 +71,12 @@ def test_the_shipped_trace_mixes_short_chat_turns_and_long_edits():
     prompts = [n for n, _ in lengths if n is not None]
     assert len(lengths) == 200 and len(prompts) == 200
     assert sum(n <= 512 for n in prompts) > 100 and sum(n >= 768 for n in prompts) > 50
+
+
+def test_trace_draws_give_a_measured_run_and_its_simulated_twin_the_same_requests(tmp_path):
+    from disaggsdk.bench.trace_dataset import TraceDraws
+
+    path = _write(tmp_path, [{"input_len": 5, "output_len": 3}, {"input_len": 9, "output_len": 2}])
+    draws = TraceDraws(path)
+    assert draws(4, 6) == trace_requests(path, 6, seed=4)  # what `bench --dataset-path --seed 4` sends
+    assert draws(4, 6) == draws(4, 6) and draws(5, 6) != draws(4, 6)
