@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import attrs
 
@@ -273,16 +273,21 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
     """
     from disaggsdk.calibrate.speed_monitor import SpeedMonitor, retimed
 
-    def measured_at(url: str) -> Callable[[float, int], BenchResult]:
+    def measured_at(deployment: Any) -> Callable[[float, int], BenchResult]:
         def run_at(rate: float, run_seed: int) -> BenchResult:
             if on_run is not None:
                 on_run(f"{layout.name} @ {'inf' if math.isinf(rate) else f'{rate:.3g}'} req/s")
-            return bench_trace_in_subprocess(url, draws.path, rate, run_seed, num_prompts, slos_ms)
+            started_s = time.monotonic()
+            result = bench_trace_in_subprocess(deployment.url, draws.path, rate, run_seed, num_prompts, slos_ms)
+            phases = deployment.ttft_phases(started_s)  # where a disaggregated TTFT went (`report.ttft_phases`)
+            if phases and phases["requests"]:
+                result["ttft_phases"] = phases
+            return result
         return run_at
 
     start_s = time.monotonic()
     with launch(layout.spec, colocated=layout.colocated, port=0) as deployment:
-        measured = run_sweep(measured_at(deployment.url), sweep, slos_ms, seed)
+        measured = run_sweep(measured_at(deployment), sweep, slos_ms, seed)
     speed = monitor.speed_since(start_s) if isinstance(monitor, SpeedMonitor) else None
     return MeasuredLayout(layout, measured,
                           machine_sim_config(layout.spec, retimed(profile, speed) if speed is not None else profile,
