@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError
+from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError, sharegpt_requests
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "input_len")
 OUTPUT_KEYS = ("output_tokens", "output_len")
@@ -127,26 +127,39 @@ def trace_requests(path: str | Path, num_prompts: int, count_tokens: Callable[[s
 
 @dataclass(frozen=True)
 class TraceDraws:
-    """The requests of a trace as `trace_requests` draws them, by (seed, how many), each draw made once:
-    a run measured by `disaggsdk bench --dataset-path` (which draws the same with the same seed) and
-    its simulated twin read the very same requests.
+    """The requests of a trace as bench draws them, by (seed, how many), each draw made once: a run
+    measured by `disaggsdk bench --dataset-path` (which draws the same with the same seed) and its
+    simulated twin read the very same requests.
 
     Args:
-        path: the trace.
-        count_tokens: as `trace_requests`'s (the served model's tokenizer, for text prompts).
+        path: a JSON-lines trace (`trace_requests`), or a ShareGPT JSON file (`dataset.sharegpt_requests`:
+            first turns as prompts, the replies' lengths as output lengths) for any other suffix.
+        count_tokens: text -> tokens in the served model's tokenizer, as bench counts them (needed
+            for ShareGPT and for text prompts).
     """
 
     path: Path
     count_tokens: Callable[[str], int] | None = None
     _draws: dict[tuple[int, int], tuple[BenchRequest, ...]] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def dataset_name(self) -> str:
+        """What `disaggsdk bench --dataset-name` reads the file as: custom (JSON lines) or sharegpt."""
+        return "custom" if self.path.suffix == ".jsonl" else "sharegpt"
+
     def __call__(self, seed: int, num_prompts: int) -> list[BenchRequest]:
         """``num_prompts`` requests drawn with ``seed``.
 
         Raises:
-            DatasetError: as `trace_requests`.
+            DatasetError: as `trace_requests` or `sharegpt_requests`; ShareGPT without ``count_tokens``.
         """
         key = (seed, num_prompts)
         if key not in self._draws:
-            self._draws[key] = tuple(trace_requests(self.path, num_prompts, self.count_tokens, seed=seed))
+            if self.dataset_name == "custom":
+                drawn = trace_requests(self.path, num_prompts, self.count_tokens, seed=seed)
+            elif self.count_tokens is None:
+                raise DatasetError(f"{self.path}: a ShareGPT file's prompts are text: give the tokenizer to count them")
+            else:
+                drawn = sharegpt_requests(self.path, num_prompts, self.count_tokens, seed=seed)
+            self._draws[key] = tuple(drawn)
         return list(self._draws[key])

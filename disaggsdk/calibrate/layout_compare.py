@@ -238,9 +238,10 @@ class MeasuredLayout:
     config: SimConfig
 
 
-def bench_trace_in_subprocess(url: str, trace: Path, rate: float, seed: int, num_prompts: int,
+def bench_trace_in_subprocess(url: str, draws: TraceDraws, rate: float, seed: int, num_prompts: int,
                               slos_ms: dict[str, float]) -> BenchResult:
-    """One run of `disaggsdk bench URL --dataset-path TRACE` as a process of its own, as a real client
+    """One run of `disaggsdk bench URL --dataset-path TRACE` (the draw ``draws(seed, num_prompts)``) as a
+    process of its own, as a real client
     (`validate.bench_in_subprocess` says why: a client in the server's process shares its interpreter
     lock, which the simulator does not model); its JSON result.
 
@@ -249,8 +250,8 @@ def bench_trace_in_subprocess(url: str, trace: Path, rate: float, seed: int, num
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--dataset-name", "custom", "--dataset-path",
-               str(trace), "--num-prompts", str(num_prompts), "--seed", str(seed),
+        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--dataset-name", draws.dataset_name,
+               "--dataset-path", str(draws.path), "--num-prompts", str(num_prompts), "--seed", str(seed),
                "--request-rate", "inf" if math.isinf(rate) else repr(rate),
                "--goodput", *(f"{name}:{limit:g}" for name, limit in slos_ms.items()),
                "--metric-percentiles", ",".join(f"{p:g}" for p in PERCENTILES), "--output", str(out)]
@@ -278,7 +279,7 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
             if on_run is not None:
                 on_run(f"{layout.name} @ {'inf' if math.isinf(rate) else f'{rate:.3g}'} req/s")
             started_s = time.monotonic()
-            result = bench_trace_in_subprocess(deployment.url, draws.path, rate, run_seed, num_prompts, slos_ms)
+            result = bench_trace_in_subprocess(deployment.url, draws, rate, run_seed, num_prompts, slos_ms)
             phases = deployment.ttft_phases(started_s)  # where a disaggregated TTFT went (`report.ttft_phases`)
             if phases and phases["requests"]:
                 result["ttft_phases"] = phases

@@ -24,8 +24,8 @@ HELP = ("Should I disaggregate? Goodput of colocated, P:D and conditional layout
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `compare`."""
     parser.add_argument("trace", metavar="TRACE",
-                        help="JSON-lines trace ({\"input_len\" or \"prompt\", \"output_len\"} a line), or a shipped "
-                             "trace's name: code-assistant")
+                        help="JSON-lines trace ({\"input_len\" or \"prompt\", \"output_len\"} a line), a ShareGPT "
+                             "JSON file, or a shipped trace's name: code-assistant")
     parser.add_argument("specs", nargs="*", default=[], metavar="SPEC",
                         help="target specs, simulated at their scale on their hardware; the first's tiny twin is "
                              "what runs here (default: the tiny qwen3-coder, this machine only)")

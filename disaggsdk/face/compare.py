@@ -41,7 +41,8 @@ def trace_path(trace: str | Path) -> Path:
     path = Path(trace)
     if not path.is_file():
         raise DisaggError(f"trace {trace}: no such file, and not a shipped trace ({', '.join(SHIPPED_TRACES)}); "
-                          f"give a JSON-lines file of {{\"input_len\" or \"prompt\", \"output_len\"}} lines")
+                          f"give a JSON-lines file of {{\"input_len\" or \"prompt\", \"output_len\"}} lines, or a "
+                          f"ShareGPT JSON file")
     return path
 
 
@@ -71,11 +72,12 @@ def machine_profile(spec: Spec, recalibrate: bool = False, say: Callable[[str], 
 
 
 def _trace_draws(trace: Path, model: str) -> TraceDraws:
-    """The draws of ``trace`` (text prompts counted in ``model``'s tokenizer, as bench counts them)."""
+    """The draws of ``trace``, a JSON-lines trace or a ShareGPT file (text counted in ``model``'s
+    tokenizer, as bench counts it)."""
     from disaggsdk.bench.trace_dataset import TraceDraws, trace_lengths
 
-    if all(n is not None for n, _ in trace_lengths(trace)):
-        return TraceDraws(trace)
+    if trace.suffix == ".jsonl" and all(n is not None for n, _ in trace_lengths(trace)):
+        return TraceDraws(trace)  # lengths and ids: no tokenizer to load
     from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
     tokenizer = load_tokenizer(model) or ByteTokenizer()

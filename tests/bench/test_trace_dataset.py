@@ -80,3 +80,18 @@ def test_trace_draws_give_a_measured_run_and_its_simulated_twin_the_same_request
     draws = TraceDraws(path)
     assert draws(4, 6) == trace_requests(path, 6, seed=4)  # what `bench --dataset-path --seed 4` sends
     assert draws(4, 6) == draws(4, 6) and draws(5, 6) != draws(4, 6)
+
+
+def test_trace_draws_read_a_sharegpt_file_as_bench_does(tmp_path):
+    from disaggsdk.bench.dataset import sharegpt_requests
+    from disaggsdk.bench.trace_dataset import TraceDraws
+
+    entries = [{"conversations": [{"value": f"question number {i} " * 3}, {"value": f"answer {i} " * 4}]}
+               for i in range(6)]
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(entries))
+    draws = TraceDraws(path, count_tokens=len)
+    assert draws.dataset_name == "sharegpt" and TraceDraws(tmp_path / "t.jsonl").dataset_name == "custom"
+    assert draws(3, 4) == sharegpt_requests(path, 4, len, seed=3)  # what `bench --dataset-path chats.json --seed 3` sends
+    with pytest.raises(DatasetError, match="give the tokenizer"):
+        TraceDraws(path)(3, 4)
