@@ -32,8 +32,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
 
 import attrs
 
@@ -49,13 +50,33 @@ from disaggsdk.spec import Spec
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
-    from disaggsdk.calibrate.validate import Launcher
+    from disaggsdk.report.ttft_phases import PhaseSummary
 
 DEFAULT_LOCAL_PREFILL_TOKENS = 512  # conditional: prompts this short are computed on decode
 TARGET_REQUESTS = 1000  # requests per simulated run at the target's scale (its rates are far higher)
 PERCENTILES = (50, 90, 99)
 # (seed, how many) -> the trace's requests: the same draw for a measured run and its simulated twin
 RequestsFor = Callable[[int, int], "list[BenchRequest]"]
+
+
+class LaunchedLayout(Protocol):
+    """What a comparison reads of a launched layout (`disaggsdk.face.deployment.Deployment` is one)."""
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible endpoint's base URL."""
+        ...
+
+    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
+        """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
+        ...
+
+
+class LayoutLauncher(Protocol):
+    """Starts a layout: ``launch(spec, colocated=..., port=0)`` as `disaggsdk.face.deployment.launch`, a
+    context manager that stops every process it started."""
+
+    def __call__(self, spec: Spec, *, colocated: bool, port: int) -> AbstractContextManager[LaunchedLayout]: ...
 
 
 class CompareError(DisaggError):
@@ -263,7 +284,7 @@ def bench_trace_in_subprocess(url: str, draws: TraceDraws, rate: float, seed: in
 
 
 def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms: dict[str, float],
-                   num_prompts: int, profile: HardwareProfile, seed: int, *, launch: Launcher,
+                   num_prompts: int, profile: HardwareProfile, seed: int, *, launch: LayoutLauncher,
                    monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> MeasuredLayout:
     """Launch ``layout``, sweep it with the trace (each run a `bench_trace_in_subprocess`, whose draw of
     the trace is ``draws(run_seed, num_prompts)``), tear it down.
@@ -274,7 +295,7 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
     """
     from disaggsdk.calibrate.speed_monitor import SpeedMonitor, retimed
 
-    def measured_at(deployment: Any) -> Callable[[float, int], BenchResult]:
+    def measured_at(deployment: LaunchedLayout) -> Callable[[float, int], BenchResult]:
         def run_at(rate: float, run_seed: int) -> BenchResult:
             if on_run is not None:
                 on_run(f"{layout.name} @ {'inf' if math.isinf(rate) else f'{rate:.3g}'} req/s")
@@ -383,7 +404,7 @@ def _noise_caveat(best: LayoutGoodput, runner: LayoutGoodput) -> list[str]:
 
 
 def compare_layouts(layouts: Sequence[Layout], draws: TraceDraws, sweep: RateSweep,
-                    slos_ms: dict[str, float], profile: HardwareProfile, *, launch: Launcher,
+                    slos_ms: dict[str, float], profile: HardwareProfile, *, launch: LayoutLauncher,
                     num_prompts: int = 40, seed: int = 0, targets: Sequence[Spec] = (),
                     on_run: Callable[[str], None] | None = None) -> Comparison:
     """Measure every layout of this machine (each also simulated), then simulate each target's layouts.

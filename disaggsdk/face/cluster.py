@@ -11,7 +11,7 @@ import functools
 import html
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -318,7 +318,9 @@ class Cluster:
         say(f"ready in {time.monotonic() - start_s:.1f} s: {deployment.url}/v1  model {deployment.model_name}")
         return deployment
 
-    def compare(self, trace: str | Path, slo: str | dict[str, float], **options: Any) -> LayoutComparison:
+    def compare(self, trace: str | Path, slo: str | dict[str, float], *, num_prompts: int = 40, search_steps: int = 4,
+                repeat: int = 1, goodput_target: float = 0.9, only: Sequence[str] = (), seed: int = 0,
+                local_prefill_tokens: int = 512, recalibrate: bool = False) -> LayoutComparison:
         """Should this deployment disaggregate, for this traffic? Each layout that fits this machine
         (colocated, each P:D, conditional) is launched and swept for its goodput on ``trace``, the
         simulator's figure beside it; a GPU spec's own layouts are then simulated at its scale.
@@ -326,7 +328,14 @@ class Cluster:
         Args:
             trace: a JSON-lines trace or a shipped trace's name (``"code-assistant"``).
             slo: ``"ttft=1000,tpot=50"`` or ``{"ttft": 1000, "tpot": 50}`` (milliseconds).
-            options: `disaggsdk.face.compare.compare`'s (``num_prompts``, ``search_steps``, ``only``...).
+            num_prompts: requests per measured run.
+            search_steps: bisections of each layout's rate search, after its flat-out run.
+            repeat: rounds of each measured sweep (the median is reported, with the rounds' range).
+            goodput_target: the share of requests that must meet every SLO.
+            only: measure only these layouts here, by name (``"P1:D1"``) or kind (``"colocated"``).
+            seed: seeds the draws from the trace and the arrivals.
+            local_prefill_tokens: conditional layouts compute prompts this short on decode.
+            recalibrate: time this machine again (``cpu-local``) first.
         Returns:
             a `LayoutComparison`: a table, the plots and the recommendation in a notebook.
         Raises:
@@ -337,9 +346,11 @@ class Cluster:
 
         slos_ms = parse_slos(slo) if isinstance(slo, str) else dict(slo)
         spec = self.spec
-        if spec.device == "cpu":  # this machine's spec itself; there is no other scale to simulate
-            return compare(trace, slos_ms, machine=spec, say=_print_progress, **options)
-        return compare(trace, slos_ms, [spec], say=_print_progress, **options)
+        cpu = spec.device == "cpu"  # this machine's spec itself; there is no other scale to simulate
+        return compare(trace, slos_ms, [] if cpu else [spec], machine=spec if cpu else None,
+                       goodput_target=goodput_target, search_steps=search_steps, rounds=repeat,
+                       num_prompts=num_prompts, seed=seed, local_prefill_tokens=local_prefill_tokens,
+                       recalibrate=recalibrate, only=only, say=_print_progress)
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(spec_to_yaml(self.draft))}</pre>"
