@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-window-s", type=float, default=None, metavar="S",
                         help="how long a restart counts against --max-restarts (default: 600)")
     parser.add_argument("--no-live", action="store_true", help="no live instance table")
+    parser.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                        help="trace every request as OpenTelemetry spans sent over OTLP/HTTP to URL (vLLM's flag; "
+                             "sets serve.otlp_traces_endpoint; docs/tracing.md), e.g. http://localhost:4318/v1/traces")
     parser.add_argument("--access-log", action="store_true",
                         help="one line per finished request on stdout: status, tokens, TTFT, total time, the prefill "
                              "and decode instance (the spec's serve.access_log)")
@@ -75,6 +78,15 @@ def spec_to_launch(args: argparse.Namespace) -> Spec:
     spec = with_runtime_options(spec_of_args(args), args)
     if getattr(args, "access_log", False):  # bench shares launch_spec and has no such flag
         spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, access_log=True))
+    if getattr(args, "otlp_traces_endpoint", None):  # checked as the spec key is: an http(s) URL
+        from disaggsdk.errors import SpecError
+        from disaggsdk.spec.field_checks import FieldErrors
+
+        try:
+            serve = attrs.evolve(spec.serve, otlp_traces_endpoint=args.otlp_traces_endpoint)
+        except FieldErrors as exc:
+            raise SpecError([f"--otlp-traces-endpoint: {message}" for _, message in exc.problems]) from None
+        spec = attrs.evolve(spec, serve=serve)
     return spec
 
 

@@ -55,3 +55,13 @@ def test_a_one_line_launch_serves_the_openai_client():
         assert not still_alive(kids)
     finally:
         reap(proc, kids)
+
+
+def test_launch_takes_vllms_otlp_traces_endpoint_flag_into_the_spec_and_refuses_a_bad_url(run_cli):
+    p = run_cli("launch", "specs/tiny_pd.yaml", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces",
+                "--print-spec")
+    assert p.returncode == 0, p.stderr
+    assert "otlp_traces_endpoint: http://127.0.0.1:4318/v1/traces" in p.stdout
+    p = run_cli("launch", "specs/tiny_pd.yaml", "--otlp-traces-endpoint", "ftp://collector", "--print-spec")
+    assert p.returncode == 2 and "--otlp-traces-endpoint: must be an http:// or https:// URL" in p.stderr
+    assert "Traceback" not in p.stderr
