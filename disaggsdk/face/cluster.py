@@ -248,11 +248,13 @@ class Cluster:
 
     @_names_the_call
     def serve(self, host: str | None = None, port: int | None = None, routing: Routing | None = None,
-              access_log: bool | None = None) -> Cluster:
+              access_log: bool | None = None, otlp_traces_endpoint: str | None = None) -> Cluster:
         """Where the OpenAI-compatible endpoint listens, how it picks a decode unit per request
-        (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`), and whether it writes
-        a line per finished request (``access_log``, see `Serve.access_log`)."""
-        serve = _set(self.draft.serve, host=host, port=port, routing=routing, access_log=access_log)
+        (``routing``: ``"cache_aware"`` or ``"least_loaded"``, see `Serve.routing`), whether it writes
+        a line per finished request (``access_log``, see `Serve.access_log`), and where it sends each
+        request's OpenTelemetry spans (``otlp_traces_endpoint``, an OTLP/HTTP URL; docs/tracing.md)."""
+        serve = _set(self.draft.serve, host=host, port=port, routing=routing, access_log=access_log,
+                     otlp_traces_endpoint=otlp_traces_endpoint)
         return Cluster(attrs.evolve(self.draft, serve=serve))
 
     @_names_the_call

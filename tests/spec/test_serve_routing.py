@@ -26,3 +26,11 @@ def test_the_builder_sets_it_with_the_other_serve_keys():
     assert Cluster().serve(port=9001).draft.serve.routing == "cache_aware"
     with pytest.raises(ValueError, match="routing: 'round_robin' is not valid"):  # as any builder value
         Cluster().serve(routing="round_robin")
+
+
+def test_the_builder_sets_the_otlp_traces_endpoint_and_refuses_what_is_not_http():
+    c = Cluster().serve(port=9000, otlp_traces_endpoint="http://localhost:4318/v1/traces")
+    assert c.draft.serve.otlp_traces_endpoint == "http://localhost:4318/v1/traces" and c.draft.serve.port == 9000
+    assert Cluster().serve(port=9001).draft.serve.otlp_traces_endpoint is None
+    with pytest.raises(ValueError, match=r"Cluster.serve\(otlp_traces_endpoint='grpc://x'\).*http:// or https://"):
+        Cluster().serve(otlp_traces_endpoint="grpc://x")
