@@ -37,6 +37,10 @@ def test_compare_sweeps_a_layout_here_on_the_shipped_trace_and_simulates_the_tar
     assert measured["sweep"][0]["request_rate"] == "inf" and measured["sweep"][0]["completed"] == 3
     assert here["goodput_request_rate"] == measured["goodput_request_rate"] == measured["sweep"][0]["request_throughput"]
     assert here["simulated"]["goodput_request_rate"] > 0 and here["simulated_error"] is not None
+    from disaggsdk.report.ttft_phases import PHASES
+
+    assert measured["sweep"][0]["slowest_ttft_phase"] in PHASES  # the deployment's TTFT phases came with the run
+    assert here["sim_slowdown"] == 1.0 and here["sim_fitted_on"] == []  # alone: no other layout to calibrate on
     [target] = doc["targets"]
     assert target["spec"] == "qwen3-coder" and target["profile"] == "h200"
     assert [lay["layout"] for lay in target["layouts"]][:2] == ["colocated", "P1:D3"]
