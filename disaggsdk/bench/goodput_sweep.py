@@ -22,9 +22,10 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
+from disaggsdk.report.goodput_records import GoodputSweep, LimitedBy, SweepRow
 
 if TYPE_CHECKING:
     from disaggsdk.bench.serve_bench import BenchResult
@@ -37,54 +38,6 @@ SEEDS_PER_ROUND = 1000  # round r's k-th run draws its prompts with seed + 1 + r
 # one run of the load at a rate (requests/s; inf: all at once) with prompts drawn from a seed: its
 # result (`serve_bench.bench`'s document, with ``slo_attainment`` and ``request_throughput``)
 RunAt = Callable[[float, int], "BenchResult"]
-
-
-class SweepRow(TypedDict):
-    """One run of a sweep: its round and rate, and what of its result the sweep keeps (its whole
-    document is the run's own). A latency is None where the run asked for no such percentile."""
-
-    round: int
-    request_rate: float | str  # "inf": all at once
-    slo_attainment: float  # the share of the requests sent that met every SLO
-    request_throughput: float
-    request_goodput: float
-    completed: int
-    failed: int
-    median_ttft_ms: float | None
-    p99_ttft_ms: float | None
-    median_tpot_ms: float | None
-    p99_tpot_ms: float | None
-    p99_itl_ms: float | None
-    slo_missed: dict[str, float]  # per SLO, the share of the requests sent that missed it
-    # the TTFT phase with the largest mean (`report.ttft_phases`), where the server measured them
-    slowest_ttft_phase: str | None
-
-
-class LimitedBy(TypedDict):
-    """What kept a sweep's goodput from going higher: in the lowest-rate run that missed the target,
-    the SLO missed by the most requests, and (for TTFT, where the server measured its phases) the
-    phase of the time to first token that took longest."""
-
-    request_rate: float | str
-    slo: str
-    missed_share: float
-    ttft_phase: str | None
-
-
-class GoodputSweep(TypedDict):
-    """A sweep's result (`run_sweep`); ``target`` and ``cpu`` are added by the command that ran it."""
-
-    goodput_request_rate: float  # the median of the rounds'
-    goodput_rounds: list[float]
-    goodput_range: list[float]  # lowest, highest
-    goodput_range_confidence: float | None  # that the range holds the median; None for one round
-    slo_attainment_target: float
-    slos_ms: dict[str, float]
-    rates: str | list[float]  # the rates given, or how the search chose them
-    sweep: list[SweepRow]
-    limited_by: LimitedBy | None  # None: no run missed the target (the goodput is the throughput)
-    target: NotRequired[str]
-    cpu: NotRequired[dict[str, object]]
 
 
 class SweepError(DisaggError):

@@ -24,24 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import attrs
 
-from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, first_run_seed, limit_text, run_sweep
+from disaggsdk.bench.goodput_sweep import RateSweep, first_run_seed, limit_text, run_sweep
 from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s
 from disaggsdk.bench.trace_dataset import TraceDraws
 from disaggsdk.errors import DisaggError
+from disaggsdk.report.goodput_records import Comparison, GoodputSweep, LayoutGoodput, TargetGoodput
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
 from disaggsdk.sim.runner import default_profile_name
 from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype
@@ -207,44 +203,6 @@ def target_sim_config(spec: Spec, slos_ms: dict[str, float], profile: HardwarePr
                      percentiles=PERCENTILES, slos_ms=dict(slos_ms))
 
 
-class LayoutGoodput(TypedDict):
-    """One layout's answer: measured here (with the simulator's figure for the same runs beside it), or
-    simulated alone at the target's scale."""
-
-    layout: str
-    kind: str  # colocated | disaggregated | conditional
-    where: str  # "this machine" or the target's hardware
-    measured: GoodputSweep | None
-    simulated: GoodputSweep
-    goodput_request_rate: float  # the measured one where measured, else the simulated one
-    simulated_error: float | None  # simulated / measured - 1, where both are > 0
-    # measured layouts: the slowdown of the machine's profile the simulator ran at, fitted on the other
-    # layouts' flat-out runs (`leave_one_out_slowdowns`), and which layouts those were
-    sim_slowdown: float | None
-    sim_fitted_on: list[str]
-
-
-class TargetGoodput(TypedDict):
-    """One target spec's layouts, simulated at its own scale, and the layout to choose there."""
-
-    spec: str
-    profile: str
-    layouts: list[LayoutGoodput]
-    recommendation: str
-
-
-class Comparison(TypedDict):
-    """`compare_layouts`'s answer (JSON as it is)."""
-
-    slos_ms: dict[str, float]
-    slo_attainment_target: float
-    machine_spec: str
-    profile: str
-    this_machine: list[LayoutGoodput]
-    recommendation: str  # on this machine
-    targets: list[TargetGoodput]
-
-
 def _error(simulated: float, measured: float) -> float | None:
     return simulated / measured - 1 if simulated > 0 and measured > 0 else None
 
@@ -261,26 +219,19 @@ class MeasuredLayout:
 
 def bench_trace_in_subprocess(url: str, draws: TraceDraws, rate: float, seed: int, num_prompts: int,
                               slos_ms: dict[str, float]) -> BenchResult:
-    """One run of `disaggsdk bench URL --dataset-path TRACE` (the draw ``draws(seed, num_prompts)``) as a
-    process of its own, as a real client
-    (`validate.bench_in_subprocess` says why: a client in the server's process shares its interpreter
-    lock, which the simulator does not model); its JSON result.
+    """One run of `disaggsdk bench URL --dataset-path TRACE` (the draw ``draws(seed, num_prompts)``) in a
+    process of its own (`validate.bench_cli_in_subprocess` says why); its JSON result.
 
     Raises:
-        CompareError: the benchmark failed (its last lines of stderr say why).
+        BenchError: the benchmark failed.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--dataset-name", draws.dataset_name,
-               "--dataset-path", str(draws.path), "--num-prompts", str(num_prompts), "--seed", str(seed),
-               "--request-rate", "inf" if math.isinf(rate) else repr(rate),
-               "--goodput", *(f"{name}:{limit:g}" for name, limit in slos_ms.items()),
-               "--metric-percentiles", ",".join(f"{p:g}" for p in PERCENTILES), "--output", str(out)]
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
-        if done.returncode != 0:
-            raise CompareError(f"the benchmark of {url} at {rate} req/s failed: {done.stderr.strip()[-500:]}")
-        result: BenchResult = json.loads(out.read_text())
-        return result
+    from disaggsdk.calibrate.validate import bench_cli_in_subprocess
+
+    return bench_cli_in_subprocess(url, [
+        "--dataset-name", draws.dataset_name, "--dataset-path", str(draws.path), "--num-prompts", str(num_prompts),
+        "--seed", str(seed), "--request-rate", "inf" if math.isinf(rate) else repr(rate),
+        "--goodput", *(f"{name}:{limit:g}" for name, limit in slos_ms.items()),
+        "--metric-percentiles", ",".join(f"{p:g}" for p in PERCENTILES)])
 
 
 def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms: dict[str, float],

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from disaggsdk.bench.trace_dataset import TraceDraws
-    from disaggsdk.calibrate.layout_compare import Comparison, LayoutGoodput
+    from disaggsdk.report.goodput_records import Comparison, LayoutGoodput
     from disaggsdk.sim.hardware import HardwareProfile
     from disaggsdk.spec import Spec
 
@@ -57,16 +57,13 @@ def machine_profile(spec: Spec, recalibrate: bool = False, say: Callable[[str], 
         profile = load_profile(path)
         if profile.frontend_cpu_ms_per_token > 0:  # the serving stack was fitted too
             return profile
-    from disaggsdk.calibrate.engine_profile import calibrate_engine, save_profile
-    from disaggsdk.calibrate.serving import fit_serving_overheads
-    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
+    from disaggsdk.calibrate.engine_profile import save_profile
+    from disaggsdk.calibrate.serving import calibrate_machine
     from disaggsdk.face.deployment import launch
 
     say(f"calibrating this machine first (`disaggsdk calibrate --deployment` on {spec.label}; a few minutes, "
         f"saved to {path})")
-    with SpeedMonitor() as monitor:
-        profile, _, _ = calibrate_engine(spec.model, monitor, name="cpu-local")
-        profile, _ = fit_serving_overheads(spec, profile, monitor=monitor, launch=launch)
+    profile, _, _, _ = calibrate_machine(spec.model, spec, launch=launch)
     save_profile(profile, path)
     return profile
 
@@ -90,6 +87,8 @@ class LayoutComparison:
     plots in a notebook, `figure` and `save_plot` for files."""
 
     result: Comparison
+    # what each of `rows`' cells is
+    HEADERS = ("layout", "where", "measured goodput req/s", "simulated req/s", "sim error", "limited by")
 
     @property
     def recommendation(self) -> list[str]:
@@ -97,7 +96,8 @@ class LayoutComparison:
         return [self.result["recommendation"], *(t["recommendation"] for t in self.result["targets"])]
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
-        """(layout, where, goodput req/s, simulated req/s, simulated error, what limited it) per layout."""
+        """A row per layout, its cells as `HEADERS` names them (measured and simulated goodput, the
+        simulator's error, what limited it)."""
         out = []
         places: list[tuple[str, Sequence[LayoutGoodput]]] = [("this machine", self.result["this_machine"])]
         places += [(f"{t['spec']} on {t['profile']}", t["layouts"]) for t in self.result["targets"]]
@@ -129,20 +129,16 @@ class LayoutComparison:
 
     def _table_html(self) -> str:
         slos = ", ".join(f"{k.upper()} {v:g} ms" for k, v in self.result["slos_ms"].items())
-        head = "".join(f"<th>{h}</th>" for h in ("layout", "where", "measured goodput req/s",
-                                                   "simulated req/s", "simulated error", "limited by"))
+        head = "".join(f"<th>{h}</th>" for h in self.HEADERS)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows())
         advice = "".join(f"<li>{html.escape(line)}</li>" for line in self.recommendation)
         return (f"<p>goodput: the highest rate at which {self.result['slo_attainment_target']:.0%} of requests met "
                 f"{html.escape(slos)}</p><table><tr>{head}</tr>{body}</table><ul>{advice}</ul>")
 
     def _repr_html_(self) -> str:
-        import base64
-        import io
+        from disaggsdk.report.layout_plots import png_base64
 
-        buf = io.BytesIO()
-        self.figure().savefig(buf, format="png", dpi=90)
-        return self._table_html() + f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+        return self._table_html() + f"<img src='data:image/png;base64,{png_base64(self.figure(), dpi=90)}'>"
 
 
 def compare(trace: str | Path, slos_ms: dict[str, float], targets: Sequence[Spec] = (), *,
