@@ -36,9 +36,8 @@ from disaggsdk.bench.serve_result import (
 )
 from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.errors import DisaggError
-from disaggsdk.report.latency import METRICS, RequestTimeline, summarize
+from disaggsdk.report.latency import METRICS, SLO_NAMES, RequestTimeline, summarize
 
-SLO_METRICS = ("ttft", "tpot", "e2el")
 # a run's result: vLLM's `bench serve` document (`serve_result`) and ours beside it, whose keys vary
 # with the options (the percentiles asked for, the SLOs, a multi-turn load): JSON, read by key
 BenchResult = dict[str, Any]
@@ -275,7 +274,7 @@ def median_run(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
 
 def _slo(flag: str, entry: str, name: str, value: str, example: str) -> tuple[str, float]:
     name = name.strip()
-    if name not in SLO_METRICS:
+    if name not in SLO_NAMES:
         raise BenchError(f"{flag} {entry!r}: use ttft, tpot or e2el, e.g. {flag} {example} (ms)")
     try:
         limit_ms = float(value)

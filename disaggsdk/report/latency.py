@@ -99,15 +99,20 @@ def metric_stats(
     return out
 
 
+SLO_NAMES = ("ttft", "tpot", "e2el")  # what an SLO may bound (ms)
+
+
+def meets_slos(ttft_ms: float, tpot_ms: float | None, e2el_ms: float, slos_ms: dict[str, float]) -> bool:
+    """Whether a finished request's latencies meet every SLO of ``slos_ms`` (keys among ttft, tpot,
+    e2el; ms); a one-token answer has no TPOT, and meets any TPOT SLO. The simulator judges its
+    requests with this too."""
+    values = {"ttft": ttft_ms, "tpot": tpot_ms, "e2el": e2el_ms}
+    return all((value := values[name]) is None or value <= limit for name, limit in slos_ms.items())
+
+
 def is_good(t: RequestTimeline, slos_ms: dict[str, float]) -> bool:
     """Whether a request met every SLO (keys among ttft, tpot, e2el; values in ms)."""
-    if not t.ok:
-        return False
-    for name, limit in slos_ms.items():
-        value = {"ttft": t.ttft_ms, "tpot": t.tpot_ms, "e2el": t.e2el_ms}[name]
-        if value is not None and value > limit:
-            return False
-    return True
+    return t.ok and meets_slos(t.ttft_ms, t.tpot_ms, t.e2el_ms, slos_ms)
 
 
 def summarize(
@@ -133,7 +138,7 @@ def summarize(
     if duration_s <= 0:
         raise ValueError(f"duration_s must be positive, got {duration_s}")
     slos_ms = dict(slos_ms or {})
-    unknown = set(slos_ms) - {"ttft", "tpot", "e2el"}
+    unknown = set(slos_ms) - set(SLO_NAMES)
     if unknown:
         raise ValueError(f"unknown SLO {sorted(unknown)}; use ttft, tpot or e2el (milliseconds)")
     percentiles = list(percentiles)

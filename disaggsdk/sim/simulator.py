@@ -20,7 +20,7 @@ from disaggsdk.errors import SpecError
 from disaggsdk.models import ModelArch, resolve_model
 from disaggsdk.models.quantization import block_fp8_of
 from disaggsdk.plan import make_plan
-from disaggsdk.report.latency import metric_stats, tokens_per_s_per_request
+from disaggsdk.report.latency import SLO_NAMES, meets_slos, metric_stats, tokens_per_s_per_request
 from disaggsdk.sim.cost_model import StepCostModel, transfer_cost_from_route
 from disaggsdk.sim.front_end import FrontEnd
 from disaggsdk.sim.hardware import HardwareProfile
@@ -75,6 +75,9 @@ class Simulation:
         self.plan = make_plan(spec, self.arch)
         if self.plan.memory_problems:  # no simulated deployment holds more than its devices can
             raise SpecError(self.plan.memory_problems)
+        unknown = sorted(set(config.slos_ms) - set(SLO_NAMES))
+        if unknown:
+            raise SpecError(f"unknown SLO {unknown}; use ttft, tpot or e2el (milliseconds)")
         self._events: list = []
         self._cores = SharedCores(config.shared_cores) if config.shared_cores else None
         self._front = FrontEnd(self._cores, self._reschedule_shared) if self._cores is not None else None
@@ -284,19 +287,12 @@ class Simulation:
 
     @staticmethod
     def _met_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
-        """Whether a finished request met every SLO of ``slos_ms`` (as `report.latency.is_good` judges
-        a measured one: TPOT over the tokens after the first, none for a one-token answer)."""
-        ttft_ms = (record.first_token_s - record.request.arrival_s) * 1e3
-        values = {"ttft": ttft_ms, "e2el": (record.finish_s - record.request.arrival_s) * 1e3,
-                  "tpot": ((record.finish_s - record.first_token_s) * 1e3 / (record.request.output_len - 1)
-                           if record.request.output_len > 1 else None)}
-        for name, limit in slos_ms.items():
-            if name not in values:
-                raise SpecError(f"unknown SLO {name!r}; use ttft, tpot or e2el (milliseconds)")
-            value = values[name]
-            if value is not None and value > limit:
-                return False
-        return True
+        """Whether a finished request met every SLO of ``slos_ms``, judged as a measured one is
+        (`report.latency.meets_slos`: TPOT over the tokens after the first)."""
+        r = record.request
+        tpot_ms = (record.finish_s - record.first_token_s) * 1e3 / (r.output_len - 1) if r.output_len > 1 else None
+        return meets_slos((record.first_token_s - r.arrival_s) * 1e3, tpot_ms, (record.finish_s - r.arrival_s) * 1e3,
+                          slos_ms)
 
 
 def simulate(spec: Spec, requests: list[SimRequest], config: SimConfig) -> dict[str, Any]:
