@@ -33,7 +33,9 @@ import attrs
 from disaggsdk.sim.hardware import HardwareProfile
 
 if TYPE_CHECKING:
+    from disaggsdk.calibrate.engine_profile import StepSample
     from disaggsdk.calibrate.validate import Launcher
+    from disaggsdk.spec import Spec
 from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
 
 IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
@@ -151,3 +153,30 @@ def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24
         for c in (False, True)
     }
     return profile, report
+
+
+def calibrate_machine(model: str, spec: Spec | None = None, *, launch: Launcher | None = None, name: str = "cpu-local",
+                      rounds: int = 5) -> tuple[HardwareProfile, float, list[StepSample], dict[str, Any] | None]:
+    """What `disaggsdk calibrate [--deployment SPEC]` fits: this machine's engine timed (``model``,
+    ``rounds`` passes of the grid), then, with ``spec``, the serving stack on a real deployment of it,
+    one `SpeedMonitor` running through both so that the serving turns are brought back to the
+    engine timing's speed.
+
+    Args:
+        launch: starts ``spec`` (`disaggsdk.face.deployment.launch`, handed in by the face); needed with ``spec``.
+    Returns:
+        (the profile, the engine fit's RMS relative error, its samples, the serving measurements or None).
+    Raises:
+        ValueError: a ``spec`` and no ``launch``.
+    """
+    from disaggsdk.calibrate.engine_profile import calibrate_engine
+
+    if spec is not None and launch is None:
+        raise ValueError("calibrating the serving stack on a spec needs the launch that starts it")
+
+    serving = None
+    with SpeedMonitor() as monitor:
+        profile, rms, samples = calibrate_engine(model, monitor, name=name, rounds=rounds)
+        if spec is not None and launch is not None:
+            profile, serving = fit_serving_overheads(spec, profile, monitor=monitor, launch=launch)
+    return profile, rms, samples, serving

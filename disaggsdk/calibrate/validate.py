@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,22 +67,35 @@ def compare_row(layout: str, qps: float, measured: dict[str, Any], simulated: di
     return row
 
 
-def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, output_len: int,
-                        range_ratio: float = 0.0, seed: int = 0, max_concurrency: int | None = None) -> dict[str, Any]:
-    """Run `disaggsdk bench URL` as its own process and return its JSON result.
+def bench_cli_in_subprocess(url: str, options: Sequence[str]) -> dict[str, Any]:
+    """Run `disaggsdk bench URL OPTIONS` as its own process and return its JSON result.
 
     A separate process, as a real client would be: a benchmark loop sharing the server's process
     would also share its interpreter lock and blur the very latencies being measured.
+
+    Raises:
+        BenchError: the benchmark failed (the end of its stderr says why).
     """
+    from disaggsdk.bench.serve_bench import BenchError
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, "--qps", str(qps), "--num-prompts",
-               str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len), "--range-ratio",
-               str(range_ratio), "--seed", str(seed), "--output", str(out)]
-        if max_concurrency:
-            cmd += ["--max-concurrency", str(max_concurrency)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800)
-        return json.loads(out.read_text())
+        cmd = [sys.executable, "-m", "disaggsdk.cli.main", "bench", url, *options, "--output", str(out)]
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise BenchError(f"`disaggsdk bench {url} {' '.join(options)}` failed: {done.stderr.strip()[-500:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, output_len: int,
+                        range_ratio: float = 0.0, seed: int = 0, max_concurrency: int | None = None) -> dict[str, Any]:
+    """`bench_cli_in_subprocess` with random prompts of the given lengths."""
+    options = ["--qps", str(qps), "--num-prompts", str(num_prompts), "--input-len", str(input_len), "--output-len",
+               str(output_len), "--range-ratio", str(range_ratio), "--seed", str(seed)]
+    if max_concurrency:
+        options += ["--max-concurrency", str(max_concurrency)]
+    return bench_cli_in_subprocess(url, options)
 
 
 def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_prompts: int = 40,

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     import attrs
 
-    from disaggsdk.calibrate.engine_profile import calibrate_engine, save_profile
-    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
+    from disaggsdk.calibrate.engine_profile import save_profile
+    from disaggsdk.calibrate.serving import calibrate_machine
     from disaggsdk.errors import SpecError
     from disaggsdk.models import resolve_model
     from disaggsdk.sim.cost_model import StepCostModel
@@ -40,19 +40,15 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise SpecError(f"--rounds: expected a count of at least 1, got {args.rounds}")
     arch = resolve_model(args.model)
-    spec = None
     if args.deployment:
+        from disaggsdk.face.deployment import launch  # the serve extra: only a deployment needs it
         from disaggsdk.spec import load_spec
 
         spec = load_spec(args.deployment)  # a bad spec fails before minutes of timing
-    serving = None
-    with SpeedMonitor() as monitor:  # runs through both fits: the serving turns are brought back to the engine's speed
-        profile, rms, samples = calibrate_engine(args.model, monitor, name=args.name, rounds=args.rounds)
-        if spec is not None:
-            from disaggsdk.calibrate.serving import fit_serving_overheads
-            from disaggsdk.face.deployment import launch
-
-            profile, serving = fit_serving_overheads(spec, profile, monitor=monitor, launch=launch)
+        profile, rms, samples, serving = calibrate_machine(args.model, spec, launch=launch, name=args.name,
+                                                           rounds=args.rounds)
+    else:
+        profile, rms, samples, serving = calibrate_machine(args.model, name=args.name, rounds=args.rounds)
     path = save_profile(profile, Path(args.output) if args.output else user_profile_dir() / f"{args.name}.yaml")
     cost = StepCostModel(arch, profile, weight_dtype="float32", kv_dtype="float32")
     rows = [dict(attrs.asdict(s), predicted_s=cost.step_time_s(s.num_tokens, s.num_sequences, s.context_pairs,

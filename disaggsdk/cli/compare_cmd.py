@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                      say=lambda line: console.print(line, highlight=False))
     slo_text = ", ".join(f"{k.upper()} {v:g} ms" for k, v in slos.items())
     table = Table(title=f"goodput: the highest rate at which {args.goodput_target:.0%} of requests met {slo_text}")
-    for col in ("layout", "where", "measured req/s", "simulated req/s", "sim error", "limited by"):
+    for col in result.HEADERS:
         table.add_column(col, justify="left" if col in ("layout", "where", "limited by") else "right")
     for row in result.rows():
         table.add_row(*row)
