@@ -23,12 +23,15 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import SimRequest
 from disaggsdk.spec import Spec
+
+if TYPE_CHECKING:
+    from disaggsdk.bench.serve_bench import BenchResult
 
 
 class Launcher(Protocol):
@@ -67,7 +70,7 @@ def compare_row(layout: str, qps: float, measured: dict[str, Any], simulated: di
     return row
 
 
-def bench_cli_in_subprocess(url: str, options: Sequence[str]) -> dict[str, Any]:
+def bench_cli_in_subprocess(url: str, options: Sequence[str]) -> BenchResult:
     """Run `disaggsdk bench URL OPTIONS` as its own process and return its JSON result.
 
     A separate process, as a real client would be: a benchmark loop sharing the server's process
@@ -84,12 +87,12 @@ def bench_cli_in_subprocess(url: str, options: Sequence[str]) -> dict[str, Any]:
         done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
         if done.returncode != 0:
             raise BenchError(f"`disaggsdk bench {url} {' '.join(options)}` failed: {done.stderr.strip()[-500:]}")
-        result: dict[str, Any] = json.loads(out.read_text())
+        result: BenchResult = json.loads(out.read_text())
         return result
 
 
 def bench_in_subprocess(url: str, qps: float, num_prompts: int, input_len: int, output_len: int,
-                        range_ratio: float = 0.0, seed: int = 0, max_concurrency: int | None = None) -> dict[str, Any]:
+                        range_ratio: float = 0.0, seed: int = 0, max_concurrency: int | None = None) -> BenchResult:
     """`bench_cli_in_subprocess` with random prompts of the given lengths."""
     options = ["--qps", str(qps), "--num-prompts", str(num_prompts), "--input-len", str(input_len), "--output-len",
                str(output_len), "--range-ratio", str(range_ratio), "--seed", str(seed)]
