@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -36,6 +35,7 @@ import attrs
 from disaggsdk.bench.goodput_sweep import RateSweep, first_run_seed, limit_text, run_sweep
 from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s
 from disaggsdk.bench.trace_dataset import TraceDraws
+from disaggsdk.calibrate.validate import bench_cli_in_subprocess, machine_sim_config
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.goodput_records import Comparison, GoodputSweep, LayoutGoodput, TargetGoodput
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
@@ -46,6 +46,7 @@ from disaggsdk.spec import Spec
 
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
+    from disaggsdk.calibrate.speed_monitor import SpeedMonitor
     from disaggsdk.report.ttft_phases import PhaseSummary
 
 DEFAULT_LOCAL_PREFILL_TOKENS = 512  # conditional: prompts this short are computed on decode
@@ -116,16 +117,15 @@ def machine_layouts(spec: Spec, cores: int, local_prefill_tokens: int = DEFAULT_
     mixed (the same CPU budget); conditional runs the P1 split whose decode units compute short prompts.
 
     Raises:
-        CompareError: a spec whose instances are not single-rank CPU units, or fewer than 2 cores.
+        CompareError: a spec that is not a CPU spec, or fewer than 2 cores.
     """
     if spec.device != "cpu":
         raise CompareError(f"{spec.label}: layouts measured on this machine run a CPU spec; give device: cpu "
                            f"(or let the comparison derive one from a GPU spec: `machine_spec`)")
     if cores < 2:
         raise CompareError(f"a P/D comparison needs 2 cores for its 2 units, and this process may use {cores}")
-    units = max(2, cores)
-    spec = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=units))
-    splits = [_split(spec, num_prefill, units - num_prefill) for num_prefill in range(1, units)]
+    spec = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=cores))
+    splits = [_split(spec, num_prefill, cores - num_prefill) for num_prefill in range(1, cores)]
     layouts = [Layout("colocated", splits[0], colocated=True)]  # as many mixed units as the splits have
     layouts += [Layout(_ratio_name(split), split) for split in splits]
     layouts.append(Layout(f"conditional {_ratio_name(splits[0])} (<= {local_prefill_tokens} tokens on decode)",
@@ -161,7 +161,7 @@ def target_layouts(spec: Spec, local_prefill_tokens: int = DEFAULT_LOCAL_PREFILL
     layouts = [Layout("colocated", spec, colocated=True)]
     p, d = spec.prefill, spec.decode
     total = p.replicas + d.replicas
-    alike = (p.tp * p.dp, p.ep) == (d.tp * d.dp, d.ep) and (p.tp, p.dp) == (d.tp, d.dp)
+    alike = (p.tp, p.dp, p.ep) == (d.tp, d.dp, d.ep)
     splits = [_split(spec, n, total - n) for n in range(1, total)] if alike else [spec]
     layouts += [Layout(_ratio_name(s), s) for s in splits]
     layouts.append(Layout(f"conditional {_ratio_name(spec)} (<= {local_prefill_tokens} tokens on decode)",
@@ -185,14 +185,6 @@ def simulated_run(layout: Layout, config: SimConfig, requests: Sequence[BenchReq
     """One simulated run of a sweep: the summary with bench's keys (``slo_attainment`` among them)."""
     return Simulation(layout.spec, attrs.evolve(config, colocated=layout.colocated)).run(
         sim_requests(requests, rate, seed))
-
-
-def machine_sim_config(spec: Spec, profile: HardwareProfile, slos_ms: dict[str, float]) -> SimConfig:
-    """The simulator's settings for a launched CPU spec on this machine: its engine settings, float32
-    weights, and the units, the server and the benchmark client sharing the cores (as `validate` runs)."""
-    return SimConfig(profile, weight_dtype="float32", max_num_batched_tokens=spec.engine.max_num_batched_tokens,
-                     streaming=spec.transfer.streaming, shared_cores=len(os.sched_getaffinity(0)),
-                     client_shares_cores=True, percentiles=PERCENTILES, slos_ms=dict(slos_ms))
 
 
 def target_sim_config(spec: Spec, slos_ms: dict[str, float], profile: HardwareProfile | None = None) -> SimConfig:
@@ -225,8 +217,6 @@ def bench_trace_in_subprocess(url: str, draws: TraceDraws, rate: float, seed: in
     Raises:
         BenchError: the benchmark failed.
     """
-    from disaggsdk.calibrate.validate import bench_cli_in_subprocess
-
     return bench_cli_in_subprocess(url, [
         "--dataset-name", draws.dataset_name, "--dataset-path", str(draws.path), "--num-prompts", str(num_prompts),
         "--seed", str(seed), "--request-rate", "inf" if math.isinf(rate) else repr(rate),
@@ -236,7 +226,7 @@ def bench_trace_in_subprocess(url: str, draws: TraceDraws, rate: float, seed: in
 
 def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms: dict[str, float],
                    num_prompts: int, profile: HardwareProfile, seed: int, *, launch: LayoutLauncher,
-                   monitor: object | None = None, on_run: Callable[[str], None] | None = None) -> MeasuredLayout:
+                   monitor: SpeedMonitor | None = None, on_run: Callable[[str], None] | None = None) -> MeasuredLayout:
     """Launch ``layout``, sweep it with the trace (each run a `bench_trace_in_subprocess`, whose draw of
     the trace is ``draws(run_seed, num_prompts)``), tear it down.
 
@@ -244,7 +234,7 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
         monitor: a running `calibrate.speed_monitor.SpeedMonitor` (None: simulate on ``profile`` as it is).
         on_run: called with a line as each measured run starts (progress for a person).
     """
-    from disaggsdk.calibrate.speed_monitor import SpeedMonitor, retimed
+    from disaggsdk.calibrate.speed_monitor import retimed
 
     def measured_at(deployment: LaunchedLayout) -> Callable[[float, int], BenchResult]:
         def run_at(rate: float, run_seed: int) -> BenchResult:
@@ -261,10 +251,10 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
     start_s = time.monotonic()
     with launch(layout.spec, colocated=layout.colocated, port=0) as deployment:
         measured = run_sweep(measured_at(deployment), sweep, slos_ms, seed)
-    speed = monitor.speed_since(start_s) if isinstance(monitor, SpeedMonitor) else None
+    speed = monitor.speed_since(start_s) if monitor is not None else None
     return MeasuredLayout(layout, measured,
                           machine_sim_config(layout.spec, retimed(profile, speed) if speed is not None else profile,
-                                             slos_ms))
+                                             slos_ms=slos_ms, percentiles=PERCENTILES))
 
 
 def flat_out_ratio(m: MeasuredLayout, requests_for: RequestsFor, num_prompts: int, seed: int) -> float | None:

@@ -52,12 +52,20 @@ def trace_of(bench_result: dict[str, Any]) -> list[SimRequest]:
     return [SimRequest(i, sent, n_in, n_out) for i, (sent, n_in, n_out, err) in enumerate(rows) if not err and n_out > 0]
 
 
+def machine_sim_config(spec: Spec, profile: HardwareProfile, colocated: bool = False,
+                       slos_ms: dict[str, float] | None = None,
+                       percentiles: tuple[float, ...] = (50, 90, 99)) -> SimConfig:
+    """The simulator's settings for a CPU spec launched on this machine: its engine settings, float32
+    weights, and the units, the server and the benchmark client sharing the cores, as a real run has them."""
+    return SimConfig(profile, weight_dtype="float32", colocated=colocated,
+                     max_num_batched_tokens=spec.engine.max_num_batched_tokens, streaming=spec.transfer.streaming,
+                     shared_cores=len(os.sched_getaffinity(0)), client_shares_cores=True, percentiles=percentiles,
+                     slos_ms=dict(slos_ms or {}))
+
+
 def simulate_like(spec: Spec, profile: HardwareProfile, colocated: bool, requests: list[SimRequest]) -> dict[str, Any]:
-    """Simulate ``requests`` on ``spec`` with the engine settings the real run used."""
-    config = SimConfig(profile, weight_dtype="float32", colocated=colocated,
-                       max_num_batched_tokens=spec.engine.max_num_batched_tokens, streaming=spec.transfer.streaming,
-                       shared_cores=len(os.sched_getaffinity(0)), client_shares_cores=True)
-    return Simulation(spec, config).run(requests)
+    """Simulate ``requests`` on ``spec`` with the engine settings the real run used (`machine_sim_config`)."""
+    return Simulation(spec, machine_sim_config(spec, profile, colocated)).run(requests)
 
 
 def compare_row(layout: str, qps: float, measured: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
