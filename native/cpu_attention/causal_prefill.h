@@ -15,8 +15,11 @@
  *         (v + t * v_row_stride); heads contiguous within a token.
  * starts, lens: request r owns tokens [starts[r], starts[r] + lens[r]) of q, k, v and out.
  * out:    float32 [num_tokens, num_q_heads, v_dim], token t at out + t * out_row_stride.
- * Returns 0, or -1 (nothing computed) when head_dim or v_dim exceeds 256, v_dim is not a multiple of
- * 16, or a kv head has more than 8 query heads.
+ * Each request's keys are transposed once into a scratch buffer; its (kv head, query tile) pairs are
+ * shared among the threads of the OpenMP pool (torch's: torch.set_num_threads sets it), each pair
+ * computed whole by one thread, so the result does not depend on the thread count.
+ * Returns 0; -1 (nothing computed) when head_dim or v_dim exceeds 256, v_dim is not a multiple of
+ * 16, or a kv head has more than 8 query heads; -2 when the scratch cannot be allocated.
  */
 int causal_prefill_attention(
     const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,
@@ -27,7 +30,7 @@ int causal_prefill_attention(
 /* Causal attention of one request's chunk of num_q new tokens over num_prefix earlier keys and
  * themselves: query i (row i of q and out) sees keys [0, num_prefix + i] of k and v, which hold
  * num_prefix + num_q token rows (the prefix's keys gathered from its pages, then the chunk's).
- * Layouts and the -1 return as causal_prefill_attention's; also -1 for a negative num_prefix.
+ * Layouts, threads and returns as causal_prefill_attention's; also -1 for a negative num_prefix.
  */
 int prefix_prefill_attention(
     const float *q, int64_t q_row_stride, const float *k, int64_t k_row_stride,

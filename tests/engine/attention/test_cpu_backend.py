@@ -232,6 +232,29 @@ def test_chunks_over_earlier_kv_go_through_the_prefix_kernel(monkeypatch, layout
     assert_dense(out, reqs, qs, ks, vs)
 
 
+def test_the_prefill_kernels_share_query_tiles_among_torchs_threads_with_the_same_result():
+    """A 300-token prompt (10 query tiles, the last one partial, x 2 kv heads) and a 70-token chunk
+    over 230 cached keys: each (kv head, query tile) pair runs whole on one thread, so one thread
+    and two give bit-identical output, and both equal dense causal attention."""
+    rng = torch.Generator().manual_seed(11)
+    hq, hkv, d = 8, 2, 32
+    q, k, v = (torch.randn(300, h, d, generator=rng) for h in (hq, hkv, hkv))
+    before = torch.get_num_threads()
+    fresh, chunk = {}, {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            fresh[threads] = torch.zeros(300, hq, d)
+            assert cpu_backend.causal_prefill(q, k, v, torch.tensor([0]), torch.tensor([300]), 0.3, fresh[threads])
+            chunk[threads] = torch.zeros(70, hq, d)
+            assert cpu_backend.prefix_prefill(q[230:], k, v, 230, 0.3, chunk[threads])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(fresh[1], fresh[2]) and torch.equal(chunk[1], chunk[2])
+    torch.testing.assert_close(fresh[1], dense(q, k, v, list(range(300)), 0.3), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunk[1], fresh[1][230:], rtol=1e-5, atol=1e-5)
+
+
 def assert_dense(out, reqs, qs, ks, vs) -> None:
     """Each request's output rows equal dense causal attention over its whole K and V."""
     rows = 0
