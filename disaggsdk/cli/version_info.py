@@ -36,7 +36,7 @@ def kernel_lines() -> list[str]:
     from disaggsdk.engine.attention import default_backend
 
     attention = default_backend("cpu", "float32", "float32")
-    lines.append("attention: " + ("decode by the native kernel, prefill by torch (cpu backend)" if attention == "cpu"
+    lines.append("attention: " + ("decode and prefill by the native kernels (cpu backend)" if attention == "cpu"
                                   else "the torch reference (the native kernel is not built)"))
     return lines
 
