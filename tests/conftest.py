@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DISAGGSDK_COMPILE", "0")
 # Decode matmuls take one fixed form (engine.models.layers.skinny) rather than the one a timing in
 # each process picks: every engine of a test, in any process, computes the same float32 numbers.
+# Prefill's products likewise stay on one library (engine.models.layers.wide_gemm).
 os.environ.setdefault("DISAGGSDK_SKINNY", "on")
+os.environ.setdefault("DISAGGSDK_WIDE_GEMM", "mkl")
 # Nothing here reaches the network: a wrong checkpoint path must fail at once, not after
 # huggingface_hub's retries to a hub it cannot reach.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

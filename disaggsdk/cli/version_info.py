@@ -33,6 +33,12 @@ def kernel_lines() -> list[str]:
     except ImportError as exc:
         amx = f"torch (the native kernel does not load: {exc})"
     lines.append(f"bfloat16 decode linear: {amx}")
+    from disaggsdk.engine.models.layers import wide_gemm
+
+    wide = {"mkl": "MKL (F.linear), fixed by DISAGGSDK_WIDE_GEMM=mkl",
+            "onednn": "oneDNN, fixed by DISAGGSDK_WIDE_GEMM=onednn",
+            "auto": "MKL (F.linear) or oneDNN per weight shape, whichever an engine times faster at start"}[wide_gemm.MODE]
+    lines.append("float32 prefill linear: " + (wide if wide_gemm.onednn_available() else "MKL (F.linear): no oneDNN here"))
     from disaggsdk.engine.attention import default_backend
 
     attention = default_backend("cpu", "float32", "float32")

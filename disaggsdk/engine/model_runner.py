@@ -63,10 +63,11 @@ class ModelRunner:
         self.device = torch.device(engine.device)
         self.model = build_model(config.model, tp, dtype=engine.weight_dtype, device=engine.device, seed=engine.seed,
                                  load_format=engine.load_format)
-        if self.device.type == "cpu":  # which matmul form decoding takes on this machine, per weight shape
-            from disaggsdk.engine.models.layers import amx_linear, skinny
+        if self.device.type == "cpu":  # which matmul form decoding and prefill take on this machine, per weight shape
+            from disaggsdk.engine.models.layers import amx_linear, skinny, wide_gemm
 
             skinny.calibrate(self.model.parameters())
+            wide_gemm.calibrate(self.model.parameters())
             amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX
         geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
         self.kv_cache = KVCache(

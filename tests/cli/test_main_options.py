@@ -157,6 +157,8 @@ def test_version_verbose_names_the_cpu_and_the_kernels(capsys):
     assert f"cpu: {host_cpu().line()}" in out
     assert any(line.startswith("torch ") and "ATen CPU kernels at" in line for line in out)
     assert any(line.startswith("bfloat16 decode linear: ") for line in out)
+    assert "float32 prefill linear: MKL (F.linear), fixed by DISAGGSDK_WIDE_GEMM=mkl" in out  # the suite's mode
+    assert "attention: decode and prefill by the native kernels (cpu backend)" in out
     assert wants_verbose_version(["--verbose", "--version"]) and not wants_verbose_version(["--version"])
     assert not wants_verbose_version(["-v", "--version", "plan"])  # a command's -v is the command's
 

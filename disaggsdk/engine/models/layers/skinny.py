@@ -31,6 +31,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from disaggsdk.engine.models.layers import wide_gemm
+
 MAX_ROWS = 32  # measured ahead of F.linear up to here
 MIN_PADDED_NUMEL = 1 << 18  # one row is duplicated only for weights this large (smaller: no gain)
 MODE_ENV = "DISAGGSDK_SKINNY"  # auto (default) | on | off
@@ -95,7 +97,8 @@ def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int, bool], bo
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight)`` (no bias), faster for CPU inputs of at most `MAX_ROWS` rows: float32
-    in the orientation above, bfloat16 on the AMX kernel where ``packed`` is given.
+    in the orientation above, bfloat16 on the AMX kernel where ``packed`` is given; float32 products
+    of more rows on the GEMM library `wide_gemm` chose for this CPU.
 
     Args:
         x: [rows, in_features].
@@ -106,8 +109,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = 
     """
     if packed is not None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.shape[0] <= MAX_ROWS:
         return torch.ops.disaggsdk.amx_linear(x, packed)
-    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[0] > MAX_ROWS:
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, weight)
+    if x.shape[0] > MAX_ROWS:  # a prefill's product: MKL or oneDNN, whichever is faster here
+        return wide_gemm.linear(x, weight)
     one_row = x.shape[0] == 1
     if MODE == "off" or not _rule(weight, one_row):
         return F.linear(x, weight)
