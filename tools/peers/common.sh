@@ -6,7 +6,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # tools/peers: env.sh, mak
 PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
 VPY=$("$HERE/env.sh") || exit 2  # env.sh said what to set
 W=$(mktemp -d); trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$W"/*.json "$W"/*.log "$KEEP"/ 2>/dev/null; rm -rf "$W"' EXIT
-$PY "$HERE/make_model.py" "$W/m" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
+# LAYERS=N HIDDEN=H: a deeper or wider random model than make_model.py's 4 x 256 (a prefill-heavy load)
+$PY "$HERE/make_model.py" "$W/m" --layers "${LAYERS:-4}" --hidden "${HIDDEN:-256}" >/dev/null 2>&1 \
+  || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
 
 # wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health; fail at once when

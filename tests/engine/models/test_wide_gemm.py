@@ -66,11 +66,10 @@ def test_skinny_linear_sends_more_than_max_rows_to_the_wide_choice(monkeypatch):
     assert rows == [skinny.MAX_ROWS + 1]
 
 
-def _greedy_ids(monkeypatch, mode: str, compile: bool) -> tuple[list[list[int]], set[str]]:
+def _greedy_ids(compile: bool) -> tuple[list[list[int]], set[str]]:
     """Greedy ids of two prompts longer than MAX_ROWS, and the ops that ran."""
     from torch.profiler import ProfilerActivity, profile
 
-    monkeypatch.setattr(wide_gemm, "MODE", mode)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (70, 45)]
     config = EngineConfig(page_size=4, num_pages=128, compile=compile)
@@ -80,11 +79,21 @@ def _greedy_ids(monkeypatch, mode: str, compile: bool) -> tuple[list[list[int]],
 
 
 @needs_onednn
-def test_a_compiled_engine_on_onednn_generates_what_it_does_on_mkl(monkeypatch):
-    """The compiled step calls oneDNN as one opaque op (inductor cannot lower a plain weight's
-    mkldnn linear itself) for the prompts' products, with the greedy tokens of the eager engine on
-    MKL (compiled and eager agree: test_compiled_step)."""
-    on_mkl, mkl_ops = _greedy_ids(monkeypatch, "mkl", compile=False)
-    on_onednn, onednn_ops = _greedy_ids(monkeypatch, "onednn", compile=True)
+def test_a_compiled_engine_on_onednn_generates_what_it_does_on_mkl_in_one_graph(monkeypatch):
+    """auto, with calibration finding oneDNN faster for every shape: the compiled step calls it as
+    one opaque op (inductor cannot lower a plain weight's mkldnn linear itself) for the prompts'
+    products, with the greedy tokens of the eager engine on MKL (compiled and eager agree:
+    test_compiled_step), and without a graph break (asking torch.backends inside the step broke
+    it into pieces: 0.6x the tokens/s)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(wide_gemm, "MODE", "mkl")
+    on_mkl, mkl_ops = _greedy_ids(compile=False)
+    monkeypatch.setattr(wide_gemm, "MODE", "auto")
+    monkeypatch.setattr(wide_gemm, "_onednn_faster", {})
+    monkeypatch.setattr(wide_gemm, "_best_s", lambda fn, x, w: 1.0 if fn is wide_gemm._onednn_linear else 2.0)
+    counters.clear()
+    on_onednn, onednn_ops = _greedy_ids(compile=True)
     assert "disaggsdk::onednn_linear" in onednn_ops and "disaggsdk::onednn_linear" not in mkl_ops
     assert on_onednn == on_mkl
+    assert not counters["graph_break"], dict(counters["graph_break"])
