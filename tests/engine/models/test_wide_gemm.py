@@ -33,11 +33,11 @@ def test_calibration_keeps_onednn_only_where_it_wins_by_the_margin_and_linear_fo
     monkeypatch.setattr(wide_gemm, "MODE", "auto")
     monkeypatch.setattr(wide_gemm, "_onednn_faster", {})
     timed = {(96, 64): (1.0, 2.0), (128, 64): (1.0, 1.05)}  # shape -> (oneDNN s, MKL s)
-    monkeypatch.setattr(wide_gemm, "_best_s", lambda fn, x, w: timed[tuple(w.shape)][fn is F.linear])
+    monkeypatch.setattr(wide_gemm, "best_time_s", lambda fn, x, w, calls: timed[tuple(w.shape)][fn is F.linear])
     experts = torch.randn(4, 128, 64)
     table = wide_gemm.calibrate([torch.randn(96, 64), experts, torch.randn(96, 64, dtype=torch.bfloat16)])
     assert table == {(96, 64): True, (128, 64): False}
-    monkeypatch.setattr(wide_gemm, "_best_s", lambda *a: pytest.fail("a shape was timed twice"))
+    monkeypatch.setattr(wide_gemm, "best_time_s", lambda *a: pytest.fail("a shape was timed twice"))
     assert wide_gemm.calibrate([torch.randn(96, 64)]) == table
     x = torch.randn(40, 64)
     assert wide_gemm.uses_onednn(torch.ones(96, 64)) and not wide_gemm.uses_onednn(torch.ones(128, 64))
@@ -91,9 +91,20 @@ def test_a_compiled_engine_on_onednn_generates_what_it_does_on_mkl_in_one_graph(
     on_mkl, mkl_ops = _greedy_ids(compile=False)
     monkeypatch.setattr(wide_gemm, "MODE", "auto")
     monkeypatch.setattr(wide_gemm, "_onednn_faster", {})
-    monkeypatch.setattr(wide_gemm, "_best_s", lambda fn, x, w: 1.0 if fn is wide_gemm._onednn_linear else 2.0)
+    monkeypatch.setattr(wide_gemm, "best_time_s", lambda fn, x, w, calls: 1.0 if fn is wide_gemm._onednn_linear else 2.0)
     counters.clear()
     on_onednn, onednn_ops = _greedy_ids(compile=True)
     assert "disaggsdk::onednn_linear" in onednn_ops and "disaggsdk::onednn_linear" not in mkl_ops
     assert on_onednn == on_mkl
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_the_timing_helpers_time_each_way_in_rounds_and_pick_float32_cpu_matrices():
+    from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
+
+    calls = []
+    assert best_time_s(lambda x, w: calls.append(1), torch.ones(1), torch.ones(1), calls=4) >= 0
+    assert len(calls) == 1 + 3 * 4  # one untimed call, then 3 rounds
+    experts = torch.randn(3, 8, 4)
+    picked = list(float32_cpu_weights([torch.randn(8, 4), experts, torch.randn(8), torch.randn(8, 4).bfloat16()]))
+    assert [tuple(w.shape) for w in picked] == [(8, 4), (8, 4)] and torch.equal(picked[1], experts[0])

@@ -25,13 +25,13 @@ suite's choice: the same numbers in every process), ``off`` never does.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 
 from disaggsdk.engine.models.layers import wide_gemm
+from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
 
 MAX_ROWS = 32  # measured ahead of F.linear up to here
 MIN_PADDED_NUMEL = 1 << 18  # one row is duplicated only for weights this large (smaller: no gain)
@@ -64,17 +64,6 @@ def _transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight @ x.t()).t().contiguous()
 
 
-def _best_s(fn, x: torch.Tensor, weight: torch.Tensor) -> float:
-    fn(x, weight)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(CALIBRATION_CALLS):
-            fn(x, weight)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int, bool], bool]:
     """Time ``F.linear`` and the transposed form on each new weight shape (float32 CPU ones; a 3-D
     stack of experts counts as its [out, in] slices), one row and a few, and remember the faster for
@@ -82,16 +71,14 @@ def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int, bool], bo
     if MODE != "auto":
         return dict(_faster)
     with torch.inference_mode():
-        for w in weights:
-            if w.dtype != torch.float32 or w.device.type != "cpu" or w.dim() not in (2, 3):
-                continue
-            w = w if w.dim() == 2 else w[0]
+        for w in float32_cpu_weights(weights):
             for rows in CALIBRATION_ROWS:
                 key = (w.shape[0], w.shape[1], rows == 1)
                 if key in _faster or (rows == 1 and not _rule(w, True)):
                     continue
                 x = torch.randn(rows, w.shape[1])
-                _faster[key] = _best_s(_transposed, x, w) < MIN_GAIN * _best_s(F.linear, x, w)
+                _faster[key] = (best_time_s(_transposed, x, w, CALIBRATION_CALLS)
+                                < MIN_GAIN * best_time_s(F.linear, x, w, CALIBRATION_CALLS))
     return dict(_faster)
 
 

@@ -22,11 +22,12 @@ freezing pass makes, and fails on a plain one.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+
+from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
 
 MODE_ENV = "DISAGGSDK_WIDE_GEMM"  # auto (default) | mkl | onednn
 MIN_GAIN = 0.9  # oneDNN is kept only below this fraction of F.linear's time
@@ -70,17 +71,6 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def _best_s(fn, x: torch.Tensor, weight: torch.Tensor) -> float:
-    fn(x, weight)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(CALIBRATION_CALLS):
-            fn(x, weight)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int], bool]:
     """Time MKL (``F.linear``) and oneDNN on each new float32 CPU weight shape (a 3-D stack of
     experts counts as its [out, in] slices), `CALIBRATION_ROWS` rows, and remember for this process
@@ -89,15 +79,13 @@ def calibrate(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int], bool]:
     if MODE != "auto" or not onednn_available():
         return dict(_onednn_faster)
     with torch.inference_mode():
-        for w in weights:
-            if w.dtype != torch.float32 or w.device.type != "cpu" or w.dim() not in (2, 3):
-                continue
-            w = w if w.dim() == 2 else w[0]
+        for w in float32_cpu_weights(weights):
             key = (w.shape[0], w.shape[1])
             if key in _onednn_faster:
                 continue
             x = torch.randn(CALIBRATION_ROWS, w.shape[1])
-            _onednn_faster[key] = _best_s(_onednn_linear, x, w) < MIN_GAIN * _best_s(F.linear, x, w)
+            _onednn_faster[key] = (best_time_s(_onednn_linear, x, w, CALIBRATION_CALLS)
+                                   < MIN_GAIN * best_time_s(F.linear, x, w, CALIBRATION_CALLS))
     return dict(_onednn_faster)
 
 
