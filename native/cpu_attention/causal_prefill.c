@@ -6,8 +6,8 @@
  * (tiles of [dim][TK]) and read by all the query heads of their kv head; R query rows go together,
  * so each loaded key vector feeds R independent FMA chains; the online softmax keeps a running max
  * and sum per query row and rescales its output accumulator, its steps interleaved across the R
- * rows. That prompt takes 5.3 ms on one thread of an Intel Xeon ("family 6 model 167", AMX and AVX-512) where vLLM's
- * own CPU attention takes 5.6 (its profile, float32), and 2.8 ms on two threads.
+ * rows. That prompt takes 5.3 ms on one thread of an Intel Xeon ("family 6 model 167", AVX-512)
+ * where vLLM's own CPU attention takes 5.6 (its profile, float32), and 2.8 ms on two threads.
  */
 #include "causal_prefill.h"
 
