@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import attrs
 
@@ -37,6 +37,21 @@ if TYPE_CHECKING:
     from disaggsdk.calibrate.validate import Launcher
     from disaggsdk.spec import Spec
 from disaggsdk.calibrate.speed_monitor import MachineSpeed, SpeedMonitor, retimed, speed_factors
+
+
+class LayoutFit(TypedDict):
+    """One layout's serving turns, as `fit_serving_overheads` reports them."""
+
+    mean_ttft_ms: float  # median over the turns
+    mean_tpot_ms: float  # median over the turns
+    speed_factors: list[float]  # each turn's slowdown against the engine timing
+
+
+class ServingFit(TypedDict):
+    """The measurements behind a serving fit (written into `disaggsdk calibrate`'s JSON)."""
+
+    disaggregated: LayoutFit
+    colocated: LayoutFit
 
 IDLE_WINDOW_S = 2.0  # how long the idle units' polling is measured
 
@@ -96,7 +111,7 @@ def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_reques
 def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24, input_len: int = 256,
                           output_len: int = 32, arrival_qps: float = 2.0, repeats: int = 3,
                           monitor: SpeedMonitor | None = None, *,
-                          launch: Launcher) -> tuple[HardwareProfile, dict[str, Any]]:
+                          launch: Launcher) -> tuple[HardwareProfile, ServingFit]:
     """Add what the serving stack costs beyond the engine, measured on a real deployment of ``spec``.
 
     Args:
@@ -145,18 +160,17 @@ def fit_serving_overheads(spec, profile: HardwareProfile, num_requests: int = 24
     sources = dict(profile.sources, serving=f"fitted on {max(1, repeats)} x {num_requests} sequential requests "
                                             f"to {spec.label}, each layout; CPU costs from the processes' CPU time")
     profile = attrs.evolve(profile, sources=sources)
-    report: dict[str, Any] = {
-        ("colocated" if c else "disaggregated"): {
-            metric: median_of(t.bench[metric] for t in turns if t.colocated == c)
-            for metric in ("mean_ttft_ms", "mean_tpot_ms")
-        } | {"speed_factors": [factor(t) for t in turns if t.colocated == c]}
-        for c in (False, True)
-    }
-    return profile, report
+    def layout_fit(colocated: bool) -> LayoutFit:
+        mine = [t for t in turns if t.colocated == colocated]
+        return LayoutFit(mean_ttft_ms=median_of(t.bench["mean_ttft_ms"] for t in mine),
+                         mean_tpot_ms=median_of(t.bench["mean_tpot_ms"] for t in mine),
+                         speed_factors=[factor(t) for t in mine])
+
+    return profile, ServingFit(disaggregated=layout_fit(False), colocated=layout_fit(True))
 
 
 def calibrate_machine(model: str, spec: Spec | None = None, *, launch: Launcher | None = None, name: str = "cpu-local",
-                      rounds: int = 5) -> tuple[HardwareProfile, float, list[StepSample], dict[str, Any] | None]:
+                      rounds: int = 5) -> tuple[HardwareProfile, float, list[StepSample], ServingFit | None]:
     """What `disaggsdk calibrate [--deployment SPEC]` fits: this machine's engine timed (``model``,
     ``rounds`` passes of the grid), then, with ``spec``, the serving stack on a real deployment of it,
     one `SpeedMonitor` running through both so that the serving turns are brought back to the
