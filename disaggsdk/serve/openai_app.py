@@ -176,7 +176,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @app.get("/traces/{request_id}", dependencies=[Depends(check_key)])
     def request_trace(request_id: str) -> JSONResponse:
         # where one request's time went (docs/tracing.md), for a client in another process than the
-        # deployment's (`face.deployment.fetch_trace`); sync: a lock, no await
+        # deployment's (`face.deployment.fetch_trace`); sync: it may wait on a lock for a unit's spans, on a worker thread
         spans = backend.trace(request_id) if isinstance(backend, Router) else []
         if not spans:
             raise BadRequestError(f"no trace is held for request {request_id!r}: tracing is off (serve.otlp_traces_endpoint, "

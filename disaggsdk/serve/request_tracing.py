@@ -68,6 +68,9 @@ class RecentTraces(SpanProcessor):
             return list(self._traces.get(trace_id, ()))
 
 
+UNIT_SPANS_WAIT_S = 2.0  # how long `RequestTracing.spans_of` waits for a unit's spans still on their way
+
+
 class RequestTracing:
     """The router's side of request tracing (see the module doc).
 
@@ -80,10 +83,14 @@ class RequestTracing:
         self.processor = processor
         self.recent = RecentTraces(max_kept_traces)
         self._lock = threading.Lock()
+        self._spans_came = threading.Condition(self._lock)
         self._tracers: dict[str, Tracer] = {}
         self._providers: list[TracerProvider] = []
         self._live: dict[str, Span] = {}  # root spans of requests in flight
         self._roots: OrderedDict[str, SpanContext] = OrderedDict()  # request id -> its root's context
+        # request id -> the units it was handed to whose spans have not come yet (units send a
+        # request's spans after its last tokens, so a trace read at once can miss the last unit's)
+        self._awaited: dict[str, set[str]] = {}
         self._propagator = TraceContextTextMapPropagator()
         self._router = self._tracer(ROUTER_UNIT, ROUTER_UNIT)
 
@@ -130,8 +137,9 @@ class RequestTracing:
                 return False
             self._live[request_id] = root
             self._roots[request_id] = root.get_span_context()
+            self._awaited[request_id] = set()
             while len(self._roots) > MAX_ROOTS:
-                self._roots.popitem(last=False)
+                self._awaited.pop(self._roots.popitem(last=False)[0], None)
         return True
 
     def routed(self, request_id: str, unit: str, start_ns: int, end_ns: int) -> None:
@@ -140,6 +148,7 @@ class RequestTracing:
         if root is None:
             return
         root.set_attribute("disaggsdk.decode_unit", unit)
+        self._await(request_id, unit)
         span = self._router.start_span("route", context=trace.set_span_in_context(root), start_time=start_ns,
                                        attributes={UNIT_KEY + "_chosen": unit})
         span.end(end_time=end_ns)
@@ -152,6 +161,7 @@ class RequestTracing:
         root.add_event("first token", timestamp=time.time_ns())
         if prefill_unit:
             root.set_attribute("disaggsdk.prefill_unit", prefill_unit)
+            self._await(request_id, prefill_unit)
 
     def finish(self, request_id: str, finish_reason: str | None, error: str | None = None) -> None:
         """End the request's root span now."""
@@ -174,6 +184,20 @@ class RequestTracing:
             root = self._roots.get(rec.request_id)
         if root is None:
             return
+        try:
+            self._span_of_unit(msg, root)
+        finally:
+            with self._spans_came:
+                self._awaited.get(rec.request_id, set()).discard(msg.unit)
+                self._spans_came.notify_all()
+
+    def _await(self, request_id: str, unit: str) -> None:
+        with self._lock:
+            if request_id in self._awaited:
+                self._awaited[request_id].add(unit)
+
+    def _span_of_unit(self, msg: RequestSpans, root: SpanContext) -> None:
+        rec = msg.record
         tracer = self._tracer(msg.unit, msg.role)
         unit_span = tracer.start_span(f"{msg.role} {msg.unit}", context=trace.set_span_in_context(NonRecordingSpan(root)),
                                       start_time=rec.start_ns,
@@ -189,14 +213,21 @@ class RequestTracing:
 
     # reading back
 
-    def spans_of(self, request_id: str) -> list[ReadableSpan]:
+    def spans_of(self, request_id: str, wait_s: float = UNIT_SPANS_WAIT_S) -> list[ReadableSpan]:
         """The finished spans of a recent request's trace; ``request_id`` is the router's id or the
-        response id a client got ("cmpl-..."; the latest request under it). [] when not held."""
-        with self._lock:
-            root = self._roots.get(request_id)
-            if root is None:
-                root = next((ctx for rid, ctx in reversed(self._roots.items()) if rid.startswith(request_id + "-")), None)
-        return self.recent.spans(root.trace_id) if root is not None else []
+        response id a client got ("cmpl-..."; the latest request under it). [] when not held. Waits up
+        to ``wait_s`` for the spans of every unit the request was handed to: a unit sends them after
+        the request's last tokens, so a trace read as soon as the response ends could miss them."""
+        deadline = time.monotonic() + wait_s
+        with self._spans_came:
+            rid = request_id if request_id in self._roots else next(
+                (r for r in reversed(self._roots) if r.startswith(request_id + "-")), None)
+            if rid is None:
+                return []
+            root = self._roots[rid]
+            while self._awaited.get(rid) and (left := deadline - time.monotonic()) > 0:
+                self._spans_came.wait(left)
+        return self.recent.spans(root.trace_id)
 
     def close(self) -> None:
         """Export what is left and stop the exporter."""

@@ -121,6 +121,34 @@ def test_unit_records_become_spans_of_one_trace_under_the_request_root():
     tracing.close()
 
 
+def test_a_trace_read_as_the_response_ends_waits_for_the_last_units_spans_and_no_longer():
+    """A unit sends a request's spans after its last tokens: reading the trace at once waits for the
+    decode unit's (sent 0.3 s later here); a unit that never sends them costs `wait_s`, no more."""
+    import threading
+
+    tracing = RequestTracing.exporting_to(InMemorySpanExporter())
+    now = time.time_ns()
+    assert tracing.start("req-3", None, 30)
+    tracing.routed("req-3", "decode-0", now, now + 1000)
+    tracing.unit_spans(RequestSpans("prefill-0", "prefill", prefill_record("req-3", now)))
+    tracing.first_token("req-3", "decode-0", "prefill-0")
+    tracing.finish("req-3", "length")
+    decode = RequestSpanRecords("req-3", now, now + 9_000_000, [SpanRecord("first step", now + 1, now + 2, -1, {})])
+    late = threading.Timer(0.3, tracing.unit_spans, [RequestSpans("decode-0", "decode", decode)])
+    late.start()
+    try:
+        assert "first step" in {s.name for s in tracing.spans_of("req-3", wait_s=10.0)}
+    finally:
+        late.cancel()
+    assert tracing.start("req-4", None, 30)
+    tracing.routed("req-4", "decode-1", now, now + 1000)
+    tracing.finish("req-4", "abort")  # decode-1 died: its spans never come
+    start = time.monotonic()
+    assert {s.name for s in tracing.spans_of("req-4", wait_s=0.2)} == {"disaggsdk.request", "route"}
+    assert 0.2 <= time.monotonic() - start < 2.0
+    tracing.close()
+
+
 def test_a_valid_traceparent_continues_the_clients_trace_and_an_invalid_one_starts_a_new_one():
     exporter = InMemorySpanExporter()
     tracing = RequestTracing.exporting_to(exporter)
