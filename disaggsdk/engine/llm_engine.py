@@ -17,6 +17,7 @@ from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, has
 from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
+from disaggsdk.engine.request_migration import MigrationError, RunningRequestState, restore_generator, snapshot
 from disaggsdk.engine.sampling import SamplingParams, new_generator
 from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
@@ -100,6 +101,8 @@ class LLMEngine:
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
+        # requests taken out of scheduling while their KV moves to another engine (`suspend`)
+        self._suspended: dict[str, Request] = {}
         self._eos_ids = model_eos_ids(model, self.arch.hf_config)
         self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids)
 
@@ -269,6 +272,7 @@ class LLMEngine:
         """Drop a request and free its pages. Returns False when it was unknown (a late abort)."""
         req = self.scheduler.find(request_id)
         if req is None:
+            self._suspended.pop(request_id, None)
             return self.allocator.free(request_id) > 0
         self.scheduler.finish(req, "abort")
         return True
@@ -278,6 +282,86 @@ class LLMEngine:
         the transfer, or a decode unit's granted pages it will not use (an attempt that failed, or a
         quarantine owner's once no write of it can land). Returns their count (0: none held)."""
         return self.allocator.free(request_id)
+
+    # moving a decoding request to another engine (engine.request_migration)
+
+    def suspend(self, request_id: str) -> RunningRequestState:
+        """Take a decoding request out of scheduling, its pages pinned and unchanged, and return its
+        state: its KV can now be copied to another engine, which admits it with
+        `add_migrated_request`. Then `release_suspended` (it moved) or `resume` (it did not).
+
+        Raises:
+            MigrationError: the request is not here, or not decoding (`request_migration.snapshot`).
+        """
+        req = self.scheduler.find(request_id)
+        if req is None:
+            raise MigrationError(f"request {request_id!r} is not running on this engine")
+        state = snapshot(req)
+        self.scheduler.running.remove(req)
+        # pages past the computed ones (drafts' room) are not part of its KV: the receiver grants its own
+        self.allocator.truncate(request_id, state.num_pages(self.config.page_size))
+        self.allocator.pin(request_id)
+        self._suspended[request_id] = req
+        return state
+
+    @property
+    def suspended(self) -> list[str]:
+        """Requests taken out of scheduling by `suspend` and not yet resumed or released."""
+        return list(self._suspended)
+
+    def resume(self, request_id: str) -> bool:
+        """Put a suspended request back into scheduling, as it was. False: it is not suspended."""
+        req = self._suspended.pop(request_id, None)
+        if req is None:
+            return False
+        self.allocator.unpin(request_id)
+        self.scheduler.add_running(req)
+        return True
+
+    def release_suspended(self, request_id: str) -> int:
+        """Forget a suspended request (it continues on another engine) and free its pages; returns
+        their count (0: it was not suspended)."""
+        if self._suspended.pop(request_id, None) is None:
+            return 0
+        return self.allocator.free(request_id)
+
+    def page_ids(self, request_id: str) -> list[int]:
+        """The pages ``request_id`` holds, in token order (a suspended request's: its computed KV)."""
+        return self.allocator.page_ids(request_id)
+
+    def add_migrated_request(self, state: RunningRequestState) -> None:
+        """Continue a request another engine suspended, whose KV is already in the pages granted
+        here under its id (`allocate_pages(request_id, state.num_computed_tokens)`; their pin is
+        lifted now). A grammar is rebuilt and replayed over the output so far.
+
+        Raises:
+            MigrationError: too few pages, the id is in use here, or its sampler state or grammar
+                does not load.
+            EngineError: its tokens do not fit this engine (vocabulary, KV pool).
+        """
+        rid = state.request_id
+        if self.scheduler.find(rid) is not None or rid in self._suspended:
+            raise MigrationError(f"request id {rid!r} is already running here")
+        held = len(self.allocator.page_ids(rid))
+        if held < state.num_pages(self.config.page_size) or state.num_computed_tokens != state.num_tokens - 1:
+            raise MigrationError(f"{rid}: {held} pages granted for {state.num_computed_tokens} computed tokens of "
+                                 f"{state.num_tokens}; grant allocate_pages(request_id, num_computed_tokens) first")
+        self.check_prompt(rid, state.prompt_ids + state.output_ids[:-1], state.params)
+        req = self._new_request(rid, state.prompt_ids, state.params)
+        req.output_ids = list(state.output_ids)
+        req.generator = restore_generator(state) if req.generator is not None else None
+        if req.grammar is not None:
+            for token in state.output_ids:
+                if not req.grammar.accept(token):
+                    raise MigrationError(f"{rid}: its grammar refuses its own output at token {token} "
+                                         f"({req.grammar.error})")
+        req.num_computed_tokens = state.num_computed_tokens
+        req.draft_ids = list(state.draft_ids)
+        req.num_draft_tokens, req.num_accepted_tokens = state.num_draft_tokens, state.num_accepted_tokens
+        req.num_cached_tokens, req.num_preemptions = state.num_cached_tokens, state.num_preemptions
+        self.allocator.unpin(rid)
+        self.scheduler.add_running(req)
+        self.scheduler.prefix_cache.cache_computed(req)
 
     # the pages the messenger moves KV through (it never reaches the allocator itself)
 
