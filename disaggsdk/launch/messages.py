@@ -28,7 +28,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
 # 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage), UnitStats.open_grant_keys
 # 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `report.span_records`)
-PROTOCOL_VERSION = 13
+# 14: MoveRequest, RequestMovedIn, RequestMoveEnded (decoding requests moving between decode units)
+PROTOCOL_VERSION = 14
 
 # runtime -> unit
 
@@ -100,6 +101,14 @@ class ResetPrefixCache(msgspec.Struct, frozen=True, tag=True):
 
 class Shutdown(msgspec.Struct, frozen=True, tag=True):
     pass
+
+
+class MoveRequest(msgspec.Struct, frozen=True, tag=True):
+    """Move a decoding request, with its KV, to decode unit ``target`` (`messenger.kv_migration`).
+    The unit answers `RequestMoveEnded` (the target's `RequestMovedIn` comes first when it moved)."""
+
+    request_id: str
+    target: str
 
 
 # unit -> runtime
@@ -217,13 +226,34 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
     poisoned_peer: str | None = None
 
 
+class RequestMovedIn(msgspec.Struct, frozen=True, tag=True):
+    """A decoding request moved to this unit: its KV landed and it decodes here now. Sent before any
+    of its tokens from here; ``num_output_tokens``: the tokens it had already (sent by its source)."""
+
+    request_id: str
+    source: str
+    num_output_tokens: int
+    num_bytes: int
+
+
+class RequestMoveEnded(msgspec.Struct, frozen=True, tag=True):
+    """A move this unit was asked for ended: ``moved`` (the target has it; this unit freed its
+    pages and sends no more of its tokens) or not (``reason``; it goes on here unless aborted)."""
+
+    request_id: str
+    target: str
+    moved: bool
+    reason: str = ""
+
+
 class Heartbeat(msgspec.Struct, frozen=True, tag=True):
     """Sent by a thread of the unit's own (`unit_heartbeat`), whatever its loop is doing: the unit
     is reachable. It says nothing of progress: a unit in a 20 s step still sends it."""
 
 
-ToUnit = UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
+ToUnit = (UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
+          | MoveRequest)
 FromUnit = (Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
-            | Heartbeat | RequestSpans)
+            | Heartbeat | RequestSpans | RequestMovedIn | RequestMoveEnded)
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

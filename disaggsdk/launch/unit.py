@@ -219,6 +219,7 @@ class Unit:
             if self.messenger is not None:
                 self.messenger.poll()
                 self._report_failures(self.messenger)
+                self._report_moves()  # a moved-in request's news before any of its tokens
                 self._take_spans(self.messenger)
             if engine.must_step():
                 step_start_ns = time.time_ns() if self.spans else 0
@@ -307,8 +308,26 @@ class Unit:
             self.conn.send(self._stats(msg.seq, False))
         elif isinstance(msg, ch.GetStats):
             self.conn.send(self._stats(msg.seq, msg.with_recent))
+        elif isinstance(msg, ch.MoveRequest):
+            self._move(msg)
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
+
+    def _move(self, msg: ch.MoveRequest) -> None:
+        """Start moving a decoding request; one that cannot start is answered at once (it goes on here)."""
+        from disaggsdk.errors import DisaggError
+
+        try:
+            self.parts.move(msg.request_id, msg.target)
+        except DisaggError as exc:
+            self.conn.send(ch.RequestMoveEnded(msg.request_id, msg.target, moved=False, reason=str(exc)))
+
+    def _report_moves(self) -> None:
+        moved_in, ended = self.parts.take_moves()
+        for m in moved_in:
+            self.conn.send(ch.RequestMovedIn(m.request_id, m.source, m.num_output_tokens, m.num_bytes))
+        for e in ended:
+            self.conn.send(ch.RequestMoveEnded(e.request_id, e.target, e.moved, e.reason))
 
     def _admit(self, msg: ch.Generate, error: str | None) -> None:
         """Start a checked request, or answer it with ``error`` (its grammar did not build)."""

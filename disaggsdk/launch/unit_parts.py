@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from disaggsdk.memory.host_mirror import HostMirror
     from disaggsdk.memory.rank_pool import RankPool
     from disaggsdk.messenger.decode_side import DecodeMessenger
+    from disaggsdk.messenger.kv_migration import MovedIn, MoveEnded
     from disaggsdk.messenger.prefill_side import PrefillMessenger
     from disaggsdk.plan import Plan
     from disaggsdk.spec.types import Spec
@@ -59,6 +60,20 @@ class UnitParts:
     def prefill_unit_of(self, request_id: str) -> str:
         """The prefill unit that computed the prompt of ``request_id``: "" here, where the engine did."""
         return ""
+
+    def move(self, request_id: str, target: str) -> None:
+        """Start moving a decoding request to decode unit ``target`` (a decode unit's only).
+
+        Raises:
+            MigrationError: the move cannot start; the request goes on here untouched.
+        """
+        from disaggsdk.engine.request_migration import MigrationError
+
+        raise MigrationError(f"only decode units move requests; this one is {self.info.role}")
+
+    def take_moves(self) -> tuple[list[MovedIn], list[MoveEnded]]:
+        """The requests that moved here, and the moves started here that ended, since the last call."""
+        return [], []
 
     def close(self) -> None:
         """Stop the messenger, the tp workers and the transfer engine. Idempotent."""
@@ -100,6 +115,21 @@ class DecodeParts(UnitParts):
     def prefill_unit_of(self, request_id: str) -> str:
         """The prefill unit that computed the prompt of ``request_id``, once (then ""); "" when none did."""
         return self.messenger.prefilled_by.pop(request_id, "") if self.messenger is not None else ""
+
+    def move(self, request_id: str, target: str) -> None:
+        from disaggsdk.engine.request_migration import MigrationError
+
+        if self.messenger is None:
+            raise MigrationError("the unit is closing")
+        self.messenger.migrate(request_id, target)
+
+    def take_moves(self) -> tuple[list[MovedIn], list[MoveEnded]]:
+        if self.messenger is None:
+            return [], []
+        m = self.messenger.migrations
+        moved_in, ended = m.moved_in, m.ended
+        m.moved_in, m.ended = [], []
+        return moved_in, ended
 
 
 @dataclass

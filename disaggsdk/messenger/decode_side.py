@@ -31,7 +31,16 @@ from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import ContextShapeError, clear_context, unpack_context
 from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.grant_keys import open_grant
-from disaggsdk.messenger.handoff import CounterFired, Handoff, Quarantine, prefill_request, release_quarantine
+from disaggsdk.messenger.handoff import (
+    DEAD_PEER_GRACE_S,
+    DRAIN_GRACE_S,
+    CounterFired,
+    Handoff,
+    Quarantine,
+    prefill_request,
+    release_quarantine,
+)
+from disaggsdk.messenger.kv_migration import KVMigrations
 from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.ports import DecodeEngine, Transport
@@ -52,8 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
-DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
 
 
 class DecodeMessenger:
@@ -111,18 +118,25 @@ class DecodeMessenger:
         self.prefill_choice = PrefillChoice(engine, plan.spec.serve.routing,
                                             num_pages_per_rank(plan.spec, "decode", plan.arch),
                                             plan.spec.transfer.max_local_prefill_tokens)
+        # decoding requests moving to or from the other decode units (their KV with them)
+        self.migrations = KVMigrations(me, engine, transfer, plan.spec, self.codec, self.pools, deadline_s,
+                                       self._next_imm, self.totals, grant_keys=grant_keys)
 
     def close(self) -> None:
         """At shutdown: every peer is gone, nothing can land any more; free the quarantine."""
         self.drain_quarantine()
+        self.migrations.close()
 
     # peers
 
     def add_peers(self, units: Sequence[UnitInfo]) -> None:
-        """Learn the deployment's prefill units (address book from the launcher)."""
+        """Learn the deployment's prefill units, and the decode units requests can move to (address
+        book from the launcher)."""
         for info in units:
             if info.role == "prefill":
                 self.add_prefill(info)
+            elif info.role == "decode":
+                self.migrations.add_peer(info)
 
     def add_prefill(self, info: UnitInfo) -> None:
         """Learn a prefill unit (address book from the launcher), or its new incarnation after a restart."""
@@ -135,6 +149,7 @@ class DecodeMessenger:
     def peer_down(self, name: str, now: float | None = None) -> None:
         """A prefill unit died: retry its requests now; its quarantined pages free after a grace."""
         now = time.monotonic() if now is None else now
+        self.migrations.peer_down(name, now)
         if name not in self._prefills or name in self._down:
             return
         self._down[name] = now
@@ -165,8 +180,25 @@ class DecodeMessenger:
         self._pending.append(Handoff(request_id, prompt, params, submitted_s=now, traced=traced))
         self._start_pending(now)
 
+    def migrate(self, request_id: str, target: str) -> None:
+        """Move a decoding request to decode unit ``target`` with its KV (`kv_migration`); how it
+        ends comes out of ``migrations.ended``.
+
+        Raises:
+            MigrationError: it cannot start (not decoding here, unknown or dead target, host
+                mirrors); the request goes on here untouched.
+        """
+        from disaggsdk.engine.request_migration import MigrationError
+
+        if self.kv_mirror is not None:
+            raise MigrationError("moving requests between units whose KV is staged through host mirrors "
+                                 "(transport.kv_staging: host) is not supported yet")
+        self.migrations.start(request_id, target)
+
     def abort(self, request_id: str) -> bool:
-        """Stop a request still waiting for its KV. Returns False when it is not handed off here."""
+        """Stop a request still waiting for its KV, or moving. Returns False when it is neither here."""
+        if self.migrations.abort(request_id):
+            return True
         h = self._handoffs.pop(request_id, None)
         if h is None:
             for p in list(self._pending):
@@ -188,12 +220,12 @@ class DecodeMessenger:
         in flight and of ended ones whose writes may still land (quarantined). 0 when nothing is in
         flight and the quarantine is drained; one left then is a grant that was never revoked."""
         held = [h.keys for h in self._handoffs.values()] + [q.keys for q in self._quarantine]
-        return sum(len(keys.registrations) for keys in held if keys is not None)
+        return sum(len(keys.registrations) for keys in held if keys is not None) + self.migrations.open_grant_keys
 
     @property
     def busy(self) -> bool:
-        """Whether requests wait for their KV (their counters and deadlines need polling)."""
-        return self.num_waiting > 0
+        """Whether requests wait for their KV or move (their counters and deadlines need polling)."""
+        return self.num_waiting > 0 or self.migrations.busy
 
     # the loop
 
@@ -204,6 +236,11 @@ class DecodeMessenger:
             self.frames.count(opened)
             return
         msg = opened.message
+        stale = self.migrations.stale
+        if self.migrations.on_frame(msg):
+            if self.migrations.stale > stale:
+                self.frames.count("stale")
+            return
         if isinstance(msg, pr.PageDigest):
             h = self._handoffs.get(msg.request_id)
             if h is None or h.grant is None or h.grant.generation != msg.generation or not self.verify_pages:
@@ -252,6 +289,7 @@ class DecodeMessenger:
             elif now > h.deadline:
                 self._retry(h, f"{h.prefill} missed the {self.deadline_s:g} s deadline", drained=False, now=now)
         self._quarantine = release_quarantine(self._quarantine, now, self.engine, self._free_slots, self.transfer)
+        self.migrations.poll(now)
         self._start_pending(now)
 
     def drain_quarantine(self) -> None:

@@ -65,8 +65,8 @@ class GrantKeys:
 
 
 def open_grant(transfer: Transport, pools: Sequence[MemoryRegion], geometry: PoolGeometry,
-               page_ids: Sequence[int], context: MemoryRegion, slot_offset_bytes: int,
-               slot_bytes: int) -> GrantKeys:
+               page_ids: Sequence[int], context: MemoryRegion | None, slot_offset_bytes: int = 0,
+               slot_bytes: int = 0) -> GrantKeys:
     """Register ``page_ids`` of every rank's pool and one context slot, each run under its own key.
 
     Args:
@@ -74,7 +74,8 @@ def open_grant(transfer: Transport, pools: Sequence[MemoryRegion], geometry: Poo
         pools: each tp rank's registered pool (local access), in tp order.
         geometry: the pools' geometry (the same on every rank of a unit).
         page_ids: the granted pages (the same ids on every rank).
-        context: the registered context buffer; the slot is ``[slot_offset_bytes, + slot_bytes)``.
+        context: the registered context buffer; the slot is ``[slot_offset_bytes, + slot_bytes)``
+            (None: no slot, as for a request moving between decode units: only pages move).
     Returns:
         The keys; revoke them with `GrantKeys.revoke` (also when this raises, nothing stays open).
     Raises:
@@ -91,9 +92,10 @@ def open_grant(transfer: Transport, pools: Sequence[MemoryRegion], geometry: Poo
                 keys.registrations.append(region)
                 rank_segments.append(_segment(offset, region.descriptor))
             keys.segments.append(rank_segments)
-        region = transfer.register_pointer(context.address + slot_offset_bytes, slot_bytes)
-        keys.registrations.append(region)
-        keys.context = _segment(slot_offset_bytes, region.descriptor)
+        if context is not None:
+            region = transfer.register_pointer(context.address + slot_offset_bytes, slot_bytes)
+            keys.registrations.append(region)
+            keys.context = _segment(slot_offset_bytes, region.descriptor)
     except BaseException:
         keys.revoke(transfer)
         raise

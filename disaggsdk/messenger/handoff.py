@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from disaggsdk.messenger.ports import DecodeEngine, Transport
     from disaggsdk.spec.types import Spec
 
+DEAD_PEER_GRACE_S = 1.0  # writes already on the wire from a dead peer land within this
+DRAIN_GRACE_S = 0.2  # after a sender's local completions, for its last writes to land here
+
 
 class CounterFired:
     """When an attempt's immediate counter resolved (``time.monotonic()``; 0.0 until then).

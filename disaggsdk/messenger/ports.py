@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.hooks import AnyLayerCounter, StepChunkInfo
     from disaggsdk.engine.kv_cache import KVCache
+    from disaggsdk.engine.request_migration import RunningRequestState
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.memory.page_allocator import PageGrant
     from disaggsdk.models.arch import ModelArch
@@ -119,6 +120,26 @@ class DecodeEngine(Protocol):
 
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Prefill and decode a request here (no prefill unit could, or its missing part is short)."""
+
+    # moving decoding requests between decode units (`messenger.kv_migration`)
+
+    def suspend(self, request_id: str) -> RunningRequestState:
+        """Take a decoding request out of scheduling (pages pinned, unchanged); its state."""
+
+    def resume(self, request_id: str) -> bool:
+        """Put a suspended request back into scheduling."""
+
+    def release_suspended(self, request_id: str) -> int:
+        """Forget a suspended request that moved away and free its pages."""
+
+    def page_ids(self, request_id: str) -> list[int]:
+        """The pages a request holds, in token order."""
+
+    def add_migrated_request(self, state: RunningRequestState) -> None:
+        """Continue a moved request whose KV landed in the pages granted under its id."""
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request and free its pages."""
 
 
 class Messenger(Protocol):

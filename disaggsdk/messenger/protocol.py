@@ -22,12 +22,14 @@ from typing import ClassVar
 
 import msgspec
 
+from disaggsdk.engine.request_migration import RunningRequestState
 from disaggsdk.errors import DisaggError
 
 MAGIC = b"DSGK"
 # 2: sender and sequence number inside the MAC; 3: grant segments, digests;
 # 4: PrefillRequest.traced (bodies forbid unknown fields: an older peer would refuse every request)
-PROTOCOL_VERSION = 4
+# 5: KV migration between decode units (MigrateOffer, MigrateAccept, MigrateRefused, MigrateAdmitted, MigrateCancel)
+PROTOCOL_VERSION = 5
 HEADER = struct.Struct("<4sBBHIQ")
 MAX_SENDER_BYTES = 255
 MAC_BYTES = 32
@@ -178,8 +180,71 @@ class PageDigest(Message, frozen=True):
     digest: bytes
 
 
+# moving a decoding request between decode units (`messenger.kv_migration`); ``migration`` numbers
+# one attempt on the source unit, as ``generation`` numbers a grant
+
+
+class MigrateOffer(Message, frozen=True):
+    """Source decode unit -> target decode unit: take over this decoding request; grant pages for its
+    ``state.num_computed_tokens`` tokens and answer `MigrateAccept` (or `MigrateRefused`). The KV
+    shape fields let the target refuse pages it could not read before any byte moves."""
+
+    KIND: ClassVar[int] = 7
+    request_id: str
+    migration: int
+    source: str  # the source unit's PeerId, who to answer
+    state: RunningRequestState
+    model: str
+    layout: str
+    page_size: int
+    kv_dtype: str
+    tp: int
+    num_layers: int  # cache layers of one rank's pool (the MTP layer's included)
+    page_bytes: int  # one page of one layer on one rank
+    traced: bool = False
+
+
+class MigrateAccept(Message, frozen=True):
+    """Target -> source: write the request's pages into these, every write carrying ``imm``."""
+
+    KIND: ClassVar[int] = 8
+    request_id: str
+    migration: int
+    imm: int
+    destinations: list[DestinationRank]
+
+
+class MigrateRefused(Message, frozen=True):
+    """Target -> source: the target will not continue the request (mismatch, no pages, deadline,
+    aborted, its state did not load); the source resumes it, once its writes (if any) drained."""
+
+    KIND: ClassVar[int] = 9
+    request_id: str
+    migration: int
+    reason: str
+
+
+class MigrateAdmitted(Message, frozen=True):
+    """Target -> source: every write landed and the request decodes here now; the source frees its pages."""
+
+    KIND: ClassVar[int] = 10
+    request_id: str
+    migration: int
+
+
+class MigrateCancel(Message, frozen=True):
+    """Source -> target: the migration is off (aborted, refused, late); no write of it is in flight
+    any more, so the target may free the pages it granted."""
+
+    KIND: ClassVar[int] = 11
+    request_id: str
+    migration: int
+    reason: str
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.KIND: cls for cls in (PrefillRequest, PrefillRejected, PrefillFailed, AbortPrefill, Hello, PageDigest)
+    cls.KIND: cls for cls in (PrefillRequest, PrefillRejected, PrefillFailed, AbortPrefill, Hello, PageDigest,
+                              MigrateOffer, MigrateAccept, MigrateRefused, MigrateAdmitted, MigrateCancel)
 }
 _DECODERS = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in MESSAGE_TYPES.items()}
 _ENCODER = msgspec.msgpack.Encoder()

@@ -100,6 +100,18 @@ class UnitCounters(msgspec.Struct, kw_only=True):
         "control_frames_rejected", "Control frames dropped, by reason (bad MAC, replayed, ...).")] = {}
     rejected_requests: Annotated[dict[str, int], by_reason(
         "prefill_requests_rejected", "Prefill requests refused by a prefill engine, by reason.")] = {}
+    # KV migration between decode engines (messenger.kv_migration)
+    requests_moved_out: Annotated[int, counter(
+        "requests_moved_out", "Decoding requests this engine handed to another decode engine with their KV.")] = 0
+    requests_moved_in: Annotated[int, counter(
+        "requests_moved_in", "Decoding requests this engine continued with KV another decode engine sent.")] = 0
+    moves_failed: Annotated[int, counter(
+        "request_moves_failed",
+        "Moves of a decoding request that did not happen (refused, target down, aborted); it went on here.")] = 0
+    moved_out_bytes: Annotated[int, counter(
+        "kv_moved_out_bytes", "KV bytes this decode engine wrote to another for moved requests.")] = 0
+    moved_in_bytes: Annotated[int, counter(
+        "kv_moved_in_bytes", "KV bytes of the requests this decode engine took over (every write landed).")] = 0
     # the engine's scheduler
     num_preemptions: Annotated[int, counter(
         "num_preemptions", "Requests preempted by the engine (pages taken back, recomputed later).")] = 0

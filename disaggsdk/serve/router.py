@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
+from disaggsdk.serve.request_moves import Move, MoveError, MoveOutcome, RequestMoves
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
@@ -86,6 +88,7 @@ class Router:
         self._tokenizer = ModelTokenizer(self.spec.model)
         self.first_tokens = FirstTokenClock()  # guarded by _lock
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
+        self._moves = RequestMoves()  # decoding requests moving between decode units (guarded by _lock)
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 
@@ -99,6 +102,10 @@ class Router:
                 self._on_tokens(unit, item)
         elif isinstance(msg, ch.PromptLogprobs):
             self._deliver(self._join.scores(msg.request_id, ch.engine_logprobs(msg.logprobs)))
+        elif isinstance(msg, ch.RequestMovedIn):
+            self._on_moved_in(unit, msg)
+        elif isinstance(msg, ch.RequestMoveEnded):
+            self._on_move_ended(unit, msg)
         elif isinstance(msg, ch.UnitStats):
             self._stats.received(msg)
         elif isinstance(msg, ch.RequestSpans):
@@ -116,6 +123,11 @@ class Router:
                            scores, error=msg.error, instance=unit, prompt_logprobs=prompt,
                            num_cached_tokens=msg.num_cached_tokens, prefill_instance=msg.prefill_unit)
         with self._lock:
+            move = self._moves.get(msg.request_id)
+            if move is not None and unit == move.target:
+                if move.moved_in and not move.target_down:
+                    move.held.append(msg)  # delivered once the source's last tokens were read
+                return
             if msg.request_id not in self._in_flight[unit]:
                 return  # moved off this unit while it was stalled (its abort answer too), or finished
             first = self._not_started.pop(msg.request_id, None) is not None
@@ -143,8 +155,138 @@ class Router:
             if event.finished and self.tracing is not None:
                 self.tracing.finish(rid, event.finish_reason, event.error)
 
+    # moving decoding requests between decode units (`request_moves`)
+
+    def move(self, request_id: str, target: str) -> Future[MoveOutcome]:
+        """Move a decoding request, with its KV, to decode unit ``target``; it continues there with the
+        tokens it would have had. The future resolves when the move ended (moved or not: a request that
+        did not move goes on where it was).
+
+        Raises:
+            MoveError: the request is not in flight, has no token yet, is moving already, or
+                ``target`` is not another healthy decode unit.
+        """
+        with self._lock:
+            source = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
+            if source is None or request_id not in self._sinks:
+                raise MoveError(f"request {request_id!r} is not in flight")
+            if self._moves.get(request_id) is not None:
+                raise MoveError(f"request {request_id!r} is moving already")
+            if request_id in self._not_started:
+                raise MoveError(f"request {request_id!r} has not started decoding yet: its KV is still coming")
+            if self._roles.get(source) != "decode":
+                raise MoveError(f"request {request_id!r} is on {source} ({self._roles.get(source)}): only requests "
+                                "on decode units move")
+            decode = sorted(n for n, r in self._roles.items() if r == "decode" and n != source)
+            if target not in decode or not self.runtime.is_healthy(target):
+                raise MoveError(f"{target!r} is not another healthy decode unit (decode units: {', '.join(decode)})")
+            move = self._moves.start(request_id, source, target)
+        if not self.runtime.send(source, ch.MoveRequest(request_id, target)):
+            with self._lock:
+                self._moves.pop(request_id)
+            move.end(False, f"{source} cannot be reached")
+        return move.outcome
+
+    def drain(self, unit: str, timeout_s: float = 60.0) -> list[MoveOutcome]:
+        """Take decode unit ``unit`` out of routing and move every request it decodes to the other
+        decode units (the least loaded first); requests still waiting for their KV there move once
+        they decode. Returns the moves' outcomes once it holds nothing, or at ``timeout_s``; it stays
+        out of routing until `undrain`.
+
+        Raises:
+            MoveError: ``unit`` is not a decode unit, or no other healthy decode unit can take its requests.
+        """
+        if self._roles.get(unit) != "decode":
+            raise MoveError(f"{unit!r} is not a decode unit")
+        with self._lock:
+            self._moves.draining.add(unit)
+        outcomes: list[MoveOutcome] = []
+        pending: list[Future[MoveOutcome]] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                held = [r for r in self._in_flight[unit] if r in self._sinks]
+                startable = [r for r in held if r not in self._not_started and self._moves.get(r) is None]
+                targets = [n for n, r in self._roles.items() if r == "decode" and n != unit
+                           and n not in self._moves.draining and self.runtime.is_healthy(n)]
+                load = {n: len(self._in_flight[n]) for n in targets}
+            if not held and not pending:
+                break
+            if startable and not targets:
+                raise MoveError(f"no other healthy decode unit can take the requests of {unit}")
+            for rid in startable:
+                target = min(targets, key=lambda n: (load[n], n))
+                load[target] += 1
+                try:
+                    pending.append(self.move(rid, target))
+                except MoveError:
+                    continue  # it ended or started moving meanwhile: the next round sees
+            done = [f for f in pending if f.done()]
+            outcomes += [f.result() for f in done]
+            pending = [f for f in pending if not f.done()]
+            time.sleep(0.02)
+        return outcomes
+
+    def undrain(self, unit: str) -> None:
+        """Let routing pick ``unit`` again after `drain`."""
+        with self._lock:
+            self._moves.draining.discard(unit)
+
+    def _on_moved_in(self, unit: str, msg: ch.RequestMovedIn) -> None:
+        with self._lock:
+            move = self._moves.get(msg.request_id)
+            expected = move is not None and move.target == unit and msg.request_id in self._sinks
+            if move is not None and expected:
+                move.moved_in, move.num_bytes, move.num_output_tokens = True, msg.num_bytes, msg.num_output_tokens
+        if not expected:  # nobody waits for it here any more (it ended meanwhile): the target drops it
+            self.runtime.send(unit, ch.Abort(msg.request_id))
+
+    def _on_move_ended(self, unit: str, msg: ch.RequestMoveEnded) -> None:
+        rid = msg.request_id
+        error = None
+        with self._lock:
+            move = self._moves.get(rid)
+            if move is None or move.source != unit:
+                return
+            self._moves.pop(rid)
+            held: list[ch.Tokens] = []
+            if msg.moved and move.target_down:
+                error = f"request moved from {unit} to {move.target}, which then died; retry the request"
+                self._in_flight[unit].discard(rid)
+            elif msg.moved:
+                self._in_flight[unit].discard(rid)
+                if rid in self._sinks:
+                    self._in_flight[move.target].add(rid)
+                held = move.held
+        move.end(msg.moved and error is None, error or msg.reason)
+        for tokens in held:
+            self._on_tokens(move.target, tokens)
+        if error is not None:
+            self._end_with_error(rid, move.target, error)
+
+    def _moves_at_unit_down(self, unit: str) -> tuple[list[Move], list[Move]]:
+        """Under the lock: the moves ``unit``'s death settles. A move from it whose target admitted the
+        request goes on there (its KV landed whole); one from it that had not is ended (the request
+        ends with the unit's other requests, the target is told to drop it); a move to it is off (the
+        source, told by `PeerDown`, resumes what it never let go of). Returns (continued, dropped)."""
+        continued, dropped = [], []
+        for move in self._moves.from_(unit):
+            self._moves.pop(move.request_id)
+            if move.moved_in and not move.target_down:
+                self._in_flight[unit].discard(move.request_id)
+                self._in_flight[move.target].add(move.request_id)
+                continued.append(move)
+            else:
+                dropped.append(move)
+        for move in self._moves.to(unit):
+            move.target_down = True
+            move.held.clear()
+            self._in_flight[unit].discard(move.request_id)
+        return continued, dropped
+
     def _on_unit_down(self, unit: str, down: UnitDown) -> None:
         with self._lock:
+            continued, dropped = self._moves_at_unit_down(unit)
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self.routing.forget(unit)  # what it cached goes with it
@@ -163,6 +305,13 @@ class Router:
                 fp_deaths = deaths[self._fingerprints.get(rid)]
                 if fp_deaths >= self._poison.max_unit_deaths or self._clients.get(rid, "") in suspects:
                     poison[rid] = fp_deaths
+        for move in continued:
+            move.end(True)
+            for tokens in move.held:
+                self._on_tokens(move.target, tokens)
+        for move in dropped:
+            self.runtime.send(move.target, ch.Abort(move.request_id))
+            move.end(False, f"{unit} died before {move.target} had the request's KV")
         for rid in held:
             if rid in poison:
                 self._end_with_error(rid, unit, self._poison.refusal(poison[rid]))
@@ -235,7 +384,8 @@ class Router:
         return False
 
     def _pick_unit(self, hashes: list[bytes]) -> str | None:
-        serving = [n for n, role in self._roles.items() if role in SERVING_ROLES and self.runtime.is_healthy(n)]
+        serving = [n for n, role in self._roles.items()
+                   if role in SERVING_ROLES and self.runtime.is_healthy(n) and n not in self._moves.draining]
         return self.routing.pick(serving, hashes, {n: len(self._in_flight[n]) for n in serving})
 
     def unrecoverable(self) -> str | None:
@@ -365,8 +515,11 @@ class Router:
     def abort_sync(self, request_id: str) -> None:
         """`abort` for callers without an event loop."""
         with self._lock:
-            owner = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
-        if owner is not None:
+            owners = [n for n, ids in self._in_flight.items() if request_id in ids]
+            move = self._moves.get(request_id)
+            if move is not None and move.target not in owners:
+                owners.append(move.target)  # it may be decoding there already
+        for owner in owners:
             self.runtime.send(owner, ch.Abort(request_id))
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
