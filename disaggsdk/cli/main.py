@@ -41,6 +41,8 @@ COMMANDS = {
     "tune": "disaggsdk.cli.tune_cmd",
     "calibrate": "disaggsdk.cli.calibrate_cmd",
     "testbed": "disaggsdk.cli.testbed_cmd",
+    "drain": "disaggsdk.cli.drain_cmd",
+    "move": "disaggsdk.cli.move_cmd",
 }
 
 

@@ -46,6 +46,8 @@ COMMAND_EXTRAS: Mapping[str, tuple[str, ...]] = {
     "serve": ("engine", "serve"),
     "launch": ("engine", "transfer", "serve"),
     "bench": ("serve",),  # the load client; a SPEC target launches a deployment as well
+    "drain": ("serve",),  # httpx, to call the deployment's control endpoint
+    "move": ("serve",),
     "transfer-bench": ("transfer",),
     "kv-bench": ("engine", "transfer"),
     "calibrate": ("engine",),

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.report.waterfall import TimelineSpan
     from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.serve.request_moves import DrainReport, MoveOutcome
+    from disaggsdk.serve.router import Router
     from disaggsdk.spec.types import Spec
 
 
@@ -242,6 +244,42 @@ class Deployment:
         dash = Dashboard(self.server_metrics.recent, self.backend.stats, self.name, interval_s)
         self._dashboards.append(dash)
         return dash.start() if start else dash
+
+    # moving decoding requests between decode units (serve.request_moves)
+
+    def _router(self) -> Router:
+        from disaggsdk.serve.request_moves import MoveError
+        from disaggsdk.serve.router import Router
+
+        if not isinstance(self.backend, Router):
+            raise MoveError("this deployment is one engine in one process: it has no units to move requests between")
+        return self.backend
+
+    def move(self, request_id: str, to: str, timeout_s: float = 60.0) -> MoveOutcome:
+        """Move a decoding request to decode unit ``to`` with its KV; it continues there exactly (the
+        same tokens as unmoved). ``request_id``: the response's id, or the client's ``X-Request-Id``.
+
+        Returns:
+            how the move ended (``moved`` False: it went on where it was, ``reason`` says why).
+        Raises:
+            MoveError: the request is not in flight or not decoding yet, or ``to`` is not another
+                healthy decode unit.
+        """
+        router = self._router()
+        return router.move(router.resolve_request_id(request_id) or request_id, to).result(timeout_s)
+
+    def drain(self, unit: str, timeout_s: float = 60.0) -> DrainReport:
+        """Take decode unit ``unit`` out of routing and move every request it decodes to the other
+        decode units with their KV (before stopping or restarting it); `undrain` routes to it again.
+
+        Raises:
+            MoveError: ``unit`` is not a decode unit, or no other can take its requests.
+        """
+        return self._router().drain(unit, timeout_s)
+
+    def undrain(self, unit: str) -> None:
+        """Route new requests to ``unit`` again after `drain`."""
+        self._router().undrain(unit)
 
     def shutdown(self) -> None:
         """Stop the server and everything the backend started. Idempotent."""

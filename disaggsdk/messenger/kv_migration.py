@@ -137,8 +137,6 @@ class KVMigrations:
         self.me, self.engine, self.transfer, self.spec, self.codec = me, engine, transfer, spec, codec
         self.pools, self.deadline_s, self.next_imm, self.totals = list(pools), deadline_s, next_imm, totals
         self.grant_keys = grant_keys
-        fmt = engine.kv_cache.fmt
-        self.geometry = PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
         self._peers: dict[str, tuple[UnitInfo, Peer]] = {}
         self._down: dict[str, float] = {}
         self._out: dict[str, Outgoing] = {}
@@ -149,6 +147,12 @@ class KVMigrations:
         self.moved_in: list[MovedIn] = []  # for the unit to report, in order, before the request's tokens
         self.ended: list[MoveEnded] = []  # moves started here that ended, for the unit to report
         self.stale = 0  # frames about moves long gone (counted as "stale" by the messenger)
+
+    @property
+    def geometry(self) -> PoolGeometry:
+        """Where pages sit in each of this unit's pools (every rank has rank 0's geometry)."""
+        fmt = self.engine.kv_cache.fmt
+        return PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
 
     # peers
 

@@ -41,6 +41,7 @@ from disaggsdk.serve.queued_requests import QueuedRequests
 from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.router import Router
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
+from disaggsdk.serve.unit_control_routes import add_unit_control_routes
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 Chunk = str | bytes | memoryview  # what a StreamingResponse's body iterator yields
@@ -276,6 +277,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     root = APIRouter(dependencies=[Depends(check_key)])  # vLLM serves these beside /v1, not in it
     add_tokenize_routes(app, root, backend, chat_template, body_of)
     app.include_router(root)
+    add_unit_control_routes(app, backend, check_key, body_of)
     if access_log:  # outermost of the app's own middleware: it times and sees every answer, errors included
         app.add_middleware(AccessLog)
     return app

@@ -40,6 +40,21 @@ class MoveOutcome:
     num_output_tokens: int = 0  # the tokens it had when it left the source
 
 
+@dataclass(frozen=True)
+class DrainReport:
+    """What `Router.drain` did: the moves' outcomes, and the requests the unit still held at the end
+    (none when it drained in time; a request that did not move goes on there)."""
+
+    unit: str
+    moves: list[MoveOutcome]
+    remaining: list[str]
+
+    @property
+    def drained(self) -> bool:
+        """Whether the unit holds no request."""
+        return not self.remaining
+
+
 @dataclass
 class Move:
     """One move in flight."""

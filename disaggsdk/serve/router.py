@@ -39,7 +39,7 @@ from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
-from disaggsdk.serve.request_moves import Move, MoveError, MoveOutcome, RequestMoves
+from disaggsdk.serve.request_moves import DrainReport, Move, MoveError, MoveOutcome, RequestMoves
 from disaggsdk.serve.unit_gauges import instance_stats
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
@@ -187,11 +187,11 @@ class Router:
             move.end(False, f"{source} cannot be reached")
         return move.outcome
 
-    def drain(self, unit: str, timeout_s: float = 60.0) -> list[MoveOutcome]:
+    def drain(self, unit: str, timeout_s: float = 60.0) -> DrainReport:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other
         decode units (the least loaded first); requests still waiting for their KV there move once
-        they decode. Returns the moves' outcomes once it holds nothing, or at ``timeout_s``; it stays
-        out of routing until `undrain`.
+        they decode. Returns once it holds nothing, or at ``timeout_s``, what moved and what is still
+        there; it stays out of routing until `undrain`.
 
         Raises:
             MoveError: ``unit`` is not a decode unit, or no other healthy decode unit can take its requests.
@@ -225,7 +225,27 @@ class Router:
             outcomes += [f.result() for f in done]
             pending = [f for f in pending if not f.done()]
             time.sleep(0.02)
-        return outcomes
+        with self._lock:
+            remaining = sorted(r for r in self._in_flight[unit] if r in self._sinks)
+        return DrainReport(unit, outcomes, remaining)
+
+    def resolve_request_id(self, public_id: str) -> str | None:
+        """The key of the request in flight that a client knows as ``public_id``: its key itself, its
+        response id (``cmpl-...``), or the ``X-Request-Id`` it sent (`client_request_ids`); None: none."""
+        names = [public_id, f"cmpl-{public_id}", f"chatcmpl-{public_id}"]
+        with self._lock:
+            if public_id in self._sinks:
+                return public_id
+            for key in self._sinks:
+                for name in names:  # the server appends "-" and 32 hex digits of its own to a response id
+                    tail = key[len(name) + 1:]
+                    if key.startswith(name + "-") and len(tail) == 32 and all(c in "0123456789abcdef" for c in tail):
+                        return key
+        return None
+
+    def unit_roles(self) -> dict[str, str]:
+        """Each unit's role ("prefill", "decode", "mixed"), by name."""
+        return dict(self._roles)
 
     def undrain(self, unit: str) -> None:
         """Let routing pick ``unit`` again after `drain`."""

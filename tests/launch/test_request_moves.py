@@ -160,8 +160,8 @@ def test_drain_moves_every_request_away_and_routing_skips_the_unit():
             rt.submit(f"d{i}", prompt, params, s)
         for s in streams:
             s.wait_tokens(2)
-        outcomes = rt.drain("decode-0", timeout_s=30)
-        assert all(o.moved for o in outcomes), [o.reason for o in outcomes]
+        report = rt.drain("decode-0", timeout_s=30)
+        assert report.drained and report.moves and all(o.moved for o in report.moves), report
         with rt._lock:
             assert not rt._in_flight["decode-0"]
         late = Stream()

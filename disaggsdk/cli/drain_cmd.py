@@ -1,0 +1,42 @@
+"""`disaggsdk drain URL UNIT`: move every request a decode unit decodes to the others, with their KV."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from disaggsdk.cli.bench_cmd import API_KEY_ENV
+from disaggsdk.cli.control_client import post_control
+from disaggsdk.report.console import make_console
+
+HELP = ("Take a decode unit of a running deployment out of routing and move the requests it decodes to the other "
+        "decode units with their KV (no recompute); --undo routes to it again.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="the deployment's server (http://host:port)")
+    parser.add_argument("unit", metavar="UNIT", help="the decode unit, e.g. decode-1 (see /health)")
+    parser.add_argument("--undo", action="store_true", help="route new requests to UNIT again")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="wait at most S seconds for its requests to move (default 60)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"bearer token (default: env {API_KEY_ENV})")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = make_console(highlight=False)
+    if args.undo:
+        post_control(args.url, f"/units/{args.unit}/undrain", {}, args.api_key, timeout_s=30)
+        out.print(f"{args.unit}: routed again")
+        return 0
+    answer = post_control(args.url, f"/units/{args.unit}/drain", {"timeout_s": args.timeout}, args.api_key,
+                          timeout_s=args.timeout + 30)
+    moves = answer.get("moves", [])
+    for m in moves:
+        how = f"moved to {m['target']} ({m['num_bytes']} KV bytes)" if m["moved"] else f"stayed: {m['reason']}"
+        out.print(f"  {m['request_id']}: {how}", soft_wrap=True)
+    remaining = answer.get("remaining", [])
+    out.print(f"{args.unit}: {'drained' if not remaining else f'{len(remaining)} request(s) still there'}; "
+              f"{sum(m['moved'] for m in moves)} of {len(moves)} move(s) done; it takes no new requests "
+              f"until `disaggsdk drain {args.url} {args.unit} --undo`")
+    return 0 if not remaining else 1

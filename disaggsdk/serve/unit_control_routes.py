@@ -1,0 +1,91 @@
+"""The control endpoints that move decoding requests between decode units of a running deployment.
+
+``POST /units/{unit}/drain`` (``{"timeout_s": 60}``, optional) takes a decode unit out of routing
+and moves every request it decodes to the others, with their KV (`Router.drain`); it answers what
+moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick it again.
+``POST /requests/{request_id}/move`` (``{"to": "decode-1"}``) moves one request (its id is the
+response's ``id``, or the ``X-Request-Id`` the client sent). Each sits behind the deployment's API
+key, as ``/reset_prefix_cache`` does; a move that cannot be asked for is an OpenAI error object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from disaggsdk.serve.error_bodies import BadRequestError
+from disaggsdk.serve.openai_json import decode_body
+from disaggsdk.serve.request_moves import MoveError
+
+if TYPE_CHECKING:
+    from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.serve.router import Router
+
+MAX_DRAIN_TIMEOUT_S = 600.0
+MOVE_TIMEOUT_S = 60.0  # one move: the KV of one request over the fabric, far below this
+
+
+def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Callable[[Request], Awaitable[None]],
+                            body_of: Callable[[Request], Awaitable[bytes]]) -> None:
+    """Add the drain, undrain and move endpoints to ``app`` (``body_of``: the app's bounded body reader)."""
+    from disaggsdk.serve.router import Router
+
+    async def json_object(request: Request) -> dict[str, object]:
+        raw = await body_of(request)
+        body = decode_body(raw) if raw.strip() else {}
+        if not isinstance(body, dict):
+            raise BadRequestError("the body must be a JSON object")
+        return body
+
+    def router() -> Router:
+        if not isinstance(backend, Router):
+            raise BadRequestError("this deployment is one engine in one process: it has no units to move requests "
+                                  "between", status=400)
+        return backend
+
+    @app.post("/units/{unit}/drain", dependencies=[Depends(check_key)])
+    async def drain(unit: str, request: Request) -> JSONResponse:
+        body = await json_object(request)
+        timeout_s = body.get("timeout_s", 60.0)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not 0 < timeout_s <= MAX_DRAIN_TIMEOUT_S:
+            raise BadRequestError(f"'timeout_s' must be a number of seconds in (0, {MAX_DRAIN_TIMEOUT_S:g}]",
+                                  param="timeout_s")
+        r = router()
+        from starlette.concurrency import run_in_threadpool
+
+        try:  # it waits for the moves: off the event loop, which must keep streaming their tokens
+            report = await run_in_threadpool(r.drain, unit, float(timeout_s))
+        except MoveError as exc:
+            raise BadRequestError(str(exc), param="unit") from None
+        return JSONResponse({"unit": unit, "drained": report.drained, "remaining": report.remaining,
+                             "moves": [dataclasses.asdict(o) for o in report.moves]})
+
+    @app.post("/units/{unit}/undrain", dependencies=[Depends(check_key)])
+    def undrain(unit: str) -> JSONResponse:
+        r = router()
+        if unit not in r.unit_roles():
+            raise BadRequestError(f"no unit {unit!r} in this deployment", param="unit", status=404)
+        r.undrain(unit)
+        return JSONResponse({"unit": unit, "routed": True})
+
+    @app.post("/requests/{request_id}/move", dependencies=[Depends(check_key)])
+    async def move(request_id: str, request: Request) -> JSONResponse:
+        body = await json_object(request)
+        target = body.get("to")
+        if not isinstance(target, str):
+            raise BadRequestError("'to' must name the decode unit to move the request to", param="to")
+        r = router()
+        from starlette.concurrency import run_in_threadpool
+
+        key = r.resolve_request_id(request_id) or request_id  # unknown: move() says it is not in flight
+        try:
+            outcome = r.move(key, target)
+        except MoveError as exc:
+            raise BadRequestError(str(exc), param="to" if "unit" in str(exc) else None) from None
+        result = await run_in_threadpool(outcome.result, MOVE_TIMEOUT_S)
+        return JSONResponse(dataclasses.asdict(result))

@@ -1,0 +1,123 @@
+"""Moving requests of a running deployment from outside it: `disaggsdk move` / `disaggsdk drain`
+over the authenticated control endpoints, and `Deployment.move` / `drain` in Python. A streaming
+HTTP client's completion is the unmoved one; bad calls are a message and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+
+from disaggsdk.cli.main import main  # noqa: E402
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.face.cluster import Cluster  # noqa: E402
+from disaggsdk.serve.request_moves import MoveError  # noqa: E402
+from tests.launch._helpers import make_spec  # noqa: E402
+
+KEY = "control-test-key"
+PROMPT = [11, 12, 13, 14, 15, 16, 17]
+MAX_TOKENS = 150
+
+
+class StreamingClient(threading.Thread):
+    """One streamed completion, with the client's own request id; ``first`` is set at its first token."""
+
+    def __init__(self, url: str, request_id: str):
+        super().__init__(daemon=True)
+        self.url, self.request_id = url, request_id
+        self.first = threading.Event()
+        self.tokens: list[str] = []
+        self.finish_reason = None
+
+    def run(self) -> None:
+        body = {"model": "qwen3-coder-tiny", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True,
+                "ignore_eos": True, "temperature": 0}
+        headers = {"Authorization": f"Bearer {KEY}", "X-Request-Id": self.request_id}
+        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, headers=headers, timeout=120) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                self.tokens.append(choice["text"])
+                self.first.set()
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    spec = make_spec("qwen3-coder-tiny", decode_replicas=2, num_pages=256, budget=64)
+    with Cluster(spec).launch(port=0, api_key=KEY, on_progress=lambda _l: None) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def unmoved_text(deployment):
+    with LLMEngine("qwen3-coder-tiny", EngineConfig(page_size=4, num_pages=256)) as engine:
+        ids = engine.generate([PROMPT], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))[0].output_ids
+    return deployment.backend.decode(ids, skip_special_tokens=True)
+
+
+def where(d, request_id: str) -> str:
+    rid = d.backend.resolve_request_id(request_id)
+    with d.backend._lock:
+        return next(n for n, ids in d.backend._in_flight.items() if rid in ids)
+
+
+def test_the_move_command_moves_a_streaming_request_which_completes_as_unmoved(deployment, unmoved_text, capsys):
+    client = StreamingClient(deployment.url, "moving-1")
+    client.start()
+    assert client.first.wait(60)
+    source = where(deployment, "moving-1")
+    target = "decode-1" if source == "decode-0" else "decode-0"
+    assert main(["move", deployment.url, "moving-1", "--to", target, "--api-key", KEY]) == 0
+    assert f"moved from {source} to {target}" in capsys.readouterr().out
+    client.join(120)
+    assert "".join(client.tokens) == unmoved_text and client.finish_reason == "length"
+
+
+def test_the_drain_command_empties_a_unit_and_undo_routes_to_it_again(deployment, unmoved_text, capsys):
+    clients = [StreamingClient(deployment.url, f"drained-{i}") for i in range(3)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        assert c.first.wait(60)
+    unit = where(deployment, "drained-0")
+    assert main(["drain", deployment.url, unit, "--api-key", KEY]) == 0
+    assert f"{unit}: drained" in capsys.readouterr().out
+    for c in clients:
+        c.join(120)
+        assert "".join(c.tokens) == unmoved_text
+    assert main(["drain", deployment.url, unit, "--undo", "--api-key", KEY]) == 0
+
+
+def test_bad_control_calls_are_a_message_and_exit_code_2(deployment, capsys):
+    assert main(["move", deployment.url, "nobody", "--to", "decode-1", "--api-key", KEY]) == 2
+    assert "not in flight" in capsys.readouterr().err
+    assert main(["drain", deployment.url, "prefill-0", "--api-key", KEY]) == 2
+    assert "not a decode unit" in capsys.readouterr().err
+    assert main(["drain", deployment.url, "decode-0", "--api-key", "wrong"]) == 2
+    assert "401" in capsys.readouterr().err
+    r = httpx.post(f"{deployment.url}/requests/x/move", json={"to": 3}, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "to"
+
+
+def test_deployment_moves_in_python(deployment, unmoved_text):
+    client = StreamingClient(deployment.url, "py-1")
+    client.start()
+    assert client.first.wait(60)
+    source = where(deployment, "py-1")
+    target = "decode-1" if source == "decode-0" else "decode-0"
+    outcome = deployment.move("py-1", to=target)
+    assert outcome.moved and outcome.target == target and outcome.num_bytes > 0
+    with pytest.raises(MoveError, match="not another healthy decode unit"):
+        deployment.move("py-1", to=target)  # it is there now
+    client.join(120)
+    assert "".join(client.tokens) == unmoved_text
+    report = deployment.drain(target, timeout_s=10)
+    assert report.drained
+    deployment.undrain(target)
