@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.cli.main import main  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.face.cluster import Cluster  # noqa: E402
-from disaggsdk.serve.request_moves import MoveError  # noqa: E402
-from tests.launch._helpers import make_spec  # noqa: E402
+from disaggsdk.cli.main import main
+from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.face.cluster import Cluster
+from disaggsdk.serve.request_moves import MoveError
+from tests.launch._helpers import make_spec
 
 KEY = "control-test-key"
 PROMPT = [11, 12, 13, 14, 15, 16, 17]
