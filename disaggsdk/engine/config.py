@@ -130,7 +130,9 @@ class EngineConfig:
             max_model_len=spec.engine.max_model_len, mode=MODE_OF_ROLE[role], device=spec.device,
             dtype=spec.engine.dtype, kv_dtype=spec.kv.dtype, seed=spec.seed,
             return_hidden_states=role == "prefill", kv_share_path=kv_share_path, compile=spec.engine.compile,
-            count_layers=role == "prefill", load_format=spec.engine.load_format,
+            # a decode unit that may turn prefill (serve.autoscale) counts layers too: its KV then streams
+            count_layers=role == "prefill" or (role == "decode" and spec.serve.autoscale.enabled),
+            load_format=spec.engine.load_format,
             speculative=_speculative(spec, role), prefix_caching=spec.engine.prefix_caching,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compiled_step import compile_by_default
-from disaggsdk.engine.config import EngineConfig, EngineError, check_prompt, hash_lookahead
+from disaggsdk.engine.config import MODE_OF_ROLE, EngineConfig, EngineError, check_prompt, hash_lookahead
 from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
@@ -282,6 +283,29 @@ class LLMEngine:
         the transfer, or a decode unit's granted pages it will not use (an attempt that failed, or a
         quarantine owner's once no write of it can land). Returns their count (0: none held)."""
         return self.allocator.free(request_id)
+
+    def switch_role(self, role: str) -> None:
+        """Serve another unit role from now on ("prefill": prefill only, hidden states returned;
+        "decode" / "mixed": decode, prefilling locally when asked), with the same weights, KV pool
+        and compiled step. Only an idle engine switches; its prefix cache is kept (prompt pages are
+        the same KV in either role). Layers are counted only when the engine was built to count them
+        (`EngineConfig.count_layers`): a prefill unit's streamer reads that counter.
+
+        Raises:
+            EngineError: an unknown role, or requests still in the engine (running, waiting, suspended).
+        """
+        if role not in MODE_OF_ROLE:
+            raise EngineError(f"unknown unit role {role!r}; use one of {sorted(MODE_OF_ROLE)}")
+        if self.has_unfinished() or self._suspended:
+            raise EngineError(f"the engine still holds requests ({len(self.scheduler.running)} running, "
+                              f"{len(self.scheduler.waiting)} waiting, {len(self._suspended)} suspended): "
+                              "it switches role only when idle")
+        mode = MODE_OF_ROLE[role]
+        self.config = dataclasses.replace(self.config, mode=mode, return_hidden_states=role == "prefill")
+        self.scheduler.mode = mode
+        self._step_settings = StepSettings(mode, self.config.return_hidden_states, self._eos_ids)
+        if role != "prefill":
+            self.on_step = None  # a prefill messenger's hook; nobody streams from this engine now
 
     # moving a decoding request to another engine (engine.request_migration)
 

@@ -71,6 +71,11 @@ class GrammarAdmission:
             del self._pending[rid]
         return out
 
+    @property
+    def num_held(self) -> int:
+        """Requests whose grammar is still building (not in the engine yet)."""
+        return len(self._pending)
+
     def abort(self, request_id: str) -> bool:
         """Drop a held request (its compile runs on, unread). Returns whether it was held."""
         return self._pending.pop(request_id, None) is not None

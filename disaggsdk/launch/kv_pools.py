@@ -72,7 +72,7 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
     registrations: list[MemoryRegion] = []
     try:
         for pool in pools:
-            registrations.append(_register(transfer, pool, size_bytes, remote_write))
+            registrations.append(register_rank_pool(transfer, pool, size_bytes, remote_write))
     except TransferError as exc:
         for registration in registrations:
             transfer.deregister(registration)
@@ -86,7 +86,7 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
     return UnitPools(transfer, registrations, "host", "host pools")
 
 
-def _register(transfer: TransferEngine, pool: RankPool, size_bytes: int, remote_write: bool) -> MemoryRegion:
+def register_rank_pool(transfer: TransferEngine, pool: RankPool, size_bytes: int, remote_write: bool) -> MemoryRegion:
     """One pool's registration: a memfd as a buffer (shareable with same-host peers when written into),
     a CUDA pool by address as device memory."""
     if isinstance(pool, SharedRegion):
@@ -110,7 +110,7 @@ def _mirrored(transfer: TransferEngine, pools: Sequence[RankPool], size_bytes: i
         for rank in range(len(pools)):
             mirror = SharedRegion.create(size_bytes, f"disaggsdk-kv-mirror-rank{rank}")
             mirrors.append(mirror)
-            registrations.append(_register(transfer, mirror, size_bytes, remote_write))
+            registrations.append(register_rank_pool(transfer, mirror, size_bytes, remote_write))
         staging = HostMirror([pool_tensor(p, size_bytes) for p in pools], [m.as_tensor() for m in mirrors],
                              num_layers, num_pages)
     except BaseException:

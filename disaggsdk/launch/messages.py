@@ -28,7 +28,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
 # 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage), UnitStats.open_grant_keys
 # 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `report.span_records`)
-# 14: MoveRequest, RequestMovedIn, RequestMoveEnded (decoding requests moving between decode units)
+# 14: MoveRequest, RequestMovedIn, RequestMoveEnded (decoding requests moving between decode units),
+#     SwitchRole, RoleChanged, RoleChangeFailed (a unit changing role live)
 PROTOCOL_VERSION = 14
 
 # runtime -> unit
@@ -109,6 +110,13 @@ class MoveRequest(msgspec.Struct, frozen=True, tag=True):
 
     request_id: str
     target: str
+
+
+class SwitchRole(msgspec.Struct, frozen=True, tag=True):
+    """Serve ``role`` ("prefill" or "decode") once nothing of the current role is in flight (`launch.role_switch`).
+    The unit answers `RoleChanged`, or `RoleChangeFailed`."""
+
+    role: str
 
 
 # unit -> runtime
@@ -226,6 +234,19 @@ class TransportStuck(msgspec.Struct, frozen=True, tag=True):
     poisoned_peer: str | None = None
 
 
+class RoleChanged(msgspec.Struct, frozen=True, tag=True):
+    """The unit serves ``info.role`` now (same incarnation, address and regions)."""
+
+    info: UnitInfo
+
+
+class RoleChangeFailed(msgspec.Struct, frozen=True, tag=True):
+    """The unit cannot take ``role``; it goes on in its current one."""
+
+    role: str
+    reason: str
+
+
 class RequestMovedIn(msgspec.Struct, frozen=True, tag=True):
     """A decoding request moved to this unit: its KV landed and it decodes here now. Sent before any
     of its tokens from here; ``num_output_tokens``: the tokens it had already (sent by its source)."""
@@ -252,8 +273,8 @@ class Heartbeat(msgspec.Struct, frozen=True, tag=True):
 
 
 ToUnit = (UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
-          | MoveRequest)
+          | MoveRequest | SwitchRole)
 FromUnit = (Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
-            | Heartbeat | RequestSpans | RequestMovedIn | RequestMoveEnded)
+            | Heartbeat | RequestSpans | RequestMovedIn | RequestMoveEnded | RoleChanged | RoleChangeFailed)
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)
 FROM_UNIT = msgspec.msgpack.Decoder(FromUnit)

@@ -360,7 +360,14 @@ class Supervisor:
         return False
 
     def _deliver(self, u: UnitHandle, msg: ch.FromUnit) -> None:
-        if isinstance(msg, ch.Fatal):
+        if isinstance(msg, ch.RoleChanged):
+            # from now on it is that role: its restarts too, and every other unit hears its new info
+            u.args, u.info = msgspec.structs.replace(u.args, role=msg.info.role), msg.info
+            self._say(f"unit {u.args.name} serves as {msg.info.role} now")
+            for other in self.units.values():
+                if other is not u:
+                    self.send(other.args.name, ch.PeerUp(msg.info))
+        elif isinstance(msg, ch.Fatal):
             u.fatal = msg.message
         elif isinstance(msg, ch.TransportStuck):
             u.fatal = f"its transport thread was stuck {msg.stuck_s:.1f} s inside libfabric"

@@ -19,6 +19,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
 from disaggsdk.launch.messages import UnitArgs
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from disaggsdk.messenger.peers import UnitInfo
     from disaggsdk.messenger.ports import Messenger
     from disaggsdk.plan import Plan
+    from disaggsdk.spec.types import Spec
 
 IDLE_WAIT_S = 0.002  # how long an idle unit blocks on its launcher channel between polls
 # A rank of a lock-step dp group votes with the others every round, so an idle group costs every
@@ -97,7 +100,8 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         report = StartupReport(conn, args.name, spec.model, plan, args.instance)
         parts = assemble(args, spec, plan, on_compile=report)
         report.done()
-        unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model)
+        unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model, spec=spec,
+                    plan=plan)
         lease.on_stop(unit.stop)
         unit.await_peers()
         heartbeat = UnitHeartbeat.for_unreachable_s(conn, spec.serve.unit_unreachable_s)
@@ -172,7 +176,7 @@ class Unit:
     """
 
     def __init__(self, args: UnitArgs, conn: FrameChannel[ch.ToUnit], parts: UnitParts, *, stuck_after_s: float,
-                 model: str):
+                 model: str, spec: Spec | None = None, plan: Plan | None = None):
         from disaggsdk.launch.grammar_admission import GrammarAdmission
         from disaggsdk.launch.transport_watchdog import TransportWatchdog
 
@@ -182,6 +186,9 @@ class Unit:
         self.watchdog = TransportWatchdog(self.transfer, stuck_after_s) if self.transfer is not None else None
         self.spans = UnitSpans()  # the traced requests' phases here (none unless the router traces)
         self.stopping = False
+        self.spec, self.plan = spec, plan  # what a role change builds the new messenger from
+        self.switch_to: str | None = None  # a role asked for (`SwitchRole`), taken once nothing is in flight
+        self.peers: dict[str, UnitInfo] = {}  # the live units as last heard: a new messenger learns them all
 
     def await_peers(self) -> None:
         """Report `Ready`, learn the other units from `Peers`, report `Started` (or stop on `Shutdown`)."""
@@ -233,8 +240,11 @@ class Unit:
                     self._send_spans(emitted)
             if self.watchdog is not None and (stuck := self.watchdog.check(time.monotonic())) is not None:
                 self._give_up_transport(stuck)
+            if self.switch_to is not None:
+                self._try_switch(self.switch_to)
 
     def _add_peers(self, units: list[UnitInfo]) -> None:
+        self.peers.update((info.name, info) for info in units if info.name != self.args.name)
         if self.messenger is not None:
             self.messenger.add_peers(units)
         if self.watchdog is not None:
@@ -297,6 +307,7 @@ class Unit:
             self.spans.drop(msg.request_id)
             self.conn.send(ch.Tokens(msg.request_id, [], True, "abort"))
         elif isinstance(msg, ch.PeerDown):
+            self.peers.pop(msg.name, None)
             if self.messenger is not None:
                 self.messenger.peer_down(msg.name)
         elif isinstance(msg, ch.PeerUp):
@@ -310,6 +321,8 @@ class Unit:
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.MoveRequest):
             self._move(msg)
+        elif isinstance(msg, ch.SwitchRole):
+            self._ask_switch(msg.role)
         elif isinstance(msg, ch.Shutdown):
             self.stopping = True
 
@@ -321,6 +334,42 @@ class Unit:
             self.parts.move(msg.request_id, msg.target)
         except DisaggError as exc:
             self.conn.send(ch.RequestMoveEnded(msg.request_id, msg.target, moved=False, reason=str(exc)))
+
+    def _ask_switch(self, role: str) -> None:
+        """Start changing role: refuse the old role's new work now, switch once nothing is in flight."""
+        from disaggsdk.errors import DisaggError
+        from disaggsdk.launch.role_switch import check_switch
+        from disaggsdk.messenger.prefill_side import PrefillMessenger
+
+        if role == self.args.role:
+            self.conn.send(ch.RoleChanged(self.parts.info))
+            return
+        try:
+            check_switch(self.parts, role)
+        except DisaggError as exc:
+            self.conn.send(ch.RoleChangeFailed(role, str(exc)))
+            return
+        if isinstance(self.messenger, PrefillMessenger):
+            self.messenger.stop_accepting()  # decode units retry its new requests elsewhere
+        self.switch_to = role
+
+    def _try_switch(self, role: str) -> None:
+        from disaggsdk.launch.role_switch import still_busy, switch_role
+
+        if still_busy(self.parts) is not None or self.grammars.num_held:
+            return
+        assert self.spec is not None and self.plan is not None, "a unit that can switch knows its spec and plan"
+        self.switch_to = None
+        try:
+            self.parts = switch_role(self.parts, self.args, self.spec, self.plan, role)
+        except Exception as exc:
+            self.conn.send(ch.RoleChangeFailed(role, f"{type(exc).__name__}: {exc}"))
+            raise
+        self.messenger = self.parts.messenger
+        self.args = msgspec.structs.replace(self.args, role=role)
+        self._add_peers(list(self.peers.values()))  # the new messenger starts with an empty address book
+        print(f"{self.args.name}: serves as {role} now", flush=True)
+        self.conn.send(ch.RoleChanged(self.parts.info))
 
     def _report_moves(self) -> None:
         moved_in, ended = self.parts.take_moves()

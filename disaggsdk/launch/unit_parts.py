@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from disaggsdk.engine.config import EngineConfig
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.ports import Messenger
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from disaggsdk.memory.host_mirror import HostMirror
     from disaggsdk.memory.rank_pool import RankPool
     from disaggsdk.messenger.decode_side import DecodeMessenger
+    from disaggsdk.messenger.freshness import FrameCodec
     from disaggsdk.messenger.kv_migration import MovedIn, MoveEnded
     from disaggsdk.messenger.prefill_side import PrefillMessenger
     from disaggsdk.plan import Plan
@@ -44,6 +47,7 @@ class UnitParts:
     regions: list[RankPool] = field(default_factory=list)  # each tp rank's KV pool (and host mirror)
     registrations: list[MemoryRegion] = field(default_factory=list)  # of each pool and the context
     context: bytearray | None = None  # the context slots (decode: written into; prefill: staged in)
+    kv: KVUnit | None = None  # what a prefill or decode unit's messenger is built on (None: colocated)
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, traced: bool = False) -> None:
         """Start a request on this unit (``traced``: the router traces it, `launch.unit_spans`)."""
@@ -144,11 +148,54 @@ class KVUnit:
     context_region: MemoryRegion  # their registration
     info: UnitInfo
     staging: HostMirror | None = None  # the host mirrors' copies, when the pools are registered through them
+    pool_bytes: int = 0  # one rank's pool
+    remote_write: bool = False  # peers write into the pools and context under their whole-region keys
 
     def parts(self, kind: type[UnitParts], messenger: Messenger) -> UnitParts:
         """The unit's parts with ``messenger`` on top."""
         return kind(self.engine, self.info, messenger, self.transfer, self.regions,
-                    [*self.pools, self.context_region], self.context)
+                    [*self.pools, self.context_region], self.context, self)
+
+    def prefill_messenger(self, args: UnitArgs, spec: Spec, plan: Plan, codec: FrameCodec | None = None
+                          ) -> PrefillMessenger:
+        """The prefill side of the messenger over these parts. Its KV streams layer by layer when the
+        engine counts layers (a unit built as decode without `serve.autoscale` does not: it sends
+        each step's pages after the forward pass instead)."""
+        from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
+
+        return PrefillMessenger(
+            self.info, engine=self.engine, transfer=self.transfer, plan=plan, pool_regions=self.pools,
+            staging=ContextStaging(self.context_region, memoryview(self.context)), secret=args.secret,
+            streaming=spec.transfer.streaming and self.engine.config.count_layers,
+            verify_pages=spec.transport.verify_pages, kv_mirror=self.staging, codec=codec)
+
+    def decode_messenger(self, args: UnitArgs, spec: Spec, plan: Plan, codec: FrameCodec | None = None
+                         ) -> DecodeMessenger:
+        """The decode side of the messenger over these parts."""
+        from disaggsdk.messenger.decode_side import DecodeMessenger
+
+        return DecodeMessenger(
+            self.info, self.engine, self.transfer, plan, memoryview(self.context), args.secret,
+            deadline_s=spec.transfer.deadline_s, pools=self.pools, context_region=self.context_region,
+            grant_keys=spec.transport.grant_keys_on(args.provider), verify_pages=spec.transport.verify_pages,
+            kv_mirror=self.staging, codec=codec)
+
+    def reregister(self, remote_write: bool) -> None:
+        """Register the pools and the context again, open to peers' writes or not (a unit changing role:
+        a decode unit without grant keys is written into, a prefill unit's regions are write sources
+        only); the old registrations close and ``info`` carries the new descriptors."""
+        from disaggsdk.launch.kv_pools import register_rank_pool
+
+        if remote_write == self.remote_write:
+            return
+        tp = len(self.pools)
+        pools = [register_rank_pool(self.transfer, pool, self.pool_bytes, remote_write) for pool in self.regions[:tp]]
+        context_region = self.transfer.register(self.context, remote_write=remote_write)
+        for old in [*self.pools, self.context_region]:
+            self.transfer.deregister(old)
+        self.pools, self.context_region, self.remote_write = pools, context_region, remote_write
+        self.info = msgspec.structs.replace(self.info, pool_regions=[p.descriptor.to_bytes() for p in pools],
+                                            context_region=context_region.descriptor.to_bytes())
 
     def close(self) -> None:
         """What `UnitParts.close` does, for a unit whose messenger could not be built."""
@@ -199,15 +246,9 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[
 def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
                      on_compile: Callable[[], None] | None = None) -> UnitParts:
     """A prefill unit: pools, transfer engine, and the prefill side of the messenger."""
-    from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
-
     kv = _kv_unit(args, spec, plan, on_compile)
     try:
-        messenger = PrefillMessenger(
-            kv.info, engine=kv.engine, transfer=kv.transfer, plan=plan, pool_regions=kv.pools,
-            staging=ContextStaging(kv.context_region, memoryview(kv.context)), secret=args.secret,
-            streaming=spec.transfer.streaming, verify_pages=spec.transport.verify_pages, kv_mirror=kv.staging,
-        )
+        messenger = kv.prefill_messenger(args, spec, plan)
     except BaseException:
         kv.close()
         raise
@@ -217,15 +258,9 @@ def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
 def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
                     on_compile: Callable[[], None] | None = None) -> UnitParts:
     """A decode unit: pools, transfer engine, and the decode side of the messenger."""
-    from disaggsdk.messenger.decode_side import DecodeMessenger
-
     kv = _kv_unit(args, spec, plan, on_compile)
     try:
-        messenger = DecodeMessenger(
-            kv.info, kv.engine, kv.transfer, plan, memoryview(kv.context), args.secret,
-            deadline_s=spec.transfer.deadline_s, pools=kv.pools, context_region=kv.context_region,
-            grant_keys=spec.transport.grant_keys_on(args.provider), verify_pages=spec.transport.verify_pages,
-            kv_mirror=kv.staging)
+        messenger = kv.decode_messenger(args, spec, plan)
     except BaseException:
         kv.close()
         raise
@@ -304,7 +339,7 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
             _close_transfer(unit_pools.transfer, unit_pools.registrations)
         raise
     return KVUnit(engine, transfer, [*regions, *unit_pools.mirrors], pools, context, context_region, info,
-                  unit_pools.staging)
+                  unit_pools.staging, size_bytes, targets)
 
 
 def _on_cpu(config: EngineConfig) -> str:

@@ -32,6 +32,7 @@ class RejectReason(enum.Enum):
     DUPLICATE = "duplicate"  # the request is already being prefilled here
     OVERLOADED = "overloaded"  # no context staging slot free: retry elsewhere
     ENGINE = "engine"  # the engine refused the prompt
+    LEAVING = "leaving"  # the unit is changing role: retry elsewhere
 
 
 @dataclass(frozen=True)

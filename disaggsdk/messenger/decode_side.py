@@ -81,12 +81,14 @@ class DecodeMessenger:
         verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
         kv_mirror: when ``pools`` are host mirrors of the engine's pools, what copies a request's
             landed pages into the engine's before it is scheduled (`memory.host_mirror`).
+        codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """
 
     def __init__(self, me: UnitInfo, engine: DecodeEngine, transfer: Transport, plan: Plan, context_buffer: memoryview,
                  secret: bytes, deadline_s: float, *, pools: Sequence[MemoryRegion] = (),
                  context_region: MemoryRegion | None = None,
-                 grant_keys: bool = False, verify_pages: bool = False, kv_mirror: HostMirror | None = None):
+                 grant_keys: bool = False, verify_pages: bool = False, kv_mirror: HostMirror | None = None,
+                 codec: FrameCodec | None = None):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.kv_mirror = kv_mirror
         self.secret, self.deadline_s = secret, deadline_s
@@ -94,7 +96,8 @@ class DecodeMessenger:
         self.grant_keys, self.verify_pages = grant_keys, verify_pages
         if (grant_keys or verify_pages) and (not self.pools or (grant_keys and context_region is None)):
             raise ValueError("grant keys and page verification need the unit's pool and context registrations")
-        self.codec = FrameCodec(str(me.peer_id), secret)
+        # a unit that changed role keeps its codec: its peers' replay guards saw its frame numbers so far
+        self.codec = codec or FrameCodec(str(me.peer_id), secret)
         self.context_buffer = context_buffer
         self.layout = plan.spec.kv.layout
         self.page_size = engine.config.page_size
@@ -134,8 +137,11 @@ class DecodeMessenger:
         book from the launcher)."""
         for info in units:
             if info.role == "prefill":
+                self.migrations.forget(info.name)  # a decode unit that now prefills takes no moves
                 self.add_prefill(info)
             elif info.role == "decode":
+                if info.name in self._prefills:  # a prefill unit that now decodes: ask it nothing more
+                    self.peer_down(info.name)
                 self.migrations.add_peer(info)
 
     def add_prefill(self, info: UnitInfo) -> None:
@@ -221,6 +227,12 @@ class DecodeMessenger:
         flight and the quarantine is drained; one left then is a grant that was never revoked."""
         held = [h.keys for h in self._handoffs.values()] + [q.keys for q in self._quarantine]
         return sum(len(keys.registrations) for keys in held if keys is not None) + self.migrations.open_grant_keys
+
+    @property
+    def settled(self) -> bool:
+        """Whether nothing is in flight here: no request waits for its KV, none moves, no quarantined
+        page waits for late writes (the unit may change role now)."""
+        return not (self._pending or self._handoffs or self._quarantine or self.migrations.busy)
 
     @property
     def busy(self) -> bool:

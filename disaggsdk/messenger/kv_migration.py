@@ -163,6 +163,11 @@ class KVMigrations:
         self._peers[info.name] = (info, self.transfer.add_peer(info.address))
         self._down.pop(info.name, None)
 
+    def forget(self, name: str) -> None:
+        """``name`` is not a decode unit any more (it changed role, idle): no move goes to it."""
+        self._peers.pop(name, None)
+        self._down.pop(name, None)
+
     def peer_down(self, name: str, now: float) -> None:
         """A decode unit died: moves to it resume here at once (nothing of theirs can land anywhere
         that matters); moves from it stop, their grant quarantined for the writes on the wire."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
+from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.report.span_records import RequestSpanRecords
@@ -146,6 +147,7 @@ class Messenger(Protocol):
     """What a unit's loop asks of its messenger, on either side."""
 
     me: UnitInfo
+    codec: FrameCodec  # seals its frames and opens its peers' (kept when the unit changes role)
     frames: FrameCounters  # control frames dropped, by reason
     totals: TransferTotals
     rejected: dict[str, int]  # requests refused, by `RejectReason` value

@@ -59,11 +59,12 @@ class PrefillMessenger:
         kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
             layer's pages into them before they are written (`memory.host_mirror`); None: the pools
             are registered themselves.
+        codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """
 
     def __init__(self, me: UnitInfo, *, engine: PrefillEngine, transfer: Transport, plan: Plan,
                  pool_regions: Sequence[MemoryRegion], staging: ContextStaging, secret: bytes, streaming: bool = True,
-                 verify_pages: bool = False, kv_mirror: HostMirror | None = None):
+                 verify_pages: bool = False, kv_mirror: HostMirror | None = None, codec: FrameCodec | None = None):
         self.me, self.engine, self.transfer, self.plan = me, engine, transfer, plan
         self.pool_regions = list(pool_regions)
         self.verify_pages = verify_pages
@@ -72,7 +73,9 @@ class PrefillMessenger:
         self._pool_views = [r.view() for r in self.pool_regions] if verify_pages else []
         self.context_region, self.context_buffer = staging.region, staging.buffer
         self.secret, self.streaming = secret, streaming
-        self.codec = FrameCodec(str(me.peer_id), secret)
+        # a unit that changed role keeps its codec: its peers' replay guards saw its frame numbers so far
+        self.codec = codec or FrameCodec(str(me.peer_id), secret)
+        self.accepting = True  # False: the unit is changing role; new requests are refused (`stop_accepting`)
         spec, arch = plan.spec, engine.arch
         # the MTP layer's KV streams too when the deployment drafts with it (plan.kv_layers)
         self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, plan.kv_layers
@@ -108,6 +111,11 @@ class PrefillMessenger:
 
     def forget_prefixes(self) -> None:
         """Prefix caches were reset: nothing to forget here (decode units choose the prefill unit)."""
+
+    def stop_accepting(self) -> None:
+        """Refuse new prefill requests from now on (the unit changes role): decode units retry them
+        elsewhere; the jobs in flight finish. `busy` turns False once the last one drained."""
+        self.accepting = False
 
     def peer_down(self, name: str) -> None:
         """A decode unit died: stop sending its requests (they drain, then free)."""
@@ -177,6 +185,8 @@ class PrefillMessenger:
         info = decode[0] if decode else None
         num_pages = dst_geometry(self.plan, self.me.instance, info, self.num_layers).num_pages if info else 0
         problem = check_request(msg, info, num_pages, self.local_format)
+        if problem is None and not self.accepting:
+            problem = Rejection(RejectReason.LEAVING, f"{self.me.name} is changing role; retry elsewhere")
         if problem is None and msg.request_id in self._jobs:
             problem = Rejection(RejectReason.DUPLICATE, f"request {msg.request_id} is already being prefilled here")
         if problem is None and not self._free_slots:

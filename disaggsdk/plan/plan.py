@@ -34,6 +34,8 @@ class Plan:
     instances: tuple[Instance, ...]  # prefill first, then decode
     routes: tuple[Route, ...]  # one per (prefill, decode) pair, prefill-major
     memory: tuple[InstanceMemory, ...]  # per instance, in `instances` order
+    # routes between instances of roles other than the spec's (a unit that changed role), made when first asked
+    _other_routes: dict[tuple[str, str], Route] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def memory_problems(self) -> list[str]:
@@ -84,7 +86,15 @@ class Plan:
         for route in self.routes:
             if (route.prefill, route.decode) == (prefill, decode):
                 return route
-        raise KeyError(f"no route {prefill!r} -> {decode!r}")
+        # a unit may serve the other role (`serve.autoscale`, `Deployment.rebalance`): the route between
+        # any two instances is the same pure function of their shapes
+        pair = (prefill, decode)
+        if pair not in self._other_routes:
+            src, dst = self.instance(prefill), self.instance(decode)  # KeyError: no such instance
+            self._other_routes[pair] = make_route(src, dst, _page_shape(self.spec, self.arch, src),
+                                                  _page_shape(self.spec, self.arch, dst),
+                                                  kv_layers(self.spec, self.arch), self.spec.seed)
+        return self._other_routes[pair]
 
     @property
     def kv_layers(self) -> int:

@@ -89,6 +89,7 @@ class Router:
         self.first_tokens = FirstTokenClock()  # guarded by _lock
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
         self._moves = RequestMoves()  # decoding requests moving between decode units (guarded by _lock)
+        self._role_changes: dict[str, Future[str]] = {}  # unit -> its SwitchRole's answer ("": done; guarded by _lock)
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 
@@ -106,6 +107,8 @@ class Router:
             self._on_moved_in(unit, msg)
         elif isinstance(msg, ch.RequestMoveEnded):
             self._on_move_ended(unit, msg)
+        elif isinstance(msg, (ch.RoleChanged, ch.RoleChangeFailed)):
+            self._on_role_answer(unit, msg)
         elif isinstance(msg, ch.UnitStats):
             self._stats.received(msg)
         elif isinstance(msg, ch.RequestSpans):
@@ -245,7 +248,50 @@ class Router:
 
     def unit_roles(self) -> dict[str, str]:
         """Each unit's role ("prefill", "decode", "mixed"), by name."""
-        return dict(self._roles)
+        with self._lock:
+            return dict(self._roles)
+
+    def num_in_flight(self, unit: str) -> int:
+        """Requests ``unit`` holds now."""
+        with self._lock:
+            return len(self._in_flight[unit])
+
+    def switch_role(self, unit: str, role: str) -> Future[str]:
+        """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.role_switch`);
+        a decode unit should be drained first. The future resolves to "" once it serves ``role``, or to
+        why it cannot (it goes on in its role). A unit that turned decode is not routed until `undrain`:
+        call it once every unit heard of the change (`unit_stats` answers after it).
+
+        Raises:
+            MoveError: an unknown unit, or a switch already asked of it.
+        """
+        with self._lock:
+            if unit not in self._roles:
+                raise MoveError(f"no unit {unit!r} in this deployment (units: {', '.join(sorted(self._roles))})")
+            if unit in self._role_changes:
+                raise MoveError(f"{unit} is changing role already")
+            answer: Future[str] = Future()
+            self._role_changes[unit] = answer
+        if not self.runtime.send(unit, ch.SwitchRole(role)):
+            with self._lock:
+                self._role_changes.pop(unit, None)
+            answer.set_result(f"{unit} cannot be reached")
+        return answer
+
+    def _on_role_answer(self, unit: str, msg: ch.RoleChanged | ch.RoleChangeFailed) -> None:
+        with self._lock:
+            answer = self._role_changes.pop(unit, None)
+            if isinstance(msg, ch.RoleChanged):
+                self._roles[unit] = msg.info.role
+                self.routing.forget(unit)  # what it cached as a decode unit is not what it will be sent
+                # a unit that turned decode is routed only once every unit heard of it (`undrain` after a
+                # barrier: the prefill units must know it before it asks them); one that left decode is not routed
+                if msg.info.role == "decode":
+                    self._moves.draining.add(unit)
+                else:
+                    self._moves.draining.discard(unit)
+        if answer is not None:
+            answer.set_result("" if isinstance(msg, ch.RoleChanged) else msg.reason)
 
     def undrain(self, unit: str) -> None:
         """Let routing pick ``unit`` again after `drain`."""
@@ -307,6 +353,10 @@ class Router:
     def _on_unit_down(self, unit: str, down: UnitDown) -> None:
         with self._lock:
             continued, dropped = self._moves_at_unit_down(unit)
+            role_change = self._role_changes.pop(unit, None)
+        if role_change is not None:
+            role_change.set_result(f"{unit} died before it changed role")
+        with self._lock:
             held = list(self._in_flight[unit])
             self._in_flight[unit].clear()
             self.routing.forget(unit)  # what it cached goes with it

@@ -173,6 +173,35 @@ def max_model_len_within_the_model(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def role_change_problem(spec: Spec) -> str | None:
+    """Why units of ``spec`` cannot change role (prefill <-> decode) live; None when they can: a unit keeps its
+    ranks, pool and engine, so both roles must have one shape, and a lock-step expert-parallel group cannot
+    leave its role alone."""
+    p, d = spec.prefill, spec.decode
+    if (p.tp, p.dp) != (d.tp, d.dp):
+        return (f"prefill instances are tp={p.tp} dp={p.dp} and decode instances tp={d.tp} dp={d.dp}: a unit changes "
+                "role only between instances of one shape; make them equal")
+    if p.ep > 1 or d.ep > 1:
+        return "expert-parallel instances (ep > 1) step as one group: their units cannot change role one by one"
+    return None
+
+
+def autoscale_needs_switchable_units(spec: Spec, arch: ModelArch) -> list[str]:
+    """`serve.autoscale` moves units between roles: prefill and decode instances of one shape, minimums that fit."""
+    a = spec.serve.autoscale
+    if not a.enabled:
+        return []
+    problems = []
+    why = role_change_problem(spec)
+    if why is not None:
+        problems.append(f"$.serve.autoscale.enabled: {why}")
+    units = spec.prefill.replicas * spec.prefill.dp + spec.decode.replicas * spec.decode.dp
+    if a.min_prefill + a.min_decode > units:
+        problems.append(f"$.serve.autoscale.min_decode: min_prefill {a.min_prefill} + min_decode {a.min_decode} exceed "
+                        f"the deployment's {units} prefill and decode units; lower them")
+    return problems
+
+
 def max_model_len(spec: Spec, arch: ModelArch) -> int | None:
     """The longest request (prompt + output, tokens) units of ``spec`` accept: `engine.max_model_len`, else the
     model's context; None when neither says."""
@@ -195,6 +224,8 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
     Rule(("$.engine.max_model_len",), max_model_len_within_the_model),
     Rule(("$.launch.cuda_devices", "$.device", "$.launch.backend"), cuda_devices_need_local_cuda),
+    Rule(("$.serve.autoscale.enabled", "$.serve.autoscale.min_decode", "$.serve.autoscale.min_prefill"),
+         autoscale_needs_switchable_units),
 )
 
 

@@ -11,16 +11,42 @@ from disaggsdk.spec.field_checks import (
     about,
     choice,
     device_ids,
+    fraction,
     http_url,
+    in_range,
     key,
+    non_negative,
     port,
     positive,
+    section,
     served_name,
 )
 
 Backend = Literal["local", "ray"]
 Routing = Literal["cache_aware", "least_loaded"]
 ROUTINGS = ("cache_aware", "least_loaded")
+
+
+@attrs.frozen
+class Autoscale(CheckedFields):
+    """Units change role (prefill <-> decode) as the load shifts, to hold the SLOs (docs/migration.md)."""
+
+    enabled: bool = key(False,
+        "Watch TTFT and TPOT attainment and move a unit between prefill and decode when one side misses its SLO "
+        "and the other has room; a decode unit leaving decode hands its running requests to the others with "
+        "their KV first. Decode units are built to count layers, so a unit turned prefill streams its KV layer "
+        "by layer. Needs prefill and decode instances of one shape (tp, dp; no ep).")
+    ttft_ms: float = key(2000.0, "The time-to-first-token SLO, in milliseconds.", positive)
+    tpot_ms: float = key(200.0, "The time-per-output-token SLO (mean over a request's decode), in milliseconds.",
+                         positive)
+    attainment: float = key(0.9, "The share of requests that must meet each SLO over the window.", fraction)
+    window_s: float = key(20.0, "Seconds of finished requests each decision looks at.", positive)
+    cooldown_s: float = key(20.0,
+        "Seconds after a role change before the next may happen (hysteresis: the window must fill with requests "
+        "served by the new layout first).", non_negative)
+    min_prefill: int = key(0, "Prefill units never fewer than this (0: decode units may prefill locally).",
+                           in_range(0, 1024))
+    min_decode: int = key(1, "Decode units never fewer than this.", in_range(1, 1024))
 
 
 @attrs.frozen
@@ -81,6 +107,7 @@ class Serve(CheckedFields):
         "`--otlp-traces-endpoint`). A client's W3C `traceparent` header is honoured. Unset: no tracing unless the "
         "environment sets `OTEL_TRACES_EXPORTER` (`otlp`, `console`); units then record nothing. Needs the `trace` "
         "extra (docs/tracing.md).", http_url)
+    autoscale: Autoscale = section(Autoscale, "An SLO policy that changes units' roles as the load shifts.")
 
 
 @attrs.frozen
