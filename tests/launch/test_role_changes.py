@@ -63,8 +63,8 @@ def test_units_change_role_live_and_every_request_gets_its_tokens(autoscale):
         assert stats[change.unit].role == "prefill" and stats[change.unit].counters.transfer_bytes > 0
         # and back: the unit decodes again and takes requests
         back = rebalance(rt, prefill=1, decode=2)
-        assert back.done and [(c.unit, c.after) for c in back.changes] == [(change.unit, "decode")] or \
-            [c.after for c in back.changes] == ["decode"], back
+        # (the last prefill unit by name turns: "prefill-0", the two prefill units being equal)
+        assert back.done and [(c.unit, c.after) for c in back.changes] == [("prefill-0", "decode")], back
         again = run(rt, "d")
         finish(again, want)
         assert sorted(rt.unit_roles().values()) == ["decode", "decode", "prefill"]
@@ -73,7 +73,7 @@ def test_units_change_role_live_and_every_request_gets_its_tokens(autoscale):
         stats = rt.unit_stats()
         refused = sum(s.counters.rejected_requests.get("leaving", 0) for s in stats.values())
         assert sum(s.counters.transfer_failures for s in stats.values()) == refused, \
-            {n: (s.counters.transfer_failures, s.counters.rejected_requests, s.counters.rejected_frames) for n, s in stats.items()}
+            {n: (s.counters.transfer_failures, s.counters.rejected_requests) for n, s in stats.items()}
         assert_nothing_held(rt)
     assert live_descendants() <= before
 
