@@ -35,10 +35,11 @@ import attrs
 from disaggsdk.bench.goodput_sweep import RateSweep, first_run_seed, limit_text, run_sweep
 from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s
 from disaggsdk.bench.trace_dataset import TraceDraws
-from disaggsdk.calibrate.validate import bench_cli_in_subprocess, machine_sim_config
+from disaggsdk.calibrate.validate import bench_cli_in_subprocess
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.goodput_records import Comparison, GoodputSweep, LayoutGoodput, TargetGoodput
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
+from disaggsdk.sim.machine_config import machine_sim_config
 from disaggsdk.sim.runner import default_profile_name
 from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype
 from disaggsdk.sim.workload import SimRequest

@@ -16,7 +16,6 @@ CPU time: it never sees the latencies being compared.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from disaggsdk.sim.hardware import HardwareProfile
-from disaggsdk.sim.simulator import SimConfig, Simulation
+from disaggsdk.sim.machine_config import machine_sim_config
+from disaggsdk.sim.simulator import Simulation
 from disaggsdk.sim.workload import SimRequest
 from disaggsdk.spec import Spec
 
@@ -50,17 +50,6 @@ def trace_of(bench_result: dict[str, Any]) -> list[SimRequest]:
     rows = zip(bench_result["send_times_s"], bench_result["input_lens"], bench_result["output_lens"],
                bench_result["errors"])
     return [SimRequest(i, sent, n_in, n_out) for i, (sent, n_in, n_out, err) in enumerate(rows) if not err and n_out > 0]
-
-
-def machine_sim_config(spec: Spec, profile: HardwareProfile, colocated: bool = False,
-                       slos_ms: dict[str, float] | None = None,
-                       percentiles: tuple[float, ...] = (50, 90, 99)) -> SimConfig:
-    """The simulator's settings for a CPU spec launched on this machine: its engine settings, float32
-    weights, and the units, the server and the benchmark client sharing the cores, as a real run has them."""
-    return SimConfig(profile, weight_dtype="float32", colocated=colocated,
-                     max_num_batched_tokens=spec.engine.max_num_batched_tokens, streaming=spec.transfer.streaming,
-                     shared_cores=len(os.sched_getaffinity(0)), client_shares_cores=True, percentiles=percentiles,
-                     slos_ms=dict(slos_ms or {}))
 
 
 def simulate_like(spec: Spec, profile: HardwareProfile, colocated: bool, requests: list[SimRequest]) -> dict[str, Any]:

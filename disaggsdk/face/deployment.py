@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from disaggsdk.report.deployment_metrics import DeploymentMetrics
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.report.waterfall import TimelineSpan
+    from disaggsdk.serve.autoscaler import AutoscaleDecision, Autoscaler
     from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.serve.rebalance import RebalanceReport
     from disaggsdk.serve.request_moves import DrainReport, MoveOutcome
     from disaggsdk.serve.router import Router
     from disaggsdk.spec.types import Spec
@@ -114,6 +116,7 @@ class Deployment:
         # processes must not outlive the interpreter even if nobody calls shutdown
         self._finalizer = weakref.finalize(self, _stop, self._server, backend)
         self._dashboards: list[Dashboard] = []
+        self._autoscaler: Autoscaler | None = None
 
     @property
     def url(self) -> str:
@@ -226,7 +229,8 @@ class Deployment:
         from disaggsdk.report.live import instance_rows
 
         rows = instance_rows(self.server_metrics.recent(), self.backend.stats(), time.monotonic(), window_s)
-        return DeploymentMetrics(self.server_metrics.num_served, tuple(rows), self.name)
+        notes = tuple(d.line() for d in self.autoscale_decisions[-3:])  # the policy's latest, under the heading
+        return DeploymentMetrics(self.server_metrics.num_served, tuple(rows), self.name, notes)
 
     def dashboard(self, start: bool = True, interval_s: float = 1.0) -> Dashboard:
         """An ipywidgets dashboard of this deployment (display it in a notebook cell; where widgets cannot
@@ -281,8 +285,36 @@ class Deployment:
         """Route new requests to ``unit`` again after `drain`."""
         self._router().undrain(unit)
 
+    def start_autoscaler(self, say: Callable[[str], None] = print) -> None:
+        """Run the spec's `serve.autoscale` policy over this deployment (`launch` does when it is enabled):
+        units change role as the SLO attainment asks; ``say`` gets each decision's line."""
+        from disaggsdk.serve.autoscaler import Autoscaler
+
+        if self._autoscaler is None:
+            self._autoscaler = Autoscaler(self._router(), self.server_metrics.recent, self.server_metrics.registry,
+                                          say, self._served_name).start()
+
+    @property
+    def autoscale_decisions(self) -> list[AutoscaleDecision]:
+        """The autoscale policy's decisions so far, oldest first ([] when it does not run)."""
+        return list(self._autoscaler.decisions) if self._autoscaler is not None else []
+
+    def rebalance(self, prefill: int, decode: int, drain_timeout_s: float = 60.0) -> RebalanceReport:
+        """Change units' roles live until ``prefill`` of them prefill and ``decode`` decode: a decode unit
+        leaving decode hands its running requests to the others with their KV first; no request fails.
+
+        Raises:
+            MoveError: the counts do not match the units, or the spec's prefill and decode instances
+                differ in shape (tp, dp) or spread experts (ep).
+        """
+        from disaggsdk.serve.rebalance import rebalance
+
+        return rebalance(self._router(), prefill, decode, drain_timeout_s)
+
     def shutdown(self) -> None:
         """Stop the server and everything the backend started. Idempotent."""
+        if self._autoscaler is not None:
+            self._autoscaler.stop()
         for dash in self._dashboards:
             dash.stop()
         self._finalizer()
@@ -388,7 +420,12 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         sock.close()
         raise
     layout = "colocated" if colocated else "disaggregated"
-    return Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
-                      allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
-                      served_model_name=served_model_name or spec.serve.model_name, allowed_origins=allowed_origins,
-                      limits=HttpLimits.from_spec(spec.serve), access_log=spec.serve.access_log)
+    deployment = Deployment(backend, host, port, api_key, name=f"{spec.label} ({layout})", sock=sock,
+                            allowed_hosts=spec.serve.allowed_hosts, metrics_require_key=spec.serve.metrics_require_key,
+                            served_model_name=served_model_name or spec.serve.model_name,
+                            allowed_origins=allowed_origins, limits=HttpLimits.from_spec(spec.serve),
+                            access_log=spec.serve.access_log)
+    if spec.serve.autoscale.enabled and not colocated:
+        say = runtime_options.get("on_event") or runtime_options.get("on_progress") or print
+        deployment.start_autoscaler(say)
+    return deployment

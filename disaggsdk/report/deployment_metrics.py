@@ -40,11 +40,13 @@ class DeploymentMetrics:
             queues, KV usage, transfer GB/s); a latency is None where the instance served nothing
             in the window, and shows as ``-``.
         title: the deployment's name, shown above the table.
+        notes: lines shown under the heading (the autoscale policy's latest decisions).
     """
 
     num_served: int
     rows: tuple[InstanceRow, ...]
     title: str = "instances"
+    notes: tuple[str, ...] = ()
 
     def row(self, name: str) -> InstanceRow:
         """The row of instance ``name`` (``"decode-0"``).
@@ -72,13 +74,14 @@ class DeploymentMetrics:
         return pandas.DataFrame([asdict(r) for r in self.rows], columns=columns).set_index("name")
 
     def _heading(self) -> str:
-        return f"{self.title}: {self.num_served} requests served"
+        return "\n".join([f"{self.title}: {self.num_served} requests served", *self.notes])
 
     def __rich__(self) -> Table:
         return instance_table(self.rows, title=self._heading())
 
     def _repr_html_(self) -> str:
-        return f"<b>{html.escape(self._heading())}</b>{rows_html(self.rows)}"
+        notes = "".join(f"<br>{html.escape(n)}" for n in self.notes)
+        return f"<b>{html.escape(self._heading().splitlines()[0])}</b>{notes}{rows_html(self.rows)}"
 
     def __str__(self) -> str:
         return plain_text(self)  # the whole table, not one cut to 80 columns

@@ -232,6 +232,11 @@ class Router:
             remaining = sorted(r for r in self._in_flight[unit] if r in self._sinks)
         return DrainReport(unit, outcomes, remaining)
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` ran: no request is served any more."""
+        return self._closed
+
     def resolve_request_id(self, public_id: str) -> str | None:
         """The key of the request in flight that a client knows as ``public_id``: its key itself, its
         response id (``cmpl-...``), or the ``X-Request-Id`` it sent (`client_request_ids`); None: none."""

@@ -103,14 +103,17 @@ def test_checked_by_names_the_field_check_and_the_rules_that_read_the_key():
 # the schema
 
 
+def _schema_defaults(prop: dict) -> object:
+    """The defaults a schema property declares: a section's (nested sections too) as a dict."""
+    if "properties" in prop:
+        return {k: _schema_defaults(p) for k, p in prop["properties"].items()}
+    return prop["default"]
+
+
 def test_schema_defaults_are_the_class_defaults():
     schema, defaults = json_schema(), spec_to_dict(Spec())
     for name, value in defaults.items():
-        prop = schema["properties"][name]
-        if isinstance(value, dict):
-            assert {k: p["default"] for k, p in prop["properties"].items()} == value, name
-        else:
-            assert prop["default"] == value, name
+        assert _schema_defaults(schema["properties"][name]) == value, name
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
