@@ -43,6 +43,7 @@ COMMANDS = {
     "testbed": "disaggsdk.cli.testbed_cmd",
     "drain": "disaggsdk.cli.drain_cmd",
     "move": "disaggsdk.cli.move_cmd",
+    "rebalance": "disaggsdk.cli.rebalance_cmd",
 }
 
 

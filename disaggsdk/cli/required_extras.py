@@ -48,6 +48,7 @@ COMMAND_EXTRAS: Mapping[str, tuple[str, ...]] = {
     "bench": ("serve",),  # the load client; a SPEC target launches a deployment as well
     "drain": ("serve",),  # httpx, to call the deployment's control endpoint
     "move": ("serve",),
+    "rebalance": ("serve",),
     "transfer-bench": ("transfer",),
     "kv-bench": ("engine", "transfer"),
     "calibrate": ("engine",),

@@ -4,7 +4,8 @@
 and moves every request it decodes to the others, with their KV (`Router.drain`); it answers what
 moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick it again.
 ``POST /requests/{request_id}/move`` (``{"to": "decode-1"}``) moves one request (its id is the
-response's ``id``, or the ``X-Request-Id`` the client sent). Each sits behind the deployment's API
+response's ``id``, or the ``X-Request-Id`` the client sent). ``POST /rebalance`` (``{"prefill": 2,
+"decode": 1}``) changes units' roles live until that many units serve each (`serve.rebalance`). Each sits behind the deployment's API
 key, as ``/reset_prefix_cache`` does; a move that cannot be asked for is an OpenAI error object.
 """
 
@@ -72,6 +73,25 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
             raise BadRequestError(f"no unit {unit!r} in this deployment", param="unit", status=404)
         r.undrain(unit)
         return JSONResponse({"unit": unit, "routed": True})
+
+    @app.post("/rebalance", dependencies=[Depends(check_key)])
+    async def rebalance_units(request: Request) -> JSONResponse:
+        from starlette.concurrency import run_in_threadpool
+
+        from disaggsdk.serve.rebalance import rebalance
+
+        body = await json_object(request)
+        prefill, decode = body.get("prefill"), body.get("decode")
+        if isinstance(prefill, bool) or isinstance(decode, bool) or not isinstance(prefill, int) \
+                or not isinstance(decode, int):
+            raise BadRequestError("'prefill' and 'decode' must be whole numbers of units", param="prefill")
+        r = router()
+        try:  # drains and role changes take seconds: off the event loop, which streams the moved requests
+            report = await run_in_threadpool(rebalance, r, prefill, decode)
+        except MoveError as exc:
+            raise BadRequestError(str(exc), param="prefill") from None
+        return JSONResponse({"done": report.done, "roles": report.roles,
+                             "changes": [dataclasses.asdict(c) for c in report.changes]})
 
     @app.post("/requests/{request_id}/move", dependencies=[Depends(check_key)])
     async def move(request_id: str, request: Request) -> JSONResponse:

@@ -121,3 +121,18 @@ def test_deployment_moves_in_python(deployment, unmoved_text):
     report = deployment.drain(target, timeout_s=10)
     assert report.drained
     deployment.undrain(target)
+
+
+def test_the_rebalance_command_changes_roles_and_back(deployment, unmoved_text, capsys):
+    client = StreamingClient(deployment.url, "rebalanced-1")
+    client.start()
+    assert client.first.wait(60)
+    assert main(["rebalance", deployment.url, "--prefill", "2", "--decode", "1", "--api-key", KEY]) == 0
+    out = capsys.readouterr().out
+    assert "decode -> prefill" in out and "roles now:" in out
+    client.join(120)
+    assert "".join(client.tokens) == unmoved_text  # it streamed on across the change
+    assert main(["rebalance", deployment.url, "--prefill", "2", "--decode", "2", "--api-key", KEY]) == 2
+    assert "3 prefill and decode units" in capsys.readouterr().err  # the counts do not add up
+    assert main(["rebalance", deployment.url, "--prefill", "1", "--decode", "2", "--api-key", KEY]) == 0
+    assert sorted(deployment.backend.unit_roles().values()) == ["decode", "decode", "prefill"]
