@@ -5,8 +5,8 @@ and moves every request it decodes to the others, with their KV (`Router.drain`)
 moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick it again.
 ``POST /requests/{request_id}/move`` (``{"to": "decode-1"}``) moves one request (its id is the
 response's ``id``, or the ``X-Request-Id`` the client sent). ``POST /rebalance`` (``{"prefill": 2,
-"decode": 1}``) changes units' roles live until that many units serve each (`serve.rebalance`). Each sits behind the deployment's API
-key, as ``/reset_prefix_cache`` does; a move that cannot be asked for is an OpenAI error object.
+"decode": 1}``) changes units' roles live until that many units serve each (`serve.rebalance`).
+Each sits behind the deployment's API key, as ``/reset_prefix_cache`` does; a move that cannot be asked for is an OpenAI error object.
 """
 
 from __future__ import annotations
