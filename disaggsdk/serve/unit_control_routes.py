@@ -6,7 +6,8 @@ moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick 
 ``POST /requests/{request_id}/move`` (``{"to": "decode-1"}``) moves one request (its id is the
 response's ``id``, or the ``X-Request-Id`` the client sent). ``POST /rebalance`` (``{"prefill": 2,
 "decode": 1}``) changes units' roles live until that many units serve each (`serve.rebalance`).
-Each sits behind the deployment's API key, as ``/reset_prefix_cache`` does; a move that cannot be asked for is an OpenAI error object.
+Each sits behind the deployment's API key, as ``/reset_prefix_cache`` does; a call that cannot be
+served is an OpenAI error object.
 """
 
 from __future__ import annotations
