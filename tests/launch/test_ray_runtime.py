@@ -196,6 +196,41 @@ def test_cli_launch_on_ray_serves_the_openai_client_and_shows_placement(cluster)
     _serve_and_check(cluster, os.path.join(os.path.dirname(__file__), "..", "..", "specs", "tiny_local.yaml"))
 
 
+def test_requests_move_and_units_change_role_across_nodes(cluster):
+    """Three units on three Ray nodes: a decoding request moves to the decode unit of another node with
+    its KV (tcp), and a decode unit turns prefill and back, with every request's tokens unchanged."""
+    from disaggsdk.serve.rebalance import rebalance
+
+    long = SamplingParams(max_tokens=100, ignore_eos=True)
+    want = [o.output_ids for o in LLMEngine("qwen3-tiny", EngineConfig(compile=False)).generate(PROMPTS, long)]
+    spec = two_node_spec("qwen3-tiny", decode_replicas=2, num_pages=256)
+    with Router(RayRuntime(spec, max_restarts=0, on_event=lambda _l: None)) as r:
+        placement = r.runtime.placement()
+        assert len({placement[u].split("Ray node ")[1] for u in ("prefill-0", "decode-0", "decode-1")}) == 3
+        done: dict[int, list] = {}
+        for i, p in enumerate(PROMPTS):
+            r.submit(f"mv-{i}", p, long, lambda ev, i=i: done.setdefault(i, []).append(ev))
+        deadline = time.monotonic() + 60
+        while len(done) < len(PROMPTS):
+            assert time.monotonic() < deadline, "no first tokens"
+            time.sleep(0.01)
+        with r._lock:
+            source = next(n for n, ids in r._in_flight.items() if "mv-0" in ids)
+        outcome = r.move("mv-0", "decode-1" if source == "decode-0" else "decode-0").result(60)
+        assert outcome.moved and outcome.num_bytes > 0, outcome
+        report = rebalance(r, prefill=2, decode=1)
+        assert report.done, report
+        while sum(1 for evs in done.values() if evs[-1].finished) < len(PROMPTS):
+            assert time.monotonic() < deadline + 60, "requests hung across the moves"
+            time.sleep(0.05)
+        assert [tokens(done[i]) for i in range(len(PROMPTS))] == want
+        after = r.generate_batch(PROMPTS, long, timeout_s=120)  # prefilled by both prefill units now
+        assert [tokens(ev) for ev in after] == want
+        assert rebalance(r, prefill=1, decode=2).done
+        assert [tokens(ev) for ev in r.generate_batch(PROMPTS, long, timeout_s=120)] == want
+    assert not placement_groups_left() and not our_processes()
+
+
 @pytest.mark.slow
 def test_r1_dp_tiny_on_two_logical_nodes(cluster):
     """The acceptance line: specs/r1_dp.yaml --tiny (prefill tp 8 on one node, 8 dp decode units on

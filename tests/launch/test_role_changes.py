@@ -87,3 +87,56 @@ def test_impossible_rebalances_are_refused_with_what_to_fix():
     assert plan_changes(roles, {"decode-0": 3, "decode-1": 1}, prefill=2, decode=1) == [("decode-1", "prefill")]
     assert plan_changes(roles, {}, prefill=0, decode=3) == [("prefill-0", "decode")]
     assert plan_changes(roles, {}, prefill=1, decode=2) == []
+
+
+def test_the_autoscale_policy_turns_a_decode_unit_when_first_tokens_miss(tmp_path, monkeypatch):
+    """The whole loop, live: a TTFT SLO no request can meet makes the policy move a decode unit to prefill
+    while long requests stream on it; they move with their KV and finish as unmoved; nothing fails."""
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.face.cluster import Cluster
+
+    monkeypatch.setenv("DISAGGSDK_HOME", str(tmp_path))  # no calibrated profile here: decisions say so, and apply
+    spec = spec_for(True)
+    spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, autoscale=attrs.evolve(
+        spec.serve.autoscale, ttft_ms=0.001, tpot_ms=1e6, window_s=60.0, cooldown_s=0.0)))
+    long = SamplingParams(max_tokens=400, ignore_eos=True)
+    with LLMEngine("qwen3-coder-tiny", EngineConfig(page_size=4, num_pages=256)) as engine:
+        want = [o.output_ids for o in engine.generate(PROMPTS, long)]
+    texts: dict[int, list[str]] = {}
+
+    def stream(url: str, i: int) -> None:
+        body = {"model": "qwen3-coder-tiny", "prompt": PROMPTS[i], "max_tokens": 400, "stream": True,
+                "ignore_eos": True, "temperature": 0}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    texts.setdefault(i, []).append(json.loads(line[6:])["choices"][0]["text"])
+
+    lines: list[str] = []
+    with Cluster(spec).launch(port=0, on_progress=lines.append) as d:
+        clients = [threading.Thread(target=stream, args=(d.url, i)) for i in range(len(PROMPTS))]
+        for c in clients:
+            c.start()
+        result = d.bench(num_prompts=10, qps=float("inf"), input_len=16, output_len=4)  # fills the window
+        assert result["failed"] == 0
+        deadline = time.monotonic() + 30
+        while not d.autoscale_decisions:
+            assert time.monotonic() < deadline, "no decision"
+            time.sleep(0.1)
+        decision = d.autoscale_decisions[0]
+        assert decision.applied and (decision.before, decision.after) == ("P1:D2", "P2:D1"), decision
+        assert "prefill is short" in decision.reason and "calibrate" in decision.preview_note
+        assert any(line == decision.line() for line in lines)
+        assert decision.line() in d.metrics().notes  # under the live table
+        for c in clients:
+            c.join(120)
+        assert ["".join(texts[i]) for i in range(len(PROMPTS))] == [d.backend.decode(w) for w in want]
+        assert sorted(d.backend.unit_roles().values()) == ["decode", "prefill", "prefill"]
+        text = httpx.get(f"{d.url}/metrics").text
+        assert 'disaggsdk_autoscale_decisions_total{applied="true",change="P1:D2->P2:D1"' in text
