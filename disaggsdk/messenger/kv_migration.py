@@ -251,6 +251,10 @@ class KVMigrations:
         for rank, dst in enumerate(dsts):
             region = RegionDescriptor.from_bytes(info.pool_regions[rank])
             dst_geometry = PoolGeometry.of_region(g.num_layers, g.page_bytes, region.length_bytes)
+            bad = [p for p in dst.page_ids if not 0 <= p < dst_geometry.num_pages]
+            if bad or len(set(dst.page_ids)) != len(dst.page_ids):  # never write outside what was granted
+                raise ValueError(f"the target granted pages {bad[:5] or 'twice'} outside its pool of "
+                                 f"{dst_geometry.num_pages} pages")
             src_offs, dst_offs = array("Q"), array("Q")
             for layer in range(g.num_layers):
                 for sp, dp in zip(out.page_ids, dst.page_ids):
