@@ -70,6 +70,7 @@ class Sent:
     sent_s: float
     token_times_s: list[float] = field(default_factory=list)
     error: str | None = None
+    text: list[str] = field(default_factory=list)  # the output, chunk by chunk (greedy: comparable across servers)
 
     def meets(self, ttft_ms: float, tpot_ms: float) -> bool:
         if self.error is not None or not self.token_times_s:
@@ -111,6 +112,7 @@ async def _one(client: Any, url: str, model: str, prompt: list[int], phase: Phas
                     return
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     sent.token_times_s.append(time.monotonic())
+                    sent.text.append(chunk["choices"][0]["text"])
     except Exception as exc:  # noqa: BLE001 - a failed request is a result of the run, not its end
         sent.error = f"{type(exc).__name__}: {exc}"
 
@@ -147,10 +149,12 @@ def summarize(phases: list[Phase], results: list[Sent], start_s: float, ttft_ms:
         ttfts = [(r.token_times_s[0] - r.sent_s) * 1e3 for r in ok]
         tpots = [(r.token_times_s[-1] - r.token_times_s[0]) * 1e3 / (len(r.token_times_s) - 1)
                  for r in ok if len(r.token_times_s) > 1]
+        gaps = [(b - a) * 1e3 for r in ok for a, b in zip(r.token_times_s, r.token_times_s[1:])]
         rows.append({
             "phase": i, **asdict(phase), "requests": len(mine), "failed": len(mine) - len(ok),
             "mean_ttft_ms": sum(ttfts) / len(ttfts) if ttfts else None,
             "mean_tpot_ms": sum(tpots) / len(tpots) if tpots else None,
+            "max_itl_ms": max(gaps) if gaps else None,  # the longest pause of any stream (a move's included)
             "attainment": sum(r.meets(ttft_ms, tpot_ms) for r in mine) / len(mine) if mine else None,
             "attainment_last_half": sum(r.meets(ttft_ms, tpot_ms) for r in half) / len(half) if half else None,
             "errors": sorted({r.error for r in mine if r.error})[:3],
@@ -167,7 +171,9 @@ def run_load_shift(url: str, model: str, phases: list[Phase], ttft_ms: float, tp
     results = asyncio.run(_run(url.rstrip("/"), model, plan, api_key))
     return {"url": url, "model": model, "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "seed": seed,
             "phases": summarize(phases, results, start, ttft_ms, tpot_ms),
-            "failed": sum(r.error is not None for r in results), "requests": len(results)}
+            "failed": sum(r.error is not None for r in results), "requests": len(results),
+            # each request's output, in send order: two greedy runs of one seed compare request by request
+            "outputs": ["".join(r.text) for r in results]}
 
 
 def main(argv: list[str] | None = None) -> int:

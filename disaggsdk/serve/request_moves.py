@@ -67,6 +67,7 @@ class Move:
     num_bytes: int = 0
     num_output_tokens: int = 0
     target_down: bool = False  # the target died before the source's end was read
+    source_ended: bool = False  # the source's end (moved) was read before the target's news
     held: list[Tokens] = field(default_factory=list)  # the target's tokens until the source's end is read
 
     def end(self, moved: bool, reason: str = "") -> None:

@@ -309,6 +309,10 @@ class Router:
             expected = move is not None and move.target == unit and msg.request_id in self._sinks
             if move is not None and expected:
                 move.moved_in, move.num_bytes, move.num_output_tokens = True, msg.num_bytes, msg.num_output_tokens
+                if move.source_ended:  # the source's end was read first (two channels): the move is done
+                    self._moves.pop(msg.request_id)
+        if move is not None and expected and move.source_ended:
+            move.end(True)
         if not expected:  # nobody waits for it here any more (it ended meanwhile): the target drops it
             self.runtime.send(unit, ch.Abort(msg.request_id))
 
@@ -319,8 +323,14 @@ class Router:
             move = self._moves.get(rid)
             if move is None or move.source != unit:
                 return
-            self._moves.pop(rid)
             held: list[ch.Tokens] = []
+            waiting = msg.moved and not move.target_down and not move.moved_in
+            if waiting:
+                # the target's `RequestMovedIn` is on its way on its own channel (it was sent before the
+                # source heard of the admission): the request is the target's now; its news closes the move
+                move.source_ended = True
+            else:
+                self._moves.pop(rid)
             if msg.moved and move.target_down:
                 error = f"request moved from {unit} to {move.target}, which then died; retry the request"
                 self._in_flight[unit].discard(rid)
@@ -329,6 +339,8 @@ class Router:
                 if rid in self._sinks:
                     self._in_flight[move.target].add(rid)
                 held = move.held
+        if waiting:
+            return
         move.end(msg.moved and error is None, error or msg.reason)
         for tokens in held:
             self._on_tokens(move.target, tokens)
@@ -342,6 +354,8 @@ class Router:
         source, told by `PeerDown`, resumes what it never let go of). Returns (continued, dropped)."""
         continued, dropped = [], []
         for move in self._moves.from_(unit):
+            if move.source_ended:  # it had let go already: the request is the target's, whose news closes it
+                continue
             self._moves.pop(move.request_id)
             if move.moved_in and not move.target_down:
                 self._in_flight[unit].discard(move.request_id)
@@ -350,6 +364,10 @@ class Router:
             else:
                 dropped.append(move)
         for move in self._moves.to(unit):
+            if move.source_ended:  # the source let go: the request was the target's, and dies with it
+                self._moves.pop(move.request_id)
+                dropped.append(move)
+                continue
             move.target_down = True
             move.held.clear()
             self._in_flight[unit].discard(move.request_id)
@@ -385,8 +403,10 @@ class Router:
             for tokens in move.held:
                 self._on_tokens(move.target, tokens)
         for move in dropped:
-            self.runtime.send(move.target, ch.Abort(move.request_id))
-            move.end(False, f"{unit} died before {move.target} had the request's KV")
+            if move.target != unit:
+                self.runtime.send(move.target, ch.Abort(move.request_id))
+            move.end(False, f"{unit} died before {move.target} had the request's KV" if move.target != unit
+                     else f"{unit} died holding the request it had taken over")
         for rid in held:
             if rid in poison:
                 self._end_with_error(rid, unit, self._poison.refusal(poison[rid]))

@@ -48,6 +48,26 @@ def test_the_targets_tokens_wait_for_the_sources_last_ones(started):
     router.abort_sync("r")  # finished: nobody is asked
 
 
+def test_the_sources_end_read_before_the_targets_news_still_moves_the_request(started):
+    rt, router, events = started
+    outcome = router.move("r", "decode-1")
+    rt.on_message("decode-0", ch.RequestMoveEnded("r", "decode-1", moved=True))  # its channel was read first
+    assert not outcome.done() and ("decode-1", ch.Abort("r")) not in rt.sent
+    rt.die("decode-0")  # the source is done with it: its death changes nothing
+    rt.on_message("decode-1", ch.RequestMovedIn("r", "decode-0", 2, 4096))
+    assert outcome.result(0).moved and not [u for u, m in rt.sent if isinstance(m, ch.Abort)]
+    rt.on_message("decode-1", ch.Tokens("r", [3], finished=True, finish_reason="length"))
+    assert tokens(events) == [1, 2, 3] and events[-1].finish_reason == "length"
+
+
+def test_the_target_dying_between_the_sources_end_and_its_news_ends_the_request(started):
+    rt, router, events = started
+    outcome = router.move("r", "decode-1")
+    rt.on_message("decode-0", ch.RequestMoveEnded("r", "decode-1", moved=True))
+    rt.die("decode-1")
+    assert not outcome.result(0).moved and events[-1].finish_reason == "error" and "retry" in events[-1].error
+
+
 def test_a_move_that_did_not_happen_drops_what_the_target_sent_and_goes_on_at_the_source(started):
     rt, router, events = started
     outcome = router.move("r", "decode-1")

@@ -123,6 +123,17 @@ def test_deployment_moves_in_python(deployment, unmoved_text):
     deployment.undrain(target)
 
 
+def test_the_load_shift_driver_runs_its_phases_against_a_live_server(deployment):
+    from disaggsdk.bench.load_shift import Phase, run_load_shift
+
+    phases = [Phase("short", 1.0, 6, 8, 4), Phase("long", 1.0, 3, 64, 2)]
+    doc = run_load_shift(deployment.url, deployment.model_name, phases, ttft_ms=60_000, tpot_ms=60_000, api_key=KEY)
+    assert doc["failed"] == 0 and doc["requests"] == sum(p["requests"] for p in doc["phases"]) > 0
+    assert [p["name"] for p in doc["phases"]] == ["short", "long"]
+    assert all(p["attainment"] == 1.0 for p in doc["phases"] if p["requests"])
+    assert len(doc["outputs"]) == doc["requests"] and all(doc["outputs"])
+
+
 def test_the_rebalance_command_changes_roles_and_back(deployment, unmoved_text, capsys):
     client = StreamingClient(deployment.url, "rebalanced-1")
     client.start()

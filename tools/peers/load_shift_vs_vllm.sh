@@ -60,9 +60,17 @@ for name in ("fixed", "autoscale", "vllm"):
         if name != "vllm":
             run["decisions"] = [l.strip() for l in open(os.path.join(w, f"{name}.log")) if "autoscale P" in l]
         doc["servers"][name] = run
+fixed, auto = doc["servers"].get("fixed"), doc["servers"].get("autoscale")
+if fixed and auto:  # greedy, same seeded prompts: a moved request's output equals the fixed layout's
+    pairs = list(zip(fixed["outputs"], auto["outputs"]))
+    doc["autoscale_outputs_equal_fixed"] = {"equal": sum(a == b for a, b in pairs), "of": len(pairs)}
+for run in doc["servers"].values():
+    run["outputs"] = len(run["outputs"])  # compared above; too long to print
 print(json.dumps(doc, indent=1))
 for name, run in doc["servers"].items():
     print(name, " ".join(f"{p['name']}: last half {p['attainment_last_half']:.0%} (ttft {p['mean_ttft_ms'] or 0:.0f} ms, "
-                         f"tpot {p['mean_tpot_ms'] or 0:.0f} ms, failed {p['failed']})" for p in run["phases"]),
-          file=sys.stderr)
+                         f"tpot {p['mean_tpot_ms'] or 0:.0f} ms, max gap {p['max_itl_ms'] or 0:.0f} ms, "
+                         f"failed {p['failed']})" for p in run["phases"]), file=sys.stderr)
+if "autoscale_outputs_equal_fixed" in doc:
+    print("autoscale outputs equal to the fixed layout's:", doc["autoscale_outputs_equal_fixed"], file=sys.stderr)
 PY
