@@ -66,7 +66,8 @@ class Phase:
 class Sent:
     """One request of the run and what came back (``time.monotonic()`` seconds)."""
 
-    phase: str
+    phase: int  # its phase's index
+    offset_s: float  # when the schedule sends it, from the run's start (what phases and halves go by)
     sent_s: float
     token_times_s: list[float] = field(default_factory=list)
     error: str | None = None
@@ -80,15 +81,15 @@ class Sent:
         return (t[0] - self.sent_s) * 1e3 <= ttft_ms and tpot_ok
 
 
-def schedule(phases: list[Phase], seed: int) -> list[tuple[float, Phase, list[int]]]:
-    """Every request's send offset (seconds from the start), phase and prompt."""
+def schedule(phases: list[Phase], seed: int) -> list[tuple[float, int, list[int]]]:
+    """Every request's send offset (seconds from the start), phase index and prompt."""
     rng = random.Random(seed)
     out, start = [], 0.0
-    for phase in phases:
+    for index, phase in enumerate(phases):
         t = start + rng.expovariate(phase.qps)
         while t < start + phase.duration_s:
             prompt = [rng.randrange(FIRST_TOKEN_ID, RANDOM_TOKEN_ID_LIMIT) for _ in range(phase.input_len)]
-            out.append((t, phase, prompt))
+            out.append((t, index, prompt))
             t += rng.expovariate(phase.qps)
         start += phase.duration_s
     return out
@@ -117,7 +118,8 @@ async def _one(client: Any, url: str, model: str, prompt: list[int], phase: Phas
         sent.error = f"{type(exc).__name__}: {exc}"
 
 
-async def _run(url: str, model: str, plan: list[tuple[float, Phase, list[int]]], api_key: str | None) -> list[Sent]:
+async def _run(url: str, model: str, phases: list[Phase], plan: list[tuple[float, int, list[int]]],
+               api_key: str | None) -> list[Sent]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -126,25 +128,25 @@ async def _run(url: str, model: str, plan: list[tuple[float, Phase, list[int]]],
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         start = time.monotonic()
         tasks = []
-        for offset, phase, prompt in plan:
+        for offset, index, prompt in plan:
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            sent = Sent(phase.name, time.monotonic())
+            sent = Sent(index, offset, time.monotonic())
             results.append(sent)
-            tasks.append(asyncio.create_task(_one(client, url, model, prompt, phase, sent, headers)))
+            tasks.append(asyncio.create_task(_one(client, url, model, prompt, phases[index], sent, headers)))
         await asyncio.gather(*tasks)
     return results
 
 
-def summarize(phases: list[Phase], results: list[Sent], start_s: float, ttft_ms: float,
-              tpot_ms: float) -> list[dict[str, Any]]:
-    """Per phase: requests, failures, mean TTFT and TPOT, and SLO attainment over its whole span and
-    over its last half (requests sent in the second half of its time)."""
-    rows, phase_start = [], start_s
+def summarize(phases: list[Phase], results: list[Sent], ttft_ms: float, tpot_ms: float) -> list[dict[str, Any]]:
+    """Per phase: requests, failures, mean TTFT and TPOT, the longest pause of a stream, and SLO
+    attainment over its whole span and over its last half (requests scheduled in the second half of
+    its time)."""
+    rows, phase_start = [], 0.0
     for i, phase in enumerate(phases):
-        mine = [r for r in results if r.phase == phase.name and phase_start <= r.sent_s < phase_start + phase.duration_s]
-        half = [r for r in mine if r.sent_s >= phase_start + phase.duration_s / 2]
+        mine = [r for r in results if r.phase == i]
+        half = [r for r in mine if r.offset_s >= phase_start + phase.duration_s / 2]
         ok = [r for r in mine if r.error is None and r.token_times_s]
         ttfts = [(r.token_times_s[0] - r.sent_s) * 1e3 for r in ok]
         tpots = [(r.token_times_s[-1] - r.token_times_s[0]) * 1e3 / (len(r.token_times_s) - 1)
@@ -167,10 +169,9 @@ def run_load_shift(url: str, model: str, phases: list[Phase], ttft_ms: float, tp
                    api_key: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Run the phases against ``url`` and return the JSON document (see the module doc)."""
     plan = schedule(phases, seed)
-    start = time.monotonic()
-    results = asyncio.run(_run(url.rstrip("/"), model, plan, api_key))
+    results = asyncio.run(_run(url.rstrip("/"), model, phases, plan, api_key))
     return {"url": url, "model": model, "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "seed": seed,
-            "phases": summarize(phases, results, start, ttft_ms, tpot_ms),
+            "phases": summarize(phases, results, ttft_ms, tpot_ms),
             "failed": sum(r.error is not None for r in results), "requests": len(results),
             # each request's output, in send order: two greedy runs of one seed compare request by request
             "outputs": ["".join(r.text) for r in results]}

@@ -205,6 +205,7 @@ class UnitStats(msgspec.Struct, frozen=True, tag=True):
     counters: UnitCounters
     recent: list[RequestTransfer]
     open_grant_keys: int = 0  # per-grant registrations open to remote KV writes (a gauge: 0 when idle)
+    open_counters: int = 0  # immediate counters expecting writes here (a gauge: 0 when nothing is coming)
 
 
 class RequestSpans(msgspec.Struct, frozen=True, tag=True):

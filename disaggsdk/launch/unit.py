@@ -448,7 +448,8 @@ class Unit:
             seq=seq, name=self.args.name, role=self.args.role, running=len(e.scheduler.running), waiting=waiting,
             num_free_pages=e.num_free_pages, num_pages=e.num_pages, counters=counters,
             recent=list(m.totals.recent) if m is not None and with_recent else [],
-            open_grant_keys=m.open_grant_keys if m is not None else 0)
+            open_grant_keys=m.open_grant_keys if m is not None else 0,
+            open_counters=self.transfer.num_open_counters if self.transfer is not None else 0)
 
     def stop(self) -> None:
         """End the loop after its current round, as `Shutdown` does (SIGTERM, a dead launcher).

@@ -42,6 +42,7 @@ class AutoscaleDecision:
         predicted: the simulator's attainment on each layout (None: no preview; ``preview_note`` says why).
         applied: whether the units changed role.
         outcome: "" when applied; else why not (the preview predicts a loss, a unit could not move).
+        moved: decoding requests the change moved to other decode units with their KV.
     """
 
     at_s: float
@@ -52,12 +53,14 @@ class AutoscaleDecision:
     preview_note: str
     applied: bool
     outcome: str = ""
+    moved: int = 0
 
     def line(self) -> str:
         """The decision as one log line."""
         pred = (f"; simulator: {self.predicted.before:.0%} -> {self.predicted.after:.0%} attainment"
                 if self.predicted is not None else f"; no preview ({self.preview_note})")
-        verdict = "applied" if self.applied else f"not applied: {self.outcome}"
+        verdict = (f"applied ({self.moved} decoding request(s) moved with their KV)" if self.applied
+                   else f"not applied: {self.outcome}")
         return f"autoscale {self.before} -> {self.after}: {self.reason}{pred}; {verdict}"
 
 
@@ -136,14 +139,16 @@ class Autoscaler:
             predicted = preview(self.spec, window, proposal, self.config)
         except (DisaggError, ValueError, KeyError, OSError) as exc:
             note = str(exc)
+        moved = 0
         if predicted is not None and not predicted.gains:
             applied, outcome = False, "the simulator predicts a loss"
         else:
             report = rebalance(self.router, proposal.after.prefill, proposal.after.decode)
             applied = report.done
             outcome = "" if applied else "; ".join(c.reason for c in report.changes if not c.done)
+            moved = sum(m.moved for c in report.changes for m in c.moves)
         decision = AutoscaleDecision(time.time(), str(proposal.before), str(proposal.after), proposal.reason,
-                                     predicted, note, applied, outcome)
+                                     predicted, note, applied, outcome, moved)
         self._last_change_s = time.monotonic()  # applied or not: the next judgement waits for a fresh window
         self.decisions = [*self.decisions[-MAX_DECISIONS + 1:], decision]
         if self._decided is not None:

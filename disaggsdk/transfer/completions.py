@@ -68,6 +68,11 @@ class CompletionPump:
             self._futures[(kind, op_id)] = fut
         return fut
 
+    def num_tracked(self, kind: int) -> int:
+        """Operations of ``kind`` whose event has not come (nor been forgotten)."""
+        with self._lock:
+            return sum(1 for k, _ in self._futures if k == kind)
+
     def forget(self, kind: int, op_id: int) -> Future | None:
         """Removes and returns the future of (kind, op_id); later events for it are dropped."""
         with self._lock:

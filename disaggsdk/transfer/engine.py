@@ -223,6 +223,11 @@ class TransferEngine:
             self._check(rc, f"expecting immediate {imm}")
         return fut
 
+    @property
+    def num_open_counters(self) -> int:
+        """Immediate counters expected and neither complete nor cancelled (a gauge: 0 when nothing is coming)."""
+        return self._pump.num_tracked(ev.EV_IMM_DONE)
+
     def cancel(self, imm: int) -> None:
         """Retires the counter of `imm` without an event; its future is cancelled."""
         self._lib.fab_cancel(self._live(), imm)

@@ -21,18 +21,18 @@ def test_a_schedule_is_seeded_and_keeps_each_phase_in_its_time():
     phases = [Phase("a", 10, 5, 4, 2), Phase("b", 10, 1, 8, 2)]
     plan = schedule(phases, seed=3)
     assert plan == schedule(phases, seed=3) and plan != schedule(phases, seed=4)
-    assert all(0 <= t < 10 for t, p, _ in plan if p.name == "a") and all(10 <= t < 20 for t, p, _ in plan if p.name == "b")
-    assert all(len(prompt) == p.input_len for _, p, prompt in plan)
-    assert 30 < sum(p.name == "a" for _, p, _ in plan) < 70  # about 5 a second for 10 s
+    assert all(0 <= t < 10 for t, i, _ in plan if i == 0) and all(10 <= t < 20 for t, i, _ in plan if i == 1)
+    assert all(len(prompt) == phases[i].input_len for _, i, prompt in plan)
+    assert 30 < sum(i == 0 for _, i, _ in plan) < 70  # about 5 a second for 10 s
 
 
 def test_attainment_counts_the_last_half_and_failures_miss():
     phase = Phase("p", 10, 1, 4, 3)
-    good = Sent("p", 106.0, [106.1, 106.12, 106.14])  # TTFT 100 ms, TPOT 20 ms
-    slow = Sent("p", 107.0, [109.0, 109.02, 109.04])  # TTFT 2 s
-    early = Sent("p", 101.0, [103.0, 103.5, 104.0])  # first half: counted in "attainment" only
-    failed = Sent("p", 108.0, error="HTTP 500")
-    [row] = summarize([phase], [good, slow, early, failed], 100.0, ttft_ms=500, tpot_ms=50)
+    good = Sent(0, 6.0, 106.0, [106.1, 106.12, 106.14])  # TTFT 100 ms, TPOT 20 ms
+    slow = Sent(0, 7.0, 107.0, [109.0, 109.02, 109.04])  # TTFT 2 s
+    early = Sent(0, 1.0, 101.0, [103.0, 103.5, 104.0])  # first half: counted in "attainment" only
+    failed = Sent(0, 8.0, 108.0, error="HTTP 500")
+    [row] = summarize([phase], [good, slow, early, failed], ttft_ms=500, tpot_ms=50)
     assert row["requests"] == 4 and row["failed"] == 1
     assert row["attainment"] == 0.25 and row["attainment_last_half"] == pytest.approx(1 / 3)
     assert row["max_itl_ms"] == pytest.approx(500)

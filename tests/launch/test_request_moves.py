@@ -81,6 +81,7 @@ def assert_nothing_held(rt) -> None:
     stats = rt.unit_stats()
     assert all(s.num_free_pages == s.num_pages for s in stats.values()), {n: s.num_free_pages for n, s in stats.items()}
     assert all(s.open_grant_keys == 0 for s in stats.values()), {n: s.open_grant_keys for n, s in stats.items()}
+    assert all(s.open_counters == 0 for s in stats.values()), {n: s.open_counters for n, s in stats.items()}
 
 
 CASES = [
