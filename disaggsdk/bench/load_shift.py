@@ -21,10 +21,13 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT
 from disaggsdk.errors import DisaggError
+
+if TYPE_CHECKING:
+    import httpx
 
 FIRST_TOKEN_ID = 10  # clear of the special ids a tiny vocabulary starts with
 
@@ -95,7 +98,7 @@ def schedule(phases: list[Phase], seed: int) -> list[tuple[float, int, list[int]
     return out
 
 
-async def _one(client: Any, url: str, model: str, prompt: list[int], phase: Phase, sent: Sent,
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], phase: Phase, sent: Sent,
                headers: dict[str, str]) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": phase.output_len, "stream": True, "ignore_eos": True,
             "temperature": 0.0}
