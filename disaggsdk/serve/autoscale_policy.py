@@ -5,7 +5,8 @@ runs them on a clock and applies what they propose. The rule:
 
 * the window holds the requests that ended in the last ``window_s`` *and arrived after the last role
   change* (those served by the layout in place: the hysteresis that keeps a change from being judged
-  on what came before it), at least `MIN_REQUESTS` of them;
+  on what came before it), and the queue's: requests that arrived since and still wait for their first
+  token past the TTFT SLO (misses already, before they finish); at least `MIN_REQUESTS` of them;
 * TTFT attainment under ``attainment`` while TPOT attainment holds: prefill is short, a decode unit
   turns prefill (never below ``min_decode``);
 * TPOT attainment under it while TTFT holds: decode is short, a prefill unit turns decode (never
@@ -59,13 +60,15 @@ class Proposal:
     reason: str
 
 
-def window_stats(served: list[ServedRequest], now_s: float, config: Autoscale, since_s: float = 0.0) -> WindowStats:
+def window_stats(served: list[ServedRequest], now_s: float, config: Autoscale, since_s: float = 0.0,
+                 overdue: int = 0) -> WindowStats:
     """The SLO attainment of the requests that ended in ``[now_s - window_s, now_s]`` and arrived at or after
-    ``since_s`` (``time.monotonic()`` seconds). A request that failed meets neither SLO; one token
-    only has no TPOT and meets it."""
+    ``since_s`` (``time.monotonic()`` seconds), with ``overdue`` queued requests (no first token past the
+    TTFT SLO) counted as TTFT misses. A request that failed meets neither SLO; one token only has no TPOT
+    and meets it."""
     window = [r for r in served if r.ended_s >= now_s - config.window_s and r.timeline.sent_s >= since_s]
     if not window:
-        return WindowStats(0, 1.0, 1.0, 0.0, 0.0, 0.0)
+        return WindowStats(overdue, 0.0 if overdue else 1.0, 1.0, 0.0, 0.0, 0.0)
     ttft_met = tpot_met = 0
     for r in window:
         t = r.timeline
@@ -76,7 +79,7 @@ def window_stats(served: list[ServedRequest], now_s: float, config: Autoscale, s
     sent = [r.timeline.sent_s for r in window]
     span_s = max(sent) - min(sent)
     n = len(window)
-    return WindowStats(n, ttft_met / n, tpot_met / n, (n - 1) / span_s if span_s > 0 else 0.0,
+    return WindowStats(n + overdue, ttft_met / (n + overdue), tpot_met / n, (n - 1) / span_s if span_s > 0 else 0.0,
                        sum(r.timeline.prompt_tokens for r in window) / n,
                        sum(r.timeline.output_tokens for r in window) / n)
 

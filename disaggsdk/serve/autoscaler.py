@@ -128,7 +128,8 @@ class Autoscaler:
         if now_s - self._last_change_s < self.config.cooldown_s:
             return None
         served = self.served()
-        stats = window_stats(served, now_s, self.config, since_s=self._last_change_s)
+        overdue = self.router.num_waiting_past(self.config.ttft_ms / 1e3, since_s=self._last_change_s)
+        stats = window_stats(served, now_s, self.config, since_s=self._last_change_s, overdue=overdue)
         proposal = propose(stats, self.layout(), self.config)
         if proposal is None:
             return None

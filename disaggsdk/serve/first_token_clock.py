@@ -29,6 +29,10 @@ class FirstTokenClock:
         if start is not None and has_tokens:
             self._records.append((request_id, start, now_s))
 
+    def received_at(self, request_id: str) -> float | None:
+        """When the router accepted a request still waiting for its first token (None: not waiting)."""
+        return self._received.get(request_id)
+
     def records(self) -> list[tuple[str, float, float]]:
         """``(request_id, received_s, first_token_s)`` of recent requests, oldest first."""
         return list(self._records)

@@ -256,6 +256,15 @@ class Router:
         with self._lock:
             return dict(self._roles)
 
+    def num_waiting_past(self, age_s: float, since_s: float = 0.0) -> int:
+        """Requests in flight received at or after ``since_s`` (``time.monotonic()``) still without a
+        first token ``age_s`` seconds on: the TTFT misses a queue holds before they finish."""
+        now_s = time.monotonic()
+        with self._lock:
+            ages = [now_s - t for rid in self._not_started
+                    if (t := self.first_tokens.received_at(rid)) is not None and t >= since_s]
+        return sum(age > age_s for age in ages)
+
     def num_in_flight(self, unit: str) -> int:
         """Requests ``unit`` holds now."""
         with self._lock:

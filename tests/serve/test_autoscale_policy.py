@@ -51,6 +51,16 @@ def test_slow_first_tokens_ask_for_a_prefill_unit_slow_decode_for_a_decode_unit(
     assert propose(few, Layout(1, 2), CONFIG) is None
 
 
+def test_requests_queued_past_the_ttft_slo_count_as_misses_before_they_finish():
+    few = served(4, ttft_ms=100, tpot_ms=20, start_s=100)
+    stats = window_stats(few, now_s=105, config=CONFIG, overdue=6)
+    assert stats.num_requests == 10 and stats.ttft_attainment == 0.4 and stats.tpot_attainment == 1.0
+    p = propose(stats, Layout(1, 2), CONFIG)
+    assert p is not None and p.after == Layout(2, 1)
+    only_queued = window_stats([], now_s=105, config=CONFIG, overdue=9)
+    assert only_queued.num_requests == 9 and only_queued.ttft_attainment == 0
+
+
 def test_the_window_keeps_only_recent_requests_of_the_layout_in_place():
     old = served(12, ttft_ms=900, tpot_ms=20, start_s=100)  # before the change at 107
     new = served(3, ttft_ms=100, tpot_ms=20, start_s=107.5)
@@ -93,6 +103,9 @@ class FakeRouter:
 
     def unit_roles(self):
         return dict(self.roles)
+
+    def num_waiting_past(self, age_s, since_s=0.0):
+        return 0
 
 
 def test_a_decision_is_applied_logged_counted_and_kept(monkeypatch, tmp_path):

@@ -145,3 +145,17 @@ def test_moves_that_cannot_be_asked_for(started):
     rt.on_message("decode-0", ch.RequestMoveEnded("r", "decode-1", moved=False, reason="target unit decode-1 went down"))
     with pytest.raises(MoveError, match="not another healthy decode unit"):
         router.move("r", "decode-1")
+
+
+def test_requests_waiting_for_a_first_token_are_counted_by_age(started):
+    rt, router, events = started
+    import time
+
+    before = time.monotonic()
+    router.submit("q", [1, 2], PLAIN, lambda ev: None)
+    time.sleep(0.02)
+    assert router.num_waiting_past(0.01) == 1  # "r" has its first tokens: not waiting
+    assert router.num_waiting_past(60) == 0 and router.num_waiting_past(0.01, since_s=time.monotonic()) == 0
+    assert router.num_waiting_past(0.01, since_s=before) == 1
+    rt.on_message("decode-1", ch.Tokens("q", [4]))
+    assert router.num_waiting_past(0.0) == 0
