@@ -38,6 +38,8 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
         totals=totals, num_waiting=0, frames=SimpleNamespace(by_reason={}), rejected={}, open_grant_keys=5)
     u = Unit.__new__(Unit)
     u.args, u.conn, u.engine, u.messenger = SimpleNamespace(name=f"{role}-0", role=role), Conn(), engine, messenger
+    # the transport's open immediate counters (a gauge in the stats)
+    u.transfer = None if totals is None else SimpleNamespace(num_open_counters=2)
     # which prefill unit computed a request's prompt (the messenger's record, read once per request)
     prefilled_by = {"r": "prefill-1"}
     u.parts = SimpleNamespace(prefill_unit_of=lambda request_id: prefilled_by.pop(request_id, ""))
@@ -58,11 +60,13 @@ def test_a_decode_units_stats_carry_the_prefix_cache_and_not_sent_counters():
         assert (c.pages_not_sent, c.bytes_not_sent, c.requests_fully_cached, c.requests_prefilled_short) == (12, 49152, 1, 3)
     assert snapshot.counters.prefix_cache_hit_rate == 64 / 96
     assert sent.open_grant_keys == snapshot.kv_grant_keys_open == 5  # the grants its messenger holds open now
+    assert sent.open_counters == 2  # the immediate counters its transport expects writes for
 
 
 def test_a_unit_without_a_messenger_or_a_snapshot_reports_zeros():
     sent = round_trip(unit("mixed", None)._stats(seq=0, with_recent=False))
     assert (sent.num_free_pages, sent.num_pages) == (30, 40)  # pages requests can hold, not the pool's
+    assert sent.open_counters == 0  # no transport
     assert (sent.counters.prefix_cache_queries, sent.counters.pages_not_sent, sent.counters.requests_fully_cached) == (96, 0, 0)
     empty = instance_stats("decode-1", "decode", False, None).counters
     assert (empty.prefix_cache_queries, empty.bytes_not_sent, empty.prefix_cache_hit_rate) == (0, 0, None)
