@@ -20,8 +20,8 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT
 from disaggsdk.errors import DisaggError
@@ -30,6 +30,43 @@ if TYPE_CHECKING:
     import httpx
 
 FIRST_TOKEN_ID = 10  # clear of the special ids a tiny vocabulary starts with
+
+
+class PhaseResult(TypedDict):
+    """One phase's line of the JSON document (`summarize`)."""
+
+    phase: int
+    name: str
+    duration_s: float
+    qps: float
+    input_len: int
+    output_len: int
+    requests: int
+    failed: int
+    mean_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    max_itl_ms: float | None  # the longest pause of any stream (a move's included)
+    attainment: float | None
+    attainment_last_half: float | None
+    errors: list[str]
+
+
+class SloLimits(TypedDict):
+    ttft_ms: float
+    tpot_ms: float
+
+
+class LoadShiftResult(TypedDict):
+    """The JSON document `run_load_shift` returns."""
+
+    url: str
+    model: str
+    slo: SloLimits
+    seed: int
+    phases: list[PhaseResult]
+    failed: int
+    requests: int
+    outputs: list[str]  # each request's output, in send order: greedy runs of one seed compare request by request
 
 
 class LoadShiftError(DisaggError):
@@ -142,7 +179,7 @@ async def _run(url: str, model: str, phases: list[Phase], plan: list[tuple[float
     return results
 
 
-def summarize(phases: list[Phase], results: list[Sent], ttft_ms: float, tpot_ms: float) -> list[dict[str, Any]]:
+def summarize(phases: list[Phase], results: list[Sent], ttft_ms: float, tpot_ms: float) -> list[PhaseResult]:
     """Per phase: requests, failures, mean TTFT and TPOT, the longest pause of a stream, and SLO
     attainment over its whole span and over its last half (requests scheduled in the second half of
     its time)."""
@@ -155,29 +192,29 @@ def summarize(phases: list[Phase], results: list[Sent], ttft_ms: float, tpot_ms:
         tpots = [(r.token_times_s[-1] - r.token_times_s[0]) * 1e3 / (len(r.token_times_s) - 1)
                  for r in ok if len(r.token_times_s) > 1]
         gaps = [(b - a) * 1e3 for r in ok for a, b in zip(r.token_times_s, r.token_times_s[1:])]
-        rows.append({
-            "phase": i, **asdict(phase), "requests": len(mine), "failed": len(mine) - len(ok),
-            "mean_ttft_ms": sum(ttfts) / len(ttfts) if ttfts else None,
-            "mean_tpot_ms": sum(tpots) / len(tpots) if tpots else None,
-            "max_itl_ms": max(gaps) if gaps else None,  # the longest pause of any stream (a move's included)
-            "attainment": sum(r.meets(ttft_ms, tpot_ms) for r in mine) / len(mine) if mine else None,
-            "attainment_last_half": sum(r.meets(ttft_ms, tpot_ms) for r in half) / len(half) if half else None,
-            "errors": sorted({r.error for r in mine if r.error})[:3],
-        })
+        rows.append(PhaseResult(
+            phase=i, name=phase.name, duration_s=phase.duration_s, qps=phase.qps, input_len=phase.input_len,
+            output_len=phase.output_len, requests=len(mine), failed=len(mine) - len(ok),
+            mean_ttft_ms=sum(ttfts) / len(ttfts) if ttfts else None,
+            mean_tpot_ms=sum(tpots) / len(tpots) if tpots else None,
+            max_itl_ms=max(gaps) if gaps else None,
+            attainment=sum(r.meets(ttft_ms, tpot_ms) for r in mine) / len(mine) if mine else None,
+            attainment_last_half=sum(r.meets(ttft_ms, tpot_ms) for r in half) / len(half) if half else None,
+            errors=sorted({r.error for r in mine if r.error})[:3],
+        ))
         phase_start += phase.duration_s
     return rows
 
 
 def run_load_shift(url: str, model: str, phases: list[Phase], ttft_ms: float, tpot_ms: float,
-                   api_key: str | None = None, seed: int = 0) -> dict[str, Any]:
+                   api_key: str | None = None, seed: int = 0) -> LoadShiftResult:
     """Run the phases against ``url`` and return the JSON document (see the module doc)."""
     plan = schedule(phases, seed)
     results = asyncio.run(_run(url.rstrip("/"), model, phases, plan, api_key))
-    return {"url": url, "model": model, "slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "seed": seed,
-            "phases": summarize(phases, results, ttft_ms, tpot_ms),
-            "failed": sum(r.error is not None for r in results), "requests": len(results),
-            # each request's output, in send order: two greedy runs of one seed compare request by request
-            "outputs": ["".join(r.text) for r in results]}
+    return LoadShiftResult(url=url, model=model, slo=SloLimits(ttft_ms=ttft_ms, tpot_ms=tpot_ms), seed=seed,
+                           phases=summarize(phases, results, ttft_ms, tpot_ms),
+                           failed=sum(r.error is not None for r in results), requests=len(results),
+                           outputs=["".join(r.text) for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -269,8 +269,7 @@ class Deployment:
             MoveError: the request is not in flight or not decoding yet, or ``to`` is not another
                 healthy decode unit.
         """
-        router = self._router()
-        return router.move(router.resolve_request_id(request_id) or request_id, to).result(timeout_s)
+        return self._router().move(request_id, to).result(timeout_s)
 
     def drain(self, unit: str, timeout_s: float = 60.0) -> DrainReport:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other

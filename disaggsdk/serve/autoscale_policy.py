@@ -60,13 +60,17 @@ class Proposal:
     reason: str
 
 
-def window_stats(served: list[ServedRequest], now_s: float, config: Autoscale, since_s: float = 0.0,
-                 overdue: int = 0) -> WindowStats:
-    """The SLO attainment of the requests that ended in ``[now_s - window_s, now_s]`` and arrived at or after
-    ``since_s`` (``time.monotonic()`` seconds), with ``overdue`` queued requests (no first token past the
-    TTFT SLO) counted as TTFT misses. A request that failed meets neither SLO; one token only has no TPOT
-    and meets it."""
-    window = [r for r in served if r.ended_s >= now_s - config.window_s and r.timeline.sent_s >= since_s]
+def recent_window(served: list[ServedRequest], now_s: float, config: Autoscale,
+                  since_s: float = 0.0) -> list[ServedRequest]:
+    """The requests that ended in ``[now_s - window_s, now_s]`` and arrived at or after ``since_s``
+    (``time.monotonic()`` seconds): what the layout in place served lately."""
+    return [r for r in served if r.ended_s >= now_s - config.window_s and r.timeline.sent_s >= since_s]
+
+
+def window_stats(window: list[ServedRequest], config: Autoscale, overdue: int = 0) -> WindowStats:
+    """The SLO attainment of ``window`` (`recent_window`), with ``overdue`` queued requests (no first token
+    past the TTFT SLO) counted as TTFT misses. A request that failed meets neither SLO; one token only has
+    no TPOT and meets it."""
     if not window:
         return WindowStats(overdue, 0.0 if overdue else 1.0, 1.0, 0.0, 0.0, 0.0)
     ttft_met = tpot_met = 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.serve.autoscale_policy import Layout, propose, window_stats
+from disaggsdk.serve.autoscale_policy import Layout, propose, recent_window, window_stats
 from disaggsdk.serve.autoscale_preview import Preview, preview
 from disaggsdk.serve.rebalance import rebalance
 
@@ -86,6 +86,7 @@ class Autoscaler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autoscaler", daemon=True)
         self._decided: Counter | None = None
+        self._model_name = model_name
         if registry is not None:
             from prometheus_client import Counter, Gauge
 
@@ -96,7 +97,6 @@ class Autoscaler:
                           registry=registry)
             for role in ("prefill", "decode"):
                 units.labels(model_name, role).set_function(self._counter_of(role))
-        self._model_name = model_name
 
     def _counter_of(self, role: str) -> Callable[[], float]:
         return lambda: float(sum(r == role for r in self.router.unit_roles().values()))
@@ -127,14 +127,11 @@ class Autoscaler:
         now_s = time.monotonic() if now_s is None else now_s
         if now_s - self._last_change_s < self.config.cooldown_s:
             return None
-        served = self.served()
+        window = recent_window(self.served(), now_s, self.config, self._last_change_s)
         overdue = self.router.num_waiting_past(self.config.ttft_ms / 1e3, since_s=self._last_change_s)
-        stats = window_stats(served, now_s, self.config, since_s=self._last_change_s, overdue=overdue)
-        proposal = propose(stats, self.layout(), self.config)
+        proposal = propose(window_stats(window, self.config, overdue), self.layout(), self.config)
         if proposal is None:
             return None
-        window = [r for r in served if r.ended_s >= now_s - self.config.window_s
-                  and r.timeline.sent_s >= self._last_change_s]
         predicted, note = None, ""
         try:
             predicted = preview(self.spec, window, proposal, self.config)

@@ -163,12 +163,14 @@ class Router:
     def move(self, request_id: str, target: str) -> Future[MoveOutcome]:
         """Move a decoding request, with its KV, to decode unit ``target``; it continues there with the
         tokens it would have had. The future resolves when the move ended (moved or not: a request that
-        did not move goes on where it was).
+        did not move goes on where it was). ``request_id``: its key, its response id or the client's
+        ``X-Request-Id`` (`resolve_request_id`).
 
         Raises:
             MoveError: the request is not in flight, has no token yet, is moving already, or
                 ``target`` is not another healthy decode unit.
         """
+        request_id = self.resolve_request_id(request_id) or request_id  # unknown: "not in flight" below
         with self._lock:
             source = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
             if source is None or request_id not in self._sinks:

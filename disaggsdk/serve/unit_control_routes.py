@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
@@ -58,8 +59,6 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
             raise BadRequestError(f"'timeout_s' must be a number of seconds in (0, {MAX_DRAIN_TIMEOUT_S:g}]",
                                   param="timeout_s")
         r = router()
-        from starlette.concurrency import run_in_threadpool
-
         try:  # it waits for the moves: off the event loop, which must keep streaming their tokens
             report = await run_in_threadpool(r.drain, unit, float(timeout_s))
         except MoveError as exc:
@@ -77,8 +76,6 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
 
     @app.post("/rebalance", dependencies=[Depends(check_key)])
     async def rebalance_units(request: Request) -> JSONResponse:
-        from starlette.concurrency import run_in_threadpool
-
         from disaggsdk.serve.rebalance import rebalance
 
         body = await json_object(request)
@@ -101,11 +98,8 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
         if not isinstance(target, str):
             raise BadRequestError("'to' must name the decode unit to move the request to", param="to")
         r = router()
-        from starlette.concurrency import run_in_threadpool
-
-        key = r.resolve_request_id(request_id) or request_id  # unknown: move() says it is not in flight
         try:
-            outcome = r.move(key, target)
+            outcome = r.move(request_id, target)
         except MoveError as exc:
             raise BadRequestError(str(exc), param="to" if "unit" in str(exc) else None) from None
         result = await run_in_threadpool(outcome.result, MOVE_TIMEOUT_S)

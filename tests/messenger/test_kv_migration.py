@@ -139,6 +139,13 @@ def deliver(wire: Wire, units: dict[str, KVMigrations]) -> None:
         units[peer].on_frame(opened.message)
 
 
+def accepted_move(wire: Wire, a: KVMigrations, b: KVMigrations) -> None:
+    """Request "r" (9 computed tokens: 3 pages) offered by ``a``, accepted by ``b``, its writes submitted."""
+    a.engine.start("r", computed=9)
+    a.start("r", "decode-1")
+    deliver(wire, {"decode-0": a, "decode-1": b})
+
+
 def test_a_move_writes_every_page_of_every_layer_once_and_frees_the_source_after_admission(pair):
     wire, a, b = pair
     a.engine.start("r", computed=9)  # 3 pages
@@ -191,9 +198,7 @@ def test_moves_that_cannot_start_leave_the_request_untouched(pair):
 
 def test_a_target_past_its_deadline_waits_for_the_sources_drain_before_freeing(pair):
     wire, a, b = pair
-    a.engine.start("r", computed=9)
-    a.start("r", "decode-1")
-    deliver(wire, {"decode-0": a, "decode-1": b})
+    accepted_move(wire, a, b)
     now = time.monotonic()
     b.poll(now + 6)  # writes still out: refused, its grant held (a write may still land)
     assert b.engine.allocator.num_free_pages == NUM_PAGES - 3 and b.busy
@@ -211,9 +216,7 @@ def test_a_target_past_its_deadline_waits_for_the_sources_drain_before_freeing(p
 
 def test_an_abort_at_the_source_drops_the_request_once_its_writes_drained(pair):
     wire, a, b = pair
-    a.engine.start("r", computed=9)
-    a.start("r", "decode-1")
-    deliver(wire, {"decode-0": a, "decode-1": b})
+    accepted_move(wire, a, b)
     assert a.abort("r")
     assert a.engine.allocator.page_ids("r")  # writes still read its pages
     for _, _, fut in wire.writes:
@@ -227,9 +230,7 @@ def test_an_abort_at_the_source_drops_the_request_once_its_writes_drained(pair):
 
 def test_a_dead_target_resumes_the_request_and_a_dead_source_quarantines_the_grant(pair):
     wire, a, b = pair
-    a.engine.start("r", computed=9)
-    a.start("r", "decode-1")
-    deliver(wire, {"decode-0": a, "decode-1": b})
+    accepted_move(wire, a, b)
     now = time.monotonic()
     a.peer_down("decode-1", now)
     assert "r" in a.engine.running and "went down" in a.ended[0].reason

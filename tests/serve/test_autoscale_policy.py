@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from disaggsdk.report.latency import RequestTimeline
-from disaggsdk.serve.autoscale_policy import MIN_REQUESTS, Layout, propose, window_stats
+from disaggsdk.serve.autoscale_policy import MIN_REQUESTS, Layout, propose, recent_window, window_stats
 from disaggsdk.serve.autoscale_preview import preview
 from disaggsdk.serve.autoscaler import Autoscaler
 from disaggsdk.serve.metrics import ServedRequest
@@ -21,6 +21,10 @@ from disaggsdk.spec import load_spec
 SPEC = load_spec("specs/tiny_pd.yaml")
 CONFIG = attrs.evolve(SPEC.serve.autoscale, enabled=True, ttft_ms=500.0, tpot_ms=50.0, window_s=10.0,
                       cooldown_s=5.0)
+
+
+def stats_of(requests, now_s, config=CONFIG, since_s=0.0, overdue=0):
+    return window_stats(recent_window(requests, now_s, config, since_s), config, overdue)
 
 
 def served(n: int, ttft_ms: float, tpot_ms: float, start_s: float = 100.0, gap_s: float = 0.5,
@@ -35,40 +39,40 @@ def served(n: int, ttft_ms: float, tpot_ms: float, start_s: float = 100.0, gap_s
 
 
 def test_slow_first_tokens_ask_for_a_prefill_unit_slow_decode_for_a_decode_unit():
-    long_prompts = window_stats(served(12, ttft_ms=900, tpot_ms=20), now_s=110, config=CONFIG)
+    long_prompts = stats_of(served(12, ttft_ms=900, tpot_ms=20), now_s=110, config=CONFIG)
     assert long_prompts.num_requests == 12 and long_prompts.ttft_attainment == 0 and long_prompts.tpot_attainment == 1
     p = propose(long_prompts, Layout(1, 2), CONFIG)
     assert p is not None and p.after == Layout(2, 1) and "prefill is short" in p.reason
-    long_outputs = window_stats(served(12, ttft_ms=100, tpot_ms=80), now_s=112, config=CONFIG)
+    long_outputs = stats_of(served(12, ttft_ms=100, tpot_ms=80), now_s=112, config=CONFIG)
     p = propose(long_outputs, Layout(2, 1), CONFIG)
     assert p is not None and p.after == Layout(1, 2) and "decode is short" in p.reason
     # the minimums hold; both short or both fine: no change; too few requests: no judgement
     assert propose(long_prompts, Layout(2, 1), CONFIG) is None  # min_decode 1
     assert propose(long_outputs, Layout(0, 3), CONFIG) is None  # min_prefill 0
-    both = window_stats(served(12, ttft_ms=900, tpot_ms=80), now_s=112, config=CONFIG)
+    both = stats_of(served(12, ttft_ms=900, tpot_ms=80), now_s=112, config=CONFIG)
     assert propose(both, Layout(1, 2), CONFIG) is None
-    few = window_stats(served(MIN_REQUESTS - 1, ttft_ms=900, tpot_ms=20), now_s=110, config=CONFIG)
+    few = stats_of(served(MIN_REQUESTS - 1, ttft_ms=900, tpot_ms=20), now_s=110, config=CONFIG)
     assert propose(few, Layout(1, 2), CONFIG) is None
 
 
 def test_requests_queued_past_the_ttft_slo_count_as_misses_before_they_finish():
     few = served(4, ttft_ms=100, tpot_ms=20, start_s=100)
-    stats = window_stats(few, now_s=105, config=CONFIG, overdue=6)
+    stats = stats_of(few, now_s=105, config=CONFIG, overdue=6)
     assert stats.num_requests == 10 and stats.ttft_attainment == 0.4 and stats.tpot_attainment == 1.0
     p = propose(stats, Layout(1, 2), CONFIG)
     assert p is not None and p.after == Layout(2, 1)
-    only_queued = window_stats([], now_s=105, config=CONFIG, overdue=9)
+    only_queued = stats_of([], now_s=105, config=CONFIG, overdue=9)
     assert only_queued.num_requests == 9 and only_queued.ttft_attainment == 0
 
 
 def test_the_window_keeps_only_recent_requests_of_the_layout_in_place():
     old = served(12, ttft_ms=900, tpot_ms=20, start_s=100)  # before the change at 107
     new = served(3, ttft_ms=100, tpot_ms=20, start_s=107.5)
-    stats = window_stats(old + new, now_s=109, config=CONFIG, since_s=107)
+    stats = stats_of(old + new, now_s=109, config=CONFIG, since_s=107)
     assert stats.num_requests == 3 and stats.ttft_attainment == 1
-    assert window_stats(old, now_s=200, config=CONFIG).num_requests == 0  # all ended too long ago
+    assert stats_of(old, now_s=200, config=CONFIG).num_requests == 0  # all ended too long ago
     failed = ServedRequest("", RequestTimeline(105.0, [], 10, error="boom"), "error", 105.1)
-    stats = window_stats([failed, *served(3, 100, 20, start_s=104)], now_s=106, config=CONFIG)
+    stats = stats_of([failed, *served(3, 100, 20, start_s=104)], now_s=106, config=CONFIG)
     assert stats.ttft_attainment == stats.tpot_attainment == 0.75  # a failed request meets no SLO
 
 
@@ -86,7 +90,7 @@ def cpu_profile(tmp_path, monkeypatch):
 
 def test_the_simulator_previews_a_prefill_heavy_window(cpu_profile):
     window = served(40, ttft_ms=3000, tpot_ms=20, gap_s=0.2, prompt=1500, output=4)
-    p = propose(window_stats(window, 120, attrs.evolve(CONFIG, window_s=60)), Layout(1, 2), CONFIG)
+    p = propose(stats_of(window, 120, attrs.evolve(CONFIG, window_s=60)), Layout(1, 2), CONFIG)
     assert p is not None
     predicted = preview(SPEC, window, p, CONFIG)
     assert 0 <= predicted.before <= 1 and 0 <= predicted.after <= 1
