@@ -61,7 +61,7 @@ class RankGroups:
 
 
 def join_groups(engine: EngineConfig, num_experts: int, tp_rank: int, address: str, timeout_s: float) -> RankGroups:
-    """Join the instance's process group as tp rank ``tp_rank`` of dp rank ``engine.dp_rank`` and
+    """Join the instance's process group as tp rank ``tp_rank`` of dp rank ``EngineConfig.dp_rank`` and
     make the subgroups (every rank makes every group, in one order: torch.distributed's rule).
 
     Args:

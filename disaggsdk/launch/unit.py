@@ -105,7 +105,7 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         lease.on_stop(unit.stop)
         unit.await_peers()
         heartbeat = UnitHeartbeat.for_unreachable_s(conn, spec.serve.unit_unreachable_s)
-        heartbeat.start()  # from now on the runtime watches for silence (`launch.unit_reach`)
+        heartbeat.start()  # from now on the runtime watches for silence (`launch.unit_silence`)
         try:
             unit.run()
         finally:

@@ -4,7 +4,7 @@ The unit's loop speaks only between steps, and one step can hold it for many sec
 prefill: 20 s on a 2-core box), so its silence cannot tell a busy unit from one the runtime no longer
 reaches (a cut link, a frozen process). This thread sends `messages.Heartbeat` every quarter of
 `serve.unit_unreachable_s` whatever the loop does: a unit whose heartbeats stop arriving is
-unreachable (`launch.unit_reach`), one whose loop is silent but whose heartbeats arrive is only busy
+unreachable (`launch.unit_silence`), one whose loop is silent but whose heartbeats arrive is only busy
 or stalled (`launch.unit_stall`). Sends share the channel's send lock with the loop.
 """
 

@@ -2,7 +2,7 @@
 
 The messenger is written against these protocols, not against `LLMEngine` and `TransferEngine`:
 the engine knows no network (DESIGN.md), and tests drive both sides with small fakes
-(tests/messenger). `disaggsdk.engine.LLMEngine` and `disaggsdk.transfer.TransferEngine` satisfy
+(tests/messenger). `disaggsdk.engine.llm_engine.LLMEngine` and `disaggsdk.transfer.TransferEngine` satisfy
 them; nothing here imports either.
 """
 

@@ -254,7 +254,7 @@ class PrefillMessenger:
         return ChunkTrace(job.num_chunks - 1, span, now_ns)
 
     def after_step(self, outputs: list[RequestOutput], forward_end_s: float) -> None:
-        """Call right after ``engine.step()``: ablation writes, then context of finished prefills."""
+        """Call right after ``LLMEngine.step()``: ablation writes, then context of finished prefills."""
         if self._open_chunks:
             now_ns = time.time_ns()
             for spans, span in self._open_chunks:

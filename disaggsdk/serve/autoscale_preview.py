@@ -1,5 +1,5 @@
 """The simulator's preview of a role change: the window's requests replayed on the layout in place and
-on the proposed one (`sim.Simulation`, calibrated on this machine: the ``cpu-local`` profile that
+on the proposed one (`sim.simulator.Simulation`, calibrated on this machine: the ``cpu-local`` profile that
 `disaggsdk calibrate` fits), each with its predicted SLO attainment.
 
 The replay is of what the window saw finish (arrival gaps, prompt and output lengths); requests still
