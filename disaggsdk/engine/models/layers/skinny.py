@@ -100,7 +100,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = 
         return F.linear(x, weight)
     if x.shape[0] > MAX_ROWS:  # a prefill's product: MKL or oneDNN, whichever is faster here
         return wide_gemm.linear(x, weight)
-    one_row = x.shape[0] == 1
+    # a branch, not ``one_row = x.shape[0] == 1``: under the compiled step's dynamic shapes that is a
+    # symbolic bool, which torch 2.14 cannot compare with `_faster`'s keys ("BooleanAtom not allowed in
+    # this context"); on a branch dynamo guards on the row count and goes on with a constant
+    one_row = True if x.shape[0] == 1 else False
     if MODE == "off" or not _rule(weight, one_row):
         return F.linear(x, weight)
     if MODE == "auto" and not _faster.get((weight.shape[0], weight.shape[1], one_row), True):
