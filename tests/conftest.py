@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.declared_skips import DECLARED_PREFIXES, is_declared
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +40,52 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = kept
+
+
+ALLOW_SKIPS_ENV = "DISAGGSDK_ALLOW_SKIPS"  # "1": report undeclared skips without failing the run
+
+
+class SkipGuard:
+    """No silent skips. A skip for any reason but the declared ones (`tests/declared_skips.py`: no
+    GPU, no RDMA device, not root, a CPU or kernel feature) fails the run: `make test` installs
+    everything else the suite needs, so such a skip is a broken install (an extra missing, a native
+    kernel that did not build). Every skip reason is printed, counted, in the run's last lines."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def undeclared(self) -> list[str]:
+        """The run's skip reasons that `tests/declared_skips.py` does not declare."""
+        return [reason for reason in self.reasons if not is_declared(reason)]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):  # an xfail is not a skip
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.reasons.append(reason.removeprefix("Skipped: "))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.undeclared() and exitstatus == pytest.ExitCode.OK and os.environ.get(ALLOW_SKIPS_ENV) != "1":
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.reasons:
+            return
+        undeclared = self.undeclared()
+        terminalreporter.section(f"{len(self.reasons)} skipped, {len(undeclared)} for undeclared reasons")
+        for reason, count in sorted(Counter(self.reasons).items(), key=lambda item: (is_declared(item[0]), -item[1])):
+            terminalreporter.write_line(f"{count:5d} {'' if is_declared(reason) else 'UNDECLARED '}{reason}")
+        if undeclared:
+            verdict = (f"allowed by {ALLOW_SKIPS_ENV}=1" if os.environ.get(ALLOW_SKIPS_ENV) == "1"
+                       else "the run fails: a missing package or a native build that failed is a broken install "
+                            "(`make install`, or fix the build)")
+            declared = ", ".join(repr(prefix.strip(" :")) for prefix in DECLARED_PREFIXES)
+            terminalreporter.write_line(f"{len(undeclared)} skipped for a reason other than {declared} "
+                                        f"(tests/declared_skips.py): {verdict}")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(SkipGuard(), "disaggsdk-skip-guard")
 
 
 @pytest.fixture

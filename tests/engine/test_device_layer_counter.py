@@ -18,6 +18,7 @@ from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noq
 from disaggsdk.engine.device_layer_counter import DeviceLayerCounter, mapped_view  # noqa: E402
 from disaggsdk.engine.hooks import AnyLayerCounter, LayerCounter, new_layer_counter  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 
 MODEL = "qwen3-tiny"
 HAVE_CUDA = torch.cuda.is_available()
@@ -125,7 +126,7 @@ def test_device_counter_never_pairs_a_new_step_with_the_old_count():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_CUDA, reason="needs an NVIDIA GPU")
+@pytest.mark.skipif(not HAVE_CUDA, reason=no_gpu("needs an NVIDIA GPU"))
 def test_mapped_view_aliases_pinned_host_memory():
     counter = DeviceLayerCounter.on_device("cuda")
     assert counter.values.device.type == "cuda" and counter.values.data_ptr() == counter.host_values.data_ptr()
@@ -136,7 +137,7 @@ def test_mapped_view_aliases_pinned_host_memory():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_CUDA, reason="needs an NVIDIA GPU")
+@pytest.mark.skipif(not HAVE_CUDA, reason=no_gpu("needs an NVIDIA GPU"))
 def test_counter_bumped_inside_a_cuda_graph_is_read_by_a_polling_thread_as_the_cpu_twin_counts():
     """A graph of the model's layers with the counter's fills captured in it: each replay, a polling
     thread waits for every layer of the step in turn, and the final counts equal the CPU twin's

@@ -26,6 +26,7 @@ from disaggsdk.engine.expert_parallel import (
 )
 from disaggsdk.engine.expert_parallel.torch_ref import ReferenceDispatch
 from disaggsdk.plan.memory import expert_range
+from tests.declared_skips import no_gpu
 from tests.spawned_ranks import free_port, run_ranks
 
 # the expert map
@@ -203,6 +204,6 @@ def test_nccl_all_to_all_equals_the_reference(tmp_path):
     """The same class on a NCCL group, one GPU per rank (a single GPU runs ep 1: the NCCL path
     with the exchange to itself)."""
     if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU")
+        pytest.skip(no_gpu("needs an NVIDIA GPU"))
     ep = min(torch.cuda.device_count(), 4)
     assert_group_equals_reference(run_group(ep, tmp_path, backend="nccl"), ep)

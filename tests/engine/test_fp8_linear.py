@@ -18,6 +18,7 @@ from disaggsdk.engine.fp8_linear import (  # noqa: E402
     quantize_activations,
     scaled_mm_operands,
 )
+from tests.declared_skips import no_gpu  # noqa: E402
 
 
 def operands(m: int, n: int, k: int, device: str = "cpu", seed: int = 0):
@@ -81,7 +82,7 @@ def test_cuda_path_says_why_it_cannot_run():
 @pytest.mark.parametrize("m,n,k", [(1, 256, 384), (33, 768, 1280), (256, 512, 512)])
 def test_cuda_blockwise_fp8_linear_matches_the_cpu_twin(m, n, k):
     if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU")
+        pytest.skip(no_gpu("needs an NVIDIA GPU"))
     reason = cuda_unsupported_reason((n, k), (128, 128), torch.device("cuda"))
     if reason is not None:
         pytest.skip(reason)

@@ -15,6 +15,7 @@ from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.models import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 from tests.spawned_ranks import free_port, run_ranks  # noqa: E402
 
 # GQA with KV heads split, GQA with experts split, MLA with its latent replicated
@@ -28,7 +29,7 @@ PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 def needs_two_gpus() -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 2:
-        pytest.skip(f"needs 2 GPUs (this machine has {count}): NCCL will not put two ranks of one group on one GPU")
+        pytest.skip(no_gpu(f"needs 2 GPUs (this machine has {count}): NCCL will not put two ranks of one group on one GPU"))
 
 
 def tp2_logits(tmp_path, backend: str, models: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -24,6 +24,7 @@ from disaggsdk.launch.cuda_devices import (
 from disaggsdk.plan import make_plan
 from disaggsdk.spec import load_spec, spec_from_dict, spec_problems, spec_to_dict
 from tests.conftest import ROOT
+from tests.declared_skips import gpu_present, no_gpu
 from tests.launch._helpers import live_descendants
 
 NO_CUDA = re.compile(r"unit (prefill-0|decode-0): no CUDA device \(torch\.cuda\.is_available\(\) is False; "
@@ -110,7 +111,7 @@ def test_cuda_devices_is_for_cuda_on_the_local_backend():
 # on a machine without CUDA: launched up to the first CUDA call
 
 needs_no_cuda = pytest.mark.skipif(
-    pytest.importorskip("torch").cuda.is_available(), reason="checks what a machine without CUDA says")
+    pytest.importorskip("torch").cuda.is_available(), reason=gpu_present("checks what a machine without CUDA says"))
 
 
 def _socket_fds() -> int:
@@ -194,7 +195,7 @@ def _has_cuda() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device")
+@pytest.mark.skipif(not _has_cuda(), reason=no_gpu("needs a CUDA device"))
 def test_tiny_pd_on_one_gpu_gives_the_cpu_greedy_tokens(monkeypatch):
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.launch.tiny import tiny_spec

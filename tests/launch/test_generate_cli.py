@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
 from tests.conftest import ROOT
+from tests.declared_skips import gpu_present
 from tests.launch._helpers import live_descendants
 
 PROMPTS = [[5, 6, 7, 8, 9], [300, 2, 3] * 9, [42]]
@@ -38,7 +39,7 @@ def test_generate_with_a_spec_equals_the_engine(run_cli):
 def test_a_gpu_spec_without_gpus_says_what_to_run(run_cli):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        pytest.skip(gpu_present("checks what a machine without CUDA says"))
     # the units start and each stops at its first CUDA call (tests/launch/test_cuda_units.py has the rest)
     proc = run_cli("generate", "--spec", "specs/tiny_pd_cuda.yaml", "--prompt-ids", "1,2,3", timeout_s=120)
     assert proc.returncode == 2

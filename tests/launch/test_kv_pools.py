@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.launch.kv_pools import register_pools  # noqa: E402
 from disaggsdk.memory.rank_pool import create_rank_pool  # noqa: E402
 from disaggsdk.spec import Hardware, Spec  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 
 LAYERS, PAGES, PAGE_BYTES = 2, 4, 4096
 SIZE = LAYERS * PAGES * PAGE_BYTES
@@ -49,7 +50,7 @@ def test_host_staging_registers_mirrors_and_copies_into_them():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU and cuda-python")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=no_gpu("needs an NVIDIA GPU (and cuda-python)"))
 def test_cuda_pools_are_device_memory_or_mirrored_and_read_as_the_host_twin():
     """On shm, CUDA pools are registered as device memory where this libfabric has CUDA IPC, else
     mirrored; either way the bytes the transport sees of a staged page equal the host twin's."""

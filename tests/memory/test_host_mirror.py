@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from disaggsdk.memory.host_mirror import HostMirror  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 
 LAYERS, PAGES, PAGE_BYTES = 3, 8, 16
 
@@ -53,7 +54,7 @@ def test_pools_that_do_not_match_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=no_gpu("needs an NVIDIA GPU"))
 def test_cuda_pools_stage_as_the_cpu_twin():
     """The same copies with the engine pools on a GPU give the mirrors the CPU twin gives."""
     src = [torch.randint(0, 255, (LAYERS * PAGES * PAGE_BYTES,), dtype=torch.uint8) for _ in range(2)]

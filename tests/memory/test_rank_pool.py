@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.memory.pool_handover import PoolCollector, SharedKVError, send_pool  # noqa: E402
 from disaggsdk.memory.rank_pool import RankPool, create_rank_pool, cuda_ordinal  # noqa: E402
 from disaggsdk.memory.shared_memory import SharedRegion  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 
 
 def test_cuda_ordinal_names_the_device():
@@ -68,7 +69,7 @@ def test_a_head_that_is_not_listening_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU and cuda-python")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=no_gpu("needs an NVIDIA GPU (and cuda-python)"))
 def test_cuda_pools_reach_the_head_as_the_memfd_twin_does():
     """cuMem pools exported by worker processes, imported and mapped by the head: the same bytes as memfds."""
     assert _hand_over("cuda:0", 2) == _hand_over("cpu", 2)

@@ -9,6 +9,7 @@ import pytest
 
 from disaggsdk.memory.cuda_vmm import CudaDriverMissing, load_driver
 from disaggsdk.memory.fd_passing import KIND_CUDA, recv_fd, send_fd
+from tests.declared_skips import gpu_present, no_gpu
 
 
 def _cuda_available() -> bool:
@@ -22,7 +23,7 @@ def _cuda_available() -> bool:
 
 def test_without_driver_the_error_says_what_to_do():
     if _cuda_available():
-        pytest.skip("a CUDA driver is present")
+        pytest.skip(gpu_present("checks what a machine without a CUDA driver says"))
     with pytest.raises(CudaDriverMissing, match="disaggsdk\\[gpu\\]|no CUDA driver"):
         load_driver()
 
@@ -43,7 +44,7 @@ def _head_imports(sock: socket.socket) -> None:
 @pytest.mark.gpu
 def test_export_import_across_processes():
     if not _cuda_available():
-        pytest.skip("needs an NVIDIA GPU and cuda-python")
+        pytest.skip(no_gpu("needs an NVIDIA GPU (and cuda-python)"))
     from disaggsdk.memory.cuda_vmm import CudaSharedAllocation
 
     ctx = multiprocessing.get_context("spawn")
@@ -75,7 +76,7 @@ def test_export_import_across_processes():
 @pytest.mark.gpu
 def test_register_device_memory_with_the_transfer_engine():
     if not _cuda_available():
-        pytest.skip("needs an NVIDIA GPU and cuda-python")
+        pytest.skip(no_gpu("needs an NVIDIA GPU (and cuda-python)"))
     from disaggsdk.memory.cuda_vmm import CudaSharedAllocation
     from disaggsdk.transfer import TransferEngine, TransferError
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import start_cli_server
+from tests.declared_skips import gpu_present
 
 
 def our_threads() -> set[str]:
@@ -40,7 +41,7 @@ def test_gpu_spec_without_cuda_says_so_from_its_units_before_loading(run_cli):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("checks what a machine without CUDA says")
+        pytest.skip(gpu_present("checks what a machine without CUDA says"))
     p = run_cli("launch", "specs/r1_dp.yaml", "--port", "0", "--no-live")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "no CUDA device" in p.stderr and "--tiny" in p.stderr

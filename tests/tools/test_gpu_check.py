@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from tests.conftest import ROOT
+from tests.declared_skips import gpu_present
 from tools.gpu_check import (
     compare_tokens,
     deploy,
@@ -35,7 +36,7 @@ def this_machine_has_a_gpu() -> bool:
     return os.path.exists("/dev/nvidia0")
 
 
-needs_no_gpu = pytest.mark.skipif(this_machine_has_a_gpu(), reason="this machine has a GPU: the check would run")
+needs_no_gpu = pytest.mark.skipif(this_machine_has_a_gpu(), reason=gpu_present("the check would run"))
 
 
 @needs_no_gpu

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,8 +9,10 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.attention import AttentionBackendError, create_backend  # noqa: E402
 from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
 from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from tests.declared_skips import no_gpu  # noqa: E402
 
-HAVE_GPU = torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
+# on a GPU, flashinfer missing is a failure (the backend says what to install), not a skip
+HAVE_GPU = torch.cuda.is_available()
 GQA = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=64)
 MLA = KVGeometry(attention="mla", num_layers=1, num_kv_heads_local=1, head_dim=192, latent_dim=576,
                  kv_lora_rank=512, qk_rope_head_dim=64)
@@ -26,7 +26,7 @@ def test_cpu_cache_or_missing_package_is_a_clear_error():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAVE_GPU, reason="needs CUDA and flashinfer-python")
+@pytest.mark.skipif(not HAVE_GPU, reason=no_gpu("needs CUDA (and flashinfer-python)"))
 @pytest.mark.parametrize("layout", ["HND", "NHD", "MLA"])
 @pytest.mark.parametrize("requests", [[(0, 37), (5, 1), (40, 1), (17, 9)], [(3, 1), (64, 1), (100, 1)]],
                          ids=["mixed", "decode"])

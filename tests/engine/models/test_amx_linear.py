@@ -12,8 +12,17 @@ F = torch.nn.functional
 from disaggsdk.engine.models import build_model  # noqa: E402
 from disaggsdk.engine.models.layers import amx_linear, skinny  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
+from tests.declared_skips import cpu_lacks  # noqa: E402
 
-needs_amx = pytest.mark.skipif(not amx_linear.available(), reason="no AMX here (or the kernel was not built)")
+# a kernel that did not build is a broken install, not a skip: its test fails (tests/declared_skips.py)
+needs_amx = pytest.mark.skipif(amx_linear.kernel_built() and not amx_linear.available(),
+                               reason=cpu_lacks("AMX", "the bfloat16 AMX kernel needs AMX tiles (or DISAGGSDK_AMX_LINEAR=0)"))
+
+
+def test_the_kernel_is_built_in_this_install():
+    """`make install` builds native/cpu_linear/ (it needs only a C compiler), on every CPU: a failed
+    build is a broken install, whether or not this CPU has the AMX that runs it."""
+    assert amx_linear.kernel_built()
 
 
 def test_pack_is_the_vnni_tile_layout():

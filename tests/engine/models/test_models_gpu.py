@@ -8,6 +8,7 @@ from model_oracle import ContiguousAttention, make_batch
 
 from disaggsdk.engine.models import build_model
 from disaggsdk.engine.parallel import TensorParallel
+from tests.declared_skips import no_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def need_cuda():
     if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU")
+        pytest.skip(no_gpu("needs an NVIDIA GPU"))
 
 
 def logits(model, device):

@@ -34,6 +34,15 @@ def _kernels():
     return _amx_linear
 
 
+def kernel_built() -> bool:
+    """Whether the optional extension (native/cpu_linear/) was built into this install."""
+    try:
+        _kernels()
+    except ImportError:
+        return False
+    return True
+
+
 def available() -> bool:
     """Whether the kernel runs here: built, not turned off, and the CPU and kernel allow AMX
     (checked once per process; asking Linux for the tile state is part of the check)."""
