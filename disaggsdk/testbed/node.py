@@ -11,7 +11,8 @@ private pid namespace also keeps a ``ray stop`` in one node from stopping Ray an
 
 Commands enter the node with ``nsenter --target ANCHOR --mount --uts --ipc --net --pid``
 (`Node.command`); the host's filesystem is otherwise shared, so the project's code and the venv
-are there as on the host.
+are there as on the host, also where they live under /tmp: the folders of the host's /tmp a node
+must see (the code, the venv, HOME: `host_paths_under_tmp`) are bound into the node's own /tmp.
 """
 
 from __future__ import annotations
@@ -43,9 +44,28 @@ _REAPER = ("import os, signal\n"
            "            pass\n"
            "    except ChildProcessError:\n"
            "        pass\n")
-# run by the anchor before it becomes the reaper: $1 the hostname, $2 the Python that reaps
-_ANCHOR_SETUP = ('mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=1777 tmpfs /tmp && '
-                 f'hostname "$1" && echo {ANCHOR_READY_LINE} && exec "$2" -I -S -c "$3" </dev/null >/dev/null 2>&1')
+# run by the anchor before it becomes the reaper: $1 the hostname, $2 the Python that reaps, $3 its
+# code, then the host paths under /tmp the node must see (`host_paths_under_tmp`): each is bound to a
+# mount point in the node's new /dev/shm before /tmp is replaced, then moved to its own path in the
+# node's /tmp, so the node sees those folders of the host and nothing else of the host's /tmp
+_ANCHOR_SETUP = (
+    'set -e; name=$1; python=$2; reaper=$3; shift 3; '
+    'mount -t tmpfs -o mode=1777 tmpfs /dev/shm; '
+    'i=0; for p in "$@"; do mkdir /dev/shm/.host$i; mount --bind "$p" /dev/shm/.host$i; i=$((i+1)); done; '
+    'mount -t tmpfs -o mode=1777 tmpfs /tmp; '
+    'i=0; for p in "$@"; do mkdir -p "$p"; mount --move /dev/shm/.host$i "$p"; rmdir /dev/shm/.host$i; i=$((i+1)); done; '
+    f'hostname "$name"; echo {ANCHOR_READY_LINE}; exec "$python" -I -S -c "$reaper" </dev/null >/dev/null 2>&1')
+SHARED_TMP_ROOTS = ("/tmp",)  # the host folders a node replaces with its own (/dev/shm holds no code)
+
+
+def host_paths_under_tmp(paths: Sequence[str]) -> tuple[str, ...]:
+    """Of ``paths`` (absolute), those under the host's /tmp, which a node replaces with a /tmp of its
+    own, with a path inside another one left out: the folders a node binds from the host so that a
+    checkout, a venv or a HOME under /tmp (``git clone ... /tmp/x``, ``HOME=$(mktemp -d)``) is there
+    in every node too, at the same path."""
+    under = sorted({os.path.realpath(p) for p in paths
+                    if any(os.path.realpath(p).startswith(root + "/") for root in SHARED_TMP_ROOTS)})
+    return tuple(p for p in under if not any(p.startswith(q + "/") for q in under if q != p))
 
 
 @dataclass(frozen=True)
@@ -86,8 +106,8 @@ class Node:
 
         Args:
             argv: the program and its arguments.
-            cwd: its working directory, a path the host and the node share (not under /tmp or
-                /dev/shm, which are the node's own); None: ``/``.
+            cwd: its working directory, a path the host and the node share (under /tmp only in the
+                folders the node binds from the host, `host_paths_under_tmp`); None: ``/``.
         """
         enter = ["nsenter", "--target", str(self.anchor_pid), "--mount", "--uts", "--ipc", "--net", "--pid"]
         if cwd is not None:
@@ -157,9 +177,10 @@ class Node:
                    unshare_pid=int(data["unshare_pid"]))
 
 
-def start_anchor(name: str, namespace: str) -> tuple[int, int]:
+def start_anchor(name: str, namespace: str, host_paths: Sequence[str] = ()) -> tuple[int, int]:
     """Start the anchor of node ``name`` in network namespace ``namespace`` and wait until its
-    /dev/shm, /tmp and hostname are its own.
+    /dev/shm, /tmp and hostname are its own, with ``host_paths`` (folders of the host's /tmp,
+    `host_paths_under_tmp`) bound into its /tmp at the same paths.
 
     Returns:
         (anchor_pid, unshare_pid) as the host numbers them.
@@ -169,7 +190,8 @@ def start_anchor(name: str, namespace: str) -> tuple[int, int]:
     """
     argv = ["ip", "netns", "exec", namespace,
             "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc",
-            "--propagation", "private", "--", "sh", "-c", _ANCHOR_SETUP, "sh", name, sys.executable, _REAPER]
+            "--propagation", "private", "--", "sh", "-c", _ANCHOR_SETUP, "sh", name, sys.executable, _REAPER,
+            *host_paths]
     # its own session: a Ctrl-C in the terminal that ran `testbed up` does not reach the nodes
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

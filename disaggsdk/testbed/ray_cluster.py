@@ -68,9 +68,10 @@ def ray_env() -> dict[str, str]:
 
     Ray turns token authentication on for a head where a token file exists (``~/.ray/auth_token``)
     but not for a node joining it, which is then refused; so the mode is set for all of them:
-    token, unless the caller's environment says otherwise. The head makes the token if there is
-    none; the other nodes read the same file (the nodes share the host's home directory), and so
-    does a driver started in a node with this environment.
+    token, unless the caller's environment says otherwise. `start_ray` makes the token where there
+    is none (`ensure_ray_token`: ``ray start --head`` does not); the other nodes read the same file
+    (the nodes share the host's home directory, also one under /tmp), and so does a driver started
+    in a node with this environment.
     """
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -90,6 +91,7 @@ def start_ray(nodes: Sequence[Node], options: RayOptions) -> str:
     """
     head = nodes[0]
     address = f"{head.address}:{options.port}"
+    ensure_ray_token(ray_env())
     common = ["--disable-usage-stats"]
     if options.num_cpus is not None:
         common.append(f"--num-cpus={options.num_cpus}")
@@ -108,6 +110,36 @@ def start_ray(nodes: Sequence[Node], options: RayOptions) -> str:
                 for k, node in enumerate(nodes) if k > 0])
     wait_for_ray_nodes(head, address, len(nodes))
     return address
+
+
+def ensure_ray_token(env: Mapping[str, str]) -> bool:
+    """Make Ray's authentication token where ``env`` asks for token authentication and no token
+    exists (no ``RAY_AUTH_TOKEN``, no file at ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``), as
+    ``ray get-auth-token --generate`` does: ``ray start --head`` in token mode does not make one,
+    so on a machine that never ran Ray it fails ("Token authentication is enabled but no
+    authentication token was found").
+
+    Returns:
+        whether a token was made (in ``~/.ray/auth_token`` of the HOME in ``env``).
+
+    Raises:
+        TestbedError: Ray could not make it.
+    """
+    if env.get("RAY_AUTH_MODE", "").lower() != "token" or env.get("RAY_AUTH_TOKEN"):
+        return False
+    token_path = env.get("RAY_AUTH_TOKEN_PATH")
+    home = env.get("HOME") or os.path.expanduser("~")
+    if os.path.isfile(token_path) if token_path else os.path.isfile(os.path.join(home, ".ray", "auth_token")):
+        return False
+    if token_path:  # Ray writes only the default path: a named path must be the caller's file
+        raise TestbedError(f"RAY_AUTH_TOKEN_PATH names {token_path}, which does not exist: make the token there "
+                           "(`ray get-auth-token --generate` writes ~/.ray/auth_token) or unset it")
+    # the token goes to stdout: it is read and dropped here, never printed
+    done = subprocess.run(ray_argv("get-auth-token", "--generate"), capture_output=True, text=True,
+                          env=dict(env), timeout=RAY_STOP_TIMEOUT_S)
+    if done.returncode != 0:
+        raise TestbedError(f"could not make Ray's authentication token: {done.stderr.strip()[-1000:]}")
+    return True
 
 
 def _ray_start(starts: Sequence[tuple[Node, list[str]]]) -> None:

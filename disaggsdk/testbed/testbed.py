@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -38,7 +39,7 @@ from disaggsdk.testbed.naming import (
     switch_namespace,
     switch_port,
 )
-from disaggsdk.testbed.node import LinkCounters, Node, start_anchor, stop_anchor, wait_gone
+from disaggsdk.testbed.node import LinkCounters, Node, host_paths_under_tmp, start_anchor, stop_anchor, wait_gone
 from disaggsdk.testbed.packet_delay import records_of, stop_delayers
 from disaggsdk.testbed.ray_cluster import RayOptions, start_ray, stop_ray
 from disaggsdk.testbed.state import NodeStatusState, StateFile
@@ -313,6 +314,14 @@ def _shape(link: LinkSpec, namespace: str, interface: str, sw: str, port: str, n
         set_link_delay(replace(link, delay_ms=delay_ms), namespace, interface, delayer_record)
 
 
+def paths_nodes_run_from() -> tuple[str, ...]:
+    """The host folders a node's commands need as the host has them: the working directory (the
+    checkout a command runs in), this Python's environment and its base, the package's own folder
+    (an editable checkout, or site-packages) and HOME (Ray's token, caches)."""
+    package_parent = Path(__file__).resolve().parents[2]
+    return (os.getcwd(), sys.prefix, sys.base_prefix, str(package_parent), os.path.expanduser("~"))
+
+
 def _make_node(name: str, index: int, link: LinkSpec, netem: bool, state_dir: Path) -> Node:
     namespace, port, address = node_namespace(name, index), switch_port(index), node_address(index)
     sw = switch_namespace(name)
@@ -327,7 +336,7 @@ def _make_node(name: str, index: int, link: LinkSpec, netem: bool, state_dir: Pa
     run_tool(["ip", "-n", namespace, "link", "set", NODE_INTERFACE, "up"])
     node = node_name(name, index)
     _shape(link, namespace, NODE_INTERFACE, sw, port, netem, link_delay_record(state_dir, node), fresh=True)
-    anchor_pid, unshare_pid = start_anchor(node, namespace)
+    anchor_pid, unshare_pid = start_anchor(node, namespace, host_paths_under_tmp(paths_nodes_run_from()))
     return Node(name=node, index=index, address=address, namespace=namespace, interface=NODE_INTERFACE,
                 switch_port=port, anchor_pid=anchor_pid, unshare_pid=unshare_pid)
 

@@ -25,6 +25,7 @@ from disaggsdk.testbed import (
 from disaggsdk.testbed import link as link_module
 from disaggsdk.testbed import testbed as testbed_module
 from disaggsdk.testbed.naming import namespace_prefix, state_path
+from disaggsdk.testbed.node import host_paths_under_tmp
 from tests.testbed.conftest import (
     host_mounts,
     host_network,
@@ -95,6 +96,29 @@ def test_dev_shm_and_tmp_of_a_node_are_its_own(testbed):
         assert tb.node(0).run(["cat", f"{directory}/{marker}"]).stdout == "hello\n"
         assert tb.node(1).run(["test", "-e", f"{directory}/{marker}"], check=False).returncode == 1
         assert not os.path.exists(f"{directory}/{marker}")  # nor on the host
+
+
+def test_host_paths_under_tmp_are_the_outermost_folders_under_tmp():
+    assert host_paths_under_tmp(["/tmp/x", "/tmp/x/.venv", "/usr", "/home/me", "/tmp/h", "/tmpfoo/y"]) == ("/tmp/h", "/tmp/x")
+    assert host_paths_under_tmp(["/work/main", "/usr"]) == ()
+
+
+def test_a_node_sees_the_host_folders_it_runs_from_under_tmp_and_nothing_else_of_tmp(testbed, tmp_path, monkeypatch):
+    """A checkout, venv or HOME under /tmp (``git clone ... /tmp/x``, ``HOME=$(mktemp -d)``) is in every
+    node at its own path, the host's folder itself (a write is seen on the host); the rest of the
+    host's /tmp is not there."""
+    checkout, other = tmp_path / "checkout", tmp_path / "other"
+    checkout.mkdir()
+    other.mkdir()
+    (checkout / "code.py").write_text("x = 1\n")
+    monkeypatch.setattr(testbed_module, "paths_nodes_run_from", lambda: (str(checkout), str(checkout / "venv"), "/usr"))
+    node = testbed(nodes=1).node(0)
+    assert node.run(["cat", str(checkout / "code.py")]).stdout == "x = 1\n"
+    node.run(["sh", "-c", f"echo from-node > {checkout}/written"], cwd=str(checkout))
+    assert (checkout / "written").read_text() == "from-node\n"
+    assert node.run(["test", "-e", str(other)], check=False).returncode == 1
+    assert node.run(["ls", "-A", "/tmp"]).stdout.split() == [checkout.parts[2]]  # /tmp holds only the way to it
+    assert node.run(["ls", "-A", "/dev/shm"]).stdout.split() == []  # the bind's staging point is gone
 
 
 def test_tcp_between_nodes_crosses_both_links_and_status_counts_it(testbed):
