@@ -21,6 +21,8 @@ from disaggsdk.spec.types import Spec
 if TYPE_CHECKING:
     from rich.console import Group
 
+    from disaggsdk.plan.render import TextPrinter
+
 SCHEMA_VERSION = 2  # 2: each instance's "memory" (issue 35)
 DEFAULT_NUM_TOKENS = 1024
 
@@ -149,6 +151,15 @@ class Plan:
         from disaggsdk.plan.render import plan_html
 
         return plan_html(self)
+
+    def __str__(self) -> str:
+        """The tables a terminal shows, as plain text: ``print(plan)`` in a script prints them."""
+        from disaggsdk.plan.render import plan_text
+
+        return plan_text(self)
+
+    def _repr_pretty_(self, printer: TextPrinter, cycle: bool) -> None:
+        printer.text(str(self))  # IPython's text view (a terminal console, text/plain): the tables, not the fields
 
 
 def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:

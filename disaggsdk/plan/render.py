@@ -1,13 +1,15 @@
-"""Showing a plan: rich tables in a terminal, an HTML table in Jupyter.
+"""Showing a plan: rich tables in a terminal, the same tables as plain text for ``print``, an HTML
+table in Jupyter.
 
-Both faces render the same rows, built once by `plan_tables`; nothing here computes the plan.
+Every face renders the same rows, built once by `plan_tables`; nothing here computes the plan.
 """
 
 from __future__ import annotations
 
 import html
+import io
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from disaggsdk.plan.writes import expected_writes
 
@@ -17,6 +19,12 @@ if TYPE_CHECKING:
     from disaggsdk.plan.memory import RankMemory
     from disaggsdk.plan.plan import Plan
     from disaggsdk.plan.routes import Route, Transfer
+
+class TextPrinter(Protocol):
+    """The part of IPython's pretty printer that a ``_repr_pretty_`` uses."""
+
+    def text(self, obj: str) -> None: ...
+
 
 # (title, column headers, rows of cells)
 TableData = tuple[str, tuple[str, ...], Sequence[tuple[str, ...]]]
@@ -224,6 +232,31 @@ def plan_renderable(plan: Plan, num_tokens: int = 1024) -> Group:
             table.add_row(*row)
         tables.append(table)
     return Group(*tables)
+
+
+# a ceiling for `plan_text`, not the width printed: rich tables take their natural width, and the
+# widest cell of a plan (a memory problem and its fixes) is about 350 characters
+PLAN_TEXT_COLUMNS = 400
+
+
+def plan_text(plan: Plan, num_tokens: int = 1024) -> str:
+    """The plan as plain text: the tables a terminal shows (`plan_renderable`), without colour and
+    never cut to 80 columns, for ``print(plan)``, ``str(plan)`` and IPython's text view.
+
+    Args:
+        plan: the plan to show.
+        num_tokens: prompt length for the expected-writes column.
+
+    Returns:
+        The tables, one line per row, trailing spaces trimmed.
+    """
+    from rich.console import Console
+
+    out = io.StringIO()
+    # force_jupyter=False: in a kernel rich would display the tables as a cell output, not write them to out
+    console = Console(file=out, width=PLAN_TEXT_COLUMNS, color_system=None, highlight=False, force_jupyter=False)
+    console.print(plan_renderable(plan, num_tokens))
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def plan_html(plan: Plan, num_tokens: int = 1024) -> str:

@@ -71,6 +71,22 @@ def test_rich_and_html_show_ranks_and_routes():
     assert "prefill-0 → decode-0" in html and "[6, 7)" in html
 
 
+def test_print_and_str_give_the_tables_a_terminal_shows_never_cut():
+    """``print(plan)`` in a script: the rich tables as plain text, as wide as their cells (a memory
+    problem with its fixes is one line), and IPython's text view the same; never the attrs fields."""
+    from IPython.lib.pretty import pretty
+
+    plan = make_plan(make_spec(8, 4, model="qwen3-coder"))  # float32 weights: does not fit, a long problem line
+    console = Console(width=400, record=True, file=io.StringIO(), color_system=None)
+    console.print(plan)
+    terminal = "\n".join(line.rstrip() for line in console.export_text().splitlines())
+    assert str(plan) == terminal == pretty(plan)
+    assert not str(plan).startswith("Plan(") and "\x1b[" not in str(plan)
+    (problem, *_) = plan.memory_problems
+    assert problem in str(plan)  # whole: not cut to the width of a terminal that is not there
+    assert repr(plan).startswith("Plan(spec=")  # repr stays the value's
+
+
 def test_import_stays_light():
     code = (
         "import sys, disaggsdk.plan; from disaggsdk.plan import make_plan;"
