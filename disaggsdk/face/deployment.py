@@ -2,7 +2,7 @@
 
     with Cluster.from_yaml("specs/tiny_local.yaml").launch(port=0) as d:
         print(d.generate("def fib(n):"))
-        d.bench(num_prompts=20, qps=4, input_len=256, output_len=32)
+        print(d.bench(num_prompts=20, request_rate=4, input_len=256, output_len=32))
 
 `launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a `serve.router.Router`); `serve_model` one
 colocated engine in this process. Either way `shutdown` (or leaving the ``with``) stops the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import socket
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.engine.speculative.stats import SpecStats
+    from disaggsdk.report.bench_report import BenchReport
     from disaggsdk.report.dashboard import Dashboard
     from disaggsdk.report.deployment_metrics import DeploymentMetrics
     from disaggsdk.report.ttft_phases import PhaseSummary
@@ -149,20 +151,43 @@ class Deployment:
         r.raise_for_status()
         return r.json()["choices"][0]["text"]
 
-    def bench(self, num_prompts: int = 32, qps: float = math.inf, input_len: int = 256, output_len: int = 32,
-              range_ratio: float = 0.0, burstiness: float = 1.0, max_concurrency: int | None = None,
-              slos_ms: dict[str, float] | None = None, seed: int = 0) -> dict[str, Any]:
-        """Run a benchmark against this deployment (random prompts).
+    def bench(self, num_prompts: int = 32, request_rate: float = math.inf, input_len: int = 256,
+              output_len: int = 32, range_ratio: float = 0.0, burstiness: float = 1.0,
+              max_concurrency: int | None = None, slos_ms: dict[str, float] | None = None, seed: int = 0,
+              *, qps: float | None = None) -> BenchReport:
+        """Run a benchmark against this deployment (random prompts), as ``disaggsdk bench`` does.
 
+        Args:
+            num_prompts: requests to send.
+            request_rate: requests per second, Poisson arrivals (``--request-rate``, vLLM's name);
+                ``math.inf`` sends them all at once.
+            input_len, output_len: prompt and answer tokens per request.
+            range_ratio: lengths drawn uniformly within ``±range_ratio`` of them.
+            burstiness: the arrival gaps' gamma shape (1.0: Poisson).
+            max_concurrency: requests in flight at most.
+            slos_ms: SLOs for ``request_goodput``, e.g. ``{"ttft": 500, "tpot": 50}``.
+            seed: seeds the prompts and the arrivals.
+            qps: deprecated alias of ``request_rate`` (warns).
         Returns:
-            vLLM ``bench serve`` style results (`disaggsdk.bench.serve_bench.bench`).
+            vLLM ``bench serve`` style results (`disaggsdk.bench.serve_bench.bench`): a dict by its keys,
+            the table ``disaggsdk bench`` prints by ``print`` and in a notebook.
+        Raises:
+            TypeError: both ``request_rate`` and ``qps`` are given.
+            BenchError: a rate or burstiness <= 0, or the server cannot be reached.
         """
         from disaggsdk.bench.dataset import random_requests
         from disaggsdk.bench.serve_bench import LoadShape, bench
+        from disaggsdk.report.bench_report import BenchReport
 
+        if qps is not None:
+            if request_rate != math.inf:
+                raise TypeError("Deployment.bench: give request_rate only (qps is its old name)")
+            warnings.warn("Deployment.bench(qps=...) is now request_rate=... (the name of `disaggsdk bench "
+                          "--request-rate` and vLLM's); qps will be removed", DeprecationWarning, stacklevel=2)
+            request_rate = qps
         requests = random_requests(num_prompts, input_len, output_len, range_ratio, seed)
-        shape = LoadShape(qps, burstiness, max_concurrency, seed)
-        return bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms)
+        shape = LoadShape(request_rate, burstiness, max_concurrency, seed)
+        return BenchReport(bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms), self.name)
 
     def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
@@ -233,8 +258,9 @@ class Deployment:
         return DeploymentMetrics(self.server_metrics.num_served, tuple(rows), self.name, notes)
 
     def dashboard(self, start: bool = True, interval_s: float = 1.0) -> Dashboard:
-        """An ipywidgets dashboard of this deployment (display it in a notebook cell; where widgets cannot
-        run, such as a notebook exported to HTML, the cell shows a static snapshot of it).
+        """A live dashboard of this deployment: the instance table and TTFT / inter-token latency over time,
+        redrawn in place in a notebook cell (show it as a cell's last expression). A saved notebook and its
+        HTML export keep the last picture (`report.dashboard`).
 
         Args:
             start: refresh it every ``interval_s`` in the background (until `shutdown`).

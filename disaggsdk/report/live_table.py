@@ -48,23 +48,33 @@ def instance_table(rows: Sequence[InstanceRow], title: str = "instances") -> Tab
     return table
 
 
-def summary_table(results: Sequence[tuple[str, Mapping[str, object]]]) -> Table:
-    """Benchmark results side by side (one column per run), vLLM field names as row labels."""
-    table = Table(title="benchmark", title_justify="left")
-    table.add_column("metric")
-    for name, _ in results:
-        table.add_column(name, justify="right")
+def summary_rows(results: Sequence[tuple[str, Mapping[str, object]]]) -> list[tuple[str, ...]]:
+    """The cells of the benchmark table: a row per metric any run has (vLLM field names first, in a
+    fixed order, then the extra TTFT/ITL percentiles asked for), the metric's name then one cell per run
+    (``-`` where a run lacks it or it is None; floats with two decimals)."""
     keys = ["completed", "failed", "duration", "request_throughput", "output_throughput", "request_goodput",
             "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
             "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "mean_tokens_per_s_per_request"]
     # extra TTFT/ITL percentiles asked for (p99.9...) follow the fixed rows
     keys += sorted({k for _, r in results for k in r if re.fullmatch(r"p[\d.]+_(ttft|itl)_ms", k)} - set(keys)
                    - {f"p{p}_{m}_ms" for p in (50, 90) for m in ("ttft", "itl")})
+    rows = []
     for key in keys:
         if not any(key in r for _, r in results):
             continue
         cells = [r.get(key) for _, r in results]
-        table.add_row(key, *("-" if c is None else f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells))
+        rows.append((key, *("-" if c is None else f"{c:.2f}" if isinstance(c, float) else str(c) for c in cells)))
+    return rows
+
+
+def summary_table(results: Sequence[tuple[str, Mapping[str, object]]]) -> Table:
+    """Benchmark results side by side (one column per run), vLLM field names as row labels (`summary_rows`)."""
+    table = Table(title="benchmark", title_justify="left")
+    table.add_column("metric")
+    for name, _ in results:
+        table.add_column(name, justify="right")
+    for row in summary_rows(results):
+        table.add_row(*row)
     return table
 
 

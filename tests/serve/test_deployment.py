@@ -28,12 +28,32 @@ def test_deployment_context_manager_leaves_nothing_running():
         assert m.num_served == 1 and m.rows[0].name == "mixed-0" and m.row("mixed-0").num_requests == 1
         assert "mixed-0" in m._repr_html_() and "mixed-0" in str(m) and m.frame().loc["mixed-0", "num_requests"] == 1
         rows = dash.refresh()
-        assert rows[0].num_requests == 1 and "<svg" in dash.plot.value
+        assert rows[0].num_requests == 1 and "<circle" in dash.plot_svg
         assert our_threads()
     assert not d.alive and not our_threads()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)
     d.shutdown()  # idempotent
+
+
+def test_bench_takes_request_rate_as_the_cli_names_it_and_prints_its_table():
+    """``request_rate`` is ``--request-rate``'s (and vLLM's) name; ``qps`` still works, with a
+    DeprecationWarning; the result is vLLM's dict and prints as the table ``disaggsdk bench`` prints."""
+    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.face.deployment import serve_model
+
+    with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), port=0) as d:
+        result = d.bench(num_prompts=3, request_rate=50.0, input_len=16, output_len=2, seed=1)
+        assert result["completed"] == 3 and result["request_rate"] == 50.0
+        text = str(result)
+        assert text.splitlines()[0] == "benchmark" and "completed" in text and "median_ttft_ms" in text
+        assert d.name in text and "{" not in text
+        with pytest.warns(DeprecationWarning, match="request_rate"):
+            old = d.bench(num_prompts=2, qps=40.0, input_len=16, output_len=2, seed=1)
+        assert old["completed"] == 2 and old["request_rate"] == 40.0
+        with pytest.raises(TypeError, match="request_rate only"):
+            d.bench(num_prompts=2, request_rate=10.0, qps=10.0)
+        assert d.metrics().num_served == 5  # the refused call sent nothing
 
 
 @pytest.mark.slow  # nine units start to say so; tests/launch/test_cuda_units.py runs the two-unit case by default
