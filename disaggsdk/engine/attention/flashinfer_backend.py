@@ -14,7 +14,11 @@ torch reference does (`engine.kv_scales.to_cache`); the wrappers are planned wit
 (FlashInfer folds k_scale into the softmax scale and multiplies the output by v_scale). MLA passes
 the latent's one scale as both ``ckv_scale`` and ``kpe_scale``; FlashInfer's fp8 MLA path needs an
 SM90 GPU, bfloat16 queries and DeepSeek's 512 + 64 latent. Tested against the reference by the
-``gpu``-marked tests only: not claimed working until they have run on a GPU.
+``gpu``-marked tests only: not claimed working until they have run on a GPU. What is checked on a
+CPU (tests/gpu_api): every FlashInfer call made here binds to the installed FlashInfer's signatures
+and annotations, through FlashInfer's current (not deprecated) forms: the MLA wrapper is planned with
+an ``MLAPlanMetadata`` and keywords, and run with ``query=`` / ``kv_cache=`` pairs (the split
+layouts its flat legacy form meant).
 
 CUDA-graph decode (`engine.cuda_graph_step`): FlashInfer's decode wrapper in graph mode keeps its
 page table in buffers fixed at construction, one wrapper per captured batch size (all over one set
@@ -27,14 +31,17 @@ plans with are the last eager decode step's (the model gives them to ``run`` onl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
-from disaggsdk.engine.attention import AttentionBackendError
+from disaggsdk.engine.attention import FLASHINFER_INSTALL, AttentionBackendError, FlashInferMissing
 from disaggsdk.engine.kv_scales import to_cache
 
 if TYPE_CHECKING:
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
+
     from disaggsdk.engine.cuda_graph_step import PaddedDecode
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.kv_cache import KVCache
@@ -42,15 +49,24 @@ if TYPE_CHECKING:
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-k workspace
 
 
-def _import_flashinfer():
+def _import_flashinfer() -> ModuleType:
+    """The ``flashinfer`` package; its absence is a `FlashInferMissing` that says what to install."""
     try:
         import flashinfer
     except ImportError as exc:
-        raise AttentionBackendError(
-            f"the flashinfer attention backend needs the flashinfer-python package ({exc}); "
-            f"install it on a CUDA machine, or use attention_backend='torch_ref'"
+        raise FlashInferMissing(
+            f"the flashinfer attention backend needs the flashinfer package ({exc}): {FLASHINFER_INSTALL}; "
+            f"or use attention_backend='torch_ref'"
         ) from None
     return flashinfer
+
+
+def _require_cuda(device: torch.device) -> None:
+    """FlashInfer's kernels run on CUDA tensors only."""
+    if device.type != "cuda":
+        raise AttentionBackendError(
+            f"the flashinfer backend needs the KV cache on a CUDA device, not {device}; use torch_ref on CPU"
+        )
 
 
 class FlashInferBackend:
@@ -59,31 +75,33 @@ class FlashInferBackend:
     Args:
         kv_cache: the rank's cache, on a CUDA device.
     Raises:
-        AttentionBackendError: no flashinfer, or a cache that is not on a CUDA device.
+        FlashInferMissing: the flashinfer package cannot be imported.
+        AttentionBackendError: a cache that is not on a CUDA device.
     """
 
     def __init__(self, kv_cache: KVCache):
-        flashinfer = _import_flashinfer()
+        _import_flashinfer()  # its absence is a typed error that says what to install
+        from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
         device = kv_cache.buffer.device
-        if device.type != "cuda":
-            raise AttentionBackendError(
-                f"the flashinfer backend needs the KV cache on a CUDA device, not {device}; use torch_ref on CPU"
-            )
+        _require_cuda(device)
         self.kv_cache = kv_cache
         self._workspace = workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         if kv_cache.fmt.attention == "mla":
-            self._mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
+            self._mla = BatchMLAPagedAttentionWrapper(workspace)
         else:
-            self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_cache.layout)
-            self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_cache.layout)
+            self._prefill = BatchPrefillWithPagedKVCacheWrapper(workspace, kv_cache.layout)
+            self._decode = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_cache.layout)
         self._page_size = 0  # tokens per page of the planned step
         self._planned_key: tuple | None = None  # (num_q_heads, sm_scale, dtype) of the current plan
         self._is_decode = False
         self._new_page: torch.Tensor | None = None  # [num_tokens], int64
         self._new_offset: torch.Tensor | None = None  # [num_tokens], int64
         self._decode_key: tuple | None = None  # the last eager decode plan's key: what graphs plan with
-        self._graph_wrappers: dict[int, Any] = {}  # captured batch size -> graph-mode decode wrapper
-        self._graph_wrapper: Any = None  # the one a graph replay of this step runs; None: eager step
+        # captured batch size -> graph-mode decode wrapper
+        self._graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
+        self._graph_wrapper: BatchDecodeWithPagedKVCacheWrapper | None = None  # what a replay runs; None: eager
 
     def plan(self, batch: ForwardBatch) -> None:
         """Keep the step's metadata; the wrapper itself is planned at the step's first `run`."""
@@ -145,6 +163,7 @@ class FlashInferBackend:
         v_tm[self._new_page, self._new_offset] = to_cache(v, v_tm.dtype, v_scale)
         self._plan_gqa(q.shape[1], sm_scale, q.dtype)
         paged = self.kv_cache.k_v(layer_id)  # strided K and V views in the pool's layout
+        wrapper: BatchDecodeWithPagedKVCacheWrapper | BatchPrefillWithPagedKVCacheWrapper
         wrapper = self._graph_wrapper or (self._decode if self._is_decode else self._prefill)
         if self.kv_cache.dtype != torch.float8_e4m3fn:
             return wrapper.run(q.contiguous(), paged)
@@ -166,21 +185,28 @@ class FlashInferBackend:
         cache[self._new_page, self._new_offset] = to_cache(torch.cat([kv_latent, k_rope], dim=-1), cache.dtype, scale)
         key = (q_latent.shape[1], sm_scale, q_latent.dtype)
         if key != self._planned_key:
+            from flashinfer.mla import MLAPlanMetadata
+
             m = self._meta
             page_size = self._page_size
             num_pages = m["kv_page_indptr"][1:] - m["kv_page_indptr"][:-1]
             kv_len = (num_pages - 1) * page_size + m["kv_last_page_len"]
+            # by keyword, with the page table as one metadata value: FlashInfer 0.7 deprecates the
+            # positional and flat-tensor forms. "split": the query and the cache come as (latent,
+            # rope) pairs, as the flat form implied
             self._mla.plan(
-                m["qo_indptr"], m["kv_page_indptr"], m["kv_page_indices"], kv_len.to(torch.int32),
-                q_latent.shape[1], rank, k_rope.shape[1], page_size, True, sm_scale,
-                q_latent.dtype, self.kv_cache.dtype,
+                metadata=MLAPlanMetadata.csr(qo_indptr=m["qo_indptr"], kv_indptr=m["kv_page_indptr"],
+                                             kv_indices=m["kv_page_indices"], kv_len_arr=kv_len.to(torch.int32)),
+                num_heads=q_latent.shape[1], head_dim_ckv=rank, head_dim_kpe=k_rope.shape[1], page_size=page_size,
+                causal=True, sm_scale=sm_scale, q_data_type=q_latent.dtype, kv_data_type=self.kv_cache.dtype,
+                query_layout="split", kv_cache_layout="split",
             )
             self._planned_key = key
-        # the latent and rope parts are adjacent slices of one page: no copy
+        query = (q_latent.contiguous(), q_rope.contiguous())
+        kv_pages = (cache[..., :rank], cache[..., rank:])  # adjacent slices of one page: no copy
         if self.kv_cache.dtype != torch.float8_e4m3fn:
-            return self._mla.run(q_latent.contiguous(), q_rope.contiguous(), cache[..., :rank], cache[..., rank:])
-        return self._mla.run(q_latent.contiguous(), q_rope.contiguous(), cache[..., :rank], cache[..., rank:],
-                             ckv_scale=scale, kpe_scale=scale)
+            return self._mla.run(query=query, kv_cache=kv_pages)
+        return self._mla.run(query=query, kv_cache=kv_pages, ckv_scale=scale, kpe_scale=scale)
 
     # CUDA-graph decode (engine.cuda_graph_step)
 
@@ -197,7 +223,8 @@ class FlashInferBackend:
             batch_sizes: the captured sizes.
             max_num_page_ids: the longest padded page list a step may hold.
         """
-        flashinfer = _import_flashinfer()
+        from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
         device = self.kv_cache.buffer.device
         largest = max(batch_sizes)
         self._graph_kv_page_indptr = torch.zeros(largest + 1, dtype=torch.int32, device=device)  # [largest + 1]
@@ -206,7 +233,7 @@ class FlashInferBackend:
         self._graph_new_page = torch.zeros(largest, dtype=torch.int64, device=device)  # [largest]
         self._graph_new_offset = torch.zeros(largest, dtype=torch.int64, device=device)  # [largest]
         self._graph_wrappers = {
-            size: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            size: BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, self.kv_cache.layout, use_cuda_graph=True,
                 paged_kv_indptr_buffer=self._graph_kv_page_indptr[:size + 1],
                 paged_kv_indices_buffer=self._graph_kv_page_indices,
