@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(
         prog="disaggsdk",
-        description="Plan, launch and measure disaggregated prefill/decode LLM serving.",
+        description="Plan, launch and measure disaggregated prefill/decode LLM serving.\n\n"
+                    "--version -v (or --version --verbose) also prints torch's version, this CPU and the\n"
+                    "kernels the engine will run on it.",
         epilog=EXIT_CODES_EPILOG, formatter_class=HelpFormatter,
     )
     add_global_options(parser, top_level=True)
