@@ -306,7 +306,17 @@ def path_problem(word: str, source: Path) -> str | None:
                 return None
         elif (base / word).exists():
             return None
+    if word.endswith(".so") and _extension_module(word) in names_the_code_spells():
+        return None  # a native extension the build makes (`_fabric*.so`): absent from a clean checkout
     return "no such file or folder in the repository"
+
+
+def _extension_module(word: str) -> str:
+    """The module a native extension's file name stands for: ``disaggsdk.transfer._fabric`` of
+    ``disaggsdk/transfer/_fabric*.so`` or of ``transfer/_fabric.cpython-311-x86_64-linux-gnu.so``."""
+    stem = re.sub(r"(?:\*|\.[\w-]+)?\.so$", "", word)
+    name = stem.replace("/", ".")
+    return name if name.startswith(f"{PACKAGE}.") else f"{PACKAGE}.{name}"
 
 
 def _brace_free(pattern: str) -> str:

@@ -68,6 +68,7 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
     "launch.cuda_devices", "engine.cuda_graph_step",  # a spec section that is also a package
     "engine/cuda_graph_step.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",
+    "disaggsdk/transfer/_fabric*.so",
     "disaggsdk plan specs/qwen3_coder.yaml --json", "disaggsdk --version -v", "disaggsdk testbed bench --input-lens 1024",
     "python -m tools.train_tiny.eval", "python -m disaggsdk.spec.reference --write",
     "torch.compile", "self.pages", "config.json", "state.num_computed_tokens",  # not ours: not read
@@ -87,6 +88,7 @@ def test_names_that_exist_pass(text):
     ("serve.autoscale.no_such_key", "spec key: neither a spec key nor a module"),
     ("engine/no_such_step.py", "path: no such file or folder in the repository"),
     ("tools/no_such_check.sh", "path: no such file or folder in the repository"),
+    ("disaggsdk/transfer/_no_such_extension*.so", "path: no such file or folder in the repository"),
     ("disaggsdk deploy specs/x.yaml", "command: no command 'deploy'"),
     ("disaggsdk plan SPEC --yaml", "command: disaggsdk plan has no option --yaml"),
     ("disaggsdk testbed up --no-such-flag", "command: disaggsdk testbed up has no option --no-such-flag"),
@@ -135,6 +137,9 @@ def test_removing_a_named_module_makes_the_real_check_fail(tmp_path, monkeypatch
     named_things._module_tree.cache_clear()
     try:
         problems = dangling([package / "launch" / "unit_heartbeat.py"])
+        # the copy has no built extension either, as a clean checkout: its file is named by the build
+        unbuilt = named_things.path_problem("disaggsdk/transfer/_fabric*.so", ROOT / "docs" / "install.md")
     finally:
         named_things._module_tree.cache_clear()
     assert any("launch.unit_silence" in line for line in problems), problems
+    assert not list(package.rglob("*.so")) and unbuilt is None
