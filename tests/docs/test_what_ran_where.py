@@ -93,10 +93,11 @@ SERVING = (
 )
 HOST_MIRROR_GPU = (
     "tests/memory/test_host_mirror.py::test_cuda_pools_stage_as_the_cpu_twin",
-    "tests/launch/test_kv_pools.py::test_cuda_pools_are_device_memory_or_mirrored_and_read_as_the_host_twin",
+    "tests/launch/test_kv_pools.py::test_cuda_pools_staged_through_host_mirrors_read_as_the_host_twin",
 )
 FP8_GEMM = ("tests/engine/test_fp8_linear.py::test_cuda_blockwise_fp8_linear_matches_the_cpu_twin",)
-REGISTER_DEVICE_MEMORY = ("tests/memory/test_shared_memory_cuda.py::test_register_device_memory_with_the_transfer_engine",)
+REGISTER_DEVICE_MEMORY = ("tests/memory/test_shared_memory_cuda.py::test_register_device_memory_with_the_transfer_engine",
+                          "tests/launch/test_kv_pools.py::test_cuda_pools_are_registered_as_device_memory_and_take_writes_there")
 
 # row (its first cell, as the tables write it) -> the tests behind it
 BACKING: dict[str, Backing] = {
