@@ -25,6 +25,7 @@ A GPU cell that claims a run must name `gpu` tests whose docs/gpu.md rows no lon
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -307,7 +308,10 @@ def test_a_gpu_cell_rests_on_gpu_tests_that_docs_gpu_records(collected):
 
 
 def test_never_run_on_a_gpu_is_not_claimed_where_the_gpu_tests_run():
-    torch = pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:
+        return  # no torch, no gpu test runs here: "never run" stays true
+    import torch
+
     if not torch.cuda.is_available():
         return  # the gpu tests skip here: "never run" stays true
     said = [f"{row.page}: {row.piece!r}: {row.gpu!r}" for row in all_rows() if row.claims_gpu_not_run and BACKING[row.piece].gpu]
