@@ -231,6 +231,7 @@ class CudaGraphStep:
             and int(batch.kv_page_indices.numel()) + size - n <= self.max_num_page_ids
         )
 
+    @torch.inference_mode()  # the static buffers it refills were made under capture's inference mode
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states after the final norm for a ``batch`` `can_run` accepted, [num_tokens,
         hidden_size] (a copy: the graph's output buffer is overwritten by the next replay)."""

@@ -207,8 +207,7 @@ def test_cuda_graph_decode_plans_and_runs_the_installed_graph_wrappers(recorder,
         assert made["paged_kv_last_page_len_buffer"].shape == (size,)  # type: ignore[attr-defined]
     batch = build_forward_batch([BatchItem([3], 5, [0, 1]), BatchItem([4], 2, [2]), BatchItem([5], 0, [3])], PAGE_SIZE)
     assert graphs.can_run(batch)
-    with torch.inference_mode():  # as ModelRunner.run replays it
-        hidden = graphs(batch)
+    hidden = graphs(batch)  # outside inference mode: the step enters it itself
     assert hidden.shape == (3, model.arch.hidden_size) and graphs.num_replays == 1
     replayed = [c for c in wrappers[2].calls if c.name.endswith(".plan")][-1]  # 3 requests replay the graph of 4
     assert replayed.arguments["indptr"].shape == (5,)  # type: ignore[attr-defined]
