@@ -31,7 +31,6 @@ plans with are the last eager decode step's (the model gives them to ``run`` onl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,16 +48,15 @@ if TYPE_CHECKING:
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-k workspace
 
 
-def _import_flashinfer() -> ModuleType:
-    """The ``flashinfer`` package; its absence is a `FlashInferMissing` that says what to install."""
+def _require_flashinfer() -> None:
+    """Imports ``flashinfer``: its absence is a `FlashInferMissing` that says what to install, not an ImportError."""
     try:
-        import flashinfer
+        import flashinfer  # noqa: F401
     except ImportError as exc:
         raise FlashInferMissing(
             f"the flashinfer attention backend needs the flashinfer package ({exc}): {FLASHINFER_INSTALL}; "
             f"or use attention_backend='torch_ref'"
         ) from None
-    return flashinfer
 
 
 def _require_cuda(device: torch.device) -> None:
@@ -80,7 +78,7 @@ class FlashInferBackend:
     """
 
     def __init__(self, kv_cache: KVCache):
-        _import_flashinfer()  # its absence is a typed error that says what to install
+        _require_flashinfer()
         from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
