@@ -1,17 +1,14 @@
-"""The Jupyter dashboard: an ipywidgets box with the instance table and the latency plot.
+"""The Jupyter dashboard: the instance table and the latency plot, one cell output redrawn in place.
 
 It is updated from the kernel: `refresh()` once, or `start()` a thread that refreshes every
 ``interval_s`` until `stop()`. Numbers come from `disaggsdk.report.live`; this file only renders.
 
-Where widgets cannot run (a notebook exported to static HTML, GitHub, a viewer without the kernel)
-the display falls back to a snapshot: the same table and plot as plain HTML and inline SVG, no
-script. In Jupyter the widget's JavaScript comes from the installed ``jupyterlab_widgets`` /
-``widgetsnbextension`` packages (dependencies of ipywidgets), never from a CDN.
-
-nbconvert shows the snapshot when the notebook carries no widget state (JupyterLab saves none by
-default). With widget state it picks the widget view and fetches its renderer from unpkg.com,
-which no Python package ships: execute for export with
-``jupyter nbconvert --execute --ExecutePreprocessor.store_widget_state=False --to html``.
+The output is plain HTML (a table and an inline SVG plot) redrawn through a display id
+(`report.live_output`), not an ipywidget: the live view needs no widget JavaScript, and what a saved
+or exported notebook keeps is the last picture. ``jupyter nbconvert --to html --execute`` with its
+defaults stores the state of every widget a notebook made and then renders widget outputs with a
+widget manager fetched from unpkg.com, which an offline machine cannot reach: a widget dashboard
+exported so is blank there; this one shows its tables and plots.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from disaggsdk.report.console import plain_text
 from disaggsdk.report.live import InstanceRow, Served, instance_rows, latency_series
+from disaggsdk.report.live_output import LiveOutput
 from disaggsdk.report.live_table import instance_table
 from disaggsdk.report.svg_plot import latency_svg
 
@@ -55,42 +53,49 @@ def rows_html(rows: Sequence[InstanceRow]) -> str:
 
 
 class Dashboard:
-    """Live view of a deployment in a notebook.
+    """Live view of a deployment in a notebook: the last expression of a cell, or ``display(dashboard)``.
 
     Args:
         served: returns the recent finished requests (``ServerMetrics.recent``).
         stats: returns the instance snapshots (``ServerMetrics.stats``).
         title: shown on top.
         interval_s: refresh period of `start`.
+
+    Attributes:
+        rows: the instance rows of the last refresh.
+        table_html: those rows as an HTML table (`rows_html`).
+        plot_svg: TTFT and inter-token latency over time, as an SVG document (`svg_plot.latency_svg`).
+        output: the cell output it redraws (`live_output.LiveOutput`).
     """
 
     def __init__(self, served: Callable[[], Sequence[Served]], stats: Callable[[], Sequence[InstanceStats]],
                  title: str = "deployment", interval_s: float = 1.0):
-        import ipywidgets as widgets
-
         self._served, self._stats, self._title = served, stats, title
         self.interval_s = interval_s
         self.origin_s = time.monotonic()
-        self.table = widgets.HTML()  # rows_html of the last refresh
-        self.plot = widgets.HTML()  # latency_svg of the last refresh
-        self.widget = widgets.VBox([widgets.HTML(self._heading()), self.table, self.plot])
-        self.rows: list[InstanceRow] = []  # of the last refresh
+        self.rows: list[InstanceRow] = []
+        self.table_html = ""
+        self.plot_svg = ""
+        self.output = LiveOutput("dashboard")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a refresh from the thread and one from a cell draw one after the other
         self.refresh()
 
     def refresh(self) -> list[InstanceRow]:
-        """Recompute and redraw now. Returns the rows shown."""
-        served, now = self._served(), time.monotonic()
-        rows = instance_rows(served, self._stats(), now)
-        self.rows = rows
-        self.table.value = rows_html(rows)
-        self.plot.value = latency_svg(latency_series(served, self.origin_s), title="TTFT and ITL over time (ms)")
+        """Recompute and redraw now (every place the dashboard is shown). Returns the rows shown."""
+        served, stats, now = self._served(), self._stats(), time.monotonic()
+        rows = instance_rows(served, stats, now)
+        with self._lock:
+            self.rows = rows
+            self.table_html = rows_html(rows)
+            self.plot_svg = latency_svg(latency_series(served, self.origin_s), title="TTFT and ITL over time (ms)")
+            self.output.redraw(self.mimebundle())
         return rows
 
     def start(self) -> Dashboard:
         """Refresh every ``interval_s`` on a background thread until `stop`."""
-        if self._thread is None:
+        if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._loop, name="dashboard", daemon=True)
             self._thread.start()
         return self
@@ -103,10 +108,18 @@ class Dashboard:
                 return
 
     def stop(self) -> None:
-        """Stop refreshing (the last picture stays). Idempotent."""
+        """Stop refreshing, after one last refresh: the picture that stays (in a saved notebook too)
+        holds every request served until now. Idempotent; call it while the deployment still runs
+        (`Deployment.shutdown` does, before it stops anything)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        try:
+            self.refresh()
+        except Exception:  # noqa: BLE001 - the deployment went down first: the last picture stays as it was
+            return
 
     def _heading(self) -> str:
         return f"<b>{html.escape(self._title)}</b>"
@@ -114,12 +127,15 @@ class Dashboard:
     def snapshot_html(self) -> str:
         """The dashboard as of the last refresh, as static HTML: the title, the instance table and
         the latency plot (inline SVG); no script, so it shows wherever HTML does."""
-        return f'<div class="disaggsdk-dashboard">{self._heading()}{self.table.value}{self.plot.value}</div>'
+        return f'<div class="disaggsdk-dashboard">{self._heading()}{self.table_html}{self.plot_svg}</div>'
 
-    def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object]:
-        # the widget view for a live kernel, and the snapshot as text/html beside it: a renderer
-        # that cannot run the widget (nbconvert without widget state, GitHub) shows the snapshot
-        bundle: dict[str, object] = dict(self.widget._repr_mimebundle_(**kwargs))
-        bundle["text/html"] = self.snapshot_html()
-        bundle["text/plain"] = plain_text(instance_table(self.rows, title=self._title))  # not VBox(children=...)
-        return bundle
+    def mimebundle(self) -> dict[str, str]:
+        """What a notebook shows of it: `snapshot_html` as text/html, the instance table as text/plain."""
+        return {"text/html": self.snapshot_html(), "text/plain": str(self)}
+
+    def _ipython_display_(self) -> None:
+        # a display with an id, not a cell result: the thread's refreshes redraw it after the cell ended
+        self.output.show(self.mimebundle())
+
+    def __str__(self) -> str:
+        return plain_text(instance_table(self.rows, title=self._title))

@@ -1,6 +1,6 @@
 """Live per-instance numbers (pure): recent requests + instance snapshots -> rows and series.
 
-The rich table and the ipywidgets dashboard only render what these functions return.
+The rich table and the notebook dashboard only render what these functions return.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A small SVG plot of TTFT and inter-token latency over time, for the notebook dashboard.
 
-Plain SVG text keeps the dashboard free of a plotting library: an ipywidgets HTML widget shows it.
+Plain SVG text keeps the dashboard free of a plotting library: it is part of the dashboard's HTML.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from rich.console import Console
 
@@ -67,34 +69,71 @@ def test_tables_and_plot_render():
 
 
 def test_dashboard_refreshes_from_its_sources():
-    pytest.importorskip("ipywidgets")
     from disaggsdk.report.dashboard import Dashboard
 
     reqs: list[ServedRequest] = []
     dash = Dashboard(lambda: reqs, lambda: STATS, title="demo", interval_s=0.01)
-    assert "decode-0" in dash.table.value
+    assert "decode-0" in dash.table_html and "no requests yet" in dash.plot_svg
     import time
 
     now = time.monotonic()
     reqs.append(served("decode-0", now - 0.2, [now - 0.1, now], now))
     rows = dash.refresh()
-    assert rows[1].num_requests == 1 and "<circle" in dash.plot.value
+    assert rows[1].num_requests == 1 and "<circle" in dash.plot_svg and dash.rows == rows
     dash.start()
     dash.stop()
 
 
-def test_dashboard_display_carries_the_widget_and_a_static_snapshot():
-    pytest.importorskip("ipywidgets")
+def test_dashboard_stop_draws_a_last_picture_and_survives_a_source_gone():
+    """What stays (in a saved notebook too) holds every request served until `stop`; a deployment that
+    went down first leaves the picture as it was instead of failing its shutdown."""
     from disaggsdk.report.dashboard import Dashboard
 
+    reqs: list[ServedRequest] = []
+    dash = Dashboard(lambda: reqs, lambda: STATS, title="demo", interval_s=3600)  # the thread never refreshes
+    dash.start()
+    reqs.append(served("decode-0", 0.0, [0.1, 0.2], 0.2))
+    dash.stop()
+    assert "<circle" in dash.plot_svg
+    dash.stop()  # idempotent
+
+    def gone() -> list[InstanceStats]:
+        raise ConnectionError("the backend is closed")
+
+    broken = Dashboard(lambda: reqs, lambda: STATS, title="demo")
+    broken._stats = gone
+    broken.stop()
+    assert "<td>decode-0</td>" in broken.table_html  # the picture before
+
+
+def test_dashboard_shows_a_static_html_snapshot_and_a_text_table_never_a_widget():
+    """No widget: what a kernel shows is what a saved notebook and nbconvert's HTML export keep (no
+    widget state, so no widget manager from a CDN); outside a kernel nothing is redrawn."""
+    from disaggsdk.report.dashboard import Dashboard
+    from disaggsdk.report.live_output import in_kernel
+
     dash = Dashboard(lambda: [served("decode-0", 0.0, [0.1, 0.2], 0.2)], lambda: STATS, title="demo")
-    bundle = dash._repr_mimebundle_()
-    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dash.widget.model_id
-    # the snapshot: what a renderer without widgets shows; the same table and plot, no script
+    bundle = dash.mimebundle()
+    assert set(bundle) == {"text/html", "text/plain"}
     snapshot = bundle["text/html"]
     assert snapshot == dash.snapshot_html() and "<script" not in snapshot
     assert "<b>demo</b>" in snapshot and "<td>decode-0</td>" in snapshot and "<svg" in snapshot
-    assert "decode-0" in bundle["text/plain"] and "VBox" not in bundle["text/plain"]
+    assert "decode-0" in bundle["text/plain"] and "TTFT p50" in bundle["text/plain"] and str(dash) == bundle["text/plain"]
+    assert not in_kernel() and not dash.output.shown
+    assert dash.output.display_id.startswith("disaggsdk-dashboard-")
+
+
+def test_startup_status_outside_a_kernel_prints_each_line_on_stdout(capsys):
+    """A script or a terminal scrolls the lines by (stdout, not stderr); the kernel's redrawn output is
+    tests/notebooks/test_live_outputs.py's."""
+    from disaggsdk.report.startup_status import StartupStatus
+
+    status = StartupStatus()
+    lines = ["decode-0: loading weights", "decode-0: ready after 1.0 s", "ready in 1.2 s: http://x/v1"]
+    for line in lines:
+        status(line)
+    out = capsys.readouterr()
+    assert out.out.splitlines() == lines == status.lines and out.err == ""
 
 
 def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
@@ -109,3 +148,23 @@ def test_rows_and_tables_show_speculative_acceptance_where_an_instance_drafts():
     from disaggsdk.report.dashboard import rows_html
 
     assert "<th>drafts accepted</th>" in rows_html(rows) and "<td>75%</td>" in rows_html(rows)
+
+
+def test_bench_report_is_the_vllm_dict_and_prints_the_table_the_cli_prints():
+    from IPython.lib.pretty import pretty
+
+    from disaggsdk.report.bench_report import BenchReport
+
+    results = {"completed": 16, "failed": 0, "request_throughput": 7.9, "median_ttft_ms": 120.25,
+               "p99_itl_ms": None, "p99.9_ttft_ms": 300.0, "date": "20260101-000000"}
+    report = BenchReport(results, "tiny (disaggregated)")
+    assert report == results and json.loads(json.dumps(report)) == results and report["completed"] == 16
+    console = Console(width=400, record=True, color_system=None)
+    console.print(summary_table([("tiny (disaggregated)", results)]))
+    terminal = "\n".join(line.rstrip() for line in console.export_text().splitlines())
+    assert str(report) == terminal == pretty(report)  # print(), IPython's text view and `disaggsdk bench`
+    assert "median_ttft_ms" in str(report) and "120.25" in str(report) and "p99.9_ttft_ms" in str(report)
+    assert "date" not in str(report) and "{" not in str(report)
+    html = report._repr_html_()
+    assert "<th>tiny (disaggregated)</th>" in html and "<td>median_ttft_ms</td><td>120.25</td>" in html
+    assert "<td>p99_itl_ms</td><td>-</td>" in html and "<script" not in html
