@@ -147,7 +147,7 @@ def _section_method(
 
 
 def _print_progress(line: str) -> None:
-    """A start-up line on stdout: a notebook shows stdout as the cell's output (stderr: a red box)."""
+    """A progress line on stdout: a notebook shows stdout as the cell's output (stderr: a red box)."""
     print(line, flush=True)
 
 
@@ -296,7 +296,8 @@ class Cluster:
         """Start this deployment (on this machine, or on Ray after `on_ray`) behind an OpenAI-compatible server.
 
         Start-up progress (each unit's loading, compiling, ready) and the endpoint's ready line print to
-        stdout, as output, unless ``on_progress`` takes the lines.
+        stdout, unless ``on_progress`` takes the lines; in a notebook they share one output, redrawn with
+        the latest two, which ends as the ready lines (`report.startup_status`).
 
         Args:
             options: `disaggsdk.face.deployment.launch` options (``tiny``, ``colocated``,
@@ -310,8 +311,9 @@ class Cluster:
         import time
 
         from disaggsdk.face.deployment import launch
+        from disaggsdk.report.startup_status import StartupStatus
 
-        say: Callable[[str], None] = options.setdefault("on_progress", _print_progress)
+        say: Callable[[str], None] = options.setdefault("on_progress", StartupStatus())
         start_s = time.monotonic()
         try:
             deployment = launch(self.spec, **options)

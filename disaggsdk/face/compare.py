@@ -8,6 +8,7 @@ when it was never calibrated) and wraps the answer for a terminal or a notebook.
 from __future__ import annotations
 
 import html
+import logging
 import os
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -22,12 +23,25 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from disaggsdk.bench.trace_dataset import TraceDraws
+    from disaggsdk.face.deployment import Deployment
     from disaggsdk.report.goodput_records import Comparison, LayoutGoodput
     from disaggsdk.sim.hardware import HardwareProfile
     from disaggsdk.spec import Spec
 
 # the traces shipped in the package (bench/traces/), by the name a person types
 SHIPPED_TRACES = {"code-assistant": "code_assistant.jsonl"}
+
+launch_log = logging.getLogger("disaggsdk.launch")
+
+
+def quiet_launch(spec: Spec, *, colocated: bool, port: int) -> Deployment:
+    """`disaggsdk.face.deployment.launch` whose units' start-up lines (loading, compiling, ready) go to the
+    ``disaggsdk.launch`` logger, not the output: a comparison starts a deployment for every layout and
+    calibration turn, a dozen start-ups of ten lines each on a first run. Failures and restarts are
+    still said (the runtime's ``on_event``: stderr)."""
+    from disaggsdk.face.deployment import launch
+
+    return launch(spec, colocated=colocated, port=port, on_progress=lambda line: launch_log.info("%s", line))
 
 
 def trace_path(trace: str | Path) -> Path:
@@ -59,11 +73,10 @@ def machine_profile(spec: Spec, recalibrate: bool = False, say: Callable[[str], 
             return profile
     from disaggsdk.calibrate.engine_profile import save_profile
     from disaggsdk.calibrate.serving import calibrate_machine
-    from disaggsdk.face.deployment import launch
 
     say(f"calibrating this machine first (`disaggsdk calibrate --deployment` on {spec.label}; a few minutes, "
         f"saved to {path})")
-    profile, _, _, _ = calibrate_machine(spec.model, spec, launch=launch)
+    profile, _, _, _ = calibrate_machine(spec.model, spec, launch=quiet_launch)
     save_profile(profile, path)
     return profile
 
@@ -164,7 +177,6 @@ def compare(trace: str | Path, slos_ms: dict[str, float], targets: Sequence[Spec
     """
     from disaggsdk.bench.goodput_sweep import RateSweep, SweepError
     from disaggsdk.calibrate.layout_compare import compare_layouts, machine_layouts, machine_spec
-    from disaggsdk.face.deployment import launch
     from disaggsdk.spec import Spec
 
     if not slos_ms:
@@ -184,6 +196,6 @@ def compare(trace: str | Path, slos_ms: dict[str, float], targets: Sequence[Spec
     draws(seed, 1)  # a bad trace fails now, not after a calibration
     disaggregated = [layout for layout in layouts if not layout.colocated] or layouts
     profile = profile or machine_profile(disaggregated[0].spec, recalibrate, say)
-    result = compare_layouts(layouts, draws, sweep, slos_ms, profile, launch=launch, num_prompts=num_prompts,
+    result = compare_layouts(layouts, draws, sweep, slos_ms, profile, launch=quiet_launch, num_prompts=num_prompts,
                              seed=seed, targets=[t for t in targets if t.device != "cpu"], on_run=say)
     return LayoutComparison(result)
