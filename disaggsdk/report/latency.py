@@ -4,7 +4,7 @@ Field names follow vLLM's ``bench serve`` results so existing dashboards and scr
 ``mean_ttft_ms``, ``median_tpot_ms``, ``p99_itl_ms``, ``request_throughput``, ``request_goodput``...
 Definitions (vLLM's): TTFT is arrival to first token; ITL the gaps between streamed tokens; TPOT
 per request is (e2e latency - TTFT) / (output tokens - 1); E2EL arrival to last token. Display
-(rich, ipywidgets) only renders these numbers.
+(rich, the notebook dashboard) only renders these numbers.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The notebooks are part of the product: each one is executed top to bottom in a real kernel.
 
-The quickstart is executed once per session (the `quickstart` fixture) and read twice: for what
-its cells print and show, and exported to static HTML, as a reader without a kernel sees it, in a
-real headless browser.
+The quickstart is executed once per session (the `quickstart` fixture) as ``jupyter nbconvert --to html
+--execute notebooks/quickstart.ipynb`` does it, with its defaults (widget state stored), and read twice:
+for what its cells print and show, and exported to static HTML, as a reader without a kernel sees it,
+in a real headless browser offline.
 """
 
 import shutil
@@ -12,6 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbconvert import HTMLExporter
+from nbconvert.preprocessors import ExecutePreprocessor
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -19,12 +22,13 @@ NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
 DASHBOARD_HEADERS = ("TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "KV used", "xfer GB/s")
 INSTANCES = ("prefill-0", "decode-0", "decode-1")
+# a unit's start-up lines (launch.progress): a launch in a notebook redraws one output instead
+STARTUP_WORDS = ("loading weights", "compiling its step")
 
 
-def execute(name: str, store_widget_state: bool = True) -> nbformat.NotebookNode:
+def execute(name: str) -> nbformat.NotebookNode:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=store_widget_state,
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     return nb
 
 
@@ -32,12 +36,25 @@ def outputs_of(nb: nbformat.NotebookNode) -> list[dict]:
     return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
 
 
+def shown_of(nb: nbformat.NotebookNode) -> list[dict]:
+    """The mime bundles of the results and displays, in order."""
+    return [o.data for o in outputs_of(nb) if o.output_type in ("execute_result", "display_data")]
+
+
+def assert_no_startup_noise(nb: nbformat.NotebookNode) -> None:
+    streams = [o for o in outputs_of(nb) if o.output_type == "stream"]
+    assert not [o for o in streams if o.name == "stderr"], [o.text for o in streams if o.name == "stderr"]
+    printed = "".join(o.text for o in streams) + "".join(d.get("text/plain", "") for d in shown_of(nb))
+    assert not [w for w in STARTUP_WORDS if w in printed], printed
+
+
 @pytest.fixture(scope="module")
 def quickstart() -> nbformat.NotebookNode:
-    # saved without widget state, as JupyterLab saves a notebook by default: with it, nbconvert
-    # would pick the widget view and fetch its renderer from unpkg.com; without it, the HTML
-    # export shows the dashboard's text/html snapshot and loads no script
-    return execute("quickstart.ipynb", store_widget_state=False)
+    # `--execute` is nbconvert's ExecutePreprocessor with its defaults, run before the export: widget
+    # state is stored, so a widget in the notebook would make the export load a widget manager from unpkg.com
+    nb = nbformat.read(NOTEBOOKS / "quickstart.ipynb", as_version=4)
+    ExecutePreprocessor().preprocess(nb, {"metadata": {"path": str(NOTEBOOKS)}})
+    return nb
 
 
 def test_quickstart_runs_and_shows_the_plans_as_html(quickstart):
@@ -45,32 +62,43 @@ def test_quickstart_runs_and_shows_the_plans_as_html(quickstart):
     assert not [o for o in outs if o.output_type == "error"]
     html = [o for o in outs if o.output_type == "execute_result" and "text/html" in o.data]
     assert len(html) >= 2  # the tp=8 plan and the tp=4 plan
-    assert "decode-0" in html[0].data["text/html"]
+    first_plan = html[0].data["text/html"]
+    assert "decode-0" in first_plan and "does not fit" not in first_plan  # the first plan a newcomer sees fits
     text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
     assert "def fibonacci(n):\n    " in text  # the trained tiny model writes a function body
 
 
-def test_quickstart_metrics_and_dashboard_show_tables_not_dicts(quickstart):
-    shown = [o.data for o in outputs_of(quickstart) if o.output_type in ("execute_result", "display_data")]
-    metrics = next(d for d in shown if "DeploymentMetrics" in d.get("text/plain", "") or
-                   "requests served" in d.get("text/html", "") and "disaggsdk-dashboard" not in d["text/html"])
+def test_quickstart_launch_says_ready_in_one_output_without_startup_lines(quickstart):
+    assert_no_startup_noise(quickstart)
+    launch_cell = next(c for c in quickstart.cells if c.cell_type == "code" and ".launch(" in c.source)
+    (status,) = [o.data["text/plain"] for o in launch_cell.outputs if o.output_type == "display_data"]
+    units_ready, endpoint_ready = status.splitlines()  # the last two lines, redrawn in place
+    assert units_ready.startswith("ready: 3 units over shm") and "logs in " in units_ready
+    assert endpoint_ready.startswith("ready in ") and "model qwen3-coder-tiny" in endpoint_ready
+
+
+def test_quickstart_metrics_bench_and_dashboard_show_tables_not_dicts(quickstart):
+    shown = shown_of(quickstart)
+    metrics = next(d for d in shown if "requests served" in d.get("text/html", "")
+                   and "disaggsdk-dashboard" not in d["text/html"])
     assert "<th>TTFT p50 ms</th>" in metrics["text/html"] and "None" not in metrics["text/html"]
-    dashboards = [d for d in shown if "application/vnd.jupyter.widget-view+json" in d]
+    bench = next(d for d in shown if 'class="disaggsdk-bench"' in d.get("text/html", ""))
+    assert "<td>completed</td><td>16</td>" in bench["text/html"] and "median_ttft_ms" in bench["text/plain"]
+    dashboards = [d for d in shown if 'class="disaggsdk-dashboard"' in d.get("text/html", "")]
     assert len(dashboards) == 2  # at launch, and after the benchmark
-    for d in dashboards:  # beside the widget view: the static snapshot and a text table
-        assert 'class="disaggsdk-dashboard"' in d["text/html"] and "<svg" in d["text/html"]
+    for d in dashboards:  # a static snapshot and a text table; no widget
+        assert set(d) == {"text/html", "text/plain"} and "<svg" in d["text/html"]
         assert "decode-1" in d["text/plain"] and "VBox" not in d["text/plain"]
-    assert "<circle" in dashboards[1]["text/html"]  # the benchmark's requests are on the plot
-    assert "widgets" not in quickstart.metadata
+        # the benchmark's requests are on the plot: the first, shown before any request, was redrawn live
+        assert "<circle" in d["text/html"]
+    assert "widgets" not in quickstart.metadata  # nothing for nbconvert to render with a CDN's widget manager
 
 
-def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser(quickstart, tmp_path):
+def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser_offline(quickstart, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed: `make sysdeps` installs it (Debian package chromium)")
-    from nbconvert import HTMLExporter
-
-    page, _ = HTMLExporter(template_name="lab").from_notebook_node(quickstart)  # `jupyter nbconvert --to html`
+    page, _ = HTMLExporter().from_notebook_node(quickstart)  # `jupyter nbconvert --to html`: its defaults
     # no widget manager from unpkg.com; the template's own require.js and MathJax links (for
     # JavaScript and LaTeX outputs, of which the quickstart has none) stay, and fail offline
     assert "widget-view+json" not in page and "unpkg.com" not in page and "html-manager" not in page
@@ -89,9 +117,10 @@ def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser(q
     snapshots = dom.split('class="disaggsdk-dashboard"')[1:]
     assert len(snapshots) == 2, "the dashboard cells rendered blank"
     for snapshot in snapshots:
-        table = snapshot.split("</table>")[0]
+        table, plot = snapshot.split("</table>", 1)
         assert all(f"<th>{h}</th>" in table for h in DASHBOARD_HEADERS)
         assert all(f"<td>{name}</td>" in table for name in INSTANCES)
+        assert plot.lstrip().startswith("<svg") and "<circle" in plot.split("</svg>")[0]
     assert png_path.stat().st_size > 10_000
 
 
@@ -121,6 +150,7 @@ def test_walkthrough_compares_layouts_on_the_shipped_trace_and_draws_a_request_w
     nb = execute("should_i_disaggregate.ipynb")
     outs = outputs_of(nb)
     assert not [o for o in outs if o.output_type == "error"], [o for o in outs if o.output_type == "error"]
+    assert_no_startup_noise(nb)  # every launch of the comparison: its start-up lines go to the disaggsdk.launch logger
     text = "".join(o.get("text", "") for o in outs if o.output_type == "stream")
     assert "chat turns (<= 512 prompt tokens)" in text and "edits (> 512)" in text
     assert "on this machine (measured): " in text and "qwen3-coder on h200 (simulated): " in text
