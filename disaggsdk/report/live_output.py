@@ -44,7 +44,7 @@ class LiveOutput:
         `redraw` can replace. Showing it again (a later cell) adds one more place that redraws."""
         from IPython.display import display
 
-        display(dict(bundle), raw=True, display_id=self.display_id)
+        display(dict(bundle), raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]  # IPython: untyped
         self.shown = True
 
     def redraw(self, bundle: Mapping[str, str]) -> None:
@@ -53,4 +53,4 @@ class LiveOutput:
             return
         from IPython.display import update_display
 
-        update_display(dict(bundle), raw=True, display_id=self.display_id)
+        update_display(dict(bundle), raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]  # IPython: untyped
