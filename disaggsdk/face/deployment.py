@@ -161,8 +161,9 @@ class Deployment:
             num_prompts: requests to send.
             request_rate: requests per second, Poisson arrivals (``--request-rate``, vLLM's name);
                 ``math.inf`` sends them all at once.
-            input_len, output_len: prompt and answer tokens per request.
-            range_ratio: lengths drawn uniformly within ``±range_ratio`` of them.
+            input_len: prompt tokens per request.
+            output_len: answer tokens per request.
+            range_ratio: lengths drawn uniformly within ``±range_ratio`` of these.
             burstiness: the arrival gaps' gamma shape (1.0: Poisson).
             max_concurrency: requests in flight at most.
             slos_ms: SLOs for ``request_goodput``, e.g. ``{"ttft": 500, "tpot": 50}``.
