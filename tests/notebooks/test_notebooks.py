@@ -124,7 +124,7 @@ def test_quickstart_exported_to_html_shows_the_dashboard_in_a_headless_browser_o
     assert png_path.stat().st_size > 10_000
 
 
-@pytest.mark.slow  # 27 s; the quickstart notebook is the default run's executed notebook
+@pytest.mark.slow  # 16 s on 2 cores; tests/sim covers the simulator it drives in the default run
 def test_simulate_notebook_compares_layouts_and_names_its_disagreements():
     nb = execute("simulate.ipynb")
     outs = outputs_of(nb)
