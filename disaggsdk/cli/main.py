@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rich.console import Console
@@ -74,7 +75,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script. Returns the process exit code."""
+    """Entry point of the console script. Returns the process exit code; as the process's own entry
+    (``argv`` None), it leaves at once with that code where an engine is still compiling its step
+    in the background (a short `generate`, a server stopped in its first minutes): waiting for the
+    compiler, or ending Python under it, would cost minutes or abort (engine.background_compile)."""
+    code = _main(argv)
+    if argv is None and "disaggsdk.engine.background_compile" in sys.modules:
+        from disaggsdk.engine.background_compile import running_compilations
+
+        if running_compilations():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     from disaggsdk.cli.version_info import version_text, wants_verbose_version
 
     if wants_verbose_version(sys.argv[1:] if argv is None else argv):  # argparse's --version exits before -v

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.cli.launch_cmd import serve_until_signal
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.face.deployment import serve_model
-    from disaggsdk.launch.progress import compiling_line, loading_line
+    from disaggsdk.launch.progress import compile_progress_line, loading_line
 
     console = make_console()
     config = EngineConfig(
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     say(loading_line("mixed-0", args.model))  # the in-process engine's name (`InProcessBackend`)
     d = serve_model(args.model, config, args.host, args.port, args.api_key, served_model_name=args.served_model_name,
                     allowed_origins=args.allowed_origins, access_log=args.access_log,
-                    on_compile=lambda: say(compiling_line("mixed-0")))
+                    on_compile=lambda progress: say(compile_progress_line("mixed-0", progress)))
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}")
     serve_until_signal(d, console, live=not args.no_live)
     return 0

@@ -51,6 +51,10 @@ class EngineConfig:
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
     # compile the step (engine.compiled_step; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
     compile: bool | None = _DEFAULT.engine.compile
+    # compile while serving eagerly (engine.background_compile): a first token within seconds, the
+    # compiled step's speed once ready; False: compile before the engine's first step (tests and
+    # benchmarks that measure the compiled step from the start)
+    compile_in_background: bool = True
     # bump `LLMEngine.layer_counter` after each layer: what a prefill unit's streamer waits on
     # (from_spec turns it on for prefill units); off, a step runs one counter op per layer less
     # (~60 us each in a compiled decode step)

@@ -13,12 +13,21 @@ both become ops the graph records like any other:
 
 `GraphAttention` and `GraphLayerCounter` give the model the eager objects' interface over these
 ops, so the model code is the same compiled or not.
+
+A step compiles in the background while the engine serves eagerly (`engine.background_compile`):
+its warm-up runs the graphs on the compile thread, which must neither write the served pool nor
+bump the engine's counter. The graphs hold the backend and counter ids as constants, so the
+redirect cannot be an argument: within `warm_up_redirect`, on that thread only, an attention op
+runs on the scratch backend given for its id and a ``layer_done`` op does nothing.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,13 +39,31 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 _backends: weakref.WeakValueDictionary[int, AttentionBackend] = weakref.WeakValueDictionary()
 _counters: weakref.WeakValueDictionary[int, LayerCounter] = weakref.WeakValueDictionary()
+# set on a background compile's thread only, within `warm_up_redirect`: backend id -> scratch backend
+_warm_up = threading.local()
+
+
+@contextmanager
+def warm_up_redirect(scratch_backends: Mapping[int, AttentionBackend]) -> Iterator[None]:
+    """Within, on this thread: the attention ops of the ids in ``scratch_backends`` run on those
+    backends (planned by the caller), and ``layer_done`` ops do nothing (see the module docstring)."""
+    _warm_up.backends = scratch_backends
+    try:
+        yield
+    finally:
+        del _warm_up.backends
+
+
+def _backend(backend_id: int) -> AttentionBackend:
+    scratch: Mapping[int, AttentionBackend] | None = getattr(_warm_up, "backends", None)
+    return scratch[backend_id] if scratch is not None else _backends[backend_id]
 
 
 @torch.library.custom_op("disaggsdk::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend_id: int, layer_id: int,
               sm_scale: float) -> torch.Tensor:
     """`AttentionBackend.run` of the backend registered as ``backend_id``."""
-    return _backends[backend_id].run(layer_id, q, k, v, sm_scale)
+    return _backend(backend_id).run(layer_id, q, k, v, sm_scale)
 
 
 @attention.register_fake
@@ -48,7 +75,7 @@ def _attention_shape(q, k, v, backend_id, layer_id, sm_scale):
 def attention_mla(q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
                   backend_id: int, layer_id: int, sm_scale: float) -> torch.Tensor:
     """`AttentionBackend.run_mla` of the backend registered as ``backend_id``."""
-    return _backends[backend_id].run_mla(layer_id, q_latent, q_rope, kv_latent, k_rope, sm_scale)
+    return _backend(backend_id).run_mla(layer_id, q_latent, q_rope, kv_latent, k_rope, sm_scale)
 
 
 @attention_mla.register_fake
@@ -59,7 +86,8 @@ def _attention_mla_shape(q_latent, q_rope, kv_latent, k_rope, backend_id, layer_
 @torch.library.custom_op("disaggsdk::layer_done", mutates_args=("counter",))
 def layer_done(counter: torch.Tensor, after: torch.Tensor, counter_id: int, layer_id: int) -> None:
     """Layer ``layer_id`` of the running step is complete (``after``: its output, for ordering)."""
-    _counters[counter_id].on_layer_done(layer_id)
+    if getattr(_warm_up, "backends", None) is None:  # a background warm-up's steps are no one's layers
+        _counters[counter_id].on_layer_done(layer_id)
 
 
 @layer_done.register_fake

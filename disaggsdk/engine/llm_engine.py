@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,7 @@ __all__ = ["EngineConfig", "EngineError", "LLMEngine"]
 
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+from disaggsdk.engine.compile_progress import CompileProgress, compile_failed_words
 from disaggsdk.engine.compiled_step import compile_by_default
 from disaggsdk.engine.config import MODE_OF_ROLE, EngineConfig, EngineError, check_prompt, hash_lookahead
 from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
@@ -32,6 +35,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache
 
+log = logging.getLogger(__name__)
+
 
 class LLMEngine:
     """A paged-KV engine for one model instance (tp ranks; this process is rank 0).
@@ -40,14 +45,17 @@ class LLMEngine:
         model: a tiny catalog name or a Hugging Face checkpoint directory.
         config: engine settings.
         kv_buffer: optional external memory for rank 0's KV pool (``kv_pool_bytes`` long).
-        on_compile: called once the weights are loaded, right before the step compiles (only when it
-            does): a launcher tells its user why the next minute is quiet.
+        on_compile: told about compiling the step (only when it does; `CompileProgress`): "compiling"
+            once the weights are loaded, right before the compile starts (in the background unless
+            ``config.compile_in_background`` is False), then "compiled" or "failed" on the thread
+            that steps the engine, at the step boundary where the engine takes the outcome (a
+            failed compile leaves the engine eager). A launcher tells its user.
     Raises:
         EngineError: bad settings. ModelError: the model cannot be built.
     """
 
     def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None,
-                 on_compile: Callable[[], None] | None = None):
+                 on_compile: Callable[[CompileProgress], None] | None = None):
         from disaggsdk.engine.models.base import check_tp
         from disaggsdk.models import resolve_model
 
@@ -91,14 +99,19 @@ class LLMEngine:
                                           lockstep=self.lockstep is not None)
         self.layer_counter = new_layer_counter(self.runner.device)  # LayerCounter on a CPU
         self._on_layer_done = self.layer_counter.on_layer_done if config.count_layers else None
-        if self.runner.compiled is not None:
+        self._on_compile = on_compile
+        if self.runner.can_compile:  # eager until the compiled step is ready (engine.background_compile)
             if on_compile is not None:
-                on_compile()
-            self.runner.warm_up(self._on_layer_done)
-        if self.runner.num_scratch_pages:  # a CUDA rank: decode steps as CUDA graphs
+                on_compile(CompileProgress("compiling"))
+            self.runner.start_compile(self._on_layer_done, config.compile_in_background)
+            self._take_compiled_step()
+        if self.runner.num_scratch_pages:  # a CUDA rank: decode steps as CUDA graphs, before it serves
             if on_compile is not None:
-                on_compile()
+                on_compile(CompileProgress("compiling"))
+            started_s = time.monotonic()
             self.runner.capture_decode_graphs(self._on_layer_done)
+            if on_compile is not None:
+                on_compile(CompileProgress("compiled", time.monotonic() - started_s))
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
@@ -109,8 +122,31 @@ class LLMEngine:
 
     # lifecycle
 
+    def _take_compiled_step(self) -> None:
+        """Between steps: once the background compile ended, run compiled from now on (drafts too),
+        or, when it failed, stay eager and say so once."""
+        outcome = self.runner.take_compile_outcome()
+        if outcome is None:
+            return
+        if outcome.stage == "compiled" and self._speculator is not None:
+            self._speculator.use_compiled(self.runner.compiled)
+        if self._on_compile is not None:
+            self._on_compile(outcome)
+        elif outcome.stage == "failed":
+            log.warning("engine: %s", compile_failed_words(outcome.error))
+
+    def wait_for_compiled_step(self, timeout_s: float | None = None) -> bool:
+        """Block until a background compile ended (or ``timeout_s`` passed), then take its outcome;
+        call it from the thread that steps the engine. Returns whether steps run compiled now."""
+        if self.runner.compilation is not None and self.runner.compilation.wait(timeout_s):
+            self._take_compiled_step()
+        return self.runner.compiled is not None
+
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any. Idempotent."""
+        """Stop the tensor-parallel workers, if any, and a background compile after the graph it is
+        on (engine.background_compile). Idempotent."""
+        if "runner" in vars(self) and self.runner.compilation is not None:  # no runner: __init__ failed before it
+            self.runner.compilation.stop()
         if self._tp_group is not None:
             self._tp_group.close()
             self._tp_group = None
@@ -420,6 +456,8 @@ class LLMEngine:
         Returns:
             One `RequestOutput` per request that ran this step (finished ones included).
         """
+        if self.runner.compilation is not None and self.runner.compiled is None:
+            self._take_compiled_step()
         if self._speculator is not None:
             self._speculator.before_schedule(self.scheduler.running, self.scheduler.target_tokens)
         plan = self.scheduler.schedule()

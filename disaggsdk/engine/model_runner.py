@@ -18,6 +18,8 @@ from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.memory.kv_layout import kv_dtype_name
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.background_compile import StepCompilation
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.compiled_step import CompiledStep
     from disaggsdk.engine.cuda_graph_step import CudaGraphStep
     from disaggsdk.engine.models.base import KVGeometry
@@ -70,23 +72,58 @@ class ModelRunner:
             wide_gemm.calibrate(self.model.parameters())
             amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX
         geometry = kv_geometry(self.model.arch, tp, config.extra_kv_layers)
+        scales = self._kv_scales(geometry) if kv_dtype_name(config.kv_dtype) == "float8_e4m3fn" else None
         self.kv_cache = KVCache(
             geometry, engine.num_pages, engine.page_size, engine.layout, config.kv_dtype, engine.device, kv_buffer,
-            scales=self._kv_scales(geometry) if kv_dtype_name(config.kv_dtype) == "float8_e4m3fn" else None,
+            scales=scales,
         )
-        self.attn = create_backend(
-            engine.attention_backend or default_backend(engine.device, engine.weight_dtype, kv_dtype_name(config.kv_dtype)),
-            self.kv_cache)
+        self._backend_name = (engine.attention_backend
+                              or default_backend(engine.device, engine.weight_dtype, kv_dtype_name(config.kv_dtype)))
+        self.attn = create_backend(self._backend_name, self.kv_cache)
+        # the step in use once compiled (`start_compile`, `take_compile_outcome`); None: eager
         self.compiled: CompiledStep | None = None
-        # expert parallelism's exchange sizes its buffers from the routing on the host: not a graph to compile
-        if config.compile and tp.size == 1 and tp.experts is None and self.device.type == "cpu":
-            from disaggsdk.engine.compiled_step import CompiledStep
-
-            self.compiled = CompiledStep(self.model, self.attn)
+        self.compilation: StepCompilation | None = None
+        self._scratch_kv = (geometry, scales)  # the warm-up's one-page cache is of this format
         self.decode_graphs: CudaGraphStep | None = None  # made by `capture_decode_graphs`
         # the pool's last page is the graphs' scratch page (their padding rows' KV): the engine's page
         # allocator leaves it out
         self.num_scratch_pages = 1 if self._can_capture_decode_graphs() else 0
+
+    @property
+    def can_compile(self) -> bool:
+        """Whether this rank compiles its step (torch.compile on a CPU): asked (``compile``), tp 1, and
+        no expert parallelism (its exchange sizes its buffers from the routing on the host: not a
+        graph to compile)."""
+        return (self.config.compile and self.tp.size == 1 and self.tp.experts is None
+                and self.device.type == "cpu")
+
+    def start_compile(self, on_layer_done: Callable[[int, torch.Tensor], None] | None, in_background: bool) -> None:
+        """Compile the step (`can_compile` must hold), on a thread of its own while the rank runs
+        eagerly (``in_background``) or now; `take_compile_outcome` adopts it. ``on_layer_done`` is
+        the engine's layer counter callback (the graphs are specialised on having one)."""
+        from disaggsdk.engine.background_compile import StepCompilation, warm_up_graphs
+        from disaggsdk.engine.compiled_step import CompiledStep
+
+        assert self.can_compile and self.compilation is None
+        step = CompiledStep(self.model, self.attn)
+        engine = self.config.engine
+        geometry, scales = self._scratch_kv
+        scratch = create_backend(self._backend_name, KVCache(geometry, 1, engine.page_size, engine.layout,
+                                                             self.config.kv_dtype, engine.device, None, scales=scales))
+        with_mtp = self.config.extra_kv_layers > 0 and self.model.draft_layer() is not None
+        self.compilation = StepCompilation(
+            step, lambda stop: warm_up_graphs(step, scratch, engine.page_size, self.device, on_layer_done, with_mtp, stop),
+            in_background)
+        self.compilation.start()
+
+    def take_compile_outcome(self) -> CompileProgress | None:
+        """Call between steps: once the compile ended, its outcome, once; when it compiled, `compiled`
+        is the compiled step from now on. None while it runs, and ever after it was taken."""
+        outcome = self.compilation.outcome() if self.compilation is not None else None
+        if outcome is not None and outcome.stage == "compiled":
+            assert self.compilation is not None
+            self.compiled = self.compilation.step
+        return outcome
 
     def _can_capture_decode_graphs(self) -> bool:
         """CUDA graphs of decode steps: asked for (``compile``), a CUDA rank of tp 1 on FlashInfer's
@@ -155,22 +192,3 @@ class ModelRunner:
         if rows.shape[0] == 0:
             return hidden_all, rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)
         return hidden_all, rows, self.model.compute_logits(rows).float()
-
-    def warm_up(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> None:
-        """Run the step with one token, two, and more than `skinny.MAX_ROWS` (the compiled step's
-        three graphs: the skinny matmuls branch on the rows), so that compiling happens now rather
-        than in the first requests. The tokens go to page 0 of a pool nothing uses yet;
-        ``on_layer_done`` is the engine's layer counter (the graphs are specialised on having one).
-        With the MTP layer's KV in the pool (drafting), its compiled forward and draft warm up too."""
-        from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
-        from disaggsdk.engine.models.layers.skinny import MAX_ROWS
-
-        compiled_mtp = (self.compiled if self.config.extra_kv_layers > 0 and self.model.draft_layer() is not None
-                        else None)
-        for n in (1, 2, MAX_ROWS + 1):
-            item = BatchItem(token_ids=[0] * n, start_pos=0, page_ids=[0] * -(-n // self.config.engine.page_size))
-            batch = build_forward_batch([item], self.config.engine.page_size, self.device, on_layer_done)
-            hidden_all = self.run_keeping_hidden(batch)[0]
-            if compiled_mtp is not None:
-                last_row = torch.tensor([n - 1], dtype=torch.int64, device=self.device)
-                compiled_mtp.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)

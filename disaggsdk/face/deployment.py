@@ -30,6 +30,7 @@ from disaggsdk.serve.openai_app import build_app
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.engine.speculative.stats import SpecStats
     from disaggsdk.report.bench_report import BenchReport
@@ -387,7 +388,7 @@ def fetch_trace(url: str, request_id: str, api_key: str | None = None, timeout_s
 
 
 def serve_model(model: str, engine_config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
-                api_key: str | None = None, on_compile: Callable[[], None] | None = None,
+                api_key: str | None = None, on_compile: Callable[[CompileProgress], None] | None = None,
                 **server_options: Any) -> Deployment:
     """One colocated engine in this process behind the server (`disaggsdk serve`).
 
@@ -397,7 +398,7 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         host: see `Deployment`.
         port: see `Deployment`.
         api_key: see `Deployment`.
-        on_compile: called right before the engine's step compiles (`LLMEngine`), if it does.
+        on_compile: told about compiling the engine's step (`LLMEngine`), if it does.
         server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``,
             ``allowed_origins``, ``limits`` and ``access_log``.
     """

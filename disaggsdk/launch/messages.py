@@ -30,7 +30,9 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `report.span_records`)
 # 14: MoveRequest, RequestMovedIn, RequestMoveEnded (decoding requests moving between decode units),
 #     SwitchRole, RoleChanged, RoleChangeFailed (a unit changing role live)
-PROTOCOL_VERSION = 14
+# 15: Progress "compile_failed" and its detail; "compiled" may come after Ready (units compile in
+#     the background, engine.background_compile)
+PROTOCOL_VERSION = 15
 
 # runtime -> unit
 
@@ -130,14 +132,16 @@ class Started(msgspec.Struct, frozen=True, tag=True):
     name: str
 
 
-ProgressStage = Literal["loading", "compiling", "compiled"]
+ProgressStage = Literal["loading", "compiling", "compiled", "compile_failed"]
 
 
 class Progress(msgspec.Struct, frozen=True, tag=True):
-    """A start-up step of a unit, sent before its `Ready` so that the launcher can show a cold start.
+    """A start-up step of a unit, so that the launcher can show a cold start.
 
-    ``stage``: "loading" its weights (``weight_bytes`` of them per rank), "compiling" its step
-    (torch.compile, the long part of a first start), "compiled" (``elapsed_s`` after "compiling").
+    ``stage``: "loading" its weights (``weight_bytes`` of them per rank), before its `Ready`;
+    "compiling" its step (torch.compile, in the background while it serves eagerly: before or
+    after `Ready`), then "compiled" (``elapsed_s`` after "compiling": it runs compiled from now
+    on) or "compile_failed" (it stays eager; ``detail`` says why), usually after `Ready`.
     """
 
     name: str
@@ -145,6 +149,7 @@ class Progress(msgspec.Struct, frozen=True, tag=True):
     model: str = ""
     weight_bytes: int = 0
     elapsed_s: float = 0.0
+    detail: str = ""
 
 
 class Logprob(msgspec.Struct, frozen=True, array_like=True):

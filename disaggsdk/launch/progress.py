@@ -11,11 +11,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.launch.messages import Progress
 
-# Said while a step compiles, so that a quiet start is expected, not feared. Measured on CPU
+# Said when a step starts compiling: the unit serves meanwhile, slower. Measured on CPU
 # (qwen3-coder-tiny, 3 units on 2 shared cores, 2026-12-06): 127-188 s with an empty compile cache, 26 s from it
-FIRST_COMPILE_WORDS = "minutes on a first start; later starts reuse torch's compile cache"
+FIRST_COMPILE_WORDS = ("in the background, serving on the eager step meanwhile; minutes on a first start, "
+                       "later starts reuse torch's compile cache")
 
 ProgressListener = Callable[[str], None]
 
@@ -27,8 +29,29 @@ def loading_line(name: str, model: str, weight_bytes: int = 0) -> str:
 
 
 def compiling_line(name: str) -> str:
-    """``decode-0: compiling its step with torch.compile (minutes on a first start; ...)``."""
+    """``decode-0: compiling its step with torch.compile (in the background, ...)``."""
     return f"{name}: compiling its step with torch.compile ({FIRST_COMPILE_WORDS})"
+
+
+def compiled_line(name: str, elapsed_s: float) -> str:
+    """``decode-0: compiled in 41.2 s: runs the compiled step from now on``."""
+    return f"{name}: compiled in {elapsed_s:.1f} s: runs the compiled step from now on"
+
+
+def compile_failed_line(name: str, error: str) -> str:
+    """``decode-0: its step did not compile (...): it serves on the eager step; ...`` (one line)."""
+    from disaggsdk.engine.compile_progress import compile_failed_words
+
+    return f"{name}: {compile_failed_words(error)}"
+
+
+def compile_progress_line(name: str, progress: CompileProgress) -> str:
+    """The line for what an in-process engine says of compiling (``disaggsdk serve``)."""
+    if progress.stage == "compiling":
+        return compiling_line(name)
+    if progress.stage == "failed":
+        return compile_failed_line(name, progress.error)
+    return compiled_line(name, progress.elapsed_s)
 
 
 def progress_line(msg: Progress) -> str:
@@ -37,4 +60,6 @@ def progress_line(msg: Progress) -> str:
         return loading_line(msg.name, msg.model, msg.weight_bytes)
     if msg.stage == "compiling":
         return compiling_line(msg.name)
-    return f"{msg.name}: compiled in {msg.elapsed_s:.1f} s"
+    if msg.stage == "compile_failed":
+        return compile_failed_line(msg.name, msg.detail)
+    return compiled_line(msg.name, msg.elapsed_s)

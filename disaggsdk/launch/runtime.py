@@ -35,6 +35,7 @@ from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitCannotRun, UnitHandle
+from disaggsdk.launch.progress import progress_line
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.launch.tiny import tiny_spec
@@ -367,6 +368,8 @@ class Supervisor:
             for other in self.units.values():
                 if other is not u:
                     self.send(other.args.name, ch.PeerUp(msg.info))
+        elif isinstance(msg, ch.Progress):  # a background compile ended after the unit was ready
+            self._progress(progress_line(msg))
         elif isinstance(msg, ch.Fatal):
             u.fatal = msg.message
         elif isinstance(msg, ch.TransportStuck):

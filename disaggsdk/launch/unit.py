@@ -24,10 +24,12 @@ import msgspec
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
 from disaggsdk.launch.messages import UnitArgs
+from disaggsdk.launch.progress import compile_failed_line
 from disaggsdk.launch.unit_heartbeat import UnitHeartbeat
 from disaggsdk.launch.unit_spans import UnitSpans
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.sequence import RequestOutput
     from disaggsdk.launch.unit_parts import UnitParts
     from disaggsdk.messenger.peers import UnitInfo
@@ -99,7 +101,6 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
             require_cuda(args.name, plan.instance(args.instance).tp)
         report = StartupReport(conn, args.name, spec.model, plan, args.instance)
         parts = assemble(args, spec, plan, on_compile=report)
-        report.done()
         unit = Unit(args, conn, parts, stuck_after_s=spec.transport.stuck_after_s, model=spec.model, spec=spec,
                     plan=plan)
         lease.on_stop(unit.stop)
@@ -135,8 +136,10 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
 
 
 class StartupReport:
-    """Tells the launcher what a starting unit does (`messages.Progress`): "loading" at once, then, called
-    by the engine right before its step compiles, "compiling"; "compiled" once `done` is called after it.
+    """Tells the launcher what a starting unit does (`messages.Progress`): "loading" at once, then,
+    as the engine says (its ``on_compile``), "compiling" right after the weights loaded and
+    "compiled" or "compile_failed" once the background compile ended, usually long after the unit
+    reported ready (a failure goes to the unit's log too).
 
     Args:
         conn: the unit's channel to the launcher.
@@ -146,21 +149,20 @@ class StartupReport:
 
     def __init__(self, conn: FrameChannel[ch.ToUnit], name: str, model: str, plan: Plan, instance: str):
         self._conn, self._name, self._model = conn, name, model
-        self._compile_start_s: float | None = None
         ranks = plan.instance_memory(instance).ranks
         weight_bytes = ranks[0].weights.total if ranks else 0
         conn.send(ch.Progress(name, "loading", model=model, weight_bytes=weight_bytes))
 
-    def __call__(self) -> None:
-        """The engine's ``on_compile``: the weights are loaded and the step compiles now."""
-        self._compile_start_s = time.monotonic()
-        self._conn.send(ch.Progress(self._name, "compiling", model=self._model))
-
-    def done(self) -> None:
-        """The engine is built: say how long compiling took, if it compiled."""
-        if self._compile_start_s is not None:
-            elapsed_s = time.monotonic() - self._compile_start_s
-            self._conn.send(ch.Progress(self._name, "compiled", model=self._model, elapsed_s=elapsed_s))
+    def __call__(self, progress: CompileProgress) -> None:
+        """The engine's ``on_compile``."""
+        if progress.stage == "failed":
+            print(compile_failed_line(self._name, progress.error), flush=True)
+        stage: ch.ProgressStage = "compile_failed" if progress.stage == "failed" else progress.stage
+        try:
+            self._conn.send(ch.Progress(self._name, stage, model=self._model, elapsed_s=progress.elapsed_s,
+                                        detail=progress.error))
+        except ChannelClosed:  # the launcher is gone: the unit stops on its own
+            pass
 
 
 class Unit:

@@ -20,6 +20,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.ports import Messenger
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
@@ -223,13 +224,14 @@ def unit_info(args: UnitArgs, address: bytes = b"", pools: list[bytes] | None = 
                     context, slot_bytes, args.num_context_slots)
 
 
-def assemble(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None = None) -> UnitParts:
+def assemble(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
     """The parts of the unit ``args`` describes; ``on_compile``: see `LLMEngine`."""
     return {"mixed": assemble_mixed, "prefill": assemble_prefill, "decode": assemble_decode}[args.role](
         args, spec, plan, on_compile)
 
 
-def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None = None) -> UnitParts:
+def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan,
+                   on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
     """A colocated unit: one engine that prefills and decodes, no messenger."""
     from disaggsdk.engine.llm_engine import LLMEngine
 
@@ -244,7 +246,7 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[
 
 
 def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
-                     on_compile: Callable[[], None] | None = None) -> UnitParts:
+                     on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
     """A prefill unit: pools, transfer engine, and the prefill side of the messenger."""
     kv = _kv_unit(args, spec, plan, on_compile)
     try:
@@ -256,7 +258,7 @@ def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
 
 
 def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
-                    on_compile: Callable[[], None] | None = None) -> UnitParts:
+                    on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
     """A decode unit: pools, transfer engine, and the decode side of the messenger."""
     kv = _kv_unit(args, spec, plan, on_compile)
     try:
@@ -280,7 +282,7 @@ def kv_domain(args: UnitArgs) -> str | None:
     return tcp_domain(args.node_address) if args.provider.startswith("tcp") else None
 
 
-def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], None] | None) -> KVUnit:
+def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[CompileProgress], None] | None) -> KVUnit:
     """An engine over shareable pools on its device (rank 0's here, the workers' handed over), all
     registered with one transfer engine (or through host mirrors: `launch.kv_pools`), and the
     context slots."""
@@ -307,8 +309,6 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[], No
         collector = PoolCollector(share_path, tp - 1) if share_path else None
         try:
             engine = LLMEngine(spec.model, config, kv_buffer=pool_tensor(pool0, size_bytes), on_compile=on_compile)
-            if engine.runner.compiled is not None:
-                print(f"{args.name}: compiled its step (torch.compile)", flush=True)
             for line in engine.held_experts():
                 print(f"{args.name}: {line}", flush=True)
             if collector is not None:

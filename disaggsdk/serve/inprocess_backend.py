@@ -20,6 +20,7 @@ from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
@@ -76,7 +77,7 @@ class InProcessBackend:
         return self._engine.config.max_model_len or self._engine.arch.max_context_tokens
 
     def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0",
-                 on_compile: Callable[[], None] | None = None):
+                 on_compile: Callable[[CompileProgress], None] | None = None):
         from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
         from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 

@@ -19,7 +19,8 @@ def prompts() -> list[list[int]]:
 
 
 def generate(model: str, compile: bool) -> tuple[dict[str, list[int]], dict[str, list]]:
-    config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=32, compile=compile)
+    config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=32, compile=compile,
+                          compile_in_background=False)
     ids: dict[str, list[int]] = {}
     lps: dict[str, list] = {}
     with LLMEngine(model, config) as engine:
@@ -51,6 +52,7 @@ def test_compiled_dense_model_generates_what_eager_does():
     check_compiled_equals_eager("qwen3-tiny")
 
 
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 @pytest.mark.parametrize("model", ["qwen3-coder-tiny", pytest.param("deepseek-r1-tiny", marks=pytest.mark.slow)])
 def test_compiled_moe_and_mla_models_generate_what_eager_does(model):
     """MoE experts run eagerly inside the graph (their token counts are data); MLA goes through
@@ -68,7 +70,7 @@ def test_layer_counter_is_bumped_by_the_graph_op_in_layer_order(monkeypatch):
         calls.append((layer_id, output is None))
         original(self, layer_id, output)
 
-    config = EngineConfig(page_size=4, num_pages=64, compile=True, count_layers=True)
+    config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False, count_layers=True)
     with LLMEngine("qwen3-tiny", config) as engine:
         monkeypatch.setattr(LayerCounter, "on_layer_done", spy)  # still a LayerCounter's method
         engine.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=1))
@@ -84,7 +86,8 @@ def test_an_arbitrary_layer_callback_runs_the_step_eagerly():
     """Only a `LayerCounter` can be a graph op; any other callback gets its eager calls, with outputs."""
     from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 
-    with LLMEngine("qwen3-tiny", EngineConfig(page_size=4, num_pages=64, compile=True)) as engine:
+    config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False)
+    with LLMEngine("qwen3-tiny", config) as engine:
         assert isinstance(engine.runner.compiled, CompiledStep)
         seen = []
         batch = build_forward_batch([BatchItem([5, 6, 7], 0, [1])], 4,
@@ -124,7 +127,7 @@ def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
         assert drafts.tolist() == expected.tolist()
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.deps_smoke), pytest.param(3, marks=pytest.mark.slow)])
 def test_compiled_mtp_drafting_accepts_what_eager_does(k, monkeypatch):
     """DeepSeek's MTP layer runs compiled beside the compiled step (its forward and its draft):
     the same tokens and the same accepted drafts as eager drafting, and the compiled layer ran."""
@@ -136,7 +139,7 @@ def test_compiled_mtp_drafting_accepts_what_eager_does(k, monkeypatch):
     runs = {}
     for compiled in (False, True):
         config = EngineConfig(page_size=4, num_pages=256, max_num_batched_tokens=32, compile=compiled,
-                              speculative=SpeculativeConfig("mtp", k))
+                              compile_in_background=False, speculative=SpeculativeConfig("mtp", k))
         with LLMEngine("deepseek-r1-tiny", config) as engine:
             outs = engine.generate(prompts(), SamplingParams(max_tokens=12, ignore_eos=True))
             runs[compiled] = ([o.output_ids for o in outs], engine.spec_stats.num_accepted_tokens)
@@ -150,8 +153,8 @@ def test_a_prefill_unit_counts_the_compiled_mtp_layer_as_one_more_layer():
     the layer its pages stream as."""
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 
-    config = EngineConfig(page_size=4, num_pages=64, compile=True, count_layers=True, mode="prefill_only",
-                          speculative=SpeculativeConfig("mtp", 1))
+    config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False, count_layers=True,
+                          mode="prefill_only", speculative=SpeculativeConfig("mtp", 1))
     with LLMEngine("deepseek-r1-tiny", config) as engine:
         assert engine.runner.compiled is not None
         engine.add_request("a", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=1))

@@ -28,9 +28,14 @@ def test_progress_lines_say_the_model_the_size_and_that_the_compile_cache_helps(
     assert progress_line(ch.Progress("decode-0", "loading", model="qwen3-coder-tiny", weight_bytes=27_300_000)) == (
         "decode-0: loading weights (qwen3-coder-tiny, 27.3 MB per rank)")
     compiling = progress_line(ch.Progress("decode-0", "compiling"))
-    assert compiling.startswith("decode-0: compiling its step with torch.compile (minutes on a first start")
+    assert compiling.startswith("decode-0: compiling its step with torch.compile (in the background, serving on the "
+                                "eager step meanwhile; minutes on a first start")
     assert "reuse torch's compile cache" in compiling
-    assert progress_line(ch.Progress("decode-0", "compiled", elapsed_s=41.25)) == "decode-0: compiled in 41.2 s"
+    assert progress_line(ch.Progress("decode-0", "compiled", elapsed_s=41.25)) == (
+        "decode-0: compiled in 41.2 s: runs the compiled step from now on")
+    failed = progress_line(ch.Progress("decode-0", "compile_failed", detail="TypeError: BooleanAtom not allowed"))
+    assert failed == ("decode-0: its step did not compile (TypeError: BooleanAtom not allowed): it serves on the eager "
+                      "step; `engine.compile: false` in the spec (or DISAGGSDK_COMPILE=0) skips compiling")
 
 
 def test_an_access_line_without_generation_has_only_the_http_part():

@@ -19,6 +19,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.memory.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.compiled_step import CompiledStep
     from disaggsdk.engine.model_runner import ModelRunner
     from disaggsdk.models.arch import ModelArch
 
@@ -35,6 +36,12 @@ class Speculator:
         self.config = config
         self.mtp = mtp_drafter
         self.stats = SpecStats()
+
+    def use_compiled(self, step: CompiledStep | None) -> None:
+        """The rank's step compiled (`LLMEngine`, once its background compile ended): the MTP layer
+        drafts through it from now on."""
+        if self.mtp is not None:
+            self.mtp.rank_pass.compiled = step
 
     def draft_budget(self, req: Request) -> int:
         """Drafts worth proposing: never more than the tokens the request may still emit, minus the

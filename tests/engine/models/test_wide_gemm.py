@@ -72,7 +72,7 @@ def _greedy_ids(compile: bool) -> tuple[list[list[int]], set[str]]:
 
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (70, 45)]
-    config = EngineConfig(page_size=4, num_pages=128, compile=compile)
+    config = EngineConfig(page_size=4, num_pages=128, compile=compile, compile_in_background=False)
     with LLMEngine("qwen3-tiny", config) as engine, profile(activities=[ProfilerActivity.CPU]) as prof:
         outs = engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
     return [list(o.output_ids) for o in outs], {e.key for e in prof.key_averages()}
