@@ -104,7 +104,7 @@ class LLMEngine:
             if on_compile is not None:
                 on_compile(CompileProgress("compiling"))
             self.runner.start_compile(self._on_layer_done, config.compile_in_background)
-            self._take_compiled_step()
+            self.take_compiled_step()
         if self.runner.num_scratch_pages:  # a CUDA rank: decode steps as CUDA graphs, before it serves
             if on_compile is not None:
                 on_compile(CompileProgress("compiling"))
@@ -122,9 +122,12 @@ class LLMEngine:
 
     # lifecycle
 
-    def _take_compiled_step(self) -> None:
-        """Between steps: once the background compile ended, run compiled from now on (drafts too),
-        or, when it failed, stay eager and say so once."""
+    def take_compiled_step(self) -> None:
+        """Call between steps (`step` does; a unit's loop also does while idle, so that the outcome is
+        told when it happens): once the background compile ended, run compiled from now on (drafts
+        too), or, when it failed, stay eager and say so once."""
+        if self.runner.compilation is None or self.runner.compiled is not None:
+            return
         outcome = self.runner.take_compile_outcome()
         if outcome is None:
             return
@@ -139,7 +142,7 @@ class LLMEngine:
         """Block until a background compile ended (or ``timeout_s`` passed), then take its outcome;
         call it from the thread that steps the engine. Returns whether steps run compiled now."""
         if self.runner.compilation is not None and self.runner.compilation.wait(timeout_s):
-            self._take_compiled_step()
+            self.take_compiled_step()
         return self.runner.compiled is not None
 
     def close(self) -> None:
@@ -456,8 +459,7 @@ class LLMEngine:
         Returns:
             One `RequestOutput` per request that ran this step (finished ones included).
         """
-        if self.runner.compilation is not None and self.runner.compiled is None:
-            self._take_compiled_step()
+        self.take_compiled_step()
         if self._speculator is not None:
             self._speculator.before_schedule(self.scheduler.running, self.scheduler.target_tokens)
         plan = self.scheduler.schedule()

@@ -230,6 +230,7 @@ class Unit:
                 self._report_failures(self.messenger)
                 self._report_moves()  # a moved-in request's news before any of its tokens
                 self._take_spans(self.messenger)
+            engine.take_compiled_step()  # told when it ends, not at the next request (engine.background_compile)
             if engine.must_step():
                 step_start_ns = time.time_ns() if self.spans else 0
                 outputs = engine.step()

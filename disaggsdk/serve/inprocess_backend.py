@@ -164,6 +164,7 @@ class InProcessBackend:
             while not self._closed.is_set():
                 if not self._drain_inbox(block=not self._engine.has_unfinished()):
                     break
+                self._engine.take_compiled_step()  # told when the background compile ends, idle or not
                 if self._engine.has_unfinished():
                     self._dispatch(self._engine.step())
                 self._snapshot()
