@@ -24,8 +24,8 @@ EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "engine": ("torch", "safetensors", "tokenizers", "llguidance", "numpy", "msgspec", "cffi"),
     "transfer": ("cffi", "msgspec"),
     "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "jinja2"),
-    "gpu": ("cuda",),
-    "notebook": ("ipywidgets", "matplotlib", "pandas"),
+    "gpu": ("cuda", "flashinfer"),
+    "notebook": ("matplotlib", "pandas"),
     "ray": ("ray",),
     "trace": ("opentelemetry",),  # api, sdk and the OTLP exporter share one namespace package
 }

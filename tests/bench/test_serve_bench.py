@@ -129,6 +129,7 @@ def test_slo_parsing_and_load_shape_checks():
     assert math.isinf(LoadShape().qps)
 
 
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 def test_bench_command_against_a_url_writes_vllm_json(server, run_cli, tmp_path):
     out = tmp_path / "result.json"
     p = run_cli("bench", server.url, "--num-prompts", "4", "--input-len", "16", "--output-len", "4", "--qps", "50",

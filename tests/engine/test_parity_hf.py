@@ -75,6 +75,7 @@ def test_greedy_tokens_equal_transformers(reference, tp, layout, page_size, budg
     check_against_hf(ref_tokens, ref_tops, got_tokens, got_tops)
 
 
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 def test_generate_cli_json_equals_transformers(reference, capsys):
     directory, prompts, ref_tokens, ref_tops = reference
     argv = ["generate", "--model", directory, "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--json",

@@ -123,7 +123,7 @@ def test_the_autoscale_policy_turns_a_decode_unit_when_first_tokens_miss(tmp_pat
         clients = [threading.Thread(target=stream, args=(d.url, i)) for i in range(len(PROMPTS))]
         for c in clients:
             c.start()
-        result = d.bench(num_prompts=10, qps=float("inf"), input_len=16, output_len=4)  # fills the window
+        result = d.bench(num_prompts=10, request_rate=float("inf"), input_len=16, output_len=4)  # fills the window
         assert result["failed"] == 0
         deadline = time.monotonic() + 30
         while not d.autoscale_decisions:

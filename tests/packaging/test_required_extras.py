@@ -33,12 +33,13 @@ SPEC = str(REPO / "specs" / "tiny_local.yaml")
 
 # pip name -> import name, where they differ by more than '-' for '_'
 # the OpenTelemetry distributions all install into the one `opentelemetry` namespace package
-IMPORT_NAME = {"cuda-python": "cuda", "pyyaml": "yaml", "opentelemetry-api": "opentelemetry",
-               "opentelemetry-sdk": "opentelemetry", "opentelemetry-exporter-otlp-proto-http": "opentelemetry"}
+IMPORT_NAME = {"cuda-python": "cuda", "flashinfer-python": "flashinfer", "pyyaml": "yaml",
+               "opentelemetry-api": "opentelemetry", "opentelemetry-sdk": "opentelemetry",
+               "opentelemetry-exporter-otlp-proto-http": "opentelemetry"}
 # third-party imports no extra needs to bring, and why
 NOT_IN_AN_EXTRA = {
     "transformers": "bench/engine_bench.make_checkpoint: a test and tools helper (the dev extra)",
-    "flashinfer": "the GPU attention backend, built for the user's CUDA torch (docs/install.md)",
+    "IPython": "report/live_output.py: imported only inside a running Jupyter kernel, which brings it",
 }
 
 

@@ -36,6 +36,7 @@ def child_pids() -> set[int]:
     return out
 
 
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
     openai = pytest.importorskip("openai")
     from disaggsdk.face.deployment import launch
@@ -51,7 +52,7 @@ def test_launched_deployment_serves_counts_benchmarks_and_leaves_no_process():
         chunks = list(stream)
         assert chunks[-1].usage.completion_tokens == 8
         assert {c.choices[0].finish_reason for c in chunks if c.choices} >= {"length"}
-        result = d.bench(num_prompts=6, qps=20, input_len=64, output_len=8, seed=2)
+        result = d.bench(num_prompts=6, request_rate=20, input_len=64, output_len=8, seed=2)
         assert result["completed"] == 6 and result["total_output_tokens"] == 48
         text = httpx.get(f"{d.url}/metrics").text
         fams = {f.name: f for f in text_string_to_metric_families(text)}
