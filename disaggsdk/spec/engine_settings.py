@@ -42,7 +42,9 @@ class EngineSettings(CheckedFields):
         "counter are ops inside the graph, so KV streaming is unchanged); on a GPU, its decode steps as CUDA graphs "
         "captured at padded batch sizes up to `max_num_seqs`, the layer counter written from inside them (FlashInfer "
         "attention; written, not yet run on a GPU). Unset: on, unless the environment says `DISAGGSDK_COMPILE=0`. "
-        "Each unit compiles before it reports ready (seconds; cached on disk afterwards).")
+        "On a CPU a unit serves on the eager step at once and compiles in the background, then runs the compiled "
+        "step (minutes on a first start, under a minute from torch's compile cache; a compile that fails leaves "
+        "it eager, with one line that says so); CUDA graphs are captured before a unit reports ready.")
     prefix_caching: bool = key(True,
         "Cache the KV pages of prompts and reuse them for later prompts that start the same (vLLM's automatic "
         "prefix caching): a hit computes only the new suffix, and a decode unit asks prefill only for the pages it "
