@@ -6,10 +6,11 @@
 Every version bound in pyproject.toml must be one a run used (docs/install.md records the runs).
 `make test` runs against the pinned development torch (constraints-cpu.txt), which says nothing of
 the torch a user's ``pip install`` picks: the newest once broke the compiled step. Both venvs get
-the extras a user installs to serve (engine, transfer, serve, notebook) and what the smoke tests
-need (dev); the smoke tests are the ones marked ``deps_smoke``: generate (eager and compiled, dense,
+every extra (engine, transfer, serve, notebook, trace, ray, gpu) and what the smoke tests need
+(dev); the smoke tests are the ones marked ``deps_smoke``: generate (eager and compiled, dense,
 MoE, MLA + MTP), tokens against transformers, a P/D launch served to the openai client and
-benchmarked, and the notebooks' imports.
+benchmarked, a launch on a Ray cluster of its own, the notebooks' imports and the GPU libraries'
+call signatures.
 
 "latest" installs with pip's own configuration ignored (``PIP_CONFIG_FILE=/dev/null``): a machine's
 global constraint file (the development machines cap torch) is not a user's. torch comes from the
@@ -34,7 +35,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = "engine,transfer,serve,notebook,gpu,dev"
+EXTRAS = "engine,transfer,serve,notebook,trace,ray,gpu,dev"  # every extra (trace: a notebook draws a traced request)
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 SMOKE_MARKER = "deps_smoke"
 REPORTED = ("torch", "transformers", "numpy", "safetensors", "tokenizers", "llguidance", "msgspec", "cffi",
@@ -84,13 +85,31 @@ def lower_bounds(pyproject: Path, extras: str) -> dict[str, str]:
     return bounds
 
 
-def newest_torch(python: str, env: dict[str, str]) -> str:
-    """The newest torch pip finds on PyPI for this venv's Python."""
-    done = _run([python, "-m", "pip", "index", "versions", "torch"], env=env)
-    found = re.search(r"^torch \(([^)]+)\)", done.stdout, re.MULTILINE)
+def released_versions(python: str, env: dict[str, str], name: str) -> list[str]:
+    """The versions of ``name`` pip finds on the index for this venv's Python, newest first."""
+    done = _run([python, "-m", "pip", "index", "versions", name], env=env)
+    found = re.search(r"^Available versions: (.+)$", done.stdout, re.MULTILINE)
     if found is None:
-        raise SystemExit(f"pip found no torch: {done.stdout[-500:]}")
-    return found.group(1)
+        raise SystemExit(f"pip found no {name}: {done.stdout[-500:]}")
+    return [version.strip() for version in found.group(1).split(",")]
+
+
+def oldest_release(python: str, env: dict[str, str], name: str, bound: str) -> str:
+    """The oldest release of ``name`` at or above ``bound`` (``pytest-timeout>=2.3`` is 2.3.1: there
+    is no 2.3.0), as ``uv --resolution lowest-direct`` picks it. Versions are compared by the venv's
+    ``packaging`` (``wheel`` brings it), not by this Python's, which may lack it."""
+    code = ("import sys\n"
+            "from packaging.version import InvalidVersion, Version\n"
+            "def parsed(v):\n"
+            "    try: return Version(v)\n"
+            "    except InvalidVersion: return None\n"
+            "bound = Version(sys.argv[1])\n"
+            "found = [v for v in map(parsed, sys.argv[2:]) if v is not None and not v.is_prerelease and v >= bound]\n"
+            "print(min(found) if found else '')")
+    oldest = _run([python, "-c", code, bound, *released_versions(python, env, name)]).stdout.strip()
+    if not oldest:
+        raise SystemExit(f"{name}>={bound}: no release at or above the bound for this Python")
+    return oldest
 
 
 def install(mode: str, venv: Path) -> dict[str, str]:
@@ -102,13 +121,14 @@ def install(mode: str, venv: Path) -> dict[str, str]:
     _run([python, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools", "wheel", "cffi"], env=env)
     facts: dict[str, str] = {}
     if mode == "oldest":
-        bounds = lower_bounds(ROOT / "pyproject.toml", EXTRAS)
+        bounds = {name: oldest_release(python, env, name, bound)
+                  for name, bound in lower_bounds(ROOT / "pyproject.toml", EXTRAS).items()}
         constraints = venv / "lower-bounds.txt"
         constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(bounds.items())))
         facts["constraints"] = str(constraints)
         torch_version = bounds["torch"]
     else:
-        torch_version = newest_torch(python, env)
+        torch_version = released_versions(python, env, "torch")[0]
     # the CPU build where the CPU index has it (hundreds of MB, not several GB of CUDA wheels)
     cpu = _run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", "--index-url", CPU_INDEX,
                 "--timeout", "20", "--retries", "0"], env=env, check=False)

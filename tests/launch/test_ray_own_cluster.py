@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 from tests.launch.test_ray_runtime import our_processes
 
 
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 def test_cli_launch_on_ray_without_an_address_starts_its_own_cluster():
     """No --address: a one-node cluster of this machine, started and left by the launch itself."""
     import signal
