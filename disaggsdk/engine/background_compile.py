@@ -25,6 +25,9 @@ engine's `close` asks the same; a command line that knows its exit code leaves a
 (`running_compilations`, ``os._exit``). A unit process leaves through ``os._exit`` (multiprocessing),
 which runs no finalization: nothing to wait for there.
 
+On torch older than 2.13 (`MIN_TORCH_FOR_BACKGROUND`) the compile runs before the engine serves,
+as it did before: there a graph compiled on one thread and recompiled on another crashed the process.
+
 Vs vLLM: vLLM compiles (or loads its compile cache) before its server answers; its first start is
 slower to ready and as fast from the first token. A CUDA rank's decode graphs (`engine.cuda_graph_step`)
 are still captured before the engine serves: a capture must not share the device with running steps.
@@ -49,6 +52,18 @@ from disaggsdk.engine.models.layers.skinny import MAX_ROWS
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
     from disaggsdk.engine.compiled_step import CompiledStep
+
+# torch 2.10 crashed the process (a segfault in FakeTensorMode) when the serving thread recompiled a
+# graph after another thread had compiled it; 2.13, 2.14 and 2.15 ran it (make test-oldest, make
+# test-latest, make test). Older torch compiles before the engine serves.
+MIN_TORCH_FOR_BACKGROUND = (2, 13)
+
+
+def background_supported() -> bool:
+    """Whether this torch may compile on another thread than the one that runs the step."""
+    release = torch.__version__.split("+")[0].split(".")
+    return (int(release[0]), int(release[1])) >= MIN_TORCH_FOR_BACKGROUND
+
 
 class CompileStopped(Exception):
     """The compile was asked to stop (`StepCompilation.stop`) and did, between two graphs."""

@@ -99,9 +99,10 @@ class ModelRunner:
 
     def start_compile(self, on_layer_done: Callable[[int, torch.Tensor], None] | None, in_background: bool) -> None:
         """Compile the step (`can_compile` must hold), on a thread of its own while the rank runs
-        eagerly (``in_background``) or now; `take_compile_outcome` adopts it. ``on_layer_done`` is
+        eagerly (``in_background``, where this torch allows it: `background_compile.background_supported`)
+        or now; `take_compile_outcome` adopts it. ``on_layer_done`` is
         the engine's layer counter callback (the graphs are specialised on having one)."""
-        from disaggsdk.engine.background_compile import StepCompilation, warm_up_graphs
+        from disaggsdk.engine.background_compile import StepCompilation, background_supported, warm_up_graphs
         from disaggsdk.engine.compiled_step import CompiledStep
 
         assert self.can_compile and self.compilation is None
@@ -113,7 +114,7 @@ class ModelRunner:
         with_mtp = self.config.extra_kv_layers > 0 and self.model.draft_layer() is not None
         self.compilation = StepCompilation(
             step, lambda stop: warm_up_graphs(step, scratch, engine.page_size, self.device, on_layer_done, with_mtp, stop),
-            in_background)
+            in_background and background_supported())
         self.compilation.start()
 
     def take_compile_outcome(self) -> CompileProgress | None:

@@ -30,7 +30,6 @@ def _eager_ids(max_tokens: int) -> list[int]:
         return engine.generate([PROMPT], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0].output_ids
 
 
-@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
 def test_serves_eagerly_at_once_then_runs_compiled_with_the_same_tokens():
     events: list[CompileProgress] = []
     with LLMEngine(MODEL, _config(True), on_compile=events.append) as engine:
@@ -83,4 +82,23 @@ def test_a_failed_compile_leaves_the_engine_eager_with_one_warning(monkeypatch, 
 def test_compile_before_serving_when_asked():
     config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False)
     with LLMEngine(MODEL, config) as engine:
+        assert isinstance(engine.runner.compiled, CompiledStep)
+
+
+@pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
+def test_compiles_in_the_background_where_this_torch_allows_it_else_before_serving():
+    """On torch >= 2.13 in the background; older torch crashed recompiling on the serving thread a
+    graph another thread compiled, so it compiles before the engine serves. The same tokens either way."""
+    in_background = background_compile.background_supported()
+    assert in_background is (tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13))
+    with LLMEngine(MODEL, _config(True)) as engine:
+        assert (engine.runner.compiled is None) is in_background
+        assert engine.wait_for_compiled_step(600) is True
+        out = engine.generate([PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0]
+    assert out.output_ids == _eager_ids(16)
+
+
+def test_an_older_torch_compiles_before_the_engine_serves(monkeypatch):
+    monkeypatch.setattr(background_compile, "MIN_TORCH_FOR_BACKGROUND", (99, 0))
+    with LLMEngine(MODEL, _config(True)) as engine:
         assert isinstance(engine.runner.compiled, CompiledStep)
