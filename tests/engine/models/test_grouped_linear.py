@@ -58,12 +58,3 @@ def test_a_moe_layer_compiles_into_one_graph_and_keeps_its_values():
                 gate, up = F.linear(x[t], experts.w13[e]).chunk(2)
                 expected[t] += weights[t, slot] * F.linear(F.silu(gate) * up, experts.w2[e])
         torch.testing.assert_close(experts(x, ids, weights), expected)
-
-
-def test_a_torch_without_a_cpu_grouped_mm_loops_over_the_experts(monkeypatch):
-    """torch 2.7 has no ``_grouped_mm``: the CPU products then loop over the experts, equal all the same."""
-    monkeypatch.setattr(_grouped, "_cpu_grouped_mm", False)
-    monkeypatch.setattr(torch, "_grouped_mm", None, raising=False)  # would fail if it were called
-    gen = torch.Generator().manual_seed(3)
-    weight, x, ends = torch.randn(3, 16, 32, generator=gen), torch.randn(7, 32, generator=gen), torch.tensor([2, 2, 7])
-    torch.testing.assert_close(grouped_linear(x, weight, ends), _per_expert(x, weight, ends))

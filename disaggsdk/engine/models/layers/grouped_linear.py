@@ -18,28 +18,12 @@ import torch.nn.functional as F
 
 from disaggsdk.engine.models.layers import amx_linear
 
-_cpu_grouped_mm: bool | None = None  # whether this torch's ``_grouped_mm`` runs on CPU tensors (`_cpu_has_grouped_mm`)
-
-
-def _cpu_has_grouped_mm() -> bool:
-    """Whether ``torch._grouped_mm`` takes float32 CPU tensors here: torch 2.7 has no ``_grouped_mm``,
-    and there the CPU products loop over the experts (`_per_group`). Asked once per process, on a
-    product of one row."""
-    global _cpu_grouped_mm
-    if _cpu_grouped_mm is None:
-        try:
-            torch._grouped_mm(torch.ones(1, 8), torch.ones(1, 8, 8), offs=torch.ones(1, dtype=torch.int32))
-            _cpu_grouped_mm = True
-        except (AttributeError, NotImplementedError, RuntimeError):
-            _cpu_grouped_mm = False
-    return _cpu_grouped_mm
-
 
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_ends: torch.Tensor,
                     packed: torch.Tensor | None) -> torch.Tensor:
     if x.device.type == "cpu" and packed is not None and x.dtype == torch.bfloat16:
         return amx_linear.grouped(x, packed, group_ends)
-    if (x.device.type == "cpu" and _cpu_has_grouped_mm()) or (x.device.type != "cpu" and x.dtype == torch.bfloat16):
+    if x.device.type == "cpu" or x.dtype == torch.bfloat16:
         return torch._grouped_mm(x, weight.transpose(1, 2), offs=group_ends.to(torch.int32))
     return _per_group(x, weight, group_ends)
 
