@@ -17,6 +17,8 @@ these calls for real.
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -26,8 +28,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cuda.bindings
-import cuda.bindings._internal.driver as driver_loader
 from cuda.bindings import driver as real_driver
+
+# cuda-bindings 13 loads libcuda through this module, which `main` blocks; 12.9 (CUDA 12 builds of
+# torch pin it) dlopens libcuda.so.1 from C, which only a machine without a driver refuses
+DRIVER_LOADER_MODULE = "cuda.bindings._internal.driver"
+DLOPEN_FAILED = "Failed to dlopen"  # cuda-bindings 12.9's RuntimeError where libcuda is missing
 
 ROOT = Path(__file__).resolve().parents[2]
 GRANULARITY_BYTES = 2 << 20  # what the stand-in says cuMemGetAllocationGranularity returns
@@ -103,6 +109,10 @@ class DriverStandIn:
                 value(*args, **kwargs)
             except DriverBlocked:
                 pass
+            except RuntimeError as exc:
+                if not str(exc).startswith(DLOPEN_FAILED):
+                    self.mismatches.append(f"{name}: RuntimeError: {exc}")
+                    raise
             except Exception as exc:  # whatever the binding raises (re-raised) is the mismatch to report
                 self.mismatches.append(f"{name}({', '.join(map(repr, args))}): {type(exc).__name__}: {exc}; "
                                        f"the installed binding is {(value.__doc__ or '').splitlines()[0]}")
@@ -211,8 +221,21 @@ def driver_functions_in_source() -> list[str]:
 
 
 def main() -> None:
-    """Run every scenario against the stand-in and print the report as one JSON line."""
-    driver_loader.load_nvidia_dynamic_lib = _blocked_load  # type: ignore[attr-defined]
+    """Run every scenario against the stand-in and print the report as one JSON line.
+
+    Raises:
+        SystemExit: cuda-bindings 12 on a machine whose driver loads (its load cannot be blocked here).
+    """
+    if importlib.util.find_spec(DRIVER_LOADER_MODULE) is not None:
+        importlib.import_module(DRIVER_LOADER_MODULE).load_nvidia_dynamic_lib = _blocked_load
+    else:
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            pass  # no driver: each call's dlopen fails after its arguments were converted
+        else:
+            raise SystemExit("cuda-bindings 12 on a machine with a CUDA driver: its load cannot be blocked, so "
+                             "these calls would run for real; run this check with cuda-bindings 13 or without a driver")
     stand_in = DriverStandIn()
     cuda.bindings.driver = stand_in  # type: ignore[attr-defined]
     sys.modules["cuda.bindings.driver"] = stand_in  # type: ignore[assignment]
