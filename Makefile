@@ -12,7 +12,7 @@ SOURCES := pyproject.toml constraints-cpu.txt setup.py $(wildcard native/*.c nat
 
 # apt-get install PACKAGES where COMMAND (or the package itself) is missing; sudo unless root
 define apt_install
-	@if ! $(1) >/dev/null 2>&1; then \
+	@if ! ( $(1) ) >/dev/null 2>&1; then \
 	  echo "installing $(2) (Debian)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(2); \

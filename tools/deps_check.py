@@ -112,9 +112,10 @@ def oldest_release(python: str, env: dict[str, str], name: str, bound: str) -> s
     return oldest
 
 
-def install(mode: str, venv: Path) -> dict[str, str]:
-    """Make ``venv`` afresh and install the package with ``EXTRAS`` at ``mode``'s versions; returns
-    how torch was found ("cpu index" or "pypi") and the bounds pinned."""
+def install(mode: str, venv: Path, torch: str | None = None) -> dict[str, str]:
+    """Make ``venv`` afresh and install the package with ``EXTRAS`` at ``mode``'s versions (``torch``:
+    this torch instead of the newest, in "latest"); returns how torch was found ("cpu index" or
+    "pypi") and the bounds pinned."""
     env = pip_env()
     _run([sys.executable, "-m", "venv", "--clear", str(venv)])
     python = str(venv / "bin" / "python")
@@ -128,7 +129,7 @@ def install(mode: str, venv: Path) -> dict[str, str]:
         facts["constraints"] = str(constraints)
         torch_version = bounds["torch"]
     else:
-        torch_version = released_versions(python, env, "torch")[0]
+        torch_version = torch or released_versions(python, env, "torch")[0]
     # the CPU build where the CPU index has it (hundreds of MB, not several GB of CUDA wheels)
     cpu = _run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", "--index-url", CPU_INDEX,
                 "--timeout", "20", "--retries", "0"], env=env, check=False)
@@ -160,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=("latest", "oldest"))
     parser.add_argument("--venv", type=Path, help="where the venv goes (default: build/venv-MODE)")
     parser.add_argument("--reuse", action="store_true", help="keep the venv if it exists (skip the install)")
+    parser.add_argument("--torch", help="latest: this torch release instead of the newest (e.g. 2.14.1)")
     args = parser.parse_args(argv)
-    venv = args.venv or ROOT / "build" / f"venv-{args.mode}"
+    if args.torch and args.mode != "latest":
+        parser.error("--torch goes with latest (oldest takes the lower bound)")
+    venv = args.venv or ROOT / "build" / (f"venv-torch-{args.torch}" if args.torch else f"venv-{args.mode}")
     started_s = time.monotonic()
     facts: dict[str, str] = {}
     if not (args.reuse and (venv / "bin" / "python").exists()):
-        facts = install(args.mode, venv)
+        facts = install(args.mode, venv, args.torch)
     install_s = time.monotonic() - started_s
     python = str(venv / "bin" / "python")
     pytest_argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", SMOKE_MARKER]
