@@ -34,10 +34,15 @@ sysdeps-test: sysdeps
 
 # constrained to the CPU build of torch the suite is run against (constraints-cpu.txt): without it
 # pip would fetch the newest CUDA build, several GB (docs/install.md)
+# torch alone first, from the CPU wheel index where it answers (else a local wheel or PyPI): resolved
+# with every extra at once, pip took PyPI's CUDA build of the same version (a 7 GB venv) over the
+# CPU one; installed, it is kept
+TORCH_CPU := --extra-index-url https://download.pytorch.org/whl/cpu --timeout 10 --retries 0
 $(DEMO_STAMP): $(SOURCES)
 	$(MAKE) sysdeps
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
+	$(PY) -m pip install -q -c constraints-cpu.txt $(TORCH_CPU) torch
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,serve]'
 	touch $(DEMO_STAMP)
 
@@ -45,6 +50,7 @@ $(TEST_STAMP): $(SOURCES)
 	$(MAKE) sysdeps-test
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
+	$(PY) -m pip install -q -c constraints-cpu.txt $(TORCH_CPU) torch
 	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,notebook,serve,ray,trace,gpu,dev]'
 	touch $(TEST_STAMP) $(DEMO_STAMP)
 

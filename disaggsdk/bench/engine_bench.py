@@ -57,7 +57,8 @@ def run_bench(model: str, num_prompts: int, input_len: int, output_len: int, tp:
         hf = make_checkpoint(model, directory, seed)
         config = EngineConfig(tp=tp, layout=layout, page_size=16,
                               num_pages=num_prompts * -(-(input_len + output_len) // 16) + 16,
-                              max_num_batched_tokens=max(2048, input_len))
+                              max_num_batched_tokens=max(2048, input_len),
+                              compile_in_background=False)  # timed compiled from the first request
         params = SamplingParams(max_tokens=output_len, ignore_eos=True)
         with LLMEngine(directory, config) as engine, torch.inference_mode():
             engine.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up

@@ -70,7 +70,8 @@ def run_grammar_bench(model: str, batch: int = 8, steps: int = 48, method: str |
     prompt = tok.encode("records = ")
     spec = SpeculativeConfig(method, num_tokens) if method else None
     result: dict[str, Any] = {"model": model, "batch": batch, "steps": steps, "speculative": method}
-    with _timed(targets, grammar_s), LLMEngine(model, EngineConfig(num_pages=64 * batch, speculative=spec)) as engine:
+    with _timed(targets, grammar_s), LLMEngine(model, EngineConfig(num_pages=64 * batch, speculative=spec,
+                                                                          compile_in_background=False)) as engine:
         for label, constrained in (("free", 0), ("mixed", batch // 2), ("free", 0), ("mixed", batch // 2)):
             params = [SamplingParams(max_tokens=steps, ignore_eos=True,
                                      structured=StructuredOutput.json_schema(SCHEMA) if i < constrained else None)

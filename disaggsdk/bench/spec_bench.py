@@ -75,7 +75,8 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
         prompts = [tok.encode(t) for t in texts[:batch]]
         specs = {"plain": None, "speculative": SpeculativeConfig(method, num_tokens)}
         engines = {name: LLMEngine(model, EngineConfig(num_pages=64 * batch, compile=compile_step, speculative=spec,
-                                                        dtype=dtype)) for name, spec in specs.items()}
+                                                        dtype=dtype, compile_in_background=False))
+                   for name, spec in specs.items()}
         try:
             for engine in engines.values():
                 engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up

@@ -164,7 +164,7 @@ def _sample_forever() -> None:
     torch.set_num_threads(1)
     parent = os.getppid()
     engine = LLMEngine(MONITOR_MODEL, EngineConfig(page_size=16, num_pages=32, max_num_batched_tokens=PREFILL_TOKENS,
-                                                   max_num_seqs=1))
+                                                   max_num_seqs=1, compile_in_background=False))
     params = SamplingParams(max_tokens=DECODE_STEPS_PER_PREFILL + 1, ignore_eos=True)
     engine.generate([[7] * PREFILL_TOKENS], params)  # first calls pay for allocations
     for request in range(sys.maxsize):

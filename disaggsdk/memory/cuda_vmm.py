@@ -36,10 +36,20 @@ def load_driver() -> Any:
         raise CudaDriverMissing("cuda-python is not installed: `pip install 'disaggsdk[gpu]'` "
                                 f"({exc})") from exc
     except Exception as exc:  # DynamicLibNotFoundError: no libcuda.so on this machine
-        raise CudaDriverMissing(f"no CUDA driver on this machine ({type(exc).__name__}: {exc}); "
-                                "use host memory (SharedRegion) or run on a GPU node") from exc
-    _check(driver, driver.cuInit(0), "cuInit")
+        raise _no_driver(exc) from exc
+    try:
+        # cuda-bindings 13 loads libcuda at the first call (DynamicLibNotFoundError without it), 12.9 too
+        # ("RuntimeError: Failed to dlopen libcuda.so.1")
+        result = driver.cuInit(0)
+    except Exception as exc:  # whichever the binding raises, the driver is not there
+        raise _no_driver(exc) from exc
+    _check(driver, result, "cuInit")
     return driver
+
+
+def _no_driver(exc: Exception) -> CudaDriverMissing:
+    return CudaDriverMissing(f"no CUDA driver on this machine ({type(exc).__name__}: {exc}); "
+                             "use host memory (SharedRegion) or run on a GPU node")
 
 
 def _check(driver: Any, result: Any, call: str) -> Any:

@@ -54,6 +54,8 @@ _ANCHOR_SETUP = (
     'i=0; for p in "$@"; do mkdir /dev/shm/.host$i; mount --bind "$p" /dev/shm/.host$i; i=$((i+1)); done; '
     'mount -t tmpfs -o mode=1777 tmpfs /tmp; '
     'i=0; for p in "$@"; do mkdir -p "$p"; mount --move /dev/shm/.host$i "$p"; rmdir /dev/shm/.host$i; i=$((i+1)); done; '
+    # a Python the node cannot see (a venv under a /tmp folder not bound) would end the anchor after "ready"
+    'test -x "$python" || { echo "$python is not in the node (not under a folder it binds)" >&2; exit 1; }; '
     f'hostname "$name"; echo {ANCHOR_READY_LINE}; exec "$python" -I -S -c "$reaper" </dev/null >/dev/null 2>&1')
 SHARED_TMP_ROOTS = ("/tmp",)  # the host folders a node replaces with its own (/dev/shm holds no code)
 
@@ -177,10 +179,12 @@ class Node:
                    unshare_pid=int(data["unshare_pid"]))
 
 
-def start_anchor(name: str, namespace: str, host_paths: Sequence[str] = ()) -> tuple[int, int]:
+def start_anchor(name: str, namespace: str, host_paths: Sequence[str] = (), python: str = sys.executable,
+                 ) -> tuple[int, int]:
     """Start the anchor of node ``name`` in network namespace ``namespace`` and wait until its
     /dev/shm, /tmp and hostname are its own, with ``host_paths`` (folders of the host's /tmp,
-    `host_paths_under_tmp`) bound into its /tmp at the same paths.
+    `host_paths_under_tmp`) bound into its /tmp at the same paths; ``python`` (this one by default)
+    reaps the node's orphans, so the node must see it.
 
     Returns:
         (anchor_pid, unshare_pid) as the host numbers them.
@@ -190,7 +194,7 @@ def start_anchor(name: str, namespace: str, host_paths: Sequence[str] = ()) -> t
     """
     argv = ["ip", "netns", "exec", namespace,
             "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc",
-            "--propagation", "private", "--", "sh", "-c", _ANCHOR_SETUP, "sh", name, sys.executable, _REAPER,
+            "--propagation", "private", "--", "sh", "-c", _ANCHOR_SETUP, "sh", name, python, _REAPER,
             *host_paths]
     # its own session: a Ctrl-C in the terminal that ran `testbed up` does not reach the nodes
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -25,7 +25,7 @@ from disaggsdk.testbed import (
 from disaggsdk.testbed import link as link_module
 from disaggsdk.testbed import testbed as testbed_module
 from disaggsdk.testbed.naming import namespace_prefix, state_path
-from disaggsdk.testbed.node import host_paths_under_tmp
+from disaggsdk.testbed.node import host_paths_under_tmp, start_anchor
 from tests.testbed.conftest import (
     host_mounts,
     host_network,
@@ -111,14 +111,25 @@ def test_a_node_sees_the_host_folders_it_runs_from_under_tmp_and_nothing_else_of
     checkout.mkdir()
     other.mkdir()
     (checkout / "code.py").write_text("x = 1\n")
-    monkeypatch.setattr(testbed_module, "paths_nodes_run_from", lambda: (str(checkout), str(checkout / "venv"), "/usr"))
+    runs_from = (*testbed_module.paths_nodes_run_from(), str(checkout))  # this Python's too: the anchor runs it
+    monkeypatch.setattr(testbed_module, "paths_nodes_run_from", lambda: runs_from)
     node = testbed(nodes=1).node(0)
     assert node.run(["cat", str(checkout / "code.py")]).stdout == "x = 1\n"
     node.run(["sh", "-c", f"echo from-node > {checkout}/written"], cwd=str(checkout))
     assert (checkout / "written").read_text() == "from-node\n"
     assert node.run(["test", "-e", str(other)], check=False).returncode == 1
-    assert node.run(["ls", "-A", "/tmp"]).stdout.split() == [checkout.parts[2]]  # /tmp holds only the way to it
+    bound = host_paths_under_tmp(runs_from)
+    assert set(node.run(["ls", "-A", "/tmp"]).stdout.split()) == {p.split("/")[2] for p in bound}
     assert node.run(["ls", "-A", "/dev/shm"]).stdout.split() == []  # the bind's staging point is gone
+
+
+def test_an_anchor_whose_python_the_node_cannot_see_fails_up_and_says_so(testbed, tmp_path, monkeypatch):
+    monkeypatch.setattr(testbed_module, "start_anchor", lambda name, namespace, host_paths=(): start_anchor(
+        name, namespace, host_paths, python=str(tmp_path / "venv" / "bin" / "python")))
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)  # on the host, not bound into the node
+    with pytest.raises(TestbedError, match="is not in the node"):
+        testbed(nodes=1)
 
 
 def test_tcp_between_nodes_crosses_both_links_and_status_counts_it(testbed):
@@ -207,10 +218,10 @@ def test_a_failure_half_way_through_up_tears_down_what_was_built(testbed, monkey
     anchors = []
     real_start_anchor = testbed_module.start_anchor
 
-    def start_anchor_then_fail(name, namespace):
+    def start_anchor_then_fail(name, namespace, host_paths=()):
         if anchors:
             raise TestbedError("the second anchor fails")
-        anchors.append(real_start_anchor(name, namespace))
+        anchors.append(real_start_anchor(name, namespace, host_paths))
         return anchors[-1]
 
     monkeypatch.setattr(testbed_module, "start_anchor", start_anchor_then_fail)

@@ -155,10 +155,12 @@ def test_a_spec_in_another_dtype_changes_the_weights_and_the_kv_and_nothing_else
 
 @needs_no_gpu
 def test_the_environment_names_this_machines_torch_and_no_gpu():
-    import torch
+    from importlib.metadata import version
 
     found = environment()
-    assert found["torch"] == torch.__version__ and found["torch_sees_cuda"] is False
+    # the installed distribution's version: "2.13.0+cpu" for a CPU wheel, "2.13.0" for PyPI's CUDA build
+    # (whose torch.__version__ says "2.13.0+cu130")
+    assert found["torch"] == version("torch") and found["torch_sees_cuda"] is False
     assert found["gpu_name"] is None and found["gpu_count"] == 0
 
 

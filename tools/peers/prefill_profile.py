@@ -115,7 +115,8 @@ def profile_ours(model_dir: str, args: argparse.Namespace) -> tuple[list[float],
 
     # compiled, as a unit runs it (and only the compiled step calls attention as the graph op the split names)
     config = EngineConfig(page_size=16, num_pages=args.tokens // 16 + 16, max_num_batched_tokens=max(2048, args.tokens),
-                          dtype=args.dtype, prefix_caching=False, compile=True)
+                          dtype=args.dtype, prefix_caching=False, compile=True,
+                          compile_in_background=False)  # the profile is of the compiled step
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     ps = prompts(args.rounds + 5, args.tokens)
     times = []
