@@ -69,6 +69,10 @@ class LaunchedLayout(Protocol):
         """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
         ...
 
+    def wait_until_compiled(self, timeout_s: float = ...) -> dict[str, str | None]:
+        """Block until no unit still compiles its step (`Deployment.wait_until_compiled`)."""
+        ...
+
 
 class LayoutLauncher(Protocol):
     """Starts a layout: ``launch(spec, colocated=..., port=0)`` as `disaggsdk.face.deployment.launch`, a
@@ -251,6 +255,7 @@ def measure_layout(layout: Layout, draws: TraceDraws, sweep: RateSweep, slos_ms:
 
     start_s = time.monotonic()
     with launch(layout.spec, colocated=layout.colocated, port=0) as deployment:
+        deployment.wait_until_compiled()  # the sweep measures the compiled step, as a settled deployment runs
         measured = run_sweep(measured_at(deployment), sweep, slos_ms, seed)
     speed = monitor.speed_since(start_s) if monitor is not None else None
     return MeasuredLayout(layout, measured,

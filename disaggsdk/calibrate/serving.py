@@ -84,6 +84,7 @@ def measure_turn(spec, colocated: bool, monitor: SpeedMonitor | None, num_reques
     from disaggsdk.calibrate.validate import bench_in_subprocess
 
     with launch(spec, colocated=colocated, port=0) as deployment:
+        deployment.wait_until_compiled()  # idle cores of units that are done compiling
         bench_in_subprocess(deployment.url, math.inf, 4, input_len, 4, seed=99)  # warm-up
         units_before, wall_before = deployment.backend.runtime.unit_cpu_s(), time.monotonic()
         time.sleep(IDLE_WINDOW_S)

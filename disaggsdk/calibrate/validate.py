@@ -128,6 +128,7 @@ def validate(spec: Spec, profile: HardwareProfile, rates: list[float], num_promp
             layout = "colocated" if colocated else "disaggregated"
             runs: dict[float, list[dict[str, Any]]] = {qps: [] for qps in rates}
             with launch(spec, colocated=colocated, port=0) as deployment:
+                deployment.wait_until_compiled()  # measure the compiled step, not the eager one meanwhile
                 bench_in_subprocess(deployment.url, float("inf"), 4, input_len, 4, seed=seed + 99)  # warm-up
                 for _ in range(max(1, repeat)):
                     for qps in rates:

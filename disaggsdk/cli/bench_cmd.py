@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         DisaggError: bad options, an unreachable server, or a spec that cannot be launched.
     """
     from disaggsdk.bench.serve_bench import median_run
-    from disaggsdk.cli.launch_cmd import launch_spec
+    from disaggsdk.cli.launch_cmd import launch_spec, wait_for_compiled_steps
 
     targets = _targets(args)
     _check_options(args, targets)  # before a spec's minute of start-up
@@ -367,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
                 title = f"{name} {i + 1}/{repeats}" if repeats > 1 else name
                 with launch_spec(_spec_args(args, target), console, colocated=colocated, port=0,
                                  pin=args.compare) as d:
+                    wait_for_compiled_steps(d, console)
                     if sweep is not None:
                         sweeps.append((name, _sweep(args, console, sweep, name, d.url, d.model_name, d.api_key, d)))
                     else:

@@ -180,6 +180,16 @@ def print_completions(d: Deployment, console: Console, prompts: list[str], max_t
         console.print(Panel(Syntax(text, "python", theme="ansi_dark"), title=f"completion of {prompt!r}", expand=False))
 
 
+
+def wait_for_compiled_steps(d: Deployment, console: Console) -> None:
+    """Before a benchmark: wait until the units compiled their step (they serve on the eager step
+    while they compile in the background, engine.background_compile; a benchmark measures the
+    compiled one), saying so when they still compile."""
+    if any(stage == "compiling" for stage in d.compile_stages().values()):
+        console.print("waiting for the units to compile their step before the benchmark", highlight=False)
+    d.wait_until_compiled()
+
+
 def run(args: argparse.Namespace) -> int:
     """Launch, then serve until a signal, or benchmark and stop with ``--bench``.
 
@@ -198,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         if args.complete:
             print_completions(d, console, args.complete, args.complete_tokens)
         if args.bench:
+            wait_for_compiled_steps(d, console)
             result = run_load(args, console, d.url, d.model_name, d.api_key, d, title=d.name)
             report(args, console, [(d.name, result)])
             return 0

@@ -59,6 +59,14 @@ class LaunchedBackend(Protocol):
         """Why no request can be served again (units that cannot restart); None while they can."""
         ...
 
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said: None (none), "compiling", "compiled", "compile_failed"."""
+        ...
+
+    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
+        """Block until no unit still compiles its step (or ``timeout_s`` passed); each unit's stage."""
+        ...
+
 
 @runtime_checkable
 class TracedBackend(Protocol):
@@ -190,6 +198,23 @@ class Deployment:
         requests = random_requests(num_prompts, input_len, output_len, range_ratio, seed)
         shape = LoadShape(request_rate, burstiness, max_concurrency, seed)
         return BenchReport(bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms), self.name)
+
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said: None (it does not compile), "compiling" (in the
+        background: it serves eagerly meanwhile), "compiled" or "compile_failed"; {} for one engine in
+        this process."""
+        if isinstance(self.backend, LaunchedBackend):
+            return self.backend.compile_stages()
+        return {}
+
+    def wait_until_compiled(self, timeout_s: float = 900.0) -> dict[str, str | None]:
+        """Block until no unit still compiles its step in the background (engine.background_compile):
+        call it before measuring the deployment's steady speed; a first start compiles for about a
+        minute on 2 cores. Returns each unit's stage ("compiled", "compile_failed", None where it does
+        not compile, "compiling" if ``timeout_s`` passed first); {} for one engine in this process."""
+        if isinstance(self.backend, LaunchedBackend):
+            return self.backend.wait_until_compiled(timeout_s)
+        return {}
 
     def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by

@@ -79,6 +79,9 @@ class UnitHandle:
     fatal: str | None = None
     exit_report: str | None = None
     stopped_with_group: bool = False  # killed by the runtime because a rank of its lock-step dp group died
+    # its step's compile as it last said (`messages.Progress`): None (it does not compile), "compiling"
+    # (in the background: it serves eagerly meanwhile), "compiled" or "compile_failed"
+    compile_stage: str | None = None
 
 
 class Launcher(Protocol):

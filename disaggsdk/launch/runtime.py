@@ -256,6 +256,20 @@ class Supervisor:
         """Unit name -> where it runs, when the launcher places units beyond this machine (else {})."""
         return self.launcher.placement()
 
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said: None (it does not compile), "compiling" (in the
+        background, serving eagerly meanwhile), "compiled" or "compile_failed"."""
+        return {name: u.compile_stage for name, u in self.units.items()}
+
+    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
+        """Block until no unit is still compiling (or ``timeout_s`` passed): what a benchmark of the
+        deployment's steady speed waits for (engine.background_compile). Returns `compile_stages`."""
+        deadline = time.monotonic() + timeout_s
+        while (any(stage == "compiling" for stage in self.compile_stages().values())
+               and time.monotonic() < deadline and not self._closed):
+            time.sleep(0.2)
+        return self.compile_stages()
+
     def unit_cpu_s(self) -> dict[str, float]:
         """CPU seconds each live unit (with its tp workers) has used so far, by unit name."""
         return {name: process_tree_cpu_s(u.process.pid) for name, u in self.units.items()
@@ -369,6 +383,8 @@ class Supervisor:
                 if other is not u:
                     self.send(other.args.name, ch.PeerUp(msg.info))
         elif isinstance(msg, ch.Progress):  # a background compile ended after the unit was ready
+            if msg.stage != "loading":
+                u.compile_stage = msg.stage
             self._progress(progress_line(msg))
         elif isinstance(msg, ch.Fatal):
             u.fatal = msg.message

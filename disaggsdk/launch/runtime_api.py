@@ -77,5 +77,11 @@ class Runtime(Protocol):
     def placement(self) -> dict[str, str]:
         """Unit name -> where it runs, when units run beyond this machine (Ray); else {}."""
 
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said: None (none), "compiling", "compiled", "compile_failed"."""
+
+    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
+        """Block until no unit is still compiling its step (or ``timeout_s`` passed); `compile_stages`."""
+
     def close(self) -> None:
         """Stop every unit and leave nothing behind. Idempotent."""

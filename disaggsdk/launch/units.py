@@ -289,6 +289,8 @@ def _next_reply(u: UnitHandle, deadline: float, on_progress: ProgressListener | 
             if u.channel.poll(min(0.1, max(0.0, until - time.monotonic()))):
                 msg = u.channel.recv()
                 if isinstance(msg, ch.Progress):
+                    if msg.stage != "loading":
+                        u.compile_stage = msg.stage
                     if on_progress is not None:
                         on_progress(progress_line(msg))
                     continue

@@ -494,6 +494,15 @@ class Router:
                    if role in SERVING_ROLES and self.runtime.is_healthy(n) and n not in self._moves.draining]
         return self.routing.pick(serving, hashes, {n: len(self._in_flight[n]) for n in serving})
 
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said (`Runtime.compile_stages`)."""
+        return self.runtime.compile_stages()
+
+    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
+        """Block until no unit still compiles its step in the background (or ``timeout_s`` passed), so
+        that what is measured next is the compiled step; each unit's stage (`Runtime.compile_stages`)."""
+        return self.runtime.wait_until_compiled(timeout_s)
+
     def unrecoverable(self) -> str | None:
         """Why no request can be served again (every decode unit dead, no restart left), or None."""
         serving = [n for n, role in self._roles.items() if role in SERVING_ROLES]

@@ -4,7 +4,6 @@ layer streaming, and the tokens are those of the eager colocated engine."""
 from __future__ import annotations
 
 import re
-import threading
 
 import attrs
 import pytest
@@ -28,10 +27,12 @@ def test_compiled_units_stream_layers_during_the_forward_and_match_eager():
     spec = make_spec(MODEL, page_size=16, budget=256)  # each prompt prefilled in one step
     spec = attrs.evolve(spec, engine=attrs.evolve(spec.engine, compile=True))
     before = live_descendants()
-    compiled = threading.Semaphore(0)  # the units compile in the background: requests wait for both
-    on_event = lambda line: compiled.release() if re.search(r": compiled in \d", line) else None  # noqa: E731
-    with serve_locally(spec, on_event=on_event) as rt:
-        assert all(compiled.acquire(timeout=600) for _ in range(2)), "a unit did not report its compiled step"
+    lines: list[str] = []
+    with serve_locally(spec, on_event=lines.append) as rt:
+        # the units serve at once and compile in the background; the requests wait for the compiled steps
+        assert set(rt.compile_stages().values()) <= {"compiling", "compiled"}
+        assert rt.wait_until_compiled(600) == {"prefill-0": "compiled", "decode-0": "compiled"}
+        assert sum(bool(re.search(r"-0: compiled in \d+\.\d s: runs the compiled step", line)) for line in lines) == 2
         events = rt.generate_batch(prompts, params, timeout_s=180)
         stats = rt.unit_stats()
     assert live_descendants() <= before
