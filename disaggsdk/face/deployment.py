@@ -164,7 +164,9 @@ class Deployment:
               output_len: int = 32, range_ratio: float = 0.0, burstiness: float = 1.0,
               max_concurrency: int | None = None, slos_ms: dict[str, float] | None = None, seed: int = 0,
               *, qps: float | None = None) -> BenchReport:
-        """Run a benchmark against this deployment (random prompts), as ``disaggsdk bench`` does.
+        """Run a benchmark against this deployment (random prompts), as ``disaggsdk bench`` does, once its
+        units compiled their step (`wait_until_compiled`: a benchmark measures the compiled step, not
+        the eager one a freshly launched unit serves on meanwhile).
 
         Args:
             num_prompts: requests to send.
@@ -197,6 +199,7 @@ class Deployment:
             request_rate = qps
         requests = random_requests(num_prompts, input_len, output_len, range_ratio, seed)
         shape = LoadShape(request_rate, burstiness, max_concurrency, seed)
+        self.wait_until_compiled()
         return BenchReport(bench(self.url, requests, shape, self.model_name, self.api_key, slos_ms), self.name)
 
     def compile_stages(self) -> dict[str, str | None]:
