@@ -155,6 +155,12 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         placement: dict[str, str] = backend.placement() if isinstance(backend, Router) else {}
         if placement:
             body["placement"] = placement
+        # units compiling their step in the background serve meanwhile, slower: a benchmark waits for
+        # "compiled" (or "compile_failed") everywhere first (engine.background_compile)
+        stages = {name: stage for name, stage in (backend.compile_stages() if isinstance(backend, Router) else {}).items()
+                  if stage is not None}
+        if stages:
+            body["compile"] = stages
         if not serving:  # an OpenAI error object too, beside what probes read
             body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down")
         return JSONResponse(body, status_code=200 if serving else 503)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 
 import attrs
+import httpx
 import pytest
 
 pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.face.deployment import Deployment
 from disaggsdk.serve.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec
 
@@ -28,10 +30,11 @@ def test_compiled_units_stream_layers_during_the_forward_and_match_eager():
     spec = attrs.evolve(spec, engine=attrs.evolve(spec.engine, compile=True))
     before = live_descendants()
     lines: list[str] = []
-    with serve_locally(spec, on_event=lines.append) as rt:
+    with serve_locally(spec, on_event=lines.append) as rt, Deployment(rt) as d:
         # the units serve at once and compile in the background; the requests wait for the compiled steps
-        assert set(rt.compile_stages().values()) <= {"compiling", "compiled"}
-        assert rt.wait_until_compiled(600) == {"prefill-0": "compiled", "decode-0": "compiled"}
+        assert set(httpx.get(f"{d.url}/health").json()["compile"].values()) <= {"compiling", "compiled"}
+        assert d.wait_until_compiled(600) == {"prefill-0": "compiled", "decode-0": "compiled"}
+        assert httpx.get(f"{d.url}/health").json()["compile"] == {"prefill-0": "compiled", "decode-0": "compiled"}
         assert sum(bool(re.search(r"-0: compiled in \d+\.\d s: runs the compiled step", line)) for line in lines) == 2
         events = rt.generate_batch(prompts, params, timeout_s=180)
         stats = rt.unit_stats()

@@ -11,11 +11,21 @@ $PY "$HERE/make_model.py" "$W/m" --layers "${LAYERS:-4}" --hidden "${HIDDEN:-256
   || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
 
-# wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health; fail at once when
-# process PID (the server) is gone.
+# wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health, then (up to 900 s)
+# until none of our units still compiles its step in the background (our /health lists them under
+# "compile"; vLLM compiles before it answers), so that what is measured next is the compiled step;
+# fail at once when process PID (the server) is gone.
 wait_up() {
+  local up=""
   for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null && { up=1; break; }
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 1
+  done
+  [ -n "$up" ] || return 1
+  for _ in $(seq 1 900); do
+    curl -sf "http://127.0.0.1:$1/health" | $PY -c 'import json, sys; text = sys.stdin.read()
+sys.exit(1 if text.startswith("{") and "compiling" in json.loads(text).get("compile", {}).values() else 0)' && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 1
   done
