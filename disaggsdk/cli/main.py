@@ -79,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     (``argv`` None), it leaves at once with that code where an engine is still compiling its step
     in the background (a short `generate`, a server stopped in its first minutes): waiting for the
     compiler, or ending Python under it, would cost minutes or abort (engine.background_compile)."""
-    code = _main(argv)
+    try:
+        code = _main(argv)
+    except SystemExit as exc:  # SIGTERM arrives as SystemExit(143) (launch.signals), argparse's errors too
+        if argv is not None or not isinstance(exc.code, int):
+            raise
+        code = exc.code
     if argv is None and "disaggsdk.engine.background_compile" in sys.modules:
         from disaggsdk.engine.background_compile import running_compilations
 
