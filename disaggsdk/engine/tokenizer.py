@@ -29,6 +29,11 @@ class Tokenizer(Protocol):
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD."""
         ...
 
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))``, found without tokenizing: what lets a server refuse a
+        prompt that cannot fit the context before it spends seconds tokenizing megabytes of it."""
+        ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids (for byte-level checkpoints without a tokenizer.json)."""
@@ -41,6 +46,9 @@ class ByteTokenizer:
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         ids = list(text.encode("utf-8"))
         return [BYTE_BOS, *ids] if add_bos else ids
+
+    def min_tokens(self, text: str) -> int:
+        return len(text.encode("utf-8"))  # exact: one id per byte
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         out: list[str] = []
@@ -85,12 +93,34 @@ class HFTokenizer:
         bos = _as_ids(merged.get("bos_token_id"))
         self.bos_token_id = bos[0] if bos else None
         self.eos_token_ids = _as_ids(merged.get("eos_token_id"))
+        self._longest_token_bytes: int | None = None  # `min_tokens`' divisor, found on first use
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: the library lets go of the GIL only in its batch call, and a server
+        # tokenizes on a worker thread while its event loop and the thread that reads the units'
+        # heartbeats must keep running (a megabyte prompt takes seconds)
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    def min_tokens(self, text: str) -> int:
+        if self._longest_token_bytes is None:
+            self._longest_token_bytes = self._bytes_a_token_covers_at_most()
+        return -(-len(text.encode("utf-8")) // self._longest_token_bytes) if self._longest_token_bytes else 0
+
+    def _bytes_a_token_covers_at_most(self) -> int:
+        """The most bytes of a text one token stands for, 0 when no bound holds.
+
+        A BPE token covers at most the bytes its vocabulary entry spells (a byte-level entry spells each byte
+        as one character of one or two UTF-8 bytes, which overcounts: still a bound), an unknown character at
+        most 4. No bound holds where a normalizer may shorten the text first (NFKC, ...), nor where one token
+        may stand for any run of text: an unknown word in WordPiece, fused unknowns in BPE."""
+        model = json.loads(self._tok.to_str()).get("model", {})
+        if self._tok.normalizer is not None or model.get("type") != "BPE" or model.get("fuse_unk"):
+            return 0
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        return max(4, *(len(t.encode("utf-8")) for t in vocab))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
