@@ -49,7 +49,9 @@ class ServingBackend(Protocol):
         """The model's context in tokens (prompt + output), checked at the HTTP edge; None: unknown."""
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one."""
+        """Token ids of ``text`` as a prompt: the model's tokenizer, BOS first where the model has one.
+        A server calls it on a worker thread; it may refuse a text that cannot fit `max_model_len`
+        before tokenizing it (`serve.model_tokenizer.PromptTooLong`, a 400)."""
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""

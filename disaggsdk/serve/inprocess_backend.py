@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.model_tokenizer import encode_prompt
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compile_progress import CompileProgress
@@ -95,8 +96,12 @@ class InProcessBackend:
     # the ServingBackend contract
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as a prompt (BOS first where the model has one)."""
-        return self._tokenizer.encode(text, add_bos=True)
+        """Token ids of ``text`` as a prompt (BOS first where the model has one).
+
+        Raises:
+            PromptTooLong: ``text`` holds more than `max_model_len` tokens for certain.
+        """
+        return encode_prompt(self._tokenizer, text, self.max_model_len)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids`` (without special tokens unless asked)."""

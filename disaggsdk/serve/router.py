@@ -85,7 +85,7 @@ class Router:
         self._poison = PoisonRequests()
         self._seq = itertools.count(1)
         self._stats = UnitStatsReplies(runtime)
-        self._tokenizer = ModelTokenizer(self.spec.model)
+        self._tokenizer = ModelTokenizer(self.spec.model, self.max_model_len)
         self.first_tokens = FirstTokenClock()  # guarded by _lock
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
         self._moves = RequestMoves()  # decoding requests moving between decode units (guarded by _lock)
@@ -518,7 +518,11 @@ class Router:
         return self._tokenizer.get_or_none()
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (with BOS) under the model's tokenizer."""
+        """Token ids of ``text`` (with BOS) under the model's tokenizer.
+
+        Raises:
+            PromptTooLong: ``text`` holds more than `max_model_len` tokens for certain.
+        """
         return self._tokenizer.encode(text)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:

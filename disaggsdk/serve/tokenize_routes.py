@@ -3,11 +3,14 @@
 ``/tokenize`` takes ``{prompt}`` or, as vLLM's, ``{messages, add_generation_prompt, tools,
 chat_template_kwargs}`` (rendered exactly as a chat request would be) and answers ``{count,
 max_model_len, tokens}``; ``/detokenize`` takes ``{tokens}`` and answers ``{prompt}``. Bad bodies
-get the same OpenAI error objects as the completion endpoints.
+get the same OpenAI error objects as the completion endpoints. Unlike vLLM's, ``/tokenize`` refuses
+(400) a text whose length alone shows that it cannot fit the model's context, without tokenizing it
+(`serve.model_tokenizer`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -70,18 +73,23 @@ def add_tokenize_routes(app: FastAPI, router: APIRouter, backend: ServingBackend
     async def version() -> dict[str, str]:
         return {"version": _installed_version()}
 
+    def tokens_of(body: JsonObject) -> list[int]:
+        if "messages" in body:
+            return backend.encode(chat_prompt(body, chat_template))
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return backend.encode(prompt)
+        raise BadRequestError("give 'prompt' (a string) or 'messages'", param="prompt")
+
     @router.post("/tokenize")
     async def tokenize(request: Request) -> JsonObject:
         body = decode_body(await read(request))
         if not isinstance(body, dict):
             raise BadRequestError("the request body must be a JSON object")
         check_json_tree(body)
-        if "messages" in body:
-            tokens = backend.encode(chat_prompt(body, chat_template))
-        elif isinstance(body.get("prompt"), str):
-            tokens = backend.encode(body["prompt"])
-        else:
-            raise BadRequestError("give 'prompt' (a string) or 'messages'", param="prompt")
+        # on a worker thread, as a completion's prompt: a megabyte prompt takes seconds to render and
+        # tokenize, and every other client's stream shares this event loop
+        tokens = await asyncio.to_thread(tokens_of, body)
         return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}
 
     @router.post("/detokenize")
