@@ -332,8 +332,18 @@ class Supervisor:
     def _watch_stalls(self, live: list[str]) -> None:
         """Report units silent for `serve.unit_unreachable_s`; ask those whose loops are silent for
         their stats, and report them silent for `serve.unit_stall_s`. An unreachable unit is not
-        also reported stalled, nor asked: nothing reaches it."""
+        also reported stalled, nor asked: nothing reaches it.
+
+        Silence is judged as of a moment taken before every channel is read once more: this thread
+        may have been held up since it last read them (another thread of this process holding the
+        GIL, a paused process), and what the units sent meanwhile waits in their channels; a unit is
+        silent only when nothing of it waits, so this process's own stall is never taken for theirs."""
         now_s = time.monotonic()
+        for name in live:
+            u = self.units[name]
+            if u.healthy and self._has_waiting_frames(u) and self._drain(u):
+                self._unit_died(u)
+        live = [name for name in live if self.units[name].healthy]
         for name in self._reach.newly_silent(live, now_s):
             silent_s = self._reach.silent_s(name, now_s)
             self._say(f"unit {name} unreachable: nothing heard from it for {silent_s:.1f} s, not even its heartbeat "
@@ -347,6 +357,13 @@ class Supervisor:
             self._say(f"unit {name} stalled: nothing heard from it for {silent_s:.1f} s (serve.unit_stall_s); "
                       "it takes no new requests until it speaks again")
             self._on_message(name, UnitStalled(silent_s))
+
+    @staticmethod
+    def _has_waiting_frames(u: UnitHandle) -> bool:
+        try:
+            return u.channel.poll(0)
+        except (ChannelClosed, ChannelError, OSError):
+            return True  # `_drain` finds out what it is
 
     def _drain(self, u: UnitHandle) -> bool:
         """Deliver every whole frame ``u`` sent; True when its channel is closed or broken."""
