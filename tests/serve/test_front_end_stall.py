@@ -5,7 +5,9 @@ tokenized: the HTTP server froze, the thread that reads the units' heartbeats to
 took its own stall for the units' (`serve.unit_unreachable_s`), ending every other client's stream.
 Here a live deployment streams three requests while two such prompts arrive and while this process
 (the router's) is held up past `serve.unit_unreachable_s` outright: every stream completes with the
-tokens it has alone, and no unit is taken for unreachable.
+tokens it has alone, and no unit is taken for unreachable. The big prompts come in every shape a
+prompt takes (text, chat messages, a list of texts, token ids; to /v1 and to /tokenize): each is a
+400 that names the context.
 """
 
 from __future__ import annotations
@@ -84,10 +86,19 @@ def test_big_prompts_and_a_held_up_router_end_no_other_clients_stream(deployment
     time.sleep(1.0)  # the streams are under way
     answers: list[httpx.Response] = []
 
-    def big(path: str) -> None:
-        answers.append(httpx.post(f"{d.url}{path}", json={"prompt": BIG_PROMPT, "max_tokens": 4}, timeout=300))
+    def big(path: str, body: dict[str, object]) -> None:
+        answers.append(httpx.post(f"{d.url}{path}", json=body, timeout=300))
 
-    bigs = [threading.Thread(target=big, args=(path,)) for path in ("/v1/completions", "/tokenize")]
+    # every shape a megabyte prompt comes in, at once: as text, as chat, as a list of texts, as token ids
+    half = BIG_PROMPT[: len(BIG_PROMPT) // 2]
+    bigs = [threading.Thread(target=big, args=shape) for shape in (
+        ("/v1/completions", {"prompt": BIG_PROMPT, "max_tokens": 4}),
+        ("/tokenize", {"prompt": BIG_PROMPT}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": BIG_PROMPT}], "max_tokens": 4}),
+        ("/tokenize", {"messages": [{"role": "user", "content": half}, {"role": "assistant", "content": half}]}),
+        ("/v1/completions", {"prompt": [half, half], "max_tokens": 4}),
+        ("/v1/completions", {"prompt": [7] * 1_000_000, "max_tokens": 4}),
+    )]
     for t in bigs:
         t.start()
     for t in bigs:
@@ -100,7 +111,7 @@ def test_big_prompts_and_a_held_up_router_end_no_other_clients_stream(deployment
     assert still_streaming == len(streams)  # what follows judged streams that ran through the stalls
     assert not [line for line in d.said if "unreachable" in line or "stalled" in line]
     assert results == alone  # every stream ended as it does alone: all its tokens, none lost
-    assert [a.status_code for a in answers] == [400, 400], [a.text[:300] for a in answers]
+    assert [a.status_code for a in answers] == [400] * len(bigs), [a.text[:300] for a in answers]
     assert all("context" in a.json()["error"]["message"] for a in answers)
     assert all(h == "up" for h in httpx.get(f"{d.url}/health").json()["instances"].values())
     assert not d.backend.runtime.failures
