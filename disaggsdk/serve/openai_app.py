@@ -3,14 +3,15 @@
 Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
 ``stream_options.include_usage``, or whole answers; ``n`` and batched prompts as several choices,
 `serve.choices`), ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/version``, ``/health``, ``/metrics``.
-With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
+With an API key set, every route but the probes' (``/health``, ``/version``, and ``/metrics`` unless
+``metrics_require_key``) wants ``Authorization: Bearer <key>``; the OpenAPI document (``/openapi.json``)
+too, since it lists the operator routes; the HTML doc pages (``/docs``, ``/redoc``) are not served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
@@ -27,7 +28,7 @@ from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.choices import Choices, expand_choices
 from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
 from disaggsdk.serve.error_bodies import BadRequestError, add_error_handlers, error_kind, unavailable_body
-from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard, api_key_given
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_json import JsonObject, decode_body
@@ -128,7 +129,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         if refusal:
             raise BadRequestError(refusal, status=403, kind="permission_error")
 
-    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
+    # the OpenAPI document is served below, behind the key: it lists the operator routes
+    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(check_host)])
     add_error_handlers(app, ROUTES)
     cors.install(app)
     model = served_model_name or backend.model_name
@@ -136,12 +139,16 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     vocab_size = model_vocab_size(backend.model_name)  # None: the built-in one, and /v1/models says so
 
     async def check_key(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if api_key and not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if api_key and not api_key_given(request.headers.get("authorization"), api_key):
             raise BadRequestError("invalid or missing API key: send 'Authorization: Bearer <key>'",
                                   status=401, kind="authentication_error")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(check_key)])
+    def openapi_document() -> JSONResponse:
+        # vLLM serves it to anyone; SGLang, like this, behind the key: it names every operator route
+        return JSONResponse(app.openapi())
 
     @app.get("/health")
     def health() -> JSONResponse:
