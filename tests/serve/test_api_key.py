@@ -29,7 +29,7 @@ class TwoTokens:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(i % 256 for i in ids).decode(errors="replace")
 
-    async def generate(self, request_id, prompt_ids, params, client=""):
+    async def generate(self, request_id, prompt_ids, params, client="", response_id=""):
         yield TokenEvent(request_id, [104, 105], True, "length", instance="decode-0")
 
     async def abort(self, request_id):
