@@ -11,10 +11,11 @@ Two requests in flight under one client id still could not be told apart in the 
 answers, so a duplicate is refused with a 400 before anything reaches the backend; the request
 holding the id is not touched. The id is free again once that request has ended.
 
-The key never leaves the server: the backend is also given the response id (`ServingBackend.generate`),
+The key reaches no client: the backend is also given the response id (`ServingBackend.generate`),
 by which traces name and find the request (`request_tracing`); a backend's error that names the key
 reaches the client with the response id in its place (`request_run.RequestRun`), and the move
-endpoint answers with the id its caller sent.
+endpoint answers with the id its caller sent. (The drain endpoint, an operator's behind the API key,
+still lists the requests it moved by their keys.)
 """
 
 from __future__ import annotations
