@@ -25,7 +25,13 @@ from disaggsdk.engine.sequence import RequestOutput
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.speculative.verify import verify_drafts
 from disaggsdk.engine.stopping import stop_reason
-from disaggsdk.engine.structured.grammar import GRAMMAR_FINISH_REASON, GrammarState, apply_masks, new_bitmask
+from disaggsdk.engine.structured.grammar import (
+    EMPTY_MASK_ERROR,
+    GRAMMAR_FINISH_REASON,
+    GrammarState,
+    apply_masks,
+    new_bitmask,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +132,9 @@ def postprocess(chunks: Sequence[ScheduledChunk], rows: Sequence[int], hidden: t
             req.num_computed_tokens += chunk.num_tokens - len(chunk.draft_ids) + accepted
             for token, lp in zip(tokens, lps):
                 reason = stop_reason(req.params, len(req.output_ids) + 1, token, settings.eos_ids)
-                if req.grammar is not None and reason != "stop":  # an eos or stop token ends it anyway
+                # an eos or stop token ends it anyway, unless the grammar failed: its mask then
+                # allowed only the eos, and the request must not end as if its output matched
+                if req.grammar is not None and (reason != "stop" or req.grammar.failed):
                     done, req.error = _follow_grammar(req.grammar, token)
                     if done == "error":  # never emit a token the grammar refused
                         scheduler.finish(req, done)
@@ -160,7 +168,8 @@ def _follow_grammar(grammar: GrammarState, token: int) -> tuple[str | None, str 
     is complete (nothing but the end may follow); "error" with the matcher's reason when it refused
     the token, which the mask makes impossible unless no token at all could continue it (the
     request ends rather than emit text its grammar forbids)."""
-    if not grammar.accept(token):
+    if grammar.failed or not grammar.accept(token):
         log.warning("grammar refused token %d (%s); ending the request", token, grammar.error)
-        return "error", f"the output's grammar cannot continue: {grammar.error or 'no token can extend it'}"
+        reason = grammar.error if EMPTY_MASK_ERROR not in grammar.error else ""  # llguidance's word for it
+        return "error", f"the output's grammar cannot continue: {reason or 'no token can extend it'}"
     return (GRAMMAR_FINISH_REASON if grammar.is_finished else None), None

@@ -232,7 +232,8 @@ class Deployment:
         (``serve.otlp_traces_endpoint``, ``OTEL_TRACES_EXPORTER``, or ``launch(..., span_exporter=...)``).
 
         Args:
-            request_id: the response's ``id`` ("cmpl-..."), or the router's id of the request.
+            request_id: exactly the response's ``id`` ("cmpl-...") or the ``X-Request-Id`` its answer
+                carried; a request submitted in this process without one (``generate_batch``): its id.
         Returns:
             its finished spans (`report.waterfall.TimelineSpan`); [] when tracing is off, the backend
             does not trace (one engine in this process), or the request is older than the last
@@ -396,7 +397,7 @@ def fetch_trace(url: str, request_id: str, api_key: str | None = None, timeout_s
 
     Args:
         url: the deployment's base URL (``http://host:port``, with or without ``/v1``).
-        request_id: the response's ``id`` ("cmpl-...").
+        request_id: exactly the response's ``id`` ("cmpl-...") or the ``X-Request-Id`` its answer carried.
         api_key: the deployment's API key, if it has one.
     Returns:
         the request's finished spans; [] when the deployment holds none for it (tracing off, or the

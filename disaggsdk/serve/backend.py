@@ -57,7 +57,8 @@ class ServingBackend(Protocol):
         """Text of ``token_ids`` (special tokens left out unless ``skip_special_tokens`` is False)."""
 
     def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                 client: str = "", trace_context: Mapping[str, str] | None = None) -> AsyncGenerator[TokenEvent, None]:
+                 client: str = "", trace_context: Mapping[str, str] | None = None,
+                 response_id: str = "") -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens. Errors arrive as a final event with ``finish_reason="error"``.
         An async generator: a caller that stops reading early ``aclose()``s it.
 
@@ -68,7 +69,12 @@ class ServingBackend(Protocol):
         ``trace_context``: the client's W3C trace-context headers (``traceparent``, ``tracestate``); a
         backend that traces its requests continues the client's trace (`serve.request_tracing`). The
         front end passes it only when the client sent one, so a backend that does not trace may
-        leave the keyword out."""
+        leave the keyword out.
+
+        ``response_id``: the id the client knows the request by (the answer's ``id``, shared by the
+        choices of one answer); ``request_id`` is the request's key here, which never leaves the server
+        (`serve.client_request_ids`). A backend that traces names the request's trace by it; "" for a
+        caller in this process."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request (client gone); its pages are freed once no write can still land."""

@@ -10,6 +10,12 @@ request already running (issue 33's probe: 58 of 300 tokens, then ``finish_reaso
 Two requests in flight under one client id still could not be told apart in the logs or in the
 answers, so a duplicate is refused with a 400 before anything reaches the backend; the request
 holding the id is not touched. The id is free again once that request has ended.
+
+The key reaches no client: the backend is also given the response id (`ServingBackend.generate`),
+by which traces name and find the request (`request_tracing`); a backend's error that names the key
+reaches the client with the response id in its place (`request_run.RequestRun`), and the move
+endpoint answers with the id its caller sent. (The drain endpoint, an operator's behind the API key,
+still lists the requests it moved by their keys.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Callable
 from disaggsdk.serve.error_bodies import BadRequestError
 
 MAX_CLIENT_ID_CHARS = 128
+RESPONSE_ID_PREFIXES = ("cmpl", "chatcmpl")  # a response's id: "<prefix>-<its X-Request-Id>"
 
 
 def client_request_id(header: str | None) -> str | None:
@@ -30,6 +37,18 @@ def client_request_id(header: str | None) -> str | None:
                                                              for c in header):
         return header
     return None
+
+
+def response_id_of(chat: bool, echoed_id: str) -> str:
+    """The ``id`` of an answer whose ``X-Request-Id`` is ``echoed_id`` (the client's, or the server's own)."""
+    return f"{RESPONSE_ID_PREFIXES[chat]}-{echoed_id}"
+
+
+def public_names(response_id: str) -> tuple[str, ...]:
+    """What a client knows a request by: its response id and the X-Request-Id inside it (an id not
+    made by `response_id_of`, e.g. a request's id in this process: itself alone)."""
+    prefix, _, echoed = response_id.partition("-")
+    return (response_id, echoed) if prefix in RESPONSE_ID_PREFIXES and echoed else (response_id,)
 
 
 def internal_request_id(response_id: str) -> str:

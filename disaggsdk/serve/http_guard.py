@@ -11,10 +11,14 @@ CORS is off by default, unlike vLLM (which allows every origin): web pages' requ
 unless an origin is listed (`CorsPolicy`). A listed origin passes the guard and gets CORS headers,
 so a browser lets its page read the answers; ``"*"`` lists every origin. The API key, when set, is
 still required: browsers send it as a plain ``Authorization`` header.
+
+The API key comes as ``Authorization: Bearer <key>`` (RFC 6750), the scheme in any case: RFC 7235
+makes authentication schemes case-insensitive, and clients send ``bearer`` too (`bearer_token`).
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -64,6 +68,23 @@ class HostGuard:
                 return (f"requests from web pages at {origin!r} are refused; add its host to "
                         f"serve.allowed_hosts to allow them")
         return None
+
+
+# the API key
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization`` header under the Bearer scheme, written in any case (RFC 7235)
+    and followed by one or more spaces (RFC 6750); None: no header, another scheme, or no token."""
+    scheme, space, token = (authorization or "").partition(" ")
+    if not space or not scheme.isascii() or scheme.lower() != "bearer":
+        return None
+    return token.lstrip(" ") or None
+
+
+def api_key_given(authorization: str | None, api_key: str) -> bool:
+    """Whether an ``Authorization`` header carries ``api_key`` as its bearer token (compared in constant time)."""
+    token = bearer_token(authorization)
+    return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
 
 
 # CORS

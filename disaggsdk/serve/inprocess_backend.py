@@ -109,12 +109,12 @@ class InProcessBackend:
 
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = "",
-        trace_context: Mapping[str, str] | None = None,
+        trace_context: Mapping[str, str] | None = None, response_id: str = "",
     ) -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event.
-        ``client`` is not used: a request that takes this engine down takes the server with it; nor is
-        ``trace_context``: one engine in this process is not traced (`serve.request_tracing` traces a
-        launched deployment)."""
+        ``client`` is not used: a request that takes this engine down takes the server with it; nor are
+        ``trace_context`` and ``response_id``: one engine in this process is not traced
+        (`serve.request_tracing` traces a launched deployment)."""
         if self._closed.is_set():
             yield TokenEvent(request_id, [], True, "error", error="this backend is closed; start a new one",
                              instance=self.name)

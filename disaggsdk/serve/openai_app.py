@@ -3,14 +3,15 @@
 Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (SSE streaming with
 ``stream_options.include_usage``, or whole answers; ``n`` and batched prompts as several choices,
 `serve.choices`), ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/version``, ``/health``, ``/metrics``.
-With an API key set, every ``/v1`` route wants ``Authorization: Bearer <key>``.
+With an API key set, every route but the probes' (``/health``, ``/version``, and ``/metrics`` unless
+``metrics_require_key``) wants ``Authorization: Bearer <key>``; the OpenAPI document (``/openapi.json``)
+too, since it lists the operator routes; the HTML doc pages (``/docs``, ``/redoc``) are not served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
@@ -25,9 +26,14 @@ from disaggsdk.serve.access_log import AccessLog, note_runs
 from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.chat_template import model_chat_template
 from disaggsdk.serve.choices import Choices, expand_choices
-from disaggsdk.serve.client_request_ids import ClientRequestIds, client_request_id, internal_request_id
+from disaggsdk.serve.client_request_ids import (
+    ClientRequestIds,
+    client_request_id,
+    internal_request_id,
+    response_id_of,
+)
 from disaggsdk.serve.error_bodies import BadRequestError, add_error_handlers, error_kind, unavailable_body
-from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard
+from disaggsdk.serve.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard, api_key_given
 from disaggsdk.serve.http_limits import HttpLimits
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_json import JsonObject, decode_body
@@ -128,7 +134,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         if refusal:
             raise BadRequestError(refusal, status=403, kind="permission_error")
 
-    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, dependencies=[Depends(check_host)])
+    # the OpenAPI document is served below, behind the key: it lists the operator routes
+    app = FastAPI(title="disaggsdk", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(check_host)])
     add_error_handlers(app, ROUTES)
     cors.install(app)
     model = served_model_name or backend.model_name
@@ -136,12 +144,16 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     vocab_size = model_vocab_size(backend.model_name)  # None: the built-in one, and /v1/models says so
 
     async def check_key(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if api_key and not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if api_key and not api_key_given(request.headers.get("authorization"), api_key):
             raise BadRequestError("invalid or missing API key: send 'Authorization: Bearer <key>'",
                                   status=401, kind="authentication_error")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(check_key)])
+    def openapi_document() -> JSONResponse:
+        # vLLM serves it to anyone; SGLang, like this, behind the key: it names every operator route
+        return JSONResponse(app.openapi())
 
     @app.get("/health")
     def health() -> JSONResponse:
@@ -183,7 +195,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
     @app.get("/traces/{request_id}", dependencies=[Depends(check_key)])
     def request_trace(request_id: str) -> JSONResponse:
         # where one request's time went (docs/tracing.md), for a client in another process than the
-        # deployment's (`face.deployment.fetch_trace`); sync: it may wait on a lock for a unit's spans, on a worker thread
+        # deployment's (`face.deployment.fetch_trace`); sync: it may wait on a lock for a unit's spans, on a worker thread.
+        # Found by exactly the response id or X-Request-Id its client got, which proves the request its own
+        # (`serve.request_tracing`): never by a prefix, a part of an id, or the request's internal key
         spans = backend.trace(request_id) if isinstance(backend, Router) else []
         if not spans:
             raise BadRequestError(f"no trace is held for request {request_id!r}: tracing is off (serve.otlp_traces_endpoint, "
@@ -223,10 +237,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         if isinstance(body, dict) and body.get("model") not in (None, model):
             raise BadRequestError(f"model {body['model']!r} is not served here; use {model!r}", param="model",
                                   status=404, kind="model_not_found")
-        prefix = "chatcmpl" if chat else "cmpl"
         client_id = client_request_id(request.headers.get("x-request-id"))
         echoed_id = client_id or uuid.uuid4().hex
-        response_id = f"{prefix}-{echoed_id}"
+        response_id = response_id_of(chat, echoed_id)
         # the backend's key is never the client's id: `serve.client_request_ids`
         key = response_id if client_id is None else internal_request_id(response_id)
         release = client_ids.claim(client_id)  # a duplicate is refused here, before the backend hears of it
@@ -256,7 +269,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         # W3C trace context: the backend continues the client's trace (serve.request_tracing), or
         # starts a new one where the header is not a valid traceparent
         trace_context = {h: v for h in TRACE_CONTEXT_HEADERS if (v := request.headers.get(h))}
-        runs = [RequestRun(backend, metrics, rid, r, model, client, trace_context=trace_context)
+        runs = [RequestRun(backend, metrics, rid, r, model, client, trace_context=trace_context,
+                           response_id=response_id)
                 for rid, r in zip(run_ids, reqs)]
         note_runs(request, runs)
         prompt_tokens = sum(len(p) for p in (parsed.prompt_ids, *parsed.more_prompts))

@@ -34,6 +34,7 @@ DEFAULT_CHAT_MAX_TOKENS = 256  # only where the context length is unknown (vLLM:
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_CHOICES = 64  # choices of one request: prompts of a batch times n
+MAX_TOKEN_ID_DIGITS = len(str(MAX_INT32))  # no logit_bias key is longer (int() of 5,000 digits raises)
 # fields that change what the answer means: refused rather than silently ignored
 UNSUPPORTED_FIELDS = ("functions", "function_call", "best_of", "suffix", "prompt_logprobs")
 HARMLESS_VALUES: tuple[object, ...] = (None, [], {}, "", "none", {"type": "text"})  # defaults clients send explicitly
@@ -270,15 +271,25 @@ def parse_request(body: object, chat: bool, encode: Callable[[str], list[int]],
 
 
 def _logit_bias(body: JsonObject) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``{"token id": bias}`` as ((token id, bias), ...), ids sorted."""
+    """OpenAI's ``{"token id": bias}`` as ((token id, bias), ...), ids sorted. A key is a token id in
+    ASCII decimal digits only: ``str.isdigit`` and ``int`` also take "²", "٣" or "１２" (read as 3 and
+    12, or raising), and ``int`` takes " 7", "+7" and "7_0"; none of those names a token."""
     bias = _typed(body, "logit_bias", (dict,), {}, "an object of token id -> bias")
-    out = []
+    out: dict[int, float] = {}
+    keys: dict[int, str] = {}
     for key, value in bias.items():
-        if not key.isdigit() or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS or int(key) > MAX_INT32:
+            raise BadRequestError(f"'logit_bias': key {show_value(key)} is not a token id: write token ids in "
+                                  f"ASCII decimal digits (0-9), at most {MAX_INT32}", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadRequestError(f"'logit_bias' maps token ids to numbers in [-100, 100], got {show_value(key)}: "
                                   f"{show_value(value)}", param="logit_bias")
-        out.append((int(key), float(value)))
-    return tuple(sorted(out))
+        token = int(key)
+        if token in keys:
+            raise BadRequestError(f"'logit_bias': keys {show_value(keys[token])} and {show_value(key)} both name "
+                                  f"token {token}; give each token once", param="logit_bias")
+        keys[token], out[token] = key, float(value)
+    return tuple(sorted(out.items()))
 
 
 def _special_token_id(encode: Callable[[str], list[int]]) -> Callable[[str], int | None]:

@@ -40,12 +40,13 @@ class RequestRun:
 
     backend: ServingBackend
     metrics: ServerMetrics
-    request_id: str
+    request_id: str  # its key in the backend, never sent to the client (`serve.client_request_ids`)
     req: ParsedRequest
     model: str
     client: str = ""  # who sent it: the client's address (`ServingBackend.generate`)
     # the client's W3C trace-context headers (`ServingBackend.generate`); empty: it sent none
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    response_id: str = ""  # the answer's id, what the client knows it by ("": request_id is)
     created: int = field(default_factory=lambda: int(time.time()))
     timeline: RequestTimeline = field(init=False)
     error: str | None = None
@@ -87,12 +88,13 @@ class RequestRun:
         """
         if self.trace_context:
             self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client,
-                                                 trace_context=self.trace_context)
+                                                 trace_context=self.trace_context, response_id=self.response_id)
         else:
-            self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client)
+            self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client,
+                                                 response_id=self.response_id)
         first = await anext(self._events)
         if first.finish_reason == "error" and not first.new_token_ids:
-            self.error = first.error or "the request failed"
+            self.error = self._public(first.error) or "the request failed"
             self.finish_reason = "error"
             self.record()
             if not any(s.healthy for s in self.backend.stats() if s.role in ("decode", "mixed")):
@@ -141,7 +143,7 @@ class RequestRun:
         finished = event.finished or self._text.stopped
         if finished:
             self.finish_reason = "stop" if self._text.stopped else event.finish_reason
-            self.error = event.error if event.finish_reason == "error" else None
+            self.error = self._public(event.error) if event.finish_reason == "error" else None
             if self.tool_calls and self.finish_reason == "stop":
                 self.finish_reason = "tool_calls"
         parts = []
@@ -159,6 +161,13 @@ class RequestRun:
         )
         self._first_chunk = False
         return Piece(text, choice, finished, tokens, logprobs)
+
+    def _public(self, error: str | None) -> str | None:
+        """A backend's error as the client may read it: the request named by its response id, not its key
+        (a unit's message names the request it refuses by the only id it knows)."""
+        if error is None or not self.response_id:
+            return error
+        return error.replace(self.request_id, self.response_id)
 
     def _echo(self, event: TokenEvent) -> str:
         """The prompt's text, which an echo request's answer starts with ("" without echo).

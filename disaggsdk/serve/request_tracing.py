@@ -11,6 +11,13 @@ read them (epoch ns). Every unit has its own `TracerProvider`, whose resource na
 share one exporting processor. The spans of the last `MAX_KEPT_TRACES` traces stay in memory
 (`RecentTraces`), so that a notebook can draw any recent request (`Deployment.waterfall`).
 
+A trace is found by what its client knows the request by, exactly: the response id (``cmpl-...``)
+or the ``X-Request-Id`` the answer carried (`client_request_ids.public_names`); knowing the whole id
+is what shows a client's request to be its own (the server's ids are 128 random bits; a client that
+sends its own id makes it as hard to guess as it likes). The request's key in the backend, which
+carries a random part of the server's (`client_request_ids.internal_request_id`), is never a name a
+trace is found by and never in a span: spans name the request by its response id.
+
 This module imports opentelemetry; `serve.tracing_switch` decides whether it is imported at all.
 """
 
@@ -32,6 +39,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from disaggsdk.launch.messages import RequestSpans
 from disaggsdk.report.span_records import AttributeValue
 from disaggsdk.report.waterfall import TimelineSpan
+from disaggsdk.serve.client_request_ids import public_names
 
 SERVICE_NAME = "disaggsdk"
 ROUTER_UNIT = "router"
@@ -88,6 +96,8 @@ class RequestTracing:
         self._providers: list[TracerProvider] = []
         self._live: dict[str, Span] = {}  # root spans of requests in flight
         self._roots: OrderedDict[str, SpanContext] = OrderedDict()  # request id -> its root's context
+        self._response_ids: dict[str, str] = {}  # request id -> the response id its spans name it by
+        self._names: dict[str, str] = {}  # what a client knows a request by -> its request id (the latest)
         # request id -> the units it was handed to whose spans have not come yet (units send a
         # request's spans after its last tokens, so a trace read at once can miss the last unit's)
         self._awaited: dict[str, set[str]] = {}
@@ -121,15 +131,19 @@ class RequestTracing:
 
     # the router's spans
 
-    def start(self, request_id: str, trace_context: Mapping[str, str] | None, num_prompt_tokens: int) -> bool:
+    def start(self, request_id: str, trace_context: Mapping[str, str] | None, num_prompt_tokens: int,
+              response_id: str = "") -> bool:
         """Open the request's root span now, under the client's span when ``trace_context`` holds a
         valid ``traceparent``; returns whether it records (False: the client's trace is not sampled,
         and the units need record nothing; or a request under this id is traced already, which the
-        router refuses: its trace is left as it is)."""
+        router refuses: its trace is left as it is). ``response_id``: the id its client knows it by,
+        which names it in its spans and finds its trace (`spans_of`); "" for a caller in this process,
+        who knows it by ``request_id``."""
+        public_id = response_id or request_id
         parent = self._propagator.extract(dict(trace_context)) if trace_context else Context()
         root = self._router.start_span("disaggsdk.request", context=parent, kind=SpanKind.SERVER,
                                        start_time=time.time_ns(),
-                                       attributes={REQUEST_ID_KEY: request_id, "disaggsdk.prompt_tokens": num_prompt_tokens})
+                                       attributes={REQUEST_ID_KEY: public_id, "disaggsdk.prompt_tokens": num_prompt_tokens})
         if not root.is_recording():
             return False
         with self._lock:
@@ -137,10 +151,20 @@ class RequestTracing:
                 return False
             self._live[request_id] = root
             self._roots[request_id] = root.get_span_context()
+            self._response_ids[request_id] = public_id
+            for name in public_names(public_id):
+                self._names[name] = request_id
             self._awaited[request_id] = set()
             while len(self._roots) > MAX_ROOTS:
-                self._awaited.pop(self._roots.popitem(last=False)[0], None)
+                self._forget(self._roots.popitem(last=False)[0])
         return True
+
+    def _forget(self, request_id: str) -> None:
+        """Drop what is kept of an old request whose root went (under the lock)."""
+        self._awaited.pop(request_id, None)
+        for name in public_names(self._response_ids.pop(request_id, request_id)):
+            if self._names.get(name) == request_id:  # a later request under the same name keeps it
+                del self._names[name]
 
     def routed(self, request_id: str, unit: str, start_ns: int, end_ns: int) -> None:
         """The router chose ``unit`` for the request between ``start_ns`` and ``end_ns``."""
@@ -182,10 +206,11 @@ class RequestTracing:
         rec = msg.record
         with self._lock:
             root = self._roots.get(rec.request_id)
+            public_id = self._response_ids.get(rec.request_id, rec.request_id)
         if root is None:
             return
         try:
-            self._span_of_unit(msg, root)
+            self._span_of_unit(msg, root, public_id)
         finally:
             with self._spans_came:
                 self._awaited.get(rec.request_id, set()).discard(msg.unit)
@@ -196,12 +221,12 @@ class RequestTracing:
             if request_id in self._awaited:
                 self._awaited[request_id].add(unit)
 
-    def _span_of_unit(self, msg: RequestSpans, root: SpanContext) -> None:
+    def _span_of_unit(self, msg: RequestSpans, root: SpanContext, public_id: str) -> None:
         rec = msg.record
         tracer = self._tracer(msg.unit, msg.role)
         unit_span = tracer.start_span(f"{msg.role} {msg.unit}", context=trace.set_span_in_context(NonRecordingSpan(root)),
                                       start_time=rec.start_ns,
-                                      attributes={UNIT_KEY: msg.unit, ROLE_KEY: msg.role, REQUEST_ID_KEY: rec.request_id})
+                                      attributes={UNIT_KEY: msg.unit, ROLE_KEY: msg.role, REQUEST_ID_KEY: public_id})
         opened: list[Span] = []
         for s in rec.spans:
             parent = opened[s.parent] if 0 <= s.parent < len(opened) else unit_span
@@ -213,16 +238,18 @@ class RequestTracing:
 
     # reading back
 
-    def spans_of(self, request_id: str, wait_s: float = UNIT_SPANS_WAIT_S) -> list[ReadableSpan]:
-        """The finished spans of a recent request's trace; ``request_id`` is the router's id or the
-        response id a client got ("cmpl-..."; the latest request under it). [] when not held. Waits up
-        to ``wait_s`` for the spans of every unit the request was handed to: a unit sends them after
-        the request's last tokens, so a trace read as soon as the response ends could miss them."""
+    def spans_of(self, public_id: str, wait_s: float = UNIT_SPANS_WAIT_S) -> list[ReadableSpan]:
+        """The finished spans of a recent request's trace, found by exactly what its client knows it by:
+        the response id ("cmpl-...") or the X-Request-Id its answer carried (the latest request under
+        it); a request started here without a response id, by its request id. A prefix or a part of an
+        id finds nothing, nor does the request id of a request that has a response id. [] when not
+        held. Waits up to ``wait_s`` for the spans of every unit the request was handed to: a unit
+        sends them after the request's last tokens, so a trace read as soon as the response ends
+        could miss them."""
         deadline = time.monotonic() + wait_s
         with self._spans_came:
-            rid = request_id if request_id in self._roots else next(
-                (r for r in reversed(self._roots) if r.startswith(request_id + "-")), None)
-            if rid is None:
+            rid = self._names.get(public_id)
+            if rid is None or rid not in self._roots:
                 return []
             root = self._roots[rid]
             while self._awaited.get(rid) and (left := deadline - time.monotonic()) > 0:

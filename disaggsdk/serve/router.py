@@ -170,17 +170,18 @@ class Router:
             MoveError: the request is not in flight, has no token yet, is moving already, or
                 ``target`` is not another healthy decode unit.
         """
+        asked = request_id  # what errors name it by: its key never leaves the server (`client_request_ids`)
         request_id = self.resolve_request_id(request_id) or request_id  # unknown: "not in flight" below
         with self._lock:
             source = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
             if source is None or request_id not in self._sinks:
-                raise MoveError(f"request {request_id!r} is not in flight")
+                raise MoveError(f"request {asked!r} is not in flight")
             if self._moves.get(request_id) is not None:
-                raise MoveError(f"request {request_id!r} is moving already")
+                raise MoveError(f"request {asked!r} is moving already")
             if request_id in self._not_started:
-                raise MoveError(f"request {request_id!r} has not started decoding yet: its KV is still coming")
+                raise MoveError(f"request {asked!r} has not started decoding yet: its KV is still coming")
             if self._roles.get(source) != "decode":
-                raise MoveError(f"request {request_id!r} is on {source} ({self._roles.get(source)}): only requests "
+                raise MoveError(f"request {asked!r} is on {source} ({self._roles.get(source)}): only requests "
                                 "on decode units move")
             decode = sorted(n for n, r in self._roles.items() if r == "decode" and n != source)
             if target not in decode or not self.runtime.is_healthy(target):
@@ -531,7 +532,7 @@ class Router:
 
     def submit(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
                sink: Callable[[TokenEvent], None], client: str = "",
-               trace_context: Mapping[str, str] | None = None) -> str:
+               trace_context: Mapping[str, str] | None = None, response_id: str = "") -> str:
         """Send a request to the serving unit `serve.routing` picks; ``sink`` gets its events (reader thread).
 
         Args:
@@ -539,6 +540,7 @@ class Router:
                 "" for a caller in this process.
             trace_context: the client's W3C trace-context headers (``traceparent``, ``tracestate``):
                 with tracing on, the request's trace continues the client's.
+            response_id: the id the client knows the request by (`ServingBackend.generate`): its trace's name.
 
         Returns:
             The unit's name.
@@ -550,7 +552,7 @@ class Router:
         hashes = self.routing.hashes(prompt_ids)  # before the lock: a long prompt takes milliseconds
         fp = fingerprint(prompt_ids, params)
         # (a duplicate id is refused below: `RequestTracing.start` leaves the trace of the request holding it be)
-        traced = self.tracing is not None and self.tracing.start(request_id, trace_context, len(prompt_ids))
+        traced = self.tracing is not None and self.tracing.start(request_id, trace_context, len(prompt_ids), response_id)
         route_start_ns = time.time_ns() if traced else 0
         try:
             unit = self._admit(request_id, prompt_ids, params, sink, client, hashes, fp, traced)
@@ -606,10 +608,10 @@ class Router:
         return unit
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       client: str = "", trace_context: Mapping[str, str] | None = None
+                       client: str = "", trace_context: Mapping[str, str] | None = None, response_id: str = ""
                        ) -> AsyncGenerator[TokenEvent, None]:
         """Stream a request's tokens (errors arrive as a final event with finish_reason "error");
-        ``client`` and ``trace_context`` as in `submit`."""
+        ``client``, ``trace_context`` and ``response_id`` as in `submit`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -617,7 +619,7 @@ class Router:
             loop.call_soon_threadsafe(events.put_nowait, ev)
 
         try:
-            self.submit(request_id, prompt_ids, params, sink, client, trace_context)
+            self.submit(request_id, prompt_ids, params, sink, client, trace_context, response_id)
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return
@@ -685,8 +687,9 @@ class Router:
         return summarize_phases(first_tokens, records)
 
     def trace(self, request_id: str) -> list[TimelineSpan]:
-        """The finished spans of a recent traced request (`serve.request_tracing`), by the router's id
-        or the response id its client got; [] when tracing is off or the request is not held."""
+        """The finished spans of a recent traced request (`serve.request_tracing`), by exactly the response
+        id its client got or the X-Request-Id its answer carried (a request submitted in this process
+        without one: by its id); [] when tracing is off or the request is not held."""
         if self.tracing is None:
             return []
         from disaggsdk.serve.request_tracing import timeline_spans

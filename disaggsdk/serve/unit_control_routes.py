@@ -103,4 +103,6 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
         except MoveError as exc:
             raise BadRequestError(str(exc), param="to" if "unit" in str(exc) else None) from None
         result = await run_in_threadpool(outcome.result, MOVE_TIMEOUT_S)
-        return JSONResponse(dataclasses.asdict(result))
+        # named as the caller named it: the outcome's id is the request's key, which never leaves the server
+        named = {"request_id": request_id, "reason": result.reason.replace(result.request_id, request_id)}
+        return JSONResponse(dataclasses.asdict(result) | named)

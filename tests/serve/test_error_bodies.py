@@ -34,7 +34,7 @@ class FakeBackend:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(i % 256 for i in ids).decode(errors="replace")
 
-    async def generate(self, request_id, prompt_ids, params, client=""):
+    async def generate(self, request_id, prompt_ids, params, client="", response_id=""):
         if self.mode == "crash":
             raise RuntimeError(f"cannot read {SECRET}")
         if self.mode == "down":

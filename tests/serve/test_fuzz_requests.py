@@ -18,7 +18,8 @@ JSON = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictio
                                                                                         max_size=4), max_leaves=12)
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "stream", "stream_options",
-          "n", "return_token_ids", "response_format", "structured_outputs", "tools"]
+          "n", "return_token_ids", "response_format", "structured_outputs", "tools", "logit_bias", "guided_json",
+          "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern"]
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "robot"]) | JSON,
                                  "content": st.text(max_size=30) | JSON})
 PLAUSIBLE = st.dictionaries(st.sampled_from(FIELDS), JSON | st.lists(MESSAGE, max_size=3), max_size=6)

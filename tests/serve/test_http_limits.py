@@ -48,7 +48,7 @@ class HeldBackend:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(i % 256 for i in ids).decode(errors="replace")
 
-    async def generate(self, request_id, prompt_ids, params, client=""):
+    async def generate(self, request_id, prompt_ids, params, client="", response_id=""):
         self.num_waiting += 1
         try:
             while not self.gate.is_set():

@@ -86,8 +86,9 @@ def test_a_monotonic_reading_becomes_epoch_ns_with_the_callers_offset():
 # the router's conversion
 
 
-def traced_request(tracing: RequestTracing, request_id: str, trace_context: dict[str, str] | None = None) -> None:
-    assert tracing.start(request_id, trace_context, 30)
+def traced_request(tracing: RequestTracing, request_id: str, trace_context: dict[str, str] | None = None,
+                   response_id: str = "") -> None:
+    assert tracing.start(request_id, trace_context, 30, response_id)
     now = time.time_ns()
     tracing.routed(request_id, "decode-0", now, now + 1000)
     tracing.unit_spans(RequestSpans("prefill-0", "prefill", prefill_record(request_id, now)))
@@ -116,7 +117,7 @@ def test_unit_records_become_spans_of_one_trace_under_the_request_root():
     assert units["route"] == "router" and {s.resource.attributes["service.name"] for s in spans} == {"disaggsdk"}
     assert by_name["layer 0 transfer"].attributes["bytes"] == 4096
     assert by_name["layer 0 transfer"].end_time - by_name["layer 0 transfer"].start_time == 1_000_000
-    # kept in memory: by the router's id, or by the response id the id starts with
+    # kept in memory: by the router's id, which is what a caller in this process knows it by
     assert {s.name for s in tracing.spans_of("req-1")} == set(by_name)
     tracing.close()
 
@@ -152,15 +153,33 @@ def test_a_trace_read_as_the_response_ends_waits_for_the_last_units_spans_and_no
 def test_a_valid_traceparent_continues_the_clients_trace_and_an_invalid_one_starts_a_new_one():
     exporter = InMemorySpanExporter()
     tracing = RequestTracing.exporting_to(exporter)
-    traced_request(tracing, "cmpl-a-0f", {"traceparent": f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"})
+    traced_request(tracing, "cmpl-a-0f", {"traceparent": f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"}, "cmpl-a")
     traced_request(tracing, "cmpl-b", {"traceparent": f"00-{CLIENT_TRACE_ID}-zz-01"})
     a, b = tracing.spans_of("cmpl-a"), tracing.spans_of("cmpl-b")
+    assert tracing.spans_of("cmpl-a-0f") == []  # a request's key, when it has a response id, names no trace
     root_a = next(s for s in a if s.name == "disaggsdk.request")
     assert format(root_a.context.trace_id, "032x") == CLIENT_TRACE_ID
     assert format(root_a.parent.span_id, "016x") == CLIENT_SPAN_ID and root_a.parent.is_remote
     assert {s.context.trace_id for s in a} == {root_a.context.trace_id}
     root_b = next(s for s in b if s.name == "disaggsdk.request")
     assert format(root_b.context.trace_id, "032x") != CLIENT_TRACE_ID and root_b.parent is None
+    tracing.close()
+
+
+def test_a_trace_is_found_by_the_latest_request_under_a_name_and_forgotten_with_its_root(monkeypatch):
+    import disaggsdk.serve.request_tracing as request_tracing
+
+    monkeypatch.setattr(request_tracing, "MAX_ROOTS", 2)
+    tracing = RequestTracing.exporting_to(InMemorySpanExporter())
+    traced_request(tracing, "cmpl-x-01", response_id="cmpl-x")
+    traced_request(tracing, "cmpl-x-02", response_id="cmpl-x")  # the same X-Request-Id, sent again later
+    root = next(s for s in tracing.spans_of("x", wait_s=0) if s.name == "disaggsdk.request")
+    assert root.attributes["disaggsdk.request_id"] == "cmpl-x"  # its key is in no span
+    assert {s.context.trace_id for s in tracing.spans_of("cmpl-x", wait_s=0)} == {root.context.trace_id}
+    traced_request(tracing, "cmpl-y-03", response_id="cmpl-y")  # the first root goes: the name stays the latest's
+    assert {s.context.trace_id for s in tracing.spans_of("cmpl-x", wait_s=0)} == {root.context.trace_id}
+    traced_request(tracing, "cmpl-z-04", response_id="cmpl-z")  # and now the latest's goes too
+    assert tracing.spans_of("cmpl-x", wait_s=0) == [] and tracing.spans_of("x", wait_s=0) == []
     tracing.close()
 
 

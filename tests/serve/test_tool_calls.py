@@ -115,7 +115,7 @@ class ScriptedBackend:
     def decode(self, ids, skip_special_tokens=True):
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    async def generate(self, request_id, prompt_ids, params, client=""):
+    async def generate(self, request_id, prompt_ids, params, client="", response_id=""):
         from disaggsdk.serve.backend import TokenEvent
 
         for i in range(0, len(self.ids), 3):  # a few tokens per event, as a decode unit sends them

@@ -68,6 +68,7 @@ MAX_GRAMMAR_SYMBOLS = 60_000
 MAX_GRAMMAR_BYTES = 128 * 1024
 MAX_ERROR_CHARS = 2000  # of llguidance's message in an error that reaches a client
 GRAMMAR_TIME_LIMIT_S = 2.0  # a unit refuses a build that runs longer (it finishes on its worker thread)
+EMPTY_MASK_ERROR = "NoExtensionBias"  # llguidance's error when a mask allows no token (its grammar cannot go on)
 
 
 def parser_limits() -> LLParserLimits:
@@ -135,7 +136,32 @@ def _compiled(output: StructuredOutput, tokenizer: LLTokenizer) -> LLMatcher:
                                     f"({type(exc).__name__}: {str(exc)[:200]})") from None
     if matcher.is_error():  # llguidance reports refusals, limits and caught panics this way
         raise StructuredOutputError(f"structured output {output.kind}: {matcher.get_error()[:MAX_ERROR_CHARS]}")
+    _check_first_mask(output, matcher)
     return matcher
+
+
+def _check_first_mask(output: StructuredOutput, matcher: LLMatcher) -> None:
+    """Refuse a constraint no output can match, as far as llguidance can tell from its first mask.
+
+    llguidance builds a grammar whose language is empty (a schema that only refers to itself, a
+    ``$ref`` cycle, a pattern that matches no string) without complaint; only its first mask finds
+    no token that starts an output, and the request would then end at once with an empty text and
+    ``finish_reason: stop``. A grammar that dead-ends after some tokens is the engine's to end with
+    an error (`GrammarState.failed`).
+
+    Raises:
+        StructuredOutputError: the first mask fails.
+    """
+    probe = matcher.deep_copy()  # the kept matcher stays at its start, unmasked
+    probe.compute_bitmask()
+    if not probe.is_error():
+        return
+    reason = probe.get_error()
+    if EMPTY_MASK_ERROR in reason:
+        raise StructuredOutputError(f"structured output {output.kind}: no output can match it (no token can start "
+                                    "one: a schema that only refers to itself, a $ref cycle, or a pattern that "
+                                    "matches no string)")
+    raise StructuredOutputError(f"structured output {output.kind}: {reason[:MAX_ERROR_CHARS]}")
 
 
 def check_structured(model: str, output: StructuredOutput) -> None:
@@ -189,6 +215,12 @@ class GrammarState:
     def is_finished(self) -> bool:
         """The grammar is complete and allows nothing more (or is in error)."""
         return self.matcher.is_stopped()
+
+    @property
+    def failed(self) -> bool:
+        """The grammar cannot go on: no token extends what it matched (its last mask allowed only the
+        eos, which does not complete it). The request must end with an error, not as if complete."""
+        return self.matcher.is_error()
 
     @property
     def error(self) -> str:
