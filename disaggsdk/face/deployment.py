@@ -330,9 +330,11 @@ class Deployment:
     def drain(self, unit: str, timeout_s: float = 60.0) -> DrainReport:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other
         decode units with their KV (before stopping or restarting it); `undrain` routes to it again.
+        A drain that does not empty the unit in ``timeout_s`` routes to it again itself (``routed``).
 
         Raises:
-            MoveError: ``unit`` is not a decode unit, or no other can take its requests.
+            MoveError: ``unit`` is not a decode unit; `LeverConflict` (one) when it is the last routable
+                decode unit, or no other could take its requests.
         """
         return self._router().drain(unit, timeout_s)
 

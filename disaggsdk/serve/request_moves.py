@@ -23,7 +23,13 @@ if TYPE_CHECKING:
 
 
 class MoveError(DisaggError):
-    """A move that cannot be asked for: the request or the target is not one a move can take."""
+    """A lever (move, drain, rebalance) that cannot be asked for: the request, unit or layout is not one
+    it can take (HTTP 400)."""
+
+
+class LeverConflict(MoveError):
+    """A lever the deployment's state refuses now (HTTP 409): it would leave a role with no routable unit,
+    it needs a unit that is down or drained, or another rebalance runs. The message says which unit and why."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,13 @@ class MoveOutcome:
 @dataclass(frozen=True)
 class DrainReport:
     """What `Router.drain` did: the moves' outcomes, and the requests the unit still held at the end
-    (none when it drained in time; a request that did not move goes on there)."""
+    (none when it drained in time; a request that did not move goes on there). ``routed``: whether
+    routing picks the unit again (a drain that did not empty it undoes itself)."""
 
     unit: str
     moves: list[MoveOutcome]
     remaining: list[str]
+    routed: bool = False
 
     @property
     def drained(self) -> bool:

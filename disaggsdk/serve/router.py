@@ -39,8 +39,9 @@ from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
-from disaggsdk.serve.request_moves import DrainReport, Move, MoveError, MoveOutcome, RequestMoves
+from disaggsdk.serve.request_moves import DrainReport, LeverConflict, Move, MoveError, MoveOutcome, RequestMoves
 from disaggsdk.serve.unit_gauges import instance_stats
+from disaggsdk.serve.unit_routability import NoRoutableUnitError, UnitRoutability
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
 from disaggsdk.spec.rules import max_model_len
@@ -196,15 +197,40 @@ class Router:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other
         decode units (the least loaded first); requests still waiting for their KV there move once
         they decode. Returns once it holds nothing, or at ``timeout_s``, what moved and what is still
-        there; it stays out of routing until `undrain`.
+        there. A unit that drained stays out of routing until `undrain`; one that did not is routed
+        again (as it was before the call), so a failed drain never leaves requests without a unit.
 
         Raises:
-            MoveError: ``unit`` is not a decode unit, or no other healthy decode unit can take its requests.
+            MoveError: ``unit`` is not a decode unit.
+            LeverConflict: it is the last routable decode unit (the others are down or drained), or
+                the other decode units went away while its requests waited to move.
         """
-        if self._roles.get(unit) != "decode":
-            raise MoveError(f"{unit!r} is not a decode unit")
         with self._lock:
+            if self._roles.get(unit) != "decode":
+                raise MoveError(f"{unit!r} is not a decode unit (decode units: "
+                                f"{', '.join(sorted(n for n, r in self._roles.items() if r == 'decode'))})")
+            refusal = self._routability().role_refusal("decode", leaving=unit)
+            if refusal is not None and unit not in self._moves.draining:
+                raise LeverConflict(f"draining {unit} would leave nothing to decode: {refusal}; undrain or "
+                                    "restart another decode unit first")
+            was_draining = unit in self._moves.draining
             self._moves.draining.add(unit)
+        try:
+            report = self._drain(unit, timeout_s)
+        except BaseException:
+            self._undo_drain(unit, was_draining)
+            raise
+        if not report.drained:
+            self._undo_drain(unit, was_draining)
+        return DrainReport(unit, report.moves, report.remaining, routed=not report.drained and not was_draining)
+
+    def _undo_drain(self, unit: str, was_draining: bool) -> None:
+        with self._lock:
+            if not was_draining and self._roles.get(unit) == "decode":
+                self._moves.draining.discard(unit)
+
+    def _drain(self, unit: str, timeout_s: float) -> DrainReport:
+        """`drain`'s moves, with ``unit`` out of routing already."""
         outcomes: list[MoveOutcome] = []
         pending: list[Future[MoveOutcome]] = []
         deadline = time.monotonic() + timeout_s
@@ -218,7 +244,8 @@ class Router:
             if not held and not pending:
                 break
             if startable and not targets:
-                raise MoveError(f"no other healthy decode unit can take the requests of {unit}")
+                raise LeverConflict(f"no other routable decode unit can take the requests of {unit}: "
+                                    f"{self.routability().role_refusal('decode', leaving=unit)}")
             for rid in startable:
                 target = min(targets, key=lambda n: (load[n], n))
                 load[target] += 1
@@ -257,6 +284,16 @@ class Router:
         """Each unit's role ("prefill", "decode", "mixed"), by name."""
         with self._lock:
             return dict(self._roles)
+
+    def routability(self) -> UnitRoutability:
+        """Which units routing may pick now, and why a role has none (`serve.unit_routability`)."""
+        with self._lock:
+            return self._routability()
+
+    def _routability(self) -> UnitRoutability:
+        """`routability`, under the lock."""
+        return UnitRoutability(dict(self._roles), frozenset(n for n in self._roles if self.runtime.is_healthy(n)),
+                               frozenset(self._moves.draining))
 
     def num_waiting_past(self, age_s: float, since_s: float = 0.0) -> int:
         """Requests in flight received at or after ``since_s`` (``time.monotonic()``) still without a
@@ -539,7 +576,8 @@ class Router:
         Returns:
             The unit's name.
         Raises:
-            LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
+            LaunchError: the router is closed, or the id is in use.
+            NoRoutableUnitError: no serving unit is routable (each is down or drained): a 503 with Retry-After.
             RefusedRequestError: units died holding an identical request, or requests of ``client`` took
                 units down too often (`poison_requests`).
         """
@@ -589,7 +627,7 @@ class Router:
                 raise RefusedRequestError(barred)
             unit = self._pick_unit(hashes)
             if unit is None:
-                raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
+                raise NoRoutableUnitError(self._routability().no_serving_unit())
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
             self._fingerprints[request_id] = fp
@@ -614,6 +652,9 @@ class Router:
 
         try:
             self.submit(request_id, prompt_ids, params, sink, client, trace_context)
+        except NoRoutableUnitError as exc:
+            yield TokenEvent(request_id, [], True, "error", error=str(exc), retry_after_s=exc.retry_after_s)
+            return
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return

@@ -1,0 +1,131 @@
+"""The operator's levers (rebalance, drain, move) against a fake runtime: none can leave a role without a
+routable unit, a rebalance picks healthy units only and runs alone, a drain that fails undoes itself, a
+request that finds no routable unit is a 503 with Retry-After, /health says why, and a move to a unit the
+router judges unreachable ends at once (issue 55, findings 2, 3 and 8)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from disaggsdk.engine.sampling_params import SamplingParams
+from disaggsdk.launch import messages as ch
+from disaggsdk.messenger.peers import UnitInfo
+from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.metrics import ServerMetrics
+from disaggsdk.serve.openai_app import build_app
+from disaggsdk.serve.request_moves import LeverConflict
+from disaggsdk.serve.router import Router
+from tests.serve.test_router import FakeRuntime
+
+PLAIN = SamplingParams()
+
+
+class SwitchingRuntime(FakeRuntime):
+    """A fake whose units change role when asked: at once, or once ``gate`` is set."""
+
+    def __init__(self, roles: dict[str, str]):
+        super().__init__(dict(roles))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.switches: list[tuple[str, str]] = []
+
+    def send(self, unit, message):
+        if not super().send(unit, message):
+            return False
+        if isinstance(message, ch.SwitchRole):
+            self.switches.append((unit, message.role))
+            if self.gate.is_set():
+                self._switch(unit, message.role)
+            else:
+                threading.Thread(target=self._switch_after_gate, args=(unit, message.role), daemon=True).start()
+        return True
+
+    def placement(self):
+        return {}
+
+    def compile_stages(self):
+        return dict.fromkeys(self.roles)
+
+    def _switch_after_gate(self, unit: str, role: str) -> None:
+        self.gate.wait(30)
+        self._switch(unit, role)
+
+    def _switch(self, unit: str, role: str) -> None:
+        self.roles[unit] = role
+        self.on_message(unit, ch.RoleChanged(UnitInfo(unit, unit, role, "inc", b"", [], b"", 0, 0)))
+
+
+def deployment(roles: dict[str, str]) -> tuple[SwitchingRuntime, Router]:
+    rt = SwitchingRuntime(roles)
+    return rt, Router(rt)
+
+
+P1_D2 = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+
+
+# finding 3: drains
+
+
+def test_a_drain_that_would_leave_no_routable_decode_unit_is_refused():
+    rt, router = deployment(P1_D2)
+    assert router.drain("decode-0", timeout_s=1).drained
+    with pytest.raises(LeverConflict, match="decode-0 is drained"):
+        router.drain("decode-1", timeout_s=1)
+    assert router.submit("r", [1], PLAIN, lambda ev: None) == "decode-1"
+    router.undrain("decode-0")
+    rt.die("decode-1")
+    with pytest.raises(LeverConflict, match="decode-1 is down"):
+        router.drain("decode-0", timeout_s=1)
+    assert router.submit("s", [1], PLAIN, lambda ev: None) == "decode-0"
+
+
+def test_a_drain_that_fails_routes_to_its_unit_again():
+    rt, router = deployment(P1_D2)
+    assert router.submit("r", [1, 2], PLAIN, lambda ev: None) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("r", [7]))  # decoding: a drain moves it, and nobody answers the move
+    report = router.drain("decode-0", timeout_s=0.3)
+    assert not report.drained and report.remaining == ["r"] and report.routed
+    assert router.submit("s", [1], PLAIN, lambda ev: None) == "decode-1"
+    assert router.submit("t", [1], PLAIN, lambda ev: None) == "decode-0"  # routed again
+
+
+def test_no_routable_decode_unit_is_a_503_with_retry_after_and_health_says_why():
+    rt, router = deployment(P1_D2)
+    http = HttpServer(build_app(router, ServerMetrics(router.stats, router.model_name))).start()
+    try:
+        assert router.drain("decode-0", timeout_s=1).drained
+        rt.die("decode-1")  # after the drain: no lever refused this, a unit died
+        r = httpx.post(f"{http.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+        error = r.json()["error"]
+        assert error["code"] == 503 and error["type"] == "server_error"
+        assert "decode-0 is drained" in error["message"] and "decode-1 is down" in error["message"]
+        health = httpx.get(f"{http.url}/health", timeout=10)
+        assert health.status_code == 503 and int(health.headers["retry-after"]) > 0
+        body = health.json()
+        assert body["status"] == "degraded" and body["instances"]["decode-0"] == "up"
+        assert any("no decode unit is routable" in line and "decode-0 is drained" in line for line in body["reasons"])
+        router.undrain("decode-0")
+        health = httpx.get(f"{http.url}/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "degraded"  # decode-1 is still down
+        assert health.json()["reasons"] == ["decode-1 is down"]
+    finally:
+        http.stop()
+        router.close()
+
+
+def test_health_says_degraded_while_a_role_has_no_routable_unit():
+    rt, router = deployment(P1_D2)
+    http = HttpServer(build_app(router, ServerMetrics(router.stats, router.model_name))).start()
+    try:
+        assert httpx.get(f"{http.url}/health", timeout=10).json()["status"] == "ok"
+        rt.stalled.add("prefill-0")  # alive, unheard: decode units prefill locally meanwhile
+        health = httpx.get(f"{http.url}/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.json()["reasons"][0].startswith("no prefill unit is healthy: prefill-0 is down")
+    finally:
+        http.stop()
+        router.close()
