@@ -36,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
         how = f"moved to {m['target']} ({m['num_bytes']} KV bytes)" if m["moved"] else f"stayed: {m['reason']}"
         out.print(f"  {m['request_id']}: {how}", soft_wrap=True)
     remaining = answer.get("remaining", [])
-    out.print(f"{args.unit}: {'drained' if not remaining else f'{len(remaining)} request(s) still there'}; "
-              f"{sum(m['moved'] for m in moves)} of {len(moves)} move(s) done; it takes no new requests "
-              f"until `disaggsdk drain {args.url} {args.unit} --undo`")
-    return 0 if not remaining else 1
+    done = f"{sum(m['moved'] for m in moves)} of {len(moves)} move(s) done"
+    if not remaining:
+        out.print(f"{args.unit}: drained; {done}; it takes no new requests until "
+                  f"`disaggsdk drain {args.url} {args.unit} --undo`")
+        return 0
+    routed = "it is routed again (the drain undid itself)" if answer.get("routed") else "it stays out of routing"
+    out.print(f"{args.unit}: {len(remaining)} request(s) still there; {done}; {routed}", soft_wrap=True)
+    return 1

@@ -362,7 +362,9 @@ class Deployment:
 
         Raises:
             MoveError: the counts do not match the units, or the spec's prefill and decode instances
-                differ in shape (tp, dp) or spread experts (ep).
+                differ in shape (tp, dp) or spread experts (ep); `LeverConflict` (one) when another
+                rebalance runs, or the layout needs a unit that is down to change role or would leave
+                no routable decode unit (nor prefill unit, where it keeps one).
         """
         from disaggsdk.serve.rebalance import rebalance
 

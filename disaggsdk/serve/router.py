@@ -91,6 +91,7 @@ class Router:
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
         self._moves = RequestMoves()  # decoding requests moving between decode units (guarded by _lock)
         self._role_changes: dict[str, Future[str]] = {}  # unit -> its SwitchRole's answer ("": done; guarded by _lock)
+        self.rebalancing = threading.Lock()  # held by `serve.rebalance` while it runs: one at a time
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 

@@ -6,6 +6,7 @@ router judges unreachable ends at once (issue 55, findings 2, 3 and 8)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_app import build_app
+from disaggsdk.serve.rebalance import rebalance
 from disaggsdk.serve.request_moves import LeverConflict
 from disaggsdk.serve.router import Router
 from tests.serve.test_router import FakeRuntime
@@ -64,6 +66,56 @@ def deployment(roles: dict[str, str]) -> tuple[SwitchingRuntime, Router]:
 
 
 P1_D2 = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+
+
+# finding 2: rebalance
+
+
+def test_with_one_decode_unit_dead_rebalance_refuses_to_switch_away_the_last_routable_one():
+    rt, router = deployment(P1_D2)
+    rt.die("decode-1")
+    with pytest.raises(LeverConflict, match="decode-0") as refused:
+        rebalance(router, prefill=2, decode=1)
+    assert "down" in str(refused.value)
+    assert rt.switches == [] and router.unit_roles()["decode-0"] == "decode"
+    assert router.submit("r", [1, 2], PLAIN, lambda ev: None) == "decode-0"  # it serves on
+
+
+def test_rebalance_picks_healthy_units_only_and_refuses_a_layout_only_down_units_could_reach():
+    rt, router = deployment({"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode", "decode-2": "decode"})
+    for i in range(3):
+        unit = router.submit(f"r{i}", [1], PLAIN, lambda ev: None)
+        rt.on_message(unit, ch.Tokens(f"r{i}", [7]))
+    rt.on_message("decode-2", ch.Tokens("r2", [8], finished=True, finish_reason="length"))
+    rt.die("decode-0")  # holds nothing now (its request ended): (load, name) picked it first
+    report = rebalance(router, prefill=2, decode=2)
+    assert report.done and rt.switches == [("decode-2", "prefill")], report
+    # a prefill unit that is down cannot turn decode; the healthy one is the last prefill unit left
+    rt, router = deployment({"prefill-0": "prefill", "prefill-1": "prefill", "decode-0": "decode"})
+    rt.die("prefill-1")
+    with pytest.raises(LeverConflict, match="prefill-0"):
+        rebalance(router, prefill=1, decode=2)  # prefill-1 (down) would be all that prefills
+    with pytest.raises(LeverConflict, match="prefill-1"):
+        rebalance(router, prefill=0, decode=3)  # prefill-1 would have to turn, and it is down
+    assert rt.switches == []
+
+
+def test_a_second_rebalance_while_one_runs_is_refused_and_the_first_one_ends_as_asked():
+    rt, router = deployment(P1_D2)
+    rt.gate.clear()  # the unit answers its switch only once the second call was refused
+    first: list = []
+    runner = threading.Thread(target=lambda: first.append(rebalance(router, prefill=2, decode=1)))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not rt.switches:
+        assert time.monotonic() < deadline, "the first rebalance never asked a unit to switch"
+        time.sleep(0.01)
+    with pytest.raises(LeverConflict, match="rebalance is running"):
+        rebalance(router, prefill=1, decode=2)
+    rt.gate.set()
+    runner.join(30)
+    assert first[0].done and sorted(router.unit_roles().values()) == ["decode", "prefill", "prefill"]
+    assert rebalance(router, prefill=1, decode=2).done  # and once it answered, the next one runs
 
 
 # finding 3: drains
