@@ -323,7 +323,7 @@ class Deployment:
             how the move ended (``moved`` False: it went on where it was, ``reason`` says why).
         Raises:
             MoveError: the request is not in flight or not decoding yet, or ``to`` is not another
-                healthy decode unit.
+                decode unit; `LeverConflict` (one) when ``to`` is down or drained.
         """
         return self._router().move(request_id, to).result(timeout_s)
 

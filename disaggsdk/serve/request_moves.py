@@ -74,7 +74,8 @@ class Move:
     moved_in: bool = False  # the target said its KV landed and it decodes it
     num_bytes: int = 0
     num_output_tokens: int = 0
-    target_down: bool = False  # the target died before the source's end was read
+    target_down: bool = False  # the target died (or became unreachable) before the source's end was read
+    target_fate: str = "died"  # what happened to it, for the request's error
     source_ended: bool = False  # the source's end (moved) was read before the target's news
     held: list[Tokens] = field(default_factory=list)  # the target's tokens until the source's end is read
 

@@ -170,7 +170,8 @@ class Router:
 
         Raises:
             MoveError: the request is not in flight, has no token yet, is moving already, or
-                ``target`` is not another healthy decode unit.
+                ``target`` is not another decode unit.
+            LeverConflict: ``target`` is down or drained (routing would not pick it either).
         """
         request_id = self.resolve_request_id(request_id) or request_id  # unknown: "not in flight" below
         with self._lock:
@@ -185,8 +186,12 @@ class Router:
                 raise MoveError(f"request {request_id!r} is on {source} ({self._roles.get(source)}): only requests "
                                 "on decode units move")
             decode = sorted(n for n, r in self._roles.items() if r == "decode" and n != source)
-            if target not in decode or not self.runtime.is_healthy(target):
+            if target not in decode:
                 raise MoveError(f"{target!r} is not another healthy decode unit (decode units: {', '.join(decode)})")
+            routability = self._routability()
+            if not routability.is_routable(target):
+                raise LeverConflict(f"{target!r} is not another healthy decode unit now: {routability.why_not(target)}; "
+                                    f"routable decode units: {', '.join(routability.routable('decode')) or 'none'}")
             move = self._moves.start(request_id, source, target)
         if not self.runtime.send(source, ch.MoveRequest(request_id, target)):
             with self._lock:
@@ -381,7 +386,7 @@ class Router:
             else:
                 self._moves.pop(rid)
             if msg.moved and move.target_down:
-                error = f"request moved from {unit} to {move.target}, which then died; retry the request"
+                error = f"request moved from {unit} to {move.target}, which then {move.target_fate}; retry the request"
                 self._in_flight[unit].discard(rid)
             elif msg.moved:
                 self._in_flight[unit].discard(rid)
@@ -492,13 +497,28 @@ class Router:
         """Move the requests waiting on an unreachable unit for their first token (once, as from a
         dead unit) and end the others with a retryable error: their tokens cannot reach their clients
         until the unit is heard again, which may be never. Each gets an abort, sent now, that the unit
-        reads when it is reached again (a cut link's socket holds it), so its pages come back."""
+        reads when it is reached again (a cut link's socket holds it), so its pages come back.
+
+        A move to it is called off now, not at the source's deadline: the source is told to resume the
+        request (`CancelMove`) and says how the move ended. A move from it ends with its request."""
+        why = f"{unit} is unreachable: nothing heard from it for {silent_s:.1f} s (serve.unit_unreachable_s)"
         with self._lock:
             held = list(self._in_flight[unit])
+            cancel = [m for m in self._moves.to(unit) if not m.source_ended]
+            for move in cancel:  # should the source say it let go after all, the request ends: see _on_move_ended
+                move.target_down, move.target_fate = True, "became unreachable"
+                move.held.clear()
+            # the source let go (the request is the target's, ended below) or the source is this unit
+            ended = [m for m in [*self._moves.to(unit), *self._moves.from_(unit)] if m not in cancel]
+            for move in ended:
+                self._moves.pop(move.request_id)
+        for move in cancel:
+            self.runtime.send(move.source, ch.CancelMove(move.request_id, why))
+        for move in ended:
+            move.end(False, why)
         for rid in held:
             if not self._resubmit(rid, leaving=unit):
-                self._end_with_error(rid, unit, f"unit {unit} is unreachable: nothing heard from it for {silent_s:.1f} s "
-                                                "(serve.unit_unreachable_s); retry the request")
+                self._end_with_error(rid, unit, f"unit {why}; retry the request")
             self.runtime.send(unit, ch.Abort(rid))
 
     def _resubmit(self, request_id: str, leaving: str | None = None) -> bool:

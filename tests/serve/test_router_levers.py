@@ -13,12 +13,13 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
+from disaggsdk.launch.runtime_api import UnitUnreachable
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.serve.http_server import HttpServer
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.openai_app import build_app
 from disaggsdk.serve.rebalance import rebalance
-from disaggsdk.serve.request_moves import LeverConflict
+from disaggsdk.serve.request_moves import LeverConflict, MoveError
 from disaggsdk.serve.router import Router
 from tests.serve.test_router import FakeRuntime
 
@@ -181,3 +182,38 @@ def test_health_says_degraded_while_a_role_has_no_routable_unit():
     finally:
         http.stop()
         router.close()
+
+
+# finding 8 (third item): moves
+
+
+def test_a_move_to_a_unit_judged_unreachable_ends_at_once_and_the_request_goes_on():
+    rt, router = deployment(P1_D2)
+    events = []
+    assert router.submit("r", [5, 6], PLAIN, events.append) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("r", [1]))
+    outcome = router.move("r", "decode-1")
+    rt.stalled.add("decode-1")
+    rt.on_message("decode-1", UnitUnreachable(10.0))
+    cancels = [m for u, m in rt.sent if u == "decode-0" and isinstance(m, ch.CancelMove)]
+    assert [c.request_id for c in cancels] == ["r"] and "unreachable" in cancels[0].reason
+    # the source resumes it and says so: the move ends, the request streams on where it was
+    rt.on_message("decode-0", ch.RequestMoveEnded("r", "decode-1", moved=False, reason=cancels[0].reason))
+    assert not outcome.result(0).moved and "unreachable" in outcome.result(0).reason
+    rt.on_message("decode-0", ch.Tokens("r", [2], finished=True, finish_reason="length"))
+    assert [t for ev in events for t in ev.new_token_ids] == [1, 2] and events[-1].finish_reason == "length"
+
+
+def test_a_move_to_a_drained_or_down_unit_is_refused():
+    rt, router = deployment({"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode", "decode-2": "decode"})
+    assert router.submit("r", [5, 6], PLAIN, lambda ev: None) == "decode-0"
+    rt.on_message("decode-0", ch.Tokens("r", [1]))
+    assert router.drain("decode-1", timeout_s=1).drained
+    with pytest.raises(LeverConflict, match="decode-1 is drained"):
+        router.move("r", "decode-1")
+    rt.die("decode-2")
+    with pytest.raises(LeverConflict, match="decode-2 is down"):
+        router.move("r", "decode-2")
+    with pytest.raises(MoveError, match="not another healthy decode unit") as refused:
+        router.move("r", "prefill-0")
+    assert not isinstance(refused.value, LeverConflict)  # a 400: no unit state makes a prefill unit a target
