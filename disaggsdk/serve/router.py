@@ -186,6 +186,9 @@ class Router:
                 raise MoveError(f"request {request_id!r} is on {source} ({self._roles.get(source)}): only requests "
                                 "on decode units move")
             decode = sorted(n for n, r in self._roles.items() if r == "decode" and n != source)
+            if target == source:
+                raise MoveError(f"{target!r} is not another healthy decode unit: request {request_id!r} decodes "
+                                f"there already (other decode units: {', '.join(decode) or 'none'})")
             if target not in decode:
                 raise MoveError(f"{target!r} is not another healthy decode unit (decode units: {', '.join(decode)})")
             routability = self._routability()
