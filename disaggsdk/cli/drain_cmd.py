@@ -10,7 +10,8 @@ from disaggsdk.cli.control_client import post_control
 from disaggsdk.report.console import make_console
 
 HELP = ("Take a decode unit of a running deployment out of routing and move the requests it decodes to the other "
-        "decode units with their KV (no recompute); --undo routes to it again.")
+        "decode units with their KV (no recompute); --undo routes to it again. The last routable decode unit is "
+        "refused (409); a drain that does not empty its unit in time routes to it again.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
