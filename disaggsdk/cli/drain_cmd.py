@@ -10,7 +10,8 @@ from disaggsdk.cli.control_client import post_control
 from disaggsdk.report.console import make_console
 
 HELP = ("Take a decode unit of a running deployment out of routing and move the requests it decodes to the other "
-        "decode units with their KV (no recompute); --undo routes to it again.")
+        "decode units with their KV (no recompute); --undo routes to it again. The last routable decode unit is "
+        "refused (409); a drain that does not empty its unit in time routes to it again.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
         how = f"moved to {m['target']} ({m['num_bytes']} KV bytes)" if m["moved"] else f"stayed: {m['reason']}"
         out.print(f"  {m['request_id']}: {how}", soft_wrap=True)
     remaining = answer.get("remaining", [])
-    out.print(f"{args.unit}: {'drained' if not remaining else f'{len(remaining)} request(s) still there'}; "
-              f"{sum(m['moved'] for m in moves)} of {len(moves)} move(s) done; it takes no new requests "
-              f"until `disaggsdk drain {args.url} {args.unit} --undo`")
-    return 0 if not remaining else 1
+    done = f"{sum(m['moved'] for m in moves)} of {len(moves)} move(s) done"
+    if not remaining:
+        out.print(f"{args.unit}: drained; {done}; it takes no new requests until "
+                  f"`disaggsdk drain {args.url} {args.unit} --undo`")
+        return 0
+    routed = "it is routed again (the drain undid itself)" if answer.get("routed") else "it stays out of routing"
+    out.print(f"{args.unit}: {len(remaining)} request(s) still there; {done}; {routed}", soft_wrap=True)
+    return 1

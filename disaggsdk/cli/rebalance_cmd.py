@@ -10,7 +10,9 @@ from disaggsdk.cli.control_client import post_control
 from disaggsdk.report.console import make_console
 
 HELP = ("Change how many units of a running deployment prefill and how many decode, live: a decode unit leaving "
-        "decode hands its running requests to the others with their KV first; no request fails.")
+        "decode hands its running requests to the others with their KV first; no request fails. Only healthy units "
+        "turn; a layout that needs a unit that is down or would leave no routable decode unit is refused (409), as "
+        "is a rebalance while another runs.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -324,16 +324,18 @@ class Deployment:
             how the move ended (``moved`` False: it went on where it was, ``reason`` says why).
         Raises:
             MoveError: the request is not in flight or not decoding yet, or ``to`` is not another
-                healthy decode unit.
+                decode unit; `LeverConflict` (one) when ``to`` is down or drained.
         """
         return self._router().move(request_id, to).result(timeout_s)
 
     def drain(self, unit: str, timeout_s: float = 60.0) -> DrainReport:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other
         decode units with their KV (before stopping or restarting it); `undrain` routes to it again.
+        A drain that does not empty the unit in ``timeout_s`` routes to it again itself (``routed``).
 
         Raises:
-            MoveError: ``unit`` is not a decode unit, or no other can take its requests.
+            MoveError: ``unit`` is not a decode unit; `LeverConflict` (one) when it is the last routable
+                decode unit, or no other could take its requests.
         """
         return self._router().drain(unit, timeout_s)
 
@@ -361,7 +363,9 @@ class Deployment:
 
         Raises:
             MoveError: the counts do not match the units, or the spec's prefill and decode instances
-                differ in shape (tp, dp) or spread experts (ep).
+                differ in shape (tp, dp) or spread experts (ep); `LeverConflict` (one) when another
+                rebalance runs, or the layout needs a unit that is down to change role or would leave
+                no routable decode unit (nor prefill unit, where it keeps one).
         """
         from disaggsdk.serve.rebalance import rebalance
 

@@ -32,7 +32,8 @@ from disaggsdk.report.unit_counters import UnitCounters
 #     SwitchRole, RoleChanged, RoleChangeFailed (a unit changing role live)
 # 15: Progress "compile_failed" and its detail; "compiled" may come after Ready (units compile in
 #     the background, engine.background_compile)
-PROTOCOL_VERSION = 15
+# 16: CancelMove (the router calls off a move whose target it judges unreachable)
+PROTOCOL_VERSION = 16
 
 # runtime -> unit
 
@@ -112,6 +113,15 @@ class MoveRequest(msgspec.Struct, frozen=True, tag=True):
 
     request_id: str
     target: str
+
+
+class CancelMove(msgspec.Struct, frozen=True, tag=True):
+    """Call off moving ``request_id`` away (the router judged its target unreachable, ``reason``): the
+    unit resumes it once no write of it is in flight and answers `RequestMoveEnded` (moved False). A
+    move that ended already, or whose target admitted the request, is left as it is."""
+
+    request_id: str
+    reason: str
 
 
 class SwitchRole(msgspec.Struct, frozen=True, tag=True):
@@ -279,7 +289,7 @@ class Heartbeat(msgspec.Struct, frozen=True, tag=True):
 
 
 ToUnit = (UnitArgs | Peers | Generate | Abort | PeerDown | PeerUp | GetStats | ResetPrefixCache | Shutdown
-          | MoveRequest | SwitchRole)
+          | MoveRequest | CancelMove | SwitchRole)
 FromUnit = (Ready | Started | Progress | Tokens | TokensBatch | PromptLogprobs | UnitStats | Fatal | TransportStuck
             | Heartbeat | RequestSpans | RequestMovedIn | RequestMoveEnded | RoleChanged | RoleChangeFailed)
 TO_UNIT = msgspec.msgpack.Decoder(ToUnit)

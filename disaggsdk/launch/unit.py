@@ -324,6 +324,8 @@ class Unit:
             self.conn.send(self._stats(msg.seq, msg.with_recent))
         elif isinstance(msg, ch.MoveRequest):
             self._move(msg)
+        elif isinstance(msg, ch.CancelMove):
+            self.parts.cancel_move(msg.request_id, msg.reason)
         elif isinstance(msg, ch.SwitchRole):
             self._ask_switch(msg.role)
         elif isinstance(msg, ch.Shutdown):

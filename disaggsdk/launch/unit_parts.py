@@ -76,6 +76,10 @@ class UnitParts:
 
         raise MigrationError(f"only decode units move requests; this one is {self.info.role}")
 
+    def cancel_move(self, request_id: str, reason: str) -> None:
+        """Call off moving ``request_id`` away (`launch.messages.CancelMove`); its end comes out of
+        `take_moves`. Nothing moves away from a unit that is not a decode unit."""
+
     def take_moves(self) -> tuple[list[MovedIn], list[MoveEnded]]:
         """The requests that moved here, and the moves started here that ended, since the last call."""
         return [], []
@@ -127,6 +131,10 @@ class DecodeParts(UnitParts):
         if self.messenger is None:
             raise MigrationError("the unit is closing")
         self.messenger.migrate(request_id, target)
+
+    def cancel_move(self, request_id: str, reason: str) -> None:
+        if self.messenger is not None:
+            self.messenger.migrations.cancel(request_id, reason)
 
     def take_moves(self) -> tuple[list[MovedIn], list[MoveEnded]]:
         if self.messenger is None:

@@ -226,6 +226,16 @@ class KVMigrations:
                                 tp=len(self.me.pool_regions), num_layers=fmt.num_layers, page_bytes=fmt.page_bytes)
         self._send(target, offer)
 
+    def cancel(self, request_id: str, reason: str) -> bool:
+        """Call off moving ``request_id`` away from here (its router judged the target unreachable): it
+        resumes here once no write of it is in flight, and the target is told to free its grant, as at
+        the deadline. False: no move of it from here is under way (it ended, or the target admitted it)."""
+        out = self._out.get(request_id)
+        if out is None or out.phase == "cancelling":
+            return False
+        self._cancel(out, reason, resume=True)
+        return True
+
     def _on_accept(self, msg: pr.MigrateAccept) -> None:
         out = self._out.get(msg.request_id)
         if out is None or out.migration != msg.migration or out.phase != "offered":

@@ -20,6 +20,7 @@ from disaggsdk.errors import DisaggError
 from disaggsdk.serve.autoscale_policy import Layout, propose, recent_window, window_stats
 from disaggsdk.serve.autoscale_preview import Preview, preview
 from disaggsdk.serve.rebalance import rebalance
+from disaggsdk.serve.request_moves import MoveError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter
@@ -141,10 +142,14 @@ class Autoscaler:
         if predicted is not None and not predicted.gains:
             applied, outcome = False, "the simulator predicts a loss"
         else:
-            report = rebalance(self.router, proposal.after.prefill, proposal.after.decode)
-            applied = report.done
-            outcome = "" if applied else "; ".join(c.reason for c in report.changes if not c.done)
-            moved = sum(m.moved for c in report.changes for m in c.moves)
+            try:
+                report = rebalance(self.router, proposal.after.prefill, proposal.after.decode)
+            except MoveError as exc:  # refused as it stands (a unit down, the last routable one, an operator's rebalance)
+                applied, outcome = False, str(exc)
+            else:
+                applied = report.done
+                outcome = "" if applied else "; ".join(c.reason for c in report.changes if not c.done)
+                moved = sum(m.moved for c in report.changes for m in c.moves)
         decision = AutoscaleDecision(time.time(), str(proposal.before), str(proposal.after), proposal.reason,
                                      predicted, note, applied, outcome, moved)
         self._last_change_s = time.monotonic()  # applied or not: the next judgement waits for a fresh window

@@ -34,6 +34,9 @@ class TokenEvent:
     # prompt tokens no engine computed for it (prefix caches; usage's ``cached_tokens``): fixed when the
     # engine admits the request, so every event of it carries the same number
     num_cached_tokens: int = 0
+    # with an error before any unit took the request: no unit could (each down or drained), and one may
+    # after this many seconds (the front end answers 503 with Retry-After); None: not that kind of error
+    retry_after_s: float | None = None
 
 
 class ServingBackend(Protocol):

@@ -28,13 +28,16 @@ ErrorBody = dict[str, dict[str, str | int | None]]
 
 
 class BadRequestError(DisaggError):
-    """A request the server refuses. ``param`` names the offending field (OpenAI's ``param``)."""
+    """A request the server refuses. ``param`` names the offending field (OpenAI's ``param``);
+    ``headers`` go with the answer (``Retry-After`` on a 503)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error",
+                 headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.param = param
         self.status = status
         self.kind = kind
+        self.headers = dict(headers or {})
 
     def body(self) -> ErrorBody:
         """The OpenAI-style JSON error body."""
@@ -74,7 +77,7 @@ def add_error_handlers(app: FastAPI, routes_hint: str) -> None:
 
     @app.exception_handler(BadRequestError)
     async def _refused(_: Request, exc: BadRequestError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

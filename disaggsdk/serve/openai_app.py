@@ -48,6 +48,7 @@ from disaggsdk.serve.request_run import RequestRun
 from disaggsdk.serve.router import Router
 from disaggsdk.serve.tokenize_routes import add_tokenize_routes, model_vocab_size
 from disaggsdk.serve.unit_control_routes import add_unit_control_routes
+from disaggsdk.serve.unit_routability import RETRY_AFTER_S
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
 Chunk = str | bytes | memoryview  # what a StreamingResponse's body iterator yields
@@ -157,12 +158,23 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
 
     @app.get("/health")
     def health() -> JSONResponse:
-        # serving goes on while any decode (or mixed) instance is up: a lost prefill instance
-        # costs retries or local prefills, not availability; the body says what is down
+        # The status code says whether a request can be served now, as vLLM's and Dynamo's /health do
+        # (200: ready; 503: not, so a readiness probe or a load balancer sends nothing here meanwhile):
+        # some decode (or mixed) unit is up and routable. `status` says how whole the deployment is:
+        # "ok"; "degraded": a unit is down, or a role has no routable unit (`reasons` says which and
+        # why: a 503 when that role is decode; a lost prefill unit costs retries or local prefills, not
+        # availability); "down": no decode or mixed unit is up at all
         stats = metrics.stats()
-        serving = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
-        status = "ok" if all(s.healthy for s in stats) else "degraded" if serving else "down"
+        alive = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
+        if isinstance(backend, Router):
+            routability = backend.routability()
+            reasons, can_serve = routability.reasons(), routability.can_serve()
+        else:
+            reasons, can_serve = [f"{s.name} is down" for s in stats if not s.healthy], alive
+        status = "down" if not alive else "degraded" if reasons else "ok"
         body: JsonObject = {"status": status, "instances": {s.name: "up" if s.healthy else "down" for s in stats}}
+        if reasons:
+            body["reasons"] = list(reasons)
         # a router's units may run beyond this machine (Ray): where each runs; an in-process engine is here
         placement: dict[str, str] = backend.placement() if isinstance(backend, Router) else {}
         if placement:
@@ -173,9 +185,12 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
                   if stage is not None}
         if stages:
             body["compile"] = stages
-        if not serving:  # an OpenAI error object too, beside what probes read
-            body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down")
-        return JSONResponse(body, status_code=200 if serving else 503)
+        if can_serve:
+            return JSONResponse(body)
+        # an OpenAI error object too, beside what probes read
+        body |= unavailable_body("no decode or mixed instance is up; 'instances' says which are down" if not alive
+                                 else f"no request can be routed now: {'; '.join(reasons)}")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.get("/metrics", dependencies=[Depends(check_key)] if metrics_require_key else [])
     def prometheus() -> Response:  # sync: a backend's stats() may block; FastAPI runs it in a thread

@@ -23,7 +23,13 @@ if TYPE_CHECKING:
 
 
 class MoveError(DisaggError):
-    """A move that cannot be asked for: the request or the target is not one a move can take."""
+    """A lever (move, drain, rebalance) that cannot be asked for: the request, unit or layout is not one
+    it can take (HTTP 400)."""
+
+
+class LeverConflict(MoveError):
+    """A lever the deployment's state refuses now (HTTP 409): it would leave a role with no routable unit,
+    it needs a unit that is down or drained, or another rebalance runs. The message says which unit and why."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,13 @@ class MoveOutcome:
 @dataclass(frozen=True)
 class DrainReport:
     """What `Router.drain` did: the moves' outcomes, and the requests the unit still held at the end
-    (none when it drained in time; a request that did not move goes on there)."""
+    (none when it drained in time; a request that did not move goes on there). ``routed``: whether
+    routing picks the unit again (a drain that did not empty it undoes itself)."""
 
     unit: str
     moves: list[MoveOutcome]
     remaining: list[str]
+    routed: bool = False
 
     @property
     def drained(self) -> bool:
@@ -66,7 +74,8 @@ class Move:
     moved_in: bool = False  # the target said its KV landed and it decodes it
     num_bytes: int = 0
     num_output_tokens: int = 0
-    target_down: bool = False  # the target died before the source's end was read
+    target_down: bool = False  # the target died (or became unreachable) before the source's end was read
+    target_fate: str = "died"  # what happened to it, for the request's error
     source_ended: bool = False  # the source's end (moved) was read before the target's news
     held: list[Tokens] = field(default_factory=list)  # the target's tokens until the source's end is read
 

@@ -7,6 +7,7 @@ token accounting here, so /metrics sees every request the same way.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ class RequestRun:
 
         Raises:
             BadRequestError: the backend refused the request before producing a token (400), or
-                no instance that produces tokens is up (503).
+                no instance that produces tokens is up or routable (503, with ``Retry-After`` when the
+                backend says when to try again).
         """
         if self.trace_context:
             self._events = self.backend.generate(self.request_id, self.req.prompt_ids, self.req.params, self.client,
@@ -97,6 +99,11 @@ class RequestRun:
             self.error = self._public(first.error) or "the request failed"
             self.finish_reason = "error"
             self.record()
+            if first.retry_after_s is not None:
+                retry_after_s = max(1, math.ceil(first.retry_after_s))
+                raise BadRequestError(f"no serving instance can take the request now: {self.error}; retry after "
+                                      f"{retry_after_s} s", status=503, kind="server_error",
+                                      headers={"Retry-After": str(retry_after_s)})
             if not any(s.healthy for s in self.backend.stats() if s.role in ("decode", "mixed")):
                 raise BadRequestError(f"no serving instance is up: {self.error}", status=503, kind="server_error")
             raise BadRequestError(self.error, param=None)

@@ -39,8 +39,9 @@ from disaggsdk.serve.first_token_clock import FirstTokenClock
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
-from disaggsdk.serve.request_moves import DrainReport, Move, MoveError, MoveOutcome, RequestMoves
+from disaggsdk.serve.request_moves import DrainReport, LeverConflict, Move, MoveError, MoveOutcome, RequestMoves
 from disaggsdk.serve.unit_gauges import instance_stats
+from disaggsdk.serve.unit_routability import NoRoutableUnitError, UnitRoutability
 from disaggsdk.serve.unit_routing import SERVING_ROLES, UnitRouting
 from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
 from disaggsdk.spec.rules import max_model_len
@@ -90,6 +91,7 @@ class Router:
         self._join = PromptLogprobsJoin()  # prompt scores from prefill units + decode units' tokens
         self._moves = RequestMoves()  # decoding requests moving between decode units (guarded by _lock)
         self._role_changes: dict[str, Future[str]] = {}  # unit -> its SwitchRole's answer ("": done; guarded by _lock)
+        self.rebalancing = threading.Lock()  # held by `serve.rebalance` while it runs: one at a time
         runtime.listen(self._on_message, self._on_unit_down)
         self.unit_stats()  # so stats() has a first snapshot to give
 
@@ -168,7 +170,8 @@ class Router:
 
         Raises:
             MoveError: the request is not in flight, has no token yet, is moving already, or
-                ``target`` is not another healthy decode unit.
+                ``target`` is not another decode unit.
+            LeverConflict: ``target`` is down or drained (routing would not pick it either).
         """
         asked = request_id  # what errors name it by: its key never leaves the server (`client_request_ids`)
         request_id = self.resolve_request_id(request_id) or request_id  # unknown: "not in flight" below
@@ -184,8 +187,15 @@ class Router:
                 raise MoveError(f"request {asked!r} is on {source} ({self._roles.get(source)}): only requests "
                                 "on decode units move")
             decode = sorted(n for n, r in self._roles.items() if r == "decode" and n != source)
-            if target not in decode or not self.runtime.is_healthy(target):
+            if target == source:
+                raise MoveError(f"{target!r} is not another healthy decode unit: request {request_id!r} decodes "
+                                f"there already (other decode units: {', '.join(decode) or 'none'})")
+            if target not in decode:
                 raise MoveError(f"{target!r} is not another healthy decode unit (decode units: {', '.join(decode)})")
+            routability = self._routability()
+            if not routability.is_routable(target):
+                raise LeverConflict(f"{target!r} is not another healthy decode unit now: {routability.why_not(target)}; "
+                                    f"routable decode units: {', '.join(routability.routable('decode')) or 'none'}")
             move = self._moves.start(request_id, source, target)
         if not self.runtime.send(source, ch.MoveRequest(request_id, target)):
             with self._lock:
@@ -197,15 +207,40 @@ class Router:
         """Take decode unit ``unit`` out of routing and move every request it decodes to the other
         decode units (the least loaded first); requests still waiting for their KV there move once
         they decode. Returns once it holds nothing, or at ``timeout_s``, what moved and what is still
-        there; it stays out of routing until `undrain`.
+        there. A unit that drained stays out of routing until `undrain`; one that did not is routed
+        again (as it was before the call), so a failed drain never leaves requests without a unit.
 
         Raises:
-            MoveError: ``unit`` is not a decode unit, or no other healthy decode unit can take its requests.
+            MoveError: ``unit`` is not a decode unit.
+            LeverConflict: it is the last routable decode unit (the others are down or drained), or
+                the other decode units went away while its requests waited to move.
         """
-        if self._roles.get(unit) != "decode":
-            raise MoveError(f"{unit!r} is not a decode unit")
         with self._lock:
+            if self._roles.get(unit) != "decode":
+                raise MoveError(f"{unit!r} is not a decode unit (decode units: "
+                                f"{', '.join(sorted(n for n, r in self._roles.items() if r == 'decode'))})")
+            refusal = self._routability().role_refusal("decode", leaving=unit)
+            if refusal is not None and unit not in self._moves.draining:
+                raise LeverConflict(f"draining {unit} would leave nothing to decode: {refusal}; undrain or "
+                                    "restart another decode unit first")
+            was_draining = unit in self._moves.draining
             self._moves.draining.add(unit)
+        try:
+            report = self._drain(unit, timeout_s)
+        except BaseException:
+            self._undo_drain(unit, was_draining)
+            raise
+        if not report.drained:
+            self._undo_drain(unit, was_draining)
+        return DrainReport(unit, report.moves, report.remaining, routed=not report.drained and not was_draining)
+
+    def _undo_drain(self, unit: str, was_draining: bool) -> None:
+        with self._lock:
+            if not was_draining and self._roles.get(unit) == "decode":
+                self._moves.draining.discard(unit)
+
+    def _drain(self, unit: str, timeout_s: float) -> DrainReport:
+        """`drain`'s moves, with ``unit`` out of routing already."""
         outcomes: list[MoveOutcome] = []
         pending: list[Future[MoveOutcome]] = []
         deadline = time.monotonic() + timeout_s
@@ -219,7 +254,8 @@ class Router:
             if not held and not pending:
                 break
             if startable and not targets:
-                raise MoveError(f"no other healthy decode unit can take the requests of {unit}")
+                raise LeverConflict(f"no other routable decode unit can take the requests of {unit}: "
+                                    f"{self.routability().role_refusal('decode', leaving=unit)}")
             for rid in startable:
                 target = min(targets, key=lambda n: (load[n], n))
                 load[target] += 1
@@ -258,6 +294,16 @@ class Router:
         """Each unit's role ("prefill", "decode", "mixed"), by name."""
         with self._lock:
             return dict(self._roles)
+
+    def routability(self) -> UnitRoutability:
+        """Which units routing may pick now, and why a role has none (`serve.unit_routability`)."""
+        with self._lock:
+            return self._routability()
+
+    def _routability(self) -> UnitRoutability:
+        """`routability`, under the lock."""
+        return UnitRoutability(dict(self._roles), frozenset(n for n in self._roles if self.runtime.is_healthy(n)),
+                               frozenset(self._moves.draining))
 
     def num_waiting_past(self, age_s: float, since_s: float = 0.0) -> int:
         """Requests in flight received at or after ``since_s`` (``time.monotonic()``) still without a
@@ -344,7 +390,7 @@ class Router:
             else:
                 self._moves.pop(rid)
             if msg.moved and move.target_down:
-                error = f"request moved from {unit} to {move.target}, which then died; retry the request"
+                error = f"request moved from {unit} to {move.target}, which then {move.target_fate}; retry the request"
                 self._in_flight[unit].discard(rid)
             elif msg.moved:
                 self._in_flight[unit].discard(rid)
@@ -455,13 +501,28 @@ class Router:
         """Move the requests waiting on an unreachable unit for their first token (once, as from a
         dead unit) and end the others with a retryable error: their tokens cannot reach their clients
         until the unit is heard again, which may be never. Each gets an abort, sent now, that the unit
-        reads when it is reached again (a cut link's socket holds it), so its pages come back."""
+        reads when it is reached again (a cut link's socket holds it), so its pages come back.
+
+        A move to it is called off now, not at the source's deadline: the source is told to resume the
+        request (`CancelMove`) and says how the move ended. A move from it ends with its request."""
+        why = f"{unit} is unreachable: nothing heard from it for {silent_s:.1f} s (serve.unit_unreachable_s)"
         with self._lock:
             held = list(self._in_flight[unit])
+            cancel = [m for m in self._moves.to(unit) if not m.source_ended]
+            for move in cancel:  # should the source say it let go after all, the request ends: see _on_move_ended
+                move.target_down, move.target_fate = True, "became unreachable"
+                move.held.clear()
+            # the source let go (the request is the target's, ended below) or the source is this unit
+            ended = [m for m in [*self._moves.to(unit), *self._moves.from_(unit)] if m not in cancel]
+            for move in ended:
+                self._moves.pop(move.request_id)
+        for move in cancel:
+            self.runtime.send(move.source, ch.CancelMove(move.request_id, why))
+        for move in ended:
+            move.end(False, why)
         for rid in held:
             if not self._resubmit(rid, leaving=unit):
-                self._end_with_error(rid, unit, f"unit {unit} is unreachable: nothing heard from it for {silent_s:.1f} s "
-                                                "(serve.unit_unreachable_s); retry the request")
+                self._end_with_error(rid, unit, f"unit {why}; retry the request")
             self.runtime.send(unit, ch.Abort(rid))
 
     def _resubmit(self, request_id: str, leaving: str | None = None) -> bool:
@@ -545,7 +606,8 @@ class Router:
         Returns:
             The unit's name.
         Raises:
-            LaunchError: the router is closed, no serving unit is healthy, or the id is in use.
+            LaunchError: the router is closed, or the id is in use.
+            NoRoutableUnitError: no serving unit is routable (each is down or drained): a 503 with Retry-After.
             RefusedRequestError: units died holding an identical request, or requests of ``client`` took
                 units down too often (`poison_requests`).
         """
@@ -595,7 +657,7 @@ class Router:
                 raise RefusedRequestError(barred)
             unit = self._pick_unit(hashes)
             if unit is None:
-                raise LaunchError("no decode unit is healthy; see runtime.failures for what died")
+                raise NoRoutableUnitError(self._routability().no_serving_unit())
             self._in_flight[unit].add(request_id)
             self._sinks[request_id] = sink
             self._fingerprints[request_id] = fp
@@ -620,6 +682,9 @@ class Router:
 
         try:
             self.submit(request_id, prompt_ids, params, sink, client, trace_context, response_id)
+        except NoRoutableUnitError as exc:
+            yield TokenEvent(request_id, [], True, "error", error=str(exc), retry_after_s=exc.retry_after_s)
+            return
         except LaunchError as exc:
             yield TokenEvent(request_id, [], True, "error", error=str(exc))
             return

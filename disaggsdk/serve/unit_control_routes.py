@@ -7,7 +7,11 @@ moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick 
 response's ``id``, or the ``X-Request-Id`` the client sent). ``POST /rebalance`` (``{"prefill": 2,
 "decode": 1}``) changes units' roles live until that many units serve each (`serve.rebalance`).
 Each sits behind the deployment's API key, as ``/reset_prefix_cache`` does; a call that cannot be
-served is an OpenAI error object.
+served is an OpenAI error object: 400 for a call that names what is not there (an unknown unit, a
+request not in flight, counts that do not add up), 409 for one the deployment's state refuses now
+(`LeverConflict`): a drain or rebalance that would leave no routable decode unit, a layout only units
+that are down could reach, a move to a unit that is down or drained, a rebalance while one runs (the
+second is refused rather than queued: its layout was chosen from roles the first is changing).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
-from disaggsdk.serve.request_moves import MoveError
+from disaggsdk.serve.request_moves import LeverConflict, MoveError
 
 if TYPE_CHECKING:
     from disaggsdk.serve.backend import ServingBackend
@@ -30,6 +34,13 @@ if TYPE_CHECKING:
 
 MAX_DRAIN_TIMEOUT_S = 600.0
 MOVE_TIMEOUT_S = 60.0  # one move: the KV of one request over the fabric, far below this
+
+
+def refusal(exc: MoveError, param: str | None) -> BadRequestError:
+    """The OpenAI error a lever's refusal answers: 409 when the deployment's state refuses it, else 400."""
+    if isinstance(exc, LeverConflict):
+        return BadRequestError(str(exc), param=param, status=409)
+    return BadRequestError(str(exc), param=param)
 
 
 def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Callable[[Request], Awaitable[None]],
@@ -62,9 +73,9 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
         try:  # it waits for the moves: off the event loop, which must keep streaming their tokens
             report = await run_in_threadpool(r.drain, unit, float(timeout_s))
         except MoveError as exc:
-            raise BadRequestError(str(exc), param="unit") from None
+            raise refusal(exc, "unit") from None
         return JSONResponse({"unit": unit, "drained": report.drained, "remaining": report.remaining,
-                             "moves": [dataclasses.asdict(o) for o in report.moves]})
+                             "routed": report.routed, "moves": [dataclasses.asdict(o) for o in report.moves]})
 
     @app.post("/units/{unit}/undrain", dependencies=[Depends(check_key)])
     def undrain(unit: str) -> JSONResponse:
@@ -87,7 +98,7 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
         try:  # drains and role changes take seconds: off the event loop, which streams the moved requests
             report = await run_in_threadpool(rebalance, r, prefill, decode)
         except MoveError as exc:
-            raise BadRequestError(str(exc), param="prefill") from None
+            raise refusal(exc, "prefill") from None
         return JSONResponse({"done": report.done, "roles": report.roles,
                              "changes": [dataclasses.asdict(c) for c in report.changes]})
 
@@ -101,7 +112,7 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
         try:
             outcome = r.move(request_id, target)
         except MoveError as exc:
-            raise BadRequestError(str(exc), param="to" if "unit" in str(exc) else None) from None
+            raise refusal(exc, "to" if "unit" in str(exc) else None) from None
         result = await run_in_threadpool(outcome.result, MOVE_TIMEOUT_S)
         # named as the caller named it: the outcome's id is the request's key, which never leaves the server
         named = {"request_id": request_id, "reason": result.reason.replace(result.request_id, request_id)}

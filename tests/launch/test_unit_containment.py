@@ -205,3 +205,34 @@ def test_a_unit_stopped_past_unit_unreachable_s_ends_its_stream_with_a_retryable
     wait_for(all_free, 30, f"{unit} kept the aborted stream's pages")
     events = router.generate_batch([[2, 7, 1, 8]] * 2, PLAIN, timeout_s=60)
     assert all(evs[-1].finish_reason == "length" for evs in events)
+
+
+def test_a_move_to_a_stopped_unit_ends_once_the_router_judges_it_unreachable(deployment):
+    """Issue 55 (8): the move waited for the source's own deadline (transfer.deadline_s, 30 s here) though
+    the router had judged its target unreachable at serve.unit_unreachable_s; the request paused meanwhile."""
+    router, rt = deployment.backend, deployment.backend.runtime
+    wait_for(lambda: rt.is_healthy("decode-0") and rt.is_healthy("decode-1"), 30, "a decode unit is not healthy")
+    streaming, done = [], threading.Event()
+
+    def sink(ev):
+        streaming.append(ev)
+        if ev.finished:
+            done.set()
+
+    source = router.submit("moves", [2, 7, 1, 8], SamplingParams(max_tokens=400, ignore_eos=True), sink)
+    target = "decode-1" if source == "decode-0" else "decode-0"
+    wait_for(lambda: streaming, 30, "the request never streamed")
+    pid = rt.units[target].process.pid
+    os.kill(pid, signal.SIGSTOP)
+    stopped_s = time.monotonic()
+    try:
+        outcome = router.move("moves", target)  # the router does not know yet: it reads the target healthy
+        moved = outcome.result(UNIT_UNREACHABLE_S + 20)
+        ended_after_s = time.monotonic() - stopped_s
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert not moved.moved and f"{target} is unreachable" in moved.reason, moved
+    assert ended_after_s < UNIT_UNREACHABLE_S + 10 < deployment.backend.spec.transfer.deadline_s
+    assert done.wait(60) and streaming[-1].finish_reason == "length" and streaming[-1].instance == source
+    assert sum(len(ev.new_token_ids) for ev in streaming) == 400  # resumed at the source, whole
+    wait_for(lambda: rt.is_healthy(target), 30, f"{target} never came back")

@@ -251,3 +251,27 @@ def test_a_grant_outside_the_targets_pool_is_never_written(pair):
                                                                            [0, NUM_PAGES + 3])])
     a.on_frame(forged)
     assert not wire.writes and "r" in a.engine.running and "outside its pool" in a.ended[0].reason
+
+
+def test_a_move_its_router_calls_off_resumes_at_the_source_once_no_write_is_in_flight(pair):
+    """The router judged the target unreachable (`CancelMove`): the source does not wait for its deadline."""
+    wire, a, b = pair
+    a.engine.start("r", computed=9)
+    a.start("r", "decode-1")  # offered; the target's answer has not come
+    assert a.cancel("r", "decode-1 is unreachable")
+    assert "r" in a.engine.running and [(e.moved, e.reason) for e in a.ended] == [(False, "decode-1 is unreachable")]
+    assert not a.cancel("r", "again") and not a.busy  # nothing of it moves any more
+    deliver(wire, {"decode-0": a, "decode-1": b})  # the target reads the offer, then the cancel: it frees its grant
+    b.poll(time.monotonic() + DRAIN_GRACE_S + 0.01)
+    assert b.engine.allocator.num_free_pages == NUM_PAGES and not b.busy
+    # once its pages are being written, the source resumes it only when every write completed
+    a.engine.start("s", computed=9)
+    a.start("s", "decode-1")
+    deliver(wire, {"decode-0": a, "decode-1": b})
+    assert a.cancel("s", "decode-1 is unreachable")
+    a.poll()
+    assert "s" not in a.engine.running and len(a.ended) == 1
+    for _, _, fut in wire.writes:
+        fut.set_result(None)
+    a.poll()
+    assert "s" in a.engine.running and not a.ended[-1].moved and not a.busy

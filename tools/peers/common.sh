@@ -11,7 +11,8 @@ $PY "$HERE/make_model.py" "$W/m" --layers "${LAYERS:-4}" --hidden "${HIDDEN:-256
   || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
 
-# wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health, then (up to 900 s)
+# wait_up PORT PID: wait (up to 240 s) until the server on PORT answers /health with 200 (it can
+# serve: ours answers 503 while no decode unit is routable, vLLM's while its engine is down), then (up to 900 s)
 # until none of our units still compiles its step in the background (our /health lists them under
 # "compile"; vLLM compiles before it answers), so that what is measured next is the compiled step;
 # fail at once when process PID (the server) is gone.
