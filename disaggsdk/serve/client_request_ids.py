@@ -14,13 +14,14 @@ holding the id is not touched. The id is free again once that request has ended.
 The key reaches no client: the backend is also given the response id (`ServingBackend.generate`),
 by which traces name and find the request (`request_tracing`); a backend's error that names the key
 reaches the client with the response id in its place (`request_run.RequestRun`), and the move
-endpoint answers with the id its caller sent. (The drain endpoint, an operator's behind the API key,
-still lists the requests it moved by their keys.)
+endpoint answers with the id its caller sent; the drain endpoint lists the requests it moved and
+those left by their response ids (`public_request_id`).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from collections.abc import Callable
 
@@ -55,6 +56,17 @@ def internal_request_id(response_id: str) -> str:
     """The key a request has in the backend: the response id (greppable in the units' logs) with a
     fresh uuid after it, so no client can choose, guess or collide with it."""
     return f"{response_id}-{uuid.uuid4().hex}"
+
+
+# a key `internal_request_id` made, with the choice index of an n > 1 run ("...-<k>") where it has one
+_KEY_OF_A_RESPONSE_ID = re.compile(r"((?:cmpl|chatcmpl)-.+)-[0-9a-f]{32}((?:-[0-9]+)?)")
+
+
+def public_request_id(key: str) -> str:
+    """The response id a request's key was made from (`internal_request_id`), with the choice index of
+    an ``n > 1`` run kept; a key the server made as the response id itself is returned as it is."""
+    made = _KEY_OF_A_RESPONSE_ID.fullmatch(key)
+    return made.group(1) + made.group(2) if made else key
 
 
 class ClientRequestIds:

@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from disaggsdk.serve.client_request_ids import public_request_id
 from disaggsdk.serve.error_bodies import BadRequestError
 from disaggsdk.serve.openai_json import decode_body
 from disaggsdk.serve.request_moves import LeverConflict, MoveError
@@ -74,8 +75,13 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
             report = await run_in_threadpool(r.drain, unit, float(timeout_s))
         except MoveError as exc:
             raise refusal(exc, "unit") from None
-        return JSONResponse({"unit": unit, "drained": report.drained, "remaining": report.remaining,
-                             "routed": report.routed, "moves": [dataclasses.asdict(o) for o in report.moves]})
+        # each request by its response id: its key never leaves the server (`client_request_ids`)
+        moves = [dataclasses.asdict(o) | {"request_id": public_request_id(o.request_id),
+                                          "reason": o.reason.replace(o.request_id, public_request_id(o.request_id))}
+                 for o in report.moves]
+        return JSONResponse({"unit": unit, "drained": report.drained,
+                             "remaining": [public_request_id(k) for k in report.remaining],
+                             "routed": report.routed, "moves": moves})
 
     @app.post("/units/{unit}/undrain", dependencies=[Depends(check_key)])
     def undrain(unit: str) -> JSONResponse:

@@ -149,6 +149,33 @@ def test_the_internal_key_is_in_no_trace_move_answer_or_error(served):
     assert key_of(runtime, "cmpl-alice-4") not in refused.text
 
 
+def test_a_drain_lists_the_requests_it_moved_by_their_response_ids():
+    from disaggsdk.serve.client_request_ids import public_request_id
+
+    runtime = AnsweringRuntime({"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"})
+    router = Router(runtime)
+    http = HttpServer(build_app(router, ServerMetrics(router.stats, router.model_name), api_key=KEY)).start()
+    try:
+        keys = [internal_request_id(f"cmpl-carol-{i}") for i in range(3)]
+        for i, key in enumerate(keys):
+            router.submit(key, [5, 6, 7], SamplingParams(max_tokens=HELD), lambda _ev: None,
+                          response_id=f"cmpl-carol-{i}")
+        holder = next(n for n, ids in router._in_flight.items() if keys[0] in ids)
+        drained = httpx.post(f"{http.url}/units/{holder}/drain", json={"timeout_s": 10}, headers=AUTH, timeout=30)
+        assert drained.status_code == 200, drained.text
+        moved = {m["request_id"] for m in drained.json()["moves"]}
+        assert moved and moved <= {f"cmpl-carol-{i}" for i in range(3)}, drained.text
+        assert not any(key in drained.text or key[-32:] in drained.text for key in keys)
+    finally:
+        http.stop()
+        router.close()
+    # the keys the server makes, and the ids a client sees for them
+    assert public_request_id(internal_request_id("cmpl-x-1")) == "cmpl-x-1"
+    assert public_request_id(internal_request_id("chatcmpl-a-b") + "-2") == "chatcmpl-a-b-2"
+    server_made = "cmpl-" + "ab" * 16  # no client id: the response id is the key, nothing to hide
+    assert public_request_id(server_made) == server_made and public_request_id(server_made + "-1") == server_made + "-1"
+
+
 # the class, run again: random probes never read a trace their client does not own
 
 def test_random_probes_read_only_the_trace_whose_whole_id_they_name(served):
