@@ -8,6 +8,7 @@ three messages, each naming the field; the loader prefixes the YAML path.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, Never, NotRequired, TypeAlias, TypedDict, TypeVar
 
@@ -62,6 +63,23 @@ class FieldErrors(ValueError):
         self.owner = owner
         self.problems = problems
         super().__init__("; ".join(f"{owner}.{f}: {m}" for f, m in problems))
+
+
+# How a message quotes a value from a spec: in full when short, else cut (a string of a megabyte, a list
+# an alias expanded, an integer of thousands of digits), so every message stays one short line.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = 60, 40, 60
+MAX_SHOWN_CHARS = 100
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, cut to at most `MAX_SHOWN_CHARS` characters."""
+    try:
+        text = _SHOWN.repr(value)
+    except ValueError:  # an int past Python's 4,300-digit conversion limit
+        return f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
 
 
 def about(doc: str, check: FieldCheck | None = None) -> About:
@@ -137,38 +155,38 @@ class CheckedFields:
 
 def _positive(value: float) -> str | None:
     if value <= 0:
-        return f"must be a positive number, got {value!r}"
+        return f"must be a positive number, got {shown(value)}"
     return None
 
 
 def _positive_or_unset(value: float | None) -> str | None:
     if value is not None and value <= 0:
-        return f"must be a positive number, or unset, got {value!r}"
+        return f"must be a positive number, or unset, got {shown(value)}"
     return None
 
 
 def _fraction(value: float) -> str | None:
     if not 0 < value <= 1:
-        return f"must be a fraction in (0, 1], got {value!r}"
+        return f"must be a fraction in (0, 1], got {shown(value)}"
     return None
 
 
 def _non_negative(value: float) -> str | None:
     if value < 0:
-        return f"must be 0 or more, got {value!r}"
+        return f"must be 0 or more, got {shown(value)}"
     return None
 
 
 def _power_of_two(value: int) -> str | None:
     if value <= 0 or value & (value - 1):
         lower = 1 << max(0, int(value).bit_length() - 1) if value > 0 else 1
-        return f"must be a power of two (e.g. {lower} or {lower * 2}), got {value!r}"
+        return f"must be a power of two (e.g. {lower} or {lower * 2}), got {shown(value)}"
     return None
 
 
 def _port(value: int) -> str | None:
     if not 0 <= value <= 65535:
-        return f"must be a TCP port in 0..65535 (0 picks a free one), got {value!r}"
+        return f"must be a TCP port in 0..65535 (0 picks a free one), got {shown(value)}"
     return None
 
 
@@ -176,7 +194,7 @@ def _served_name(value: str | None) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= 128 or any(c.isspace() for c in value):
-        return f"must be 1 to 128 characters without spaces, got {value!r}"
+        return f"must be 1 to 128 characters without spaces, got {shown(value)}"
     return None
 
 
@@ -184,14 +202,14 @@ def _http_url(value: str | None) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
-        return f"must be an http:// or https:// URL (e.g. http://localhost:4318/v1/traces), got {value!r}"
+        return f"must be an http:// or https:// URL (e.g. http://localhost:4318/v1/traces), got {shown(value)}"
     return None
 
 
 def _device_ids(value: tuple[int, ...]) -> str | None:
     bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 0]
     if bad:
-        return f"must list device ids, integers 0 or more, got {list(value)!r}"
+        return f"must list device ids, integers 0 or more, got {shown(list(value))}"
     return None
 
 
@@ -212,7 +230,7 @@ def in_range(low: int, high: int) -> Check[int]:
 
     def test(value: int) -> str | None:
         if not low <= value <= high:
-            return f"must be in {low}..{high}, got {value!r}"
+            return f"must be in {low}..{high}, got {shown(value)}"
         return None
 
     return Check(f"{low}..{high}", test, {"minimum": low, "maximum": high})
@@ -223,7 +241,7 @@ def choice(options: tuple[str, ...]) -> Check[str]:
 
     def test(value: str) -> str | None:
         if value not in options:
-            return f"{value!r} is not valid; use one of {', '.join(options)}"
+            return f"{shown(value)} is not valid; use one of {', '.join(options)}"
         return None
 
     return Check(f"one of {', '.join(options)}", test, {"enum": list(options)})

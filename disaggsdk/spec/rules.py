@@ -14,6 +14,7 @@ import attrs
 
 from disaggsdk.errors import ModelError, SpecError
 from disaggsdk.models import ModelArch, resolve_model
+from disaggsdk.spec.field_checks import shown
 from disaggsdk.spec.types import Spec
 
 
@@ -146,7 +147,7 @@ def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
 def address_needs_ray(spec: Spec, arch: ModelArch) -> list[str]:
     """A cluster address means nothing to the local backend: the spec meant Ray, or the address is stale."""
     if spec.launch.address and spec.launch.backend != "ray":
-        return [f"$.launch.address: {spec.launch.address!r} is a Ray cluster address; set launch.backend: ray "
+        return [f"$.launch.address: {shown(spec.launch.address)} is a Ray cluster address; set launch.backend: ray "
                 f"or remove it"]
     return []
 
