@@ -13,11 +13,13 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
 from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
+from disaggsdk.cli.path_options import PathOption
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.report.console import make_console
 
@@ -47,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
                         help="web origins whose pages may call the server (CORS); '*' for any")
     add_runtime_options(parser, with_backend=False)  # --backend is among the load options
-    parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
+    parser.add_argument("--log-dir", default=None, action=PathOption, kind="output dir",
+                        help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
                         help="restart a unit that dies up to N times within the restart window (default: 3; 0: never)")
     parser.add_argument("--restart-window-s", type=float, default=None, metavar="S",
@@ -106,7 +109,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
 
     spec = spec_to_launch(args)
     layout = "colocated" if colocated else "disaggregated"
-    console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
+    console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...", markup=False)
     start = time.monotonic()
     options = {"cpu_affinity": "auto"} if pin else {}  # unit i on core i mod cores
     if getattr(args, "log_dir", None):
@@ -127,7 +130,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
                served_model_name=getattr(args, "served_model_name", None),
                allowed_origins=getattr(args, "allowed_origins", ()), **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
-    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
+    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {escape(d.model_name)}  "
                   f"instances: {instances}", soft_wrap=True)
     return d
 
@@ -203,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.bench:
         bench_args.load_shape(args)  # a rate that cannot run (a sweep is bench's) fails before the start-up
+        bench_args.check_result_filename(args)
     console = make_console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
         if args.complete:

@@ -7,6 +7,7 @@ import json
 import sys
 
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.cli.path_options import PathOption, writing
 
 # spec keys `tune` takes from a flag (the others come from the hardware profile)
 FLAGS = {"gpus_per_node": "--gpus-per-node", "memory_utilization": "--memory-utilization",
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="longest request, prompt + output (the spec's engine.max_model_len; default the "
                              "model's context): a pool must hold one")
-    parser.add_argument("--output", default=None, metavar="FILE", help="write the best layout's spec to this YAML file")
+    parser.add_argument("--output", default=None, metavar="FILE", action=PathOption, kind="output file",
+                        help="write the best layout's spec to this YAML file")
     add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--json", action="store_true", help="print the ranking as JSON")
 
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     rows = tune(base, arch, config, slos, workload, args.gpus, args.request_rate)
     best = next((r for r in rows if r["fits"]), None)
     if args.output and best is not None:
-        save_spec(attrs.evolve(best["spec"], name=f"{args.model}-tuned"), args.output)
+        with writing("--output", args.output):
+            save_spec(attrs.evolve(best["spec"], name=f"{args.model}-tuned"), args.output)
     if args.json:
         out = [{k: (spec_to_dict(v) if k == "spec" else v) for k, v in r.items()} for r in rows]
         json.dump({"slos": slos, "qps": args.request_rate, "gpus": args.gpus, "ranking": out}, sys.stdout, indent=2)
