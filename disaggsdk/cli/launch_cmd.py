@@ -69,27 +69,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser)
 
 
+# launch flags that set a `serve` key: flag -> (attribute of args, key)
+SERVE_FLAGS = {"--host": ("host", "host"), "--port": ("port", "port"),
+               "--served-model-name": ("served_model_name", "model_name"),
+               "--otlp-traces-endpoint": ("otlp_traces_endpoint", "otlp_traces_endpoint")}
+
+
 def spec_to_launch(args: argparse.Namespace) -> Spec:
-    """The spec ``args`` name or describe, with the command's overrides (``--backend``, ``--address``,
-    ``--access-log``) applied: what ``--print-spec`` prints and `launch_spec` starts.
+    """The spec ``args`` name or describe with every override of the command applied, so ``--print-spec`` prints
+    what `launch_spec` starts: ``--backend``/``--address`` (launch), ``--host``, ``--port``,
+    ``--served-model-name``, ``--otlp-traces-endpoint``, ``--access-log`` (serve) and ``--tiny`` (the tiny
+    model on the CPU). Each flag is checked as its key is (a port in 0..65535, an http(s) URL).
 
     Raises:
         DisaggError: a bad spec or flag (the message names it).
     """
     import attrs
 
-    spec = with_runtime_options(spec_of_args(args), args)
-    if getattr(args, "access_log", False):  # bench shares launch_spec and has no such flag
-        spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, access_log=True))
-    if getattr(args, "otlp_traces_endpoint", None):  # checked as the spec key is: an http(s) URL
-        from disaggsdk.errors import SpecError
-        from disaggsdk.spec.field_checks import FieldErrors
+    from disaggsdk.errors import SpecError
+    from disaggsdk.spec.field_checks import FieldErrors
 
-        try:
-            serve = attrs.evolve(spec.serve, otlp_traces_endpoint=args.otlp_traces_endpoint)
-        except FieldErrors as exc:
-            raise SpecError([f"--otlp-traces-endpoint: {message}" for _, message in exc.problems]) from None
-        spec = attrs.evolve(spec, serve=serve)
+    spec = with_runtime_options(spec_of_args(args), args)
+    given = {flag: (key, getattr(args, attr)) for flag, (attr, key) in SERVE_FLAGS.items()
+             if getattr(args, attr, None) not in (None, "")}  # bench shares launch_spec and has none of them
+    overrides = {key: value for key, value in given.values()}
+    if getattr(args, "access_log", False):
+        overrides["access_log"] = True
+    try:
+        spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, **overrides))
+    except FieldErrors as exc:
+        flags = {key: flag for flag, (key, _value) in given.items()}
+        raise SpecError([f"{flags.get(key, key)}: {message}" for key, message in exc.problems]) from None
+    if getattr(args, "tiny", False):
+        from disaggsdk.launch.tiny import tiny_spec
+
+        spec = tiny_spec(spec)
     return spec
 
 
@@ -125,9 +139,8 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     def progress(line: str) -> None:  # each unit's loading / compiling / ready, where the ready line goes
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None), on_progress=progress,
-               port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
-               served_model_name=getattr(args, "served_model_name", None),
+    # host, port and model name are in the spec (spec_to_launch); ``port`` (bench's 0) overrides it
+    d = launch(spec, tiny=args.tiny, colocated=colocated, on_progress=progress, port=port, api_key=args.api_key,
                allowed_origins=getattr(args, "allowed_origins", ()), **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
     console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {escape(d.model_name)}  "
