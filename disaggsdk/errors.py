@@ -21,3 +21,9 @@ class SpecError(DisaggError):
 
 class ModelError(DisaggError):
     """A model name or checkpoint directory cannot be used (unknown name, bad config.json, missing weights)."""
+
+
+def printable(text: str) -> str:
+    """``text`` as it is when every character of it prints, else its Python repr: a file name or value
+    a user gave can go into a message and leave it one line (a newline in a path would start another)."""
+    return text if text.isprintable() else repr(text)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disaggsdk.bench.goodput_sweep import DEFAULT_SEARCH_STEPS, DEFAULT_TARGET
+from disaggsdk.cli.path_options import PathOption, check_path
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS
 
@@ -69,6 +70,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         "(bench/trace_dataset.py) (default: custom for a .jsonl path, sharegpt for another "
                         "path, else random)")
     g.add_argument("--dataset-path", "--dataset", dest="dataset_path", default=None, metavar="FILE",
+                   action=PathOption, kind="input file",
                    help="ShareGPT-format JSON, or a JSON-lines trace (--dataset-name custom)")
     g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=256,
                    action=_StoreGiven, help=f"prompt tokens of the random dataset (multi-turn: each user "
@@ -112,10 +114,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                    help="percentiles to report, e.g. 99,99.9")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    o.add_argument("--output", default=None, metavar="FILE", help="write the results as JSON to FILE")
+    o.add_argument("--output", default=None, metavar="FILE", action=PathOption, kind="output file",
+                   help="write the results as JSON to FILE")
     o.add_argument("--save-result", action="store_true",
                    help="write the results as JSON to --result-dir/--result-filename (vLLM's naming)")
-    o.add_argument("--result-dir", default=None, metavar="DIR",
+    o.add_argument("--result-dir", default=None, metavar="DIR", action=PathOption, kind="output dir",
                    help="folder for --save-result (default: the current one; implies --save-result)")
     o.add_argument("--result-filename", default=None, metavar="NAME",
                    help="file name for --save-result (default: vLLM's BACKEND-RATEqps-MODEL-DATE.json; "
@@ -260,18 +263,29 @@ def percentile_metrics(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def result_paths(args: argparse.Namespace, result: dict[str, Any]) -> list[Path]:
-    """Where to write ``result``: ``--output``, and vLLM's ``--result-dir/--result-filename`` when saving.
+def result_paths(args: argparse.Namespace, result: dict[str, Any]) -> list[tuple[str, Path]]:
+    """Where to write ``result``, each with the option that named it: ``--output``, and vLLM's
+    ``--result-dir/--result-filename`` when saving.
 
     Args:
         result: the (first) run's result, whose backend, rate and model name vLLM's file name.
     """
     from disaggsdk.bench.serve_result import result_filename
 
-    paths = [Path(args.output)] if args.output else []
+    paths = [("--output", Path(args.output))] if args.output else []
     if args.save_result or args.result_dir or args.result_filename:
         name = args.result_filename or result_filename(
             result["backend"], float(result["request_rate"]), args.max_concurrency, result["model_id"],
             result.get("date") or datetime.now().strftime("%Y%m%d-%H%M%S"))
-        paths.append(Path(args.result_dir or ".") / name)
+        paths.append(("--result-dir" if args.result_dir else "--save-result", Path(args.result_dir or ".") / name))
     return paths
+
+
+def check_result_filename(args: argparse.Namespace) -> None:
+    """Check ``--result-filename`` in ``--result-dir`` before a run (the other paths are checked as `PathOption` arguments).
+
+    Raises:
+        PathOptionError: the file cannot be written.
+    """
+    if args.result_filename:
+        check_path("--result-filename", str(Path(args.result_dir or ".") / args.result_filename), "output file")

@@ -25,6 +25,7 @@ from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, goodput_line
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
+from disaggsdk.cli.path_options import writing
 from disaggsdk.cli.runtime_options import add_runtime_options
 from disaggsdk.report.console import make_console
 
@@ -200,9 +201,10 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
 
     doc: Any = results[0][1] if len(results) == 1 else {name: r for name, r in results}
     paths = bench_args.result_paths(args, results[0][1])
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+    for option, path in paths:
+        with writing(option, path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=2) + "\n")
     if args.json:
         make_console(stderr=True).print(summary_table(results))
         json.dump(doc, sys.stdout)
@@ -223,7 +225,7 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
                 served = f"; the server's cache served {cached:.0%} of the prompt tokens" if cached is not None else ""
                 console.print(f"{name}: {mt['conversations']} conversations; earlier prompts held "
                               f"{mt['prefix_reuse_ratio']:.0%} of the prompt {mt['prefix_reuse_unit']}{served}")
-        for path in paths:
+        for _option, path in paths:
             console.print(f"results written to {path}")
     if len(results) == 2:
         (name_a, a), (name_b, b) = results
@@ -270,6 +272,7 @@ def _check_options(args: argparse.Namespace, targets: list[str]) -> None:
                              f"--percentile-metrics")
     bench_args.percentiles(args)
     bench_args.percentile_metrics(args)
+    bench_args.check_result_filename(args)
     if any(_is_url(t) for t in targets) and (args.tiny or args.colocated or args.compare) \
             and all(_is_url(t) for t in targets):
         raise BenchArgsError("--tiny, --colocated and --compare apply to a SPEC, not to a URL")
@@ -321,8 +324,9 @@ def _report_sweeps(args: argparse.Namespace, console: Console, docs: list[tuple[
         (name_a, a), (name_b, b) = docs
         out.print(f"goodput {name_a} / {name_b}: {a['goodput_request_rate'] / b['goodput_request_rate']:.2f}")
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+        with writing("--output", args.output):
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
         out.print(f"results written to {args.output}")
     if args.json:
         json.dump(doc, sys.stdout)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.cli.path_options import PathOption, writing
 
 HELP = "Time the local engine on a grid of batches and lengths and fit a hardware profile (cpu-local)."
 
@@ -14,7 +15,7 @@ HELP = "Time the local engine on a grid of batches and lengths and fit a hardwar
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen3-coder-tiny", help="tiny catalog model or checkpoint directory")
     parser.add_argument("--name", default="cpu-local", help="profile name")
-    parser.add_argument("--output", default=None, metavar="FILE",
+    parser.add_argument("--output", default=None, metavar="FILE", action=PathOption, kind="output file",
                         help="profile path (default: the user profile folder, found by name)")
     add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--deployment", metavar="SPEC",
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise SpecError(f"--rounds: expected a count of at least 1, got {args.rounds}")
     arch = resolve_model(args.model)
-    if args.deployment:
+    if args.deployment is not None:  # "" too: a path the user gave, not "no deployment"
         from disaggsdk.face.deployment import launch  # the serve extra: only a deployment needs it
         from disaggsdk.spec import load_spec
 
@@ -49,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
                                                            rounds=args.rounds)
     else:
         profile, rms, samples, serving = calibrate_machine(args.model, name=args.name, rounds=args.rounds)
-    path = save_profile(profile, Path(args.output) if args.output else user_profile_dir() / f"{args.name}.yaml")
+    path = Path(args.output) if args.output else user_profile_dir() / f"{args.name}.yaml"
+    with writing("--output" if args.output else "--name", path):
+        save_profile(profile, path)
     cost = StepCostModel(arch, profile, weight_dtype="float32", kv_dtype="float32")
     rows = [dict(attrs.asdict(s), predicted_s=cost.step_time_s(s.num_tokens, s.num_sequences, s.context_pairs,
                                                                  s.kv_read_tokens)) for s in samples]

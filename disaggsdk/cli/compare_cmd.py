@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from disaggsdk.bench.goodput_sweep import DEFAULT_TARGET
+from disaggsdk.cli.path_options import PathOption, writing
 
 HELP = ("Should I disaggregate? Goodput of colocated, P:D and conditional layouts on a trace under SLOs: measured "
         "here, simulated at each SPEC's scale; a recommendation and plots.")
@@ -46,8 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the CPU spec measured here instead of the first SPEC's tiny twin")
     parser.add_argument("--recalibrate", action="store_true",
                         help="time this machine again (cpu-local) before comparing")
-    parser.add_argument("--plot", default=None, metavar="FILE", help="save the plots: .png, .svg or .html")
-    parser.add_argument("--output", default=None, metavar="FILE", help="write the result as JSON")
+    parser.add_argument("--plot", default=None, metavar="FILE", action=PathOption, kind="output file",
+                        help="save the plots: .png, .svg or .html")
+    parser.add_argument("--output", default=None, metavar="FILE", action=PathOption, kind="output file",
+                        help="write the result as JSON")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_prompts < 1 or args.local_prefill_tokens < 1:
         raise SweepError("--num-prompts and --local-prefill-tokens must be >= 1")
     targets = [load_spec(path) for path in args.specs]  # a bad spec fails before minutes of measuring
-    machine = load_spec(args.machine_spec) if args.machine_spec else None
+    machine = load_spec(args.machine_spec) if args.machine_spec is not None else None
     console = make_console(stderr=args.json)
     result = compare(args.trace, slos, targets, machine=machine, goodput_target=args.goodput_target,
                      search_steps=args.search_steps, rounds=args.repeat, num_prompts=args.num_prompts, seed=args.seed,
@@ -94,10 +97,12 @@ def run(args: argparse.Namespace) -> int:
     for line in result.recommendation:
         console.print(f"[bold]recommended[/] {line}", soft_wrap=True)
     if args.plot:
-        console.print(f"plots written to {result.save_plot(args.plot)}")
+        with writing("--plot", args.plot):
+            console.print(f"plots written to {result.save_plot(args.plot)}")
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result.result, indent=2) + "\n")
+        with writing("--output", args.output):
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(json.dumps(result.result, indent=2) + "\n")
         console.print(f"results written to {args.output}")
     if args.json:
         json.dump(result.result, sys.stdout)

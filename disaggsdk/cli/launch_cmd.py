@@ -13,11 +13,13 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import add_load_arguments
 from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
 from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
+from disaggsdk.cli.path_options import PathOption
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.report.console import make_console
 
@@ -47,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
                         help="web origins whose pages may call the server (CORS); '*' for any")
     add_runtime_options(parser, with_backend=False)  # --backend is among the load options
-    parser.add_argument("--log-dir", default=None, help="where rank processes write their logs")
+    parser.add_argument("--log-dir", default=None, action=PathOption, kind="output dir",
+                        help="where rank processes write their logs")
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
                         help="restart a unit that dies up to N times within the restart window (default: 3; 0: never)")
     parser.add_argument("--restart-window-s", type=float, default=None, metavar="S",
@@ -66,27 +69,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser)
 
 
+# launch flags that set a `serve` key: flag -> (attribute of args, key)
+SERVE_FLAGS = {"--host": ("host", "host"), "--port": ("port", "port"),
+               "--served-model-name": ("served_model_name", "model_name"),
+               "--otlp-traces-endpoint": ("otlp_traces_endpoint", "otlp_traces_endpoint")}
+
+
 def spec_to_launch(args: argparse.Namespace) -> Spec:
-    """The spec ``args`` name or describe, with the command's overrides (``--backend``, ``--address``,
-    ``--access-log``) applied: what ``--print-spec`` prints and `launch_spec` starts.
+    """The spec ``args`` name or describe with every override of the command applied, so ``--print-spec`` prints
+    what `launch_spec` starts: ``--backend``/``--address`` (launch), ``--host``, ``--port``,
+    ``--served-model-name``, ``--otlp-traces-endpoint``, ``--access-log`` (serve) and ``--tiny`` (the tiny
+    model on the CPU). Each flag is checked as its key is (a port in 0..65535, an http(s) URL).
 
     Raises:
         DisaggError: a bad spec or flag (the message names it).
     """
     import attrs
 
-    spec = with_runtime_options(spec_of_args(args), args)
-    if getattr(args, "access_log", False):  # bench shares launch_spec and has no such flag
-        spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, access_log=True))
-    if getattr(args, "otlp_traces_endpoint", None):  # checked as the spec key is: an http(s) URL
-        from disaggsdk.errors import SpecError
-        from disaggsdk.spec.field_checks import FieldErrors
+    from disaggsdk.errors import SpecError
+    from disaggsdk.spec.field_checks import FieldErrors
 
-        try:
-            serve = attrs.evolve(spec.serve, otlp_traces_endpoint=args.otlp_traces_endpoint)
-        except FieldErrors as exc:
-            raise SpecError([f"--otlp-traces-endpoint: {message}" for _, message in exc.problems]) from None
-        spec = attrs.evolve(spec, serve=serve)
+    spec = with_runtime_options(spec_of_args(args), args)
+    given = {flag: (key, getattr(args, attr)) for flag, (attr, key) in SERVE_FLAGS.items()
+             if getattr(args, attr, None) not in (None, "")}  # bench shares launch_spec and has none of them
+    overrides = {key: value for key, value in given.values()}
+    if getattr(args, "access_log", False):
+        overrides["access_log"] = True
+    try:
+        spec = attrs.evolve(spec, serve=attrs.evolve(spec.serve, **overrides))
+    except FieldErrors as exc:
+        flags = {key: flag for flag, (key, _value) in given.items()}
+        raise SpecError([f"{flags.get(key, key)}: {message}" for key, message in exc.problems]) from None
+    if getattr(args, "tiny", False):
+        from disaggsdk.launch.tiny import tiny_spec
+
+        spec = tiny_spec(spec)
     return spec
 
 
@@ -106,7 +123,7 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
 
     spec = spec_to_launch(args)
     layout = "colocated" if colocated else "disaggregated"
-    console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...")
+    console.print(f"starting {spec.label} ({layout}{', tiny model' if args.tiny else ''}) ...", markup=False)
     start = time.monotonic()
     options = {"cpu_affinity": "auto"} if pin else {}  # unit i on core i mod cores
     if getattr(args, "log_dir", None):
@@ -122,12 +139,11 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
     def progress(line: str) -> None:  # each unit's loading / compiling / ready, where the ready line goes
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    d = launch(spec, tiny=args.tiny, colocated=colocated, host=getattr(args, "host", None), on_progress=progress,
-               port=port if port is not None else getattr(args, "port", None), api_key=args.api_key,
-               served_model_name=getattr(args, "served_model_name", None),
+    # host, port and model name are in the spec (spec_to_launch); ``port`` (bench's 0) overrides it
+    d = launch(spec, tiny=args.tiny, colocated=colocated, on_progress=progress, port=port, api_key=args.api_key,
                allowed_origins=getattr(args, "allowed_origins", ()), **options)
     instances = ", ".join(f"{s.name} ({s.role})" for s in d.backend.stats())
-    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {d.model_name}  "
+    console.print(f"[green]ready[/] in {time.monotonic() - start:.1f} s: {d.url}/v1  model {escape(d.model_name)}  "
                   f"instances: {instances}", soft_wrap=True)
     return d
 
@@ -203,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.bench:
         bench_args.load_shape(args)  # a rate that cannot run (a sweep is bench's) fails before the start-up
+        bench_args.check_result_filename(args)
     console = make_console(stderr=args.json)
     with launch_spec(args, console, colocated=args.colocated) as d:
         if args.complete:

@@ -3,7 +3,9 @@
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Command modules import heavy parts (torch, the native library) inside ``run`` so that ``--help``
 and spec commands stay fast. Every `DisaggError` becomes a message on stderr and exit code 2; the
-exit codes are listed in every ``--help`` (`cli.options.EXIT_CODES_EPILOG`).
+exit codes are listed in every ``--help`` (`cli.options.EXIT_CODES_EPILOG`). Path options
+(`cli.path_options.PathOption`) are checked before a command runs, so a path it cannot read or
+write is one line too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from disaggsdk.cli.options import (
     EXIT_CODES_EPILOG,
@@ -24,6 +27,7 @@ from disaggsdk.cli.options import (
     package_version,
     set_log_level,
 )
+from disaggsdk.cli.path_options import check_path_options, path_options
 from disaggsdk.cli.required_extras import command_extras, extra_for_missing_module, install_hint, missing_extras
 from disaggsdk.errors import DisaggError
 
@@ -70,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=HelpFormatter)
         module.add_arguments(cmd)
         add_global_options(cmd, top_level=False)
-        cmd.set_defaults(run=module.run)
+        cmd.set_defaults(run=module.run, path_options=path_options(cmd))
     return parser
 
 
@@ -115,6 +119,7 @@ def _main(argv: list[str] | None) -> int:
         # every command may own processes (bench SPEC, simulate --validate, calibrate --deployment):
         # SIGTERM unwinds like Ctrl-C, so their `with` blocks stop units and remove shared memory
         with sigterm_unwinds():
+            check_path_options(args.path_options, args)  # one line, before the command does any work
             return int(args.run(args) or 0)
     except ModuleNotFoundError as exc:
         # an import the table above did not foresee (a lazy ray or cuda-python import): the same line
@@ -125,8 +130,8 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_USER_ERROR
     except DisaggError as exc:
         err = Console(stderr=True, highlight=False)
-        for line in str(exc).splitlines():
-            err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True)
+        for line in str(exc).splitlines():  # the text is the user's (a path, a key): not rich markup
+            err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -36,7 +36,8 @@ def add_one_line_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, _role, _key, text in ROLE_FLAGS:
         group.add_argument(flag, dest=_dest(flag), type=int, default=None, metavar="N", help=text)
     group.add_argument("--print-spec", action="store_true",
-                       help="print the spec (YAML) the flags, or SPEC, describe and exit")
+                       help="print the spec (YAML) the flags, or SPEC, describe, with every other flag that sets a key "
+                            "(--port, --host, --served-model-name, --tiny, ...) applied, and exit")
 
 
 def _dest(flag: str) -> str:

@@ -31,8 +31,9 @@ EXIT_CODES_EPILOG = f"""exit codes:
   {EXIT_CHECK_FAILED}    the command ran but its check failed (simulate --validate outside tolerance,
        tune: no layout meets the SLOs, drain: requests still on the unit, move: it did not move,
        rebalance: a unit could not change role)
-  {EXIT_USER_ERROR}    bad input: arguments, a spec that does not validate, an unreachable server,
-       a deployment that cannot start (a message, no traceback)
+  {EXIT_USER_ERROR}    bad input: arguments, a path that cannot be read or written, a spec that does
+       not validate, an unreachable server, a deployment that cannot start (one message, no
+       traceback)
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
   {EXIT_TERMINATED}  terminated (SIGTERM); processes and shared memory are cleaned up first"""
 

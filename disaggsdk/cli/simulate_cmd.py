@@ -7,6 +7,7 @@ import json
 import sys
 
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.cli.path_options import PathOption
 
 HELP = "Simulate a spec under a workload on a hardware profile (disaggregated and/or colocated)."
 
@@ -21,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=256, help="mean output tokens")
     parser.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1±r)")
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 is Poisson")
-    parser.add_argument("--trace", help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --request-rate)")
+    parser.add_argument("--trace", action=PathOption, kind="input file",
+                        help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --request-rate)")
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
     parser.add_argument("--weight-dtype",
                         help="fp8 or bfloat16 (default: fp8 for a block-FP8 checkpoint such as deepseek-r1, else bfloat16)")

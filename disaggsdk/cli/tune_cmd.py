@@ -7,7 +7,11 @@ import json
 import sys
 
 from disaggsdk.cli.options import add_hidden_alias
+from disaggsdk.cli.path_options import PathOption, writing
 
+# spec keys `tune` takes from a flag (the others come from the hardware profile)
+FLAGS = {"gpus_per_node": "--gpus-per-node", "memory_utilization": "--memory-utilization",
+         "max_model_len": "--max-model-len"}
 HELP = "Search prefill:decode ratios and TP/DP shapes by simulated goodput per GPU; emit the best as a spec."
 
 
@@ -34,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="longest request, prompt + output (the spec's engine.max_model_len; default the "
                              "model's context): a pool must hold one")
-    parser.add_argument("--output", default=None, metavar="FILE", help="write the best layout's spec to this YAML file")
+    parser.add_argument("--output", default=None, metavar="FILE", action=PathOption, kind="output file",
+                        help="write the best layout's spec to this YAML file")
     add_hidden_alias(parser, "--out", dest="output")
     parser.add_argument("--json", action="store_true", help="print the ranking as JSON")
 
@@ -50,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from disaggsdk.sim.tune import candidate_units, parse_slos, tune
     from disaggsdk.sim.workload import Workload
     from disaggsdk.spec import EngineSettings, Hardware, Role, Spec, save_spec, spec_to_dict
+    from disaggsdk.spec.field_checks import FieldErrors
+    from disaggsdk.spec.topology import MAX_RANKS
 
     if args.model and args.model_option and args.model != args.model_option:
         raise SpecError(f"two models: {args.model} and --model {args.model_option}; give one")
@@ -60,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("give the target rate: --request-rate Q (requests per second)")
     if args.gpus < 1 or args.request_rate <= 0:
         raise SpecError("--gpus must be >= 1 and --request-rate > 0")
+    if args.gpus > MAX_RANKS:
+        raise SpecError(f"--gpus {args.gpus:,}: a deployment has at most {MAX_RANKS:,} GPUs (the spec's bound, so a "
+                        "plan takes seconds)")
     slos = parse_slos(args.slo)
     arch = resolve_model(args.model)
     profile = load_profile(args.profile)
@@ -67,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
     weight_dtype = args.weight_dtype or default_weight_dtype(args.model)
     # the deployment's 16-bit tensors in bfloat16 (FP8 ones as stored), as the memory plan counts them
     utilization = args.memory_utilization or EngineSettings().memory_utilization
-    engine = EngineSettings(dtype="float32" if weight_dtype == "float32" else "bfloat16", memory_utilization=utilization,
-                            max_model_len=args.max_model_len)
-    base = Spec(model=args.model, hardware=Hardware(gpu=gpu_kind, gpus_per_node=args.gpus_per_node,
-                                                    nics_per_node=profile.nics_per_node, nic_gbps=profile.nic_gbps),
-                engine=engine)
+    try:  # the flags are spec keys: their checks' messages, naming the flag
+        engine = EngineSettings(dtype="float32" if weight_dtype == "float32" else "bfloat16",
+                                memory_utilization=utilization, max_model_len=args.max_model_len)
+        base = Spec(model=args.model, hardware=Hardware(gpu=gpu_kind, gpus_per_node=args.gpus_per_node,
+                                                        nics_per_node=profile.nics_per_node, nic_gbps=profile.nic_gbps),
+                    engine=engine)
+    except FieldErrors as exc:
+        raise SpecError([f"{FLAGS.get(name, '--profile ' + profile.name)} ({name}): {message}"
+                         for name, message in exc.problems]) from None
     config = SimConfig(profile, weight_dtype=weight_dtype)
     if not candidate_units(base, arch):  # say why rather than "no layout meets the SLOs"
         widest = Role(tp=args.gpus_per_node)
@@ -83,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     rows = tune(base, arch, config, slos, workload, args.gpus, args.request_rate)
     best = next((r for r in rows if r["fits"]), None)
     if args.output and best is not None:
-        save_spec(attrs.evolve(best["spec"], name=f"{args.model}-tuned"), args.output)
+        with writing("--output", args.output):
+            save_spec(attrs.evolve(best["spec"], name=f"{args.model}-tuned"), args.output)
     if args.json:
         out = [{k: (spec_to_dict(v) if k == "spec" else v) for k, v in r.items()} for r in rows]
         json.dump({"slos": slos, "qps": args.request_rate, "gpus": args.gpus, "ranking": out}, sys.stdout, indent=2)

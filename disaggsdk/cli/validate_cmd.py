@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from disaggsdk.errors import SpecError
+from rich.markup import escape
+
+from disaggsdk.errors import SpecError, printable
 from disaggsdk.report.console import make_console
 
 HELP = ("Check deployment spec files, their ranks' memory included; print every problem with its YAML path and "
@@ -28,13 +30,13 @@ def run(args: argparse.Namespace) -> int:
             check_memory(spec)  # weights, workspace and KV against each rank's device (docs/memory.md)
         except SpecError as exc:
             failed = True
-            err.print(f"[bold red]{path}: {len(exc.problems)} problem(s)[/]")
+            err.print(f"[bold red]{escape(printable(path))}: {len(exc.problems)} problem(s)[/]", soft_wrap=True)
             for problem in exc.problems:
-                err.print(f"  [red]error:[/] {problem}", soft_wrap=True)
+                err.print(f"  [red]error:[/] {escape(problem)}", soft_wrap=True)
             continue
         p, d = spec.prefill, spec.decode
         out.print(
-            f"[green]{path}: valid[/] — {spec.label}: model {spec.model} on {spec.device}, "
+            f"[green]{escape(printable(path))}: valid[/] — {escape(spec.label)}: model {escape(spec.model)} on {spec.device}, "
             f"{p.replicas} prefill x (tp={p.tp}, dp={p.dp}), {d.replicas} decode x (tp={d.tp}, dp={d.dp}), "
             f"KV {spec.kv.layout} pages of {spec.kv.page_size} tokens ({spec.kv.dtype})",
             soft_wrap=True,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from disaggsdk.errors import DisaggError
+from disaggsdk.errors import DisaggError, printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -53,8 +53,12 @@ def trace_path(trace: str | Path) -> Path:
     if str(trace) in SHIPPED_TRACES:
         return Path(str(resources.files("disaggsdk.bench") / "traces" / SHIPPED_TRACES[str(trace)]))
     path = Path(trace)
-    if not path.is_file():
-        raise DisaggError(f"trace {trace}: no such file, and not a shipped trace ({', '.join(SHIPPED_TRACES)}); "
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name too long to be a path
+        is_file = False
+    if not is_file:
+        raise DisaggError(f"trace {printable(str(trace))}: no such file, and not a shipped trace ({', '.join(SHIPPED_TRACES)}); "
                           f"give a JSON-lines file of {{\"input_len\" or \"prompt\", \"output_len\"}} lines, or a "
                           f"ShareGPT JSON file")
     return path

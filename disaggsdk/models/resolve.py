@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 
-from disaggsdk.errors import ModelError
+from disaggsdk.errors import ModelError, printable
 from disaggsdk.models.arch import ModelArch, arch_from_hf_config
 from disaggsdk.models.catalog import CATALOG, catalog_config, catalog_names
 
@@ -20,18 +21,21 @@ def read_hf_config(directory: str | Path) -> dict:
     """Read ``config.json`` of a local Hugging Face checkpoint directory.
 
     Raises:
-        ModelError: the directory or its config.json is missing or not valid JSON.
+        ModelError: the directory or its config.json is missing, unreadable or not valid JSON.
     """
     path = Path(directory).expanduser()
-    if not path.is_dir():
-        raise ModelError(f"model directory {str(path)!r} does not exist")
     config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ModelError(f"{config_path} is missing: a Hugging Face checkpoint needs config.json")
     try:
+        if not path.is_dir():
+            raise ModelError(f"model directory {str(path)!r} does not exist")
+        if not config_path.is_file():
+            raise ModelError(f"{printable(str(config_path))} is missing: a Hugging Face checkpoint needs config.json")
         return json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:  # a name too long, a folder it may not enter, a binary file
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ModelError(f"model directory {str(path)!r}: cannot read its config.json ({why})") from None
     except json.JSONDecodeError as exc:
-        raise ModelError(f"{config_path} is not valid JSON: {exc}") from None
+        raise ModelError(f"{printable(str(config_path))} is not valid JSON: {exc}") from None
 
 
 def resolve_model(model: str) -> ModelArch:
@@ -43,7 +47,7 @@ def resolve_model(model: str) -> ModelArch:
     """
     if model in CATALOG:
         return arch_from_hf_config(catalog_config(model), name=model)
-    if looks_like_path(model) or Path(model).expanduser().is_dir():
+    if looks_like_path(model) or os.path.isdir(os.path.expanduser(model)):  # False for a name too long to be a path
         return arch_from_hf_config(read_hf_config(model), name=model)
     close = difflib.get_close_matches(model, catalog_names(), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from disaggsdk.errors import SpecError
 from disaggsdk.models import ModelArch, dtype_bytes, resolve_model
 from disaggsdk.plan.memory import InstanceMemory, kv_layers, memory_problems, spec_memory
 from disaggsdk.plan.pages import PageShape, page_shape
@@ -16,6 +17,7 @@ from disaggsdk.plan.placement import Instance, place_instances
 from disaggsdk.plan.routes import CONTEXT_DST_TP_RANK, CONTEXT_SRC_TP_RANK, Route, make_route
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
 from disaggsdk.spec.field_checks import JsonValue
+from disaggsdk.spec.rules import size_problems
 from disaggsdk.spec.types import Spec
 
 if TYPE_CHECKING:
@@ -174,10 +176,13 @@ def make_plan(spec: Spec, arch: ModelArch | None = None) -> Plan:
         The plan.
 
     Raises:
-        SpecError: tp incompatible with the model's KV heads, or an instance that does not fit
-            the node shape.
+        SpecError: more ranks or instance pairs than a plan takes (`spec.rules.size_problems`), tp
+            incompatible with the model's KV heads, or an instance that does not fit the node shape.
         ModelError: ``spec.model`` cannot be resolved.
     """
+    too_large = size_problems(spec)  # a spec built in Python skips the rules: 10^23 replicas never end
+    if too_large:
+        raise SpecError(too_large)
     if arch is None:
         arch = resolve_model(spec.model)
     instances = place_instances(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from disaggsdk.errors import SpecError
+from disaggsdk.errors import SpecError, printable
 
 
 def read_acceptance(text: str) -> tuple[float, str]:
@@ -35,8 +35,10 @@ def read_acceptance(text: str) -> tuple[float, str]:
 def _from_file(path: Path) -> tuple[float, str]:
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"--mtp-acceptance {path}: neither a number nor a readable JSON file ({exc})") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        why = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
+        raise SpecError(f"--mtp-acceptance {printable(str(path))}: neither a number nor a readable JSON file "
+                        f"({why})") from None
     firsts = []
     if isinstance(doc, dict) and isinstance(doc.get("speculative"), dict):  # disaggsdk bench --output
         firsts = doc["speculative"].get("per_position_acceptance", [])[:1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 import yaml
 
-from disaggsdk.errors import SpecError
+from disaggsdk.errors import SpecError, printable
 
 
 @attrs.frozen
@@ -117,9 +117,10 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     """
     path = Path(name_or_path)
     text_source: Path | Traversable  # a file, or a profile shipped in the package
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # os.path's tests, not Path's: they answer False for a name too long to be a path (Python 3.11's raise)
+    if path.suffix in (".yaml", ".yml") or os.path.exists(path):
         text_source = path
-    elif _user_profile_path(str(name_or_path)).is_file():
+    elif os.path.isfile(_user_profile_path(str(name_or_path))):
         text_source = _user_profile_path(str(name_or_path))
     else:
         hint = " (run `disaggsdk calibrate` to measure this machine)" if str(name_or_path) == "cpu-local" else ""
@@ -129,8 +130,9 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         text_source = resources.files("disaggsdk.sim") / "profiles" / f"{name_or_path}.yaml"
     try:
         data = yaml.safe_load(text_source.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{name_or_path}: cannot read hardware profile: {exc}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())  # one line
+        raise SpecError(f"{printable(str(name_or_path))}: cannot read hardware profile: {why}") from None
     known = {f.name for f in attrs.fields(HardwareProfile)}
     unknown = set(data or {}) - known
     if unknown:

@@ -20,6 +20,7 @@ from disaggsdk.plan.memory import spec_memory_problems
 from disaggsdk.sim.simulator import SimConfig, Simulation
 from disaggsdk.sim.workload import Workload
 from disaggsdk.spec import Role, Spec, spec_problems
+from disaggsdk.spec.topology import MAX_INSTANCE_PAIRS, MAX_RANKS
 
 SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2el)_(p\d+(?:\.\d+)?|mean|median)_ms$")
 RATIOS = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 1))
@@ -129,6 +130,13 @@ def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, flo
     return lo
 
 
+def _plannable(cand: Candidate, units: int) -> bool:
+    """Whether ``units`` copies of ``cand`` stay within the spec's size bounds (ranks, instance pairs)."""
+    p, d = cand.prefill, cand.decode
+    ranks = units * (p.replicas * p.ranks_per_instance + d.replicas * d.ranks_per_instance)
+    return ranks <= MAX_RANKS and units * p.replicas * units * d.replicas <= MAX_INSTANCE_PAIRS
+
+
 def tune(base: Spec, arch: ModelArch, config: SimConfig, slos: dict[str, float], workload: Workload,
          gpus: int, target_qps: float, candidates: list[Candidate] | None = None) -> list[dict[str, Any]]:
     """Rank candidate units by goodput per GPU; each row says how many units the target needs.
@@ -137,16 +145,20 @@ def tune(base: Spec, arch: ModelArch, config: SimConfig, slos: dict[str, float],
         candidates: units to try (default: every `candidate_units` of the model).
     Returns:
         rows sorted best first: label, unit GPUs, max qps, goodput per GPU, units needed, GPUs
-        needed, whether it fits the budget, and the scaled spec.
+        needed, whether it fits the budget, and the scaled spec. A row whose units make a deployment past the
+        spec's size bounds (`spec.rules.size_problems`) does not fit and keeps the spec of one unit.
     """
     rows = []
     for cand in candidates if candidates is not None else candidate_units(base, arch):
         spec = attrs.evolve(base, prefill=cand.prefill, decode=cand.decode)
         rate = max_rate(spec, config, cand.colocated, slos, workload)
         units = math.ceil(target_qps / rate) if rate > 0 else 0
+        plannable = _plannable(cand, max(units, 1))
         scaled = attrs.evolve(spec, prefill=attrs.evolve(cand.prefill, replicas=cand.prefill.replicas * max(units, 1)),
-                              decode=attrs.evolve(cand.decode, replicas=cand.decode.replicas * max(units, 1)))
+                              decode=attrs.evolve(cand.decode, replicas=cand.decode.replicas * max(units, 1))) \
+            if plannable else spec
         rows.append({"label": cand.label, "colocated": cand.colocated, "unit_gpus": cand.gpus,
                      "max_qps": rate, "goodput_per_gpu": rate / cand.gpus, "units": units,
-                     "gpus_needed": units * cand.gpus, "fits": 0 < units * cand.gpus <= gpus, "spec": scaled})
+                     "gpus_needed": units * cand.gpus, "fits": plannable and 0 < units * cand.gpus <= gpus,
+                     "spec": scaled})
     return sorted(rows, key=lambda r: (not r["fits"], -r["goodput_per_gpu"]))

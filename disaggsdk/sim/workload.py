@@ -8,7 +8,7 @@ from pathlib import Path
 
 import attrs
 
-from disaggsdk.errors import DisaggError
+from disaggsdk.errors import DisaggError, printable
 
 
 class WorkloadError(DisaggError):
@@ -74,10 +74,15 @@ def load_trace(path: str | Path) -> list[SimRequest]:
         WorkloadError: missing file, bad JSON (with its line number) or a missing field.
     """
     path = Path(path)
-    if not path.is_file():
-        raise WorkloadError(f"trace file {path} not found")
+    try:
+        if not path.is_file():
+            raise WorkloadError(f"trace file {printable(str(path))} not found")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise WorkloadError(f"trace file {printable(str(path))}: cannot read it ({why})") from None
     out: list[SimRequest] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

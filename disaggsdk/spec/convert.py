@@ -22,34 +22,34 @@ from cattrs.errors import (
 )
 
 from disaggsdk.errors import SpecError
-from disaggsdk.spec.field_checks import FieldErrors, JsonValue
+from disaggsdk.spec.field_checks import FieldErrors, JsonValue, shown
 from disaggsdk.spec.types import Spec
 
 
 def _strict_int(value: object, _type: type) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"expected an integer, got {shown(value)} ({type(value).__name__})")
     return value
 
 
 def _strict_bool(value: object, _type: type) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"expected true or false, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"expected true or false, got {shown(value)} ({type(value).__name__})")
     return value
 
 
 def _strict_float(value: object, _type: type) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"expected a number, got {shown(value)} ({type(value).__name__})")
     return float(value)
 
 
 def _strict_str(value: object, _type: type) -> str:
     if isinstance(value, bool):  # YAML 1.1 reads off/on/yes/no unquoted as booleans
-        raise TypeError(f"expected a string, got {value!r} (bool: YAML reads an unquoted off/on/yes/no as "
+        raise TypeError(f"expected a string, got {shown(value)} (bool: YAML reads an unquoted off/on/yes/no as "
                         f"one; quote the value)")
     if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"expected a string, got {shown(value)} ({type(value).__name__})")
     return value
 
 
@@ -80,7 +80,7 @@ def _make_converter() -> cattrs.Converter:
             if not isinstance(value, dict):
                 raise TypeError(
                     f"expected a mapping of {', '.join(f.name for f in attrs.fields(cls))}, "
-                    f"got {value!r} ({type(value).__name__})"
+                    f"got {shown(value)} ({type(value).__name__})"
                 )
             return inner(value, _t)
 
@@ -95,6 +95,13 @@ CONVERTER = _make_converter()
 
 def _valid_keys(cls: type) -> list[str]:
     return [f.name for f in attrs.fields(cls)]
+
+
+def _key_shown(key: object) -> str:
+    """A key of the file in a YAML path: as written when it is a short printable string."""
+    if isinstance(key, str) and key.isprintable() and len(key) <= 60:
+        return key
+    return shown(key)
 
 
 def _describe(exc: BaseException, path: str) -> list[str]:
@@ -116,7 +123,7 @@ def _describe(exc: BaseException, path: str) -> list[str]:
                 str(key), valid, n=1, cutoff=0.6
             )
             hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
-            lines.append(f"{path}.{key}: unknown key; {hint}")
+            lines.append(f"{path}.{_key_shown(key)}: unknown key; {hint}")
         return lines
     if isinstance(exc, FieldErrors):
         return [f"{path}.{field}: {message}" for field, message in exc.problems]

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, choice, fraction, in_range, key, positive, positive_or_unset
+from disaggsdk.spec.field_checks import CheckedFields, choice, count, count_or_unset, fraction, in_range, key
 
 LoadFormat = Literal["auto", "dummy"]
 SpecMethod = Literal["none", "mtp", "ngram"]
@@ -16,6 +16,13 @@ WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # KV pages of an engine run without a spec (`serve --model`, `generate --model`, a bare EngineConfig), which has
 # no memory plan to size its pool from: the 1,024 every unit had before pools were sized from memory.
 BARE_NUM_PAGES = 1024
+# Token counts a spec sets: 2^24, past the longest context of any model (Llama 4 Scout's 10M tokens).
+MAX_TOKENS = 1 << 24
+TOKENS_WHY = "more tokens than any model's context, 10M at the longest"
+# KV pages per rank: page ids are int32 in the attention kernels' page tables (kv_page_indices)
+MAX_NUM_PAGES = 2**31 - 1
+# Requests one rank holds at once: far above what any GPU batches (vLLM's default max_num_seqs is 256-1,024)
+MAX_NUM_SEQS = 65_536
 
 
 @attrs.frozen
@@ -25,7 +32,7 @@ class EngineSettings(CheckedFields):
     num_pages: int | None = key(None,
         "KV pages per rank. Unset: sized from the memory plan, what `engine.memory_utilization` of the device leaves "
         "after the rank's weights and workspace (`disaggsdk plan` shows it; docs/memory.md); a number wins over the "
-        "plan.", positive_or_unset)
+        "plan.", count_or_unset(MAX_NUM_PAGES, "page ids are int32 in the attention kernels' page tables"))
     memory_utilization: float = key(0.9,
         "Fraction of each rank's device memory (a GPU's from `hardware.gpu`, a CPU rank's `hardware.cpu_memory_gb`) "
         "that weights, workspace and the KV pool may fill, as vLLM's `gpu_memory_utilization`.", fraction)
@@ -33,10 +40,11 @@ class EngineSettings(CheckedFields):
         "Longest request a unit accepts, prompt + output tokens (vLLM's `--max-model-len`): the HTTP front end "
         "refuses longer ones, and a pool sized from memory must hold one such request. Unset: the model's "
         "`max_position_embeddings` (262,144 for Qwen3-Coder, which 8 x H200 in bfloat16 leave no room for: Qwen "
-        "serves it with a shorter one).", positive_or_unset)
+        "serves it with a shorter one).", count_or_unset(MAX_TOKENS, TOKENS_WHY))
     max_num_batched_tokens: int = key(2048,
-        "Token budget of one engine step; longer prompts are prefilled in chunks.", positive)
-    max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.", positive)
+        "Token budget of one engine step; longer prompts are prefilled in chunks.", count(MAX_TOKENS, TOKENS_WHY))
+    max_num_seqs: int = key(64, "Requests holding KV pages at once, per rank.",
+                            count(MAX_NUM_SEQS, "far above any GPU's batch; vLLM's default is 256 to 1,024"))
     compile: bool | None = key(None,
         "Compile each unit's model step (units of tp 1): with torch.compile on a CPU (attention and the layer "
         "counter are ops inside the graph, so KV streaming is unchanged); on a GPU, its decode steps as CUDA graphs "

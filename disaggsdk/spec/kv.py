@@ -7,7 +7,8 @@ from typing import Literal
 
 import attrs
 
-from disaggsdk.spec.field_checks import CheckedFields, choice, key, non_negative, positive, power_of_two
+from disaggsdk.spec.engine_settings import MAX_TOKENS, TOKENS_WHY
+from disaggsdk.spec.field_checks import CheckedFields, choice, duration, in_range, key, power_of_two
 
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
@@ -28,7 +29,8 @@ class KV(CheckedFields):
 
     layout: Layout = key("HND",
         "Order of one page's axes: `HND` is heads, tokens, head dim; `NHD` is tokens first.", choice(LAYOUTS))
-    page_size: int = key(16, "Tokens per KV page.", power_of_two)
+    page_size: int = key(16, "Tokens per KV page.",
+                         power_of_two(1024, "a request takes whole pages: larger ones leave most of each last one unused"))
     dtype: KVDtype = key("bfloat16",
         "Element type of the KV cache; CPU runs use `float32` to match transformers exactly. `fp8` stores "
         "float8_e4m3fn (vLLM's `kv_cache_dtype=fp8`): each value divided by its layer's static `k_scale` / "
@@ -50,7 +52,7 @@ class Transport(CheckedFields):
         "Seconds a unit's transport thread may stay inside one libfabric call (normally microseconds) before the "
         "unit gives up on its endpoint: it exits to be restarted, and a peer whose queue it was stuck sending to "
         "is restarted too. With shm, a process killed while holding a peer's queue lock (in shared memory) leaves "
-        "that queue unusable for good.", positive)
+        "that queue unusable for good.", duration("s"))
     grant_keys: GrantKeysSetting = key("auto",
         "Open to remote writes only the pages granted to one transfer, each run under a fresh key revoked when the "
         "transfer ends, instead of the whole KV pool under one key: a write with a captured or stale key lands "
@@ -87,9 +89,9 @@ class TransferSettings(CheckedFields):
         "Send pages layer by layer during the forward pass; false is the ablation that sends every page after it.")
     deadline_s: float = key(30.0,
         "Seconds a decode instance waits for a request's KV before it retries on another prefill instance (or "
-        "prefills locally when none is left).", positive)
+        "prefills locally when none is left).", duration("s"))
     max_local_prefill_tokens: int = key(0,
         "A decode instance computes a prompt itself, with no prefill instance and no transfer, when at most this "
         "many of its tokens are missing from its prefix cache (Dynamo's conditional disaggregation: a short suffix "
         "after a cached history costs less there than a handoff). Its running requests wait for that chunk, so "
-        "keep it small; 0: every prompt goes to a prefill instance.", non_negative)
+        "keep it small; 0: every prompt goes to a prefill instance.", in_range(0, MAX_TOKENS, TOKENS_WHY))

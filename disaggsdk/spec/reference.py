@@ -23,7 +23,10 @@ import attrs
 from disaggsdk.models import resolve_model
 from disaggsdk.spec.field_checks import JsonValue, check_of, doc_of
 from disaggsdk.spec.rules import MODEL_KEYS, RULES, Rule
+from disaggsdk.spec.topology import MAX_INSTANCE_PAIRS, MAX_RANKS
 from disaggsdk.spec.types import Spec
+from disaggsdk.spec.yaml_io import MAX_SPEC_BYTES
+from disaggsdk.spec.yaml_loader import MAX_ALIASES, MAX_DEPTH, MAX_INTEGER_CHARS, MAX_NODES
 
 REGENERATE = "python -m disaggsdk.spec.reference --write"
 MARKDOWN_NAME = "spec.md"
@@ -203,7 +206,32 @@ def render_markdown(root: type[attrs.AttrsInstance] = Spec, rules: Sequence[Rule
     for name, summary, keys in rows:
         cells = (f"`{name}`", summary, ", ".join(f"`{k}`" for k in keys))
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", *_bounds_markdown()]) + "\n"
+
+
+def _bounds_markdown() -> list[str]:
+    """What a spec file and a deployment may not exceed (`spec.yaml_loader`, `spec.topology`)."""
+    return [
+        "## Bounds",
+        "",
+        "A spec is a few hundred values nested four deep, so a file far past that is a mistake or an attack. It is "
+        "refused while it is read, before anything is built from it, in one line naming the file, line and column "
+        "(never quoting an expanded value):",
+        "",
+        f"- at most {MAX_SPEC_BYTES:,} bytes;",
+        f"- at most {MAX_ALIASES} aliases (`*name`), none inside the node it names, and at most {MAX_NODES:,} "
+        "values and keys once the aliases are expanded (a \"billion laughs\" file is refused after reading that "
+        "many);",
+        f"- nesting at most {MAX_DEPTH} levels deep, aliases expanded;",
+        "- every key once in its mapping (YAML keeps only the last; a merge `<<: *base` may still be overridden);",
+        f"- integers written with at most {MAX_INTEGER_CHARS} characters.",
+        "",
+        f"A deployment has at most {MAX_RANKS:,} ranks (GPUs, or CPU rank processes; so at most as many nodes) "
+        f"and {MAX_INSTANCE_PAIRS:,} (prefill, decode) instance pairs (`deployment_is_plannable`): a plan places "
+        "every rank and routes every pair, and `disaggsdk plan` prints each, within seconds at these bounds. "
+        "Every integer key has an upper bound in its \"checked by\" column, and every wait (`_s`, `_ms`) is at "
+        "most a day, so no value can make a later stage overflow or run for ever.",
+    ]
 
 
 # JSON Schema

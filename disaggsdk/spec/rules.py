@@ -14,6 +14,8 @@ import attrs
 
 from disaggsdk.errors import ModelError, SpecError
 from disaggsdk.models import ModelArch, resolve_model
+from disaggsdk.spec.field_checks import shown
+from disaggsdk.spec.topology import MAX_INSTANCE_PAIRS, MAX_RANKS
 from disaggsdk.spec.types import Spec
 
 
@@ -42,6 +44,33 @@ class Rule:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def size_problems(spec: Spec) -> list[str]:
+    """Why ``spec`` is too large to plan (`topology.MAX_RANKS` ranks, `topology.MAX_INSTANCE_PAIRS` instance
+    pairs), each "<yaml path>: <what to fix>"; the empty list when it is not. Needs no model: the planner asks
+    it before it places a rank."""
+    p, d = spec.prefill, spec.decode
+    at = "$.decode.replicas" if d.replicas * d.ranks_per_instance >= p.replicas * p.ranks_per_instance else \
+        "$.prefill.replicas"
+    problems = []
+    ranks = p.replicas * p.ranks_per_instance + d.replicas * d.ranks_per_instance
+    if ranks > MAX_RANKS:
+        problems.append(f"{at}: {p.replicas:,} prefill x {p.ranks_per_instance:,} ranks + {d.replicas:,} decode x "
+                        f"{d.ranks_per_instance:,} ranks (tp*dp) make {ranks:,} ranks; a plan places at most "
+                        f"{MAX_RANKS:,} (8 x the largest shipped spec, so `plan` takes seconds): fewer replicas")
+    pairs = p.replicas * d.replicas
+    if pairs > MAX_INSTANCE_PAIRS:
+        problems.append(f"{at}: {p.replicas:,} prefill x {d.replicas:,} decode instances make {pairs:,} pairs; a plan "
+                        f"routes every pair and takes at most {MAX_INSTANCE_PAIRS:,} (128 x 128, 16 x 1,024), so `plan` "
+                        f"takes seconds: fewer, larger instances (tp, dp)")
+    return problems
+
+
+def deployment_is_plannable(spec: Spec, arch: ModelArch) -> list[str]:
+    """At most 4,096 ranks and 16,384 (prefill, decode) instance pairs: the plan places each rank and routes each
+    pair."""
+    return size_problems(spec)
 
 
 def tp_divides_query_heads(spec: Spec, arch: ModelArch) -> list[str]:
@@ -146,7 +175,7 @@ def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
 def address_needs_ray(spec: Spec, arch: ModelArch) -> list[str]:
     """A cluster address means nothing to the local backend: the spec meant Ray, or the address is stale."""
     if spec.launch.address and spec.launch.backend != "ray":
-        return [f"$.launch.address: {spec.launch.address!r} is a Ray cluster address; set launch.backend: ray "
+        return [f"$.launch.address: {shown(spec.launch.address)} is a Ray cluster address; set launch.backend: ray "
                 f"or remove it"]
     return []
 
@@ -211,6 +240,8 @@ def max_model_len(spec: Spec, arch: ModelArch) -> int | None:
 # `model` is checked first, by resolving it: every other rule needs its architecture.
 MODEL_KEYS = ("$.model",)
 RULES: tuple[Rule, ...] = (
+    Rule(("$.prefill.replicas", "$.decode.replicas", "$.prefill.tp", "$.prefill.dp", "$.decode.tp", "$.decode.dp"),
+         deployment_is_plannable),
     Rule(("$.prefill.tp", "$.decode.tp"), tp_divides_query_heads),
     Rule(("$.prefill.tp", "$.decode.tp"), tp_splits_kv_heads),
     Rule(("$.prefill.tp", "$.prefill.dp", "$.decode.tp", "$.decode.dp", "$.hardware.gpus_per_node"),

@@ -17,13 +17,14 @@ from typing import Literal
 import attrs
 
 from disaggsdk.spec.engine_settings import EngineSettings, HeldDtype, Speculative, held_dtype
-from disaggsdk.spec.field_checks import CheckedFields, choice, key, section
+from disaggsdk.spec.field_checks import CheckedFields, choice, in_range, key, section
 from disaggsdk.spec.kv import KV, TransferSettings, Transport
 from disaggsdk.spec.serving import Launch, Serve
 from disaggsdk.spec.topology import Hardware, Role, RoleName
 
 Device = Literal["cpu", "cuda"]
 DEVICES = ("cpu", "cuda")
+MAX_SEED = 2**32 - 1
 
 
 @attrs.frozen
@@ -36,7 +37,8 @@ class Spec(CheckedFields):
         "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).", choice(DEVICES))
     seed: int = key(0,
         "Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, and the per-request "
-        "choice of prefill source ranks.")
+        "choice of prefill source ranks.", in_range(0, MAX_SEED, "the units seed torch with it times 1,000,003, "
+                                                   "which must fit 64 bits"))
     hardware: Hardware = section(Hardware, "The nodes.")
     prefill: Role = section(Role, "The prefill instances.")
     decode: Role = section(Role, "The decode instances.")

@@ -3,7 +3,11 @@ builds the spec a YAML file would, says which flag is wrong, and serves the open
 
 from __future__ import annotations
 
+import io
 import signal
+
+import pytest
+from rich.console import Console
 
 from disaggsdk.cli.one_line_spec import spec_from_flags
 from disaggsdk.spec import load_spec, parse_spec_yaml, spec_to_yaml
@@ -65,3 +69,56 @@ def test_launch_takes_vllms_otlp_traces_endpoint_flag_into_the_spec_and_refuses_
     p = run_cli("launch", "specs/tiny_pd.yaml", "--otlp-traces-endpoint", "ftp://collector", "--print-spec")
     assert p.returncode == 2 and "--otlp-traces-endpoint: must be an http:// or https:// URL" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+# (flag, value drawn, the spec key it sets, the value the key takes)
+SERVE_OVERRIDES = [
+    ("--port", lambda rng: str(rng.randint(0, 65535)), ("serve", "port"), int),
+    ("--host", lambda rng: rng.choice(["0.0.0.0", "::", "10.1.2.3"]), ("serve", "host"), str),
+    ("--served-model-name", lambda rng: rng.choice(["m", "coder-v2"]), ("serve", "model_name"), str),
+    ("--otlp-traces-endpoint", lambda rng: "http://127.0.0.1:4318/v1/traces", ("serve", "otlp_traces_endpoint"), str),
+    ("--access-log", None, ("serve", "access_log"), True),
+    ("--address", lambda rng: rng.choice(["auto", "10.0.0.1:6379"]), ("launch", "address"), str),
+]
+
+
+def test_print_spec_prints_every_override_the_launch_uses(capsys, monkeypatch):
+    # --print-spec ignored --port (issue 55): random sets of the flags that set a key, each found in the printed
+    # spec, and that spec is the one launch starts
+    import random
+
+    import disaggsdk.face.deployment as deployment
+    from disaggsdk.cli.launch_cmd import launch_spec
+    from disaggsdk.cli.main import build_parser, main
+    from disaggsdk.spec import parse_spec_yaml
+
+    class Started(Exception):
+        """What `launch` was given, instead of a deployment."""
+
+    def launch(spec, **kwargs):
+        raise Started(spec, kwargs)
+
+    monkeypatch.setattr(deployment, "launch", launch)
+    rng = random.Random(55)
+    for _ in range(12):
+        argv = ["launch", "specs/r1_tp.yaml", *(["--tiny"] if rng.random() < 0.5 else [])]
+        expected = {}
+        for flag, draw, (section, key), kind in rng.sample(SERVE_OVERRIDES, rng.randint(1, len(SERVE_OVERRIDES))):
+            value = draw(rng) if draw else None
+            argv += [flag] + ([value] if value is not None else [])
+            expected[(section, key)] = True if kind is True else kind(value)
+        assert main([*argv, "--print-spec"]) == 0
+        printed = parse_spec_yaml(capsys.readouterr().out)
+        for (section, key), value in expected.items():
+            assert getattr(getattr(printed, section), key) == value, (argv, section, key)
+        assert (printed.model == "deepseek-r1-tiny") == ("--tiny" in argv)
+        with pytest.raises(Started) as started:
+            launch_spec(build_parser().parse_args(argv), Console(file=io.StringIO()), colocated=False)
+        spec, kwargs = started.value.args
+        assert spec == printed and kwargs["port"] is None and "host" not in kwargs, argv
+
+
+def test_a_port_out_of_range_is_one_line_naming_the_flag(run_cli):
+    p = run_cli("launch", "specs/tiny_local.yaml", "--port", "70000", "--print-spec")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "error: --port: must be a TCP port in 0..65535 (0 picks a free one), got 70000"

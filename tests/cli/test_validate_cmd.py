@@ -87,3 +87,13 @@ def test_help_on_every_command(run_cli):
     for name in commands:
         result = run_cli(name, "--help")
         assert result.returncode == 0 and "usage: disaggsdk " + name in result.stdout
+
+
+def test_a_key_or_name_that_reads_as_rich_markup_is_printed_as_written(tmp_path, run_cli):
+    # "[/]" closed no tag: rich raised MarkupError, a traceback (issue 55)
+    (tmp_path / "bad.yaml").write_text('model: qwen3-coder-tiny\ndevice: cpu\nhardware: {gpu: cpu}\n"[/]": 1\n')
+    bad = run_cli("validate", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2 and "$.[/]: unknown key" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    (tmp_path / "good.yaml").write_text('model: qwen3-coder-tiny\ndevice: cpu\nhardware: {gpu: cpu}\nname: "[/]"\n')
+    good = run_cli("validate", str(tmp_path / "good.yaml"))
+    assert good.returncode == 0 and "valid — [/]: model qwen3-coder-tiny" in good.stdout, good.stderr

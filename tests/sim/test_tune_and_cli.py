@@ -138,3 +138,22 @@ def test_simulate_takes_the_mtp_acceptance_a_benchmark_measured(run_cli, tmp_pat
     no_figures = run_cli(*args, "--mtp-acceptance", str(tmp_path / "plain.json"))
     assert no_figures.returncode == 2 and "no acceptance figures" in no_figures.stderr
     assert run_cli(*args, "--mtp-acceptance", "1.5").returncode == 2
+
+
+def test_tune_never_builds_a_deployment_past_the_spec_bounds(run_cli):
+    # a rate that needs more than the spec's 4,096 GPUs: the row does not fit and keeps one unit's spec (scaling it
+    # was a replica count past the bound, a traceback)
+    r1 = resolve_model("deepseek-r1")
+    spec = Spec(model="deepseek-r1", engine=EngineSettings(dtype="bfloat16"))
+    units = [c for c in candidate_units(spec, r1) if c.label == "1P(tp8):1D(tp8)"]
+    (row,) = tune(spec, r1, SimConfig(load_profile("h200"), weight_dtype="fp8"), {"p99_itl_ms": 200.0},
+                  Workload(1.0, 5.0, 512, 16, 0.5), gpus=4096, target_qps=1e5, candidates=units)
+    assert row["gpus_needed"] > 4096 and not row["fits"] and row["spec"].decode.replicas == 1
+    # the flags that set spec keys are checked as the keys are, one line naming the flag
+    for flags, message in ((["--gpus", "100000"], "--gpus 100,000: a deployment has at most 4,096 GPUs"),
+                           (["--gpus-per-node", "0"], "--gpus-per-node (gpus_per_node): must be a positive number"),
+                           (["--memory-utilization", "7"], "--memory-utilization (memory_utilization): must be a "
+                                                           "fraction in (0, 1]")):
+        result = run_cli("tune", "deepseek-r1", "--gpus", "8", "--slo", "itl_p99_ms=60", "--request-rate", "1", *flags)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
