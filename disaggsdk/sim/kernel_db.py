@@ -146,6 +146,7 @@ class KernelDb:
                                       f"(it has {', '.join(known)}); using the roofline for every kernel")
         self._rows: dict[tuple[Path, tuple[str, ...]], dict[str, list[Cell]] | None] = {}
         self._status: dict[Path, Mapping[str, object]] = {}
+        self._versions: dict[tuple[str, str, str], list[TableFile]] = {}
 
     @classmethod
     def open(cls, ref: KernelDbRef, data_root: Path | None = None) -> KernelDb:
@@ -188,6 +189,12 @@ class KernelDb:
             framework: the framework directory; None: the profile's. `NCCL` for NCCL's own tables.
         """
         framework = framework or self.ref.framework
+        key = (family, table, framework)
+        if key not in self._versions:
+            self._versions[key] = self._ordered_versions(family, table, framework)
+        return self._versions[key]
+
+    def _ordered_versions(self, family: str, table: str, framework: str) -> list[TableFile]:
         found = self._framework_versions(family, framework, table)
         if framework == NCCL:
             system_nccl = self._nccl_version()

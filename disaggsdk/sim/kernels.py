@@ -71,7 +71,7 @@ class Attention:
     GQA: ``head_dim`` is that of q, k and v. MLA (DeepSeek): prefill runs attention over the expanded
     K and V (``head_dim`` = qk_nope + qk_rope, ``v_head_dim`` the value width; the kv_b expansion is a
     `Gemm`); decode runs in the absorbed form over the cached latent (``kv_lora_rank`` + ``qk_rope_head_dim``
-    values a token; the q and o absorptions are batched `Gemm` s). ``num_kv_heads`` is 1 for MLA.
+    values a token; the q and o absorptions are batched `Gemm` calls). ``num_kv_heads`` is 1 for MLA.
     """
 
     phase: Phase
@@ -116,7 +116,7 @@ def attention_shape(arch: ModelArch, phase: Phase, tp: int, batch: int, new_toke
 @attrs.frozen
 class MoeExperts:
     """The routed experts of one MoE layer on one device: gate_up and down grouped GEMMs with the
-    activation between them; the router, the shared experts (dense `Gemm` s) and the token exchange
+    activation between them; the router, the shared experts (dense `Gemm` calls) and the token exchange
     (`ExpertExchange`) excluded.
 
     ``num_tokens`` counts the tokens entering the layer over the whole expert-parallel group (the
