@@ -29,8 +29,8 @@ EXIT_TERMINATED = SIGTERM_EXIT_CODE  # 128 + SIGTERM
 EXIT_CODES_EPILOG = f"""exit codes:
   {EXIT_OK}    success
   {EXIT_CHECK_FAILED}    the command ran but its check failed (simulate --validate outside tolerance,
-       tune: no layout meets the SLOs, drain: requests still on the unit, move: it did not move,
-       rebalance: a unit could not change role)
+       simulate --published: a figure off its published one, tune: no layout meets the SLOs,
+       drain: requests still on the unit, move: it did not move, rebalance: a unit could not change role)
   {EXIT_USER_ERROR}    bad input: arguments, a spec that does not validate, an unreachable server,
        a deployment that cannot start (a message, no traceback)
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
