@@ -202,6 +202,9 @@ class Elementwise:
 
 
 Kernel = Gemm | Attention | MoeExperts | AllReduce | ExpertExchange | Elementwise
+# every ``Kernel.kind``: what a step's time and its sources are accounted by
+KERNEL_KINDS = ("gemm", "batched_gemm", "gqa_context", "gqa_generation", "mla_context", "mla_generation",
+                "moe_experts", "all_reduce", "ep_dispatch", "ep_combine", "embedding", "rmsnorm", "activation")
 
 
 @attrs.frozen

@@ -81,6 +81,10 @@ class LayeredKernels:
     def elementwise(self, shape: Elementwise) -> KernelTime:
         return self._answer(shape, self.tables.elementwise if self.tables else None, self.roofline.elementwise)
 
+    def forget_counts(self) -> None:
+        """Start the account of `sources` afresh (the memo of times stays): one account per case simulated."""
+        self._counts.clear()
+
     def source_counts(self) -> dict[str, dict[str, dict[Fit, int]]]:
         """Kernel kind -> source -> fit -> calls answered so far (for JSON output)."""
         out: dict[str, dict[str, dict[Fit, int]]] = {}

@@ -68,9 +68,10 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
         "one object per figure (`name`, `metric`, `published`, `simulated`, `error`, `holds`, `aiconfigurator`, "
         "`sources`, ...).",
         "",
-        f"**{held} of {len(rows)} figures hold today.** Every kernel's time comes from the roofline of the profile "
-        "(datasheet peaks times the profile's stated efficiencies); the `sources` of each figure name it per kernel "
-        "kind.",
+        f"**{held} of {len(rows)} figures hold today.** Each step is composed kernel by kernel as the engines run "
+        "a layer (`sim.engine_step`); each kernel's time comes from the GPU's measured tables (aiconfigurator-core) "
+        "where they cover it, else from the profile's roofline (datasheet peaks times its stated efficiencies); the "
+        "`sources` of each figure, and the table below, name which per kernel kind.",
         "",
         f"The {PEER} column is its own prediction where its tables cover the case, as recorded when this table was "
         "written (`aiconfigurator cli default` or `cli estimate`, each case's command below); where the "

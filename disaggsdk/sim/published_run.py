@@ -10,8 +10,8 @@ one per kind for all cases, never a calibrated or user file), with the weights i
 * `SloSearch`: for the spec (disaggregated) and its baseline (colocated), the highest request rate meeting
   each figure's mean TTFT and TPOT, by doubling then bisecting the rate.
 
-Each figure reports the kernel source of every kernel kind the step is made of. Today every kind is the
-roofline of the profile (`sim.cost_model`); a kernel-table cost source reports its own per kind.
+Each figure reports the kernel source of every kernel kind the step is made of: the GPU's measured tables
+(aiconfigurator-core's, as the profile names them) where they cover the kernel, else the profile's roofline.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from disaggsdk.errors import SpecError
 from disaggsdk.sim.aiconfigurator_peer import Prediction, predict
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
 from disaggsdk.sim.instance import RequestRecord, SimInstance
+from disaggsdk.sim.kernels import KERNEL_KINDS
 from disaggsdk.sim.published import (
     CASES,
     DecodeThroughput,
@@ -44,13 +45,10 @@ from disaggsdk.sim.published import (
     case_names,
 )
 from disaggsdk.sim.runner import default_profile_name, run_simulations
-from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype
+from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype, gpu_kernel_costs
 from disaggsdk.sim.workload import SimRequest, Workload
 from disaggsdk.spec import Spec, load_spec
 
-# what a step is made of, by kind of kernel (issue 56: dense GEMMs, attention, MoE experts, TP all-reduce,
-# EP all-to-all, embedding / norms / activations)
-KERNEL_KINDS = ("gemm", "attention", "moe_experts", "all_reduce", "all_to_all", "elementwise")
 PROFILES_DIR = Path(__file__).parent / "profiles"
 MAX_SEARCH_RATE = 256.0  # requests/s: far above what 8 GPUs serve of any case here
 SEED = 0  # seeds the arrivals of every case
@@ -138,7 +136,8 @@ def run_case(case: PublishedCase, aiconfigurator: str | None = None) -> list[Fig
     folder = published_specs_dir()
     spec = load_spec(folder / case.spec)
     profile, profile_file = shipped_profile(spec)
-    sources = kernel_sources(profile_file)
+    if profile.kernel_db is not None:  # the sources this case's steps read, not an earlier case's
+        gpu_kernel_costs(profile).forget_counts()
     if isinstance(case.workload, ServingLoad):
         simulated = _serve(case, case.workload, spec, profile)
     elif isinstance(case.workload, PhaseSteps):
@@ -147,6 +146,7 @@ def run_case(case: PublishedCase, aiconfigurator: str | None = None) -> list[Fig
         assert case.baseline_spec is not None, f"{case.name}: an SLO search compares the spec with a baseline"
         baseline = load_spec(folder / case.baseline_spec)
         simulated = _search_slos(case, case.workload, spec, baseline, profile)
+    sources = kernel_sources(profile, profile_file)
     results = []
     for figure, (value, detail) in zip(case.figures, simulated):
         peer = predict(figure.aiconfigurator, aiconfigurator) \
@@ -161,10 +161,12 @@ def shipped_profile(spec: Spec) -> tuple[HardwareProfile, str]:
     return load_profile(PROFILES_DIR / f"{name}.yaml"), f"disaggsdk/sim/profiles/{name}.yaml"
 
 
-def kernel_sources(profile_file: str) -> dict[str, str]:
-    """Kernel kind -> where the simulator's times for it come from: today the roofline of the profile for every
-    kind (datasheet peaks times the profile's stated efficiencies, `StepCostModel`)."""
-    return {kind: f"roofline ({profile_file})" for kind in KERNEL_KINDS}
+def kernel_sources(profile: HardwareProfile, profile_file: str) -> dict[str, str]:
+    """Kernel kind -> where the simulator's times for it came from: the profile's measured tables (with how many
+    lookups each fit since the case began) or its roofline."""
+    if profile.kernel_db is None:
+        return {kind: f"roofline ({profile_file})" for kind in KERNEL_KINDS}
+    return dict(gpu_kernel_costs(profile).sources())
 
 
 def _config(spec: Spec, profile: HardwareProfile, tokens_per_rank: int | None = None) -> SimConfig:
