@@ -115,10 +115,15 @@ class EngineStep:
     launch_overhead_s_per_layer: float = 0.0
     step_overhead_s: float = 0.0
     mtp_layers: int = 0
+    gpus_per_node: int = 8  # an expert-parallel group (or a tp group) wider than a node spans nodes
 
     # steps priced so far, by their canonical batch (a simulation prices ~10^5 steps, a tune hundreds of
     # simulations; one composed step costs ~200 us of lookups)
     _memo: dict[StepBatch, float] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+
+    @property
+    def _tp_nodes(self) -> int:
+        return -(-self.tp // self.gpus_per_node)
 
     def batch_time_s(self, batch: StepBatch) -> float:
         """Wall time of the step: the slowest dp group's kernels, plus the step's overheads. Decode
@@ -189,14 +194,14 @@ class EngineStep:
             self._cost(attention, attention_shape(a, "generation", self.tp, decode_seqs, tokens_per_seq, context,
                                                   self.kv_dtype))
         if self.tp > 1:
-            self._cost(attention, AllReduce(self.tp, tokens * a.hidden_size))
+            self._cost(attention, AllReduce(self.tp, tokens * a.hidden_size, nodes=self._tp_nodes))
         dense = defaultdict(float, attention)
         for shape in (Gemm(tokens, 2 * -(-a.intermediate_size // self.tp), a.hidden_size, self.weight_dtype),
                       Gemm(tokens, a.hidden_size, -(-a.intermediate_size // self.tp), self.weight_dtype)):
             self._cost(dense, shape)
         self._cost(dense, Elementwise("activation", tokens, -(-a.intermediate_size // self.tp)))
         if self.tp > 1:
-            self._cost(dense, AllReduce(self.tp, tokens * a.hidden_size))
+            self._cost(dense, AllReduce(self.tp, tokens * a.hidden_size, nodes=self._tp_nodes))
         moe: defaultdict[str, float] = defaultdict(float)
         if a.is_moe:
             for kind, seconds in (*attention.items(), *self._moe_times(tokens, decode_only).items()):
@@ -239,7 +244,7 @@ class EngineStep:
                                  moe_tp=tp, dtype=w, phase="generation" if decode_only else "context")
             self._cost(compute, experts, self.expert_imbalance)
             if tp > 1:
-                self._cost(compute, AllReduce(tp, tokens * a.hidden_size))
+                self._cost(compute, AllReduce(tp, tokens * a.hidden_size, nodes=self._tp_nodes))
             return dict(compute)
         # expert parallel over every device of the instance: this device's tokens (its tp group's,
         # split over the group) go out to the experts' devices and come back
@@ -252,8 +257,10 @@ class EngineStep:
         mode: Literal["normal", "low_latency"] = "low_latency" if decode_only else "normal"
         phases: tuple[Literal["dispatch", "combine"], ...] = ("dispatch", "combine")
         for phase in phases:
+            # DeepEP sends its dispatch in FP8 (SGLang's default) and combines in bfloat16
             self._cost(exchange, ExpertExchange(phase, mode, per_rank, a.hidden_size, a.num_experts_per_tok,
-                                                a.num_experts, self.ep))
+                                                a.num_experts, self.ep, nodes=-(-self.ep // self.gpus_per_node),
+                                                dtype="fp8" if phase == "dispatch" else "bfloat16"))
         if not self.two_batch_overlap:
             return dict(compute) | dict(exchange)
         # two micro-batches: each one's exchange runs under the other's compute; what shows is the longer

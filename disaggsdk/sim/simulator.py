@@ -155,7 +155,8 @@ class Simulation:
                               expert_imbalance=self.config.expert_imbalance, two_batch_overlap=self.config.two_batch_overlap,
                               launch_overhead_s_per_layer=p.kernel_overhead_us_per_layer * 1e-6,
                               step_overhead_s=p.step_overhead_ms * 1e-3,
-                              mtp_layers=self.arch.num_mtp_layers if self.config.mtp_acceptance > 0 else 0)
+                              mtp_layers=self.arch.num_mtp_layers if self.config.mtp_acceptance > 0 else 0,
+                              gpus_per_node=self.spec.hardware.gpus_per_node)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
                            self.spec.engine.max_num_seqs * dp, kv_capacity_tokens,

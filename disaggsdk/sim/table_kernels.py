@@ -250,6 +250,13 @@ class TableKernels:
             found = self._answer(WIDEEP_MOE[shape.phase], {**key, "distribution": "uniform"}, (shape.num_tokens,), roofline)
         if found is None:
             found = self._answer(MOE, {**key, "distribution": "balanced"}, (shape.num_tokens,), roofline)
+        if found is None and shape.moe_ep > 1 and shape.moe_ep & (shape.moe_ep - 1):
+            # the tables measure expert-parallel groups of powers of two: a group of another size (LMSYS's 72)
+            # is timed as the largest measured one below it with the same tokens a device (each of its devices
+            # then holds a few more experts than ours: an upper bound), or not at all
+            measured_ep = 1 << (shape.moe_ep.bit_length() - 1)
+            return self.moe_experts(attrs.evolve(shape, moe_ep=measured_ep,
+                                                 num_tokens=max(1, shape.num_tokens * measured_ep // shape.moe_ep)))
         return self._time(found)
 
     def collective(self, shape: Collective) -> KernelTime | None:

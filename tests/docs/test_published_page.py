@@ -53,7 +53,8 @@ def test_the_command_prints_one_object_per_figure_of_every_case(command):
         assert row["aiconfigurator"] is None and row["aiconfigurator_note"] is None  # --no-aiconfigurator
         assert set(row["sources"]) <= set(KERNEL_KINDS) and {"gemm", "rmsnorm"} <= set(row["sources"])
         # each kind's source: the GPU's measured tables, or the roofline of its one shipped profile
-        assert all(source.startswith(("aiconfigurator-core 0.12.0 ", "roofline (profile h")) for source in row["sources"].values())
+        assert all(source.startswith(("aiconfigurator-core 0.12.0 ", "roofline (profile h"))
+                   for source in row["sources"].values())
     assert status == (0 if all(row["holds"] for row in rows) else 1)
 
 

@@ -100,8 +100,9 @@ def test_expert_parallel_moe_exchanges_tokens_and_overlap_hides_the_shorter_side
     step = EngineStep(arch, kernels, dp=4, ep=4, weight_dtype="fp8_block")
     times = step.breakdown(decode_only)
     exchanges = [s for s in kernels.calls if isinstance(s, ExpertExchange)]
-    assert {(s.phase, s.mode, s.tokens, s.ranks) for s in exchanges} == {("dispatch", "low_latency", 4, 4),
-                                                                          ("combine", "low_latency", 4, 4)}
+    # DeepEP dispatches in FP8 and combines in bfloat16, within the node here
+    assert {(s.phase, s.mode, s.tokens, s.ranks, s.nodes, s.dtype) for s in exchanges} == {
+        ("dispatch", "low_latency", 4, 4, 1, "fp8"), ("combine", "low_latency", 4, 4, 1, "bfloat16")}
     moe_layers = arch.num_layers - arch.first_k_dense
     assert times["ep_dispatch"] == pytest.approx(moe_layers * 7 * US)
     experts = [s for s in kernels.calls if isinstance(s, MoeExperts)]
@@ -121,6 +122,17 @@ def test_expert_parallel_moe_exchanges_tokens_and_overlap_hides_the_shorter_side
     # the stated imbalance scales the routed experts alone
     skewed = EngineStep(arch, CountingKernels(), dp=4, ep=4, weight_dtype="fp8_block", expert_imbalance=1.5)
     assert skewed.batch_time_s(decode_only) - plain == pytest.approx(0.5 * times["moe_experts"])
+
+
+def test_groups_wider_than_a_node_exchange_and_reduce_across_nodes():
+    arch = resolve_model("deepseek-r1-tiny")
+    kernels = CountingKernels()
+    EngineStep(arch, kernels, tp=4, dp=18, ep=72, gpus_per_node=8).batch_time_s(StepBatch(72 * 4, 72 * 4 * 100.0))
+    assert {s.nodes for s in kernels.calls if isinstance(s, ExpertExchange)} == {9}
+    assert {s.nodes for s in kernels.calls if isinstance(s, AllReduce)} == {1}
+    wide_tp = CountingKernels()
+    EngineStep(arch, wide_tp, tp=16, gpus_per_node=8).batch_time_s(StepBatch(4, 400.0))
+    assert {(s.ranks, s.nodes) for s in wide_tp.calls if isinstance(s, AllReduce)} == {(16, 2)}
 
 
 def test_mtp_charges_its_draft_layer_on_decode_steps():

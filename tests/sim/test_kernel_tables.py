@@ -115,7 +115,7 @@ MISSES = [
     attrs.evolve(attention_shape(QWEN, "context", 8, 1, 2048, 0), window=4096),  # an unmeasured window
     attrs.evolve(attention_shape(R1, "generation", 8, 16, 1, 2048), kv_lora_rank=256),  # not DeepSeek's MLA widths
     Gemm(64, 256, 128, "bfloat16", batch=16),  # a batched product that is not MLA's absorption
-    MoeExperts(2048, 7168, 2048, 8, 256, moe_ep=72, dtype="fp8_block", phase="generation", deepep=True),  # EP72: no rows
+    MoeExperts(2048, 7168, 2048, 8, 200, moe_ep=8, dtype="fp8_block", phase="generation", deepep=True),  # 200 experts: no rows
     AllReduce(16, 64 * 7168, nodes=2),  # the tables measured one node
     ExpertExchange("dispatch", "normal", 128, 7168, 8, 256, ranks=4),  # DeepEP rows are whole 8-GPU nodes
     Elementwise("rmsnorm", 64, 7168),  # no table at all
@@ -129,6 +129,13 @@ def test_a_shape_no_table_covers_falls_back_to_the_roofline_for_that_kernel_alon
     assert time == ask(kernels.roofline, shape)
     assert time.fit == "roofline" and time.source == "roofline (profile h200)"
     assert "roofline (profile h200) (roofline " in kernels.sources()[shape.kind]
+
+
+def test_an_expert_group_of_no_measured_size_reads_the_largest_measured_one_below_at_its_tokens_a_device(kernels):
+    # LMSYS's decode ran EP72; the tables measure groups of powers of two
+    ep72 = MoeExperts(232 * 72, 7168, 2048, 8, 256, moe_ep=72, dtype="fp8_block", phase="generation", deepep=True)
+    ep64 = attrs.evolve(ep72, moe_ep=64, num_tokens=232 * 64)
+    assert kernels.tables.moe_experts(ep72) == kernels.tables.moe_experts(ep64) is not None
 
 
 def test_a_prefill_chunk_after_a_cached_prefix_costs_the_difference_of_two_whole_prompts(kernels):
