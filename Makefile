@@ -51,7 +51,7 @@ $(TEST_STAMP): $(SOURCES)
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel cffi
 	$(PY) -m pip install -q -c constraints-cpu.txt $(TORCH_CPU) torch
-	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,notebook,serve,ray,trace,gpu,dev]'
+	$(PY) -m pip install -q -c constraints-cpu.txt -e '.[engine,transfer,notebook,serve,ray,trace,gpu,kernels,dev]'
 	touch $(TEST_STAMP) $(DEMO_STAMP)
 
 install-demo: $(DEMO_STAMP)

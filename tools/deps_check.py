@@ -6,7 +6,7 @@
 Every version bound in pyproject.toml must be one a run used (docs/install.md records the runs).
 `make test` runs against the pinned development torch (constraints-cpu.txt), which says nothing of
 the torch a user's ``pip install`` picks: the newest once broke the compiled step. Both venvs get
-every extra (engine, transfer, serve, notebook, trace, ray, gpu) and what the smoke tests need
+every extra (engine, transfer, serve, notebook, trace, ray, gpu, kernels) and what the smoke tests need
 (dev); the smoke tests are the ones marked ``deps_smoke``: generate (eager and compiled, dense,
 MoE, MLA + MTP), tokens against transformers, a P/D launch served to the openai client and
 benchmarked, a launch on a Ray cluster of its own, the notebooks' imports and the GPU libraries'
@@ -35,7 +35,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = "engine,transfer,serve,notebook,trace,ray,gpu,dev"  # every extra (trace: a notebook draws a traced request)
+EXTRAS = "engine,transfer,serve,notebook,trace,ray,gpu,kernels,dev"  # every extra (trace: a notebook draws a traced request)
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 SMOKE_MARKER = "deps_smoke"
 REPORTED = ("torch", "transformers", "numpy", "safetensors", "tokenizers", "llguidance", "msgspec", "cffi",

@@ -29,8 +29,8 @@ EXIT_TERMINATED = SIGTERM_EXIT_CODE  # 128 + SIGTERM
 EXIT_CODES_EPILOG = f"""exit codes:
   {EXIT_OK}    success
   {EXIT_CHECK_FAILED}    the command ran but its check failed (simulate --validate outside tolerance,
-       tune: no layout meets the SLOs, drain: requests still on the unit, move: it did not move,
-       rebalance: a unit could not change role)
+       simulate --published: a figure off its published one, tune: no layout meets the SLOs,
+       drain: requests still on the unit, move: it did not move, rebalance: a unit could not change role)
   {EXIT_USER_ERROR}    bad input: arguments, a path that cannot be read or written, a spec that does
        not validate, an unreachable server, a deployment that cannot start (one message, no
        traceback)

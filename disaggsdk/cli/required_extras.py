@@ -28,6 +28,7 @@ EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "notebook": ("matplotlib", "pandas"),
     "ray": ("ray",),
     "trace": ("opentelemetry",),  # api, sdk and the OTLP exporter share one namespace package
+    "kernels": ("aiconfigurator_core",),  # measured GPU kernel tables (sim/kernel_db.py finds them, never imports it)
 }
 
 # module -> the extra that provides it: the modules above (one two extras bring maps to the first:
@@ -38,6 +39,7 @@ MODULE_EXTRAS: Mapping[str, str] = {
     "_cffi_backend": "transfer",  # cffi's compiled half: what a cffi-built module imports first
     "starlette": "serve",  # fastapi's base
     "h11": "serve",  # uvicorn's HTTP/1.1 parser (serve/http_limits.py sets its limits)
+    "pyarrow": "kernels",  # aiconfigurator-core's dependency that reads its parquet tables (sim/kernel_db.py)
 }
 
 # the extras a command needs however it is called; commands not listed run on the core

@@ -1,4 +1,9 @@
-"""`disaggsdk simulate SPEC`: cluster-scale TTFT / TPOT / ITL / throughput without GPUs."""
+"""`disaggsdk simulate SPEC`: cluster-scale TTFT / TPOT / ITL / throughput without GPUs.
+
+`disaggsdk simulate --published [NAME]` instead simulates the published deployments of
+`disaggsdk.sim.published` from their specs under specs/published/, each with the workload its source
+states, and prints published vs simulated figures (docs/published.md is that output).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,19 @@ from disaggsdk.cli.options import add_hidden_alias
 from disaggsdk.cli.path_options import PathOption
 
 HELP = "Simulate a spec under a workload on a hardware profile (disaggregated and/or colocated)."
+ALL_PUBLISHED = "*"  # `--published` with no NAME
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("spec", metavar="SPEC", help="YAML spec file")
+    parser.add_argument("spec", metavar="SPEC", nargs="?", help="YAML spec file (not with --published)")
+    parser.add_argument("--published", nargs="?", const=ALL_PUBLISHED, metavar="NAME",
+                        help="instead of a SPEC: simulate every published deployment, or the one named, from its spec "
+                             "under specs/published/ with the workload its source states, and print published vs "
+                             "simulated figures with the error (docs/published.md); exit status 1 when a figure "
+                             "misses")
+    parser.add_argument("--no-aiconfigurator", action="store_true",
+                        help="with --published: do not run AIConfigurator's prediction beside ours even where the "
+                             "`aiconfigurator` command is installed")
     parser.add_argument("--request-rate", default="1", metavar="RATE[,RATE]",
                         help="request rate(s) per second, comma-separated")
     add_hidden_alias(parser, "--qps", dest="request_rate")
@@ -62,11 +76,18 @@ def _rates(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from disaggsdk.errors import SpecError
     from disaggsdk.sim.hardware import load_profile
     from disaggsdk.sim.runner import default_profile_name, run_simulations
     from disaggsdk.sim.simulator import SimConfig, default_weight_dtype
     from disaggsdk.spec import load_spec
 
+    if args.published is not None:
+        return _published(args)
+    if args.spec is None:
+        raise SpecError("simulate: give a SPEC file, or --published [NAME] for the published deployments")
+    if args.no_aiconfigurator:
+        raise SpecError("--no-aiconfigurator goes with --published")
     spec = load_spec(args.spec)
     profile = load_profile(args.profile or default_profile_name(spec))
     if args.validate:
@@ -96,6 +117,54 @@ def run(args: argparse.Namespace) -> int:
     if acceptance:
         console.print(f"MTP first-draft acceptance {acceptance:.1%} ({source})")
     return 0
+
+
+def _published(args: argparse.Namespace) -> int:
+    """Simulate the published cases; 1 when a figure misses its published value (0 when every one holds).
+
+    Raises:
+        SpecError: a SPEC or a workload option beside --published (each case has its own), or an unknown NAME.
+    """
+    from disaggsdk.errors import SpecError
+    from disaggsdk.sim.aiconfigurator_peer import find_command
+    from disaggsdk.sim.published_run import run_published
+
+    if args.spec is not None:
+        raise SpecError(f"--published simulates the specs under specs/published/: drop {args.spec!r} (to name a "
+                        f"case: --published NAME)")
+    given = _options_given(args, ignore=("published", "json", "no_aiconfigurator"))
+    if given:
+        raise SpecError(f"--published simulates each case with the workload and settings its source states: drop "
+                        f"{', '.join(given)}")
+    name = None if args.published == ALL_PUBLISHED else args.published
+    results = run_published(name, aiconfigurator=None if args.no_aiconfigurator else find_command())
+    rows = [result.to_json() for result in results]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    else:
+        from disaggsdk.report.console import make_console
+        from disaggsdk.sim.render import published_lines, published_table
+
+        console = make_console()
+        console.print(published_table(rows))
+        for line in published_lines(rows):
+            console.print(line, soft_wrap=True)
+    return 0 if all(row["holds"] for row in rows) else 1
+
+
+def _options_given(args: argparse.Namespace, ignore: tuple[str, ...]) -> list[str]:
+    """The options of this command set to other than their defaults, as typed (``--request-rate``)."""
+    fresh = argparse.ArgumentParser(add_help=False)
+    add_arguments(fresh)
+    seen, given = set(ignore), []
+    for action in fresh._actions:  # an option's shown spelling comes before its hidden aliases (same dest)
+        if not action.option_strings or action.dest in seen:
+            continue
+        seen.add(action.dest)
+        if getattr(args, action.dest, action.default) != action.default:
+            given.append(action.option_strings[0])
+    return given
 
 
 def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:

@@ -60,12 +60,44 @@ _QWEN3_CODER: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+# Qwen3-32B, dense GQA: Qwen/Qwen3-32B's config.json (bfloat16). Qwen publishes it as "-FP8" too
+# (Qwen/Qwen3-32B-FP8: block FP8 128x128, the same config plus its quantization_config), the checkpoint
+# NVIDIA's Dynamo tuning guide serves (docs/published.md).
+_QWEN3_32B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
 # Catalog names are the formats the models ship in: Qwen publishes Qwen3-Coder-480B-A35B-Instruct in
-# bfloat16 and as "-FP8" (block FP8, the same format as DeepSeek's); DeepSeek publishes R1 in FP8 only.
+# bfloat16 and as "-FP8" (block FP8, the same format as DeepSeek's), Qwen3-32B likewise; DeepSeek publishes R1
+# in FP8 only (DeepSeek-V3 has the same architecture: its config.json differs from R1's only in
+# transformers_version).
 CATALOG: dict[str, dict[str, Any]] = {
     "qwen3-coder": _QWEN3_CODER,
     "qwen3-coder-fp8": {
         **_QWEN3_CODER,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
+    },
+    "qwen3-32b": _QWEN3_32B,
+    "qwen3-32b-fp8": {
+        **_QWEN3_32B,
         "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                 "weight_block_size": [128, 128]},
     },
@@ -175,6 +207,8 @@ TINY_VARIANT = {
     "qwen3-coder": "qwen3-coder-tiny",
     "qwen3-coder-fp8": "qwen3-coder-tiny",
     "deepseek-r1": "deepseek-r1-tiny",
+    "qwen3-32b": "qwen3-tiny",
+    "qwen3-32b-fp8": "qwen3-tiny",
 }
 
 

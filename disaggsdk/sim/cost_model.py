@@ -32,6 +32,7 @@ from disaggsdk.sim.all_to_all import (
     wire_dtype,
 )
 from disaggsdk.sim.hardware import HardwareProfile
+from disaggsdk.sim.step_batch import StepBatch
 from disaggsdk.spec.engine_settings import EngineSettings
 
 ACTIVATION_BYTES = 2  # bf16 activations on the wire (all-reduce; the all-to-all sends the 16-bit dtype)
@@ -144,6 +145,10 @@ class StepCostModel:
         if self.ep == 1:
             return 0.0
         return all_to_all_time_s(self.all_to_all_per_step(num_tokens), self.profile)
+
+    def batch_time_s(self, batch: StepBatch) -> float:
+        """`step_batch.StepCost`: `step_time_s` of the batch's totals."""
+        return self.step_time_s(batch.num_tokens, batch.num_sequences, batch.context_pairs, batch.kv_read_tokens)
 
     def step_time_s(self, num_tokens: int, num_sequences: int, context_pairs: float, kv_read_tokens: float) -> float:
         """Wall time of one forward step of the whole instance.

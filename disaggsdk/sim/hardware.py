@@ -15,6 +15,7 @@ import attrs
 import yaml
 
 from disaggsdk.errors import SpecError, printable
+from disaggsdk.sim.kernel_db import KernelDbRef, kernel_db_ref
 
 
 @attrs.frozen
@@ -56,6 +57,9 @@ class HardwareProfile:
     # timing (0: not recorded), so that `disaggsdk.calibrate.speed_monitor.retimed` can follow a drifting VM
     monitor_prefill_cpu_ms: float = 0.0
     monitor_decode_step_cpu_ms: float = 0.0
+    # the measured kernel tables of this GPU (`disaggsdk.sim.kernel_db`): what `layered_kernels.kernel_costs_for`
+    # reads before the roofline of the rates above; None (CPU profiles): the roofline alone
+    kernel_db: KernelDbRef | None = attrs.field(default=None, converter=kernel_db_ref)
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def tflops(self, weight_dtype: str) -> float:
@@ -139,5 +143,5 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         raise SpecError(f"{name_or_path}: unknown profile fields {sorted(unknown)}; valid: {sorted(known)}")
     try:
         return HardwareProfile(**data)
-    except TypeError as exc:
+    except (TypeError, SpecError) as exc:
         raise SpecError(f"{name_or_path}: {exc}") from None

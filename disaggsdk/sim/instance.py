@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from disaggsdk.sim.cost_model import StepCostModel, prefill_context_pairs
+from disaggsdk.sim.step_batch import StepBatch, StepCost
 from disaggsdk.sim.workload import SimRequest
 
 
@@ -55,7 +55,7 @@ class SimInstance:
 
     name: str
     mode: str  # "mixed" | "prefill" | "decode"
-    cost: StepCostModel
+    cost: StepCost  # `cost_model.StepCostModel` (CPU) or `engine_step.EngineStep` (GPU kernels)
     max_num_batched_tokens: int
     max_num_seqs: int  # the instance's, all dp ranks together
     kv_capacity_tokens: int = 1 << 62
@@ -123,7 +123,7 @@ class SimInstance:
         decode_tokens = decode_seqs * (2 if self.mtp_acceptance > 0 else 1)
         context_sum = self._context_sum + sum(c for _, c in self._joining)
         budget = self.max_num_batched_tokens - decode_tokens
-        chunks, pairs, kv_tokens = [], float(context_sum), float(context_sum)
+        chunks: list[tuple[_Prefill, int]] = []
         for p in self._prefills:
             if budget <= 0:
                 break
@@ -131,11 +131,10 @@ class SimInstance:
             if p.done_tokens == 0:
                 p.record.prefill_start_s = now_s
             chunks.append((p, n))
-            pairs += prefill_context_pairs(n, p.done_tokens)
-            kv_tokens += p.done_tokens + n
             budget -= n
-        num_tokens = decode_tokens + sum(n for _, n in chunks)
-        dt = self.cost.step_time_s(num_tokens, decode_seqs + len(chunks), pairs, kv_tokens) + self.extra_step_s
+        batch = StepBatch(decode_seqs, context_sum, 2 if self.mtp_acceptance > 0 else 1,
+                          tuple((n, p.done_tokens) for p, n in chunks))
+        dt = self.cost.batch_time_s(batch) + self.extra_step_s
         return dt, chunks
 
     def finish_step(self, chunks: list, dt: float, end_s: float) -> StepTokens:

@@ -36,3 +36,60 @@ def all_to_all_line(result: dict[str, Any]) -> str | None:
             f"{term['link_gb_per_s']:g} GB/s per direction x {term['link_efficiency']:g} efficiency "
             f"({result['profile']} profile), {term['latency_us_per_call']:g} us per call, "
             f"{term['calls_per_moe_layer']} calls per MoE layer, not overlapped with compute")
+
+
+# `disaggsdk simulate --published`: rows as `published_run.FigureResult.to_json` gives them
+
+def published_number(value: float | None, unit: str) -> str:
+    """A published or simulated figure as the table prints it ("52,300", "144.7", "2.48"; "-" for none)."""
+    if value is None:
+        return "-"
+    if unit == "x":
+        return f"{value:.2f}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.1f}"
+
+
+def published_claim(row: dict[str, Any]) -> str:
+    """The published side of a row: ``~52,300`` for a number, ``> 90`` / ``< 50`` for a bound."""
+    sign = {"about": "~", "above": "> ", "below": "< "}[row["comparison"]]
+    value = row["published"]
+    return sign + (f"{value:,.0f}" if value == int(value) else f"{value:g}")
+
+
+def published_error(row: dict[str, Any]) -> str:
+    """``+32%`` for a number, ``-`` for a claim (or nothing simulated)."""
+    return "-" if row["error"] is None else f"{row['error']:+.0%}"
+
+
+def published_table(rows: list[dict[str, Any]]) -> Table:
+    """Published vs simulated, one row per figure, with AIConfigurator's prediction where it ran."""
+    held = sum(row["holds"] for row in rows)
+    table = Table(title=f"published vs simulated: {held} of {len(rows)} figures hold (numbers within +-25%, "
+                        f"claims on their side)")
+    for col in ("case", "figure", "unit", "published", "simulated", "error", "holds", "AIConfigurator"):
+        table.add_column(col, justify="left" if col in ("case", "figure") else "right")
+    for row in rows:
+        table.add_row(row["name"], row["metric"], row["unit"], published_claim(row),
+                      published_number(row["simulated"], row["unit"]), published_error(row),
+                      "yes" if row["holds"] else "no", published_number(row["aiconfigurator"], row["unit"]))
+    return table
+
+
+def published_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How each figure was simulated, AIConfigurator's notes, and the kernel sources of each case, in words."""
+    lines = []
+    for row in rows:
+        lines.append(f"{row['name']}, {row['metric']}: {row['detail']}")
+        if row["aiconfigurator_note"] is not None:
+            lines.append(f"  AIConfigurator: {row['aiconfigurator_note']}")
+    seen: set[str] = set()
+    for row in rows:
+        if row["name"] in seen:
+            continue
+        seen.add(row["name"])
+        by_source: dict[str, list[str]] = {}
+        for kind, source in row["sources"].items():
+            by_source.setdefault(source, []).append(kind)
+        lines.append(f"{row['name']} kernel sources: " +
+                     "; ".join(f"{', '.join(kinds)}: {source}" for source, kinds in by_source.items()))
+    return lines

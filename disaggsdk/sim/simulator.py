@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -22,10 +22,16 @@ from disaggsdk.models.quantization import block_fp8_of
 from disaggsdk.plan import make_plan
 from disaggsdk.report.latency import SLO_NAMES, meets_slos, metric_stats, tokens_per_s_per_request
 from disaggsdk.sim.cost_model import StepCostModel, transfer_cost_from_route
+from disaggsdk.sim.engine_step import EngineStep
 from disaggsdk.sim.front_end import FrontEnd
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.instance import RequestRecord, SimInstance, StepTokens
+from disaggsdk.sim.kernels import CompleteKernelCosts, gemm_dtype
+
+if TYPE_CHECKING:  # pyarrow and numpy stay out until a GPU simulation reads its tables
+    from disaggsdk.sim.layered_kernels import LayeredKernels
 from disaggsdk.sim.shared_cores import SharedCores
+from disaggsdk.sim.step_batch import StepCost
 from disaggsdk.sim.workload import SimRequest
 from disaggsdk.spec import Spec
 
@@ -53,6 +59,24 @@ class SimConfig:
     # SLOs (ms, keys among ttft, tpot, e2el): the summary then has ``slo_attainment`` (the share of the
     # requests that met every one; an unfinished request met none) and ``request_goodput``, as bench's
     slos_ms: dict[str, float] = attrs.field(factory=dict)
+    # GPU steps composed kernel by kernel (`engine_step.EngineStep`, where the profile names kernel tables):
+    # the busiest device's routed-expert work over the mean (1.0: balanced, as EPLB keeps it and as the
+    # tables time it), and SGLang's two-batch overlap of the expert exchange under compute
+    expert_imbalance: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
+    two_batch_overlap: bool = False
+
+
+_KERNEL_COSTS: dict[HardwareProfile, LayeredKernels] = {}  # (profile, database) -> its layered kernel costs
+
+
+def gpu_kernel_costs(profile: HardwareProfile) -> LayeredKernels:
+    """The layered kernel costs of ``profile`` (`layered_kernels.kernel_costs_for`), made once a process:
+    tune and compare run hundreds of simulations of one GPU, and the tables' lookups are memoized there."""
+    from disaggsdk.sim.layered_kernels import kernel_costs_for
+
+    if profile not in _KERNEL_COSTS:
+        _KERNEL_COSTS[profile] = kernel_costs_for(profile)
+    return _KERNEL_COSTS[profile]
 
 
 def default_weight_dtype(model: str) -> str:
@@ -102,11 +126,37 @@ class Simulation:
                     self._transfer[p.name, d.name] = transfer_cost_from_route(
                         route, config.profile, spec.kv.layout, spec.kv.page_size)
 
+    @property
+    def kernels(self) -> CompleteKernelCosts:
+        """The kernel costs of the profile's GPU (its tables over its roofline; `layered_kernels`), shared
+        by every simulation of that profile in this process."""
+        return gpu_kernel_costs(self.config.profile)
+
+    def kernel_sources(self) -> dict[str, str]:
+        """Kernel kind -> where its times came from (tables, with how many calls each fit, or the roofline);
+        for a profile without tables, every step priced by the cost model's blocks."""
+        if self.config.profile.kernel_db is None:
+            return {"step": f"block roofline of profile {self.config.profile.name} (sim.cost_model)"}
+        return dict(self.kernels.sources())
+
     def _make_instance(self, name: str, mode: str, tp: int, dp: int, ep: int, kv_capacity_tokens: int) -> SimInstance:
         """A simulated instance whose KV holds the plan's ``kv_capacity_tokens`` (its ranks' memory); its
-        experts spread over ``ep`` ranks as the spec's role says (the all-to-all term follows it)."""
-        cost = StepCostModel(self.arch, self.config.profile, tp=tp, dp=dp, ep=ep,
-                             weight_dtype=self.config.weight_dtype, kv_dtype=self.spec.kv.dtype)
+        experts spread over ``ep`` ranks as the spec's role says (the all-to-all term follows it). Its
+        steps are priced kernel by kernel where the profile names measured kernel tables (a GPU), else
+        by the cost model's blocks (a CPU, calibrated on the machine)."""
+        p = self.config.profile
+        cost: StepCost
+        if p.kernel_db is None:
+            cost = StepCostModel(self.arch, p, tp=tp, dp=dp, ep=ep, weight_dtype=self.config.weight_dtype,
+                                 kv_dtype=self.spec.kv.dtype)
+        else:
+            cost = EngineStep(self.arch, self.kernels, tp=tp, dp=dp, ep=ep, weight_dtype=gemm_dtype(self.config.weight_dtype),
+                              kv_dtype="fp8" if self.spec.kv.dtype == "fp8" else "bfloat16",
+                              expert_imbalance=self.config.expert_imbalance, two_batch_overlap=self.config.two_batch_overlap,
+                              launch_overhead_s_per_layer=p.kernel_overhead_us_per_layer * 1e-6,
+                              step_overhead_s=p.step_overhead_ms * 1e-3,
+                              mtp_layers=self.arch.num_mtp_layers if self.config.mtp_acceptance > 0 else 0,
+                              gpus_per_node=self.spec.hardware.gpus_per_node)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3
         return SimInstance(name, mode, cost, self.config.max_num_batched_tokens,
                            self.spec.engine.max_num_seqs * dp, kv_capacity_tokens,

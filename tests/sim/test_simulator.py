@@ -4,6 +4,7 @@ import pytest
 
 from disaggsdk.sim.hardware import load_profile
 from disaggsdk.sim.simulator import SimConfig, Simulation
+from disaggsdk.sim.step_batch import StepBatch
 from disaggsdk.sim.workload import SimRequest, Workload, WorkloadError, load_trace
 from disaggsdk.spec import load_spec
 
@@ -16,14 +17,12 @@ def test_one_request_disaggregated_by_hand():
     n_in, n_out = 2049, 5
     result = sim.run([SimRequest(0, 0.0, n_in, n_out)])
     prefill_cost, decode_cost = sim.prefill[0].cost, sim.decode[0].cost
-    from disaggsdk.sim.cost_model import prefill_context_pairs
-
-    prefill_s = prefill_cost.step_time_s(2048, 1, prefill_context_pairs(2048, 0), 2048)
+    prefill_s = prefill_cost.batch_time_s(StepBatch(chunks=((2048, 0),)))
     transfer = sim._transfer["prefill-0", "decode-0"]
     exposed = max(transfer.exposed_s(2048, True), transfer.total_s(2048) - prefill_s)
-    first_decode = decode_cost.step_time_s(1, 1, n_in, n_in)
+    first_decode = decode_cost.batch_time_s(StepBatch(1, n_in))
     assert result["mean_ttft_ms"] == pytest.approx((prefill_s + exposed + first_decode) * 1e3)
-    later = sum(decode_cost.step_time_s(1, 1, n_in + k, n_in + k) for k in range(1, n_out))
+    later = sum(decode_cost.batch_time_s(StepBatch(1, n_in + k)) for k in range(1, n_out))
     assert result["mean_e2el_ms"] == pytest.approx((prefill_s + exposed + first_decode + later) * 1e3)
     assert result["completed"] == 1 and result["total_output_tokens"] == n_out
 
@@ -31,11 +30,9 @@ def test_one_request_disaggregated_by_hand():
 def test_one_request_colocated_samples_the_first_token_after_prefill():
     sim = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", colocated=True))
     result = sim.run([SimRequest(0, 0.0, 1000, 1)])
-    from disaggsdk.sim.cost_model import prefill_context_pairs
-
     cost = sim.decode[0].cost
     assert len(sim.decode) == 4 and not sim.prefill  # 1 prefill + 3 decode nodes, all mixed
-    assert result["mean_ttft_ms"] == pytest.approx(cost.step_time_s(1000, 1, prefill_context_pairs(1000, 0), 1000) * 1e3)
+    assert result["mean_ttft_ms"] == pytest.approx(cost.batch_time_s(StepBatch(chunks=((1000, 0),))) * 1e3)
 
 
 def test_under_load_everything_finishes_and_disaggregation_steadies_itl():
@@ -83,7 +80,9 @@ def test_mtp_speculation_speeds_decode_by_about_its_acceptance():
     plain = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8")).run(reqs)
     mtp = Simulation(R1_TP, SimConfig(H200, weight_dtype="fp8", mtp_acceptance=0.8)).run(reqs)
     speedup = mtp["mean_tokens_per_s_per_request"] / plain["mean_tokens_per_s_per_request"]
-    assert 1.6 < speedup < 1.8  # 1.8 tokens a step, each step verifying two tokens costs a little more
+    # 1.8 tokens a step; a step verifying two tokens a sequence costs more: its GEMMs run two rows, its
+    # attention reads as two queries' (the tables' rule for speculative decode) and the draft layer runs
+    assert 1.5 < speedup < 1.8
 
 
 def test_instances_sharing_cores_slow_each_other_down():
@@ -197,12 +196,10 @@ def _with_local_prefill(spec, tokens):
 def test_conditional_disaggregation_keeps_short_prompts_on_decode_by_hand():
     """A prompt within `transfer.max_local_prefill_tokens` is computed by its decode instance: no prefill
     step, no transfer; its TTFT is one mixed step, and a long prompt is still handed off."""
-    from disaggsdk.sim.cost_model import prefill_context_pairs
-
     sim = Simulation(_with_local_prefill(R1_TP, 512), SimConfig(H200, weight_dtype="fp8"))
     result = sim.run([SimRequest(0, 0.0, 300, 1)])
     cost = sim.decode[0].cost
-    assert result["mean_ttft_ms"] == pytest.approx(cost.step_time_s(300, 1, prefill_context_pairs(300, 0), 300) * 1e3)
+    assert result["mean_ttft_ms"] == pytest.approx(cost.batch_time_s(StepBatch(chunks=((300, 0),))) * 1e3)
     assert result["utilisation"]["prefill-0"] == 0.0
 
     sim = Simulation(_with_local_prefill(R1_TP, 512), SimConfig(H200, weight_dtype="fp8"))
