@@ -17,7 +17,8 @@ BASE_ARGV = {
     "compare": ["compare", "code-assistant", "--slo", "ttft=1000,tpot=100"],
     "calibrate": ["calibrate"],
     "tune": ["tune", "qwen3-coder", "--gpus", "8", "--slo", "itl_p99_ms=60", "--request-rate", "1"],
-    "simulate": ["simulate", "specs/tiny_local.yaml"],
+    # a GPU spec: a CPU one needs this machine's calibrated profile, which a fresh HOME has not (its error comes first)
+    "simulate": ["simulate", "specs/r1_tp.yaml"],
 }
 # arguments that are a path or a name (a SPEC or URL, a profile, a catalog model): checked where they are read
 NAMED_BY_PATH = [

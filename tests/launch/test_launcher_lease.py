@@ -18,7 +18,9 @@ import os, time
 from disaggsdk.launch.launcher_lease import LauncherLease
 open(f"/dev/shm/{{os.getpid()}}:999:0", "w").close()
 lease = LauncherLease(os.getppid(), grace_s={GRACE_S})
-lease.on_stop(lambda: print("stop asked", flush=True))
+# os.write, not print: the stop runs in the SIGTERM handler, which may interrupt the main thread's own
+# print of its pid inside the buffered writer (a reentrant print there raises RuntimeError)
+lease.on_stop(lambda: os.write(1, b"stop asked\\n"))
 lease.start()  # SIGTERM asks for the stop from here on
 print(os.getpid(), flush=True)
 while True:
