@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", action=PathOption, kind="input file",
                         help="JSON-lines trace {arrival_s, input_len, output_len} (replaces --request-rate)")
     parser.add_argument("--profile", help="hardware profile name or YAML path (default: from the spec's hardware.gpu)")
+    parser.add_argument("--kernels", metavar="FRAMEWORK@VERSION|roofline",
+                        help="the measured kernel tables a GPU profile's steps are priced from (default: the "
+                             "profile's, sglang@0.5.14 for h100 and h200; e.g. vllm@0.24.0); roofline: the "
+                             "profile's block roofline alone, as before the tables")
     parser.add_argument("--weight-dtype",
                         help="fp8 or bfloat16 (default: fp8 for a block-FP8 checkpoint such as deepseek-r1, else bfloat16)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="chunked-prefill budget per step")
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_aiconfigurator:
         raise SpecError("--no-aiconfigurator goes with --published")
     spec = load_spec(args.spec)
-    profile = load_profile(args.profile or default_profile_name(spec))
+    profile = _with_kernels(load_profile(args.profile or default_profile_name(spec)), args.kernels)
     if args.validate:
         return _validate(args, spec, profile)
     acceptance, source = _mtp_acceptance(args.mtp_acceptance, spec)
@@ -103,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed,
     )
     result["config"]["mtp_acceptance"] = {"value": acceptance, "source": source}
+    result["config"]["kernel_sources"] = _kernel_sources(profile)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
@@ -182,6 +187,35 @@ def _mtp_acceptance(text: str | None, spec) -> tuple[float, str]:
         raise SpecError("the spec drafts with mtp: give --mtp-acceptance, measured (a `disaggsdk bench SPEC "
                         "--output FILE` JSON of a run with it) or a number in [0, 1]")
     return 0.0, "off"
+
+
+def _with_kernels(profile, option: str | None):
+    """``profile`` with the kernel tables ``--kernels`` names (None: as it is).
+
+    Raises:
+        SpecError: a malformed value, or tables asked of a profile that is no GPU the tables cover.
+    """
+    import attrs
+
+    from disaggsdk.errors import SpecError
+    from disaggsdk.sim.kernel_db import SYSTEMS, KernelDbRef
+
+    if option is None:
+        return profile
+    ref = KernelDbRef.from_option(option, profile.name)
+    if ref is not None and profile.name not in SYSTEMS:
+        raise SpecError(f"--kernels {option}: profile {profile.name} is no GPU the kernel tables cover "
+                        f"({', '.join(SYSTEMS)}); leave --kernels out")
+    return attrs.evolve(profile, kernel_db=ref)
+
+
+def _kernel_sources(profile) -> dict[str, str]:
+    """Kernel kind -> where the run's step times came from (the JSON's ``config.kernel_sources``)."""
+    if profile.kernel_db is None:
+        return {"step": f"block roofline of profile {profile.name} (sim.cost_model)"}
+    from disaggsdk.sim.simulator import gpu_kernel_costs
+
+    return dict(gpu_kernel_costs(profile).sources())
 
 
 def _validate(args: argparse.Namespace, spec, profile) -> int:
