@@ -24,7 +24,9 @@ over tp). What is stated rather than measured, each a parameter:
   captured graph, padded to the next captured size (1, 2, 4, then multiples of 8, as both engines
   capture); other steps pay ``launch_overhead_s_per_layer``;
 * MTP: with ``mtp_layers``, a decode step also runs the draft layer(s) over its sequences' tokens;
-* ``step_overhead_s``: the scheduler's time between steps.
+* ``step_overhead_s``: the scheduler's CPU time a step (batch building, sampling, output). With
+  ``overlap_scheduler`` (SGLang's default overlap schedule, vLLM's async scheduling: default since 0.12)
+  it prepares step N+1 while step N's kernels run, so a step takes the longer of the two, not their sum.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class EngineStep:
     cuda_graph_max_batch: int = 256  # per dp group
     launch_overhead_s_per_layer: float = 0.0
     step_overhead_s: float = 0.0
+    overlap_scheduler: bool = False
     mtp_layers: int = 0
     gpus_per_node: int = 8  # an expert-parallel group (or a tp group) wider than a node spans nodes
 
@@ -136,8 +139,8 @@ class EngineStep:
         return seconds
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
-        """Seconds by kernel kind ("gemm", "gqa_context", "ep_dispatch", ..., "launch", "step") of the
-        slowest dp group's step; they sum to `batch_time_s` ("two_batch_overlap", negative: the exchange
+        """Seconds by kernel kind ("gemm", "gqa_context", "ep_dispatch", ..., "launch", "step": the
+        scheduler's time the kernels do not hide) of the slowest dp group's step; they sum to `batch_time_s` ("two_batch_overlap", negative: the exchange
         time hidden under the other micro-batch's compute)."""
         if batch.num_tokens == 0:
             return {}
@@ -147,7 +150,11 @@ class EngineStep:
         groups = [self._group_times(work, batch.tokens_per_decode_seq, decode_only)
                   for work in split_over_groups(batch, self.dp)]
         slowest = max(groups, key=lambda times: sum(times.values()))
-        return dict(slowest) | ({"step": self.step_overhead_s} if self.step_overhead_s else {})
+        # the scheduler's share of the wall: all of it, or with the overlap schedule what the kernels
+        # do not cover
+        scheduler_s = (max(0.0, self.step_overhead_s - sum(slowest.values())) if self.overlap_scheduler
+                       else self.step_overhead_s)
+        return dict(slowest) | ({"step": scheduler_s} if scheduler_s else {})
 
     # one dp group
 

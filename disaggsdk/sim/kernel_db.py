@@ -73,6 +73,10 @@ class KernelDbRef:
     system: str  # our GPU name (h200) or the package's system directory (h200_sxm)
     framework: str = attrs.field(validator=attrs.validators.in_(FRAMEWORKS))
     version: str  # the framework's version the tables were collected under, e.g. "0.5.14"
+    # the framework prepares step N+1 on the CPU while step N's kernels run, as each does by default:
+    # SGLang's overlap schedule (unless --disable-overlap-schedule), vLLM's async scheduling (default
+    # since 0.12, vllm-project/vllm#27614), TensorRT-LLM's overlap scheduler (PyTorch flow)
+    overlap_scheduler: bool = True
 
     @property
     def package_system(self) -> str:
@@ -102,17 +106,22 @@ def kernel_db_ref(value: KernelDbRef | Mapping[str, object] | None) -> KernelDbR
     """The converter of `HardwareProfile.kernel_db`: a profile YAML's mapping (or None) as a `KernelDbRef`.
 
     Raises:
-        SpecError: a key other than system, framework and version, one missing, or an unknown framework.
+        SpecError: a key other than system, framework, version and overlap_scheduler, one of the first three
+            missing, or an unknown framework.
     """
     if value is None or isinstance(value, KernelDbRef):
         return value
-    fields = {f.name for f in attrs.fields(KernelDbRef)}
-    if not isinstance(value, Mapping) or set(value) != fields:
+    required = {"system", "framework", "version"}
+    allowed = required | {"overlap_scheduler"}
+    if not isinstance(value, Mapping) or not required <= set(value) <= allowed:
         given = sorted(value) if isinstance(value, Mapping) else value
-        raise SpecError(f"kernel_db: give exactly {sorted(fields)} (e.g. system: h200, framework: sglang, "
-                        f"version: '0.5.14'), got {given}")
+        raise SpecError(f"kernel_db: give {sorted(required)} and optionally overlap_scheduler (e.g. system: h200, "
+                        f"framework: sglang, version: '0.5.14'), got {given}")
+    overlap = value.get("overlap_scheduler", True)
+    if not isinstance(overlap, bool):
+        raise SpecError(f"kernel_db.overlap_scheduler: give true or false, got {overlap!r}")
     try:
-        return KernelDbRef(str(value["system"]), str(value["framework"]), str(value["version"]))
+        return KernelDbRef(str(value["system"]), str(value["framework"]), str(value["version"]), overlap)
     except ValueError:
         raise SpecError(f"kernel_db.framework: {value['framework']!r} is not one of {', '.join(FRAMEWORKS)}") from None
 

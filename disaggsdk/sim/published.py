@@ -215,7 +215,12 @@ CASES: tuple[PublishedCase, ...] = (
                             "mixed prefill/decode could not hold more than ~50 tok/s per request", _SEED,
                             TokensPerRequest("colocated"), aiconfigurator_recorded=_SEED_PEER),
         ),
-        not_modelled=("MTP speculative decoding, if the seed's deployment drafted (it does not say)",),
+        not_modelled=("MTP speculative decoding, if the seed's deployment drafted (it does not say)",
+                      "the prefill-to-decode hand-off's own latency (bootstrap, transfer completion, the decode "
+                      "side's polling): only the KV bytes over the NICs are priced",
+                      "the seed's colocated load: at 3 QPS over 4 nodes a colocated node spends ~8% of its time in "
+                      "prefill steps, too little to halve tokens/s per request; the seed does not state the load "
+                      "its colocated figure was measured at"),
     ),
     PublishedCase(
         name="seed-r1-dp8",
@@ -227,9 +232,9 @@ CASES: tuple[PublishedCase, ...] = (
                             "~50 tok/s at 1 QPS per rank, 8 ranks a node", _SEED,
                             TokensPerRequest("disaggregated"), aiconfigurator_recorded=_SEED_PEER),
         ),
-        not_modelled=("DeepEP / fused all-to-all kernels (the simulator's all-to-all is NVLink bytes at a fixed "
-                      "efficiency, not overlapped)",
-                      "expert load imbalance across the 8 ranks (the simulator routes uniformly)"),
+        not_modelled=("expert load imbalance across the 8 ranks: the tables time balanced routing and the case "
+                      "states none (1.0)",
+                      "MTP speculative decoding, if the seed's deployment drafted (it does not say)"),
     ),
     PublishedCase(
         name="lmsys-r1-96xh100",
@@ -265,9 +270,7 @@ CASES: tuple[PublishedCase, ...] = (
         not_modelled=(
             "two-batch overlap of attention with DeepEP dispatch/combine (SGLang --enable-two-batch-overlap)",
             "EPLB with 32 redundant experts (288 over 72 ranks; the spec partitions 256) and the expert imbalance "
-            "it leaves",
-            "DeepEP normal (prefill) and low-latency (decode) all-to-all over InfiniBand between nodes: the "
-            "simulator sends every rank's all-to-all bytes at the NVLink rate of its profile",
+            "it leaves: the tables time balanced routing",
             "data-parallel dense FFN and LM head (--moe-dense-tp-size 1, --enable-dp-lm-head): tp=1 ranks give the "
             "same here",
             "per-role engine settings: the prefill budget (16,384 tokens per device) is the workload's, not the "
@@ -305,11 +308,16 @@ CASES: tuple[PublishedCase, ...] = (
             ),
         ),
         not_modelled=(
-            "TRT-LLM's kernels and scheduler: the spec names no framework (the roofline profile is one per GPU kind)",
+            "TRT-LLM's kernels: the h200 profile's tables are SGLang 0.5.14's (one profile per GPU kind)",
+            "per-role scheduler settings: the recipe's prefill workers run without the overlap scheduler "
+            "(disable_overlap_scheduler: true), its decode and aggregated workers with it; the profile's overlap "
+            "applies to all (2 ms a prefill step of ~400 ms)",
             "per-role engine settings: the prefill workers' max_batch_size 1 (one prompt a step) is not expressed; "
             "the prefill instances fill the token budget instead",
             "chunked prefill off (TRT-LLM enable_chunked_prefill: false): the simulator always chunks to the budget",
-            "AIPerf's fixed concurrency (6 per GPU): the simulator serves Poisson arrivals at a searched rate",
+            "AIPerf's fixed concurrency (6 per GPU) and the request queuing it brings to the aggregated TTFT (the "
+            "guide: 'actual TTFT is higher than expected', so its aggregated max_batch_size was lowered): the "
+            "simulator serves Poisson arrivals at a searched rate, and its aggregated runs are held by TPOT, not TTFT",
         ),
     ),
 )

@@ -155,6 +155,7 @@ class Simulation:
                               expert_imbalance=self.config.expert_imbalance, two_batch_overlap=self.config.two_batch_overlap,
                               launch_overhead_s_per_layer=p.kernel_overhead_us_per_layer * 1e-6,
                               step_overhead_s=p.step_overhead_ms * 1e-3,
+                              overlap_scheduler=p.kernel_db.overlap_scheduler,
                               mtp_layers=self.arch.num_mtp_layers if self.config.mtp_acceptance > 0 else 0,
                               gpus_per_node=self.spec.hardware.gpus_per_node)
         extra_s = 0.0 if mode == "mixed" else self.config.profile.messenger_step_overhead_ms * 1e-3

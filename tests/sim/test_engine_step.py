@@ -184,3 +184,17 @@ def test_the_cost_model_prices_a_batch_as_its_totals():
     assert batch.context_pairs == 30 + (16 * 4 + 16 * 17 / 2) + (8 * 9 / 2)
     assert batch.kv_read_tokens == 30 + 20 + 8
     assert cost.batch_time_s(batch) == cost.step_time_s(30, 5, batch.context_pairs, batch.kv_read_tokens)
+
+
+def test_the_overlap_scheduler_hides_the_scheduler_behind_the_kernels_it_outlasts_only():
+    arch = resolve_model("qwen3-tiny")
+    batch = StepBatch(decode_seqs=2, decode_context_tokens=20)
+    kernels_s = EngineStep(arch, CountingKernels()).batch_time_s(batch)
+    serial = EngineStep(arch, CountingKernels(), step_overhead_s=kernels_s / 2)
+    assert serial.batch_time_s(batch) == pytest.approx(1.5 * kernels_s, rel=1e-12)
+    hidden = EngineStep(arch, CountingKernels(), step_overhead_s=kernels_s / 2, overlap_scheduler=True)
+    assert hidden.batch_time_s(batch) == pytest.approx(kernels_s, rel=1e-12)
+    assert "step" not in hidden.breakdown(batch)
+    longer = EngineStep(arch, CountingKernels(), step_overhead_s=3 * kernels_s, overlap_scheduler=True)
+    assert longer.batch_time_s(batch) == pytest.approx(3 * kernels_s, rel=1e-12)
+    assert longer.breakdown(batch)["step"] == pytest.approx(2 * kernels_s, rel=1e-12)

@@ -37,8 +37,15 @@ def test_a_profiles_kernel_db_is_typed_and_checked(tmp_path):
         load_profile(wrong_framework)
     missing_version = tmp_path / "short.yaml"
     missing_version.write_text(text + "kernel_db: {system: h200, framework: vllm}\n")
-    with pytest.raises(SpecError, match=r"kernel_db: give exactly \['framework', 'system', 'version'\]"):
+    with pytest.raises(SpecError, match=r"kernel_db: give \['framework', 'system', 'version'\] and optionally"):
         load_profile(missing_version)
+    serial = tmp_path / "serial.yaml"
+    serial.write_text(text + "kernel_db: {system: h200, framework: sglang, version: '0.5.14', overlap_scheduler: false}\n")
+    assert load_profile(serial).kernel_db == KernelDbRef("h200", "sglang", "0.5.14", overlap_scheduler=False)
+    bad_overlap = tmp_path / "bad.yaml"
+    bad_overlap.write_text(text + "kernel_db: {system: h200, framework: sglang, version: '0.5.14', overlap_scheduler: 1}\n")
+    with pytest.raises(SpecError, match="kernel_db.overlap_scheduler: give true or false, got 1"):
+        load_profile(bad_overlap)
 
 
 def test_a_kernels_option_names_a_framework_and_version_or_the_roofline():
