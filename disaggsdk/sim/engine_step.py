@@ -140,8 +140,8 @@ class EngineStep:
 
     def breakdown(self, batch: StepBatch) -> dict[str, float]:
         """Seconds by kernel kind ("gemm", "gqa_context", "ep_dispatch", ..., "launch", "step": the
-        scheduler's time the kernels do not hide) of the slowest dp group's step; they sum to `batch_time_s` ("two_batch_overlap", negative: the exchange
-        time hidden under the other micro-batch's compute)."""
+        scheduler's time the kernels do not hide) of the slowest dp group's step; they sum to `batch_time_s`
+        ("two_batch_overlap", negative: the exchange time hidden under the other micro-batch's compute)."""
         if batch.num_tokens == 0:
             return {}
         # the groups step as one: a step with a prefill chunk anywhere runs eagerly, and DeepEP in its

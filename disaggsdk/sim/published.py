@@ -15,7 +15,7 @@ does that neither the spec format nor the simulator can say.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 import attrs
 
@@ -26,6 +26,26 @@ from disaggsdk.sim.aiconfigurator_peer import AicDefault, AicEstimate
 Comparison = Literal["about", "above", "below"]
 TOLERANCE = 0.25  # issue 56's acceptance: every throughput figure within +-25% of the published one
 Layout = Literal["disaggregated", "colocated"]
+
+
+class PublishedRow(TypedDict):
+    """One figure as `disaggsdk simulate --published --json` prints it (`published_run.FigureResult.to_json`)."""
+
+    name: str  # the case
+    metric: str
+    unit: str
+    claim: str  # the source's words
+    comparison: Comparison
+    published: float
+    simulated: float | None
+    error: float | None  # simulated / published - 1; None for a claim ("> 90") or nothing simulated
+    holds: bool
+    aiconfigurator: float | None  # its prediction; None where it did not run or cannot predict the case
+    aiconfigurator_note: str | None
+    sources: dict[str, str]  # kernel kind -> database table or roofline
+    detail: str  # how the simulated number came about, in words
+    source: str  # the citation
+    spec: str  # the spec file, from the repository's root
 
 
 @attrs.frozen

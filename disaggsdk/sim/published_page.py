@@ -14,9 +14,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from disaggsdk.sim.published import CASES, TOLERANCE, PhaseSteps, PublishedCase, PublishedFigure, ServingLoad
+from disaggsdk.sim.published import (
+    CASES,
+    TOLERANCE,
+    PhaseSteps,
+    PublishedCase,
+    PublishedFigure,
+    PublishedRow,
+    ServingLoad,
+)
 from disaggsdk.sim.render import published_claim, published_error, published_number
 
 REGENERATE = "python -m disaggsdk.sim.published_page --write"
@@ -24,7 +31,7 @@ PAGE = Path("docs") / "published.md"
 PEER = "AIConfigurator 0.12.0"
 
 
-def _figure(row: dict[str, Any]) -> tuple[PublishedCase, PublishedFigure]:
+def _figure(row: PublishedRow) -> tuple[PublishedCase, PublishedFigure]:
     for case in CASES:
         for figure in case.figures:
             if case.name == row["name"] and figure.metric == row["metric"]:
@@ -50,7 +57,7 @@ def _workload(case: PublishedCase) -> str:
             f"{load.bisections} bisections)")
 
 
-def render_markdown(rows: list[dict[str, Any]]) -> str:
+def render_markdown(rows: Sequence[PublishedRow]) -> str:
     """The page, from the command's JSON rows."""
     held = sum(row["holds"] for row in rows)
     lines = [

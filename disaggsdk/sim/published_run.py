@@ -38,6 +38,7 @@ from disaggsdk.sim.published import (
     PrefillThroughput,
     PublishedCase,
     PublishedFigure,
+    PublishedRow,
     ServingLoad,
     SloSearch,
     TokensPerRequest,
@@ -86,7 +87,7 @@ class FigureResult:
     def holds(self) -> bool:
         return self.figure.holds(self.simulated)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PublishedRow:
         """The figure as `simulate --published --json` prints it."""
         peer = self.aiconfigurator
         return {

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
+
+from disaggsdk.sim.published import PublishedRow
 
 
 def runs_table(result: dict[str, Any]) -> Table:
@@ -49,19 +52,19 @@ def published_number(value: float | None, unit: str) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.1f}"
 
 
-def published_claim(row: dict[str, Any]) -> str:
+def published_claim(row: PublishedRow) -> str:
     """The published side of a row: ``~52,300`` for a number, ``> 90`` / ``< 50`` for a bound."""
     sign = {"about": "~", "above": "> ", "below": "< "}[row["comparison"]]
     value = row["published"]
     return sign + (f"{value:,.0f}" if value == int(value) else f"{value:g}")
 
 
-def published_error(row: dict[str, Any]) -> str:
+def published_error(row: PublishedRow) -> str:
     """``+32%`` for a number, ``-`` for a claim (or nothing simulated)."""
     return "-" if row["error"] is None else f"{row['error']:+.0%}"
 
 
-def published_table(rows: list[dict[str, Any]]) -> Table:
+def published_table(rows: Sequence[PublishedRow]) -> Table:
     """Published vs simulated, one row per figure, with AIConfigurator's prediction where it ran."""
     held = sum(row["holds"] for row in rows)
     table = Table(title=f"published vs simulated: {held} of {len(rows)} figures hold (numbers within +-25%, "
@@ -75,7 +78,7 @@ def published_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def published_lines(rows: list[dict[str, Any]]) -> list[str]:
+def published_lines(rows: Sequence[PublishedRow]) -> list[str]:
     """How each figure was simulated, AIConfigurator's notes, and the kernel sources of each case, in words."""
     lines = []
     for row in rows:
