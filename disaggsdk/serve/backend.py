@@ -67,16 +67,16 @@ class ServingBackend(Protocol):
 
         ``client`` names who sent it (the HTTP edge gives the client's address; "" for a caller in
         this process): a backend whose units can die bounds what one client's requests may cost
-        (`serve.poison_requests`).
+        (`serve.routing.poison_requests`).
 
         ``trace_context``: the client's W3C trace-context headers (``traceparent``, ``tracestate``); a
-        backend that traces its requests continues the client's trace (`serve.request_tracing`). The
+        backend that traces its requests continues the client's trace (`serve.tracing.request_tracing`). The
         front end passes it only when the client sent one, so a backend that does not trace may
         leave the keyword out.
 
         ``response_id``: the id the client knows the request by (the answer's ``id``, shared by the
         choices of one answer); ``request_id`` is the request's key here, which never leaves the server
-        (`serve.client_request_ids`). A backend that traces names the request's trace by it; "" for a
+        (`serve.http.client_request_ids`). A backend that traces names the request's trace by it; "" for a
         caller in this process."""
 
     async def abort(self, request_id: str) -> None:

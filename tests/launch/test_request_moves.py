@@ -19,8 +19,8 @@ from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.config import SpeculativeConfig  # noqa: E402
 from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from disaggsdk.serve.request_moves import MoveError  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
+from disaggsdk.serve.moves.request_moves import MoveError  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
 PAGE_SIZE = 4

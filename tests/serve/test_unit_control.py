@@ -16,7 +16,7 @@ from disaggsdk.cli.main import main
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.face.cluster import Cluster
-from disaggsdk.serve.request_moves import MoveError
+from disaggsdk.serve.moves.request_moves import MoveError
 from tests.launch._helpers import make_spec
 
 KEY = "control-test-key"
