@@ -214,8 +214,8 @@ def test_requests_move_and_units_change_role_across_nodes(cluster):
         while len(done) < len(PROMPTS):
             assert time.monotonic() < deadline, "no first tokens"
             time.sleep(0.01)
-        with r._lock:
-            source = next(n for n, ids in r._in_flight.items() if "mv-0" in ids)
+        source = r.unit_of("mv-0")
+        assert source is not None
         outcome = r.move("mv-0", "decode-1" if source == "decode-0" else "decode-0").result(60)
         assert outcome.moved and outcome.num_bytes > 0, outcome
         report = rebalance(r, prefill=2, decode=1)

@@ -73,8 +73,9 @@ def kv_page_bytes(model: str, method: str) -> int:
 
 
 def unit_of(rt, rid: str) -> str:
-    with rt._lock:
-        return next(n for n, ids in rt._in_flight.items() if rid in ids)
+    unit = rt.unit_of(rid)
+    assert unit is not None, f"{rid} is not in flight"
+    return unit
 
 
 def assert_nothing_held(rt) -> None:
@@ -165,8 +166,7 @@ def test_drain_moves_every_request_away_and_routing_skips_the_unit():
             s.wait_tokens(2)
         report = rt.drain("decode-0", timeout_s=30)
         assert report.drained and report.moves and all(o.moved for o in report.moves), report
-        with rt._lock:
-            assert not rt._in_flight["decode-0"]
+        assert rt.num_in_flight("decode-0") == 0
         late = Stream()
         assert rt.submit("late", PROMPTS[0], params, late) == "decode-1"  # a drained unit takes nothing new
         for s in [*streams, late]:

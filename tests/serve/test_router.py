@@ -199,7 +199,7 @@ def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fa
     with pytest.raises(RefusedRequestError, match="2 units died"):
         router.submit("poison-again", [1, 2, 3], SamplingParams(max_tokens=4, seed=3), events.append)
     assert len([m for _, m in rt.sent if isinstance(m, ch.Generate)]) == 2
-    assert "poison-again" not in router._sinks  # nothing of it stays in flight
+    assert "poison-again" not in router._requests  # nothing of it stays in flight
     router.submit("other-seed", [1, 2, 3], SamplingParams(max_tokens=4, seed=4), events.append)
     assert rt.sent[-1][1].request_id == "other-seed"
 

@@ -160,7 +160,8 @@ def test_a_drain_lists_the_requests_it_moved_by_their_response_ids():
         for i, key in enumerate(keys):
             router.submit(key, [5, 6, 7], SamplingParams(max_tokens=HELD), lambda _ev: None,
                           response_id=f"cmpl-carol-{i}")
-        holder = next(n for n, ids in router._in_flight.items() if keys[0] in ids)
+        holder = router.unit_of(keys[0])
+        assert holder is not None
         drained = httpx.post(f"{http.url}/units/{holder}/drain", json={"timeout_s": 10}, headers=AUTH, timeout=30)
         assert drained.status_code == 200, drained.text
         moved = {m["request_id"] for m in drained.json()["moves"]}

@@ -63,9 +63,9 @@ def unmoved_text(deployment):
 
 
 def where(d, request_id: str) -> str:
-    rid = d.backend.resolve_request_id(request_id)
-    with d.backend._lock:
-        return next(n for n, ids in d.backend._in_flight.items() if rid in ids)
+    unit = d.backend.unit_of(d.backend.resolve_request_id(request_id))
+    assert unit is not None, f"{request_id} is not in flight"
+    return unit
 
 
 def test_the_move_command_moves_a_streaming_request_which_completes_as_unmoved(deployment, unmoved_text, capsys):

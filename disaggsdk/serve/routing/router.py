@@ -40,6 +40,7 @@ from disaggsdk.serve.moves.request_moves import DrainReport, LeverConflict, Move
 from disaggsdk.serve.routing.first_token_clock import FirstTokenClock
 from disaggsdk.serve.routing.poison_requests import PoisonRequests, RefusedRequestError, fingerprint
 from disaggsdk.serve.routing.prompt_logprobs_join import PromptLogprobsJoin
+from disaggsdk.serve.routing.request_state import RequestBook, RequestState
 from disaggsdk.serve.routing.unit_gauges import instance_stats
 from disaggsdk.serve.routing.unit_routability import NoRoutableUnitError, UnitRoutability
 from disaggsdk.serve.routing.unit_routing import SERVING_ROLES, UnitRouting
@@ -69,7 +70,6 @@ class Router:
     def __init__(self, runtime: Runtime, tracing: RequestTracing | None = None):
         self.runtime = runtime
         self.tracing = tracing
-        self._traced: set[str] = set()  # requests in flight whose root span records (guarded by _lock)
         self.spec: Spec = runtime.spec
         self.model_name = runtime.model_name
         self.max_model_len = max_model_len(self.spec, resolve_model(self.spec.model))  # checked at the HTTP edge
@@ -77,12 +77,7 @@ class Router:
         self.routing = UnitRouting.from_spec(self.spec)  # guarded by _lock
         self._lock = threading.Lock()
         self._closed = False
-        self._sinks: dict[str, Callable[[TokenEvent], None]] = {}
-        self._in_flight: dict[str, set[str]] = {name: set() for name in self._roles}
-        self._not_started: dict[str, tuple[list[int], SamplingParams]] = {}  # prompt and params until a first token
-        self._resubmitted: set[str] = set()  # requests already moved once off a dead or stalled unit
-        self._fingerprints: dict[str, bytes | None] = {}  # of each request in flight (`poison_requests`)
-        self._clients: dict[str, str] = {}  # who sent each request in flight ("": an in-process caller)
+        self._requests = RequestBook(list(self._roles))  # each request in flight, one record (guarded by _lock)
         self._poison = PoisonRequests()
         self._seq = itertools.count(1)
         self._stats = UnitStatsReplies(runtime)
@@ -133,9 +128,10 @@ class Router:
                 if move.moved_in and not move.target_down:
                     move.held.append(msg)  # delivered once the source's last tokens were read
                 return
-            if msg.request_id not in self._in_flight[unit]:
+            state = self._requests.get(msg.request_id)
+            if state is None or state.unit != unit:
                 return  # moved off this unit while it was stalled (its abort answer too), or finished
-            first = self._not_started.pop(msg.request_id, None) is not None
+            first, state.start = not state.started, None
             self.first_tokens.answered(msg.request_id, time.monotonic(), bool(msg.token_ids))
         if self.tracing is not None and first:
             self.tracing.first_token(msg.request_id, unit, msg.prefill_unit)
@@ -146,17 +142,9 @@ class Router:
         for event in events:
             rid = event.request_id
             with self._lock:
-                sink = self._sinks.get(rid)
-                if event.finished:
-                    for held in self._in_flight.values():
-                        held.discard(rid)
-                    self._sinks.pop(rid, None)
-                    self._resubmitted.discard(rid)
-                    self._fingerprints.pop(rid, None)
-                    self._clients.pop(rid, None)
-                    self._traced.discard(rid)
-            if sink is not None:
-                sink(event)
+                state = self._requests.pop(rid) if event.finished else self._requests.get(rid)
+            if state is not None:
+                state.sink(event)
             if event.finished and self.tracing is not None:
                 self.tracing.finish(rid, event.finish_reason, event.error)
 
@@ -176,12 +164,13 @@ class Router:
         asked = request_id  # what errors name it by: its key never leaves the server (`client_request_ids`)
         request_id = self.resolve_request_id(request_id) or request_id  # unknown: "not in flight" below
         with self._lock:
-            source = next((n for n, ids in self._in_flight.items() if request_id in ids), None)
-            if source is None or request_id not in self._sinks:
+            state = self._requests.get(request_id)
+            source = state.unit if state is not None else None
+            if state is None or source is None:
                 raise MoveError(f"request {asked!r} is not in flight")
             if self._moves.get(request_id) is not None:
                 raise MoveError(f"request {asked!r} is moving already")
-            if request_id in self._not_started:
+            if not state.started:
                 raise MoveError(f"request {asked!r} has not started decoding yet: its KV is still coming")
             if self._roles.get(source) != "decode":
                 raise MoveError(f"request {asked!r} is on {source} ({self._roles.get(source)}): only requests "
@@ -246,11 +235,11 @@ class Router:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                held = [r for r in self._in_flight[unit] if r in self._sinks]
-                startable = [r for r in held if r not in self._not_started and self._moves.get(r) is None]
+                held = self._requests.held_by(unit)
+                startable = [r for r in held if self._started(r) and self._moves.get(r) is None]
                 targets = [n for n, r in self._roles.items() if r == "decode" and n != unit
                            and n not in self._moves.draining and self.runtime.is_healthy(n)]
-                load = {n: len(self._in_flight[n]) for n in targets}
+                load = {n: self._requests.num_held(n) for n in targets}
             if not held and not pending:
                 break
             if startable and not targets:
@@ -268,7 +257,7 @@ class Router:
             pending = [f for f in pending if not f.done()]
             time.sleep(0.02)
         with self._lock:
-            remaining = sorted(r for r in self._in_flight[unit] if r in self._sinks)
+            remaining = sorted(self._requests.held_by(unit))
         return DrainReport(unit, outcomes, remaining)
 
     @property
@@ -281,9 +270,9 @@ class Router:
         response id (``cmpl-...``), or the ``X-Request-Id`` it sent (`client_request_ids`); None: none."""
         names = [public_id, f"cmpl-{public_id}", f"chatcmpl-{public_id}"]
         with self._lock:
-            if public_id in self._sinks:
+            if public_id in self._requests:
                 return public_id
-            for key in self._sinks:
+            for key in self._requests.ids():
                 for name in names:  # the server appends "-" and 32 hex digits of its own to a response id
                     tail = key[len(name) + 1:]
                     if key.startswith(name + "-") and len(tail) == 32 and all(c in "0123456789abcdef" for c in tail):
@@ -310,14 +299,26 @@ class Router:
         first token ``age_s`` seconds on: the TTFT misses a queue holds before they finish."""
         now_s = time.monotonic()
         with self._lock:
-            ages = [now_s - t for rid in self._not_started
-                    if (t := self.first_tokens.received_at(rid)) is not None and t >= since_s]
+            ages = [now_s - t for rid in self._requests.ids() if not self._started(rid)
+                    and (t := self.first_tokens.received_at(rid)) is not None and t >= since_s]
         return sum(age > age_s for age in ages)
 
     def num_in_flight(self, unit: str) -> int:
         """Requests ``unit`` holds now."""
         with self._lock:
-            return len(self._in_flight[unit])
+            return self._requests.num_held(unit)
+
+    def unit_of(self, request_id: str) -> str | None:
+        """The unit that holds request ``request_id`` (its key) now; None: it is not in flight, or
+        between units."""
+        with self._lock:
+            state = self._requests.get(request_id)
+            return state.unit if state is not None else None
+
+    def _started(self, request_id: str) -> bool:
+        """Under the lock: whether a request in flight has had its first token."""
+        state = self._requests.get(request_id)
+        return state is not None and state.started
 
     def switch_role(self, unit: str, role: str) -> Future[str]:
         """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.role_switch`);
@@ -364,7 +365,7 @@ class Router:
     def _on_moved_in(self, unit: str, msg: ch.RequestMovedIn) -> None:
         with self._lock:
             move = self._moves.get(msg.request_id)
-            expected = move is not None and move.target == unit and msg.request_id in self._sinks
+            expected = move is not None and move.target == unit and msg.request_id in self._requests
             if move is not None and expected:
                 move.moved_in, move.num_bytes, move.num_output_tokens = True, msg.num_bytes, msg.num_output_tokens
                 if move.source_ended:  # the source's end was read first (two channels): the move is done
@@ -389,13 +390,13 @@ class Router:
                 move.source_ended = True
             else:
                 self._moves.pop(rid)
+            state = self._requests.get(rid)
             if msg.moved and move.target_down:
                 error = f"request moved from {unit} to {move.target}, which then {move.target_fate}; retry the request"
-                self._in_flight[unit].discard(rid)
+                self._leave(state, rid, unit)
             elif msg.moved:
-                self._in_flight[unit].discard(rid)
-                if rid in self._sinks:
-                    self._in_flight[move.target].add(rid)
+                if state is not None:
+                    self._requests.place(state, rid, move.target)
                 held = move.held
         if waiting:
             return
@@ -416,8 +417,9 @@ class Router:
                 continue
             self._moves.pop(move.request_id)
             if move.moved_in and not move.target_down:
-                self._in_flight[unit].discard(move.request_id)
-                self._in_flight[move.target].add(move.request_id)
+                state = self._requests.get(move.request_id)
+                if state is not None:
+                    self._requests.place(state, move.request_id, move.target)
                 continued.append(move)
             else:
                 dropped.append(move)
@@ -428,8 +430,13 @@ class Router:
                 continue
             move.target_down = True
             move.held.clear()
-            self._in_flight[unit].discard(move.request_id)
+            self._leave(self._requests.get(move.request_id), move.request_id, unit)
         return continued, dropped
+
+    def _leave(self, state: RequestState | None, request_id: str, unit: str) -> None:
+        """Under the lock: ``unit`` holds the request no more (if it held it)."""
+        if state is not None and state.unit == unit:
+            self._requests.place(state, request_id, None)
 
     def _on_unit_down(self, unit: str, down: UnitDown) -> None:
         with self._lock:
@@ -438,23 +445,25 @@ class Router:
         if role_change is not None:
             role_change.set_result(f"{unit} died before it changed role")
         with self._lock:
-            held = list(self._in_flight[unit])
-            self._in_flight[unit].clear()
+            held = self._requests.held_by(unit)
+            states = {rid: state for rid in held if (state := self._requests.get(rid)) is not None}
+            for rid, state in states.items():
+                self._requests.place(state, rid, None)
             self.routing.forget(unit)  # what it cached goes with it
             # each waiting request's fingerprint counts this death once, however many copies waited;
             # a unit stopped only because its lock-step group lost a rank did not die of what it held
-            waiting = [] if down.collateral else [rid for rid in held if rid in self._not_started]
-            deaths = {fp: self._poison.unit_died_holding(fp) for fp in {self._fingerprints.get(r) for r in waiting}}
+            waiting = [] if down.collateral else [rid for rid, state in states.items() if not state.started]
+            deaths = {fp: self._poison.unit_died_holding(fp) for fp in {states[r].fingerprint for r in waiting}}
             # A waiting request is poison once units died holding it max_unit_deaths times, or at its
             # first death when its client sent poison before; its client is counted once per request.
             poison: dict[str, int] = {}
-            suspects = {c for c in {self._clients.get(r, "") for r in waiting} if self._poison.poison_sent_by(c)}
-            for fp, client in {(self._fingerprints.get(r), self._clients.get(r, "")) for r in waiting}:
+            suspects = {c for c in {states[r].client for r in waiting} if self._poison.poison_sent_by(c)}
+            for fp, client in {(states[r].fingerprint, states[r].client) for r in waiting}:
                 if deaths[fp] >= self._poison.max_unit_deaths or client in suspects:
                     self._poison.sent_poison(client)
             for rid in waiting:
-                fp_deaths = deaths[self._fingerprints.get(rid)]
-                if fp_deaths >= self._poison.max_unit_deaths or self._clients.get(rid, "") in suspects:
+                fp_deaths = deaths[states[rid].fingerprint]
+                if fp_deaths >= self._poison.max_unit_deaths or states[rid].client in suspects:
                     poison[rid] = fp_deaths
         for move in continued:
             move.end(True)
@@ -476,15 +485,9 @@ class Router:
         """End a request that ``unit`` held (and holds no more) with ``error``."""
         self._join.forget(request_id)
         with self._lock:
-            self._in_flight[unit].discard(request_id)
-            self._resubmitted.discard(request_id)
-            sink = self._sinks.pop(request_id, None)
-            self._not_started.pop(request_id, None)
-            self._fingerprints.pop(request_id, None)
-            self._clients.pop(request_id, None)
-            self._traced.discard(request_id)
-        if sink is not None:
-            sink(TokenEvent(request_id, [], True, "error", error=error, instance=unit))
+            state = self._requests.pop(request_id)
+        if state is not None:
+            state.sink(TokenEvent(request_id, [], True, "error", error=error, instance=unit))
         if self.tracing is not None:
             self.tracing.finish(request_id, "error", error)
 
@@ -492,7 +495,7 @@ class Router:
         """Move the requests waiting on a stalled unit for their first token (once, as from a dead
         unit), and abort them there; those streaming stay (their tokens resume if it wakes)."""
         with self._lock:
-            waiting = [rid for rid in self._in_flight[unit] if rid in self._not_started]
+            waiting = [rid for rid in self._requests.held_by(unit) if not self._started(rid)]
         for rid in waiting:
             if self._resubmit(rid, leaving=unit):
                 self.runtime.send(unit, ch.Abort(rid))
@@ -507,7 +510,7 @@ class Router:
         request (`CancelMove`) and says how the move ended. A move from it ends with its request."""
         why = f"{unit} is unreachable: nothing heard from it for {silent_s:.1f} s (serve.unit_unreachable_s)"
         with self._lock:
-            held = list(self._in_flight[unit])
+            held = self._requests.held_by(unit)
             cancel = [m for m in self._moves.to(unit) if not m.source_ended]
             for move in cancel:  # should the source say it let go after all, the request ends: see _on_move_ended
                 move.target_down, move.target_fate = True, "became unreachable"
@@ -532,29 +535,26 @@ class Router:
             leaving: the unit it leaves when that unit still lives (stalled or unreachable); None: it died.
         """
         with self._lock:
-            start = self._not_started.get(request_id)
-            if start is None or request_id in self._resubmitted or request_id not in self._sinks:
+            state = self._requests.get(request_id)
+            if state is None or state.start is None or state.resubmitted:
                 return False
+            start = state.start
             unit = self._pick_unit(self.routing.hashes(start[0]))
             if unit is None or unit == leaving:
                 return False
-            self._resubmitted.add(request_id)
-            self._in_flight[unit].add(request_id)
-            if leaving is not None:
-                self._in_flight[leaving].discard(request_id)
-            traced = request_id in self._traced
-        if self.runtime.send(unit, ch.Generate(request_id, *start, traced=traced)):
+            state.resubmitted = True
+            self._requests.place(state, request_id, unit)
+        if self.runtime.send(unit, ch.Generate(request_id, *start, traced=state.traced)):
             return True
         with self._lock:
-            self._in_flight[unit].discard(request_id)
-            if leaving is not None:
-                self._in_flight[leaving].add(request_id)
+            if self._requests.get(request_id) is state:  # not ended meanwhile
+                self._requests.place(state, request_id, leaving)
         return False
 
     def _pick_unit(self, hashes: list[bytes]) -> str | None:
         serving = [n for n, role in self._roles.items()
                    if role in SERVING_ROLES and self.runtime.is_healthy(n) and n not in self._moves.draining]
-        return self.routing.pick(serving, hashes, {n: len(self._in_flight[n]) for n in serving})
+        return self.routing.pick(serving, hashes, {n: self._requests.num_held(n) for n in serving})
 
     def compile_stages(self) -> dict[str, str | None]:
         """Each unit's step compile as it last said (`Runtime.compile_stages`)."""
@@ -628,12 +628,7 @@ class Router:
             delivered = self.runtime.send(unit, ch.Generate(request_id, list(prompt_ids), params, traced=traced))
         except Exception as exc:  # cannot even be encoded (an int over 64 bits): never leave it in flight
             with self._lock:
-                self._in_flight[unit].discard(request_id)
-                self._sinks.pop(request_id, None)
-                self._not_started.pop(request_id, None)
-                self._fingerprints.pop(request_id, None)
-                self._clients.pop(request_id, None)
-                self._traced.discard(request_id)
+                self._requests.pop(request_id)
             if traced and self.tracing is not None:
                 self.tracing.finish(request_id, "error", str(exc))
             raise LaunchError(f"request {request_id!r} cannot be sent to a unit: {exc}") from exc
@@ -648,7 +643,7 @@ class Router:
         with self._lock:
             if self._closed:
                 raise LaunchError("the runtime is closed; start a new one")
-            if request_id in self._sinks:
+            if request_id in self._requests:
                 raise LaunchError(f"request id {request_id!r} is in flight; use a fresh id")
             if self._poison.is_poison(fp):
                 raise RefusedRequestError(self._poison.refusal(self._poison.deaths(fp)))
@@ -658,13 +653,7 @@ class Router:
             unit = self._pick_unit(hashes)
             if unit is None:
                 raise NoRoutableUnitError(self._routability().no_serving_unit())
-            self._in_flight[unit].add(request_id)
-            self._sinks[request_id] = sink
-            self._fingerprints[request_id] = fp
-            self._clients[request_id] = client
-            self._not_started[request_id] = (list(prompt_ids), params)
-            if traced:
-                self._traced.add(request_id)
+            self._requests.add(request_id, RequestState(sink, fp, client, traced, (list(prompt_ids), params)), unit)
             self.first_tokens.received(request_id, time.monotonic())
             self._join.expect(request_id, params)
         return unit
@@ -701,7 +690,8 @@ class Router:
     def abort_sync(self, request_id: str) -> None:
         """`abort` for callers without an event loop."""
         with self._lock:
-            owners = [n for n, ids in self._in_flight.items() if request_id in ids]
+            state = self._requests.get(request_id)
+            owners = [state.unit] if state is not None and state.unit is not None else []
             move = self._moves.get(request_id)
             if move is not None and move.target not in owners:
                 owners.append(move.target)  # it may be decoding there already
@@ -806,9 +796,9 @@ class Router:
             self._closed = True
         self.runtime.close()
         with self._lock:
-            sinks, self._sinks = self._sinks, {}
-        for rid, sink in sinks.items():
-            sink(TokenEvent(rid, [], True, "error", error="the runtime was closed"))
+            states = self._requests.pop_all()
+        for rid, state in states.items():
+            state.sink(TokenEvent(rid, [], True, "error", error="the runtime was closed"))
             if self.tracing is not None:
                 self.tracing.finish(rid, "error", "the runtime was closed")
         if self.tracing is not None:
