@@ -17,7 +17,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -39,42 +39,10 @@ if TYPE_CHECKING:
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.report.waterfall import TimelineSpan
     from disaggsdk.serve.autoscale.autoscaler import AutoscaleDecision, Autoscaler
-    from disaggsdk.serve.backend import ServingBackend
+    from disaggsdk.serve.backend import LaunchedUnits, ServingBackend
     from disaggsdk.serve.moves.rebalance import RebalanceReport
     from disaggsdk.serve.moves.request_moves import DrainReport, MoveOutcome
-    from disaggsdk.serve.routing.router import Router
     from disaggsdk.spec.types import Spec
-
-
-@runtime_checkable
-class LaunchedBackend(Protocol):
-    """What a backend over launched unit processes (`serve.routing.router.Router`) answers beyond
-    `ServingBackend`; one engine in this process has no phases and cannot lose its units."""
-
-    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary:
-        """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
-        ...
-
-    def unrecoverable(self) -> str | None:
-        """Why no request can be served again (units that cannot restart); None while they can."""
-        ...
-
-    def compile_stages(self) -> dict[str, str | None]:
-        """Each unit's step compile as it last said: None (none), "compiling", "compiled", "compile_failed"."""
-        ...
-
-    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
-        """Block until no unit still compiles its step (or ``timeout_s`` passed); each unit's stage."""
-        ...
-
-
-@runtime_checkable
-class TracedBackend(Protocol):
-    """A backend that can trace its requests (`serve.routing.router.Router`: `serve.tracing.request_tracing`)."""
-
-    def trace(self, request_id: str) -> list[TimelineSpan]:
-        """The finished spans of a recent traced request; [] when tracing is off or it is not held."""
-        ...
 
 
 def _stop(server: HttpServer, backend: ServingBackend) -> None:
@@ -206,26 +174,23 @@ class Deployment:
         """Each unit's step compile as it last said: None (it does not compile), "compiling" (in the
         background: it serves eagerly meanwhile), "compiled" or "compile_failed"; {} for one engine in
         this process."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.compile_stages()
-        return {}
+        units = self.backend.units()
+        return units.compile_stages() if units is not None else {}
 
     def wait_until_compiled(self, timeout_s: float = 900.0) -> dict[str, str | None]:
         """Block until no unit still compiles its step in the background (engine.background_compile):
         call it before measuring the deployment's steady speed; a first start compiles for about a
         minute on 2 cores. Returns each unit's stage ("compiled", "compile_failed", None where it does
         not compile, "compiling" if ``timeout_s`` passed first); {} for one engine in this process."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.wait_until_compiled(timeout_s)
-        return {}
+        units = self.backend.units()
+        return units.wait_until_compiled(timeout_s) if units is not None else {}
 
     def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
         phase (`disaggsdk.report.ttft_phases`); None for a backend that does not measure it (one engine
         in this process: it has no phases)."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.ttft_phases(since_s)
-        return None
+        units = self.backend.units()
+        return units.ttft_phases(since_s) if units is not None else None
 
     def trace(self, request_id: str) -> list[TimelineSpan]:
         """The spans of a recent request's trace (router, prefill and decode units), when tracing is on
@@ -239,9 +204,8 @@ class Deployment:
             does not trace (one engine in this process), or the request is older than the last
             `serve.tracing.request_tracing.MAX_KEPT_TRACES` traced ones.
         """
-        if isinstance(self.backend, TracedBackend):
-            return self.backend.trace(request_id)
-        return []
+        units = self.backend.units()
+        return units.trace(request_id) if units is not None else []
 
     def waterfall(self, request_id: str) -> Figure:
         """A recent request's spans drawn as a waterfall (`report.waterfall.waterfall`): where its
@@ -308,13 +272,13 @@ class Deployment:
 
     # moving decoding requests between decode units (serve.moves.request_moves)
 
-    def _router(self) -> Router:
+    def _router(self) -> LaunchedUnits:
         from disaggsdk.serve.moves.request_moves import MoveError
-        from disaggsdk.serve.routing.router import Router
 
-        if not isinstance(self.backend, Router):
+        units = self.backend.units()
+        if units is None:
             raise MoveError("this deployment is one engine in one process: it has no units to move requests between")
-        return self.backend
+        return units
 
     def move(self, request_id: str, to: str, timeout_s: float = 60.0) -> MoveOutcome:
         """Move a decoding request to decode unit ``to`` with its KV; it continues there exactly (the

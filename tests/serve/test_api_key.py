@@ -41,6 +41,9 @@ class TwoTokens:
     def close(self):
         pass
 
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
+
 
 @pytest.fixture(scope="module")
 def url():

@@ -51,6 +51,9 @@ class FakeBackend:
     def close(self):
         pass
 
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
+
 
 def serve(backend, **options):
     app = build_app(backend, ServerMetrics(backend.stats, backend.model_name), **options)

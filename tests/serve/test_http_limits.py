@@ -66,6 +66,9 @@ class HeldBackend:
     def close(self):
         pass
 
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
+
 
 @pytest.fixture(scope="module")
 def served():

@@ -129,6 +129,9 @@ class ScriptedBackend:
     def stats(self, wait_s=0.0):
         return []
 
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
+
 
 def test_auto_output_is_split_into_content_and_parsed_calls():
     import asyncio

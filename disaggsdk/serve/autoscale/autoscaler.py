@@ -25,8 +25,8 @@ from disaggsdk.serve.moves.request_moves import MoveError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter
 
+    from disaggsdk.serve.backend import LaunchedUnits
     from disaggsdk.serve.metrics import ServedRequest
-    from disaggsdk.serve.routing.router import Router
 
 TICK_S = 1.0
 MAX_DECISIONS = 256
@@ -76,7 +76,7 @@ class Autoscaler:
         model_name: the ``model_name`` label of its series.
     """
 
-    def __init__(self, router: Router, served: Callable[[], list[ServedRequest]],
+    def __init__(self, router: LaunchedUnits, served: Callable[[], list[ServedRequest]],
                  registry: CollectorRegistry | None = None, say: Callable[[str], None] = print,
                  model_name: str = ""):
         self.router, self.served, self.say = router, served, say

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.backend import LaunchedUnits, TokenEvent
 from disaggsdk.serve.model_tokenizer import encode_prompt
 
 if TYPE_CHECKING:
@@ -155,6 +155,10 @@ class InProcessBackend:
         self._inbox.put(None)
         self._thread.join(timeout=30)
         self._engine.close()
+
+    def units(self) -> LaunchedUnits | None:
+        """None: one engine in this process has no units to route, move, trace or wait for."""
+        return None
 
     def __enter__(self) -> InProcessBackend:
         return self

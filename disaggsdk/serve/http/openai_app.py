@@ -47,7 +47,6 @@ from disaggsdk.serve.http.request_run import RequestRun
 from disaggsdk.serve.http.tokenize_routes import add_tokenize_routes, model_vocab_size
 from disaggsdk.serve.http.unit_control_routes import add_unit_control_routes
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.routing.router import Router
 from disaggsdk.serve.routing.unit_routability import RETRY_AFTER_S
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # 8 MiB: ~1M prompt token ids as JSON, past any context window
@@ -166,8 +165,9 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         # availability); "down": no decode or mixed unit is up at all
         stats = metrics.stats()
         alive = any(s.healthy for s in stats if s.role in ("decode", "mixed"))
-        if isinstance(backend, Router):
-            routability = backend.routability()
+        units = backend.units()
+        if units is not None:
+            routability = units.routability()
             reasons, can_serve = routability.reasons(), routability.can_serve()
         else:
             reasons, can_serve = [f"{s.name} is down" for s in stats if not s.healthy], alive
@@ -176,12 +176,12 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         if reasons:
             body["reasons"] = list(reasons)
         # a router's units may run beyond this machine (Ray): where each runs; an in-process engine is here
-        placement: dict[str, str] = backend.placement() if isinstance(backend, Router) else {}
+        placement: dict[str, str] = units.placement() if units is not None else {}
         if placement:
             body["placement"] = placement
         # units compiling their step in the background serve meanwhile, slower: a benchmark waits for
         # "compiled" (or "compile_failed") everywhere first (engine.background_compile)
-        stages = {name: stage for name, stage in (backend.compile_stages() if isinstance(backend, Router) else {}).items()
+        stages = {name: stage for name, stage in (units.compile_stages() if units is not None else {}).items()
                   if stage is not None}
         if stages:
             body["compile"] = stages
@@ -213,7 +213,8 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
         # deployment's (`face.deployment.fetch_trace`); sync: it may wait on a lock for a unit's spans, on a worker thread.
         # Found by exactly the response id or X-Request-Id its client got, which proves the request its own
         # (`serve.tracing.request_tracing`): never by a prefix, a part of an id, or the request's internal key
-        spans = backend.trace(request_id) if isinstance(backend, Router) else []
+        units = backend.units()
+        spans = units.trace(request_id) if units is not None else []
         if not spans:
             raise BadRequestError(f"no trace is held for request {request_id!r}: tracing is off (serve.otlp_traces_endpoint, "
                                   "OTEL_TRACES_EXPORTER), or the request is unknown or older than the last traced ones",

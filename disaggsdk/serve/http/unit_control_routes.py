@@ -30,8 +30,7 @@ from disaggsdk.serve.http.openai_json import decode_body
 from disaggsdk.serve.moves.request_moves import LeverConflict, MoveError
 
 if TYPE_CHECKING:
-    from disaggsdk.serve.backend import ServingBackend
-    from disaggsdk.serve.routing.router import Router
+    from disaggsdk.serve.backend import LaunchedUnits, ServingBackend
 
 MAX_DRAIN_TIMEOUT_S = 600.0
 MOVE_TIMEOUT_S = 60.0  # one move: the KV of one request over the fabric, far below this
@@ -47,7 +46,6 @@ def refusal(exc: MoveError, param: str | None) -> BadRequestError:
 def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Callable[[Request], Awaitable[None]],
                             body_of: Callable[[Request], Awaitable[bytes]]) -> None:
     """Add the drain, undrain and move endpoints to ``app`` (``body_of``: the app's bounded body reader)."""
-    from disaggsdk.serve.routing.router import Router
 
     async def json_object(request: Request) -> dict[str, object]:
         raw = await body_of(request)
@@ -56,11 +54,12 @@ def add_unit_control_routes(app: FastAPI, backend: ServingBackend, check_key: Ca
             raise BadRequestError("the body must be a JSON object")
         return body
 
-    def router() -> Router:
-        if not isinstance(backend, Router):
+    def router() -> LaunchedUnits:
+        units = backend.units()
+        if units is None:
             raise BadRequestError("this deployment is one engine in one process: it has no units to move requests "
                                   "between", status=400)
-        return backend
+        return units
 
     @app.post("/units/{unit}/drain", dependencies=[Depends(check_key)])
     async def drain(unit: str, request: Request) -> JSONResponse:

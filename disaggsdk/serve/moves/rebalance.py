@@ -25,7 +25,7 @@ from disaggsdk.serve.routing.unit_routability import UnitRoutability
 from disaggsdk.spec.rules import role_change_problem
 
 if TYPE_CHECKING:
-    from disaggsdk.serve.routing.router import Router
+    from disaggsdk.serve.backend import LaunchedUnits
 
 SWITCH_TIMEOUT_S = 60.0  # a unit with nothing in flight switches in milliseconds; a prefill unit's jobs drain first
 
@@ -103,7 +103,7 @@ def plan_changes(roles: dict[str, str], load: dict[str, int], prefill: int, deco
     return [(u, after) for u in leaving]
 
 
-def rebalance(router: Router, prefill: int, decode: int, drain_timeout_s: float = 60.0) -> RebalanceReport:
+def rebalance(router: LaunchedUnits, prefill: int, decode: int, drain_timeout_s: float = 60.0) -> RebalanceReport:
     """Turn units around until ``prefill`` of them prefill and ``decode`` decode (see the module doc).
     One runs at a time: a call while another runs is refused at once rather than queued, as its layout
     was chosen from roles the running one is changing.
@@ -126,7 +126,7 @@ def rebalance(router: Router, prefill: int, decode: int, drain_timeout_s: float 
         router.rebalancing.release()
 
 
-def _rebalance(router: Router, prefill: int, decode: int, drain_timeout_s: float) -> RebalanceReport:
+def _rebalance(router: LaunchedUnits, prefill: int, decode: int, drain_timeout_s: float) -> RebalanceReport:
     routability = router.routability()
     roles = {u: r for u, r in routability.roles.items() if r in ("prefill", "decode")}
     changes = plan_changes(roles, {u: router.num_in_flight(u) for u in roles}, prefill, decode, routability)

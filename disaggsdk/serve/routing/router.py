@@ -34,7 +34,7 @@ from disaggsdk.launch.base import LaunchError
 from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.serve.backend import TokenEvent
+from disaggsdk.serve.backend import LaunchedUnits, TokenEvent
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.moves.request_moves import DrainReport, LeverConflict, Move, MoveError, MoveOutcome, RequestMoves
 from disaggsdk.serve.routing.first_token_clock import FirstTokenClock
@@ -574,6 +574,10 @@ class Router:
                 f"their logs are named in the reports above")
 
     # ServingBackend
+
+    def units(self) -> LaunchedUnits:
+        """This router: it offers everything of launched units (`LaunchedUnits`)."""
+        return self
 
     def tokenizer_or_none(self) -> Tokenizer | None:
         """The model's tokenizer, or None when the model has none."""
