@@ -105,7 +105,7 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
     from disaggsdk.messenger.context import context_bytes
     from disaggsdk.models import resolve_model
     from disaggsdk.plan.memory import num_pages_per_rank
-    from disaggsdk.serve.local import serve_locally
+    from disaggsdk.serve.backends.local import serve_locally
 
     pages = -(-(prompt_len + 8) // spec.kv.page_size) + 2
     spec = attrs.evolve(

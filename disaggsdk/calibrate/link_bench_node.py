@@ -41,7 +41,7 @@ from disaggsdk.bench.link_figures import (
 )
 
 if TYPE_CHECKING:
-    from disaggsdk.serve.router import Router
+    from disaggsdk.serve.routing.router import Router
     from disaggsdk.sim.hardware import HardwareProfile
     from disaggsdk.spec.types import Spec
 
@@ -268,7 +268,7 @@ def run(config: LinkBenchConfig, link: LinkControl, log: IO[str]) -> tuple[list[
         the rows, and the engine profile the simulator's figures started from (before anchoring).
     """
     from disaggsdk.calibrate.engine_profile import calibrate_engine
-    from disaggsdk.serve.local import serve_locally
+    from disaggsdk.serve.backends.local import serve_locally
     from disaggsdk.spec import parse_spec_yaml
 
     base = parse_spec_yaml(config["spec_yaml"])

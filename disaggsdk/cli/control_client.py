@@ -1,4 +1,4 @@
-"""Calling a running deployment's control endpoints (`serve.unit_control_routes`) from the command line."""
+"""Calling a running deployment's control endpoints (`serve.http.unit_control_routes`) from the command line."""
 
 from __future__ import annotations
 

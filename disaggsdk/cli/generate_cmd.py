@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_spec(args: argparse.Namespace) -> int:
     """`generate --spec`: the spec's processes on this machine (disaggsdk.launch), then teardown."""
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.serve.offline import generate_with_spec
+    from disaggsdk.serve.backends.offline import generate_with_spec
     from disaggsdk.spec import load_spec
 
     params = SamplingParams(

@@ -150,13 +150,12 @@ def launch_spec(args: argparse.Namespace, console: Console, colocated: bool, por
 
 def _wait_while_serving(d: Deployment) -> None:
     """Return never; raise LaunchError once the backend can serve no request again."""
-    from disaggsdk.face.deployment import LaunchedBackend
     from disaggsdk.launch.base import LaunchError
 
-    backend = d.backend
+    units = d.backend.units()
     while True:
         time.sleep(POLL_S)
-        reason = backend.unrecoverable() if isinstance(backend, LaunchedBackend) else None
+        reason = units.unrecoverable() if units is not None else None
         if reason:
             raise LaunchError(f"shutting down: {reason}")
 

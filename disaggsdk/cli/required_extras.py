@@ -38,7 +38,7 @@ MODULE_EXTRAS: Mapping[str, str] = {
     **{module: extra for extra, modules in list(EXTRA_MODULES.items())[::-1] for module in modules},
     "_cffi_backend": "transfer",  # cffi's compiled half: what a cffi-built module imports first
     "starlette": "serve",  # fastapi's base
-    "h11": "serve",  # uvicorn's HTTP/1.1 parser (serve/http_limits.py sets its limits)
+    "h11": "serve",  # uvicorn's HTTP/1.1 parser (serve/http/http_limits.py sets its limits)
     "pyarrow": "kernels",  # aiconfigurator-core's dependency that reads its parquet tables (sim/kernel_db.py)
 }
 

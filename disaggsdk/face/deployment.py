@@ -4,9 +4,9 @@
         print(d.generate("def fib(n):"))
         print(d.bench(num_prompts=20, request_rate=4, input_len=256, output_len=32))
 
-`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a `serve.router.Router`); `serve_model` one
-colocated engine in this process. Either way `shutdown` (or leaving the ``with``) stops the
-server and every process the backend started.
+`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a
+`serve.routing.router.Router`); `serve_model` one colocated engine in this process. Either way
+`shutdown` (or leaving the ``with``) stops the server and every process the backend started.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from disaggsdk.serve.http_guard import LOOPBACK_HOSTS
-from disaggsdk.serve.http_limits import HttpLimits
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.http_guard import LOOPBACK_HOSTS
+from disaggsdk.serve.http.http_limits import HttpLimits
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,43 +38,11 @@ if TYPE_CHECKING:
     from disaggsdk.report.deployment_metrics import DeploymentMetrics
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.report.waterfall import TimelineSpan
-    from disaggsdk.serve.autoscaler import AutoscaleDecision, Autoscaler
-    from disaggsdk.serve.backend import ServingBackend
-    from disaggsdk.serve.rebalance import RebalanceReport
-    from disaggsdk.serve.request_moves import DrainReport, MoveOutcome
-    from disaggsdk.serve.router import Router
+    from disaggsdk.serve.autoscale.autoscaler import AutoscaleDecision, Autoscaler
+    from disaggsdk.serve.backend import LaunchedUnits, ServingBackend
+    from disaggsdk.serve.moves.rebalance import RebalanceReport
+    from disaggsdk.serve.moves.request_moves import DrainReport, MoveOutcome
     from disaggsdk.spec.types import Spec
-
-
-@runtime_checkable
-class LaunchedBackend(Protocol):
-    """What a backend over launched unit processes (`serve.router.Router`) answers beyond
-    `ServingBackend`; one engine in this process has no phases and cannot lose its units."""
-
-    def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary:
-        """Where the TTFT of requests received since ``since_s`` went (`report.ttft_phases`)."""
-        ...
-
-    def unrecoverable(self) -> str | None:
-        """Why no request can be served again (units that cannot restart); None while they can."""
-        ...
-
-    def compile_stages(self) -> dict[str, str | None]:
-        """Each unit's step compile as it last said: None (none), "compiling", "compiled", "compile_failed"."""
-        ...
-
-    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
-        """Block until no unit still compiles its step (or ``timeout_s`` passed); each unit's stage."""
-        ...
-
-
-@runtime_checkable
-class TracedBackend(Protocol):
-    """A backend that can trace its requests (`serve.router.Router`: `serve.request_tracing`)."""
-
-    def trace(self, request_id: str) -> list[TimelineSpan]:
-        """The finished spans of a recent traced request; [] when tracing is off or it is not held."""
-        ...
 
 
 def _stop(server: HttpServer, backend: ServingBackend) -> None:
@@ -94,12 +62,12 @@ class Deployment:
         port: TCP port; 0 picks a free one (see `url`).
         api_key: when set, clients must send ``Authorization: Bearer <api_key>``.
         name: shown in the live views.
-        sock: a listening socket bound before the backend started (`serve.http_server.bind_listener`).
+        sock: a listening socket bound before the backend started (`serve.http.http_server.bind_listener`).
         allowed_hosts: the Host / Origin names answered (loopback by default; ``"*"`` for any).
         metrics_require_key: /metrics asks for ``api_key`` too.
         served_model_name: the model name clients use (default: the backend's model).
         allowed_origins: web origins whose pages may call the server (CORS; ``"*"``: any); none by default.
-        limits: header and idle timeouts, the queue bound (`serve.http_limits`); None: the spec's defaults.
+        limits: header and idle timeouts, the queue bound (`serve.http.http_limits`); None: the spec's defaults.
         access_log: one line per finished request on stdout (`serve.access_log`).
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
@@ -206,26 +174,23 @@ class Deployment:
         """Each unit's step compile as it last said: None (it does not compile), "compiling" (in the
         background: it serves eagerly meanwhile), "compiled" or "compile_failed"; {} for one engine in
         this process."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.compile_stages()
-        return {}
+        units = self.backend.units()
+        return units.compile_stages() if units is not None else {}
 
     def wait_until_compiled(self, timeout_s: float = 900.0) -> dict[str, str | None]:
         """Block until no unit still compiles its step in the background (engine.background_compile):
         call it before measuring the deployment's steady speed; a first start compiles for about a
         minute on 2 cores. Returns each unit's stage ("compiled", "compile_failed", None where it does
         not compile, "compiling" if ``timeout_s`` passed first); {} for one engine in this process."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.wait_until_compiled(timeout_s)
-        return {}
+        units = self.backend.units()
+        return units.wait_until_compiled(timeout_s) if units is not None else {}
 
     def ttft_phases(self, since_s: float = 0.0) -> PhaseSummary | None:
         """Where the TTFT of requests received since ``since_s`` (`time.monotonic()`) went, phase by
         phase (`disaggsdk.report.ttft_phases`); None for a backend that does not measure it (one engine
         in this process: it has no phases)."""
-        if isinstance(self.backend, LaunchedBackend):
-            return self.backend.ttft_phases(since_s)
-        return None
+        units = self.backend.units()
+        return units.ttft_phases(since_s) if units is not None else None
 
     def trace(self, request_id: str) -> list[TimelineSpan]:
         """The spans of a recent request's trace (router, prefill and decode units), when tracing is on
@@ -237,11 +202,10 @@ class Deployment:
         Returns:
             its finished spans (`report.waterfall.TimelineSpan`); [] when tracing is off, the backend
             does not trace (one engine in this process), or the request is older than the last
-            `serve.request_tracing.MAX_KEPT_TRACES` traced ones.
+            `serve.tracing.request_tracing.MAX_KEPT_TRACES` traced ones.
         """
-        if isinstance(self.backend, TracedBackend):
-            return self.backend.trace(request_id)
-        return []
+        units = self.backend.units()
+        return units.trace(request_id) if units is not None else []
 
     def waterfall(self, request_id: str) -> Figure:
         """A recent request's spans drawn as a waterfall (`report.waterfall.waterfall`): where its
@@ -306,15 +270,15 @@ class Deployment:
         self._dashboards.append(dash)
         return dash.start() if start else dash
 
-    # moving decoding requests between decode units (serve.request_moves)
+    # moving decoding requests between decode units (serve.moves.request_moves)
 
-    def _router(self) -> Router:
-        from disaggsdk.serve.request_moves import MoveError
-        from disaggsdk.serve.router import Router
+    def _router(self) -> LaunchedUnits:
+        from disaggsdk.serve.moves.request_moves import MoveError
 
-        if not isinstance(self.backend, Router):
+        units = self.backend.units()
+        if units is None:
             raise MoveError("this deployment is one engine in one process: it has no units to move requests between")
-        return self.backend
+        return units
 
     def move(self, request_id: str, to: str, timeout_s: float = 60.0) -> MoveOutcome:
         """Move a decoding request to decode unit ``to`` with its KV; it continues there exactly (the
@@ -346,7 +310,7 @@ class Deployment:
     def start_autoscaler(self, say: Callable[[str], None] = print) -> None:
         """Run the spec's `serve.autoscale` policy over this deployment (`launch` does when it is enabled):
         units change role as the SLO attainment asks; ``say`` gets each decision's line."""
-        from disaggsdk.serve.autoscaler import Autoscaler
+        from disaggsdk.serve.autoscale.autoscaler import Autoscaler
 
         if self._autoscaler is None:
             self._autoscaler = Autoscaler(self._router(), self.server_metrics.recent, self.server_metrics.registry,
@@ -367,7 +331,7 @@ class Deployment:
                 rebalance runs, or the layout needs a unit that is down to change role or would leave
                 no routable decode unit (nor prefill unit, where it keeps one).
         """
-        from disaggsdk.serve.rebalance import rebalance
+        from disaggsdk.serve.moves.rebalance import rebalance
 
         return rebalance(self._router(), prefill, decode, drain_timeout_s)
 
@@ -435,7 +399,7 @@ def serve_model(model: str, engine_config: EngineConfig | None = None, host: str
         server_options: `Deployment`'s ``allowed_hosts``, ``metrics_require_key``, ``served_model_name``,
             ``allowed_origins``, ``limits`` and ``access_log``.
     """
-    from disaggsdk.serve.inprocess_backend import InProcessBackend
+    from disaggsdk.serve.backends.inprocess_backend import InProcessBackend
 
     backend = InProcessBackend(model, engine_config, on_compile=on_compile)
     return Deployment(backend, host, port, api_key, name=f"{model} (colocated, in process)", **server_options)
@@ -455,7 +419,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         api_key: see `Deployment`.
         served_model_name: overrides ``spec.serve.model_name``.
         allowed_origins: see `Deployment`.
-        runtime_options: passed to `disaggsdk.serve.local.serve_locally`: ``span_exporter`` (trace
+        runtime_options: passed to `disaggsdk.serve.backends.local.serve_locally`: ``span_exporter`` (trace
             every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
             they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
             ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.LocalRuntime`'s
@@ -468,7 +432,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         TracingUnavailableError: tracing is asked for but opentelemetry is missing (the ``trace`` extra).
     """
     from disaggsdk.face.preflight import local_runtime
-    from disaggsdk.serve.http_server import bind_listener
+    from disaggsdk.serve.http.http_server import bind_listener
 
     serve_locally = local_runtime()
     host = host or spec.serve.host

@@ -17,14 +17,14 @@ class LaunchUnavailableError(DisaggError):
 
 
 def local_runtime() -> Any:
-    """`disaggsdk.serve.local.serve_locally`: starts a spec's units here and routes to them.
+    """`disaggsdk.serve.backends.local.serve_locally`: starts a spec's units here and routes to them.
 
     Raises:
         LaunchUnavailableError: the local runtime is not part of this installation.
     """
     try:
         from disaggsdk.launch import LocalRuntime  # noqa: F401 - the part a trimmed build lacks
-        from disaggsdk.serve.local import serve_locally
+        from disaggsdk.serve.backends.local import serve_locally
     except ImportError as exc:
         if not (exc.name or "").startswith("disaggsdk.launch") and "LocalRuntime" not in str(exc):
             raise

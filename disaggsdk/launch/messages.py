@@ -73,7 +73,7 @@ class Generate(msgspec.Struct, frozen=True, tag=True):
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams  # a plain dataclass: msgspec encodes it and re-runs its checks on decode
-    # the router traces it (`serve.request_tracing`): the units it reaches record its phases and send
+    # the router traces it (`serve.tracing.request_tracing`): the units it reaches record its phases and send
     # them in a `RequestSpans`; False (tracing off, the default): nothing is recorded or sent
     traced: bool = False
 

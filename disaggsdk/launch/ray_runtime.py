@@ -22,7 +22,7 @@ def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
                on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
                max_restarts: int = DEFAULT_MAX_RESTARTS, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
                on_progress: Callable[[str], None] | None = None) -> Supervisor:
-    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.router.Router`.
+    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.routing.router.Router`.
 
     Args:
         spec: the deployment.

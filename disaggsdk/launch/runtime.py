@@ -5,13 +5,13 @@ unit runs is its launcher's business (`units.ProcessLauncher`: this machine, the
 `ray_launcher.RayLauncher`: a Ray cluster's nodes); everything else is the `Supervisor`'s, the same
 for both. Start-up waits for every unit's `Ready`, hands each the others' addresses and region
 descriptors, waits for `Started`. Then one reader thread hands every unit message to the listener
-(`serve.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
+(`serve.routing.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
 others told (decode units retry its prefills elsewhere). A live unit silent for
 `serve.unit_stall_s` is stalled (`launch.unit_stall`): unhealthy, and the listener told
 (`UnitStalled`), until it speaks again. One whose channel carries nothing for
 `serve.unit_unreachable_s`, not even its heartbeat (`launch.unit_heartbeat`), is unreachable
 (`launch.unit_silence`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
-`close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.router`.
+`close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.routing.router`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
                  secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
                  launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
                  on_progress: Callable[[str], None] | None = None) -> Supervisor:
-    """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.router.Router`.
+    """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.routing.router.Router`.
 
     The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
     `Supervisor.start`; see `Supervisor` for the arguments.

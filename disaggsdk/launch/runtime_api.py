@@ -1,4 +1,4 @@
-"""The Runtime seam: what the router (`disaggsdk.serve.router`) needs of whatever runs the units.
+"""The Runtime seam: what the router (`disaggsdk.serve.routing.router`) needs of whatever runs the units.
 
 A runtime starts the units of a plan, carries typed messages to them (`launch.messages`, framed
 by `launch.channel`), hands back what they say, tells who died, and stops them. It knows

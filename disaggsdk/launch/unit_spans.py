@@ -1,6 +1,6 @@
 """The phases of the traced requests a unit's engine runs, until the unit sends them (`RequestSpans`).
 
-A request is traced when its `Generate` says so (the router traces it: `serve.request_tracing`);
+A request is traced when its `Generate` says so (the router traces it: `serve.tracing.request_tracing`);
 nothing is recorded for any other, so a deployment without tracing reads no clock here. A decode
 unit's record starts with its messenger's handoff spans (`messenger.decode_side.handoff_spans`), then
 the wait for the scheduler, the first step that produced a token for it and each later step (one span

@@ -1,5 +1,5 @@
 """One request's phases as one unit recorded them: the spans a unit ships to the router, which turns
-them into OpenTelemetry spans (`serve.request_tracing`).
+them into OpenTelemetry spans (`serve.tracing.request_tracing`).
 
 Pure bookkeeping: no clocks are read here. Times are ``time.time_ns()`` of the unit (epoch
 nanoseconds: comparable across the units' machines, as far as their clocks agree), never

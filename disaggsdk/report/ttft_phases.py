@@ -1,6 +1,6 @@
 """Where a disaggregated request's time to first token went, phase by phase.
 
-Joins the router's times (`serve.first_token_clock`) with both units' records of the request
+Joins the router's times (`serve.routing.first_token_clock`) with both units' records of the request
 (`report.request_transfer.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
 request and add up to the server's TTFT (the client's adds HTTP and its own parsing):
 

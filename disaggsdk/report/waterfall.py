@@ -2,7 +2,7 @@
 colored by the unit that recorded it, indented under its parent.
 
 Measurement is elsewhere (the units' `report.span_records`, turned into OpenTelemetry spans by
-`serve.request_tracing`); this only draws `TimelineSpan`s. matplotlib is imported when a figure is
+`serve.tracing.request_tracing`); this only draws `TimelineSpan`s. matplotlib is imported when a figure is
 drawn, never before.
 """
 
@@ -66,7 +66,7 @@ def waterfall(spans: Sequence[TimelineSpan], title: str = "") -> Figure:
     """Draw a request's spans as a waterfall.
 
     Args:
-        spans: the spans of one trace (`Deployment.trace`, `serve.request_tracing.timeline_spans`).
+        spans: the spans of one trace (`Deployment.trace`, `serve.tracing.request_tracing.timeline_spans`).
         title: the figure's title ("" for none).
     Returns:
         a matplotlib ``Figure`` (shows itself in Jupyter; ``savefig`` writes a PNG or SVG), times in

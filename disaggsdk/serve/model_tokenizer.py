@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from disaggsdk.launch.base import LaunchError
-from disaggsdk.serve.error_bodies import BadRequestError
+from disaggsdk.serve.http.error_bodies import BadRequestError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.tokenizer import Tokenizer

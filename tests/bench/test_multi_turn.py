@@ -159,7 +159,7 @@ def scripted_server():
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from disaggsdk.serve.http_server import HttpServer
+    from disaggsdk.serve.http.http_server import HttpServer
 
     log, seen = [], []
 

@@ -95,7 +95,7 @@ def live_descendants() -> set[int]:
 def serve_and_generate(spec, prompts: list[list[int]], params, timeout_s: float = 120):
     """Serve ``spec`` locally, generate ``prompts`` as one batch, close: the tokens each request got and the
     units' stats, after checking every request ran to its length and no unit or tp worker outlived close()."""
-    from disaggsdk.serve.local import serve_locally
+    from disaggsdk.serve.backends.local import serve_locally
 
     before = live_descendants()
     with serve_locally(spec, on_event=lambda _line: None) as rt:

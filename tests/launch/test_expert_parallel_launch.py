@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from disaggsdk.spec.types import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.launch.test_speculative_launch import MAX_TOKENS, PROMPTS, plain_tokens  # noqa: E402

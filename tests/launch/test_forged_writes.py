@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
 MODEL = "qwen3-coder-tiny"

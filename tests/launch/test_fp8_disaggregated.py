@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.models.shipped import shipped_checkpoint  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from tests.engine.test_fp8_checkpoint import reference_model  # noqa: E402
 from tests.launch._helpers import TOP, check_against_hf, hf_greedy, make_spec  # noqa: E402
 from tools.fp8_checkpoint import write_fp8_checkpoint  # noqa: E402

@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.messenger import protocol as pr
-from disaggsdk.serve.local import serve_locally
+from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec
 
 MODEL = "qwen3-coder-tiny"

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.multi_turn_prompts import conversations as multi_turn  # noqa: E402
 

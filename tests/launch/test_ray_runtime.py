@@ -20,7 +20,7 @@ from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.launch import LaunchError  # noqa: E402
 from disaggsdk.launch.ray_runtime import RayRuntime  # noqa: E402
-from disaggsdk.serve.router import Router  # noqa: E402
+from disaggsdk.serve.routing.router import Router  # noqa: E402
 from tests.launch._helpers import make_spec  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -199,7 +199,7 @@ def test_cli_launch_on_ray_serves_the_openai_client_and_shows_placement(cluster)
 def test_requests_move_and_units_change_role_across_nodes(cluster):
     """Three units on three Ray nodes: a decoding request moves to the decode unit of another node with
     its KV (tcp), and a decode unit turns prefill and back, with every request's tokens unchanged."""
-    from disaggsdk.serve.rebalance import rebalance
+    from disaggsdk.serve.moves.rebalance import rebalance
 
     long = SamplingParams(max_tokens=100, ignore_eos=True)
     want = [o.output_ids for o in LLMEngine("qwen3-tiny", EngineConfig(compile=False)).generate(PROMPTS, long)]
@@ -214,8 +214,8 @@ def test_requests_move_and_units_change_role_across_nodes(cluster):
         while len(done) < len(PROMPTS):
             assert time.monotonic() < deadline, "no first tokens"
             time.sleep(0.01)
-        with r._lock:
-            source = next(n for n, ids in r._in_flight.items() if "mv-0" in ids)
+        source = r.unit_of("mv-0")
+        assert source is not None
         outcome = r.move("mv-0", "decode-1" if source == "decode-0" else "decode-0").result(60)
         assert outcome.moved and outcome.num_bytes > 0, outcome
         report = rebalance(r, prefill=2, decode=1)

@@ -19,8 +19,8 @@ from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.config import SpeculativeConfig  # noqa: E402
 from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from disaggsdk.serve.request_moves import MoveError  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
+from disaggsdk.serve.moves.request_moves import MoveError  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
 PAGE_SIZE = 4
@@ -73,8 +73,9 @@ def kv_page_bytes(model: str, method: str) -> int:
 
 
 def unit_of(rt, rid: str) -> str:
-    with rt._lock:
-        return next(n for n, ids in rt._in_flight.items() if rid in ids)
+    unit = rt.unit_of(rid)
+    assert unit is not None, f"{rid} is not in flight"
+    return unit
 
 
 def assert_nothing_held(rt) -> None:
@@ -165,8 +166,7 @@ def test_drain_moves_every_request_away_and_routing_skips_the_unit():
             s.wait_tokens(2)
         report = rt.drain("decode-0", timeout_s=30)
         assert report.drained and report.moves and all(o.moved for o in report.moves), report
-        with rt._lock:
-            assert not rt._in_flight["decode-0"]
+        assert rt.num_in_flight("decode-0") == 0
         late = Stream()
         assert rt.submit("late", PROMPTS[0], params, late) == "decode-1"  # a drained unit takes nothing new
         for s in [*streams, late]:

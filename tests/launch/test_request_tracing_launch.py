@@ -123,7 +123,7 @@ def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypat
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.launch import messages as ch
     from disaggsdk.launch.runtime import LocalRuntime
-    from disaggsdk.serve.router import Router
+    from disaggsdk.serve.routing.router import Router
 
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     kinds: list[type] = []
@@ -147,7 +147,7 @@ def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypat
 
 def test_without_streaming_each_chunks_transfers_follow_its_forward_pass():
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.serve.local import serve_locally
+    from disaggsdk.serve.backends.local import serve_locally
 
     exporter = InMemorySpanExporter()
     before = live_descendants()

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from disaggsdk.engine.sampling import SamplingParams
-from disaggsdk.serve.local import serve_locally
+from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec
 
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
-from disaggsdk.serve.rebalance import plan_changes, rebalance  # noqa: E402
-from disaggsdk.serve.request_moves import MoveError  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
+from disaggsdk.serve.moves.rebalance import plan_changes, rebalance  # noqa: E402
+from disaggsdk.serve.moves.request_moves import MoveError  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.launch.test_request_moves import PROMPTS, Stream, assert_nothing_held, reference  # noqa: E402
 

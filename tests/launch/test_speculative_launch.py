@@ -15,7 +15,7 @@ from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 from disaggsdk.plan import make_plan  # noqa: E402
 from disaggsdk.plan.writes import expected_writes  # noqa: E402
-from disaggsdk.serve.local import serve_locally  # noqa: E402
+from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from disaggsdk.spec.types import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.progress import progress_line
-from disaggsdk.serve.access_log import LOGGER_NAME, access_line
+from disaggsdk.serve.http.access_log import LOGGER_NAME, access_line
 from tests.conftest import start_cli_server
 from tests.launch._helpers import make_spec
 
@@ -157,7 +157,7 @@ def test_serve_says_it_loads_before_it_is_ready():
 
 
 def test_the_access_logger_prints_to_stdout_unless_given_a_handler():
-    from disaggsdk.serve.access_log import access_logger
+    from disaggsdk.serve.http.access_log import access_logger
 
     logger = logging.getLogger(LOGGER_NAME)
     saved = (logger.handlers[:], logger.propagate, logger.level)

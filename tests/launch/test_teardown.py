@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
-from disaggsdk.serve.local import serve_locally
+from disaggsdk.serve.backends.local import serve_locally
 from tests.conftest import ROOT, start_cli_server
 from tests.launch._helpers import child_pids, make_spec
 

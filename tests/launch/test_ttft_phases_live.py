@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.report.ttft_phases import PHASES
-from disaggsdk.serve.local import serve_locally
+from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec
 
 

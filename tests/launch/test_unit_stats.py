@@ -15,7 +15,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.unit import Unit
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.report.unit_counters import UnitCounters
-from disaggsdk.serve.unit_gauges import instance_stats
+from disaggsdk.serve.routing.unit_gauges import instance_stats
 
 
 class Conn:

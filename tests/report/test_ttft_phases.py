@@ -6,7 +6,7 @@ import pytest
 
 from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.report.ttft_phases import PHASES, request_phases, summarize_phases
-from disaggsdk.serve.first_token_clock import FirstTokenClock
+from disaggsdk.serve.routing.first_token_clock import FirstTokenClock
 
 
 def records(rid: str, t0: float) -> list[RequestTransfer]:

@@ -15,7 +15,7 @@ from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.report.request_transfer import RequestTransfer
 from disaggsdk.report.unit_counters import SeriesKind, UnitCounters, counter, exported_series
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.unit_gauges import instance_stats
+from disaggsdk.serve.routing.unit_gauges import instance_stats
 from tests.serve.promlint import lint
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 pytest.importorskip("torch")
 
 from disaggsdk.face.deployment import Deployment
-from disaggsdk.serve.local import serve_locally
+from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import make_spec
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
 
 KEY = "s3cret-key"
 
@@ -40,6 +40,9 @@ class TwoTokens:
 
     def close(self):
         pass
+
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_without_a_key_the_openapi_document_is_public():
 
 
 def test_a_bearer_token_is_read_from_the_header_as_rfc_6750_writes_it():
-    from disaggsdk.serve.http_guard import bearer_token
+    from disaggsdk.serve.http.http_guard import bearer_token
 
     assert bearer_token(f"Bearer {KEY}") == KEY
     assert bearer_token(f"bearer   {KEY}") == KEY

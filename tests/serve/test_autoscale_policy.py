@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from disaggsdk.report.latency import RequestTimeline
-from disaggsdk.serve.autoscale_policy import MIN_REQUESTS, Layout, propose, recent_window, window_stats
-from disaggsdk.serve.autoscale_preview import preview
-from disaggsdk.serve.autoscaler import Autoscaler
+from disaggsdk.serve.autoscale.autoscale_policy import MIN_REQUESTS, Layout, propose, recent_window, window_stats
+from disaggsdk.serve.autoscale.autoscale_preview import Preview, preview
+from disaggsdk.serve.autoscale.autoscaler import Autoscaler
 from disaggsdk.serve.metrics import ServedRequest
-from disaggsdk.serve.rebalance import RebalanceReport, RoleChange
+from disaggsdk.serve.moves.rebalance import RebalanceReport, RoleChange
 from disaggsdk.spec import load_spec
 
 SPEC = load_spec("specs/tiny_pd.yaml")
@@ -122,7 +122,7 @@ def test_a_decision_is_applied_logged_counted_and_kept(monkeypatch, tmp_path):
         router.roles["decode-1"] = "prefill"
         return RebalanceReport([RoleChange("decode-1", "decode", "prefill", True)], router.unit_roles())
 
-    monkeypatch.setattr("disaggsdk.serve.autoscaler.rebalance", fake_rebalance)
+    monkeypatch.setattr("disaggsdk.serve.autoscale.autoscaler.rebalance", fake_rebalance)
     lines, registry = [], CollectorRegistry()
     window = served(12, ttft_ms=900, tpot_ms=20, start_s=1000)
     scaler = Autoscaler(router, lambda: window, registry, lines.append, "tiny")
@@ -142,9 +142,9 @@ def test_a_decision_is_applied_logged_counted_and_kept(monkeypatch, tmp_path):
 
 def test_a_change_the_simulator_predicts_a_loss_for_is_not_applied(monkeypatch):
     router = FakeRouter()
-    monkeypatch.setattr("disaggsdk.serve.autoscaler.rebalance", lambda *a: pytest.fail("must not rebalance"))
-    monkeypatch.setattr("disaggsdk.serve.autoscaler.preview",
-                        lambda *a: __import__("disaggsdk.serve.autoscale_preview", fromlist=["Preview"]).Preview(0.9, 0.5))
+    monkeypatch.setattr("disaggsdk.serve.autoscale.autoscaler.rebalance", lambda *a: pytest.fail("must not rebalance"))
+    monkeypatch.setattr("disaggsdk.serve.autoscale.autoscaler.preview",
+                        lambda *a: Preview(0.9, 0.5))
     scaler = Autoscaler(router, lambda: served(12, ttft_ms=900, tpot_ms=20, start_s=1000), None, lambda _l: None)
     scaler._last_change_s = 990.0
     decision = scaler.tick(now_s=1010)

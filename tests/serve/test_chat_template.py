@@ -10,7 +10,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from disaggsdk.models.shipped import shipped_checkpoint  # noqa: E402
-from disaggsdk.serve.chat_template import ChatTemplate, ChatTemplateError, load_chat_template  # noqa: E402
+from disaggsdk.serve.http.chat_template import ChatTemplate, ChatTemplateError, load_chat_template  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",

@@ -11,9 +11,9 @@ import pytest
 
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
 
 SECRET = "/home/alice/.keys/token-1234"  # what a crash's message may carry: never sent to the client
 
@@ -50,6 +50,9 @@ class FakeBackend:
 
     def close(self):
         pass
+
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
 
 
 def serve(backend, **options):
@@ -131,7 +134,7 @@ def test_a_crash_is_a_500_without_its_details_and_is_logged(server, caplog):
     backend, url = server
     backend.mode = "crash"
     try:
-        with caplog.at_level(logging.ERROR, logger="disaggsdk.serve.error_bodies"):
+        with caplog.at_level(logging.ERROR, logger="disaggsdk.serve.http.error_bodies"):
             r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
     finally:
         backend.mode = "ok"

@@ -101,7 +101,7 @@ class TestToolNamesWithMarkup:
         return body
 
     def test_no_tool_or_parameter_name_gets_a_5xx(self, deployment):
-        from disaggsdk.serve.chat_request import TOOL_NAME
+        from disaggsdk.serve.http.chat_request import TOOL_NAME
 
         with httpx.Client(base_url=deployment.url, timeout=60) as client:
 
@@ -133,7 +133,7 @@ NUM_TOGETHER = 4
 def test_repeated_request_ids_get_a_400_or_a_whole_answer_never_a_5xx(deployment):
     from concurrent.futures import ThreadPoolExecutor
 
-    from disaggsdk.serve.client_request_ids import client_request_id
+    from disaggsdk.serve.http.client_request_ids import client_request_id
 
     body = {"prompt": [5, 6, 7], "max_tokens": MAX_TOKENS_GENERATED, "ignore_eos": True}
     with httpx.Client(base_url=deployment.url, timeout=60) as client, ThreadPoolExecutor(NUM_TOGETHER) as pool:
@@ -178,7 +178,7 @@ def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
 
     from disaggsdk.engine.llm_engine import EngineConfig
     from disaggsdk.face.deployment import serve_model
-    from disaggsdk.serve.http_limits import HttpLimits
+    from disaggsdk.serve.http.http_limits import HttpLimits
     from tests.serve.conftest import SERVED_MODEL
 
     limits = HttpLimits(QUICK_HEADER_TIMEOUT_S, idle_timeout_s=5.0, max_queued_requests=1024)

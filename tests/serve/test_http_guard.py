@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disaggsdk.serve.http_guard import HostGuard
+from disaggsdk.serve.http.http_guard import HostGuard
 
 
 def test_loopback_names_with_any_port_pass_and_others_are_refused():

@@ -17,10 +17,10 @@ import pytest
 
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
-from disaggsdk.serve.http_limits import HttpLimits
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.http_limits import HttpLimits
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
 from disaggsdk.spec.field_checks import FieldErrors
 from disaggsdk.spec.serving import Serve
 
@@ -65,6 +65,9 @@ class HeldBackend:
 
     def close(self):
         pass
+
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ HEAVY_MODULES = ("torch", "flashinfer", "disaggsdk.transfer._fabric")
 def test_openai_app_imports_without_heavy_modules():
     code = (
         "import json, sys\n"
-        "import disaggsdk.serve.openai_app\n"
+        "import disaggsdk.serve.http.openai_app\n"
         f"print(json.dumps([m for m in {HEAVY_MODULES!r} if m in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

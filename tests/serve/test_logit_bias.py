@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.openai_request import parse_request
+from disaggsdk.serve.http.error_bodies import BadRequestError
+from disaggsdk.serve.http.openai_request import parse_request
 
 VOCAB_SIZE = 4096  # qwen3-coder-tiny's, the served model of tests/serve/conftest.py
 # what str.isdigit / int() take that is no ASCII token id: superscripts, Arabic-Indic and fullwidth

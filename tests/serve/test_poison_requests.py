@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from disaggsdk.engine.sampling import SamplingParams
-from disaggsdk.serve.poison_requests import PoisonRequests, fingerprint
+from disaggsdk.serve.routing.poison_requests import PoisonRequests, fingerprint
 
 
 def test_same_prompt_and_parameters_are_the_same_request_whatever_else_differs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.serve.backend import TokenEvent
-from disaggsdk.serve.prompt_logprobs_join import PromptLogprobsJoin
+from disaggsdk.serve.routing.prompt_logprobs_join import PromptLogprobsJoin
 
 SCORES = [None, TokenLogprobs(7, -1.5)]
 ASKS = SamplingParams(prompt_logprobs=0)

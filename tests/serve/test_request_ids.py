@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from disaggsdk.serve.client_request_ids import ClientRequestIds
-from disaggsdk.serve.error_bodies import BadRequestError
+from disaggsdk.serve.http.client_request_ids import ClientRequestIds
+from disaggsdk.serve.http.error_bodies import BadRequestError
 
 NUM_TOKENS = 300
 

@@ -17,8 +17,8 @@ from disaggsdk.launch.messages import FROM_UNIT, RequestSpans
 from disaggsdk.messenger.span_log import SpanLog
 from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord, epoch_ns
 from disaggsdk.report.waterfall import TimelineSpan, span_rows, waterfall
-from disaggsdk.serve.request_tracing import RequestTracing, timeline_spans
-from disaggsdk.serve.tracing_switch import TracingUnavailableError, request_tracing_for
+from disaggsdk.serve.tracing.request_tracing import RequestTracing, timeline_spans
+from disaggsdk.serve.tracing.tracing_switch import TracingUnavailableError, request_tracing_for
 from disaggsdk.spec.serving import Serve
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -167,7 +167,7 @@ def test_a_valid_traceparent_continues_the_clients_trace_and_an_invalid_one_star
 
 
 def test_a_trace_is_found_by_the_latest_request_under_a_name_and_forgotten_with_its_root(monkeypatch):
-    import disaggsdk.serve.request_tracing as request_tracing
+    import disaggsdk.serve.tracing.request_tracing as request_tracing
 
     monkeypatch.setattr(request_tracing, "MAX_ROOTS", 2)
     tracing = RequestTracing.exporting_to(InMemorySpanExporter())

@@ -9,7 +9,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
 from disaggsdk.launch.runtime_api import UnitDown
 from disaggsdk.report.unit_counters import UnitCounters
-from disaggsdk.serve.router import Router
+from disaggsdk.serve.routing.router import Router
 from disaggsdk.spec import Spec
 
 PLAIN = SamplingParams()  # what a request without sampling options gets
@@ -182,7 +182,7 @@ def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fa
     moved to, ends with an error that says why; it is not sent a third time, and an identical
     request under another id is refused before any unit sees it. A different request still goes."""
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.serve.poison_requests import RefusedRequestError
+    from disaggsdk.serve.routing.poison_requests import RefusedRequestError
 
     rt, router = fake
     params = SamplingParams(max_tokens=4, seed=3)
@@ -199,7 +199,7 @@ def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fa
     with pytest.raises(RefusedRequestError, match="2 units died"):
         router.submit("poison-again", [1, 2, 3], SamplingParams(max_tokens=4, seed=3), events.append)
     assert len([m for _, m in rt.sent if isinstance(m, ch.Generate)]) == 2
-    assert "poison-again" not in router._sinks  # nothing of it stays in flight
+    assert "poison-again" not in router._requests  # nothing of it stays in flight
     router.submit("other-seed", [1, 2, 3], SamplingParams(max_tokens=4, seed=4), events.append)
     assert rt.sent[-1][1].request_id == "other-seed"
 
@@ -304,7 +304,7 @@ def test_one_client_cannot_keep_spending_restarts_with_ever_new_poison(fake):
     """A client that varies its poison (issue 33): its first poison request costs two unit deaths, the
     next one a single death (never moved), then its requests are refused; other clients are served."""
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.serve.poison_requests import RefusedRequestError
+    from disaggsdk.serve.routing.poison_requests import RefusedRequestError
 
     rt, router = fake
     events = []

@@ -15,12 +15,12 @@ from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.runtime_api import UnitUnreachable
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
-from disaggsdk.serve.rebalance import rebalance
-from disaggsdk.serve.request_moves import LeverConflict, MoveError
-from disaggsdk.serve.router import Router
+from disaggsdk.serve.moves.rebalance import rebalance
+from disaggsdk.serve.moves.request_moves import LeverConflict, MoveError
+from disaggsdk.serve.routing.router import Router
 from tests.serve.test_router import FakeRuntime
 
 PLAIN = SamplingParams()

@@ -8,8 +8,8 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.serve.request_moves import MoveError
-from disaggsdk.serve.router import Router
+from disaggsdk.serve.moves.request_moves import MoveError
+from disaggsdk.serve.routing.router import Router
 from tests.serve.test_router import FakeRuntime
 
 PLAIN = SamplingParams()

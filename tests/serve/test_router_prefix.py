@@ -8,7 +8,7 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.serve.router import Router
+from disaggsdk.serve.routing.router import Router
 from disaggsdk.spec import Spec
 from tests.serve.test_router import FakeRuntime
 

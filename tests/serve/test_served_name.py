@@ -32,7 +32,7 @@ def test_a_bad_served_name_in_a_spec_names_its_path():
 
 
 def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
-    from disaggsdk.serve.openai_request import parse_request, rest_of_context_by_default
+    from disaggsdk.serve.http.openai_request import parse_request, rest_of_context_by_default
 
     encode = lambda text: list(range(1, 11))  # noqa: E731 - every prompt is 10 tokens here
     chat = parse_request({"messages": [{"role": "user", "content": "hi"}]}, True, encode)

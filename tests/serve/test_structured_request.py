@@ -18,8 +18,8 @@ pytest.importorskip("llguidance")
 
 from disaggsdk.engine.structured.grammar import check_structured
 from disaggsdk.engine.structured.output import StructuredOutput
-from disaggsdk.serve.error_bodies import BadRequestError
-from disaggsdk.serve.structured_request import parse_structured
+from disaggsdk.serve.http.error_bodies import BadRequestError
+from disaggsdk.serve.http.structured_request import parse_structured
 
 MODEL = "qwen3-coder-tiny"  # the served model of tests/serve/conftest.py
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disaggsdk.engine.tokenizer import ByteTokenizer
-from disaggsdk.serve.text_stream import TextStream
+from disaggsdk.serve.http.text_stream import TextStream
 
 TOK = ByteTokenizer()
 

@@ -13,9 +13,9 @@ openai = pytest.importorskip("openai")
 
 from disaggsdk.engine.structured.grammar import GrammarState, ll_tokenizer  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
-from disaggsdk.serve.chat_request import check_tools  # noqa: E402
-from disaggsdk.serve.error_bodies import BadRequestError  # noqa: E402
-from disaggsdk.serve.tool_calls import ToolSetup, forced_calls, parse_calls, parse_tool_choice  # noqa: E402
+from disaggsdk.serve.http.chat_request import check_tools  # noqa: E402
+from disaggsdk.serve.http.error_bodies import BadRequestError  # noqa: E402
+from disaggsdk.serve.http.tool_calls import ToolSetup, forced_calls, parse_calls, parse_tool_choice  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -129,18 +129,21 @@ class ScriptedBackend:
     def stats(self, wait_s=0.0):
         return []
 
+    def units(self):
+        return None  # one engine in this process: no units to route, move or trace
+
 
 def test_auto_output_is_split_into_content_and_parsed_calls():
     import asyncio
 
+    from disaggsdk.serve.http.openai_request import parse_request
+    from disaggsdk.serve.http.request_run import RequestRun
     from disaggsdk.serve.metrics import ServerMetrics
-    from disaggsdk.serve.openai_request import parse_request
-    from disaggsdk.serve.request_run import RequestRun
 
     backend = ScriptedBackend("Let me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
                               "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
     body = {"messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS}
-    from disaggsdk.serve.chat_template import model_chat_template
+    from disaggsdk.serve.http.chat_template import model_chat_template
 
     req = parse_request(body, True, backend.encode, chat_template=model_chat_template(backend.model_name))
     assert req.tool_setup.choice == "auto" and req.params.structured is None  # auto: nothing forced

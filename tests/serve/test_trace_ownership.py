@@ -19,12 +19,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord
-from disaggsdk.serve.client_request_ids import internal_request_id
-from disaggsdk.serve.http_server import HttpServer
+from disaggsdk.serve.http.client_request_ids import internal_request_id
+from disaggsdk.serve.http.http_server import HttpServer
+from disaggsdk.serve.http.openai_app import build_app
 from disaggsdk.serve.metrics import ServerMetrics
-from disaggsdk.serve.openai_app import build_app
-from disaggsdk.serve.request_tracing import RequestTracing
-from disaggsdk.serve.router import Router
+from disaggsdk.serve.routing.router import Router
+from disaggsdk.serve.tracing.request_tracing import RequestTracing
 from tests.serve.test_router import FakeRuntime
 
 KEY = "operator-key"
@@ -150,7 +150,7 @@ def test_the_internal_key_is_in_no_trace_move_answer_or_error(served):
 
 
 def test_a_drain_lists_the_requests_it_moved_by_their_response_ids():
-    from disaggsdk.serve.client_request_ids import public_request_id
+    from disaggsdk.serve.http.client_request_ids import public_request_id
 
     runtime = AnsweringRuntime({"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"})
     router = Router(runtime)
@@ -160,7 +160,8 @@ def test_a_drain_lists_the_requests_it_moved_by_their_response_ids():
         for i, key in enumerate(keys):
             router.submit(key, [5, 6, 7], SamplingParams(max_tokens=HELD), lambda _ev: None,
                           response_id=f"cmpl-carol-{i}")
-        holder = next(n for n, ids in router._in_flight.items() if keys[0] in ids)
+        holder = router.unit_of(keys[0])
+        assert holder is not None
         drained = httpx.post(f"{http.url}/units/{holder}/drain", json={"timeout_s": 10}, headers=AUTH, timeout=30)
         assert drained.status_code == 200, drained.text
         moved = {m["request_id"] for m in drained.json()["moves"]}

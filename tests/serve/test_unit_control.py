@@ -16,7 +16,7 @@ from disaggsdk.cli.main import main
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.face.cluster import Cluster
-from disaggsdk.serve.request_moves import MoveError
+from disaggsdk.serve.moves.request_moves import MoveError
 from tests.launch._helpers import make_spec
 
 KEY = "control-test-key"
@@ -63,9 +63,9 @@ def unmoved_text(deployment):
 
 
 def where(d, request_id: str) -> str:
-    rid = d.backend.resolve_request_id(request_id)
-    with d.backend._lock:
-        return next(n for n, ids in d.backend._in_flight.items() if rid in ids)
+    unit = d.backend.unit_of(d.backend.resolve_request_id(request_id))
+    assert unit is not None, f"{request_id} is not in flight"
+    return unit
 
 
 def test_the_move_command_moves_a_streaming_request_which_completes_as_unmoved(deployment, unmoved_text, capsys):

@@ -1,7 +1,7 @@
 """The router's collection of unit stats answers: a question waits for the healthy units it asked."""
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.serve.unit_stats_replies import UnitStatsReplies
+from disaggsdk.serve.routing.unit_stats_replies import UnitStatsReplies
 from tests.serve.test_router import stats
 
 
