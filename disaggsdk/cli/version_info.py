@@ -1,7 +1,7 @@
 """``disaggsdk --version -v``: the version, and where this machine's figures would come from.
 
 Numbers differ several-fold between CPUs (AMX or not, AVX-512 or not), so a report of a figure
-starts with this: the package and torch versions, the CPU (`report.host_cpu`), and which kernels
+starts with this: the package and torch versions, the CPU (`records.host_cpu`), and which kernels
 the engine picks on it. Plain ``--version`` stays argparse's one line.
 """
 
@@ -51,7 +51,7 @@ def version_text(version: str, verbose: bool) -> str:
     """``disaggsdk VERSION``, then with ``verbose`` the Python, CPU and kernel lines."""
     lines = [f"disaggsdk {version}"]
     if verbose:
-        from disaggsdk.report.host_cpu import host_cpu
+        from disaggsdk.records.host_cpu import host_cpu
 
         lines.append(f"python {platform.python_version()} ({platform.machine()})")
         lines.append(f"cpu: {host_cpu().line()}")

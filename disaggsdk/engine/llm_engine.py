@@ -30,7 +30,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.unit_counters import UnitCounters
 
 if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache

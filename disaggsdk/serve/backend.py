@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
-    from disaggsdk.report.instance_stats import InstanceStats
+    from disaggsdk.records.instance_stats import InstanceStats
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from disaggsdk.bench.kv_bench import summarize
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 
 
 def test_summarize_is_pure_arithmetic():

@@ -21,7 +21,7 @@ from typing import Annotated
 
 import msgspec
 
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 
 
 class SeriesKind(Enum):

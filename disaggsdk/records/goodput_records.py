@@ -1,6 +1,6 @@
 """The records of goodput sweeps and layout comparisons: what `bench.goodput_sweep` and
 `calibrate.layout_compare` return, as JSON-ready TypedDicts, declared once here so that the views
-below them (`report.layout_plots`) read them typed. Pure data: nothing is computed here.
+above them (`report.layout_plots`) read them typed. Pure data: nothing is computed here.
 """
 
 from __future__ import annotations

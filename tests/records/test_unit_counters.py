@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.report.request_transfer import RequestTransfer
-from disaggsdk.report.unit_counters import SeriesKind, UnitCounters, counter, exported_series
+from disaggsdk.records.instance_stats import InstanceStats
+from disaggsdk.records.request_transfer import RequestTransfer
+from disaggsdk.records.unit_counters import SeriesKind, UnitCounters, counter, exported_series
 from disaggsdk.serve.metrics import ServerMetrics
 from disaggsdk.serve.unit_gauges import instance_stats
 from tests.serve.promlint import lint

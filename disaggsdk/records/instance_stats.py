@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.unit_counters import UnitCounters
 
 
 @dataclass

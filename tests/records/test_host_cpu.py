@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disaggsdk.report.host_cpu import host_cpu, parse_cpuinfo
+from disaggsdk.records.host_cpu import host_cpu, parse_cpuinfo
 
 ZEN5 = """processor\t: 0
 vendor_id\t: AuthenticAMD
