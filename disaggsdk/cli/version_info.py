@@ -26,14 +26,14 @@ def kernel_lines() -> list[str]:
         return ["engine: torch is not installed (pip install 'disaggsdk[engine]')"]
     lines = [f"torch {torch.__version__}: ATen CPU kernels at {torch.backends.cpu.get_cpu_capability()}"]
     try:
-        from disaggsdk.engine.models.layers import amx_linear
+        from disaggsdk.engine.modeling.layers import amx_linear
 
         amx = ("AMX (disaggsdk native)" if amx_linear.available()
                else "torch (no AMX tiles here, or the native kernel is not built)")
     except ImportError as exc:
         amx = f"torch (the native kernel does not load: {exc})"
     lines.append(f"bfloat16 decode linear: {amx}")
-    from disaggsdk.engine.models.layers import wide_gemm
+    from disaggsdk.engine.modeling.layers import wide_gemm
 
     wide = {"mkl": "MKL (F.linear), fixed by DISAGGSDK_WIDE_GEMM=mkl",
             "onednn": "oneDNN, fixed by DISAGGSDK_WIDE_GEMM=onednn",

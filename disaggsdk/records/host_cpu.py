@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 # the extensions that decide which kernels run: torch's AVX2 / AVX-512 builds, bfloat16 and int8
-# dot products, and the AMX tiles the engine's bfloat16 linear uses (engine.models.layers.amx_linear)
+# dot products, and the AMX tiles the engine's bfloat16 linear uses (engine.modeling.layers.amx_linear)
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 

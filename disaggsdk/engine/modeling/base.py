@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.engine.forward_batch import ForwardBatch
-    from disaggsdk.engine.models.layers.decoder import DecoderModel
+    from disaggsdk.engine.modeling.layers.decoder import DecoderModel
     from disaggsdk.engine.parallel import TensorParallel
     from disaggsdk.models.arch import ModelArch
 

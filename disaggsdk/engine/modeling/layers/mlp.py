@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers.linear import ColumnParallelLinear, OutputPart, RowParallelLinear
+from disaggsdk.engine.modeling.layers.linear import ColumnParallelLinear, OutputPart, RowParallelLinear
 from disaggsdk.engine.parallel import TensorParallel
 
 

@@ -29,7 +29,7 @@ _available: bool | None = None
 
 
 def _kernels():
-    from disaggsdk.engine.models.layers import _amx_linear
+    from disaggsdk.engine.modeling.layers import _amx_linear
 
     return _amx_linear
 

@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers import amx_linear, skinny
-from disaggsdk.engine.models.layers.norm import RMSNorm
-from disaggsdk.engine.models.layers.rope import RotaryEmbedding
+from disaggsdk.engine.modeling.layers import amx_linear, skinny
+from disaggsdk.engine.modeling.layers.norm import RMSNorm
+from disaggsdk.engine.modeling.layers.rope import RotaryEmbedding
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightOwner, WeightSlot
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import LayerAttention
     from disaggsdk.engine.forward_batch import ForwardBatch
-    from disaggsdk.engine.models.base import DraftLayer
+    from disaggsdk.engine.modeling.base import DraftLayer
     from disaggsdk.models.arch import ModelArch
 
 

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from disaggsdk.engine.models.layers import wide_gemm
-from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
+from disaggsdk.engine.modeling.layers import wide_gemm
+from disaggsdk.engine.modeling.layers.gemm_timing import best_time_s, float32_cpu_weights
 
 MAX_ROWS = 32  # measured ahead of F.linear up to here
 MIN_PADDED_NUMEL = 1 << 18  # one row is duplicated only for weights this large (smaller: no gain)

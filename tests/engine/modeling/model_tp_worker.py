@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from model_oracle import ContiguousAttention, make_batch
 
-from disaggsdk.engine.models import build_model
+from disaggsdk.engine.modeling import build_model
 from disaggsdk.engine.parallel import TensorParallel
 
 PROMPT_LENGTHS = (9, 4)

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers import amx_linear, skinny
-from disaggsdk.engine.models.layers.decoder import DecoderLayer, DecoderModel, Embedding
-from disaggsdk.engine.models.layers.linear import (
+from disaggsdk.engine.modeling.layers import amx_linear, skinny
+from disaggsdk.engine.modeling.layers.decoder import DecoderLayer, DecoderModel, Embedding
+from disaggsdk.engine.modeling.layers.linear import (
     ColumnParallelLinear,
     OutputPart,
     RowParallelLinear,
     replicated_linear,
 )
-from disaggsdk.engine.models.layers.mlp import GatedMLP
-from disaggsdk.engine.models.layers.moe import Experts, GroupLimitedRouter
-from disaggsdk.engine.models.layers.norm import RMSNorm
-from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters, softmax_scale_factor
+from disaggsdk.engine.modeling.layers.mlp import GatedMLP
+from disaggsdk.engine.modeling.layers.moe import Experts, GroupLimitedRouter
+from disaggsdk.engine.modeling.layers.norm import RMSNorm
+from disaggsdk.engine.modeling.layers.rope import RotaryEmbedding, rope_parameters, softmax_scale_factor
 from disaggsdk.engine.parallel import TensorParallel
 
 if TYPE_CHECKING:

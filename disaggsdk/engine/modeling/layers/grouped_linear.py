@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from disaggsdk.engine.models.layers import amx_linear
+from disaggsdk.engine.modeling.layers import amx_linear
 
 
 def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, group_ends: torch.Tensor,

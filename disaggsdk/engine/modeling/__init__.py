@@ -11,20 +11,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from disaggsdk.engine.models.base import CausalLM, KVGeometry, check_supported, check_tp, kv_geometry
+from disaggsdk.engine.modeling.base import CausalLM, KVGeometry, check_supported, check_tp, kv_geometry
 from disaggsdk.errors import ModelError
 
 if TYPE_CHECKING:
     import torch
 
-    from disaggsdk.engine.models.layers.decoder import DecoderModel
+    from disaggsdk.engine.modeling.layers.decoder import DecoderModel
     from disaggsdk.engine.parallel import TensorParallel
 
 # family -> "module:class"; modules are imported only when a model of that family is built.
 MODEL_CLASSES = {
-    "qwen3": "disaggsdk.engine.models.qwen3:Qwen3ForCausalLM",
-    "qwen3_moe": "disaggsdk.engine.models.qwen3_moe:Qwen3MoeForCausalLM",
-    "deepseek_v3": "disaggsdk.engine.models.deepseek_v3:DeepseekV3ForCausalLM",
+    "qwen3": "disaggsdk.engine.modeling.qwen3:Qwen3ForCausalLM",
+    "qwen3_moe": "disaggsdk.engine.modeling.qwen3_moe:Qwen3MoeForCausalLM",
+    "deepseek_v3": "disaggsdk.engine.modeling.deepseek_v3:DeepseekV3ForCausalLM",
 }
 
 __all__ = ["CausalLM", "KVGeometry", "LOAD_FORMATS", "MODEL_CLASSES", "build_model", "kv_geometry", "model_class"]

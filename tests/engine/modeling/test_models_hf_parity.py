@@ -7,7 +7,7 @@ import pytest
 import torch
 from model_oracle import ContiguousAttention, make_batch
 
-from disaggsdk.engine.models import build_model
+from disaggsdk.engine.modeling import build_model
 from disaggsdk.engine.parallel import TensorParallel
 from tests.hf_checkpoints import hf_model, save_hf_checkpoint
 

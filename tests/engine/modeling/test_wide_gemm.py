@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.models.layers import skinny, wide_gemm  # noqa: E402
+from disaggsdk.engine.modeling.layers import skinny, wide_gemm  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not wide_gemm.onednn_available(), reason="torch has no oneDNN (mkldnn) here")
@@ -100,7 +100,7 @@ def test_a_compiled_engine_on_onednn_generates_what_it_does_on_mkl_in_one_graph(
 
 
 def test_the_timing_helpers_time_each_way_in_rounds_and_pick_float32_cpu_matrices():
-    from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
+    from disaggsdk.engine.modeling.layers.gemm_timing import best_time_s, float32_cpu_weights
 
     calls = []
     assert best_time_s(lambda x, w: calls.append(1), torch.ones(1), torch.ones(1), calls=4) >= 0

@@ -11,7 +11,7 @@ import torch
 from model_oracle import ContiguousAttention, make_batch
 from safetensors.torch import load_file, save_file
 
-from disaggsdk.engine.models import build_model
+from disaggsdk.engine.modeling import build_model
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import ModelError
 from tests.hf_checkpoints import save_hf_checkpoint

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers.decoder import DecoderLayer, DecoderModel
-from disaggsdk.engine.models.layers.linear import ColumnParallelLinear, OutputPart, RowParallelLinear
-from disaggsdk.engine.models.layers.mlp import GatedMLP
-from disaggsdk.engine.models.layers.norm import RMSNorm
-from disaggsdk.engine.models.layers.rope import RotaryEmbedding, rope_parameters
+from disaggsdk.engine.modeling.layers.decoder import DecoderLayer, DecoderModel
+from disaggsdk.engine.modeling.layers.linear import ColumnParallelLinear, OutputPart, RowParallelLinear
+from disaggsdk.engine.modeling.layers.mlp import GatedMLP
+from disaggsdk.engine.modeling.layers.norm import RMSNorm
+from disaggsdk.engine.modeling.layers.rope import RotaryEmbedding, rope_parameters
 from disaggsdk.engine.parallel import TensorParallel
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers import amx_linear, skinny
+from disaggsdk.engine.modeling.layers import amx_linear, skinny
 from disaggsdk.engine.weights import WeightSlot
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 from model_tp_worker import run_rank, two_steps
 
-from disaggsdk.engine.models import build_model
+from disaggsdk.engine.modeling import build_model
 from disaggsdk.engine.parallel import TensorParallel
 from tests.hf_checkpoints import save_hf_checkpoint
 

@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from disaggsdk.engine.models.layers import amx_linear  # noqa: E402
-from disaggsdk.engine.models.layers import grouped_linear as _grouped  # noqa: E402
-from disaggsdk.engine.models.layers.grouped_linear import grouped_linear  # noqa: E402
-from disaggsdk.engine.models.layers.moe import Experts  # noqa: E402
+from disaggsdk.engine.modeling.layers import amx_linear  # noqa: E402
+from disaggsdk.engine.modeling.layers import grouped_linear as _grouped  # noqa: E402
+from disaggsdk.engine.modeling.layers.grouped_linear import grouped_linear  # noqa: E402
+from disaggsdk.engine.modeling.layers.moe import Experts  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 
 

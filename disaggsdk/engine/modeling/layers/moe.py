@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from disaggsdk.engine.models.layers import amx_linear
-from disaggsdk.engine.models.layers.grouped_linear import grouped_linear
+from disaggsdk.engine.modeling.layers import amx_linear
+from disaggsdk.engine.modeling.layers.grouped_linear import grouped_linear
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.weights import WeightSlot
 from disaggsdk.errors import ModelError

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from disaggsdk.engine.models import build_model  # noqa: E402
-from disaggsdk.engine.models.layers import amx_linear, skinny  # noqa: E402
+from disaggsdk.engine.modeling import build_model  # noqa: E402
+from disaggsdk.engine.modeling.layers import amx_linear, skinny  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from tests.declared_skips import cpu_lacks  # noqa: E402
 

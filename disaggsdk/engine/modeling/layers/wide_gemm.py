@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from disaggsdk.engine.models.layers.gemm_timing import best_time_s, float32_cpu_weights
+from disaggsdk.engine.modeling.layers.gemm_timing import best_time_s, float32_cpu_weights
 
 MODE_ENV = "DISAGGSDK_WIDE_GEMM"  # auto (default) | mkl | onednn
 MIN_GAIN = 0.9  # oneDNN is kept only below this fraction of F.linear's time

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from disaggsdk.engine.models.layers import skinny  # noqa: E402
+from disaggsdk.engine.modeling.layers import skinny  # noqa: E402
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, skinny.MAX_ROWS, skinny.MAX_ROWS + 1, 100])

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from disaggsdk.engine.models.layers.mlp import GatedMLP
-from disaggsdk.engine.models.layers.moe import Experts, SoftmaxTopKRouter
-from disaggsdk.engine.models.qwen3 import Qwen3ForCausalLM
+from disaggsdk.engine.modeling.layers.mlp import GatedMLP
+from disaggsdk.engine.modeling.layers.moe import Experts, SoftmaxTopKRouter
+from disaggsdk.engine.modeling.qwen3 import Qwen3ForCausalLM
 from disaggsdk.engine.parallel import TensorParallel
 
 if TYPE_CHECKING:

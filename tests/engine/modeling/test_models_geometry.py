@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from disaggsdk.engine.models import kv_geometry
+from disaggsdk.engine.modeling import kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import ModelError
 from disaggsdk.models import resolve_model
@@ -39,7 +39,7 @@ def test_indivisible_tp_is_refused_with_the_field():
 def test_geometry_and_registry_import_no_torch():
     code = (
         "import sys\n"
-        "from disaggsdk.engine.models import kv_geometry, MODEL_CLASSES\n"
+        "from disaggsdk.engine.modeling import kv_geometry, MODEL_CLASSES\n"
         "from disaggsdk.engine.parallel import TensorParallel\n"
         "from disaggsdk.models import resolve_model\n"
         "kv_geometry(resolve_model('qwen3-coder-tiny'), TensorParallel())\n"
