@@ -67,7 +67,7 @@ demo: install-demo
 
 # The default suite (about 15 minutes on 2 cores) leaves out the tests marked slow: each is a
 # bigger case of something the default run covers. test-all runs everything. Both check first:
-# ruff (config in pyproject.toml) and mypy (strict on testbed, spec, plan, messenger, report, launch, serve).
+# ruff (config in pyproject.toml) and mypy (strict on testbed, spec, plan, records, messenger, report, launch, serve).
 check: install
 	$(VENV)/bin/ruff check disaggsdk tests tools
 	$(VENV)/bin/mypy

@@ -5,7 +5,7 @@ where libfabric's headers are missing, or the compile fails, the package install
 and `disaggsdk.transfer` raises a TransferError naming the Debian package `libfabric-dev`.
 The extension `disaggsdk.engine.attention._cpu_kernels` (native/cpu_attention/, the CPU decode
 attention kernel) needs only a C compiler; it is optional too: without it the CPU engine runs the
-torch reference attention. So is `disaggsdk.engine.models.layers._amx_linear` (native/cpu_linear/,
+torch reference attention. So is `disaggsdk.engine.modeling.layers._amx_linear` (native/cpu_linear/,
 the bfloat16 AMX matmul of decode steps): without it bfloat16 linears run on torch's F.linear.
 """
 

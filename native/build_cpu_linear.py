@@ -1,4 +1,4 @@
-"""cffi builder of the CPU linear kernel (out-of-line API mode): `disaggsdk.engine.models.layers._amx_linear`.
+"""cffi builder of the CPU linear kernel (out-of-line API mode): `disaggsdk.engine.modeling.layers._amx_linear`.
 
 The cdef is the header of native/cpu_linear/ itself, minus comments and preprocessor lines.
 setup.py builds it as an optional extension (it needs only a C compiler; the AMX code is compiled
@@ -13,7 +13,7 @@ import os
 
 from cffi_build import build_in_place, kernel_ffibuilder
 
-MODULE_NAME = "disaggsdk.engine.models.layers._amx_linear"
+MODULE_NAME = "disaggsdk.engine.modeling.layers._amx_linear"
 COMPILE_ARGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-psabi"]
 
 
@@ -26,4 +26,4 @@ ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
     build_in_place(make_ffibuilder(relative=False), "cffi_cpu_linear",
-                   os.path.join("disaggsdk", "engine", "models", "layers"), "_amx_linear*.so")
+                   os.path.join("disaggsdk", "engine", "modeling", "layers"), "_amx_linear*.so")

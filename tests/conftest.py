@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # a spec's engine.compile: true): compiling costs seconds per engine and process, and the suite
 # builds hundreds of them. The units and CLIs the tests start inherit this.
 os.environ.setdefault("DISAGGSDK_COMPILE", "0")
-# Decode matmuls take one fixed form (engine.models.layers.skinny) rather than the one a timing in
+# Decode matmuls take one fixed form (engine.modeling.layers.skinny) rather than the one a timing in
 # each process picks: every engine of a test, in any process, computes the same float32 numbers.
-# Prefill's products likewise stay on one library (engine.models.layers.wide_gemm).
+# Prefill's products likewise stay on one library (engine.modeling.layers.wide_gemm).
 os.environ.setdefault("DISAGGSDK_SKINNY", "on")
 os.environ.setdefault("DISAGGSDK_WIDE_GEMM", "mkl")
 # Nothing here reaches the network: a wrong checkpoint path must fail at once, not after

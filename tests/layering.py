@@ -1,12 +1,15 @@
 """The package layers of disaggsdk and the arrows between them: the one table the layering test reads.
 
-Modelled on the layer table of docs/architecture.md, bottom to top. A package may import any package
+Bottom to top; the layer tables of docs/architecture.md and docs/layout.md list the same packages in
+this order, and tests/docs/test_layer_tables.py holds them to it. A package may import any package
 below it, lazy imports and `TYPE_CHECKING` imports included; never one above it; and never one of
 the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the typed exceptions
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes
-against the model's head counts, and architecture facts import nothing of the spec. ``report``
+against the model's head counts, and architecture facts import nothing of the spec. ``records``
 sits below ``memory``: the engine and the messenger count into its records (`UnitCounters`,
-`RequestTransfer`), which units send and /metrics reads unchanged. ``testbed`` sits just above
+`RequestTransfer`, `RequestSpanRecords`), which units send and /metrics reads unchanged. ``report``
+(accounting and views that only render) sits above ``messenger`` and below ``sim``, which
+summarizes its simulated timelines with report's accounting. ``testbed`` sits just above
 ``errors``: it drives iproute2 and imports nothing else of disaggsdk, so any layer (bench,
 calibrate, the face) may build the many-node testbed it measures on.
 """
@@ -23,11 +26,12 @@ LAYERS: tuple[str, ...] = (
     "models",     # architecture facts: catalog + HF config.json
     "spec",       # frozen attrs classes, YAML, validation (data only)
     "plan",       # pure planning: instances, placement, sharding, routes
-    "report",     # measured records (one declaration of the counters), pure accounting; views that only render
+    "records",    # measured records that cross a process: the one declaration of the counters, transfers, spans
     "memory",     # shared KV pools, the pool hand-over, the page allocator
     "transfer",   # fabric-lib: endpoints, registrations, paged writes, immediates
     "engine",     # the torch LLM engine
     "messenger",  # the KV handoff, prefill side and decode side
+    "report",     # pure accounting of timelines; views that only render
     "sim",        # the cluster simulator (torch-free)
     "launch",     # the Runtime seam: units of a plan as local processes
     "serve",      # router over a Runtime, OpenAI HTTP front end, metrics
@@ -43,6 +47,10 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("engine", "messenger", "the engine knows no network: the messenger drives it through its hooks"),
     ("sim", "engine", "the simulator is torch-free: it uses plan and report, never the engine"),
     ("sim", "torch", "the simulator is torch-free"),
+    ("records", "torch", "a record is plain data that crosses a process"),
+    ("records", "fastapi", "records know no HTTP"),
+    ("records", "httpx", "records know no HTTP"),
+    ("records", "uvicorn", "records know no HTTP"),
     ("report", "fastapi", "report knows no HTTP"),
     ("report", "httpx", "report knows no HTTP"),
     ("report", "uvicorn", "report knows no HTTP"),

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     result = run_bench(args.model, args.num_prompts, args.input_len, args.output_len, args.tp, args.layout,
                        args.seed, args.repeats)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.report.goodput_records import GoodputSweep, LimitedBy, SweepRow
+from disaggsdk.records.goodput_records import GoodputSweep, LimitedBy, SweepRow
 
 if TYPE_CHECKING:
     from disaggsdk.bench.serve_bench import BenchResult

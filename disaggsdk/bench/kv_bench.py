@@ -21,7 +21,7 @@ import attrs
 
 if TYPE_CHECKING:
     from disaggsdk.launch.units import CpuAffinity
-    from disaggsdk.report.request_transfer import RequestTransfer
+    from disaggsdk.records.request_transfer import RequestTransfer
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.spec.types import Spec
 

@@ -237,7 +237,7 @@ def bench(
     if not any(t.ok for t in timelines):
         errors = {t.error for t in timelines if t.error}
         raise BenchError(f"every request failed against {url}: {sorted(errors)[:3]}")
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     result: dict[str, Any] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": options.backend,

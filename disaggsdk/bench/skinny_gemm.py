@@ -1,5 +1,5 @@
 """The matmuls of decoding, with caches as cold as a decode step leaves them: ``F.linear`` against
-`engine.models.layers.skinny.linear` (bfloat16: on the packed AMX kernel where this CPU has AMX,
+`engine.modeling.layers.skinny.linear` (bfloat16: on the packed AMX kernel where this CPU has AMX,
 ``"amx": true``), and the memory-bandwidth bound of each.
 
     python -m disaggsdk.bench.skinny_gemm [--rows 1 --rows 2 ...] [--threads 2] [--repeats 200]
@@ -46,7 +46,7 @@ def run_skinny_gemm(rows: list[int], repeats: int = 200, dtype: str = "float32")
     import torch
     import torch.nn.functional as F
 
-    from disaggsdk.engine.models.layers import amx_linear, skinny
+    from disaggsdk.engine.modeling.layers import amx_linear, skinny
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     evict = torch.zeros(EVICT_BYTES // 4)

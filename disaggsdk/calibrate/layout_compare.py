@@ -37,7 +37,7 @@ from disaggsdk.bench.serve_bench import BenchResult, LoadShape, arrival_gaps_s
 from disaggsdk.bench.trace_dataset import TraceDraws
 from disaggsdk.calibrate.validate import bench_cli_in_subprocess
 from disaggsdk.errors import DisaggError
-from disaggsdk.report.goodput_records import Comparison, GoodputSweep, LayoutGoodput, TargetGoodput
+from disaggsdk.records.goodput_records import Comparison, GoodputSweep, LayoutGoodput, TargetGoodput
 from disaggsdk.sim.hardware import HardwareProfile, load_profile
 from disaggsdk.sim.machine_config import machine_sim_config
 from disaggsdk.sim.runner import default_profile_name

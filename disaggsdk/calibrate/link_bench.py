@@ -131,7 +131,7 @@ def run_link_bench(spec: Spec, input_lens: Sequence[int], ratios: Sequence[float
     """
     from disaggsdk.calibrate.link_bench_node import LinkBenchConfig
     from disaggsdk.models import resolve_model
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
     from disaggsdk.sim.hardware import user_profile_dir
     from disaggsdk.spec import spec_to_yaml
     from disaggsdk.testbed import LinkSpec, RayOptions, up

@@ -287,7 +287,7 @@ def _sweep(args: argparse.Namespace, console: Console, sweep: RateSweep, name: s
            api_key: str | None, deployment: Deployment | None = None) -> GoodputSweep:
     """Every run of ``sweep`` against one server; its goodput document (`goodput_sweep.run_sweep`)."""
     from disaggsdk.bench.goodput_sweep import run_sweep
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     def run_at(rate: float, seed: int) -> BenchResult:
         label = "inf" if math.isinf(rate) else f"{rate:.3g}"

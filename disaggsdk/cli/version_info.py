@@ -1,7 +1,7 @@
 """``disaggsdk --version -v``: the version, and where this machine's figures would come from.
 
 Numbers differ several-fold between CPUs (AMX or not, AVX-512 or not), so a report of a figure
-starts with this: the package and torch versions, the CPU (`report.host_cpu`), and which kernels
+starts with this: the package and torch versions, the CPU (`records.host_cpu`), and which kernels
 the engine picks on it. Plain ``--version`` stays argparse's one line.
 """
 
@@ -26,14 +26,14 @@ def kernel_lines() -> list[str]:
         return ["engine: torch is not installed (pip install 'disaggsdk[engine]')"]
     lines = [f"torch {torch.__version__}: ATen CPU kernels at {torch.backends.cpu.get_cpu_capability()}"]
     try:
-        from disaggsdk.engine.models.layers import amx_linear
+        from disaggsdk.engine.modeling.layers import amx_linear
 
         amx = ("AMX (disaggsdk native)" if amx_linear.available()
                else "torch (no AMX tiles here, or the native kernel is not built)")
     except ImportError as exc:
         amx = f"torch (the native kernel does not load: {exc})"
     lines.append(f"bfloat16 decode linear: {amx}")
-    from disaggsdk.engine.models.layers import wide_gemm
+    from disaggsdk.engine.modeling.layers import wide_gemm
 
     wide = {"mkl": "MKL (F.linear), fixed by DISAGGSDK_WIDE_GEMM=mkl",
             "onednn": "oneDNN, fixed by DISAGGSDK_WIDE_GEMM=onednn",
@@ -51,7 +51,7 @@ def version_text(version: str, verbose: bool) -> str:
     """``disaggsdk VERSION``, then with ``verbose`` the Python, CPU and kernel lines."""
     lines = [f"disaggsdk {version}"]
     if verbose:
-        from disaggsdk.report.host_cpu import host_cpu
+        from disaggsdk.records.host_cpu import host_cpu
 
         lines.append(f"python {platform.python_version()} ({platform.machine()})")
         lines.append(f"cpu: {host_cpu().line()}")

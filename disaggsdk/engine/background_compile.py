@@ -47,7 +47,7 @@ import torch
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compile_progress import CompileProgress
 from disaggsdk.engine.graph_ops import warm_up_redirect
-from disaggsdk.engine.models.layers.skinny import MAX_ROWS
+from disaggsdk.engine.modeling.layers.skinny import MAX_ROWS
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend

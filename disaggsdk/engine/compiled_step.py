@@ -4,10 +4,10 @@ The graph holds the whole step between the attention backend's ``plan`` (before 
 logits (after it): embeddings, norms, rope, projections and MLPs are compiled by Inductor (fused
 elementwise work, no per-op Python dispatch); attention and the layer counter are the custom ops
 of `engine.graph_ops`, so the layer-by-layer KV streaming of a prefill unit works unchanged; MoE
-experts are one grouped op inside it (`models.layers.grouped_linear`: no per-expert loop, no host
+experts are one grouped op inside it (`modeling.layers.grouped_linear`: no per-expert loop, no host
 sync, so no graph break). Shapes are dynamic: one graph for
 one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
-decoding, engine.models.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
+decoding, engine.modeling.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
 before the first request.
 DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the same way and with
 the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
@@ -32,8 +32,8 @@ from disaggsdk.engine.hooks import LayerCounter
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
     from disaggsdk.engine.forward_batch import ForwardBatch
-    from disaggsdk.engine.models.base import DraftLayer
-    from disaggsdk.engine.models.layers.decoder import DecoderModel
+    from disaggsdk.engine.modeling.base import DraftLayer
+    from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
 COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
 MAX_GRAPHS = 64  # compiled graphs of the step kept per process (three per engine)

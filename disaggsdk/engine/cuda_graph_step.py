@@ -35,7 +35,7 @@ import torch
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
     from disaggsdk.engine.forward_batch import ForwardBatch
-    from disaggsdk.engine.models.layers.decoder import DecoderModel
+    from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
 # the largest decode batch captured, whatever max_num_seqs says: each size is one graph (seconds
 # of capture, a workspace's memory), and beyond a few hundred requests a step is compute-bound, so

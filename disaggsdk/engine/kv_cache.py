@@ -10,7 +10,7 @@ from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool, kv_d
 if TYPE_CHECKING:
     import torch
 
-    from disaggsdk.engine.models.base import KVGeometry
+    from disaggsdk.engine.modeling.base import KVGeometry
     from disaggsdk.memory.kv_layout import PoolMemory
 
 

@@ -30,7 +30,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
 from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.unit_counters import UnitCounters
 
 if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache
@@ -56,7 +56,7 @@ class LLMEngine:
 
     def __init__(self, model: str, config: EngineConfig | None = None, kv_buffer: Any = None,
                  on_compile: Callable[[CompileProgress], None] | None = None):
-        from disaggsdk.engine.models.base import check_tp
+        from disaggsdk.engine.modeling.base import check_tp
         from disaggsdk.models import resolve_model
 
         self.config = config = config or EngineConfig()
@@ -202,7 +202,7 @@ class LLMEngine:
     def held_experts(self) -> list[str]:
         """Under expert parallelism, what each rank of this engine holds of the routed experts, read
         from its parameters (`moe.held_experts_line`; rank 0 first); [] without ep."""
-        from disaggsdk.engine.models.layers.moe import held_experts_line
+        from disaggsdk.engine.modeling.layers.moe import held_experts_line
 
         lines = [held_experts_line(self.runner.model)] + (self._tp_group.held_experts if self._tp_group else [])
         return [line for line in lines if line is not None]

@@ -13,7 +13,7 @@ from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.kv_scales import KVScales, read_kv_scales
-from disaggsdk.engine.models import build_model, kv_geometry
+from disaggsdk.engine.modeling import build_model, kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.memory.kv_layout import kv_dtype_name
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.compiled_step import CompiledStep
     from disaggsdk.engine.cuda_graph_step import CudaGraphStep
-    from disaggsdk.engine.models.base import KVGeometry
+    from disaggsdk.engine.modeling.base import KVGeometry
     from disaggsdk.memory.kv_layout import PoolMemory
 
 
@@ -66,7 +66,7 @@ class ModelRunner:
         self.model = build_model(config.model, tp, dtype=engine.weight_dtype, device=engine.device, seed=engine.seed,
                                  load_format=engine.load_format)
         if self.device.type == "cpu":  # which matmul form decoding and prefill take on this machine, per weight shape
-            from disaggsdk.engine.models.layers import amx_linear, skinny, wide_gemm
+            from disaggsdk.engine.modeling.layers import amx_linear, skinny, wide_gemm
 
             skinny.calibrate(self.model.parameters())
             wide_gemm.calibrate(self.model.parameters())

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
     """Bytes of this rank's KV pool under ``config``."""
     from disaggsdk.engine.kv_cache import KVCache
-    from disaggsdk.engine.models import kv_geometry
+    from disaggsdk.engine.modeling import kv_geometry
     from disaggsdk.models import resolve_model
 
     geometry = kv_geometry(resolve_model(config.model), tp, config.extra_kv_layers)

@@ -32,7 +32,7 @@ from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
-from disaggsdk.engine.models.layers.moe import held_experts_line
+from disaggsdk.engine.modeling.layers.moe import held_experts_line
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.errors import DisaggError
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.bench.trace_dataset import TraceDraws
     from disaggsdk.face.deployment import Deployment
-    from disaggsdk.report.goodput_records import Comparison, LayoutGoodput
+    from disaggsdk.records.goodput_records import Comparison, LayoutGoodput
     from disaggsdk.sim.hardware import HardwareProfile
     from disaggsdk.spec import Spec
 

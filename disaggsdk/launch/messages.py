@@ -15,9 +15,9 @@ import msgspec
 
 from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.report.request_transfer import RequestTransfer
-from disaggsdk.report.span_records import RequestSpanRecords
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.request_transfer import RequestTransfer
+from disaggsdk.records.span_records import RequestSpanRecords
+from disaggsdk.records.unit_counters import UnitCounters
 
 # 2: PeerUp; 3: TransportStuck; 4: phase times in RequestTransfer; 5: TokensBatch; 6: speculative counters;
 # 7: prefix caching (cached tokens in Tokens, prefix cache and not-sent counters in UnitStats);
@@ -27,7 +27,7 @@ from disaggsdk.report.unit_counters import UnitCounters
 # 10: UnitArgs.cuda_visible_devices (a unit that ignored it would run on the wrong GPU), Fatal.cannot_run
 # 11: UnitArgs.node_address (a unit that ignored it would listen on loopback, out of its peers' reach)
 # 12: Heartbeat (a runtime that did not know it would read a unit's channel as garbage), UnitStats.open_grant_keys
-# 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `report.span_records`)
+# 13: Generate.traced, RequestSpans (a traced request's phases on a unit, `records.span_records`)
 # 14: MoveRequest, RequestMovedIn, RequestMoveEnded (decoding requests moving between decode units),
 #     SwitchRole, RoleChanged, RoleChangeFailed (a unit changing role live)
 # 15: Progress "compile_failed" and its detail; "compiled" may come after Ready (units compile in
@@ -207,7 +207,7 @@ class TokensBatch(msgspec.Struct, frozen=True, tag=True):
 
 
 class UnitStats(msgspec.Struct, frozen=True, tag=True):
-    """A unit's gauges now and its counters since start (`report.unit_counters.UnitCounters`, sent
+    """A unit's gauges now and its counters since start (`records.unit_counters.UnitCounters`, sent
     as the unit filled it: a counter added there travels without a change here)."""
 
     seq: int

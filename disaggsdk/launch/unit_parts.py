@@ -354,7 +354,7 @@ def _on_cpu(config: EngineConfig) -> str:
     """" on <the CPU>" for a CPU engine's start-up line: every figure from its log says where it was taken."""
     if config.device != "cpu":
         return ""
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     return f" on {host_cpu().line()}"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from disaggsdk.messenger.span_log import SpanLog
-from disaggsdk.report.span_records import RequestSpanRecords
+from disaggsdk.records.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sequence import RequestOutput

@@ -49,8 +49,8 @@ from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan.memory import num_pages_per_rank
 from disaggsdk.plan.writes import expected_writes, num_prefill_pages
-from disaggsdk.report.request_transfer import RequestTransfer
-from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord, epoch_ns
+from disaggsdk.records.request_transfer import RequestTransfer
+from disaggsdk.records.span_records import RequestSpanRecords, SpanRecord, epoch_ns
 from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
@@ -473,7 +473,7 @@ class DecodeMessenger:
 
 
 def handoff_spans(record: RequestTransfer, prefill_unit: str) -> RequestSpanRecords:
-    """A traced request's handoff on the decode side as spans (`report.span_records`): from its arrival
+    """A traced request's handoff on the decode side as spans (`records.span_records`): from its arrival
     to its admission to the engine, and inside it the wait for pages and a context slot, the wait for
     the counter (prefill computing and writing its KV) and the admission itself.
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.grant_keys import GrantKeys
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams

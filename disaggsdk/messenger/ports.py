@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from disaggsdk.messenger.freshness import FrameCodec
 from disaggsdk.messenger.peers import FrameCounters, UnitInfo
 from disaggsdk.messenger.stats import TransferTotals
-from disaggsdk.report.span_records import RequestSpanRecords
+from disaggsdk.records.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig

@@ -22,7 +22,7 @@ from disaggsdk.messenger.page_digest import PageDigest, attempt_key
 from disaggsdk.messenger.peers import PeerId, UnitInfo
 from disaggsdk.messenger.span_log import SpanLog
 from disaggsdk.messenger.write_plan import PoolGeometry
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 
 if TYPE_CHECKING:
     from disaggsdk.plan import Plan, Transfer

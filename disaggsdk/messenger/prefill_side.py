@@ -29,7 +29,7 @@ from disaggsdk.messenger.span_log import SpanLog
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready
-from disaggsdk.report.span_records import RequestSpanRecords
+from disaggsdk.records.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

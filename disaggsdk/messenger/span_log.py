@@ -1,4 +1,4 @@
-"""The spans a unit records for one traced request while it holds it (`report.span_records`).
+"""The spans a unit records for one traced request while it holds it (`records.span_records`).
 
 Only requests the router traces get one (`launch.messages.Generate.traced`,
 `protocol.PrefillRequest.traced`): an untraced request costs nothing. Up to three threads write a
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from disaggsdk.report.span_records import AttributeValue, RequestSpanRecords, SpanRecord
+from disaggsdk.records.span_records import AttributeValue, RequestSpanRecords, SpanRecord
 
 
 class SpanLog:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from disaggsdk.report.request_transfer import RequestTransfer
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.request_transfer import RequestTransfer
+from disaggsdk.records.unit_counters import UnitCounters
 
 MAX_RECENT = 2048  # per-request records kept for the benchmark
 

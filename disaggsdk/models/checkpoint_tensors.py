@@ -6,7 +6,7 @@ the bytes of a 685B-parameter checkpoint it never opens. Names and shapes are th
 weights a block-FP8 checkpoint quantizes (`BlockFP8.is_quantized`), each followed by its float32
 ``weight_scale_inv``; the config's ``torch_dtype`` for the rest; float32 for DeepSeek's router bias.
 
-Sharding (`ShardKind`) follows this project's engine (disaggsdk/engine/models), which a test holds equal to the
+Sharding (`ShardKind`) follows this project's engine (disaggsdk/engine/modeling), which a test holds equal to the
 engine's own `weight_slots()`:
 
 * ``column``: output rows split evenly over tp (q/k/v, q_b, kv_b, gate/up projections);

@@ -26,7 +26,7 @@ from disaggsdk.report.live_table import instance_table
 from disaggsdk.report.svg_plot import latency_svg
 
 if TYPE_CHECKING:
-    from disaggsdk.report.instance_stats import InstanceStats
+    from disaggsdk.records.instance_stats import InstanceStats
 
 COLUMNS = ("instance", "role", "reqs", "TTFT p50 ms", "TTFT p99 ms", "tok/s/req", "running", "waiting", "KV used",
            "xfer GB/s", "prefix cache hits", "drafts accepted")

@@ -1,7 +1,7 @@
 """The plots of a layout comparison (`calibrate.layout_compare`): SLO attainment against the request
 rate, and TTFT against TPOT, one series per layout; matplotlib, imported only when a plot is drawn.
 
-They take the comparison's record (`report.goodput_records.Comparison`, JSON as it is), so a saved
+They take the comparison's record (`records.goodput_records.Comparison`, JSON as it is), so a saved
 result can be loaded and drawn again anywhere.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from disaggsdk.report.goodput_records import Comparison, GoodputSweep, LayoutGoodput, SweepRow
+from disaggsdk.records.goodput_records import Comparison, GoodputSweep, LayoutGoodput, SweepRow
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from disaggsdk.report.latency import RequestTimeline, percentile, tokens_per_s_per_request
 
 if TYPE_CHECKING:
-    from disaggsdk.report.instance_stats import InstanceStats
+    from disaggsdk.records.instance_stats import InstanceStats
 
 DEFAULT_WINDOW_S = 30.0  # the live views summarise requests that ended this recently
 

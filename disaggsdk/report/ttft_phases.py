@@ -1,7 +1,7 @@
 """Where a disaggregated request's time to first token went, phase by phase.
 
 Joins the router's times (`serve.routing.first_token_clock`) with both units' records of the request
-(`report.request_transfer.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
+(`records.request_transfer.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
 request and add up to the server's TTFT (the client's adds HTTP and its own parsing):
 
 - ``router_to_decode``: the router's channel to the decode unit, and that unit noticing it;
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from disaggsdk.report.request_transfer import RequestTransfer
+    from disaggsdk.records.request_transfer import RequestTransfer
 
 PHASES = ("router_to_decode", "decode_wait", "to_prefill", "prefill_queue", "prefill_compute",
           "exposed_transfer", "counter_to_schedule", "first_step_to_router")

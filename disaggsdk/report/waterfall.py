@@ -1,7 +1,7 @@
 """One request's spans drawn as a waterfall: a row per span, its bar from its start to its end,
 colored by the unit that recorded it, indented under its parent.
 
-Measurement is elsewhere (the units' `report.span_records`, turned into OpenTelemetry spans by
+Measurement is elsewhere (the units' `records.span_records`, turned into OpenTelemetry spans by
 `serve.tracing.request_tracing`); this only draws `TimelineSpan`s. matplotlib is imported when a figure is
 drawn, never before.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from disaggsdk.report.span_records import AttributeValue
+from disaggsdk.records.span_records import AttributeValue
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
     from disaggsdk.launch.messages import UnitStats
-    from disaggsdk.report.instance_stats import InstanceStats
+    from disaggsdk.records.instance_stats import InstanceStats
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.report.waterfall import TimelineSpan
     from disaggsdk.serve.moves.request_moves import DrainReport, MoveOutcome

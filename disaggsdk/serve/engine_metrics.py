@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.report.unit_counters import Series, SeriesKind, UnitCounters, exported_series
+from disaggsdk.records.instance_stats import InstanceStats
+from disaggsdk.records.unit_counters import Series, SeriesKind, UnitCounters, exported_series
 
 PREFIX = "disaggsdk"
 ENGINE_LABELS = ("model_name", "engine", "role")
@@ -40,7 +40,7 @@ class EngineCollector:
     """A prometheus_client collector of every engine's snapshot, fresh at each scrape (an engine
     answers between two steps, in milliseconds), never the snapshot of the scrape before.
 
-    The counters are those `UnitCounters` declares (`report.unit_counters`): each field that names
+    The counters are those `UnitCounters` declares (`records.unit_counters`): each field that names
     a series is exported, so a counter added there appears here with no change.
 
     Args:

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.serve.engine_metrics import PREFIX, EngineCollector
 

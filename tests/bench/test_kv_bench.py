@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from disaggsdk.bench.kv_bench import summarize
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 
 
 def test_summarize_is_pure_arithmetic():
@@ -53,7 +53,7 @@ def test_fp8_pages_travel_in_half_the_bytes_of_bfloat16():
     import attrs
 
     from disaggsdk.bench.kv_bench import run_mode
-    from disaggsdk.engine.models import kv_geometry
+    from disaggsdk.engine.modeling import kv_geometry
     from disaggsdk.engine.parallel import TensorParallel
     from disaggsdk.models import resolve_model
     from tests.launch._helpers import make_spec

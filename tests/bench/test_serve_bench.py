@@ -51,7 +51,7 @@ def test_bench_against_a_live_server_has_vllm_fields_and_sane_values(server):
     assert r["request_goodput"] == pytest.approx(r["request_throughput"])  # a 60 s TTFT SLO holds
     assert r["model_id"] == "qwen3-coder-tiny" and r["request_rate"] == 30
     assert r["client_cpu_s"] > 0  # this process's CPU time during the load (the test server's too)
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     assert r["cpu"] == host_cpu().as_json()  # every figure names the CPU it was taken on
     assert all(len(r[k]) == 12 for k in ("latencies", "start_times", "generated_texts", "errors", "itls"))

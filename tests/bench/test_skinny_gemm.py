@@ -23,6 +23,6 @@ def test_skinny_gemm_in_bfloat16_reads_two_bytes_a_weight():
     out_features, in_features = row["weight"]
     expected = out_features * in_features * 2 / 1e9 / (row["f_linear_us"] * 1e-6)
     assert row["f_linear_weight_gb_per_s"] == pytest.approx(expected, rel=0.05, abs=0.1)
-    from disaggsdk.engine.models.layers import amx_linear
+    from disaggsdk.engine.modeling.layers import amx_linear
 
     assert result["amx"] == amx_linear.available()  # where AMX runs, skinny_us is the packed kernel's

@@ -149,7 +149,7 @@ def test_tune_needs_a_model_and_a_rate_with_a_message(run_cli):
 
 def test_version_verbose_names_the_cpu_and_the_kernels(capsys):
     from disaggsdk.cli.version_info import wants_verbose_version
-    from disaggsdk.report.host_cpu import host_cpu
+    from disaggsdk.records.host_cpu import host_cpu
 
     assert main(["--version", "-v"]) == 0
     out = capsys.readouterr().out.splitlines()

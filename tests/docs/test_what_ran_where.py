@@ -104,7 +104,7 @@ REGISTER_DEVICE_MEMORY = ("tests/memory/test_shared_memory_cuda.py::test_registe
 BACKING: dict[str, Backing] = {
     "engine: Qwen3, Qwen3-MoE, DeepSeek-V3 with MTP; tp, dp, ep": Backing(
         cpu=ENGINE_PARITY,
-        gpu=("tests/engine/models/test_models_gpu.py::test_cuda_model_matches_cpu", *NCCL, *FLASHINFER)),
+        gpu=("tests/engine/modeling/test_models_gpu.py::test_cuda_model_matches_cpu", *NCCL, *FLASHINFER)),
     "KV over libfabric `shm`, `tcp;ofi_rxm` between processes": Backing(cpu=DISAGGREGATED_PARITY),
     "libfabric `verbs`, `efa`": Backing(),
     "launch a `device: cuda` spec: units on their planned GPUs, cuMem KV pools, NCCL, FlashInfer, CUDA-graph decode":

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.models.layers.moe import Experts, GroupLimitedRouter, SoftmaxTopKRouter
+from disaggsdk.engine.modeling.layers.moe import Experts, GroupLimitedRouter, SoftmaxTopKRouter
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.speculative.config import SpeculativeConfig
 

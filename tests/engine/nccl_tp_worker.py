@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from disaggsdk.engine.models import build_model
+from disaggsdk.engine.modeling import build_model
 from disaggsdk.engine.parallel import TensorParallel
-from tests.engine.models.model_oracle import ContiguousAttention, make_batch
+from tests.engine.modeling.model_oracle import ContiguousAttention, make_batch
 
 PROMPT_LENGTHS = (21, 6)
 # what the ranks compute each model in: float32 is the dtype the CPU engine gives transformers' numbers in

@@ -160,7 +160,7 @@ def test_routing_patch_needs_tp_1():
 
 
 def test_route_every_token_to_restores_the_routers():
-    from disaggsdk.engine.models.layers.moe import GroupLimitedRouter, SoftmaxTopKRouter
+    from disaggsdk.engine.modeling.layers.moe import GroupLimitedRouter, SoftmaxTopKRouter
 
     before = (SoftmaxTopKRouter.forward, GroupLimitedRouter.forward)
     with route_every_token_to(3):

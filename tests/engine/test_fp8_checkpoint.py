@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from disaggsdk.engine import fp8_blocks  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.models import build_model  # noqa: E402
+from disaggsdk.engine.modeling import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.errors import ModelError  # noqa: E402

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from nccl_tp_worker import DTYPE, prefill_then_decode, run_rank  # noqa: E402
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.models import build_model  # noqa: E402
+from disaggsdk.engine.modeling import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
@@ -51,14 +51,14 @@ def assert_equals_tp1(models: list[str], logits: list[tuple[torch.Tensor, torch.
 @pytest.mark.slow
 def test_the_ranks_on_gloo_give_tp1_logits(tmp_path):
     """The twin on CPU: the same rank code, two processes over gloo, the trained model (slow: the default
-    run has gloo tp=2 against tp=1 in tests/engine/models/test_models_tp.py)."""
+    run has gloo tp=2 against tp=1 in tests/engine/modeling/test_models_tp.py)."""
     assert_equals_tp1([TRAINED], tp2_logits(tmp_path, "gloo", [TRAINED]), 1e-4)
 
 
 @pytest.mark.gpu
 def test_nccl_tp2_logits_equal_the_cpu_tp1_model(tmp_path):
     needs_two_gpus()
-    # GPU float32 against CPU float32 (TF32 off): the tolerance of tests/engine/models/test_models_gpu.py
+    # GPU float32 against CPU float32 (TF32 off): the tolerance of tests/engine/modeling/test_models_gpu.py
     assert_equals_tp1(MODELS, tp2_logits(tmp_path, "nccl", MODELS), 1e-3)
 
 

@@ -33,7 +33,7 @@ from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.cuda_graph_step import CudaGraphStep
 from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.kv_scales import KVScales
-from disaggsdk.engine.models import build_model, kv_geometry
+from disaggsdk.engine.modeling import build_model, kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
 from tests.gpu_api.installed_signatures import (
     ApiCall,

@@ -14,7 +14,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.unit import Unit
 from disaggsdk.messenger.stats import TransferTotals
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.serve.routing.unit_gauges import instance_stats
 
 

@@ -10,7 +10,7 @@ from disaggsdk.models.checkpoint_tensors import checkpoint_tensors, is_moe_layer
 @pytest.mark.parametrize("tp", [1, 2])
 def test_inventory_equals_the_engines_weight_slots(model, tp):
     torch = pytest.importorskip("torch")
-    from disaggsdk.engine.models import model_class
+    from disaggsdk.engine.modeling import model_class
     from disaggsdk.engine.parallel import TensorParallel
 
     arch = resolve_model(model)

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from disaggsdk.cli.main import main as cli_main  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.models import build_model  # noqa: E402
+from disaggsdk.engine.modeling import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import HFTokenizer, load_tokenizer  # noqa: E402

@@ -19,7 +19,7 @@ WAIT_S = 60.0  # for a message that a refresh every 0.1 s sends; generous for a 
 DASHBOARD = """
 import time
 from disaggsdk.report.dashboard import Dashboard
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.serve.metrics import ServedRequest
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 from rich.console import Console
 
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.report.deployment_metrics import DeploymentMetrics
-from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.report.live import instance_rows
 from disaggsdk.serve.metrics import ServedRequest

@@ -7,12 +7,12 @@ import json
 import pytest
 from rich.console import Console
 
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
+from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.report.latency import RequestTimeline
 from disaggsdk.report.live import instance_rows, latency_series
 from disaggsdk.report.live_table import instance_table, summary_table
 from disaggsdk.report.svg_plot import latency_svg
-from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.metrics import ServedRequest
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disaggsdk.report.request_transfer import RequestTransfer
+from disaggsdk.records.request_transfer import RequestTransfer
 from disaggsdk.report.ttft_phases import PHASES, request_phases, summarize_phases
 from disaggsdk.serve.routing.first_token_clock import FirstTokenClock
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
 from disaggsdk.serve.http.http_server import HttpServer
 from disaggsdk.serve.http.openai_app import build_app

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from disaggsdk.report.instance_stats import InstanceStats
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.instance_stats import InstanceStats
+from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.serve.metrics import ServerMetrics
 from tests.serve.promlint import lint
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
 from disaggsdk.serve.http.http_limits import HttpLimits
 from disaggsdk.serve.http.http_server import HttpServer

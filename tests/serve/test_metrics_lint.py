@@ -7,9 +7,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
+from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.report.latency import RequestTimeline
-from disaggsdk.report.unit_counters import UnitCounters
 from disaggsdk.serve.metrics import ServerMetrics, chunk_gaps_s, one_two_five_buckets
 from tests.serve.promlint import lint
 

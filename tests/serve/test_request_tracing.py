@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from disaggsdk.launch.messages import FROM_UNIT, RequestSpans
 from disaggsdk.messenger.span_log import SpanLog
-from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord, epoch_ns
+from disaggsdk.records.span_records import RequestSpanRecords, SpanRecord, epoch_ns
 from disaggsdk.report.waterfall import TimelineSpan, span_rows, waterfall
 from disaggsdk.serve.tracing.request_tracing import RequestTracing, timeline_spans
 from disaggsdk.serve.tracing.tracing_switch import TracingUnavailableError, request_tracing_for

@@ -8,7 +8,7 @@ from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
 from disaggsdk.launch.runtime_api import UnitDown
-from disaggsdk.report.unit_counters import UnitCounters
+from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.serve.routing.router import Router
 from disaggsdk.spec import Spec
 

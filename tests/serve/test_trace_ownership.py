@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.report.span_records import RequestSpanRecords, SpanRecord
+from disaggsdk.records.span_records import RequestSpanRecords, SpanRecord
 from disaggsdk.serve.http.client_request_ids import internal_request_id
 from disaggsdk.serve.http.http_server import HttpServer
 from disaggsdk.serve.http.openai_app import build_app

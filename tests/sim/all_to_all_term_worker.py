@@ -46,7 +46,7 @@ def run_rank(rank: int, ep: int, port: int, out_dir: str) -> None:
     """Run every case of `cases` as one step on this rank; save the dispatcher's count of each step."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep)
     try:
-        from disaggsdk.engine.models import build_model
+        from disaggsdk.engine.modeling import build_model
         from disaggsdk.engine.parallel import TensorParallel
 
         arch = resolve_model(MODEL)

@@ -116,7 +116,7 @@ def test_deepseek_trains_its_mtp_layer_and_saves_it_where_the_engine_reads_it(tm
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file
 
-    from disaggsdk.engine.models import build_model
+    from disaggsdk.engine.modeling import build_model
     from disaggsdk.engine.parallel import TensorParallel
     from tools.train_tiny.mtp import load_mtp
     from tools.train_tiny.train import TrainSettings, train

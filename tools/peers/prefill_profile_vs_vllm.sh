@@ -21,7 +21,7 @@ $PY - "$W" "$LAYERS" "$HIDDEN" <<'PY'
 import json, sys
 w, layers, hidden = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ours, vllm = (json.load(open(f"{w}/{n}.json")) for n in ("ours", "vllm"))
-from disaggsdk.report.host_cpu import host_cpu
+from disaggsdk.records.host_cpu import host_cpu
 cpu = host_cpu().as_json()
 kinds = sorted(set(ours["ms"]) | set(vllm["ms"]))
 ratio = {k: round(ours["ms"].get(k, 0) / vllm["ms"][k], 2) for k in kinds if vllm["ms"].get(k)}

@@ -7,7 +7,7 @@ simulates a whole group in one process and is the oracle; ``all_to_all`` is
 kernel (DeepEP, pplx-kernels) would be one more registry entry.
 
 The engine uses it when ``EngineConfig.ep > 1``: `engine.tp_group.join_groups` makes the
-dispatcher, the MoE layers (engine.models.layers.moe) hold their rank's experts and exchange
+dispatcher, the MoE layers (engine.modeling.layers.moe) hold their rank's experts and exchange
 tokens through it, and the dp ranks of one instance step in lock-step (engine.dp_lockstep).
 """
 

@@ -27,7 +27,7 @@ from disaggsdk.memory.page_allocator import PageAllocator
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
     from disaggsdk.engine.compiled_step import CompiledStep
-    from disaggsdk.engine.models.layers.decoder import DecoderModel
+    from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
 PAD_TOKEN_ID = 0
 

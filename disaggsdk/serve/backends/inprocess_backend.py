@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.serve.backend import LaunchedUnits, TokenEvent
 from disaggsdk.serve.model_tokenizer import encode_prompt
 

@@ -33,7 +33,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError
 from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.models import resolve_model
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.serve.backend import LaunchedUnits, TokenEvent
 from disaggsdk.serve.model_tokenizer import ModelTokenizer
 from disaggsdk.serve.moves.request_moves import DrainReport, LeverConflict, Move, MoveError, MoveOutcome, RequestMoves

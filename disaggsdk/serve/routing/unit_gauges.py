@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.report.instance_stats import InstanceStats
+from disaggsdk.records.instance_stats import InstanceStats
 
 
 def instance_stats(name: str, role: str, healthy: bool, s: ch.UnitStats | None) -> InstanceStats:

@@ -3,7 +3,7 @@
 The router opens the request's root span ("disaggsdk.request", kind SERVER) when it receives the
 request, under the client's span when its W3C ``traceparent`` is valid (an invalid one starts a new
 trace, as the W3C spec says), and a "route" span for the choice of unit; the root ends when the
-request does. The units a traced request reaches record their phases (`report.span_records`) and
+request does. The units a traced request reaches record their phases (`records.span_records`) and
 send them when they let go of it (`launch.messages.RequestSpans`); each becomes a span of its unit
 ("prefill prefill-0") under the root, with the unit's records under it, their times as the units
 read them (epoch ns). Every unit has its own `TracerProvider`, whose resource names it
@@ -37,7 +37,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, T
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from disaggsdk.launch.messages import RequestSpans
-from disaggsdk.report.span_records import AttributeValue
+from disaggsdk.records.span_records import AttributeValue
 from disaggsdk.report.waterfall import TimelineSpan
 from disaggsdk.serve.http.client_request_ids import public_names
 

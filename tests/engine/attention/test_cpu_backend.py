@@ -12,7 +12,7 @@ from disaggsdk.engine import attention  # noqa: E402
 from disaggsdk.engine.attention import cpu_backend, default_backend  # noqa: E402
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
 from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
-from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from disaggsdk.engine.modeling.base import KVGeometry  # noqa: E402
 from tests.engine.attention.test_torch_ref import PAGE_SIZE, REQUESTS, dense, pages_for, run_step  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_backend.kernel_available(), reason="CPU attention kernel not built")

@@ -10,7 +10,7 @@ import pytest
 
 from disaggsdk.engine.attention import AttentionBackendError, FlashInferMissing, create_backend, default_backend
 from disaggsdk.engine.kv_cache import KVCache
-from disaggsdk.engine.models.base import KVGeometry
+from disaggsdk.engine.modeling.base import KVGeometry
 
 GQA = KVGeometry(attention="gqa", num_layers=1, num_kv_heads_local=2, head_dim=64)
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.attention import AttentionBackendError, create_backend  # noqa: E402
 from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
-from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from disaggsdk.engine.modeling.base import KVGeometry  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 
 # on a GPU, flashinfer missing is a failure (the backend says what to install), not a skip

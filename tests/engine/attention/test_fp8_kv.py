@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.attention import cpu_backend  # noqa: E402
 from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
 from disaggsdk.engine.kv_scales import KVScales  # noqa: E402
-from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from disaggsdk.engine.modeling.base import KVGeometry  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 from tests.engine.attention.test_torch_ref import PAGE_SIZE, REQUESTS, dense, pages_for, run_step  # noqa: E402
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.attention import create_backend  # noqa: E402
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
 from disaggsdk.engine.kv_cache import KVCache  # noqa: E402
-from disaggsdk.engine.models.base import KVGeometry  # noqa: E402
+from disaggsdk.engine.modeling.base import KVGeometry  # noqa: E402
 
 PAGE_SIZE = 4
 # (tokens already cached, new tokens): a fresh prefill, decodes, a later prefill chunk
