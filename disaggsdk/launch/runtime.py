@@ -34,10 +34,21 @@ import msgspec
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitCannotRun, UnitHandle
+from disaggsdk.launch.base import (
+    ChannelClosed,
+    ChannelError,
+    DownListener,
+    Launcher,
+    LaunchError,
+    MessageListener,
+    UnitCannotRun,
+    UnitDown,
+    UnitHandle,
+    UnitStalled,
+    UnitUnreachable,
+)
 from disaggsdk.launch.progress import progress_line
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
-from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
 from disaggsdk.launch.unit_silence import SilenceWatch

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import LaunchError
-from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled, UnitUnreachable
+from disaggsdk.launch.base import LaunchError, Runtime, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.models import resolve_model
 from disaggsdk.report.instance_stats import InstanceStats
 from disaggsdk.serve.backend import TokenEvent
