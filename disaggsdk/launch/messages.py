@@ -284,7 +284,7 @@ class RequestMoveEnded(msgspec.Struct, frozen=True, tag=True):
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag=True):
-    """Sent by a thread of the unit's own (`unit_heartbeat`), whatever its loop is doing: the unit
+    """Sent by a thread of the unit's own (`health.UnitHeartbeat`), whatever its loop is doing: the unit
     is reachable. It says nothing of progress: a unit in a 20 s step still sends it."""
 
 

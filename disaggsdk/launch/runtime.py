@@ -7,10 +7,10 @@ for both. Start-up waits for every unit's `Ready`, hands each the others' addres
 descriptors, waits for `Started`. Then one reader thread hands every unit message to the listener
 (`serve.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
 others told (decode units retry its prefills elsewhere). A live unit silent for
-`serve.unit_stall_s` is stalled (`launch.unit_stall`): unhealthy, and the listener told
+`serve.unit_stall_s` is stalled (`launch.health.StallWatch`): unhealthy, and the listener told
 (`UnitStalled`), until it speaks again. One whose channel carries nothing for
-`serve.unit_unreachable_s`, not even its heartbeat (`launch.unit_heartbeat`), is unreachable
-(`launch.unit_silence`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
+`serve.unit_unreachable_s`, not even its heartbeat (`launch.health.UnitHeartbeat`), is unreachable
+(`launch.health.SilenceWatch`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
 `close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.router`.
 """
 
@@ -47,12 +47,10 @@ from disaggsdk.launch.base import (
     UnitStalled,
     UnitUnreachable,
 )
+from disaggsdk.launch.health import SilenceWatch, StallWatch, replace_poisoned_peer
 from disaggsdk.launch.progress import progress_line
 from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
 from disaggsdk.launch.tiny import tiny_spec
-from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
-from disaggsdk.launch.unit_silence import SilenceWatch
-from disaggsdk.launch.unit_stall import StallWatch
 from disaggsdk.launch.units import (
     CpuAffinity,
     ProcessLauncher,

@@ -23,9 +23,9 @@ import msgspec
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.health import EXIT_CODE, TransportWatchdog, UnitHeartbeat
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.progress import compile_failed_line
-from disaggsdk.launch.unit_heartbeat import UnitHeartbeat
 from disaggsdk.launch.unit_spans import UnitSpans
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         lease.on_stop(unit.stop)
         unit.await_peers()
         heartbeat = UnitHeartbeat.for_unreachable_s(conn, spec.serve.unit_unreachable_s)
-        heartbeat.start()  # from now on the runtime watches for silence (`launch.unit_silence`)
+        heartbeat.start()  # from now on the runtime watches for silence (`launch.health.SilenceWatch`)
         try:
             unit.run()
         finally:
@@ -173,14 +173,13 @@ class Unit:
         conn: the unit's end of its channel to the launcher.
         parts: the engine, messenger and transfer engine (`launch.unit_parts.assemble`).
         stuck_after_s: how long the transfer engine's thread may be stuck inside libfabric before
-            this unit gives up on it (`launch.transport_watchdog`).
+            this unit gives up on it (`launch.health.TransportWatchdog`).
         model: the served model, whose tokenizer requests' grammars are compiled for.
     """
 
     def __init__(self, args: UnitArgs, conn: FrameChannel[ch.ToUnit], parts: UnitParts, *, stuck_after_s: float,
                  model: str, spec: Spec | None = None, plan: Plan | None = None):
         from disaggsdk.launch.grammar_admission import GrammarAdmission
-        from disaggsdk.launch.transport_watchdog import TransportWatchdog
 
         self.args, self.conn, self.parts = args, conn, parts
         self.grammars = GrammarAdmission(model)  # structured requests wait there, not in the loop
@@ -256,8 +255,6 @@ class Unit:
 
     def _give_up_transport(self, stuck: ch.TransportStuck) -> None:
         """Report and exit at once: closing would wait for the stuck thread forever."""
-        from disaggsdk.launch.transport_watchdog import EXIT_CODE
-
         where = f" sending to {stuck.poisoned_peer}" if stuck.poisoned_peer else ""
         print(f"{self.args.name}: transport thread stuck {stuck.stuck_s:.1f} s inside libfabric{where}; "
               "exiting to be restarted with a new endpoint", flush=True)
