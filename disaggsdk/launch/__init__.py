@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from disaggsdk.launch.base import LaunchError, UnitCannotRun
 
 if TYPE_CHECKING:
-    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.launch.launcher.supervisor import LocalRuntime
     from disaggsdk.launch.tiny import tiny_spec
 
 __all__ = ["LaunchError", "LocalRuntime", "UnitCannotRun", "tiny_spec"]
@@ -19,7 +19,7 @@ __all__ = ["LaunchError", "LocalRuntime", "UnitCannotRun", "tiny_spec"]
 
 def __getattr__(name: str) -> object:
     if name == "LocalRuntime":
-        from disaggsdk.launch.runtime import LocalRuntime
+        from disaggsdk.launch.launcher.supervisor import LocalRuntime
 
         return LocalRuntime
     if name == "tiny_spec":

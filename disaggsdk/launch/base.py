@@ -6,10 +6,10 @@ The router's seam: a `Runtime` starts the units of a plan, carries typed message
 them. It knows processes, never requests: which unit serves a request, what a token means and what
 a client is owed live in the router (`disaggsdk.serve.router`).
 
-The runtime's own seam: its implementation (`launch.runtime.Supervisor`) supervises
+The runtime's own seam: its implementation (`launch.launcher.supervisor.Supervisor`) supervises
 units the same way wherever they run: handshake, reader thread, failure reports, restarts, clean
-close. What varies is the `Launcher` that starts a unit (`launch.units.ProcessLauncher`: a
-child process here; `launch.ray_launcher.RayLauncher`: a Ray actor's child on a cluster
+close. What varies is the `Launcher` that starts a unit (`launch.launcher.units.ProcessLauncher`: a
+child process here; `launch.launcher.ray_launcher.RayLauncher`: a Ray actor's child on a cluster
 node) and the `UnitProcess` handle it returns.
 """
 

@@ -125,7 +125,7 @@ class CancelMove(msgspec.Struct, frozen=True, tag=True):
 
 
 class SwitchRole(msgspec.Struct, frozen=True, tag=True):
-    """Serve ``role`` ("prefill" or "decode") once nothing of the current role is in flight (`launch.role_switch`).
+    """Serve ``role`` ("prefill" or "decode") once nothing of the current role is in flight (`launch.unit_process.role_switch`).
     The unit answers `RoleChanged`, or `RoleChangeFailed`."""
 
     role: str

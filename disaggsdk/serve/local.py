@@ -13,12 +13,12 @@ from disaggsdk.serve.router import Router
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from disaggsdk.launch.units import CpuAffinity
+    from disaggsdk.launch.launcher.units import CpuAffinity
     from disaggsdk.spec import Spec
 
 
 class RuntimeOptions(TypedDict, total=False):
-    """The keywords `LocalRuntime` and `RayRuntime` share (see `launch.runtime.Supervisor`)."""
+    """The keywords `LocalRuntime` and `RayRuntime` share (see `launch.launcher.supervisor.Supervisor`)."""
 
     tiny: bool
     colocated: bool
@@ -55,11 +55,11 @@ def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
     runtime = None
     try:
         if spec.launch.backend == "ray":
-            from disaggsdk.launch.ray_runtime import RayRuntime
+            from disaggsdk.launch.launcher.ray_runtime import RayRuntime
 
             runtime = RayRuntime(spec, address=spec.launch.address, **runtime_options)
         else:
-            from disaggsdk.launch.runtime import LocalRuntime
+            from disaggsdk.launch.launcher.supervisor import LocalRuntime
 
             runtime = LocalRuntime(spec, **runtime_options)
         return Router(runtime, tracing)

@@ -319,7 +319,7 @@ class Router:
             return len(self._in_flight[unit])
 
     def switch_role(self, unit: str, role: str) -> Future[str]:
-        """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.role_switch`);
+        """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.unit_process.role_switch`);
         a decode unit should be drained first. The future resolves to "" once it serves ``role``, or to
         why it cannot (it goes on in its role). A unit that turned decode is not routed until `undrain`:
         call it once every unit heard of the change (`unit_stats` answers after it).

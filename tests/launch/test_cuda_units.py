@@ -125,8 +125,8 @@ def _fabric_shm_of(pids: set[int]) -> list[str]:
 
 @needs_no_cuda
 def test_a_cuda_unit_without_cuda_says_so_before_loading_and_leaves_nothing(monkeypatch):
-    from disaggsdk.launch.runtime import LocalRuntime
-    from disaggsdk.launch.units import ProcessLauncher
+    from disaggsdk.launch.launcher.supervisor import LocalRuntime
+    from disaggsdk.launch.launcher.units import ProcessLauncher
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     pids: set[int] = set()
@@ -219,7 +219,7 @@ def test_ray_grants_each_unit_its_gpus_and_the_unit_says_it_has_no_cuda():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    from disaggsdk.launch.ray_runtime import RayRuntime
+    from disaggsdk.launch.launcher.ray_runtime import RayRuntime
 
     small = 80 << 20  # object store bytes per node: nothing big goes through it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.launch import LaunchError  # noqa: E402
-from disaggsdk.launch.ray_runtime import RayRuntime  # noqa: E402
+from disaggsdk.launch.launcher.ray_runtime import RayRuntime  # noqa: E402
 from disaggsdk.serve.router import Router  # noqa: E402
 from tests.launch._helpers import make_spec  # noqa: E402
 
@@ -241,8 +241,8 @@ def test_r1_dp_tiny_on_two_logical_nodes(cluster):
 def test_a_remote_units_log_tail_is_read_on_its_node(cluster, tmp_path):
     """A unit on another machine writes its log there: its failure report reads the tail through its
     actor (the driver cannot open the path)."""
-    from disaggsdk.launch.ray_launcher import RayUnitProcess
-    from disaggsdk.launch.ray_unit_host import unit_host_actor
+    from disaggsdk.launch.launcher.ray_launcher import RayUnitProcess
+    from disaggsdk.launch.launcher.ray_unit_host import unit_host_actor
 
     log = tmp_path / "unit.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))

@@ -122,7 +122,7 @@ def test_a_served_requests_spans_come_back_by_its_id_in_process_and_over_http_an
 def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypatch):
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.launch import messages as ch
-    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.launch.launcher.supervisor import LocalRuntime
     from disaggsdk.serve.router import Router
 
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)

@@ -1,7 +1,7 @@
 """RayRuntime: a spec's units as Ray actors on a cluster's nodes (`launch: {backend: ray}`).
 
-The same runtime as `LocalRuntime` (`runtime.Supervisor`: handshake, reader thread, failure
-reports, restarts, clean close) with `launch.ray_launcher.RayLauncher` starting the units where the
+The same runtime as `LocalRuntime` (`supervisor.Supervisor`: handshake, reader thread, failure
+reports, restarts, clean close) with `launch.launcher.ray_launcher.RayLauncher` starting the units where the
 plan places them. Between nodes KV moves over libfabric's tcp provider (a spec that asks for shm
 gets tcp when its plan spans nodes: shared memory does not cross machines); verbs or efa stay as asked.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S
-from disaggsdk.launch.runtime import DEFAULT_MAX_RESTARTS, Supervisor
-from disaggsdk.launch.units import CpuAffinity
+from disaggsdk.launch.launcher.restart_budget import DEFAULT_RESTART_WINDOW_S
+from disaggsdk.launch.launcher.supervisor import DEFAULT_MAX_RESTARTS, Supervisor
+from disaggsdk.launch.launcher.units import CpuAffinity
 from disaggsdk.spec.types import Spec
 
 
@@ -32,11 +32,11 @@ def RayRuntime(spec: Spec, address: str | None = None, tiny: bool = False,
         tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
         cpu_affinity: ignored: Ray places the units.
         colocated, log_dir, provider, start_timeout_s, on_event, secret, max_restarts,
-            restart_window_s, on_progress: as for `LocalRuntime` (`runtime.Supervisor`).
+            restart_window_s, on_progress: as for `LocalRuntime` (`supervisor.Supervisor`).
     Raises:
         LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
     """
-    from disaggsdk.launch.ray_launcher import RayLauncher
+    from disaggsdk.launch.launcher.ray_launcher import RayLauncher
 
     del cpu_affinity  # accepted so that every runtime takes the same options
     runtime = Supervisor(spec, RayLauncher(address), tiny=tiny, colocated=colocated, log_dir=log_dir,

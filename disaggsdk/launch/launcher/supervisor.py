@@ -48,10 +48,8 @@ from disaggsdk.launch.base import (
     UnitUnreachable,
 )
 from disaggsdk.launch.health import SilenceWatch, StallWatch, replace_poisoned_peer
-from disaggsdk.launch.progress import progress_line
-from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
-from disaggsdk.launch.tiny import tiny_spec
-from disaggsdk.launch.units import (
+from disaggsdk.launch.launcher.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
+from disaggsdk.launch.launcher.units import (
     CpuAffinity,
     ProcessLauncher,
     core_sets,
@@ -63,6 +61,8 @@ from disaggsdk.launch.units import (
     unit_log_tail,
     unit_names,
 )
+from disaggsdk.launch.progress import progress_line
+from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
@@ -118,7 +118,7 @@ class Supervisor:
         secret: the control-frame secret (random when None).
         max_restarts: how often a unit that dies is started again within ``restart_window_s`` (a new
             incarnation, after a back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
-        restart_window_s: how long a restart counts against ``max_restarts`` (`launch.restart_budget`):
+        restart_window_s: how long a restart counts against ``max_restarts`` (`launch.launcher.restart_budget`):
             older ones are forgiven, so sporadic deaths never end a deployment, a crash loop does.
     Raises:
         LaunchError: the model has no tiny variant (``tiny``).
