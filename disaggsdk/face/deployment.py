@@ -4,9 +4,9 @@
         print(d.generate("def fib(n):"))
         print(d.bench(num_prompts=20, request_rate=4, input_len=256, output_len=32))
 
-`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a `serve.router.Router`); `serve_model` one
-colocated engine in this process. Either way `shutdown` (or leaving the ``with``) stops the
-server and every process the backend started.
+`launch` starts a whole local deployment (`disaggsdk.launch.start_local_runtime` behind a
+`serve.router.Router`); `serve_model` one colocated engine in this process. Either way `shutdown` (or
+leaving the ``with``) stops the server and every process the backend started.
 """
 
 from __future__ import annotations
@@ -458,7 +458,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         runtime_options: passed to `disaggsdk.serve.local.serve_locally`: ``span_exporter`` (trace
             every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
             they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
-            ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.LocalRuntime`'s
+            ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.start_local_runtime`'s
             (``cpu_affinity``, ``log_dir``).
     Raises:
         UnitCannotRun: a `device: cuda` spec without ``tiny`` on a machine without CUDA (its units

@@ -23,13 +23,13 @@ def local_runtime() -> Any:
         LaunchUnavailableError: the local runtime is not part of this installation.
     """
     try:
-        from disaggsdk.launch import LocalRuntime  # noqa: F401 - the part a trimmed build lacks
+        from disaggsdk.launch import start_local_runtime  # noqa: F401 - the part a trimmed build lacks
         from disaggsdk.serve.local import serve_locally
     except ImportError as exc:
-        if not (exc.name or "").startswith("disaggsdk.launch") and "LocalRuntime" not in str(exc):
+        if not (exc.name or "").startswith("disaggsdk.launch") and "start_local_runtime" not in str(exc):
             raise
         raise LaunchUnavailableError(
-            "this build has no local runtime (disaggsdk.launch.LocalRuntime), so a spec cannot be launched yet; "
+            "this build has no local runtime (disaggsdk.launch.start_local_runtime), so a spec cannot be launched yet; "
             "serve one colocated engine instead: `disaggsdk serve --model qwen3-coder-tiny`"
         ) from None
     return serve_locally

@@ -57,7 +57,7 @@ class Router:
     """Serve a runtime's units as one `ServingBackend`.
 
     Args:
-        runtime: started units (`disaggsdk.launch.LocalRuntime` or another `Runtime`); the router
+        runtime: started units (`disaggsdk.launch.start_local_runtime` or another `Runtime`); the router
             owns it from now on and closes it in `close()`.
         tracing: trace every request across the units (`serve.request_tracing`, made by
             `serve.tracing_switch.request_tracing_for`); None: off, units record nothing.

@@ -23,7 +23,7 @@ class FakeRuntime:
     def __init__(self, roles: dict[str, str]):
         self.roles = roles
         self.healthy = dict.fromkeys(roles, True)
-        self.stalled: set[str] = set()  # alive (sends reach them) but unhealthy, as LocalRuntime's stalled units
+        self.stalled: set[str] = set()  # alive (sends reach them) but unhealthy, as a started runtime's stalled units
         self.sent: list[tuple[str, object]] = []
         self.failures: list[str] = []
         self.closed = False

@@ -1,4 +1,4 @@
-"""Units as Ray actors on a cluster's nodes: the `base.Launcher` `launch.launcher.ray_runtime.RayRuntime` uses.
+"""Units as Ray actors on a cluster's nodes: the `base.Launcher` `launch.launcher.supervisor.start_ray_runtime` uses.
 
 One placement group per instance, its bundles one per unit (a unit holds its tp ranks), packed
 (STRICT_PACK) on the Ray node the plan's node maps to (`launch.launcher.ray_nodes`). Where the bundles
