@@ -463,14 +463,12 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
     Raises:
         UnitCannotRun: a `device: cuda` spec without ``tiny`` on a machine without CUDA (its units
             say so before loading anything).
-        LaunchUnavailableError: this build has no local runtime.
         ServerStartError: the port cannot be bound (checked before any unit starts).
         TracingUnavailableError: tracing is asked for but opentelemetry is missing (the ``trace`` extra).
     """
-    from disaggsdk.face.preflight import local_runtime
     from disaggsdk.serve.http_server import bind_listener
+    from disaggsdk.serve.local import serve_locally
 
-    serve_locally = local_runtime()
     host = host or spec.serve.host
     port = spec.serve.port if port is None else port
     sock = bind_listener(host, port)  # a busy port fails now, not after every unit started
