@@ -37,7 +37,7 @@ LAYERS: tuple[str, ...] = (
     "serve",      # router over a Runtime, OpenAI HTTP front end, metrics
     "bench",      # load generators and benchmarks
     "calibrate",  # fitting profiles, validating the simulator against real runs
-    "face",       # disaggsdk/__init__.py, cli/, face/ (Cluster, Deployment, pre-launch check)
+    "face",       # disaggsdk/__init__.py, cli/, face/ (Cluster, Deployment)
 )
 
 # (from, to, why): arrows DESIGN.md forbids even though they point downwards. ``to`` may be a

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypedDict
 import attrs
 
 if TYPE_CHECKING:
-    from disaggsdk.launch.units import CpuAffinity
+    from disaggsdk.launch.launcher.units import CpuAffinity
     from disaggsdk.records.request_transfer import RequestTransfer
     from disaggsdk.report.ttft_phases import PhaseSummary
     from disaggsdk.spec.types import Spec

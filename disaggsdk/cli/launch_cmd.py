@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sets serve.otlp_traces_endpoint; docs/tracing.md), e.g. http://localhost:4318/v1/traces")
     parser.add_argument("--access-log", action="store_true",
                         help="one line per finished request on stdout: status, tokens, TTFT, total time, the prefill "
-                             "and decode instance (the spec's serve.access_log)")
+                             "and decode instance (the spec's serve.http.access_log)")
     parser.add_argument("--bench", action="store_true", help="run a benchmark (load options below), print it, shut down")
     parser.add_argument("--complete", action="append", default=[], metavar="TEXT",
                         help="once ready, complete TEXT through the endpoint (greedy) and print it (repeatable)")

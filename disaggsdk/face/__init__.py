@@ -1,4 +1,4 @@
-"""The face layer: what a user imports and types — `Cluster`, `Deployment`, the pre-launch check.
+"""The face layer: what a user imports and types — `Cluster`, `Deployment`.
 
 It may use every layer below (spec, plan, launch, serve, bench, report). Nothing is imported
 here: `disaggsdk.face.deployment` (FastAPI, uvicorn, the engine) loads on use.

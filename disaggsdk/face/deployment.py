@@ -4,9 +4,9 @@
         print(d.generate("def fib(n):"))
         print(d.bench(num_prompts=20, request_rate=4, input_len=256, output_len=32))
 
-`launch` starts a whole local deployment (`disaggsdk.launch.LocalRuntime` behind a
-`serve.routing.router.Router`); `serve_model` one colocated engine in this process. Either way
-`shutdown` (or leaving the ``with``) stops the server and every process the backend started.
+`launch` starts a whole local deployment (`disaggsdk.launch.start_local_runtime` behind a
+`serve.routing.router.Router`); `serve_model` one colocated engine in this process. Either way `shutdown` (or
+leaving the ``with``) stops the server and every process the backend started.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Deployment:
         served_model_name: the model name clients use (default: the backend's model).
         allowed_origins: web origins whose pages may call the server (CORS; ``"*"``: any); none by default.
         limits: header and idle timeouts, the queue bound (`serve.http.http_limits`); None: the spec's defaults.
-        access_log: one line per finished request on stdout (`serve.access_log`).
+        access_log: one line per finished request on stdout (`serve.http.access_log`).
     Raises:
         ServerStartError: the port cannot be bound (the backend is closed then).
     """
@@ -422,19 +422,17 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         runtime_options: passed to `disaggsdk.serve.backends.local.serve_locally`: ``span_exporter`` (trace
             every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
             they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
-            ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.LocalRuntime`'s
+            ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.start_local_runtime`'s
             (``cpu_affinity``, ``log_dir``).
     Raises:
         UnitCannotRun: a `device: cuda` spec without ``tiny`` on a machine without CUDA (its units
             say so before loading anything).
-        LaunchUnavailableError: this build has no local runtime.
         ServerStartError: the port cannot be bound (checked before any unit starts).
         TracingUnavailableError: tracing is asked for but opentelemetry is missing (the ``trace`` extra).
     """
-    from disaggsdk.face.preflight import local_runtime
+    from disaggsdk.serve.backends.local import serve_locally
     from disaggsdk.serve.http.http_server import bind_listener
 
-    serve_locally = local_runtime()
     host = host or spec.serve.host
     port = spec.serve.port if port is None else port
     sock = bind_listener(host, port)  # a busy port fails now, not after every unit started

@@ -1,23 +1,34 @@
-"""The launch contract: what a launcher gives the runtime, and the launch errors.
+"""The launch contract, both of its seams, and the launch errors.
 
-The runtime (`launch.runtime.Supervisor`) supervises units the same way wherever they run:
-handshake, reader thread, failure reports, restarts, clean close. What varies is the `Launcher`
-that starts a unit (`units.ProcessLauncher`: a child process here; `ray_launcher.RayLauncher`:
-a Ray actor's child on a cluster node) and the `UnitProcess` handle it returns.
+The router's seam: a `Runtime` starts the units of a plan, carries typed messages to them
+(`launch.messages`, framed by `launch.channel`), hands back what they say, tells who died
+(`UnitDown`) and who went quiet (`UnitStalled`, `UnitUnreachable`), and stops
+them. It knows processes, never requests: which unit serves a request, what a token means and what
+a client is owed live in the router (`disaggsdk.serve.routing.router`).
+
+The runtime's own seam: its implementation (`launch.launcher.supervisor.Supervisor`) supervises
+units the same way wherever they run: handshake, reader thread, failure reports, restarts, clean
+close. What varies is the `Launcher` that starts a unit (`launch.launcher.units.ProcessLauncher`: a
+child process here; `launch.launcher.ray_launcher.RayLauncher`: a Ray actor's child on a cluster
+node) and the `UnitProcess` handle it returns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+import msgspec
 
 from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
     from disaggsdk.launch.channel import FrameChannel
-    from disaggsdk.launch.messages import FromUnit, UnitArgs
+    from disaggsdk.launch.messages import FromUnit, ToUnit, UnitArgs
     from disaggsdk.messenger.peers import UnitInfo
     from disaggsdk.plan import Plan
+    from disaggsdk.spec.types import Spec
 
 
 class LaunchError(DisaggError):
@@ -114,3 +125,74 @@ class Launcher(Protocol):
 
     def close(self) -> None:
         """Free what the launcher holds, after the units stopped (also after a failed or no start). Idempotent."""
+
+
+# the router's seam: what `serve.routing.router.Router` needs of whatever runs the units
+
+class UnitStalled(msgspec.Struct, frozen=True):
+    """The runtime's own notice (never on a unit's channel): nothing was heard from a live unit for
+    ``silent_s`` (`serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
+
+    silent_s: float
+
+
+class UnitUnreachable(msgspec.Struct, frozen=True):
+    """The runtime's own notice (never on a unit's channel): nothing at all, not even the unit's
+    heartbeat, was heard from a live unit for ``silent_s`` (`serve.unit_unreachable_s` or more): its
+    link is cut or its process frozen. It reads unhealthy until it is heard again."""
+
+    silent_s: float
+
+
+# on_message(unit name, one `launch.messages` unit -> runtime message, or a `UnitStalled` or
+# `UnitUnreachable` notice), from the runtime's reader
+MessageListener = Callable[[str, "FromUnit | UnitStalled | UnitUnreachable"], None]
+
+
+class UnitDown(msgspec.Struct, frozen=True):
+    """A unit died: how (``report``, with its log tail), and whether it was only collateral: stopped
+    by the runtime because another rank of its lock-step dp group died (engine.dp_lockstep), so
+    nothing it held is suspected of having killed it."""
+
+    report: str
+    collateral: bool = False
+
+
+# on_unit_down(unit name, how it went down), from the runtime's reader
+DownListener = Callable[[str, UnitDown], None]
+
+
+class Runtime(Protocol):
+    """The units of one deployment, started and supervised."""
+
+    spec: Spec  # the spec the units run (after `tiny_spec` where asked)
+    model_name: str
+    failures: list[str]  # one report per unit that died
+
+    def unit_roles(self) -> dict[str, str]:
+        """Every unit's role by name ("prefill" | "decode" | "mixed"), in start order."""
+
+    def is_healthy(self, unit: str) -> bool:
+        """Whether ``unit`` is alive, has not been reported down, and is neither stalled
+        (`UnitStalled`) nor unreachable (`UnitUnreachable`)."""
+
+    def may_recover(self, unit: str) -> bool:
+        """Whether ``unit`` is healthy or may be again (a restart pending or left)."""
+
+    def listen(self, on_message: MessageListener, on_unit_down: DownListener) -> None:
+        """Start delivering the units' messages and deaths (once; from one reader thread)."""
+
+    def send(self, unit: str, message: ToUnit) -> bool:
+        """Send one message to ``unit``; False when it is down (the message is dropped)."""
+
+    def placement(self) -> dict[str, str]:
+        """Unit name -> where it runs, when units run beyond this machine (Ray); else {}."""
+
+    def compile_stages(self) -> dict[str, str | None]:
+        """Each unit's step compile as it last said: None (none), "compiling", "compiled", "compile_failed"."""
+
+    def wait_until_compiled(self, timeout_s: float) -> dict[str, str | None]:
+        """Block until no unit is still compiling its step (or ``timeout_s`` passed); `compile_stages`."""
+
+    def close(self) -> None:
+        """Stop every unit and leave nothing behind. Idempotent."""

@@ -125,7 +125,7 @@ class CancelMove(msgspec.Struct, frozen=True, tag=True):
 
 
 class SwitchRole(msgspec.Struct, frozen=True, tag=True):
-    """Serve ``role`` ("prefill" or "decode") once nothing of the current role is in flight (`launch.role_switch`).
+    """Serve ``role`` ("prefill" or "decode") once nothing of the current role is in flight (`launch.unit_process.role_switch`).
     The unit answers `RoleChanged`, or `RoleChangeFailed`."""
 
     role: str
@@ -284,7 +284,7 @@ class RequestMoveEnded(msgspec.Struct, frozen=True, tag=True):
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag=True):
-    """Sent by a thread of the unit's own (`unit_heartbeat`), whatever its loop is doing: the unit
+    """Sent by a thread of the unit's own (`health.UnitHeartbeat`), whatever its loop is doing: the unit
     is reachable. It says nothing of progress: a unit in a 20 s step still sends it."""
 
 

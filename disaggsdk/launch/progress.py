@@ -1,6 +1,6 @@
 """The start-up lines a launcher shows, one per unit and step: what a quiet minute is spent on.
 
-Worded here once for `launch.units` (a deployment's units, from their `messages.Progress` frames) and
+Worded here once for `launch.launcher.units` (a deployment's units, from their `messages.Progress` frames) and
 ``disaggsdk serve`` (one engine in process). Plain strings: the caller picks the output (stdout in a
 terminal or notebook; stderr under ``--json``).
 """

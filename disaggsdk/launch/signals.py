@@ -1,11 +1,11 @@
 """What SIGTERM means, in the one place that installs its handlers: a clean exit everywhere, so
 no unit or shared memory is left.
 
-Python's default SIGTERM ends the process without unwinding: `with LocalRuntime(...)` blocks and
+Python's default SIGTERM ends the process without unwinding: `with start_local_runtime(...)` blocks and
 atexit handlers never run (the units still die with their parent, but a killed unit cannot
 remove its libfabric shm files). So in the driver (every `disaggsdk` command, `cli.main`) SIGTERM
 unwinds like Ctrl-C (`sigterm_unwinds`; SIGINT already raises KeyboardInterrupt), and in a unit it
-asks the unit's loop to stop (`sigterm_calls`, installed by `launcher_lease.LauncherLease`).
+asks the unit's loop to stop (`sigterm_calls`, installed by `unit_process.launcher_lease.LauncherLease`).
 """
 
 from __future__ import annotations

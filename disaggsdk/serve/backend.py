@@ -162,4 +162,4 @@ class LaunchedUnits(Protocol):
         """Let routing pick ``unit`` again after `drain`."""
 
     def switch_role(self, unit: str, role: str) -> Future[str]:
-        """Ask ``unit`` to serve ``role`` (`launch.role_switch`); the future resolves to "" or why not."""
+        """Ask ``unit`` to serve ``role`` (`launch.unit_process.role_switch`); the future resolves to "" or why not."""

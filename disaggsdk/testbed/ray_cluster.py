@@ -100,7 +100,7 @@ def start_ray(nodes: Sequence[Node], options: RayOptions) -> str:
 
     def resources(k: int) -> str:
         # node K also offers disaggsdk_node_K, which pins it to a deployment's plan node K
-        # (disaggsdk.launch.ray_nodes.pin_resource): prefill on node 0, decode on node 1
+        # (disaggsdk.launch.launcher.ray_nodes.pin_resource): prefill on node 0, decode on node 1
         return f"--resources={json.dumps({**options.resources, f'{PIN_RESOURCE_PREFIX}{k}': 1})}"
 
     _ray_start([(head, ["--head", f"--node-ip-address={head.address}", f"--port={options.port}",

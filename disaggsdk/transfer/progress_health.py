@@ -2,7 +2,7 @@
 
 With shm, a peer killed while holding a spinlock of a queue we use (in shared memory) leaves our
 progress thread spinning inside libfabric for good (native/README.md); no call can undo that, so
-the owner must replace the process (`launch.transport_watchdog`).
+the owner must replace the process (`launch.health`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ module was renamed, a page keeps showing a flag the parser no longer has. This m
 names such text spells and checks each against the code itself, not against a list:
 
 * module names: ``disaggsdk.x.y`` anywhere, and in code spans the names that start with a package
-  of disaggsdk (``launch.unit_silence``, ``engine.hooks.LayerCounter``; in a docstring also one
+  of disaggsdk (``launch.health``, ``engine.hooks.LayerCounter``; in a docstring also one
   that starts with a sibling module and names a class, ``cuda_vmm.CudaSharedAllocation``), and the
   module of every ``python -m``. A name resolves when its leading parts are packages and modules
   (files under disaggsdk/, from the package root or from the package of the file that names it)
@@ -197,7 +197,7 @@ def _entry(folder: Path, name: str) -> Path | None:
 
 
 def module_problem(parts: list[str], base: Path) -> str | None:
-    """Why ``parts`` (``["launch", "unit_silence", "SilenceWatch"]``) names nothing under ``base``, a
+    """Why ``parts`` (``["launch", "health", "SilenceWatch"]``) names nothing under ``base``, a
     package folder, or None when its leading parts are packages and modules and the rest attributes."""
     here = _entry(base, parts[0])
     if here is None:

@@ -63,7 +63,7 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
 
 
 @pytest.mark.parametrize("text", [
-    "launch.unit_silence", "launch.unit_silence.SilenceWatch", "disaggsdk.launch.unit_silence",
+    "launch.health", "launch.health.SilenceWatch", "disaggsdk.launch.health",
     "engine.hooks.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
     "launch.cuda_devices", "engine.cuda_graph_step",  # a spec section that is also a package
@@ -106,7 +106,7 @@ def test_names_that_do_not_exist_fail(text, problem):
 def test_a_docstring_names_modules_of_its_own_package_and_a_sibling_class():
     assert problem_of("cuda_vmm.CudaSharedAllocation", "disaggsdk/memory/rank_pool.py") == []
     assert problem_of("cuda_vmm.NoSuchAllocation", "disaggsdk/memory/rank_pool.py")
-    assert problem_of("messages.Heartbeat", "disaggsdk/launch/unit_heartbeat.py") == []
+    assert problem_of("messages.Heartbeat", "disaggsdk/launch/health.py") == []
 
 
 def test_prose_names_only_disaggsdk_modules():
@@ -122,24 +122,24 @@ def test_markdown_and_python_snippets_keep_their_lines():
     assert Snippet(6, "disaggsdk plan x.yaml \\\n  --json\n", is_code=True) in snippets
     assert list(named_things._logical_lines("disaggsdk plan x \\\n  --json\nnext")) == [
         (0, "disaggsdk plan x    --json"), (2, "next")]
-    source = '"""Doc naming ``launch.unit_silence``."""\n\nx = 1  # see `engine.hooks`\n'
+    source = '"""Doc naming ``launch.health``."""\n\nx = 1  # see `engine.hooks`\n'
     code = [s for s in named_things.python_snippets(source) if s.is_code]
-    assert code == [Snippet(1, "launch.unit_silence", is_code=True), Snippet(3, "engine.hooks", is_code=True)]
+    assert code == [Snippet(1, "launch.health", is_code=True), Snippet(3, "engine.hooks", is_code=True)]
 
 
 def test_removing_a_named_module_makes_the_real_check_fail(tmp_path, monkeypatch):
-    """The real docstrings name `launch.unit_silence`: in a copy of the package without it, they dangle."""
+    """The real docstrings name `launch.health`: in a copy of the package without it, they dangle."""
     package = tmp_path / "disaggsdk"
     shutil.copytree(ROOT / "disaggsdk", package, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (package / "launch" / "unit_silence.py").unlink()
+    (package / "launch" / "health.py").unlink()
     monkeypatch.setattr(named_things, "PACKAGE_DIR", package)
     monkeypatch.setattr(named_things, "ROOT", tmp_path)
     named_things._module_tree.cache_clear()
     try:
-        problems = dangling([package / "launch" / "unit_heartbeat.py"])
+        problems = dangling([package / "launch" / "launcher" / "supervisor.py"])
         # the copy has no built extension either, as a clean checkout: its file is named by the build
         unbuilt = named_things.path_problem("disaggsdk/transfer/_fabric*.so", ROOT / "docs" / "install.md")
     finally:
         named_things._module_tree.cache_clear()
-    assert any("launch.unit_silence" in line for line in problems), problems
+    assert any("launch.health" in line for line in problems), problems
     assert not list(package.rglob("*.so")) and unbuilt is None

@@ -125,8 +125,8 @@ def _fabric_shm_of(pids: set[int]) -> list[str]:
 
 @needs_no_cuda
 def test_a_cuda_unit_without_cuda_says_so_before_loading_and_leaves_nothing(monkeypatch):
-    from disaggsdk.launch.runtime import LocalRuntime
-    from disaggsdk.launch.units import ProcessLauncher
+    from disaggsdk.launch.launcher.supervisor import start_local_runtime
+    from disaggsdk.launch.launcher.units import ProcessLauncher
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     pids: set[int] = set()
@@ -139,7 +139,7 @@ def test_a_cuda_unit_without_cuda_says_so_before_loading_and_leaves_nothing(monk
 
     before, sockets, progress = live_descendants(), _socket_fds(), []
     with pytest.raises(UnitCannotRun) as info:
-        LocalRuntime(cuda_spec(), launcher=Recording(), on_progress=progress.append, on_event=progress.append)
+        start_local_runtime(cuda_spec(), launcher=Recording(), on_progress=progress.append, on_event=progress.append)
     message = str(info.value)
     assert "\n" not in message and (match := NO_CUDA.search(message)), message
     # the plan's devices reached the unit: prefill-0 on GPU 0, decode-0 on GPU 1 (gpus_per_node 2)
@@ -219,7 +219,7 @@ def test_ray_grants_each_unit_its_gpus_and_the_unit_says_it_has_no_cuda():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    from disaggsdk.launch.ray_runtime import RayRuntime
+    from disaggsdk.launch.launcher.supervisor import start_ray_runtime
 
     small = 80 << 20  # object store bytes per node: nothing big goes through it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
@@ -232,7 +232,7 @@ def test_ray_grants_each_unit_its_gpus_and_the_unit_says_it_has_no_cuda():
         spec = cuda_spec(backend="ray")
         spec = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpus_per_node=1))  # one unit a node
         with pytest.raises(UnitCannotRun) as info:
-            RayRuntime(spec, max_restarts=0, on_event=lambda _l: None, on_progress=lambda _l: None)
+            start_ray_runtime(spec, max_restarts=0, on_event=lambda _l: None, on_progress=lambda _l: None)
         assert (match := NO_CUDA.search(str(info.value))), info.value
         assert match.group(2) == "0"  # Ray's CUDA_VISIBLE_DEVICES: the one GPU of the unit's node
         assert not [pg for pg in ray.util.placement_group_table().values()

@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.grammar_admission import GrammarAdmission
+from disaggsdk.launch.unit_process.grammar_admission import GrammarAdmission
 
 MODEL = "qwen3-coder-tiny"
 

@@ -15,7 +15,7 @@ GRACE_S = 0.5
 # a unit whose loop never ends: it owns a file named as libfabric's shm provider names one
 STUCK_UNIT = f"""
 import os, time
-from disaggsdk.launch.launcher_lease import LauncherLease
+from disaggsdk.launch.unit_process.launcher_lease import LauncherLease
 open(f"/dev/shm/{{os.getpid()}}:999:0", "w").close()
 lease = LauncherLease(os.getppid(), grace_s={GRACE_S})
 # os.write, not print: the stop runs in the SIGTERM handler, which may interrupt the main thread's own

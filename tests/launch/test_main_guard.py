@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from disaggsdk.launch.main_guard import _guarded
+from disaggsdk.launch.launcher.main_guard import _guarded
 
 UNGUARDED = """
 from disaggsdk import Cluster
@@ -39,7 +39,7 @@ def test_an_unguarded_script_gets_one_error_with_the_guard_and_leaves_nothing(tm
 def test_a_guarded_script_is_not_refused(tmp_path):
     script = tmp_path / "guarded.py"
     script.write_text(textwrap.dedent("""
-        from disaggsdk.launch.main_guard import check_main_guarded
+        from disaggsdk.launch.launcher.main_guard import check_main_guarded
 
         def main():
             check_main_guarded()

@@ -27,12 +27,12 @@ def test_tiny_keeps_an_expert_parallel_spec_expert_parallel():
 
 
 def test_the_runtime_refuses_a_plan_that_does_not_fit_before_starting_anything():
-    from disaggsdk.launch import LocalRuntime
+    from disaggsdk.launch import start_local_runtime
 
     spec = spec_from_dict({"model": "qwen3-coder-tiny", "device": "cpu", "hardware": {"gpu": "cpu"},
                            "kv": {"dtype": "float32"}, "engine": {"num_pages": 4096}})
     with pytest.raises(SpecError, match=r"\$\.engine\.num_pages: prefill rank 0's 4096 pages"):
-        LocalRuntime(spec)
+        start_local_runtime(spec)
     fits = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, cpu_memory_gb=1.0))
-    runtime = LocalRuntime(fits)  # constructing plans only; start() would spawn the units
+    runtime = start_local_runtime(fits)  # constructing plans only; start() would spawn the units
     assert runtime.plan.memory[0].ranks[0].num_pages == 4096

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from disaggsdk.launch.units import _process_tree, process_tree_cpu_s
+from disaggsdk.launch.launcher.units import _process_tree, process_tree_cpu_s
 
 SPIN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
 SPIN_AND_FORK = f"""

@@ -9,8 +9,8 @@ import pytest
 
 from disaggsdk.launch import LaunchError
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.ray_launcher import RayLauncher
-from disaggsdk.launch.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, pin_resource
+from disaggsdk.launch.launcher.ray_launcher import RayLauncher
+from disaggsdk.launch.launcher.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, pin_resource
 from disaggsdk.plan import make_plan
 from tests.launch._helpers import make_spec
 
@@ -70,7 +70,7 @@ def test_the_testbed_pins_its_nodes_with_the_launchers_resource():
 
 
 def test_a_unit_opens_its_tcp_endpoint_on_the_interface_holding_its_node_address(monkeypatch):
-    from disaggsdk.launch.unit_parts import kv_domain
+    from disaggsdk.launch.unit_process.parts import kv_domain
     from disaggsdk.transfer.errors import TransferError
     from disaggsdk.transfer.interfaces import TCP_IFACE_ENV
 

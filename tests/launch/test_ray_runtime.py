@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from disaggsdk.launch import LaunchError  # noqa: E402
-from disaggsdk.launch.ray_runtime import RayRuntime  # noqa: E402
+from disaggsdk.launch.launcher.supervisor import start_ray_runtime  # noqa: E402
 from disaggsdk.serve.routing.router import Router  # noqa: E402
 from tests.launch._helpers import make_spec  # noqa: E402
 
@@ -84,7 +84,7 @@ def placement_groups_left() -> list[str]:
 @pytest.mark.parametrize("model", ["qwen3-tiny", "deepseek-r1-tiny"])
 def test_prefill_and_decode_on_different_nodes_give_the_engines_tokens(cluster, model):
     want = [o.output_ids for o in LLMEngine(model, EngineConfig(compile=False)).generate(PROMPTS, GREEDY)]
-    with Router(RayRuntime(two_node_spec(model), max_restarts=0, on_event=lambda _l: None)) as r:
+    with Router(start_ray_runtime(two_node_spec(model), max_restarts=0, on_event=lambda _l: None)) as r:
         placement = r.runtime.placement()
         got = [tokens(ev) for ev in r.generate_batch(PROMPTS, GREEDY, timeout_s=120)]
         stats = r.unit_stats()
@@ -99,14 +99,14 @@ def test_a_cluster_without_room_fails_before_any_actor_starts(cluster):
     spec = two_node_spec("qwen3-tiny")
     spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=3))  # four one-rank nodes
     with pytest.raises(LaunchError, match=r"plan node 3 needs 1 disaggsdk_slot.*no unused node"):
-        RayRuntime(spec, max_restarts=0, on_event=lambda _l: None)
+        start_ray_runtime(spec, max_restarts=0, on_event=lambda _l: None)
     assert not placement_groups_left() and not our_processes()
 
 
 def test_unit_actors_killed_under_load(cluster):
     shm_before = set(os.listdir("/dev/shm"))
     lines: list[str] = []
-    with Router(RayRuntime(two_node_spec("qwen3-tiny", num_pages=256, budget=16), max_restarts=1,
+    with Router(start_ray_runtime(two_node_spec("qwen3-tiny", num_pages=256, budget=16), max_restarts=1,
                            on_event=lines.append)) as r:
         prompts = [list(range(200 + i, 260 + i)) for i in range(6)]  # 60 tokens over a 16-token budget
         done: dict[int, list] = {}
@@ -204,7 +204,7 @@ def test_requests_move_and_units_change_role_across_nodes(cluster):
     long = SamplingParams(max_tokens=100, ignore_eos=True)
     want = [o.output_ids for o in LLMEngine("qwen3-tiny", EngineConfig(compile=False)).generate(PROMPTS, long)]
     spec = two_node_spec("qwen3-tiny", decode_replicas=2, num_pages=256)
-    with Router(RayRuntime(spec, max_restarts=0, on_event=lambda _l: None)) as r:
+    with Router(start_ray_runtime(spec, max_restarts=0, on_event=lambda _l: None)) as r:
         placement = r.runtime.placement()
         assert len({placement[u].split("Ray node ")[1] for u in ("prefill-0", "decode-0", "decode-1")}) == 3
         done: dict[int, list] = {}
@@ -241,8 +241,8 @@ def test_r1_dp_tiny_on_two_logical_nodes(cluster):
 def test_a_remote_units_log_tail_is_read_on_its_node(cluster, tmp_path):
     """A unit on another machine writes its log there: its failure report reads the tail through its
     actor (the driver cannot open the path)."""
-    from disaggsdk.launch.ray_launcher import RayUnitProcess
-    from disaggsdk.launch.ray_unit_host import unit_host_actor
+    from disaggsdk.launch.launcher.ray_launcher import RayUnitProcess
+    from disaggsdk.launch.launcher.ray_unit_host import unit_host_actor
 
     log = tmp_path / "unit.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))
@@ -262,7 +262,7 @@ def test_a_lost_node_takes_its_units_down_and_the_rest_keep_serving(cluster):
     spec = two_node_spec("qwen3-tiny")
     spec = attrs.evolve(spec, decode=attrs.evolve(spec.decode, replicas=2))  # prefill, decode-0, decode-1
     lines: list[str] = []
-    with Router(RayRuntime(spec, max_restarts=1, on_event=lines.append)) as r:
+    with Router(start_ray_runtime(spec, max_restarts=1, on_event=lines.append)) as r:
         lost = r.runtime.launcher.unit_nodes["decode-1"].node_id
         node = next(n for n in cluster.worker_nodes if n.node_id == lost)
         cluster.remove_node(node)

@@ -122,7 +122,7 @@ def test_a_served_requests_spans_come_back_by_its_id_in_process_and_over_http_an
 def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypatch):
     from disaggsdk.engine.sampling import SamplingParams
     from disaggsdk.launch import messages as ch
-    from disaggsdk.launch.runtime import LocalRuntime
+    from disaggsdk.launch.launcher.supervisor import start_local_runtime
     from disaggsdk.serve.routing.router import Router
 
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
@@ -135,7 +135,7 @@ def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypat
 
     before = live_descendants()
     spec = make_spec("qwen3-coder-tiny", budget=64)
-    with Recording(LocalRuntime(spec, on_event=lambda _line: None)) as rt:
+    with Recording(start_local_runtime(spec, on_event=lambda _line: None)) as rt:
         events = rt.generate_batch([PROMPT], SamplingParams(max_tokens=3, ignore_eos=True), timeout_s=60)
         assert rt.tracing is None and rt.trace(events[0][0].request_id) == []
         time.sleep(0.5)  # a prefill unit's spans would follow its writes' completion

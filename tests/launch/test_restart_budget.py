@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disaggsdk.launch.restart_budget import RestartBudget
+from disaggsdk.launch.launcher.restart_budget import RestartBudget
 
 
 def test_restarts_within_the_window_are_bounded_and_older_ones_forgiven():

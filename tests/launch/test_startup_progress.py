@@ -1,5 +1,5 @@
 """What a launch says while it starts (issue 38 item 4): one line per unit and step (loading weights,
-compiling, ready) to the launcher's chosen output, and, with ``serve.access_log``, one line per
+compiling, ready) to the launcher's chosen output, and, with ``serve.http.access_log``, one line per
 finished request naming the prefill and decode instance that served it."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from disaggsdk.launch.unit_spans import MAX_STEP_SPANS, UnitSpans
+from disaggsdk.launch.unit_process.spans import MAX_STEP_SPANS, UnitSpans
 from disaggsdk.records.span_records import RequestSpanRecords, SpanRecord
 
 

@@ -12,7 +12,7 @@ from disaggsdk.engine.llm_engine import LLMEngine
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.unit import Unit
+from disaggsdk.launch.unit_process.unit import Unit
 from disaggsdk.messenger.stats import TransferTotals
 from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.serve.routing.unit_gauges import instance_stats

@@ -1,4 +1,4 @@
-"""A real disaggregated deployment (LocalRuntime: prefill and decode processes, KV over shm) behind
+"""A real disaggregated deployment (`start_local_runtime`: prefill and decode processes, KV over shm) behind
 the server: the openai client streams through it, /metrics counts it, the benchmark runs against
 it, and the Deployment leaves no process behind."""
 

@@ -6,8 +6,7 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import LaunchError
-from disaggsdk.launch.runtime_api import UnitDown
+from disaggsdk.launch.base import LaunchError, UnitDown
 from disaggsdk.records.unit_counters import UnitCounters
 from disaggsdk.serve.routing.router import Router
 from disaggsdk.spec import Spec
@@ -24,7 +23,7 @@ class FakeRuntime:
     def __init__(self, roles: dict[str, str]):
         self.roles = roles
         self.healthy = dict.fromkeys(roles, True)
-        self.stalled: set[str] = set()  # alive (sends reach them) but unhealthy, as LocalRuntime's stalled units
+        self.stalled: set[str] = set()  # alive (sends reach them) but unhealthy, as a started runtime's stalled units
         self.sent: list[tuple[str, object]] = []
         self.failures: list[str] = []
         self.closed = False
@@ -244,7 +243,7 @@ def _one_waiting_and_one_streaming_on_decode_0(rt, router):
 
 
 def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are_dropped(fake):
-    from disaggsdk.launch.runtime_api import UnitStalled
+    from disaggsdk.launch.base import UnitStalled
 
     rt, router = fake
     waiting, streaming = _one_waiting_and_one_streaming_on_decode_0(rt, router)
@@ -265,7 +264,7 @@ def test_a_stalled_unit_loses_its_waiting_requests_once_and_its_late_answers_are
 def test_an_unreachable_unit_loses_every_request_it_held_and_each_gets_an_abort_for_the_heal(fake):
     """Waiting requests move once; streaming ones end with an error that says to retry (their tokens
     cannot reach the client); every one gets an abort, which the unit reads once it is reached again."""
-    from disaggsdk.launch.runtime_api import UnitUnreachable
+    from disaggsdk.launch.base import UnitUnreachable
 
     rt, router = fake
     waiting, streaming = _one_waiting_and_one_streaming_on_decode_0(rt, router)
@@ -286,7 +285,7 @@ def test_an_unreachable_unit_loses_every_request_it_held_and_each_gets_an_abort_
 
 
 def test_a_request_on_an_unreachable_unit_with_nowhere_to_move_ends_with_a_retryable_error():
-    from disaggsdk.launch.runtime_api import UnitUnreachable
+    from disaggsdk.launch.base import UnitUnreachable
 
     rt = FakeRuntime({"prefill-0": "prefill", "decode-0": "decode"})
     router = Router(rt)

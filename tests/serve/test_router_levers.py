@@ -13,7 +13,7 @@ import pytest
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.runtime_api import UnitUnreachable
+from disaggsdk.launch.base import UnitUnreachable
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.serve.http.http_server import HttpServer
 from disaggsdk.serve.http.openai_app import build_app

@@ -2,7 +2,7 @@
 
 libfabric 1.17's shm provider cannot recover from this (native/README.md); what the transport
 owes its owner is to make it visible: `health.round_age_s()` grows and `health.posting_to()` names the
-peer whose queue is poisoned. `launch/transport_watchdog.py` acts on it.
+peer whose queue is poisoned. `launch/health.py` acts on it.
 """
 
 from __future__ import annotations

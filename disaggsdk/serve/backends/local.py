@@ -13,12 +13,12 @@ from disaggsdk.serve.routing.router import Router
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from disaggsdk.launch.units import CpuAffinity
+    from disaggsdk.launch.launcher.units import CpuAffinity
     from disaggsdk.spec import Spec
 
 
 class RuntimeOptions(TypedDict, total=False):
-    """The keywords `LocalRuntime` and `RayRuntime` share (see `launch.runtime.Supervisor`)."""
+    """The keywords `start_local_runtime` and `start_ray_runtime` share (see `launch.launcher.supervisor.Supervisor`)."""
 
     tiny: bool
     colocated: bool
@@ -35,13 +35,13 @@ class RuntimeOptions(TypedDict, total=False):
 
 def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
                   **runtime_options: Unpack[RuntimeOptions]) -> Router:
-    """Start ``spec``'s units with `disaggsdk.launch.LocalRuntime` and route requests to them.
+    """Start ``spec``'s units with `disaggsdk.launch.start_local_runtime` and route requests to them.
 
     Args:
         spec: a checked `Spec`.
         span_exporter: trace every request and hand its spans to this OpenTelemetry exporter
             (`serve.tracing.tracing_switch`); None: as ``serve.otlp_traces_endpoint`` and the environment say.
-        runtime_options: `LocalRuntime`'s keyword arguments (``tiny``, ``colocated``,
+        runtime_options: `start_local_runtime`'s keyword arguments (``tiny``, ``colocated``,
             ``cpu_affinity``, ``log_dir``, ``provider``, ``secret``, ...).
     Returns:
         The router (a `ServingBackend`); closing it stops every unit.
@@ -55,13 +55,13 @@ def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
     runtime = None
     try:
         if spec.launch.backend == "ray":
-            from disaggsdk.launch.ray_runtime import RayRuntime
+            from disaggsdk.launch.launcher.supervisor import start_ray_runtime
 
-            runtime = RayRuntime(spec, address=spec.launch.address, **runtime_options)
+            runtime = start_ray_runtime(spec, address=spec.launch.address, **runtime_options)
         else:
-            from disaggsdk.launch.runtime import LocalRuntime
+            from disaggsdk.launch.launcher.supervisor import start_local_runtime
 
-            runtime = LocalRuntime(spec, **runtime_options)
+            runtime = start_local_runtime(spec, **runtime_options)
         return Router(runtime, tracing)
     except BaseException:
         if runtime is not None:

@@ -1,4 +1,4 @@
-"""One line per finished HTTP request (``serve.access_log``, ``--access-log``; off by default).
+"""One line per finished HTTP request (``serve.http.access_log``, ``--access-log``; off by default).
 
 uvicorn's access line plus what a disaggregated deployment adds: tokens in and out, time to first
 token, and which prefill and decode instance served it::

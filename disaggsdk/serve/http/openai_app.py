@@ -109,7 +109,7 @@ def build_app(backend: ServingBackend, metrics: ServerMetrics, api_key: str | No
             any); none by default.
         limits: the bounds on clients (`serve.http.http_limits`; here the queue of requests without a
             first token); None: the spec's defaults.
-        access_log: one line per finished request (`serve.access_log`).
+        access_log: one line per finished request (`serve.http.access_log`).
     Returns:
         the app, ready for uvicorn.
     """

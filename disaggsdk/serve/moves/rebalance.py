@@ -1,4 +1,4 @@
-"""Changing how many units prefill and how many decode, live (`Router` + `launch.role_switch`).
+"""Changing how many units prefill and how many decode, live (`Router` + `launch.unit_process.role_switch`).
 
 ``rebalance(router, prefill=2, decode=1)`` turns units around until the deployment has that many of
 each: prefill units become decode units first (capacity to take requests comes before capacity

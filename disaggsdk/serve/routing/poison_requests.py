@@ -16,7 +16,7 @@ request's client (its address). Once a client has sent a poison request, the nex
 that waits on a dying unit is poison at that first death (never moved), and a client that has sent
 `MAX_POISON_PER_CLIENT` is refused outright until `MEMORY_S` passes. So one client takes units down
 at most 2 + 1 times an hour, within the runtime's restart budget (3 a unit per 10 minutes,
-`launch.restart_budget`). Requests with no client name (an SDK caller in the same process) are
+`launch.launcher.restart_budget`). Requests with no client name (an SDK caller in the same process) are
 not counted: they come from the deployment's own code.
 """
 

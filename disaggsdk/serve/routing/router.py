@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING
 
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import LaunchError
-from disaggsdk.launch.runtime_api import Runtime, UnitDown, UnitStalled, UnitUnreachable
+from disaggsdk.launch.base import LaunchError, Runtime, UnitDown, UnitStalled, UnitUnreachable
 from disaggsdk.models import resolve_model
 from disaggsdk.records.instance_stats import InstanceStats
 from disaggsdk.serve.backend import LaunchedUnits, TokenEvent
@@ -59,7 +58,7 @@ class Router:
     """Serve a runtime's units as one `ServingBackend`.
 
     Args:
-        runtime: started units (`disaggsdk.launch.LocalRuntime` or another `Runtime`); the router
+        runtime: started units (`disaggsdk.launch.start_local_runtime` or another `Runtime`); the router
             owns it from now on and closes it in `close()`.
         tracing: trace every request across the units (`serve.tracing.request_tracing`, made by
             `serve.tracing.tracing_switch.request_tracing_for`); None: off, units record nothing.
@@ -321,7 +320,7 @@ class Router:
         return state is not None and state.started
 
     def switch_role(self, unit: str, role: str) -> Future[str]:
-        """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.role_switch`);
+        """Ask ``unit`` to serve ``role`` once nothing of its current role is in flight (`launch.unit_process.role_switch`);
         a decode unit should be drained first. The future resolves to "" once it serves ``role``, or to
         why it cannot (it goes on in its role). A unit that turned decode is not routed until `undrain`:
         call it once every unit heard of the change (`unit_stats` answers after it).

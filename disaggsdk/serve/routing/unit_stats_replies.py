@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.runtime_api import Runtime
+from disaggsdk.launch.base import Runtime
 
 
 class UnitStatsReplies:

@@ -1,6 +1,6 @@
 """The units of a deployment: naming, local processes (`ProcessLauncher`), the start-up handshake, cleanup.
 
-The runtime (`launch.runtime.Supervisor`) owns the handles; this module holds the steps it takes on them.
+The runtime (`launch.launcher.supervisor.Supervisor`) owns the handles; this module holds the steps it takes on them.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class ProcessLauncher:
             LaunchError: the launch is not under ``if __name__ == "__main__":`` in the main script;
                 ranks that share a device do not fit it; fewer devices than the plan places ranks on.
         """
-        from disaggsdk.launch.main_guard import check_main_guarded
+        from disaggsdk.launch.launcher.main_guard import check_main_guarded
 
         check_main_guarded()
         if plan.spec.device != "cuda":
@@ -166,7 +166,7 @@ class ProcessLauncher:
 
     def spawn(self, args: UnitArgs) -> UnitHandle:
         """Start the process of one unit and send it its `UnitArgs` (the channel's first frame)."""
-        from disaggsdk.launch.unit import unit_main
+        from disaggsdk.launch.unit_process.unit import unit_main
 
         devices = self._visible_devices.get((args.instance, args.dp_rank))
         if devices is not None:

@@ -1,9 +1,10 @@
 """One unit process: an engine (with its tp workers) and, unless colocated, its messenger.
 
-Started by `LocalRuntime` with "spawn". Start-up: a `device: cuda` unit takes its devices
-(`UnitArgs.cuda_visible_devices`) and checks them first (`launch.cuda_devices.require_cuda`), so a
-machine without CUDA is told in one line before any weight loads; then assemble the unit's parts for its role
-(`launch.unit_parts`: engine over pools on its device, transfer engine, messenger), report `Ready` with
+Started by `launcher.units.ProcessLauncher` with "spawn" (on a Ray node: `launcher.ray_unit_host`).
+Start-up: a `device: cuda` unit takes its devices (`UnitArgs.cuda_visible_devices`) and checks them
+first (`launch.cuda_devices.require_cuda`), so a machine without CUDA is told in one line before any
+weight loads; then assemble the unit's parts for its role (`launch.unit_process.parts`: engine over
+pools on its device, transfer engine, messenger), report `Ready` with
 the descriptors, receive the other units' `Peers`, report `Started`. Then a single loop owns the
 engine: parent commands, control frames, messenger polling, one step.
 Output goes to the unit's log file, whose tail the launcher shows when the unit dies.
@@ -23,15 +24,15 @@ import msgspec
 
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.health import EXIT_CODE, TransportWatchdog, UnitHeartbeat
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.progress import compile_failed_line
-from disaggsdk.launch.unit_heartbeat import UnitHeartbeat
-from disaggsdk.launch.unit_spans import UnitSpans
+from disaggsdk.launch.unit_process.spans import UnitSpans
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compile_progress import CompileProgress
     from disaggsdk.engine.sequence import RequestOutput
-    from disaggsdk.launch.unit_parts import UnitParts
+    from disaggsdk.launch.unit_process.parts import UnitParts
     from disaggsdk.messenger.peers import UnitInfo
     from disaggsdk.messenger.ports import Messenger
     from disaggsdk.plan import Plan
@@ -68,7 +69,7 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
     """Run the unit ``args`` describes over its channel to the runtime until told to stop; exits
     the process non-zero (after a `Fatal` frame) when it fails. Output goes to ``args.log_path``.
     SIGTERM, or its launcher's death, stops it as `Shutdown` does, within `UNIT_EXIT_GRACE_S`."""
-    from disaggsdk.launch.launcher_lease import LauncherLease, exit_now
+    from disaggsdk.launch.unit_process.launcher_lease import LauncherLease, exit_now
 
     log_fd = os.open(args.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
@@ -88,7 +89,7 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
     try:
         import torch
 
-        from disaggsdk.launch.unit_parts import assemble
+        from disaggsdk.launch.unit_process.parts import assemble
         from disaggsdk.plan import make_plan
         from disaggsdk.spec import parse_spec_yaml
 
@@ -106,7 +107,7 @@ def serve_unit(conn: FrameChannel[ch.ToUnit], args: UnitArgs) -> None:
         lease.on_stop(unit.stop)
         unit.await_peers()
         heartbeat = UnitHeartbeat.for_unreachable_s(conn, spec.serve.unit_unreachable_s)
-        heartbeat.start()  # from now on the runtime watches for silence (`launch.unit_silence`)
+        heartbeat.start()  # from now on the runtime watches for silence (`launch.health.SilenceWatch`)
         try:
             unit.run()
         finally:
@@ -171,16 +172,15 @@ class Unit:
     Args:
         args: what the launcher said.
         conn: the unit's end of its channel to the launcher.
-        parts: the engine, messenger and transfer engine (`launch.unit_parts.assemble`).
+        parts: the engine, messenger and transfer engine (`launch.unit_process.parts.assemble`).
         stuck_after_s: how long the transfer engine's thread may be stuck inside libfabric before
-            this unit gives up on it (`launch.transport_watchdog`).
+            this unit gives up on it (`launch.health.TransportWatchdog`).
         model: the served model, whose tokenizer requests' grammars are compiled for.
     """
 
     def __init__(self, args: UnitArgs, conn: FrameChannel[ch.ToUnit], parts: UnitParts, *, stuck_after_s: float,
                  model: str, spec: Spec | None = None, plan: Plan | None = None):
-        from disaggsdk.launch.grammar_admission import GrammarAdmission
-        from disaggsdk.launch.transport_watchdog import TransportWatchdog
+        from disaggsdk.launch.unit_process.grammar_admission import GrammarAdmission
 
         self.args, self.conn, self.parts = args, conn, parts
         self.grammars = GrammarAdmission(model)  # structured requests wait there, not in the loop
@@ -256,8 +256,6 @@ class Unit:
 
     def _give_up_transport(self, stuck: ch.TransportStuck) -> None:
         """Report and exit at once: closing would wait for the stuck thread forever."""
-        from disaggsdk.launch.transport_watchdog import EXIT_CODE
-
         where = f" sending to {stuck.poisoned_peer}" if stuck.poisoned_peer else ""
         print(f"{self.args.name}: transport thread stuck {stuck.stuck_s:.1f} s inside libfabric{where}; "
               "exiting to be restarted with a new endpoint", flush=True)
@@ -343,7 +341,7 @@ class Unit:
     def _ask_switch(self, role: str) -> None:
         """Start changing role: refuse the old role's new work now, switch once nothing is in flight."""
         from disaggsdk.errors import DisaggError
-        from disaggsdk.launch.role_switch import check_switch
+        from disaggsdk.launch.unit_process.role_switch import check_switch
         from disaggsdk.messenger.prefill_side import PrefillMessenger
 
         if role == self.args.role:
@@ -359,7 +357,7 @@ class Unit:
         self.switch_to = role
 
     def _try_switch(self, role: str) -> None:
-        from disaggsdk.launch.role_switch import still_busy, switch_role
+        from disaggsdk.launch.unit_process.role_switch import still_busy, switch_role
 
         if still_busy(self.parts) is not None or self.grammars.num_held:
             return

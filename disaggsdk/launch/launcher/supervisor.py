@@ -1,4 +1,6 @@
-"""The runtime: a spec's units started by a `base.Launcher` and supervised (the `Runtime` seam).
+"""The runtime: a spec's units started by a `base.Launcher` and supervised (the `Runtime` seam), and the
+two ways to start one: `start_local_runtime` (its units processes on this machine) and
+`start_ray_runtime` (Ray actors on a cluster's nodes).
 
 One process per unit (an instance, or one dp group of it); each spawns its own tp workers. Where a
 unit runs is its launcher's business (`units.ProcessLauncher`: this machine, the default;
@@ -7,10 +9,10 @@ for both. Start-up waits for every unit's `Ready`, hands each the others' addres
 descriptors, waits for `Started`. Then one reader thread hands every unit message to the listener
 (`serve.routing.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
 others told (decode units retry its prefills elsewhere). A live unit silent for
-`serve.unit_stall_s` is stalled (`launch.unit_stall`): unhealthy, and the listener told
+`serve.unit_stall_s` is stalled (`launch.health.StallWatch`): unhealthy, and the listener told
 (`UnitStalled`), until it speaks again. One whose channel carries nothing for
-`serve.unit_unreachable_s`, not even its heartbeat (`launch.unit_heartbeat`), is unreachable
-(`launch.unit_silence`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
+`serve.unit_unreachable_s`, not even its heartbeat (`launch.health.UnitHeartbeat`), is unreachable
+(`launch.health.SilenceWatch`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
 `close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.routing.router`.
 """
 
@@ -34,15 +36,22 @@ import msgspec
 from disaggsdk.engine.group_address import free_loopback_address
 from disaggsdk.errors import SpecError
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.base import ChannelClosed, ChannelError, Launcher, LaunchError, UnitCannotRun, UnitHandle
-from disaggsdk.launch.progress import progress_line
-from disaggsdk.launch.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
-from disaggsdk.launch.runtime_api import DownListener, MessageListener, UnitDown, UnitStalled, UnitUnreachable
-from disaggsdk.launch.tiny import tiny_spec
-from disaggsdk.launch.transport_watchdog import replace_poisoned_peer
-from disaggsdk.launch.unit_silence import SilenceWatch
-from disaggsdk.launch.unit_stall import StallWatch
-from disaggsdk.launch.units import (
+from disaggsdk.launch.base import (
+    ChannelClosed,
+    ChannelError,
+    DownListener,
+    Launcher,
+    LaunchError,
+    MessageListener,
+    UnitCannotRun,
+    UnitDown,
+    UnitHandle,
+    UnitStalled,
+    UnitUnreachable,
+)
+from disaggsdk.launch.health import SilenceWatch, StallWatch, replace_poisoned_peer
+from disaggsdk.launch.launcher.restart_budget import DEFAULT_RESTART_WINDOW_S, RestartBudget
+from disaggsdk.launch.launcher.units import (
     CpuAffinity,
     ProcessLauncher,
     core_sets,
@@ -54,6 +63,8 @@ from disaggsdk.launch.units import (
     unit_log_tail,
     unit_names,
 )
+from disaggsdk.launch.progress import progress_line
+from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
 
@@ -63,12 +74,12 @@ DEFAULT_MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 0.5  # before the first restart of a unit; doubled for each next one
 
 
-def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
-                 cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
-                 start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
-                 secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                 launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
-                 on_progress: Callable[[str], None] | None = None) -> Supervisor:
+def start_local_runtime(spec: Spec, tiny: bool = False, colocated: bool = False,
+                        cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
+                        start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
+                        secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
+                        launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+                        on_progress: Callable[[str], None] | None = None) -> Supervisor:
     """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.routing.router.Router`.
 
     The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
@@ -82,6 +93,41 @@ def LocalRuntime(spec: Spec, tiny: bool = False, colocated: bool = False,
     runtime = Supervisor(spec, launcher or ProcessLauncher(), tiny=tiny, colocated=colocated,
                          cpu_affinity=cpu_affinity, log_dir=log_dir, provider=provider,
                          start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
+                         max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
+    runtime.start()
+    return runtime
+
+
+def start_ray_runtime(spec: Spec, address: str | None = None, tiny: bool = False,
+                      colocated: bool = False, cpu_affinity: CpuAffinity = None, log_dir: str | None = None,
+                      provider: str | None = None, start_timeout_s: float = 300.0,
+                      on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
+                      max_restarts: int = DEFAULT_MAX_RESTARTS, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+                      on_progress: Callable[[str], None] | None = None) -> Supervisor:
+    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.routing.router.Router`.
+
+    The `Supervisor` of ``spec``'s units with a `ray_launcher.RayLauncher` starting them where the plan
+    places them, after its `Supervisor.start`. Between nodes KV moves over libfabric's tcp provider (a
+    spec that asks for shm gets tcp when its plan spans nodes: shared memory does not cross machines);
+    verbs or efa stay as asked.
+
+    Args:
+        spec: the deployment.
+        address: the Ray cluster (``"auto"``: the one ``ray start`` started here; ``"HOST:PORT"``);
+            None: the cluster this process already joined, the one running on this machine, or a new
+            one-node cluster (with the `disaggsdk_slot`s a CPU spec needs).
+        tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
+        cpu_affinity: ignored: Ray places the units.
+        colocated, log_dir, provider, start_timeout_s, on_event, secret, max_restarts,
+            restart_window_s, on_progress: as for `start_local_runtime` (`Supervisor`).
+    Raises:
+        LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
+    """
+    from disaggsdk.launch.launcher.ray_launcher import RayLauncher
+
+    del cpu_affinity  # accepted so that every runtime takes the same options
+    runtime = Supervisor(spec, RayLauncher(address), tiny=tiny, colocated=colocated, log_dir=log_dir,
+                         provider=provider, start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
                          max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
     runtime.start()
     return runtime
@@ -109,7 +155,7 @@ class Supervisor:
         secret: the control-frame secret (random when None).
         max_restarts: how often a unit that dies is started again within ``restart_window_s`` (a new
             incarnation, after a back-off that doubles from `RESTART_BACKOFF_S`); 0 leaves dead units dead.
-        restart_window_s: how long a restart counts against ``max_restarts`` (`launch.restart_budget`):
+        restart_window_s: how long a restart counts against ``max_restarts`` (`launch.launcher.restart_budget`):
             older ones are forgiven, so sporadic deaths never end a deployment, a crash loop does.
     Raises:
         LaunchError: the model has no tiny variant (``tiny``).

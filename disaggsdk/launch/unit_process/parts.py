@@ -1,7 +1,7 @@
 """Assembling one unit: its engine and, unless colocated, its KV pools, transfer engine and messenger.
 
 One function per role (`assemble_mixed`, `assemble_prefill`, `assemble_decode`); the unit's loop
-(`launch.unit`) only sees the resulting `UnitParts`, whose three role-specific methods say what a
+(`launch.unit_process.unit`) only sees the resulting `UnitParts`, whose three role-specific methods say what a
 request, an abort and a finished step mean for that role. Nothing here blocks on other units.
 """
 
@@ -51,7 +51,7 @@ class UnitParts:
     kv: KVUnit | None = None  # what a prefill or decode unit's messenger is built on (None: colocated)
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, traced: bool = False) -> None:
-        """Start a request on this unit (``traced``: the router traces it, `launch.unit_spans`)."""
+        """Start a request on this unit (``traced``: the router traces it, `launch.unit_process.spans`)."""
         self.engine.add_request(request_id, prompt_ids, params)
 
     def abort(self, request_id: str) -> None:

@@ -1,10 +1,10 @@
 """A unit on a Ray node: the actor that holds the unit's placement-group bundle, and the unit
-process it starts there (``python -m disaggsdk.launch.ray_unit_host``).
+process it starts there (``python -m disaggsdk.launch.launcher.ray_unit_host``).
 
 The unit is a child process of the actor rather than the actor itself: it runs exactly the code a
-local unit runs (`launch.unit.serve_unit`: its own log file, signals, ``os._exit`` on failure),
+local unit runs (`launch.unit_process.unit.serve_unit`: its own log file, signals, ``os._exit`` on failure),
 which a Ray worker process must not be put through. It stops with the actor (PDEATHSIG as
-SIGTERM, and `launch.launcher_lease` watching its parent), so ``ray.kill`` of the actor, or Ray
+SIGTERM, and `launch.unit_process.launcher_lease` watching its parent), so ``ray.kill`` of the actor, or Ray
 killing the actors of a dead driver, ends the unit and its tp workers, its /dev/shm file removed.
 
 The unit connects back to the driver over TCP and opens with a 32-byte token the driver chose
@@ -77,7 +77,7 @@ class UnitHost:
         """
         import ray
 
-        self._proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.launch.ray_unit_host"], stdin=subprocess.PIPE)
+        self._proc = subprocess.Popen([sys.executable, "-m", "disaggsdk.launch.launcher.ray_unit_host"], stdin=subprocess.PIPE)
         assert self._proc.stdin is not None
         self._proc.stdin.write(payload)
         self._proc.stdin.close()
@@ -107,7 +107,7 @@ class UnitHost:
 
     def log_tail(self, path: str) -> str:
         """The last lines of the unit's log, on this node."""
-        from disaggsdk.launch.units import log_tail
+        from disaggsdk.launch.launcher.units import log_tail
 
         return log_tail(path)
 
@@ -167,7 +167,7 @@ def main() -> None:
     """The unit process: read `UnitStart`, connect to the driver, send the token, serve."""
     from disaggsdk.launch import messages as ch
     from disaggsdk.launch.channel import FrameChannel
-    from disaggsdk.launch.unit import serve_unit
+    from disaggsdk.launch.unit_process.unit import serve_unit
     # serve_unit's `LauncherLease` sees the actor (its parent) go and closes the unit
     start = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=UnitStart)
     args = msgspec.msgpack.decode(start.args, type=ch.UnitArgs)

@@ -19,7 +19,7 @@ from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
     from disaggsdk.launch.messages import UnitArgs
-    from disaggsdk.launch.unit_parts import UnitParts
+    from disaggsdk.launch.unit_process.parts import UnitParts
     from disaggsdk.plan import Plan
     from disaggsdk.spec.types import Spec
 
@@ -66,7 +66,7 @@ def switch_role(parts: UnitParts, args: UnitArgs, spec: Spec, plan: Plan, role: 
     Raises:
         RoleChangeError: see `check_switch`.
     """
-    from disaggsdk.launch.unit_parts import DecodeParts, PrefillParts
+    from disaggsdk.launch.unit_process.parts import DecodeParts, PrefillParts
 
     check_switch(parts, role)
     kv, old = parts.kv, parts.messenger

@@ -1,9 +1,9 @@
-"""Units as Ray actors on a cluster's nodes: the `base.Launcher` `launch.ray_runtime.RayRuntime` uses.
+"""Units as Ray actors on a cluster's nodes: the `base.Launcher` `launch.launcher.supervisor.start_ray_runtime` uses.
 
 One placement group per instance, its bundles one per unit (a unit holds its tp ranks), packed
-(STRICT_PACK) on the Ray node the plan's node maps to (`launch.ray_nodes`). Where the bundles
+(STRICT_PACK) on the Ray node the plan's node maps to (`launch.launcher.ray_nodes`). Where the bundles
 landed is checked against the plan before any unit starts, and again for every unit actor. Each
-unit connects back to this driver over TCP (`launch.ray_unit_host`), so the runtime reads it as it
+unit connects back to this driver over TCP (`launch.launcher.ray_unit_host`), so the runtime reads it as it
 reads a local unit; only its process handle differs (`RayUnitProcess`).
 """
 
@@ -21,8 +21,8 @@ import msgspec
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
-from disaggsdk.launch.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, rank_resource, ranks_per_node
-from disaggsdk.launch.ray_unit_host import (
+from disaggsdk.launch.launcher.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, rank_resource, ranks_per_node
+from disaggsdk.launch.launcher.ray_unit_host import (
     TOKEN_BYTES,
     UnitHostActor,
     UnitStart,
@@ -30,7 +30,7 @@ from disaggsdk.launch.ray_unit_host import (
     kill_actor,
     unit_host_actor,
 )
-from disaggsdk.launch.units import unit_names
+from disaggsdk.launch.launcher.units import unit_names
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -94,7 +94,7 @@ class RayUnitProcess:
     def log_tail(self, path: str) -> str:
         """The last lines of the unit's log: read on this host when it runs here, else by its actor
         on its node (kept from before the actor went)."""
-        from disaggsdk.launch.units import log_tail
+        from disaggsdk.launch.launcher.units import log_tail
 
         if self._same_host:
             return log_tail(path)
