@@ -5,7 +5,7 @@ below it, lazy imports and `TYPE_CHECKING` imports included; never one above it;
 the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the typed exceptions
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes
 against the model's head counts, and architecture facts import nothing of the spec. ``report``
-sits below ``memory``: the engine and the messenger count into its records (`UnitCounters`,
+sits below ``kv``: the engine and the messenger count into its records (`UnitCounters`,
 `RequestTransfer`), which units send and /metrics reads unchanged. ``testbed`` sits just above
 ``errors``: it drives iproute2 and imports nothing else of disaggsdk, so any layer (bench,
 calibrate, the face) may build the many-node testbed it measures on.
@@ -24,7 +24,7 @@ LAYERS: tuple[str, ...] = (
     "spec",       # frozen attrs classes, YAML, validation (data only)
     "plan",       # pure planning: instances, placement, sharding, routes
     "report",     # measured records (one declaration of the counters), pure accounting; views that only render
-    "memory",     # shared KV pools, the pool hand-over, the page allocator
+    "kv",         # KV pages: allocator, block hashes, prefix cache, layout; rank pools (host/CUDA twins), the hand-over
     "transfer",   # fabric-lib: endpoints, registrations, paged writes, immediates
     "engine",     # the torch LLM engine
     "messenger",  # the KV handoff, prefill side and decode side

@@ -45,7 +45,7 @@ def mapped_view(host: torch.Tensor) -> torch.Tensor:
     """
     if host.device.type != "cpu" or host.dtype != torch.int64 or not host.is_contiguous() or not host.is_pinned():
         raise ValueError("mapped_view needs a pinned, contiguous int64 CPU tensor (torch.zeros(..., pin_memory=True))")
-    from disaggsdk.memory.cuda_array import cuda_bytes
+    from disaggsdk.kv.pools.cuda_array import cuda_bytes
 
     view = cuda_bytes(host.data_ptr(), host.numel() * host.element_size(), owner=host).view(torch.int64).view(host.shape)
     if view.device.type != "cuda" or view.data_ptr() != host.data_ptr():

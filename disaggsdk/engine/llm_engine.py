@@ -29,7 +29,7 @@ from disaggsdk.engine.speculative.speculator import check_speculative, mtp_draft
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
-from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+from disaggsdk.kv.page_allocator import PageAllocator, PageGrant
 from disaggsdk.report.unit_counters import UnitCounters
 
 if TYPE_CHECKING:

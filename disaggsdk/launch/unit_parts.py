@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
+    from disaggsdk.kv.pools.base import RankPool
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.launch.kv_pools import UnitPools
     from disaggsdk.launch.messages import UnitArgs
-    from disaggsdk.memory.host_mirror import HostMirror
-    from disaggsdk.memory.rank_pool import RankPool
     from disaggsdk.messenger.decode_side import DecodeMessenger
     from disaggsdk.messenger.freshness import FrameCodec
     from disaggsdk.messenger.kv_migration import MovedIn, MoveEnded
@@ -296,9 +296,9 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[Compi
     context slots."""
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.shared_kv import pool_tensor
+    from disaggsdk.kv.pools import create_rank_pool
+    from disaggsdk.kv.pools.pool_handover import PoolCollector
     from disaggsdk.launch.kv_pools import register_pools
-    from disaggsdk.memory.pool_handover import PoolCollector
-    from disaggsdk.memory.rank_pool import create_rank_pool
     from disaggsdk.messenger.context import context_bytes
 
     tp = plan.instance(args.instance).tp

@@ -55,7 +55,7 @@ from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer
 
@@ -80,7 +80,7 @@ class DecodeMessenger:
         grant_keys: open only each attempt's pages, under keys revoked when it ends (`grant_keys`).
         verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
         kv_mirror: when ``pools`` are host mirrors of the engine's pools, what copies a request's
-            landed pages into the engine's before it is scheduled (`memory.host_mirror`).
+            landed pages into the engine's before it is scheduled (`kv.pools.host_mirror`).
         codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """
 

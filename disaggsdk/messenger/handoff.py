@@ -15,7 +15,7 @@ from disaggsdk.report.request_transfer import RequestTransfer
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.messenger.ports import DecodeEngine, Transport
     from disaggsdk.spec.types import Spec
 

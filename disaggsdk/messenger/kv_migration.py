@@ -45,7 +45,7 @@ from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.request_migration import RunningRequestState
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.messenger.ports import DecodeEngine, Transport
     from disaggsdk.spec.types import Spec
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer

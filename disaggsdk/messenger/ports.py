@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.kv_cache import KVCache
     from disaggsdk.engine.request_migration import RunningRequestState
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.models.arch import ModelArch
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer, WriteBatch
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.sequence import RequestOutput
-    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
 
@@ -57,7 +57,7 @@ class PrefillMessenger:
         streaming: send layer by layer during the forward pass (False: after it).
         verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
         kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
-            layer's pages into them before they are written (`memory.host_mirror`); None: the pools
+            layer's pages into them before they are written (`kv.pools.host_mirror`); None: the pools
             are registered themselves.
         codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """

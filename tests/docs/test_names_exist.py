@@ -104,8 +104,8 @@ def test_names_that_do_not_exist_fail(text, problem):
 
 
 def test_a_docstring_names_modules_of_its_own_package_and_a_sibling_class():
-    assert problem_of("cuda_vmm.CudaSharedAllocation", "disaggsdk/memory/rank_pool.py") == []
-    assert problem_of("cuda_vmm.NoSuchAllocation", "disaggsdk/memory/rank_pool.py")
+    assert problem_of("cuda_vmm.CudaSharedAllocation", "disaggsdk/kv/pools/rank_pool.py") == []
+    assert problem_of("cuda_vmm.NoSuchAllocation", "disaggsdk/kv/pools/rank_pool.py")
     assert problem_of("messages.Heartbeat", "disaggsdk/launch/unit_heartbeat.py") == []
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.memory.block_hash import page_hashes  # noqa: E402
+from disaggsdk.kv.block_hash import page_hashes  # noqa: E402
 from tests.multi_turn_prompts import conversations  # noqa: E402
 
 MODEL = "qwen3-tiny"

@@ -3,7 +3,7 @@ look into: the part both sides' fake engines share."""
 
 from __future__ import annotations
 
-from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+from disaggsdk.kv.page_allocator import PageAllocator, PageGrant
 
 
 class EnginePages:

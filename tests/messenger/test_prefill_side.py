@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from disaggsdk.engine.hooks import LayerCounter
-from disaggsdk.memory.block_hash import page_hashes
+from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes
 from disaggsdk.messenger.decode_side import DecodeMessenger
