@@ -10,5 +10,5 @@ out, and the memory each rank's pool lives in.
   (cuMem) twins behind one `pools.base.RankPool` contract and registry, the fd hand-over, host mirrors.
 
 Pages are counted for planning in `disaggsdk.plan.pages` (pure, below this package); a unit's pools
-as its transport registers them are `disaggsdk.launch.kv_pools` (above the transport).
+as its transport registers them are `disaggsdk.launch.kv_registration` (above the transport).
 """

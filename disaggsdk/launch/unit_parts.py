@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.sequence import RequestOutput
     from disaggsdk.kv.pools.base import RankPool
     from disaggsdk.kv.pools.host_mirror import HostMirror
-    from disaggsdk.launch.kv_pools import UnitPools
+    from disaggsdk.launch.kv_registration import UnitPools
     from disaggsdk.launch.messages import UnitArgs
     from disaggsdk.messenger.decode_side import DecodeMessenger
     from disaggsdk.messenger.freshness import FrameCodec
@@ -193,7 +193,7 @@ class KVUnit:
         """Register the pools and the context again, open to peers' writes or not (a unit changing role:
         a decode unit without grant keys is written into, a prefill unit's regions are write sources
         only); the old registrations close and ``info`` carries the new descriptors."""
-        from disaggsdk.launch.kv_pools import register_rank_pool
+        from disaggsdk.launch.kv_registration import register_rank_pool
 
         if remote_write == self.remote_write:
             return
@@ -292,13 +292,13 @@ def kv_domain(args: UnitArgs) -> str | None:
 
 def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[CompileProgress], None] | None) -> KVUnit:
     """An engine over shareable pools on its device (rank 0's here, the workers' handed over), all
-    registered with one transfer engine (or through host mirrors: `launch.kv_pools`), and the
+    registered with one transfer engine (or through host mirrors: `launch.kv_registration`), and the
     context slots."""
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.shared_kv import pool_tensor
     from disaggsdk.kv.pools import create_rank_pool
     from disaggsdk.kv.pools.pool_handover import PoolCollector
-    from disaggsdk.launch.kv_pools import register_pools
+    from disaggsdk.launch.kv_registration import register_pools
     from disaggsdk.messenger.context import context_bytes
 
     tp = plan.instance(args.instance).tp

@@ -94,11 +94,11 @@ SERVING = (
 )
 HOST_MIRROR_GPU = (
     "tests/kv/pools/test_host_mirror.py::test_cuda_pools_stage_as_the_cpu_twin",
-    "tests/launch/test_kv_pools.py::test_cuda_pools_staged_through_host_mirrors_read_as_the_host_twin",
+    "tests/launch/test_kv_registration.py::test_cuda_pools_staged_through_host_mirrors_read_as_the_host_twin",
 )
 FP8_GEMM = ("tests/engine/test_fp8_linear.py::test_cuda_blockwise_fp8_linear_matches_the_cpu_twin",)
 REGISTER_DEVICE_MEMORY = ("tests/kv/pools/test_shared_memory_cuda.py::test_register_device_memory_with_the_transfer_engine",
-                          "tests/launch/test_kv_pools.py::test_cuda_pools_are_registered_as_device_memory_and_take_writes_there")
+                          "tests/launch/test_kv_registration.py::test_cuda_pools_are_registered_as_device_memory_and_take_writes_there")
 
 # row (its first cell, as the tables write it) -> the tests behind it
 BACKING: dict[str, Backing] = {
@@ -111,7 +111,7 @@ BACKING: dict[str, Backing] = {
         Backing(cpu=CUDA_UNITS_ON_CPU, gpu=(*CUDA_UNITS, *CUMEM_POOLS, *NCCL, *FLASHINFER, *CUDA_GRAPHS)),
     "KV staged through host mirrors (`transport.kv_staging: host`, the GPU pools' fallback)": Backing(
         cpu=("tests/launch/test_disagg_parity.py::test_tokens_through_host_mirrors_equal_colocated",
-             "tests/launch/test_kv_pools.py::test_host_staging_registers_mirrors_and_copies_into_them"),
+             "tests/launch/test_kv_registration.py::test_host_staging_registers_mirrors_and_copies_into_them"),
         gpu=HOST_MIRROR_GPU),
     "FP8 GEMM, libfabric registration of GPU memory": Backing(gpu=(*FP8_GEMM, *REGISTER_DEVICE_MEMORY)),
     "launch, serve, bench, Ray, notebooks": Backing(cpu=SERVING),

@@ -26,7 +26,7 @@ NAMED = {
     "disaggsdk.engine.device_layer_counter", "disaggsdk.engine.fp8_linear", "disaggsdk.engine.tp_group",
     "disaggsdk.kv.pools", "disaggsdk.kv.pools.host_mirror", "disaggsdk.engine.expert_parallel.all_to_all",
     "disaggsdk.engine.dp_lockstep", "disaggsdk.engine.parallel", "disaggsdk.engine.model_runner",
-    "disaggsdk.launch.kv_pools", "disaggsdk.kv.pools.cuda_array",
+    "disaggsdk.launch.kv_registration", "disaggsdk.kv.pools.cuda_array",
 }
 
 
