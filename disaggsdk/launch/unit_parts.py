@@ -328,7 +328,7 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[Compi
         # Peers write only into a decode unit's pools and context, and there only under the
         # whole-region key when grant keys are off; a prefill unit's regions are write sources.
         targets = args.role == "decode" and not spec.transport.grant_keys_on(args.provider)
-        fmt = engine.kv_cache.fmt
+        fmt = engine.kv.cache.fmt
         unit_pools = register_pools(spec, args.provider, regions, size_bytes, fmt.num_layers, fmt.num_pages, targets,
                                     domain=kv_domain(args))
         print(f"{args.name}: KV pools {unit_pools.mode}: {unit_pools.reason}; endpoint {unit_pools.transfer.provider} "
