@@ -18,8 +18,9 @@ from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compile_progress import CompileProgress, compile_failed_words
 from disaggsdk.engine.compiled_step import compile_by_default
 from disaggsdk.engine.config import MODE_OF_ROLE, EngineConfig, EngineError, check_prompt, hash_lookahead
-from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
+from disaggsdk.engine.hooks import StepChunkInfo
 from disaggsdk.engine.kv_port import KVPort
+from disaggsdk.engine.layer_counter import new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
 from disaggsdk.engine.sampling import SamplingParams, new_generator

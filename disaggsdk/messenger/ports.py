@@ -20,8 +20,9 @@ from disaggsdk.report.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig
-    from disaggsdk.engine.hooks import AnyLayerCounter, StepChunkInfo
+    from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.kv_cache import KVCache
+    from disaggsdk.engine.layer_counter.base import AnyLayerCounter
     from disaggsdk.engine.request_migration import RunningRequestState
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.kv.page_allocator import PageGrant

@@ -64,7 +64,7 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
 
 @pytest.mark.parametrize("text", [
     "launch.unit_silence", "launch.unit_silence.SilenceWatch", "disaggsdk.launch.unit_silence",
-    "engine.hooks.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
+    "engine.layer_counter.host.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
     "launch.cuda_devices", "engine.cuda_graph_step",  # a spec section that is also a package
     "engine/cuda_graph_step.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",

@@ -20,8 +20,8 @@ from disaggsdk.engine.cuda_graph_step import (  # noqa: E402
     pad_decode_batch,
     padded_batch_size,
 )
-from disaggsdk.engine.device_layer_counter import DeviceLayerCounter  # noqa: E402
-from disaggsdk.engine.hooks import LayerCounter  # noqa: E402
+from disaggsdk.engine.layer_counter.device import DeviceLayerCounter  # noqa: E402
+from disaggsdk.engine.layer_counter.host import LayerCounter  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402

@@ -23,7 +23,7 @@ GPU_API = re.compile(r"flashinfer|cuda\.bindings|torch\.cuda|nccl|torch\.distrib
 # the GPU modules issue 54 names: the scan must find at least these
 NAMED = {
     "disaggsdk.engine.attention.flashinfer_backend", "disaggsdk.kv.pools.cuda_vmm", "disaggsdk.engine.cuda_graph_step",
-    "disaggsdk.engine.device_layer_counter", "disaggsdk.engine.fp8_linear", "disaggsdk.engine.tp_group",
+    "disaggsdk.engine.layer_counter.device", "disaggsdk.engine.fp8_linear", "disaggsdk.engine.tp_group",
     "disaggsdk.kv.pools", "disaggsdk.kv.pools.host_mirror", "disaggsdk.engine.expert_parallel.all_to_all",
     "disaggsdk.engine.dp_lockstep", "disaggsdk.engine.parallel", "disaggsdk.engine.model_runner",
     "disaggsdk.launch.kv_registration", "disaggsdk.kv.pools.cuda_array",

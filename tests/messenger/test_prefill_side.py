@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from disaggsdk.engine.hooks import LayerCounter
+from disaggsdk.engine.layer_counter.host import LayerCounter
 from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes

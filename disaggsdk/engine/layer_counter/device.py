@@ -1,6 +1,6 @@
 """The layer counter of a CUDA engine: ``[step_id, layers_done]`` in host memory the GPU writes.
 
-The CPU twin (`engine.hooks.LayerCounter`) is bumped by Python, eagerly or through a graph op. A
+The CPU twin (`host.LayerCounter`) is bumped by Python, eagerly or through a graph op. A
 CUDA graph runs no Python at replay, so here the count lives in pinned host memory (page-locked,
 ``cudaHostAlloc`` underneath ``torch.empty(..., pin_memory=True)``). With unified virtual
 addressing, which every 64-bit CUDA platform has, the host pointer of such memory is also a device
@@ -86,7 +86,7 @@ class DeviceLayerCounter:
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(f"a device layer counter needs a CUDA device, not {device} (torch.cuda.is_available() "
-                               f"is {torch.cuda.is_available()}); a CPU engine uses engine.hooks.LayerCounter")
+                               f"is {torch.cuda.is_available()}); a CPU engine uses engine.layer_counter.host.LayerCounter")
         with torch.cuda.device(device):
             host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
             view = mapped_view(host)
