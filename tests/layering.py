@@ -6,7 +6,7 @@ below it, lazy imports and `TYPE_CHECKING` imports included; never one above it;
 the FORBIDDEN arrows, even downwards. ``errors`` is `disaggsdk/errors.py`, the typed exceptions
 every layer raises. ``models`` sits below ``spec``: the spec's semantic rules check tp sizes
 against the model's head counts, and architecture facts import nothing of the spec. ``records``
-sits below ``memory``: the engine and the messenger count into its records (`UnitCounters`,
+sits below ``kv``: the engine and the messenger count into its records (`UnitCounters`,
 `RequestTransfer`, `RequestSpanRecords`), which units send and /metrics reads unchanged. ``report``
 (accounting and views that only render) sits above ``messenger`` and below ``sim``, which
 summarizes its simulated timelines with report's accounting. ``testbed`` sits just above
@@ -27,7 +27,7 @@ LAYERS: tuple[str, ...] = (
     "spec",       # frozen attrs classes, YAML, validation (data only)
     "plan",       # pure planning: instances, placement, sharding, routes
     "records",    # measured records that cross a process: the one declaration of the counters, transfers, spans
-    "memory",     # shared KV pools, the pool hand-over, the page allocator
+    "kv",         # KV pages: allocator, block hashes, prefix cache, layout; rank pools (host/CUDA twins), the hand-over
     "transfer",   # fabric-lib: endpoints, registrations, paged writes, immediates
     "engine",     # the torch LLM engine
     "messenger",  # the KV handoff, prefill side and decode side

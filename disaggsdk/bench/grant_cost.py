@@ -23,7 +23,7 @@ from collections.abc import Sequence
 def measure(provider: str, num_layers: int, page_bytes: int, num_pages: int, num_runs: int,
             repeat: int) -> dict[str, float | int | str]:
     """Time opening + revoking one grant and digesting its pages; returns the JSON fields."""
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
     from disaggsdk.messenger.grant_keys import open_grant
     from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
     from disaggsdk.messenger.write_plan import PoolGeometry

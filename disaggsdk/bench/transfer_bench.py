@@ -51,7 +51,7 @@ class BenchCell:
 
 def _target_main(provider: str, region_bytes: int, conn: Connection, direct: bool = True) -> None:
     """The receiving process: one region, an immediate counter per cell."""
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
     from disaggsdk.transfer.engine import TransferEngine
 
     with TransferEngine(provider) as engine, SharedRegion.create(region_bytes, "bench-dst") as dst:
@@ -175,7 +175,7 @@ def run_bench(provider: str, sizes: list[int], page_maps: tuple[str, ...] = ("co
     Raises:
         TransferError: the provider cannot be opened or a transfer fails.
     """
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
     from disaggsdk.transfer.descriptors import RegionDescriptor
     from disaggsdk.transfer.engine import TransferEngine
 

@@ -14,7 +14,7 @@ the same ops, so a prefill unit still counts the MTP KV as one more streamed lay
 runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
 call a step where the layer and its argmax were two).
 Its CUDA twin is `engine.cuda_graph_step`: decode steps captured as CUDA graphs, the layer counter
-a fill of host-mapped memory inside them (`engine.device_layer_counter`).
+a fill of host-mapped memory inside them (`engine.layer_counter.device`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from disaggsdk.engine.graph_ops import GraphAttention, GraphLayerCounter
-from disaggsdk.engine.hooks import LayerCounter
+from disaggsdk.engine.layer_counter.host import LayerCounter
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend

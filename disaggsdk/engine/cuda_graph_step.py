@@ -11,9 +11,9 @@ the static buffers and FlashInfer's graph-mode decode wrapper of that size is pl
 padded page table (`FlashInferBackend.plan_decode_graph`: plan outside the graph, run inside).
 
 The layer counter stays in the graph: the model calls ``on_layer_done`` while it is captured, and
-`engine.device_layer_counter.DeviceLayerCounter` answers with a fill of host-mapped memory, a kernel
+`engine.layer_counter.device.DeviceLayerCounter` answers with a fill of host-mapped memory, a kernel
 the graph records with the layer id baked in; every replay bumps the counter layer by layer with
-no Python running. A counter only Python can bump (`engine.hooks.LayerCounter`) cannot be captured.
+no Python running. A counter only Python can bump (`engine.layer_counter.host.LayerCounter`) cannot be captured.
 
 Logits are not in the graph: the rows whose logits are wanted are taken from the replay's hidden
 states, and the lm_head runs eagerly after it (one matmul), as before.
@@ -128,7 +128,7 @@ def pad_decode_batch(kv_page_indptr: torch.Tensor, kv_page_indices: torch.Tensor
 def is_capturable_counter(on_layer_done: Callable[[int, torch.Tensor], None] | None) -> bool:
     """Whether a graph can hold ``on_layer_done``: None, or a `DeviceLayerCounter`'s (a kernel per
     layer). Any other callback runs Python, which a replay would skip."""
-    from disaggsdk.engine.device_layer_counter import DeviceLayerCounter
+    from disaggsdk.engine.layer_counter.device import DeviceLayerCounter
 
     if on_layer_done is None:
         return True

@@ -34,7 +34,7 @@ import torch
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
-    from disaggsdk.engine.hooks import LayerCounter
+    from disaggsdk.engine.layer_counter.host import LayerCounter
 
 _ids = itertools.count(1)
 _backends: weakref.WeakValueDictionary[int, AttentionBackend] = weakref.WeakValueDictionary()

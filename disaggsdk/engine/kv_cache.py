@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from disaggsdk.engine.kv_scales import KVScales
-from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name
+from disaggsdk.kv.layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name
 
 if TYPE_CHECKING:
     import torch
 
     from disaggsdk.engine.modeling.base import KVGeometry
-    from disaggsdk.memory.kv_layout import PoolMemory
+    from disaggsdk.kv.layout import PoolMemory
 
 
 class KVCache:

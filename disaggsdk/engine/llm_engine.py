@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -18,10 +18,11 @@ from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.compile_progress import CompileProgress, compile_failed_words
 from disaggsdk.engine.compiled_step import compile_by_default
 from disaggsdk.engine.config import MODE_OF_ROLE, EngineConfig, EngineError, check_prompt, hash_lookahead
-from disaggsdk.engine.hooks import StepChunkInfo, new_layer_counter
+from disaggsdk.engine.hooks import StepChunkInfo
+from disaggsdk.engine.kv_port import KVPort
+from disaggsdk.engine.layer_counter import new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.engine.request_migration import MigrationError, RunningRequestState, restore_generator, snapshot
 from disaggsdk.engine.sampling import SamplingParams, new_generator
 from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
@@ -29,17 +30,17 @@ from disaggsdk.engine.speculative.speculator import check_speculative, mtp_draft
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.step_outputs import StepSettings, logits_rows, postprocess
 from disaggsdk.engine.stopping import model_eos_ids
-from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+from disaggsdk.kv.page_allocator import PageAllocator
 from disaggsdk.records.unit_counters import UnitCounters
-
-if TYPE_CHECKING:
-    from disaggsdk.engine.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
     """A paged-KV engine for one model instance (tp ranks; this process is rank 0).
+
+    Its KV pages, as a unit's messenger grants, pins, releases and migrates them, are one object it
+    holds: ``kv``, a `KVPort` (engine/kv_port.py).
 
     Args:
         model: a tiny catalog name or a Hugging Face checkpoint directory.
@@ -115,10 +116,12 @@ class LLMEngine:
         # called before each step with the chunks it runs (the messenger streams their pages)
         self.on_step: Callable[[list[StepChunkInfo]], None] | None = None
         self._seeds = itertools.count(config.seed * 1_000_003 + 1)
-        # requests taken out of scheduling while their KV moves to another engine (`suspend`)
-        self._suspended: dict[str, Request] = {}
         self._eos_ids = model_eos_ids(model, self.arch.hf_config)
         self._step_settings = StepSettings(config.mode, config.return_hidden_states, self._eos_ids)
+        # the page and migration interface the messenger moves KV through (it never reaches the allocator)
+        self.kv = KVPort(cache=self.runner.kv_cache, allocator=self.allocator, scheduler=self.scheduler,
+                         page_size=config.page_size, check_new=self._check_new, new_request=self._new_request,
+                         check_prompt=self.check_prompt)
 
     # lifecycle
 
@@ -160,21 +163,7 @@ class LLMEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # what the messenger reads
-
-    @property
-    def kv_cache(self) -> KVCache:
-        """Rank 0's KV cache (its ``buffer`` is the pool's memory)."""
-        return self.runner.kv_cache
-
-    @property
-    def num_free_pages(self) -> int:
-        return self.allocator.num_free_pages
-
-    @property
-    def num_pages(self) -> int:
-        """KV pages requests may hold: the pool's, less the CUDA graphs' scratch page when there is one."""
-        return self.allocator.num_pages
+    # what a unit reads
 
     @property
     def spec_stats(self) -> SpecStats:
@@ -247,7 +236,7 @@ class LLMEngine:
 
         Raises:
             EngineError: the id is in use, the prompt is empty or too long, or this is a
-                decode_only engine (use `add_prefilled_request`).
+                decode_only engine (use `KVPort.add_prefilled_request`, the engine's ``kv``).
             StructuredOutputError: ``params.structured`` does not compile for this model.
         """
         params = params or SamplingParams()
@@ -256,72 +245,14 @@ class LLMEngine:
         self._check_new(request_id, prompt_ids, params)
         self.scheduler.add(self._new_request(request_id, prompt_ids, params))
 
-    def allocate_pages(self, request_id: str, num_tokens: int, pinned: bool = True) -> PageGrant:
-        """Grant pages for ``num_tokens`` tokens to ``request_id`` (before its KV is written remotely).
-
-        Raises:
-            OutOfPagesError: not enough free pages.
-        """
-        num_pages = -(-num_tokens // self.config.page_size)
-        return self.allocator.allocate(request_id, num_pages, pinned=pinned)
-
-    def share_cached_prompt(self, request_id: str, prompt_ids: Sequence[int], count: bool = True) -> int:
-        """Give ``request_id`` the cached pages holding the longest cached prefix of ``prompt_ids[:-1]``
-        (a decode unit, before it grants pages for the rest). Returns how many pages (0 with the
-        prefix cache off); ``count``: add the lookup to the prefix-cache counters."""
-        return self.scheduler.prefix_cache.share_prompt(request_id, prompt_ids, count)
-
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached page no request holds (vLLM's ``reset_prefix_cache``: between
-        benchmark runs, after new weights); pages held by running requests keep their hashes.
-        Returns how many pages became free."""
-        return self.allocator.reset_cache()
-
-    def cached_prompt_pages(self, prompt_ids: Sequence[int]) -> int:
-        """How many pages of ``prompt_ids[:-1]``'s longest cached prefix this engine's cache holds,
-        without taking them (0 with the prefix cache off)."""
-        return self.scheduler.prefix_cache.cached_pages(tuple(prompt_ids))
-
-    def add_prefilled_request(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None, num_cached_tokens: int = 0
-    ) -> None:
-        """Admit a request whose KV for ``prompt_ids[:-1]`` is already in its pages (`share_cached_prompt`'s,
-        then `allocate_pages`'; their pin is lifted now: nothing writes to them any more). The last
-        prompt token is run as its first decode token; its full pages join the prefix cache.
-        ``num_cached_tokens``: prompt tokens no unit computed for it (its usage reports them).
-
-        Raises:
-            EngineError: no pages granted, too few for the prompt, or the id is already running.
-        """
-        params = params or SamplingParams()
-        self._check_new(request_id, prompt_ids, params, has_pages=True)
-        held = len(self.allocator.page_ids(request_id)) * self.config.page_size
-        if held < len(prompt_ids) - 1:
-            raise EngineError(
-                f"{request_id}: its pages hold {held} tokens but prompt[:-1] has {len(prompt_ids) - 1}; "
-                f"grant pages with allocate_pages(request_id, len(prompt) - 1) first"
-            )
-        req = self._new_request(request_id, prompt_ids, params)
-        req.num_computed_tokens = len(prompt_ids) - 1
-        req.num_cached_tokens = num_cached_tokens
-        self.allocator.unpin(request_id)
-        self.scheduler.add_running(req)
-        self.scheduler.prefix_cache.cache_computed(req)
-
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages. Returns False when it was unknown (a late abort)."""
         req = self.scheduler.find(request_id)
         if req is None:
-            self._suspended.pop(request_id, None)
+            self.kv.drop_suspended(request_id)
             return self.allocator.free(request_id) > 0
         self.scheduler.finish(req, "abort")
         return True
-
-    def release(self, request_id: str) -> int:
-        """Free every page held under ``request_id``: those a finished prefill_only request kept for
-        the transfer, or a decode unit's granted pages it will not use (an attempt that failed, or a
-        quarantine owner's once no write of it can land). Returns their count (0: none held)."""
-        return self.allocator.free(request_id)
 
     def switch_role(self, role: str) -> None:
         """Serve another unit role from now on ("prefill": prefill only, hidden states returned;
@@ -335,9 +266,9 @@ class LLMEngine:
         """
         if role not in MODE_OF_ROLE:
             raise EngineError(f"unknown unit role {role!r}; use one of {sorted(MODE_OF_ROLE)}")
-        if self.has_unfinished() or self._suspended:
+        if self.has_unfinished() or self.kv.suspended:
             raise EngineError(f"the engine still holds requests ({len(self.scheduler.running)} running, "
-                              f"{len(self.scheduler.waiting)} waiting, {len(self._suspended)} suspended): "
+                              f"{len(self.scheduler.waiting)} waiting, {len(self.kv.suspended)} suspended): "
                               "it switches role only when idle")
         mode = MODE_OF_ROLE[role]
         self.config = dataclasses.replace(self.config, mode=mode, return_hidden_states=role == "prefill")
@@ -345,111 +276,6 @@ class LLMEngine:
         self._step_settings = StepSettings(mode, self.config.return_hidden_states, self._eos_ids)
         if role != "prefill":
             self.on_step = None  # a prefill messenger's hook; nobody streams from this engine now
-
-    # moving a decoding request to another engine (engine.request_migration)
-
-    def suspend(self, request_id: str) -> RunningRequestState:
-        """Take a decoding request out of scheduling, its pages pinned and unchanged, and return its
-        state: its KV can now be copied to another engine, which admits it with
-        `add_migrated_request`. Then `release_suspended` (it moved) or `resume` (it did not).
-
-        Raises:
-            MigrationError: the request is not here, or not decoding (`request_migration.snapshot`).
-        """
-        req = self.scheduler.find(request_id)
-        if req is None:
-            raise MigrationError(f"request {request_id!r} is not running on this engine")
-        state = snapshot(req)
-        self.scheduler.running.remove(req)
-        # pages past the computed ones (drafts' room) are not part of its KV: the receiver grants its own
-        self.allocator.truncate(request_id, state.num_pages(self.config.page_size))
-        self.allocator.pin(request_id)
-        self._suspended[request_id] = req
-        return state
-
-    @property
-    def suspended(self) -> list[str]:
-        """Requests taken out of scheduling by `suspend` and not yet resumed or released."""
-        return list(self._suspended)
-
-    def resume(self, request_id: str) -> bool:
-        """Put a suspended request back into scheduling, as it was. False: it is not suspended."""
-        req = self._suspended.pop(request_id, None)
-        if req is None:
-            return False
-        self.allocator.unpin(request_id)
-        self.scheduler.add_running(req)
-        return True
-
-    def release_suspended(self, request_id: str) -> int:
-        """Forget a suspended request (it continues on another engine) and free its pages; returns
-        their count (0: it was not suspended)."""
-        if self._suspended.pop(request_id, None) is None:
-            return 0
-        return self.allocator.free(request_id)
-
-    def page_ids(self, request_id: str) -> list[int]:
-        """The pages ``request_id`` holds, in token order (a suspended request's: its computed KV)."""
-        return self.allocator.page_ids(request_id)
-
-    def add_migrated_request(self, state: RunningRequestState) -> None:
-        """Continue a request another engine suspended, whose KV is already in the pages granted
-        here under its id (`allocate_pages(request_id, state.num_computed_tokens)`; their pin is
-        lifted now). A grammar is rebuilt and replayed over the output so far.
-
-        Raises:
-            MigrationError: too few pages, the id is in use here, or its sampler state or grammar
-                does not load.
-            EngineError: its tokens do not fit this engine (vocabulary, KV pool).
-        """
-        rid = state.request_id
-        if self.scheduler.find(rid) is not None or rid in self._suspended:
-            raise MigrationError(f"request id {rid!r} is already running here")
-        held = len(self.allocator.page_ids(rid))
-        if held < state.num_pages(self.config.page_size) or state.num_computed_tokens != state.num_tokens - 1:
-            raise MigrationError(f"{rid}: {held} pages granted for {state.num_computed_tokens} computed tokens of "
-                                 f"{state.num_tokens}; grant allocate_pages(request_id, num_computed_tokens) first")
-        self.check_prompt(rid, state.prompt_ids + state.output_ids[:-1], state.params)
-        req = self._new_request(rid, state.prompt_ids, state.params)
-        req.output_ids = list(state.output_ids)
-        req.generator = restore_generator(state) if req.generator is not None else None
-        if req.grammar is not None:
-            for token in state.output_ids:
-                if not req.grammar.accept(token):
-                    raise MigrationError(f"{rid}: its grammar refuses its own output at token {token} "
-                                         f"({req.grammar.error})")
-        req.num_computed_tokens = state.num_computed_tokens
-        req.draft_ids = list(state.draft_ids)
-        req.num_draft_tokens, req.num_accepted_tokens = state.num_draft_tokens, state.num_accepted_tokens
-        req.num_cached_tokens, req.num_preemptions = state.num_cached_tokens, state.num_preemptions
-        self.allocator.unpin(rid)
-        self.scheduler.add_running(req)
-        self.scheduler.prefix_cache.cache_computed(req)
-
-    # the pages the messenger moves KV through (it never reaches the allocator itself)
-
-    def pin_pages(self, request_id: str) -> None:
-        """Keep ``request_id``'s pages from eviction while remote writes read or fill them (until
-        `release`, or `add_prefilled_request`'s unpin).
-
-        Raises:
-            PageOwnershipError: the request holds no pages.
-        """
-        self.allocator.pin(request_id)
-
-    def holds_grant(self, grant: PageGrant) -> bool:
-        """Whether every page of ``grant`` (from `allocate_pages`) still belongs to it: not freed, not reused."""
-        return self.allocator.is_current(grant)
-
-    def rename_pages(self, request_id: str, owner: str) -> int:
-        """Hand every page of ``request_id`` (pin kept) to ``owner``, a name no request uses: a
-        decode unit parks a retried attempt's pages there until no late write can land in them,
-        then frees them with `release(owner)`. Returns how many pages moved (0: none held).
-
-        Raises:
-            PageOwnershipError: ``owner`` already holds pages.
-        """
-        return self.allocator.rename(request_id, owner)
 
     # one step
 

@@ -15,7 +15,7 @@ from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.kv_scales import KVScales, read_kv_scales
 from disaggsdk.engine.modeling import build_model, kv_geometry
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.memory.kv_layout import kv_dtype_name
+from disaggsdk.kv.layout import kv_dtype_name
 
 if TYPE_CHECKING:
     from disaggsdk.engine.background_compile import StepCompilation
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.compiled_step import CompiledStep
     from disaggsdk.engine.cuda_graph_step import CudaGraphStep
     from disaggsdk.engine.modeling.base import KVGeometry
-    from disaggsdk.memory.kv_layout import PoolMemory
+    from disaggsdk.kv.layout import PoolMemory
 
 
 @dataclass(frozen=True)

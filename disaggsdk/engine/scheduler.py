@@ -10,7 +10,7 @@ never samples, the request then ends with reason "prefilled" and keeps its pages
 ``decode_only`` never prefills new requests (they arrive with KV already in their pages).
 
 With ``prefix_caching`` (vLLM's), a new request first takes the cached pages of its prompt's
-longest cached prefix and prefills from there (`engine.prefix_cache`, ``self.prefix_cache``).
+longest cached prefix and prefills from there (`kv.prefix_cache`, ``self.prefix_cache``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from disaggsdk.engine.prefix_cache import PrefixCache
 from disaggsdk.engine.sequence import Request, RequestStatus
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.page_allocator import PageAllocator
+from disaggsdk.kv.prefix_cache import PrefixCache
 
 Mode = Literal["mixed", "prefill_only", "decode_only"]
 MODES = ("mixed", "prefill_only", "decode_only")

@@ -2,9 +2,9 @@
 
 One transfer engine on the head process registers every rank's pool (docs/architecture.md, "Shared
 KV memory"). A worker started with ``EngineConfig.kv_share_path`` allocates its pool on its device
-(a memfd on the CPU, a cuMem allocation on a GPU: `disaggsdk.memory.rank_pool`), connects to that
+(a memfd on the CPU, a cuMem allocation on a GPU: `disaggsdk.kv.pools`), connects to that
 Unix socket, sends its tp rank (4 bytes) and then the fd (SCM_RIGHTS), and keeps the pool for the
-model runner. The protocol is `disaggsdk.memory.pool_handover`.
+model runner. The protocol is `disaggsdk.kv.pools.pool_handover`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.engine.model_runner import RunnerConfig
     from disaggsdk.engine.parallel import TensorParallel
-    from disaggsdk.memory.rank_pool import RankPool
+    from disaggsdk.kv.pools.base import RankPool
 
 
 def pool_bytes(config: RunnerConfig, tp: TensorParallel) -> int:
@@ -39,8 +39,8 @@ def share_pool(config: RunnerConfig, tp: TensorParallel) -> RankPool:
         SharedKVError: the head is not listening or went away.
         SharedMemoryError: the pool cannot be allocated (CudaDriverMissing: no CUDA driver or cuda-python).
     """
-    from disaggsdk.memory.pool_handover import SharedKVError, send_pool
-    from disaggsdk.memory.rank_pool import create_rank_pool
+    from disaggsdk.kv.pools import create_rank_pool
+    from disaggsdk.kv.pools.pool_handover import SharedKVError, send_pool
 
     path = config.engine.kv_share_path
     assert path is not None, "only a worker told where to hand its pool shares it"

@@ -178,7 +178,7 @@ def _worker_main(rank: int, address: str, config: RunnerConfig, num_experts: int
         kv_region = None
         if config.engine.kv_share_path:  # the head's transfer engine registers this rank's pool too
             from disaggsdk.engine.shared_kv import pool_bytes, pool_tensor, share_pool
-            from disaggsdk.memory.pool_handover import die_with_parent
+            from disaggsdk.kv.pools.pool_handover import die_with_parent
 
             die_with_parent()
             kv_region = share_pool(config, tp)

@@ -55,7 +55,7 @@ from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer
 
@@ -80,7 +80,7 @@ class DecodeMessenger:
         grant_keys: open only each attempt's pages, under keys revoked when it ends (`grant_keys`).
         verify_pages: admit a request only when its pages match prefill's digest (`page_digest`).
         kv_mirror: when ``pools`` are host mirrors of the engine's pools, what copies a request's
-            landed pages into the engine's before it is scheduled (`memory.host_mirror`).
+            landed pages into the engine's before it is scheduled (`kv.pools.host_mirror`).
         codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """
 
@@ -180,7 +180,7 @@ class DecodeMessenger:
         """
         prompt = list(prompt_ids)
         if len(prompt) == 1:  # nothing to prefill: the one token is the first decode input
-            self.engine.add_prefilled_request(request_id, prompt, params)
+            self.engine.kv.add_prefilled_request(request_id, prompt, params)
             return
         now = time.monotonic()
         self._pending.append(Handoff(request_id, prompt, params, submitted_s=now, traced=traced))
@@ -314,7 +314,7 @@ class DecodeMessenger:
         while self._pending:
             h = self._pending[0]
             pages = num_prefill_pages(len(h.prompt_ids), self.page_size)
-            if not self._free_slots or pages > self.engine.num_free_pages:
+            if not self._free_slots or pages > self.engine.kv.num_free_pages:
                 return  # wait for pages or slots to free up
             self._pending.popleft()
             self._send(h, now)
@@ -333,12 +333,12 @@ class DecodeMessenger:
             return
         info, peer = self._prefills[name]
         need = num_prefill_pages(len(h.prompt_ids), self.page_size)
-        cached = 0 if scores_prompt(h) else self.engine.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
+        cached = 0 if scores_prompt(h) else self.engine.kv.share_cached_prompt(h.request_id, h.prompt_ids, count=h.attempt == 0)
         if cached == need:  # every page of prompt[:-1] is here: nothing to prefill
             return self._admit_cached(h, cached)
         h.attempt, h.prefill, h.num_cached_pages = h.attempt + 1, name, cached
         # the tokens of the pages after the cached ones: exactly need - cached pages
-        grant = h.grant = self.engine.allocate_pages(h.request_id, (need - cached) * self.page_size)
+        grant = h.grant = self.engine.kv.allocate_pages(h.request_id, (need - cached) * self.page_size)
         h.slot = self._free_slots.pop()
         h.imm = self._next_imm()
         h.fired, h.digest = CounterFired(), None
@@ -350,7 +350,7 @@ class DecodeMessenger:
                                     self.context_region, h.slot * size, size)
             except TransferError as exc:  # the provider refused a registration: prefill here instead
                 self.failed_grants.append(str(exc))
-                self.engine.release(h.request_id)
+                self.engine.kv.release(h.request_id)
                 self._free_slots.append(h.slot)
                 h.prefill, h.grant, h.slot = None, None, -1
                 self._prefill_locally(h)
@@ -370,12 +370,12 @@ class DecodeMessenger:
         del self._handoffs[h.request_id]
         self._outstanding[h.prefill] -= 1
         arch = self.engine.arch
-        assert self.engine.holds_grant(h.grant), "a granted page changed owner while pinned"
+        assert self.engine.kv.holds_grant(h.grant), "a granted page changed owner while pinned"
         try:
             payload = unpack_context(self._slot(h.slot), arch.hidden_size, arch.vocab_size)
         except ContextShapeError as exc:
             self.totals.counters.transfer_failures += 1
-            self.engine.release(h.request_id)
+            self.engine.kv.release(h.request_id)
             self._free_slots.append(h.slot)
             self.failed.append((h.request_id, str(exc)))
             return
@@ -388,7 +388,7 @@ class DecodeMessenger:
             self.traced_spans.append(handoff_spans(record, h.prefill))
         self._count_not_sent(h.num_cached_pages)
         cached_tokens = max(h.num_cached_pages * self.page_size, payload.num_cached_tokens)
-        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=cached_tokens)
+        self.engine.kv.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=cached_tokens)
         self.prefilled_by[h.request_id] = h.prefill
 
     def _admit_cached(self, h: Handoff, num_pages: int) -> None:
@@ -400,10 +400,10 @@ class DecodeMessenger:
         self.totals.add(record)
         if h.traced:
             self.traced_spans.append(handoff_spans(record, ""))
-        self.engine.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=num_pages * self.page_size)
+        self.engine.kv.add_prefilled_request(h.request_id, h.prompt_ids, h.params, num_cached_tokens=num_pages * self.page_size)
 
     def _count_not_sent(self, num_pages: int) -> None:
-        fmt = self.engine.kv_cache.fmt  # rank 0's: every rank of this unit holds the same page ids
+        fmt = self.engine.kv.cache.fmt  # rank 0's: every rank of this unit holds the same page ids
         self.totals.counters.count_not_sent(num_pages, num_pages * fmt.num_layers * fmt.page_bytes * len(self.me.pool_regions))
 
     def _end_attempt(self, h: Handoff, drained: bool, now: float) -> None:
@@ -423,7 +423,7 @@ class DecodeMessenger:
                 abort = pr.AbortPrefill(h.request_id, h.grant.generation, str(self.me.peer_id))
                 self.transfer.send(self._prefills[name][1], self.codec.seal(abort))
         owner = f"{h.request_id}\x00quarantine{h.attempt}"  # no client id can contain NUL
-        self.engine.rename_pages(h.request_id, owner)
+        self.engine.kv.rename_pages(h.request_id, owner)
         self._quarantine.append(Quarantine(owner, h.slot, name, h.request_id, h.grant.generation, release_at, h.keys))
         h.prefill, h.grant, h.slot, h.counter, h.send_future, h.keys = None, None, -1, None, None, None
 
@@ -452,7 +452,7 @@ class DecodeMessenger:
         self.engine.add_request(h.request_id, h.prompt_ids, h.params)
 
     def _geometry(self) -> PoolGeometry:
-        fmt = self.engine.kv_cache.fmt  # every rank of this unit has rank 0's geometry
+        fmt = self.engine.kv.cache.fmt  # every rank of this unit has rank 0's geometry
         return PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
 
     def _pages_verified(self, h: Handoff) -> bool:

@@ -15,7 +15,7 @@ from disaggsdk.records.request_transfer import RequestTransfer
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.messenger.ports import DecodeEngine, Transport
     from disaggsdk.spec.types import Spec
 
@@ -88,7 +88,7 @@ class Handoff:
 class Quarantine:
     """Pages (and a context slot) of an ended attempt, held until no write of it can still land."""
 
-    owner: str  # the name the engine holds the pages under (`DecodeEngine.rename_pages`)
+    owner: str  # the name the engine holds the pages under (`DecodePages.rename_pages`)
     slot: int
     prefill: str
     request_id: str
@@ -130,7 +130,7 @@ def release_quarantine(quarantine: list[Quarantine], now: float | None, engine: 
         if now is None or (q.release_at is not None and now >= q.release_at):
             if q.keys is not None:
                 q.keys.revoke(transfer)  # before the pages can be granted again
-            engine.release(q.owner)
+            engine.kv.release(q.owner)
             if q.slot >= 0:
                 free_slots.append(q.slot)
         else:

@@ -1,6 +1,6 @@
 """Moving a decoding request, with its KV, from one decode unit to another (both sides).
 
-The source suspends the request between two steps (`LLMEngine.suspend`: out of scheduling, pages
+The source suspends the request between two steps (`KVPort.suspend`: out of scheduling, pages
 pinned and unchanged) and offers it to the target with its state (`MigrateOffer`); the target grants
 pages for the computed tokens, expects exactly one write per page per cache layer per tp rank under
 a fresh immediate, and answers `MigrateAccept` with its pages; the source writes every page of every
@@ -45,7 +45,7 @@ from disaggsdk.transfer.errors import TransferError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.request_migration import RunningRequestState
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.messenger.ports import DecodeEngine, Transport
     from disaggsdk.spec.types import Spec
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer
@@ -151,7 +151,7 @@ class KVMigrations:
     @property
     def geometry(self) -> PoolGeometry:
         """Where pages sit in each of this unit's pools (every rank has rank 0's geometry)."""
-        fmt = self.engine.kv_cache.fmt
+        fmt = self.engine.kv.cache.fmt
         return PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
 
     # peers
@@ -215,11 +215,11 @@ class KVMigrations:
             raise MigrationError(f"{target!r} is not a live decode unit of this deployment (live: {known})")
         if self.is_moving(request_id):
             raise MigrationError(f"request {request_id!r} is moving already")
-        state = self.engine.suspend(request_id)
-        out = Outgoing(request_id, next(self._numbers), target, state, self.engine.page_ids(request_id),
+        state = self.engine.kv.suspend(request_id)
+        out = Outgoing(request_id, next(self._numbers), target, state, self.engine.kv.page_ids(request_id),
                        deadline=now + self.deadline_s)
         self._out[request_id] = out
-        fmt = self.engine.kv_cache.fmt
+        fmt = self.engine.kv.cache.fmt
         offer = pr.MigrateOffer(request_id=request_id, migration=out.migration, source=str(self.me.peer_id),
                                 state=state, model=self.spec.model, layout=self.spec.kv.layout,
                                 page_size=self.engine.config.page_size, kv_dtype=self.spec.kv.dtype,
@@ -286,7 +286,7 @@ class KVMigrations:
             return
         del self._out[out.request_id]
         # every write landed there, so none is in flight here: the pages are free to go
-        self.engine.release_suspended(out.request_id)
+        self.engine.kv.release_suspended(out.request_id)
         c = self.totals.counters
         c.requests_moved_out += 1
         c.moved_out_bytes += out.num_bytes
@@ -317,9 +317,9 @@ class KVMigrations:
                     "it goes on here" if resume else "it was aborted")
         self.totals.counters.moves_failed += 1
         if resume:
-            self.engine.resume(out.request_id)
+            self.engine.kv.resume(out.request_id)
         else:
-            self.engine.release_suspended(out.request_id)
+            self.engine.kv.release_suspended(out.request_id)
         self.ended.append(MoveEnded(out.request_id, out.target, moved=False, reason=reason))
 
     # the target side
@@ -340,24 +340,24 @@ class KVMigrations:
         self._send(source.name, pr.MigrateRefused(msg.request_id, msg.migration, reason))
 
     def _refusal(self, msg: pr.MigrateOffer) -> str | None:
-        fmt = self.engine.kv_cache.fmt
+        fmt = self.engine.kv.cache.fmt
         mine = (self.spec.model, self.spec.kv.layout, self.engine.config.page_size, self.spec.kv.dtype,
                 len(self.me.pool_regions), fmt.num_layers, fmt.page_bytes)
         theirs = (msg.model, msg.layout, msg.page_size, msg.kv_dtype, msg.tp, msg.num_layers, msg.page_bytes)
         if mine != theirs:
             return (f"KV shapes differ (model, layout, page size, dtype, tp, layers, page bytes): "
                     f"{theirs} there, {mine} here")
-        if msg.request_id in self._in or msg.request_id in self._out or self.engine.page_ids(msg.request_id):
+        if msg.request_id in self._in or msg.request_id in self._out or self.engine.kv.page_ids(msg.request_id):
             return f"request id {msg.request_id!r} is in use here"
         need = msg.state.num_pages(msg.page_size)
-        if need > self.engine.num_free_pages:
-            return f"{need} free pages needed, {self.engine.num_free_pages} here"
+        if need > self.engine.kv.num_free_pages:
+            return f"{need} free pages needed, {self.engine.kv.num_free_pages} here"
         return None
 
     def _grant(self, msg: pr.MigrateOffer, now: float) -> None:
         source = PeerId.parse(msg.source).name
         state = msg.state
-        grant = self.engine.allocate_pages(msg.request_id, state.num_computed_tokens)
+        grant = self.engine.kv.allocate_pages(msg.request_id, state.num_computed_tokens)
         keys = None
         try:
             if self.grant_keys:
@@ -368,7 +368,7 @@ class KVMigrations:
         except BaseException:
             if keys is not None:
                 keys.revoke(self.transfer)
-            self.engine.release(msg.request_id)
+            self.engine.kv.release(msg.request_id)
             raise
         num_bytes = num_writes * self.geometry.page_bytes
         self._in[msg.request_id] = Incoming(msg.request_id, msg.migration, source, state, grant, imm, counter,
@@ -384,9 +384,9 @@ class KVMigrations:
             if inc.keys is not None:
                 inc.keys.revoke(self.transfer)  # every write landed: nothing may land any more
             try:
-                self.engine.add_migrated_request(inc.state)
+                self.engine.kv.add_migrated_request(inc.state)
             except DisaggError as exc:  # its state does not load here: the source keeps it
-                self.engine.release(inc.request_id)
+                self.engine.kv.release(inc.request_id)
                 self._send(inc.source, pr.MigrateRefused(inc.request_id, inc.migration, str(exc)))
                 return
             c = self.totals.counters
@@ -405,7 +405,7 @@ class KVMigrations:
         self._in.pop(inc.request_id, None)
         self.transfer.cancel(inc.imm)
         owner = f"{inc.request_id}\x00moving{inc.migration}"  # no client id can contain NUL
-        self.engine.rename_pages(inc.request_id, owner)
+        self.engine.kv.rename_pages(inc.request_id, owner)
         self._quarantine.append(Quarantine(owner, -1, inc.source, inc.request_id, inc.migration, release_at, inc.keys))
 
     def _on_cancel(self, msg: pr.MigrateCancel, now: float) -> None:
@@ -476,7 +476,7 @@ class KVMigrations:
             self._poll_in(inc, now)
         self._quarantine = release_quarantine(self._quarantine, now, self.engine, [], self.transfer)
         if len(self._admitted) > 1024:  # forget moves whose requests ended (an abort needs the recent ones only)
-            self._admitted = {r: m for r, m in self._admitted.items() if self.engine.page_ids(r)}
+            self._admitted = {r: m for r, m in self._admitted.items() if self.engine.kv.page_ids(r)}
 
     def close(self) -> None:
         """At shutdown: nothing can land any more; free the quarantine."""

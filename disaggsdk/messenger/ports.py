@@ -2,8 +2,9 @@
 
 The messenger is written against these protocols, not against `LLMEngine` and `TransferEngine`:
 the engine knows no network (DESIGN.md), and tests drive both sides with small fakes
-(tests/messenger). `disaggsdk.engine.llm_engine.LLMEngine` and `disaggsdk.transfer.TransferEngine` satisfy
-them; nothing here imports either.
+(tests/messenger). `disaggsdk.engine.llm_engine.LLMEngine` (whose ``kv``, a
+`disaggsdk.engine.kv_port.KVPort`, holds the pages the messenger moves KV through) and
+`disaggsdk.transfer.TransferEngine` satisfy them; nothing here imports either.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from disaggsdk.records.span_records import RequestSpanRecords
 
 if TYPE_CHECKING:
     from disaggsdk.engine.config import EngineConfig
-    from disaggsdk.engine.hooks import AnyLayerCounter, StepChunkInfo
+    from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.kv_cache import KVCache
+    from disaggsdk.engine.layer_counter.base import AnyLayerCounter
     from disaggsdk.engine.request_migration import RunningRequestState
     from disaggsdk.engine.sampling_params import SamplingParams
-    from disaggsdk.memory.page_allocator import PageGrant
+    from disaggsdk.kv.page_allocator import PageGrant
     from disaggsdk.models.arch import ModelArch
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer, WriteBatch
 
@@ -54,6 +56,20 @@ class Transport(Protocol):
         """Close a registration: writes with its key land nowhere from now on."""
 
 
+class PrefillPages(Protocol):
+    """The prefill unit's engine's KV pages (`disaggsdk.engine.kv_port.KVPort`)."""
+
+    @property
+    def cache(self) -> KVCache:
+        """Rank 0's KV cache: its ``fmt`` gives the pool geometry the writes read."""
+
+    def pin_pages(self, request_id: str) -> None:
+        """Keep the request's pages from eviction until their writes drained (`release`)."""
+
+    def release(self, request_id: str) -> int:
+        """Free a finished prefill's pages once its writes completed."""
+
+
 class PrefillEngine(Protocol):
     """The prefill unit's engine: mode "prefill_only", hidden states returned."""
 
@@ -66,30 +82,22 @@ class PrefillEngine(Protocol):
         """What the streamer waits on (on a GPU: host memory a CUDA graph writes)."""
 
     @property
-    def kv_cache(self) -> KVCache:
-        """Rank 0's KV cache: its ``fmt`` gives the pool geometry the writes read."""
+    def kv(self) -> PrefillPages:
+        """Its KV pages, as the messenger moves them."""
 
     def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
         """Queue a prompt for prefill."""
 
-    def pin_pages(self, request_id: str) -> None:
-        """Keep the request's pages from eviction until their writes drained (`release`)."""
-
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages."""
 
-    def release(self, request_id: str) -> int:
-        """Free a finished prefill's pages once its writes completed."""
 
-
-class DecodeEngine(Protocol):
-    """The decode unit's engine: mode "mixed", so a request can also be prefilled locally."""
-
-    arch: ModelArch
-    config: EngineConfig
+class DecodePages(Protocol):
+    """The decode unit's engine's KV pages: grants, the prefix cache, admission of a request whose KV
+    landed, and moving decoding requests between units (`disaggsdk.engine.kv_port.KVPort`)."""
 
     @property
-    def kv_cache(self) -> KVCache:
+    def cache(self) -> KVCache:
         """Rank 0's KV cache: its ``fmt`` sizes the bytes a cached page saves."""
 
     @property
@@ -119,9 +127,6 @@ class DecodeEngine(Protocol):
                               num_cached_tokens: int = 0) -> None:
         """Start decoding a request whose prompt KV is in its pages."""
 
-    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
-        """Prefill and decode a request here (no prefill unit could, or its missing part is short)."""
-
     # moving decoding requests between decode units (`messenger.kv_migration`)
 
     def suspend(self, request_id: str) -> RunningRequestState:
@@ -138,6 +143,20 @@ class DecodeEngine(Protocol):
 
     def add_migrated_request(self, state: RunningRequestState) -> None:
         """Continue a moved request whose KV landed in the pages granted under its id."""
+
+
+class DecodeEngine(Protocol):
+    """The decode unit's engine: mode "mixed", so a request can also be prefilled locally."""
+
+    arch: ModelArch
+    config: EngineConfig
+
+    @property
+    def kv(self) -> DecodePages:
+        """Its KV pages, as the messenger moves them."""
+
+    def add_request(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> None:
+        """Prefill and decode a request here (no prefill unit could, or its missing part is short)."""
 
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its pages."""

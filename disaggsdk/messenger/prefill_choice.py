@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from disaggsdk.memory.block_hash import page_hashes
+from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger.handoff import Handoff
 from disaggsdk.messenger.ports import DecodeEngine
 from disaggsdk.messenger.prefix_affinity import RoutingPolicy
@@ -48,7 +48,7 @@ class PrefillChoice:
         for its first attempt to be prefilled here; None when it goes to a prefill unit."""
         if h.attempt or scores_prompt(h) or self.max_local_prefill_tokens <= 0:
             return None
-        cached_pages = self.engine.cached_prompt_pages(h.prompt_ids)
+        cached_pages = self.engine.kv.cached_prompt_pages(h.prompt_ids)
         short = len(h.prompt_ids) - 1 - cached_pages * self.page_size <= self.max_local_prefill_tokens
         return cached_pages if short else None
 

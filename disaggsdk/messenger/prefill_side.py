@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.engine.hooks import StepChunkInfo
     from disaggsdk.engine.sequence import RequestOutput
-    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.plan import Plan
     from disaggsdk.transfer.descriptors import MemoryRegion, Peer, RegionDescriptor
 
@@ -57,7 +57,7 @@ class PrefillMessenger:
         streaming: send layer by layer during the forward pass (False: after it).
         verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
         kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
-            layer's pages into them before they are written (`memory.host_mirror`); None: the pools
+            layer's pages into them before they are written (`kv.pools.host_mirror`); None: the pools
             are registered themselves.
         codec: the unit's frame codec when it had one already (it changed role); None: a new one.
     """
@@ -79,7 +79,7 @@ class PrefillMessenger:
         spec, arch = plan.spec, engine.arch
         # the MTP layer's KV streams too when the deployment drafts with it (plan.kv_layers)
         self.layout, self.page_size, self.num_layers = spec.kv.layout, engine.config.page_size, plan.kv_layers
-        fmt = engine.kv_cache.fmt
+        fmt = engine.kv.cache.fmt
         self.src_geometry = PoolGeometry(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
         self.context_slot_bytes = context_bytes(arch.hidden_size, arch.vocab_size)
         self.local_format = LocalFormat(spec.model, self.layout, self.page_size, spec.kv.dtype, self.context_slot_bytes)
@@ -228,7 +228,7 @@ class PrefillMessenger:
             job.forward_start_s = job.forward_start_s or time.monotonic()
             chunk = self._trace_chunk(job, c, len(chunks)) if job.spans is not None else None
             # writes read these pages until they drain: never let the scheduler evict them
-            self.engine.pin_pages(c.request_id)
+            self.engine.kv.pin_pages(c.request_id)
             ready = pages_ready(c.start_pos, c.num_tokens, self.page_size, c.is_last_prefill_chunk)
             if ready > job.pages_queued:
                 items.append(PageRange(job, job.pages_queued, ready, c.page_ids, chunk))
@@ -391,6 +391,6 @@ class PrefillMessenger:
             if job.digest is not None and job.decode not in self._down:
                 digest = pr.PageDigest(rid, job.msg.generation, job.digest.digest())
                 self.transfer.send(job.peer, self.codec.seal(digest))
-            self.engine.release(rid)
+            self.engine.kv.release(rid)
             self.totals.add(job.record(rid))
 

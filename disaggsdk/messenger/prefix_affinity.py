@@ -3,7 +3,7 @@ that weighs it against load.
 
 A router cannot see its targets' prefix caches, so, as SGLang's cache-aware router and Dynamo's KV
 router in approximate mode do, it remembers what it sent where: `PrefixIndex` keeps, per target (a
-unit name), the page hashes (`memory.block_hash.page_hashes`) of the prompts routed there
+unit name), the page hashes (`kv.block_hash.page_hashes`) of the prompts routed there
 recently, bounded by that target's KV pages. `RoutingPolicy` picks one of the candidate targets:
 
 ``least_loaded``

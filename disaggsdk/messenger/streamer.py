@@ -22,7 +22,7 @@ Item = TypeVar("Item")  # the prefill side's per-request page range; opaque here
 
 
 class LayerClock(Protocol):
-    """What the streamer reads of the engine: `disaggsdk.engine.hooks.AnyLayerCounter`."""
+    """What the streamer reads of the engine: `disaggsdk.engine.layer_counter.base.AnyLayerCounter`."""
 
     def wait(self, step_id: int, layers_done: int, timeout_s: float | None = None) -> bool:
         """Block until step ``step_id`` has ``layers_done`` layers (or a later step began)."""

@@ -1,6 +1,6 @@
 """Where a deployment's transport reads and writes KV pages: in the pools, or through host mirrors.
 
-What `launch.kv_pools` decides at launch, said ahead of time from the spec alone. Only ``auto`` with
+What `launch.kv_registration` decides at launch, said ahead of time from the spec alone. Only ``auto`` with
 GPU pools on shm depends on the machine (whether its libfabric was built with CUDA IPC), and the
 plan says so; each unit logs what it chose.
 """

@@ -74,7 +74,7 @@ def test_fp8_pages_travel_in_half_the_bytes_of_bfloat16():
 def test_fp8_and_bfloat16_page_formats_differ_only_in_bytes_per_element():
     """What the transfer plan moves per page (`KVPageFormat.page_bytes`): fp8 half of bfloat16's."""
     pytest.importorskip("torch")
-    from disaggsdk.memory.kv_layout import KVPageFormat, kv_dtype_name
+    from disaggsdk.kv.layout import KVPageFormat, kv_dtype_name
 
     fmts = {d: KVPageFormat(4, 8, 16, num_kv_heads_local=2, head_dim=32, dtype_name=kv_dtype_name(d))
             for d in ("bfloat16", "fp8")}

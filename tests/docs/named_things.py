@@ -5,7 +5,7 @@ module was renamed, a page keeps showing a flag the parser no longer has. This m
 names such text spells and checks each against the code itself, not against a list:
 
 * module names: ``disaggsdk.x.y`` anywhere, and in code spans the names that start with a package
-  of disaggsdk (``launch.health``, ``engine.hooks.LayerCounter``; in a docstring also one
+  of disaggsdk (``launch.health``, ``engine.layer_counter.host.LayerCounter``; in a docstring also one
   that starts with a sibling module and names a class, ``cuda_vmm.CudaSharedAllocation``), and the
   module of every ``python -m``. A name resolves when its leading parts are packages and modules
   (files under disaggsdk/, from the package root or from the package of the file that names it)

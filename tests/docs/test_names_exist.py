@@ -64,7 +64,7 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
 
 @pytest.mark.parametrize("text", [
     "launch.health", "launch.health.SilenceWatch", "disaggsdk.launch.health",
-    "engine.hooks.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
+    "engine.layer_counter.host.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
     "launch.cuda_devices", "engine.cuda_graph_step",  # a spec section that is also a package
     "engine/cuda_graph_step.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",
@@ -104,8 +104,8 @@ def test_names_that_do_not_exist_fail(text, problem):
 
 
 def test_a_docstring_names_modules_of_its_own_package_and_a_sibling_class():
-    assert problem_of("cuda_vmm.CudaSharedAllocation", "disaggsdk/memory/rank_pool.py") == []
-    assert problem_of("cuda_vmm.NoSuchAllocation", "disaggsdk/memory/rank_pool.py")
+    assert problem_of("cuda_vmm.CudaSharedAllocation", "disaggsdk/kv/pools/rank_pool.py") == []
+    assert problem_of("cuda_vmm.NoSuchAllocation", "disaggsdk/kv/pools/rank_pool.py")
     assert problem_of("messages.Heartbeat", "disaggsdk/launch/health.py") == []
 
 

@@ -72,8 +72,8 @@ NCCL = ("tests/engine/test_nccl_tp.py::test_nccl_tp2_logits_equal_the_cpu_tp1_mo
         "tests/engine/test_expert_dispatch.py::test_nccl_all_to_all_equals_the_reference")
 FLASHINFER = ("tests/engine/attention/test_flashinfer_backend.py::test_flashinfer_matches_torch_ref",)
 FLASHINFER_FP8 = ("tests/engine/attention/test_fp8_kv.py::test_flashinfer_reads_fp8_pages_as_the_reference",)
-CUMEM_POOLS = ("tests/memory/test_shared_memory_cuda.py::test_export_import_across_processes",
-               "tests/memory/test_rank_pool.py::test_cuda_pools_reach_the_head_as_the_memfd_twin_does")
+CUMEM_POOLS = ("tests/kv/pools/test_shared_memory_cuda.py::test_export_import_across_processes",
+               "tests/kv/pools/test_rank_pool.py::test_cuda_pools_reach_the_head_as_the_memfd_twin_does")
 CUDA_GRAPHS = (
     "tests/engine/test_cuda_graph_step.py::test_replayed_decode_logits_equal_the_eager_cuda_step",
     "tests/engine/test_cuda_graph_step.py::test_graph_decode_gives_the_eager_cuda_engine_tokens_and_close_to_the_cpu_engine",
@@ -93,12 +93,12 @@ SERVING = (
     "tests/notebooks/test_notebooks.py::test_quickstart_runs_and_shows_the_plans_as_html",
 )
 HOST_MIRROR_GPU = (
-    "tests/memory/test_host_mirror.py::test_cuda_pools_stage_as_the_cpu_twin",
-    "tests/launch/test_kv_pools.py::test_cuda_pools_staged_through_host_mirrors_read_as_the_host_twin",
+    "tests/kv/pools/test_host_mirror.py::test_cuda_pools_stage_as_the_cpu_twin",
+    "tests/launch/test_kv_registration.py::test_cuda_pools_staged_through_host_mirrors_read_as_the_host_twin",
 )
 FP8_GEMM = ("tests/engine/test_fp8_linear.py::test_cuda_blockwise_fp8_linear_matches_the_cpu_twin",)
-REGISTER_DEVICE_MEMORY = ("tests/memory/test_shared_memory_cuda.py::test_register_device_memory_with_the_transfer_engine",
-                          "tests/launch/test_kv_pools.py::test_cuda_pools_are_registered_as_device_memory_and_take_writes_there")
+REGISTER_DEVICE_MEMORY = ("tests/kv/pools/test_shared_memory_cuda.py::test_register_device_memory_with_the_transfer_engine",
+                          "tests/launch/test_kv_registration.py::test_cuda_pools_are_registered_as_device_memory_and_take_writes_there")
 
 # row (its first cell, as the tables write it) -> the tests behind it
 BACKING: dict[str, Backing] = {
@@ -111,7 +111,7 @@ BACKING: dict[str, Backing] = {
         Backing(cpu=CUDA_UNITS_ON_CPU, gpu=(*CUDA_UNITS, *CUMEM_POOLS, *NCCL, *FLASHINFER, *CUDA_GRAPHS)),
     "KV staged through host mirrors (`transport.kv_staging: host`, the GPU pools' fallback)": Backing(
         cpu=("tests/launch/test_disagg_parity.py::test_tokens_through_host_mirrors_equal_colocated",
-             "tests/launch/test_kv_pools.py::test_host_staging_registers_mirrors_and_copies_into_them"),
+             "tests/launch/test_kv_registration.py::test_host_staging_registers_mirrors_and_copies_into_them"),
         gpu=HOST_MIRROR_GPU),
     "FP8 GEMM, libfabric registration of GPU memory": Backing(gpu=(*FP8_GEMM, *REGISTER_DEVICE_MEMORY)),
     "launch, serve, bench, Ray, notebooks": Backing(cpu=SERVING),
@@ -130,8 +130,8 @@ BACKING: dict[str, Backing] = {
              "tests/engine/test_expert_dispatch.py::test_gloo_all_to_all_equals_the_reference_and_a_dense_moe"),
         gpu=NCCL),
     "KV pool shared across processes": Backing(
-        cpu=("tests/memory/test_rank_pool.py::test_memfd_pools_reach_the_head_with_their_bytes",
-             "tests/memory/test_shared_memory.py::test_child_writes_into_parent_region"),
+        cpu=("tests/kv/pools/test_rank_pool.py::test_memfd_pools_reach_the_head_with_their_bytes",
+             "tests/kv/pools/test_shared_memory.py::test_child_writes_into_parent_region"),
         gpu=CUMEM_POOLS),
     "KV transfer": Backing(cpu=DISAGGREGATED_PARITY),
     "FP8": Backing(

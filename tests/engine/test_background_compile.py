@@ -34,7 +34,7 @@ def test_serves_eagerly_at_once_then_runs_compiled_with_the_same_tokens():
     events: list[CompileProgress] = []
     with LLMEngine(MODEL, _config(True), on_compile=events.append) as engine:
         assert [e.stage for e in events] == ["compiling"] and engine.runner.compiled is None
-        pool_before = engine.kv_cache.buffer.clone()
+        pool_before = engine.kv.cache.buffer.clone()
         counter_before = engine.layer_counter.read()
         engine.add_request("r", PROMPT, SamplingParams(max_tokens=48, ignore_eos=True))
         ids: list[int] = []
@@ -52,12 +52,12 @@ def test_serves_eagerly_at_once_then_runs_compiled_with_the_same_tokens():
         assert [e.stage for e in events] == ["compiling", "compiled"] and events[1].elapsed_s > 0
     assert ids == _eager_ids(48)  # the request crossed the switch with the eager engine's tokens
     # the warm-up ran on a scratch cache: it wrote no page of the pool the request did not hold
-    used = engine.kv_cache.buffer != pool_before
+    used = engine.kv.cache.buffer != pool_before
     assert counter_before == (0, 0) and used.any()  # the request's own pages changed, as they must
     with LLMEngine(MODEL, _config(True)) as idle:
-        pool = idle.kv_cache.buffer.clone()
+        pool = idle.kv.cache.buffer.clone()
         assert idle.wait_for_compiled_step(600) is True
-        assert torch.equal(idle.kv_cache.buffer, pool) and idle.layer_counter.read() == (0, 0)
+        assert torch.equal(idle.kv.cache.buffer, pool) and idle.layer_counter.read() == (0, 0)
 
 
 def test_a_failed_compile_leaves_the_engine_eager_with_one_warning(monkeypatch, caplog):

@@ -61,7 +61,7 @@ def test_compiled_moe_and_mla_models_generate_what_eager_does(model):
 
 
 def test_layer_counter_is_bumped_by_the_graph_op_in_layer_order(monkeypatch):
-    from disaggsdk.engine.hooks import LayerCounter
+    from disaggsdk.engine.layer_counter.host import LayerCounter
 
     calls = []
     original = LayerCounter.on_layer_done

@@ -20,8 +20,8 @@ from disaggsdk.engine.cuda_graph_step import (  # noqa: E402
     pad_decode_batch,
     padded_batch_size,
 )
-from disaggsdk.engine.device_layer_counter import DeviceLayerCounter  # noqa: E402
-from disaggsdk.engine.hooks import LayerCounter  # noqa: E402
+from disaggsdk.engine.layer_counter.device import DeviceLayerCounter  # noqa: E402
+from disaggsdk.engine.layer_counter.host import LayerCounter  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
@@ -81,7 +81,7 @@ def test_only_a_device_counter_can_be_held_by_a_graph():
 def test_a_cpu_engine_captures_nothing_and_keeps_every_page():
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=16)) as engine:
         assert engine.runner.num_scratch_pages == 0 and engine.runner.decode_graphs is None
-        assert engine.num_free_pages == engine.num_pages == 16
+        assert engine.kv.num_free_pages == engine.kv.num_pages == 16
 
 
 # --- GPU ----------------------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_replayed_decode_logits_equal_the_eager_cuda_step():
     with LLMEngine(MODEL, cuda_config(compile=True)) as engine:
         runner = engine.runner
         graphs = runner.decode_graphs
-        assert graphs is not None and runner.num_scratch_pages == 1 and engine.num_free_pages == 127
+        assert graphs is not None and runner.num_scratch_pages == 1 and engine.kv.num_free_pages == 127
         prompts = PROMPTS[:3]
         pages = [[2 * i, 2 * i + 1, 2 * i + 20, 2 * i + 21, 2 * i + 40] for i in range(3)]
         prefill = [BatchItem(p, 0, pg) for p, pg in zip(prompts, pages)]
@@ -112,16 +112,16 @@ def test_replayed_decode_logits_equal_the_eager_cuda_step():
         decode = [BatchItem([7 + i], len(p), pg) for i, (p, pg) in enumerate(zip(prompts, pages))]
         batch = build_forward_batch(decode, 4, "cuda")
         assert graphs.can_run(batch)
-        num_layers = engine.kv_cache.geometry.num_layers
-        before = [torch.stack(engine.kv_cache.k_v_token_major(layer)).clone() for layer in range(num_layers)]
+        num_layers = engine.kv.cache.geometry.num_layers
+        before = [torch.stack(engine.kv.cache.k_v_token_major(layer)).clone() for layer in range(num_layers)]
         hidden_graph, logits_graph = runner.run(batch)
         assert graphs.num_replays == 1
         changed = set()
         for layer in range(num_layers):
-            diff = torch.stack(engine.kv_cache.k_v_token_major(layer)) != before[layer]  # [2, pages, ...]
+            diff = torch.stack(engine.kv.cache.k_v_token_major(layer)) != before[layer]  # [2, pages, ...]
             changed |= set(diff.flatten(2).any(-1).any(0).nonzero().flatten().tolist())
-        scratch = engine.kv_cache.num_pages - 1
-        assert engine.num_pages == scratch  # requests never hold the scratch page: gauges count without it
+        scratch = engine.kv.cache.num_pages - 1
+        assert engine.kv.num_pages == scratch  # requests never hold the scratch page: gauges count without it
         new_token_pages = {pg[len(p) // 4] for p, pg in zip(prompts, pages)}
         assert changed and changed <= new_token_pages | {scratch}  # the pages of the new tokens only
         runner.decode_graphs = None  # the same step eagerly (it rewrites the same KV slots)

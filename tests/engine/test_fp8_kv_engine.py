@@ -29,13 +29,13 @@ def test_fp8_pages_hold_one_byte_an_element_and_both_cpu_backends_give_the_same_
     for backend in ("torch_ref", "cpu"):
         config = EngineConfig(page_size=4, num_pages=64, kv_dtype="fp8", attention_backend=backend)
         with LLMEngine(model, config) as engine:
-            cache = engine.kv_cache
+            cache = engine.kv.cache
             assert cache.dtype == torch.float8_e4m3fn and cache.fmt.elem_bytes == 1
             outs[backend] = [o.output_ids for o in engine.generate(prompts(), GREEDY)]
             pools[backend] = cache.fmt.pool_bytes
             assert cache.buffer.count_nonzero() > 0  # the KV went into the fp8 pages
     with LLMEngine(model, EngineConfig(page_size=4, num_pages=64, kv_dtype="float32")) as engine:
-        assert engine.kv_cache.fmt.pool_bytes == 4 * pools["cpu"]
+        assert engine.kv.cache.fmt.pool_bytes == 4 * pools["cpu"]
     assert outs["cpu"] == outs["torch_ref"]
     assert all(len(o) == GREEDY.max_tokens for o in outs["cpu"])
 
@@ -58,8 +58,8 @@ def test_mtp_drafts_over_fp8_pages_keep_the_greedy_tokens():
         expected = [o.output_ids for o in engine.generate(prompts(), GREEDY)]
     spec = EngineConfig(page_size=4, num_pages=128, kv_dtype="fp8", speculative=SpeculativeConfig("mtp", 2))
     with LLMEngine("deepseek-r1-tiny", spec) as engine:
-        assert engine.kv_cache.geometry.num_layers == engine.runner.model.arch.num_layers + 1
-        assert len(engine.kv_cache.scales.k) == engine.kv_cache.geometry.num_layers
+        assert engine.kv.cache.geometry.num_layers == engine.runner.model.arch.num_layers + 1
+        assert len(engine.kv.cache.scales.k) == engine.kv.cache.geometry.num_layers
         got = [o.output_ids for o in engine.generate(prompts(), GREEDY)]
         assert engine.spec_stats.num_accepted_tokens > 0
     assert got == expected
@@ -73,10 +73,10 @@ def test_checkpoint_scales_reach_the_pool_and_change_the_stored_bytes(tmp_path):
     for name, model in (("unit", "qwen3-coder-tiny"), ("scaled", str(directory))):
         with LLMEngine(model, EngineConfig(page_size=4, num_pages=8, kv_dtype="fp8")) as engine:
             if name == "scaled":
-                assert engine.kv_cache.k_scale(0) == 0.5 and engine.kv_cache.v_scale(0) == 1.0
-                assert engine.kv_cache.k_scale(1) == 1.0
+                assert engine.kv.cache.k_scale(0) == 0.5 and engine.kv.cache.v_scale(0) == 1.0
+                assert engine.kv.cache.k_scale(1) == 1.0
             engine.generate([list(range(3, 10))], SamplingParams(max_tokens=1))
-            k, v = engine.kv_cache.k_v_token_major(0)
+            k, v = engine.kv.cache.k_v_token_major(0)
             stored[name] = (k[:2].float().clone(), v[:2].float().clone())
     # the same weights and tokens: layer 0's K is stored divided by 0.5, its V unchanged
     assert torch.equal(stored["scaled"][1], stored["unit"][1])

@@ -34,7 +34,7 @@ def test_preemption_recomputes_to_the_same_tokens_and_drains(reference_tokens):
     with LLMEngine(MODEL, config) as engine:
         outs = engine.generate(prompts(), GREEDY)
         assert engine.scheduler.num_preemptions > 0
-        assert engine.num_free_pages == 14
+        assert engine.kv.num_free_pages == 14
     assert [o.output_ids for o in outs] == reference_tokens
 
 
@@ -44,11 +44,11 @@ def test_abort_frees_pages_and_late_abort_is_harmless():
             engine.add_request(f"r{i}", p, GREEDY)
         engine.step()
         engine.step()
-        assert engine.num_free_pages < 64
+        assert engine.kv.num_free_pages < 64
         assert engine.abort("r1")
         while engine.has_unfinished():
             engine.step()
-        assert engine.num_free_pages == 64
+        assert engine.kv.num_free_pages == 64
         assert not engine.abort("r1")
         assert not engine.abort("never-seen")
 
@@ -111,7 +111,7 @@ def test_prefill_elsewhere_then_decode_here_equals_mixed(reference_tokens):
             decode.add_request("x", [1, 2], GREEDY)
         for i, p in enumerate(prompts()):
             prefill.add_request(f"r{i}", p, GREEDY)
-            decode.allocate_pages(f"r{i}", len(p) - 1)
+            decode.kv.allocate_pages(f"r{i}", len(p) - 1)
             assert decode.allocator.is_pinned(f"r{i}")
         done = {}
         while prefill.has_unfinished():
@@ -126,23 +126,23 @@ def test_prefill_elsewhere_then_decode_here_equals_mixed(reference_tokens):
             src, dst = prefill.allocator.page_ids(f"r{i}"), decode.allocator.page_ids(f"r{i}")
             assert len(src) == len(dst) == -(-(len(p) - 1) // page_size)
             for layer in range(prefill.arch.num_layers):  # what the transfer engine will do
-                decode.kv_cache.pool.layer_pages(layer)[dst] = prefill.kv_cache.pool.layer_pages(layer)[src]
-            assert prefill.release(f"r{i}") == len(src)
-            decode.add_prefilled_request(f"r{i}", p, GREEDY)
-        assert prefill.num_free_pages == 128
+                decode.kv.cache.pool.layer_pages(layer)[dst] = prefill.kv.cache.pool.layer_pages(layer)[src]
+            assert prefill.kv.release(f"r{i}") == len(src)
+            decode.kv.add_prefilled_request(f"r{i}", p, GREEDY)
+        assert prefill.kv.num_free_pages == 128
         tokens = {}
         while decode.has_unfinished():
             for out in decode.step():
                 if out.finished:
                     tokens[out.request_id] = out.output_ids
         assert [tokens[f"r{i}"] for i in range(len(prompts()))] == reference_tokens
-        assert decode.num_free_pages == 128
+        assert decode.kv.num_free_pages == 128
 
 
 def test_external_kv_buffer_receives_the_cache():
     config = EngineConfig(page_size=4, num_pages=16)
     probe = LLMEngine(MODEL, config)
-    size = probe.kv_cache.fmt.pool_bytes
+    size = probe.kv.cache.fmt.pool_bytes
     with mmap.mmap(-1, size) as mem:
         engine = LLMEngine(MODEL, config, kv_buffer=mem)
         out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
@@ -197,7 +197,7 @@ def test_random_load_with_aborts_returns_every_page():
             live = [r for r in live if r not in {o.request_id for o in outs if o.finished}]
         while engine.has_unfinished():
             engine.step()
-        assert engine.num_free_pages == 24 and engine.allocator.owners() == []
+        assert engine.kv.num_free_pages == 24 and engine.allocator.owners() == []
         assert mixed_steps > 0  # prefill chunks and decodes did share steps
 
 

@@ -69,7 +69,7 @@ def test_greedy_tokens_equal_transformers(reference, tp, layout, page_size, budg
     config = EngineConfig(tp=tp, layout=layout, page_size=page_size, num_pages=128, max_num_batched_tokens=budget)
     with LLMEngine(directory, config) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP))
-        assert engine.num_free_pages == config.num_pages and not engine.has_unfinished()
+        assert engine.kv.num_free_pages == config.num_pages and not engine.has_unfinished()
     got_tokens = [o.output_ids for o in outs]
     got_tops = [[[t for t, _ in lp.top] for lp in o.new_logprobs] for o in outs]
     check_against_hf(ref_tokens, ref_tops, got_tokens, got_tops)

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
-from disaggsdk.memory.block_hash import page_hashes  # noqa: E402
+from disaggsdk.kv.block_hash import page_hashes  # noqa: E402
 from tests.multi_turn_prompts import conversations  # noqa: E402
 
 MODEL = "qwen3-tiny"
@@ -60,7 +60,7 @@ def test_multi_turn_tokens_equal_the_uncached_engine_with_evictions_and_aborts(m
     with LLMEngine(model, config) as engine:
         got = run_turns(engine, convs, abort_every=5)
         hits, queries = engine.scheduler.prefix_cache.hits, engine.scheduler.prefix_cache.queries
-        assert engine.num_free_pages == num_pages  # drained: every page free or evictable
+        assert engine.kv.num_free_pages == num_pages  # drained: every page free or evictable
         evictions = engine.allocator.cache.num_evictions
     assert got == expected
     assert hits > 0.4 * queries
@@ -78,7 +78,7 @@ def test_a_preempted_request_that_shared_pages_recomputes_to_the_same_tokens():
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=16, max_num_batched_tokens=16)) as engine:
         engine.generate([system + [60]], SamplingParams(max_tokens=1))
         outs = engine.generate(prompts, params)
-        assert engine.scheduler.num_preemptions > 0 and engine.num_free_pages == 16
+        assert engine.scheduler.num_preemptions > 0 and engine.kv.num_free_pages == 16
     assert [o.output_ids for o in outs] == expected
     assert [o.num_cached_tokens for o in outs] == [24, 24]
 

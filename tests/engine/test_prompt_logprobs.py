@@ -70,8 +70,8 @@ def test_decode_engine_that_did_not_prefill_reports_no_prompt_logprobs():
     """Admitted with its KV (computed elsewhere), a request cannot score its prompt: it says nothing."""
     engine = LLMEngine("qwen3-tiny", EngineConfig(dtype="float32", mode="decode_only", compile=False))
     prompt = prompt_ids("qwen3-tiny")
-    engine.allocate_pages("r", len(prompt) - 1)
-    engine.add_prefilled_request("r", prompt, SamplingParams(max_tokens=2, prompt_logprobs=1))
+    engine.kv.allocate_pages("r", len(prompt) - 1)
+    engine.kv.add_prefilled_request("r", prompt, SamplingParams(max_tokens=2, prompt_logprobs=1))
     outs = []
     while engine.has_unfinished():
         outs += engine.step()

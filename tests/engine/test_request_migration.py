@@ -35,10 +35,10 @@ def params_for(i: int, structured: bool) -> SamplingParams:
 
 def copy_pages(src: LLMEngine, dst: LLMEngine, src_pages: list[int], dst_pages: list[int]) -> None:
     """Copy whole pages of every cache layer, as the fabric's writes do."""
-    fmt = src.kv_cache.fmt
-    assert dst.kv_cache.fmt.page_bytes == fmt.page_bytes and dst.kv_cache.fmt.num_layers == fmt.num_layers
-    a = src.kv_cache.buffer.view(torch.uint8).view(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
-    b = dst.kv_cache.buffer.view(torch.uint8).view(fmt.num_layers, dst.kv_cache.fmt.num_pages, fmt.page_bytes)
+    fmt = src.kv.cache.fmt
+    assert dst.kv.cache.fmt.page_bytes == fmt.page_bytes and dst.kv.cache.fmt.num_layers == fmt.num_layers
+    a = src.kv.cache.buffer.view(torch.uint8).view(fmt.num_layers, fmt.num_pages, fmt.page_bytes)
+    b = dst.kv.cache.buffer.view(torch.uint8).view(fmt.num_layers, dst.kv.cache.fmt.num_pages, fmt.page_bytes)
     b[:, dst_pages] = a[:, src_pages]
 
 
@@ -75,17 +75,17 @@ def test_moved_requests_continue_exactly(model, spec, structured):
             a.step()
             steps += 1
         for rid in rids:
-            state = a.suspend(rid)
+            state = a.kv.suspend(rid)
             wire = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=RunningRequestState)
-            src_pages = a.page_ids(rid)
+            src_pages = a.kv.page_ids(rid)
             assert len(src_pages) == wire.num_pages(config.page_size)
-            grant = b.allocate_pages(rid, wire.num_computed_tokens)
+            grant = b.kv.allocate_pages(rid, wire.num_computed_tokens)
             copy_pages(a, b, src_pages, list(grant.page_ids))
-            b.add_migrated_request(wire)
-            assert a.release_suspended(rid) == len(src_pages)
-        assert a.num_free_pages == CONFIG["num_pages"] and not a.has_unfinished()
+            b.kv.add_migrated_request(wire)
+            assert a.kv.release_suspended(rid) == len(src_pages)
+        assert a.kv.num_free_pages == CONFIG["num_pages"] and not a.has_unfinished()
         got = run_to_end(b, rids)
-        assert b.num_free_pages == CONFIG["num_pages"]
+        assert b.kv.num_free_pages == CONFIG["num_pages"]
     assert got == want
 
 
@@ -99,20 +99,20 @@ def test_a_request_that_is_not_decoding_does_not_move_and_resume_puts_it_back():
     with LLMEngine(model, EngineConfig(**{**CONFIG, "max_num_batched_tokens": 4})) as engine:
         engine.add_request("r", prompt, sp)
         with pytest.raises(MigrationError, match="not decoding"):
-            engine.suspend("r")  # queued: no KV yet
+            engine.kv.suspend("r")  # queued: no KV yet
         engine.step()  # a 4-token chunk of its prompt
         with pytest.raises(MigrationError, match="not decoding"):
-            engine.suspend("r")
+            engine.kv.suspend("r")
         with pytest.raises(MigrationError, match="not running"):
-            engine.suspend("nobody")
+            engine.kv.suspend("nobody")
         while not engine.scheduler.find("r").output_ids:
             engine.step()
-        engine.suspend("r")
-        assert engine.suspended == ["r"] and not engine.has_unfinished()
+        engine.kv.suspend("r")
+        assert engine.kv.suspended == ["r"] and not engine.has_unfinished()
         assert engine.step() == []  # a suspended request is not scheduled
-        assert engine.resume("r") and not engine.resume("r")
+        assert engine.kv.resume("r") and not engine.kv.resume("r")
         out = run_to_end(engine, ["r"])
-        assert engine.num_free_pages == CONFIG["num_pages"]
+        assert engine.kv.num_free_pages == CONFIG["num_pages"]
     assert out["r"] == want
 
 
@@ -121,9 +121,9 @@ def test_admitting_a_moved_request_checks_its_pages():
     with LLMEngine(model, EngineConfig(**CONFIG)) as engine:
         state = RunningRequestState("m", [1, 2, 3, 4, 5, 6], [7, 8], SamplingParams(max_tokens=4), num_computed_tokens=7)
         with pytest.raises(MigrationError, match="pages granted"):
-            engine.add_migrated_request(state)
-        engine.allocate_pages("m", 7)
-        engine.add_migrated_request(state)
+            engine.kv.add_migrated_request(state)
+        engine.kv.allocate_pages("m", 7)
+        engine.kv.add_migrated_request(state)
         with pytest.raises(MigrationError, match="already running"):
-            engine.add_migrated_request(state)
-        assert engine.abort("m") and engine.num_free_pages == CONFIG["num_pages"]
+            engine.kv.add_migrated_request(state)
+        assert engine.abort("m") and engine.kv.num_free_pages == CONFIG["num_pages"]

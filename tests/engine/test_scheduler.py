@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 from disaggsdk.engine.sampling import SamplingParams
 from disaggsdk.engine.scheduler import Scheduler
 from disaggsdk.engine.sequence import Request, RequestStatus
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.page_allocator import PageAllocator
 
 
 def req(rid: str, n: int) -> Request:

@@ -21,7 +21,7 @@ def test_tp2_equals_tp1_and_workers_are_reaped():
     procs = list(engine._tp_group.procs)
     try:
         assert [o.output_ids for o in engine.generate(PROMPTS, PARAMS)] == want
-        assert engine.num_free_pages == 64
+        assert engine.kv.num_free_pages == 64
     finally:
         engine.close()
     assert procs and all(not p.is_alive() for p in procs)

@@ -1,4 +1,4 @@
-"""The cuMem pool code (memory/cuda_vmm.py, memory/rank_pool.py) against the installed cuda-python,
+"""The cuMem pool code (kv/pools/cuda_vmm.py, kv/pools/rank_pool.py) against the installed cuda-python,
 without a GPU: run as ``python -m tests.gpu_api.cuda_driver_calls``, it prints a JSON report.
 
 cuda-python's driver functions are Cython: ``inspect`` cannot read their signatures and the package
@@ -138,9 +138,10 @@ def _is_closed(fd: int) -> bool:
 
 def scenarios(stand_in: DriverStandIn) -> Iterator[tuple[str, Callable[[], None]]]:
     """(name, run) of each path through the project's cuMem code."""
-    from disaggsdk.memory.cuda_vmm import CudaSharedAllocation, CudaSharedMapping, load_driver
-    from disaggsdk.memory.rank_pool import create_rank_pool, recv_rank_pool, send_rank_pool
-    from disaggsdk.memory.shared_memory import SharedMemoryError
+    from disaggsdk.kv.pools import create_rank_pool
+    from disaggsdk.kv.pools.base import SharedMemoryError
+    from disaggsdk.kv.pools.cuda_vmm import CudaSharedAllocation, CudaSharedMapping, load_driver
+    from disaggsdk.kv.pools.rank_pool import recv_rank_pool, send_rank_pool
 
     def load() -> None:
         assert load_driver() is stand_in

@@ -69,7 +69,7 @@ def kv_page_bytes(model: str, method: str) -> int:
     """Bytes of one page of every cache layer of one rank (the MTP layer's included)."""
     spec = SpeculativeConfig(method, 1) if method != "none" else None
     with LLMEngine(model, EngineConfig(page_size=PAGE_SIZE, num_pages=8, speculative=spec)) as engine:
-        return engine.kv_cache.fmt.num_layers * engine.kv_cache.fmt.page_bytes
+        return engine.kv.cache.fmt.num_layers * engine.kv.cache.fmt.page_bytes
 
 
 def unit_of(rt, rid: str) -> str:

@@ -31,7 +31,8 @@ def unit(role: str, totals: TransferTotals | None) -> Unit:
     scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2,
                                 prefix_cache=SimpleNamespace(queries=96, hits=64))
     # a pool of 41 pages of which requests may hold 40 (a CUDA engine's graphs keep one as scratch)
-    engine = SimpleNamespace(scheduler=scheduler, num_free_pages=30, num_pages=40, config=SimpleNamespace(num_pages=41),
+    engine = SimpleNamespace(scheduler=scheduler, kv=SimpleNamespace(num_free_pages=30, num_pages=40),
+                             config=SimpleNamespace(num_pages=41),
                              spec_stats=SpecStats(), runner=SimpleNamespace(tp=TensorParallel()), lockstep=None)
     engine.counters = functools.partial(LLMEngine.counters, engine)  # the engine's own reading of its counters
     messenger = None if totals is None else SimpleNamespace(

@@ -1,17 +1,22 @@
-"""The page contract of `LLMEngine` that the messengers use, over a real `PageAllocator` the tests
-look into: the part both sides' fake engines share."""
+"""The page contract of `LLMEngine` that the messengers use (its ``kv``, a `KVPort`), over a real
+`PageAllocator` the tests look into: the part both sides' fake engines share."""
 
 from __future__ import annotations
 
-from disaggsdk.memory.page_allocator import PageAllocator, PageGrant
+from disaggsdk.kv.page_allocator import PageAllocator, PageGrant
 
 
 class EnginePages:
-    """Pages as `LLMEngine` hands them to a messenger (allocate, pin, check, rename, release)."""
+    """Pages as `LLMEngine.kv` hands them to a messenger (allocate, pin, check, rename, release).
+
+    A fake engine subclasses it and is its own ``kv``: one object plays the engine and its port, so
+    a test looks into both through one name.
+    """
 
     def __init__(self, num_pages: int, page_size: int):
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
+        self.kv = self
 
     @property
     def num_free_pages(self) -> int:

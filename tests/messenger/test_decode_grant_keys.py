@@ -70,7 +70,7 @@ class KeyedTransfer(FakeTransfer):
 def side():
     plan = make_plan(make_spec(1, 1, model="qwen3-coder-tiny", p_replicas=2, page_size=PAGE_SIZE, dtype="float32"))
     engine, transfer = FakeEngine(), KeyedTransfer()
-    engine.kv_cache.fmt = SimpleNamespace(num_layers=NUM_LAYERS, num_pages=NUM_PAGES, page_bytes=PAGE_BYTES)
+    engine.kv.cache.fmt = SimpleNamespace(num_layers=NUM_LAYERS, num_pages=NUM_PAGES, page_bytes=PAGE_BYTES)
     pool = Region(GEOMETRY.pool_bytes)
     context = Region(4 * context_bytes(HIDDEN, VOCAB))
     dm = DecodeMessenger(unit("decode-0", "decode"), engine, transfer, plan, context.view(), SECRET, deadline_s=5.0,

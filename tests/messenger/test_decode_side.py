@@ -59,7 +59,7 @@ class FakeEngine(EnginePages):
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
         self.arch = SimpleNamespace(hidden_size=HIDDEN, vocab_size=VOCAB)
         super().__init__(NUM_PAGES, PAGE_SIZE)  # the page contract, over a real allocator
-        self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=4, page_bytes=64))
+        self.cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=4, page_bytes=64))
         self.admitted: list[str] = []
         self.local: list[str] = []
 

@@ -34,8 +34,8 @@ class FakeEngine(EnginePages):
     def __init__(self, page_bytes: int = PAGE_BYTES):
         super().__init__(NUM_PAGES, PAGE_SIZE)
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
-        self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=LAYERS, num_pages=NUM_PAGES,
-                                                            page_bytes=page_bytes))
+        self.cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=LAYERS, num_pages=NUM_PAGES,
+                                                         page_bytes=page_bytes))
         self.running: dict[str, RunningRequestState] = {}
         self.suspended: dict[str, RunningRequestState] = {}
 
@@ -150,7 +150,7 @@ def test_a_move_writes_every_page_of_every_layer_once_and_frees_the_source_after
     wire, a, b = pair
     a.engine.start("r", computed=9)  # 3 pages
     a.start("r", "decode-1")
-    assert a.engine.suspended and a.busy
+    assert a.engine.kv.suspended and a.busy
     deliver(wire, {"decode-0": a, "decode-1": b})  # offer -> accept -> writes
     [(count, counter)] = [v for k, v in wire.counters.items() if k[0] == "decode-1"]
     assert count == 3 * LAYERS  # pages x layers x ranks

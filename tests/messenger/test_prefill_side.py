@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from disaggsdk.engine.hooks import LayerCounter
-from disaggsdk.memory.block_hash import page_hashes
+from disaggsdk.engine.layer_counter.host import LayerCounter
+from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes
 from disaggsdk.messenger.decode_side import DecodeMessenger
@@ -56,8 +56,8 @@ class FakeEngine(EnginePages):
         self.arch = arch
         self.config = SimpleNamespace(page_size=PAGE_SIZE)
         super().__init__(NUM_PAGES, PAGE_SIZE)  # the page contract, over a real allocator
-        self.kv_cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=arch.num_layers, num_pages=NUM_PAGES,
-                                                            page_bytes=64))
+        self.cache = SimpleNamespace(fmt=SimpleNamespace(num_layers=arch.num_layers, num_pages=NUM_PAGES,
+                                                         page_bytes=64))
         self.layer_counter = LayerCounter()
         self.on_step = None
         self.added: list[str] = []

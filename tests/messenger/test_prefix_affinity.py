@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disaggsdk.memory.block_hash import page_hashes
+from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger.prefix_affinity import PrefixIndex, RoutingPolicy
 
 PAGE = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from disaggsdk.engine.hooks import LayerCounter
+from disaggsdk.engine.layer_counter.host import LayerCounter
 from disaggsdk.messenger.streamer import LayerStreamer, StepWork
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.memory.kv_layout import KVPageFormat, KVPool  # noqa: E402
+from disaggsdk.kv.layout import KVPageFormat, KVPool  # noqa: E402
 from disaggsdk.messenger.write_plan import PoolGeometry, layer_writes, pages_ready  # noqa: E402
 from disaggsdk.plan import expected_writes, make_plan, num_prefill_pages  # noqa: E402
 from tests.plan.helpers import make_spec, tiny_arch  # noqa: E402

@@ -1,4 +1,4 @@
-"""The plan says where KV pages are read and written, as `launch.kv_pools` will decide."""
+"""The plan says where KV pages are read and written, as `launch.kv_registration` will decide."""
 
 from disaggsdk.plan.kv_staging import kv_staging_summary
 from disaggsdk.spec import Hardware, Spec

@@ -21,8 +21,8 @@ SRC_BYTES = 1 << 20
 
 def sender_main(provider: str, conn, fd_sock: socket.socket) -> None:
     """Entry point of a sender process."""
-    from disaggsdk.memory.fd_passing import send_region
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.fd_passing import send_region
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
     from disaggsdk.transfer import RegionDescriptor, TransferEngine, WriteBatch
 
     engine = TransferEngine(provider)

@@ -20,7 +20,7 @@ class Sender:
     """The test's side of one sender process."""
 
     def __init__(self, ctx, provider: str):
-        from disaggsdk.memory.fd_passing import recv_region
+        from disaggsdk.kv.pools.fd_passing import recv_region
 
         provider = provider.removesuffix("-direct")
         self.conn, child_conn = ctx.Pipe()
@@ -60,7 +60,7 @@ class Target:
     """The receiving side: an engine and a memfd pool in the test process, plus senders."""
 
     def __init__(self, provider: str):
-        from disaggsdk.memory.shared_memory import SharedRegion
+        from disaggsdk.kv.pools.shared_memory import SharedRegion
         from disaggsdk.transfer import TransferEngine
 
         self.direct = provider.endswith("-direct")

@@ -84,7 +84,7 @@ def test_missing_native_library_gives_the_package_name():
 
 
 def test_import_disaggsdk_does_not_load_native_code():
-    code = ("import sys, disaggsdk, disaggsdk.transfer, disaggsdk.memory.shared_memory\n"
+    code = ("import sys, disaggsdk, disaggsdk.transfer, disaggsdk.kv.pools.shared_memory\n"
             "bad = [m for m in ('torch', 'cffi', 'disaggsdk.transfer._fabric') if m in sys.modules]\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -18,7 +18,7 @@ NUM_PAGES = 32
 
 
 def _target(conn) -> None:
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
     from disaggsdk.transfer import TransferEngine
 
     engine = TransferEngine("shm")

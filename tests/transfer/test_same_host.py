@@ -9,7 +9,7 @@ import sys
 import attrs
 import pytest
 
-from disaggsdk.memory.shared_memory import SharedRegion
+from disaggsdk.kv.pools.shared_memory import SharedRegion
 from disaggsdk.transfer.descriptors import RegionDescriptor
 from disaggsdk.transfer.errors import TransferError
 from disaggsdk.transfer.same_host import PeerMapping, SameHostShare, host_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import socket
 
-from disaggsdk.memory.fd_passing import recv_region, send_region
+from disaggsdk.kv.pools.fd_passing import recv_region, send_region
 
 POOL_BYTES = 1 << 20
 PAGE = 4096
@@ -14,7 +14,7 @@ PAGE = 4096
 
 def rank_main(sock: socket.socket, conn) -> None:
     """Owns the pool: sends its fd, then reports a checksum of what landed when asked."""
-    from disaggsdk.memory.shared_memory import SharedRegion
+    from disaggsdk.kv.pools.shared_memory import SharedRegion
 
     with SharedRegion.create(POOL_BYTES, "rank-kv-pool") as pool:
         send_region(sock, pool)

@@ -22,7 +22,7 @@ import torch
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
 from disaggsdk.engine.forward_batch import ForwardBatch
 from disaggsdk.engine.sequence import Request
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend

@@ -16,7 +16,7 @@ from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.engine.speculative.mtp_drafter import DraftSlot, MTPDrafter, MTPMirror, next_token_ids
 from disaggsdk.engine.speculative.ngram import propose_ngram
 from disaggsdk.engine.speculative.stats import SpecStats
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compiled_step import CompiledStep

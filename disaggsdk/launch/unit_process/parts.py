@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
-    from disaggsdk.launch.kv_pools import UnitPools
+    from disaggsdk.kv.pools.base import RankPool
+    from disaggsdk.kv.pools.host_mirror import HostMirror
+    from disaggsdk.launch.kv_registration import UnitPools
     from disaggsdk.launch.messages import UnitArgs
-    from disaggsdk.memory.host_mirror import HostMirror
-    from disaggsdk.memory.rank_pool import RankPool
     from disaggsdk.messenger.decode_side import DecodeMessenger
     from disaggsdk.messenger.freshness import FrameCodec
     from disaggsdk.messenger.kv_migration import MovedIn, MoveEnded
@@ -193,7 +193,7 @@ class KVUnit:
         """Register the pools and the context again, open to peers' writes or not (a unit changing role:
         a decode unit without grant keys is written into, a prefill unit's regions are write sources
         only); the old registrations close and ``info`` carries the new descriptors."""
-        from disaggsdk.launch.kv_pools import register_rank_pool
+        from disaggsdk.launch.kv_registration import register_rank_pool
 
         if remote_write == self.remote_write:
             return
@@ -292,13 +292,13 @@ def kv_domain(args: UnitArgs) -> str | None:
 
 def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[CompileProgress], None] | None) -> KVUnit:
     """An engine over shareable pools on its device (rank 0's here, the workers' handed over), all
-    registered with one transfer engine (or through host mirrors: `launch.kv_pools`), and the
+    registered with one transfer engine (or through host mirrors: `launch.kv_registration`), and the
     context slots."""
     from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.engine.shared_kv import pool_tensor
-    from disaggsdk.launch.kv_pools import register_pools
-    from disaggsdk.memory.pool_handover import PoolCollector
-    from disaggsdk.memory.rank_pool import create_rank_pool
+    from disaggsdk.kv.pools import create_rank_pool
+    from disaggsdk.kv.pools.pool_handover import PoolCollector
+    from disaggsdk.launch.kv_registration import register_pools
     from disaggsdk.messenger.context import context_bytes
 
     tp = plan.instance(args.instance).tp
@@ -328,7 +328,7 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[Compi
         # Peers write only into a decode unit's pools and context, and there only under the
         # whole-region key when grant keys are off; a prefill unit's regions are write sources.
         targets = args.role == "decode" and not spec.transport.grant_keys_on(args.provider)
-        fmt = engine.kv_cache.fmt
+        fmt = engine.kv.cache.fmt
         unit_pools = register_pools(spec, args.provider, regions, size_bytes, fmt.num_layers, fmt.num_pages, targets,
                                     domain=kv_domain(args))
         print(f"{args.name}: KV pools {unit_pools.mode}: {unit_pools.reason}; endpoint {unit_pools.transfer.provider} "

@@ -50,7 +50,7 @@ def still_busy(parts: UnitParts) -> str | None:
     from disaggsdk.messenger.decode_side import DecodeMessenger
 
     engine, m = parts.engine, parts.messenger
-    if engine.has_unfinished() or engine.suspended:
+    if engine.has_unfinished() or engine.kv.suspended:
         return f"{len(engine.scheduler.running) + len(engine.scheduler.waiting)} request(s) in its engine"
     if isinstance(m, DecodeMessenger) and not m.settled:
         return "KV handoffs, moves or quarantined grants in flight"

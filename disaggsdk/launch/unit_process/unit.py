@@ -314,7 +314,7 @@ class Unit:
         elif isinstance(msg, ch.PeerUp):
             self._add_peers([msg.info])
         elif isinstance(msg, ch.ResetPrefixCache):
-            self.engine.reset_prefix_cache()
+            self.engine.kv.reset_prefix_cache()
             if self.messenger is not None:
                 self.messenger.forget_prefixes()
             self.conn.send(self._stats(msg.seq, False))
@@ -449,7 +449,7 @@ class Unit:
         waiting = len(e.scheduler.waiting) + (m.num_waiting if m is not None else 0)
         return ch.UnitStats(
             seq=seq, name=self.args.name, role=self.args.role, running=len(e.scheduler.running), waiting=waiting,
-            num_free_pages=e.num_free_pages, num_pages=e.num_pages, counters=counters,
+            num_free_pages=e.kv.num_free_pages, num_pages=e.kv.num_pages, counters=counters,
             recent=list(m.totals.recent) if m is not None and with_recent else [],
             open_grant_keys=m.open_grant_keys if m is not None else 0,
             open_counters=self.transfer.num_open_counters if self.transfer is not None else 0)

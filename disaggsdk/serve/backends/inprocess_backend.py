@@ -88,7 +88,7 @@ class InProcessBackend:
         self._engine: LLMEngine = LLMEngine(model, replace(config or EngineConfig(), mode="mixed"), on_compile=on_compile)
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Reset | None] = queue.SimpleQueue()
         self._subscribers: dict[str, _Subscriber] = {}  # engine thread only
-        self._stats = InstanceStats(name, "mixed", kv_pages_total=self._engine.num_pages)
+        self._stats = InstanceStats(name, "mixed", kv_pages_total=self._engine.kv.num_pages)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
         self._thread.start()
@@ -195,8 +195,8 @@ class InProcessBackend:
             if cmd is None:
                 return False
             if isinstance(cmd, _Reset):
-                self._engine.reset_prefix_cache()
-                cmd.free_pages = self._engine.num_free_pages
+                self._engine.kv.reset_prefix_cache()
+                cmd.free_pages = self._engine.kv.num_free_pages
                 cmd.done.set()
                 continue
             if isinstance(cmd, _Abort):
@@ -244,5 +244,5 @@ class InProcessBackend:
         sched = self._engine.scheduler
         self._stats.running = len(sched.running)
         self._stats.waiting = len(sched.waiting)
-        self._stats.kv_pages_used = self._engine.num_pages - self._engine.num_free_pages
+        self._stats.kv_pages_used = self._engine.kv.num_pages - self._engine.kv.num_free_pages
         self._stats.counters = self._engine.counters()

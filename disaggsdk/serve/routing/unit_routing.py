@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from disaggsdk.memory.block_hash import page_hashes
+from disaggsdk.kv.block_hash import page_hashes
 from disaggsdk.messenger.prefix_affinity import Decision, RoutingPolicy
 
 if TYPE_CHECKING:

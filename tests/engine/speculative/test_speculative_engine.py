@@ -28,7 +28,7 @@ def greedy_run(model: str, spec: SpeculativeConfig | None):
     prompts = [tok.encode(p) for p in PROMPTS]
     with LLMEngine(model, EngineConfig(**SMALL, speculative=spec)) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2))
-        assert engine.num_free_pages == SMALL["num_pages"] and not engine.has_unfinished()
+        assert engine.kv.num_free_pages == SMALL["num_pages"] and not engine.has_unfinished()
         return outs, engine.spec_stats
 
 
@@ -64,7 +64,7 @@ def test_tp2_speculation_keeps_the_greedy_tokens_of_tp1(model, method, k):
     with LLMEngine(model, EngineConfig(**SMALL, tp=2, speculative=SpeculativeConfig(method, k))) as engine:
         got = [o.output_ids for o in engine.generate(prompts, params)]
         assert engine.spec_stats.num_accepted_tokens > 0
-        assert engine.num_free_pages == SMALL["num_pages"]
+        assert engine.kv.num_free_pages == SMALL["num_pages"]
     assert got == want
 
 
@@ -90,7 +90,7 @@ def test_sampled_requests_and_aborts_leave_no_page_behind():
             if steps % 5 == 0:
                 for i in range(0, 100, 7):
                     engine.abort(f"r{i}")
-        assert engine.num_free_pages == config.num_pages
+        assert engine.kv.num_free_pages == config.num_pages
         assert all(len(o.output_ids) <= 24 for o in finished.values())
         assert engine.spec_stats.num_accepted_tokens > 0
 

@@ -55,4 +55,4 @@ def test_a_grammar_that_dead_ends_after_a_token_ends_with_an_error_not_stop():
         last = outs[-1]
         assert last.finished and last.finish_reason == "error", (last.finish_reason, last.output_ids)
         assert "grammar cannot continue: no token can extend it" in last.error
-        assert engine.num_free_pages == 16
+        assert engine.kv.num_free_pages == 16

@@ -31,7 +31,7 @@ def run(model: str, outputs: list[StructuredOutput], spec: SpeculativeConfig | N
               for i, o in enumerate(outputs)]
     with LLMEngine(model, EngineConfig(**CONFIG, speculative=spec)) as engine:
         outs = engine.generate([prompt] * len(outputs), params)
-        assert engine.num_free_pages == CONFIG["num_pages"]
+        assert engine.kv.num_free_pages == CONFIG["num_pages"]
         return [tok.decode(o.output_ids) for o in outs], [o.finish_reason for o in outs], engine.spec_stats
 
 
@@ -78,7 +78,7 @@ def test_bad_constraints_are_refused_naming_the_problem():
             engine.add_request("r", [1, 2], SamplingParams(structured=StructuredOutput("regex", "(unclosed")))
         with pytest.raises(StructuredOutputError, match="structured output json: the schema cannot be used"):
             engine.add_request("s", [1, 2], SamplingParams(structured=StructuredOutput("json", "{not json")))
-        assert not engine.has_unfinished() and engine.num_free_pages == 16
+        assert not engine.has_unfinished() and engine.kv.num_free_pages == 16
 
 
 def test_a_grammar_that_cannot_continue_ends_the_request_with_the_reason(monkeypatch):
@@ -93,4 +93,4 @@ def test_a_grammar_that_cannot_continue_ends_the_request_with_the_reason(monkeyp
         last = outs[-1]
         assert last.finished and last.finish_reason == "error" and "grammar cannot continue" in last.error
         assert last.output_ids == []  # the refused token was not emitted
-        assert engine.num_free_pages == 16
+        assert engine.kv.num_free_pages == 16

@@ -19,8 +19,8 @@ import threading
 import time
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.memory.rank_pool import RankPool, recv_rank_pool, send_rank_pool
-from disaggsdk.memory.shared_memory import SharedMemoryError
+from disaggsdk.kv.pools.base import RankPool, SharedMemoryError
+from disaggsdk.kv.pools.rank_pool import recv_rank_pool, send_rank_pool
 
 RANK_HEADER = struct.Struct("<I")
 _PR_SET_PDEATHSIG = 1

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
-from disaggsdk.memory.page_allocator import PageAllocator, PageOwnershipError
+from disaggsdk.kv.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
+from disaggsdk.kv.page_allocator import PageAllocator, PageOwnershipError
 
 
 def test_hashes_are_chained_over_full_pages():

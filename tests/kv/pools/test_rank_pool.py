@@ -10,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.memory.pool_handover import PoolCollector, SharedKVError, send_pool  # noqa: E402
-from disaggsdk.memory.rank_pool import RankPool, create_rank_pool, cuda_ordinal  # noqa: E402
-from disaggsdk.memory.shared_memory import SharedRegion  # noqa: E402
+from disaggsdk.kv.pools import create_rank_pool, cuda_ordinal  # noqa: E402
+from disaggsdk.kv.pools.base import RankPool  # noqa: E402
+from disaggsdk.kv.pools.pool_handover import PoolCollector, SharedKVError, send_pool  # noqa: E402
+from disaggsdk.kv.pools.shared_memory import SharedRegion  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.memory.kv_layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name  # noqa: E402
+from disaggsdk.kv.layout import KVLayoutError, KVPageFormat, KVPool, kv_dtype_name  # noqa: E402
 
 
 def gqa(layout: str, **kw) -> KVPageFormat:

@@ -5,6 +5,9 @@ Each tp rank's pool is a `RankPool` (a memfd on the CPU, a cuMem allocation on a
 the unit's head. Host pools are registered as they are. A GPU pool is registered as device memory
 (FI_HMEM_CUDA) when the provider can, else each rank gets a host mirror that is registered
 instead and `HostMirror` copies pages across (`transport.kv_staging`; docs/gpu.md).
+
+The pools themselves live in `disaggsdk.kv.pools`; their registration is here, in launch, because
+it opens the unit's transfer engine (the transport sits above kv) and reads the spec.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from disaggsdk.memory.shared_memory import SharedRegion
+from disaggsdk.kv.pools.shared_memory import SharedRegion
 
 if TYPE_CHECKING:
-    from disaggsdk.memory.host_mirror import HostMirror
-    from disaggsdk.memory.rank_pool import RankPool
+    from disaggsdk.kv.pools.base import RankPool
+    from disaggsdk.kv.pools.host_mirror import HostMirror
     from disaggsdk.spec.types import Spec
     from disaggsdk.transfer import MemoryRegion, TransferEngine
 
@@ -91,7 +94,7 @@ def register_rank_pool(transfer: TransferEngine, pool: RankPool, size_bytes: int
     a CUDA pool by address as device memory."""
     if isinstance(pool, SharedRegion):
         return transfer.register(pool.buffer, shared_fd=pool.fd if remote_write else None, remote_write=remote_write)
-    from disaggsdk.memory.cuda_vmm import CudaSharedAllocation, CudaSharedMapping
+    from disaggsdk.kv.pools.cuda_vmm import CudaSharedAllocation, CudaSharedMapping
 
     assert isinstance(pool, (CudaSharedAllocation, CudaSharedMapping)), "a RankPool is host or cuMem memory"
     return transfer.register_pointer(pool.address, size_bytes, cuda_device=pool.device, keepalive=pool,
@@ -102,7 +105,7 @@ def _mirrored(transfer: TransferEngine, pools: Sequence[RankPool], size_bytes: i
               remote_write: bool, reason: str) -> UnitPools:
     """Host mirrors for ``pools``, registered, and the staging that copies pages across."""
     from disaggsdk.engine.shared_kv import pool_tensor
-    from disaggsdk.memory.host_mirror import HostMirror
+    from disaggsdk.kv.pools.host_mirror import HostMirror
 
     mirrors: list[SharedRegion] = []
     registrations: list[MemoryRegion] = []

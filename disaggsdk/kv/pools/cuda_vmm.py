@@ -1,4 +1,5 @@
-"""Shareable GPU memory for the KV pool through the CUDA driver's virtual memory management.
+"""Shareable GPU memory for the KV pool through the CUDA driver's virtual memory management: the
+CUDA twin of a rank's pool (`disaggsdk.kv.pools.base.RankPool`; its host twin is `shared_memory`).
 
 Owner rank: `CudaSharedAllocation.create` = cuMemCreate (POSIX-FD handle type) + map in this
 process + cuMemExportToShareableHandle -> fd. The fd travels with `fd_passing.send_fd(...,
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from disaggsdk.memory.shared_memory import SharedMemoryError
+from disaggsdk.kv.pools.base import SharedMemoryError
 
 if TYPE_CHECKING:
     import torch
@@ -126,7 +127,7 @@ class _CudaMapped:
         Returns:
             Tensor of shape [size_bytes // dtype itemsize] on ``cuda:<device>``.
         """
-        from disaggsdk.memory.cuda_array import cuda_bytes
+        from disaggsdk.kv.pools.cuda_array import cuda_bytes
 
         raw = cuda_bytes(self.address, self.size_bytes, owner=self, device=f"cuda:{self.device}")
         return raw if dtype is None else raw.view(dtype)
@@ -208,3 +209,19 @@ class CudaSharedMapping(_CudaMapped):
             driver.cuMemRelease(handle)
             raise
         return cls(driver, handle, address, size_bytes, device)
+
+
+# the registry's twin (`disaggsdk.kv.pools.base.PoolTwin`)
+
+def allocate_pool(size_bytes: int, device: int | None, name: str) -> CudaSharedAllocation:
+    """A rank's pool in GPU memory: cuMem of at least ``size_bytes`` on CUDA ordinal ``device``
+    (``name`` is the host twin's: cuMem memory has none)."""
+    assert device is not None, "a cuMem pool is on a CUDA device"
+    return CudaSharedAllocation.create(size_bytes, device=device)
+
+
+def map_pool(fd: int, size_bytes: int, device: int | None) -> CudaSharedMapping:
+    """A cuMem pool another process exported as ``fd``, imported and mapped on ``device`` (takes
+    ownership of fd)."""
+    assert device is not None, "a cuMem pool is on a CUDA device"
+    return CudaSharedMapping.import_fd(fd, size_bytes, device)

@@ -10,7 +10,8 @@ import os
 import socket
 import struct
 
-from disaggsdk.memory.shared_memory import SharedMemoryError, SharedRegion
+from disaggsdk.kv.pools.base import SharedMemoryError
+from disaggsdk.kv.pools.shared_memory import SharedRegion
 
 _HEADER = struct.Struct("<4sHBxiQ")  # magic, version, kind, device, size_bytes
 _MAGIC, _VERSION = b"DKFD", 1

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from disaggsdk.errors import DisaggError
-from disaggsdk.memory.page_cache import PageCache
+from disaggsdk.kv.page_cache import PageCache
 
 
 class OutOfPagesError(DisaggError):

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.memory.host_mirror import HostMirror  # noqa: E402
+from disaggsdk.kv.pools.host_mirror import HostMirror  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 
 LAYERS, PAGES, PAGE_BYTES = 3, 8, 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disaggsdk.memory.page_allocator import PageAllocator, PageOwnershipError
+from disaggsdk.kv.page_allocator import PageAllocator, PageOwnershipError
 
 
 def test_rename_moves_pages_generation_and_pin():

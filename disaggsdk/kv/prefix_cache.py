@@ -3,17 +3,55 @@
 A new request first takes the cached pages of its prompt's longest cached prefix (never all it
 must compute: its last token always is) and prefills from there; each page whose tokens are all
 computed is offered to the cache, when the step computed it and at the latest before the request
-lets its pages go. Pages are keyed by chained hashes of their tokens (`memory.block_hash`), with
+lets its pages go. Pages are keyed by chained hashes of their tokens (`kv.block_hash`), with
 MTP drafting one token further (``hash_lookahead``: the MTP KV at a page's end read the next token).
+
+The cache reads and updates a few fields of the engine's request (`engine.sequence.Request`); it
+is written against `CachedRequest`, what it uses of one, so that the KV package needs nothing of
+the engine above it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from disaggsdk.engine.sequence import Request
-from disaggsdk.memory.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
+from disaggsdk.kv.page_allocator import PageAllocator
+
+
+class PromptLogprobsParams(Protocol):
+    """What the prefix cache reads of a request's sampling parameters."""
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Prompt logprobs asked for: every prompt position must be computed, none taken from the cache."""
+
+
+class CachedRequest(Protocol):
+    """What the prefix cache reads and updates of a request (`engine.sequence.Request` is one)."""
+
+    num_computed_tokens: int  # tokens whose KV is in its pages (cached ones included)
+    num_preemptions: int
+    page_hashes: list[bytes]  # chained hashes of its full pages so far (`block_hash.extend_page_hashes`)
+    num_pages_cached: int  # its first pages already offered to (or taken from) the cache
+    num_cached_tokens: int  # prompt tokens its first lookup found
+
+    @property
+    def request_id(self) -> str:
+        """The owner of its pages in the allocator."""
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """Its prompt."""
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt and output tokens, in order."""
+
+    @property
+    def params(self) -> PromptLogprobsParams:
+        """Its sampling parameters."""
 
 
 class PrefixCache:
@@ -33,7 +71,7 @@ class PrefixCache:
         self.hash_lookahead = hash_lookahead
         self.queries = self.hits = 0  # vLLM's prefix_cache_queries / _hits, in prompt tokens
 
-    def share_prefix(self, req: Request, target_tokens: int) -> int:
+    def share_prefix(self, req: CachedRequest, target_tokens: int) -> int:
         """Give a new request (``target_tokens`` to compute in all) the cached pages of its longest
         cached prefix; returns their tokens. Counted by `count_lookup` once it is admitted."""
         if not self.enabled or req.num_computed_tokens or req.params.prompt_logprobs is not None:
@@ -44,7 +82,7 @@ class PrefixCache:
         req.num_computed_tokens = req.num_pages_cached * self.page_size
         return req.num_computed_tokens
 
-    def count_lookup(self, req: Request, hit: int) -> None:
+    def count_lookup(self, req: CachedRequest, hit: int) -> None:
         """Count an admitted request's lookup (``hit`` tokens found), once: a recompute after a
         preemption is not a new query, and the request's usage keeps its first hit."""
         if self.enabled and not req.num_preemptions:
@@ -68,7 +106,7 @@ class PrefixCache:
             return 0
         return len(self.allocator.lookup(self._prompt_hashes(prompt_ids)))
 
-    def cache_computed(self, req: Request) -> int:
+    def cache_computed(self, req: CachedRequest) -> int:
         """Offer the request's pages whose tokens are all computed to the cache. Returns how many
         were newly cached (pages whose tokens another page already holds stay private)."""
         if not self.enabled:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disaggsdk.memory.page_allocator import OutOfPagesError, PageAllocator, PageOwnershipError
+from disaggsdk.kv.page_allocator import OutOfPagesError, PageAllocator, PageOwnershipError
 
 
 def test_allocate_free_roundtrip():

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from disaggsdk.memory.cuda_vmm import CudaDriverMissing, load_driver
-from disaggsdk.memory.fd_passing import KIND_CUDA, recv_fd, send_fd
+from disaggsdk.kv.pools.cuda_vmm import CudaDriverMissing, load_driver
+from disaggsdk.kv.pools.fd_passing import KIND_CUDA, recv_fd, send_fd
 from tests.declared_skips import gpu_present, no_gpu
 
 
@@ -29,7 +29,7 @@ def test_without_driver_the_error_says_what_to_do():
 
 
 def _head_imports(sock: socket.socket) -> None:
-    from disaggsdk.memory.cuda_vmm import CudaSharedMapping
+    from disaggsdk.kv.pools.cuda_vmm import CudaSharedMapping
 
     fd, size, kind, device = recv_fd(sock)
     assert kind == KIND_CUDA
@@ -45,7 +45,7 @@ def _head_imports(sock: socket.socket) -> None:
 def test_export_import_across_processes():
     if not _cuda_available():
         pytest.skip(no_gpu("needs an NVIDIA GPU (and cuda-python)"))
-    from disaggsdk.memory.cuda_vmm import CudaSharedAllocation
+    from disaggsdk.kv.pools.cuda_vmm import CudaSharedAllocation
 
     ctx = multiprocessing.get_context("spawn")
     a, b = socket.socketpair()
@@ -77,7 +77,7 @@ def test_export_import_across_processes():
 def test_register_device_memory_with_the_transfer_engine():
     if not _cuda_available():
         pytest.skip(no_gpu("needs an NVIDIA GPU (and cuda-python)"))
-    from disaggsdk.memory.cuda_vmm import CudaSharedAllocation
+    from disaggsdk.kv.pools.cuda_vmm import CudaSharedAllocation
     from disaggsdk.transfer import TransferEngine, TransferError
 
     with CudaSharedAllocation.create(2 << 20) as alloc:

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.prefix_cache import PrefixCache
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.sequence import Request
-from disaggsdk.memory.page_allocator import PageAllocator
+from disaggsdk.kv.page_allocator import PageAllocator
+from disaggsdk.kv.prefix_cache import PrefixCache
 
 PAGE = 4
 

@@ -7,8 +7,9 @@ import socket
 
 import pytest
 
-from disaggsdk.memory.fd_passing import KIND_CUDA, recv_fd, recv_region, send_fd, send_region
-from disaggsdk.memory.shared_memory import SharedMemoryError, SharedRegion
+from disaggsdk.kv.pools.base import SharedMemoryError
+from disaggsdk.kv.pools.fd_passing import KIND_CUDA, recv_fd, recv_region, send_fd, send_region
+from disaggsdk.kv.pools.shared_memory import SharedRegion
 
 
 def _child_writes(sock: socket.socket) -> None:

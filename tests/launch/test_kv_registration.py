@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.launch.kv_pools import register_pools, register_rank_pool  # noqa: E402
-from disaggsdk.memory.rank_pool import create_rank_pool  # noqa: E402
+from disaggsdk.kv.pools import create_rank_pool  # noqa: E402
+from disaggsdk.launch.kv_registration import register_pools, register_rank_pool  # noqa: E402
 from disaggsdk.spec import Hardware, Spec  # noqa: E402
 from disaggsdk.transfer import TransferEngine, WriteBatch  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402

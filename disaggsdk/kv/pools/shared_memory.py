@@ -1,7 +1,8 @@
 """Shareable host memory for the KV pool: a memfd, mapped, passable to other processes by fd.
 
-A rank creates a `SharedRegion`, sends its fd to the head process over a Unix socket
-(`disaggsdk.memory.fd_passing`), and the head maps the same pages with `SharedRegion.from_fd`
+The host twin of a rank's KV pool (`disaggsdk.kv.pools.base.RankPool`; its CUDA twin is
+`cuda_vmm`). A rank creates a `SharedRegion`, sends its fd to the head process over a Unix socket
+(`disaggsdk.kv.pools.fd_passing`), and the head maps the same pages with `SharedRegion.from_fd`
 and registers them with its transfer engine. No numpy or torch needed: the view is a
 memoryview; `as_tensor` imports torch only when called.
 """
@@ -13,20 +14,16 @@ import mmap
 import os
 from typing import TYPE_CHECKING
 
-from disaggsdk.errors import DisaggError
+from disaggsdk.kv.pools.base import SharedMemoryError
 
 if TYPE_CHECKING:
     import torch
 
 
-class SharedMemoryError(DisaggError):
-    """Shared memory cannot be created, mapped, passed or released."""
-
-
 class SharedRegion:
     """A memfd-backed region mapped read-write in this process; owns the fd and the mapping.
 
-    It is the host form of a rank's KV pool (`disaggsdk.memory.rank_pool.RankPool`); a CUDA
+    It is the host form of a rank's KV pool (`disaggsdk.kv.pools.base.RankPool`); a CUDA
     pool is `cuda_vmm.CudaSharedAllocation`.
 
     Args:
@@ -125,3 +122,16 @@ class SharedRegion:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# the registry's twin (`disaggsdk.kv.pools.base.PoolTwin`)
+
+def allocate_pool(size_bytes: int, device: int | None, name: str) -> SharedRegion:
+    """A rank's pool in host memory: a memfd of ``size_bytes`` named ``name`` (``device`` is None)."""
+    assert device is None, "host memory is on no CUDA device"
+    return SharedRegion.create(size_bytes, name)
+
+
+def map_pool(fd: int, size_bytes: int, device: int | None) -> SharedRegion:
+    """A host pool another process sent as ``fd``, mapped here (takes ownership of fd)."""
+    return SharedRegion.from_fd(fd, size_bytes)

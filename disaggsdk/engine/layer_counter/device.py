@@ -1,6 +1,6 @@
 """The layer counter of a CUDA engine: ``[step_id, layers_done]`` in host memory the GPU writes.
 
-The CPU twin (`engine.hooks.LayerCounter`) is bumped by Python, eagerly or through a graph op. A
+The CPU twin (`host.LayerCounter`) is bumped by Python, eagerly or through a graph op. A
 CUDA graph runs no Python at replay, so here the count lives in pinned host memory (page-locked,
 ``cudaHostAlloc`` underneath ``torch.empty(..., pin_memory=True)``). With unified virtual
 addressing, which every 64-bit CUDA platform has, the host pointer of such memory is also a device
@@ -45,7 +45,7 @@ def mapped_view(host: torch.Tensor) -> torch.Tensor:
     """
     if host.device.type != "cpu" or host.dtype != torch.int64 or not host.is_contiguous() or not host.is_pinned():
         raise ValueError("mapped_view needs a pinned, contiguous int64 CPU tensor (torch.zeros(..., pin_memory=True))")
-    from disaggsdk.memory.cuda_array import cuda_bytes
+    from disaggsdk.kv.pools.cuda_array import cuda_bytes
 
     view = cuda_bytes(host.data_ptr(), host.numel() * host.element_size(), owner=host).view(torch.int64).view(host.shape)
     if view.device.type != "cuda" or view.data_ptr() != host.data_ptr():
@@ -86,7 +86,7 @@ class DeviceLayerCounter:
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(f"a device layer counter needs a CUDA device, not {device} (torch.cuda.is_available() "
-                               f"is {torch.cuda.is_available()}); a CPU engine uses engine.hooks.LayerCounter")
+                               f"is {torch.cuda.is_available()}); a CPU engine uses engine.layer_counter.host.LayerCounter")
         with torch.cuda.device(device):
             host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
             view = mapped_view(host)
