@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import msgspec
-
 from disaggsdk.errors import DisaggError
 
 if TYPE_CHECKING:
@@ -127,16 +125,19 @@ class Launcher(Protocol):
         """Free what the launcher holds, after the units stopped (also after a failed or no start). Idempotent."""
 
 
-# the router's seam: what `serve.routing.router.Router` needs of whatever runs the units
+# the router's seam: what `serve.routing.router.Router` needs of whatever runs the units (plain dataclasses:
+# in-process notices, never on a channel, and `import disaggsdk.launch` stays free of msgspec)
 
-class UnitStalled(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class UnitStalled:
     """The runtime's own notice (never on a unit's channel): nothing was heard from a live unit for
     ``silent_s`` (`serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
 
     silent_s: float
 
 
-class UnitUnreachable(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class UnitUnreachable:
     """The runtime's own notice (never on a unit's channel): nothing at all, not even the unit's
     heartbeat, was heard from a live unit for ``silent_s`` (`serve.unit_unreachable_s` or more): its
     link is cut or its process frozen. It reads unhealthy until it is heard again."""
@@ -149,7 +150,8 @@ class UnitUnreachable(msgspec.Struct, frozen=True):
 MessageListener = Callable[[str, "FromUnit | UnitStalled | UnitUnreachable"], None]
 
 
-class UnitDown(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class UnitDown:
     """A unit died: how (``report``, with its log tail), and whether it was only collateral: stopped
     by the runtime because another rank of its lock-step dp group died (engine.dp_lockstep), so
     nothing it held is suspected of having killed it."""
