@@ -90,7 +90,7 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
-        # without the CUDA graphs' scratch page (engine.cuda_graph_step), which no request may hold
+        # without the CUDA graphs' scratch page (engine.compiled_step.cuda_graphs), which no request may hold
         self.allocator = PageAllocator(config.num_pages - self.runner.num_scratch_pages)
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,

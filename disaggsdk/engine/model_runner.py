@@ -20,8 +20,8 @@ from disaggsdk.kv.layout import kv_dtype_name
 if TYPE_CHECKING:
     from disaggsdk.engine.background_compile import StepCompilation
     from disaggsdk.engine.compile_progress import CompileProgress
-    from disaggsdk.engine.compiled_step import CompiledStep
-    from disaggsdk.engine.cuda_graph_step import CudaGraphStep
+    from disaggsdk.engine.compiled_step.cuda_graphs import CudaGraphStep
+    from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
     from disaggsdk.engine.modeling.base import KVGeometry
     from disaggsdk.kv.layout import PoolMemory
 
@@ -36,8 +36,8 @@ class RunnerConfig:
     model: str
     engine: EngineConfig
     # compile the step: `engine.compile`, its unset resolved by the head (the environment's default);
-    # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step), CUDA graphs of its
-    # decode steps on a GPU (engine.cuda_graph_step)
+    # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step.torch_compile), CUDA graphs of its
+    # decode steps on a GPU (engine.compiled_step.cuda_graphs)
     compile: bool = False
     extra_kv_layers: int = 0  # KV layers after the model's own: the MTP layer's, when it drafts
 
@@ -103,7 +103,7 @@ class ModelRunner:
         or now; `take_compile_outcome` adopts it. ``on_layer_done`` is
         the engine's layer counter callback (the graphs are specialised on having one)."""
         from disaggsdk.engine.background_compile import StepCompilation, background_supported, warm_up_graphs
-        from disaggsdk.engine.compiled_step import CompiledStep
+        from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
 
         assert self.can_compile and self.compilation is None
         step = CompiledStep(self.model, self.attn)
@@ -141,11 +141,11 @@ class ModelRunner:
         return isinstance(self.attn, FlashInferBackend) and self.attn.supports_decode_graphs
 
     def capture_decode_graphs(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> bool:
-        """Capture decode steps as CUDA graphs (engine.cuda_graph_step), when this rank can
+        """Capture decode steps as CUDA graphs (engine.compiled_step.cuda_graphs), when this rank can
         (``num_scratch_pages`` says) and a graph can hold ``on_layer_done`` (the engine's layer
         counter callback: a `DeviceLayerCounter`'s, or None); from then on `run` replays them for
         pure decode steps. Returns whether it captured."""
-        from disaggsdk.engine.cuda_graph_step import CudaGraphStep, is_capturable_counter
+        from disaggsdk.engine.compiled_step.cuda_graphs import CudaGraphStep, is_capturable_counter
 
         if not self.num_scratch_pages or not is_capturable_counter(on_layer_done):
             return False

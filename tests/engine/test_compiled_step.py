@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.compiled_step import COMPILE_ENV, CompiledStep, compile_by_default  # noqa: E402
+from disaggsdk.engine.compiled_step import COMPILE_ENV, compile_by_default  # noqa: E402
+from disaggsdk.engine.compiled_step.torch_compile import CompiledStep  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 

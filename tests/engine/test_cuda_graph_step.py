@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
-from disaggsdk.engine.cuda_graph_step import (  # noqa: E402
+from disaggsdk.engine.compiled_step.cuda_graphs import (  # noqa: E402
     MAX_GRAPH_BATCH_SIZE,
     CudaGraphStep,
     capture_batch_sizes,

@@ -19,7 +19,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.kv.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
     from disaggsdk.engine.model_runner import ModelRunner
     from disaggsdk.models.arch import ModelArch
 

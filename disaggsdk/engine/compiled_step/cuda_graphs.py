@@ -1,4 +1,4 @@
-"""Decode steps as CUDA graphs at padded batch sizes (the CUDA twin of `engine.compiled_step`).
+"""Decode steps as CUDA graphs at padded batch sizes (the CUDA twin of `engine.compiled_step.torch_compile`).
 
 A decode step (every request brings one token) launches the same kernels every time, only the
 batch size and the page table change. So the model's forward is captured once per batch size of

@@ -13,13 +13,12 @@ DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the 
 the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
 runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
 call a step where the layer and its argmax were two).
-Its CUDA twin is `engine.cuda_graph_step`: decode steps captured as CUDA graphs, the layer counter
+Its CUDA twin is `engine.compiled_step.cuda_graphs`: decode steps captured as CUDA graphs, the layer counter
 a fill of host-mapped memory inside them (`engine.layer_counter.device`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from types import MethodType
 from typing import TYPE_CHECKING, Literal
@@ -35,13 +34,7 @@ if TYPE_CHECKING:
     from disaggsdk.engine.modeling.base import DraftLayer
     from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
-COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
 MAX_GRAPHS = 64  # compiled graphs of the step kept per process (three per engine)
-
-
-def compile_by_default() -> bool:
-    """Whether engines compile their step when their config does not say (``DISAGGSDK_COMPILE``)."""
-    return os.environ.get(COMPILE_ENV, "1") != "0"
 
 
 class CompiledStep:
