@@ -89,7 +89,7 @@ def warm_up_graphs(step: CompiledStep, scratch: AttentionBackend, page_size: int
             item = BatchItem(token_ids=[0] * num_tokens, start_pos=0, page_ids=[0] * -(-num_tokens // page_size))
             batch = build_forward_batch([item], page_size, device, on_layer_done)
             scratch.plan(batch)
-            hidden_all = step(batch)
+            hidden_all = step.forward(batch)  # planned on the scratch backend, not the engine's
             if with_mtp:
                 last_row = torch.tensor([num_tokens - 1], dtype=torch.int64, device=device)
                 step.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)

@@ -30,6 +30,7 @@ from disaggsdk.engine.layer_counter.host import LayerCounter
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.modeling.base import DraftLayer
     from disaggsdk.engine.modeling.layers.decoder import DecoderModel
@@ -42,8 +43,16 @@ class CompiledStep:
 
     Args:
         model: a `DecoderModel` of a single rank (no tensor-parallel collectives in the graph).
-        backend: the rank's attention backend; the caller plans it for each batch first.
+        backend: the rank's attention backend: `__call__` plans it for each batch; `forward` and
+            `mtp_draft` run it as the caller planned it.
     """
+
+    @classmethod
+    def for_rank(cls, model: DecoderModel, backend: AttentionBackend, engine: EngineConfig,
+                 on_layer_done: Callable[[int, torch.Tensor], None] | None) -> CompiledStep:
+        """The registry's constructor (`disaggsdk.engine.compiled_step.new_compiled_step`): the
+        graphs are specialised on ``on_layer_done`` when they compile (`background_compile`), not here."""
+        return cls(model, backend)
 
     def __init__(self, model: DecoderModel, backend: AttentionBackend):
         self.model = model
@@ -89,11 +98,24 @@ class CompiledStep:
         counter = self._graph_counter(on_layer_done)
         if counter is False:
             return self._draft_layer().draft(hidden, next_ids, positions, self.attn.backend, rows, on_layer_done)
-        with torch.inference_mode():  # see __call__
+        with torch.inference_mode():  # see forward
             return self._mtp_draft(hidden, next_ids.clone(), positions.clone(), rows.clone(), counter)
 
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Whether the graphs can hold ``batch``'s layer callback: none, or a `LayerCounter`'s
+        (any other callable runs Python only eager code can call)."""
+        return self._graph_counter(batch.on_layer_done) is not False
+
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""
+        """The backend planned for ``batch``, then `forward`; the backend stays planned for it (the
+        MTP layer reads that plan)."""
+        if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
+            self.attn.backend.plan(batch)
+        return self.forward(batch)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm for a ``batch`` the backend is planned for (as
+        ``model(batch, backend)``)."""
         counter = self._graph_counter(batch.on_layer_done)
         if counter is False:
             return self.model(batch, self.attn.backend)  # an arbitrary callback: only eager can call it
