@@ -102,10 +102,11 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
         `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
     from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.launch.launcher.supervisor import start_runtime
     from disaggsdk.messenger.context import context_bytes
     from disaggsdk.models import resolve_model
     from disaggsdk.plan.memory import num_pages_per_rank
-    from disaggsdk.serve.backends.local import serve_locally
+    from disaggsdk.serve.backends.local import serve_runtime
 
     pages = -(-(prompt_len + 8) // spec.kv.page_size) + 2
     spec = attrs.evolve(
@@ -116,7 +117,7 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
                             prefix_caching=False),
     )
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    with serve_locally(spec, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
+    with serve_runtime(spec, start_runtime, provider=provider, cpu_affinity=cpu_affinity, on_event=on_event) as rt:
         vocab = 250
         rt.generate_batch([[(7 * j) % vocab + 2 for j in range(prompt_len)]], params, prefix="warmup")
         measured_from_s = time.monotonic()

@@ -268,7 +268,8 @@ def run(config: LinkBenchConfig, link: LinkControl, log: IO[str]) -> tuple[list[
         the rows, and the engine profile the simulator's figures started from (before anchoring).
     """
     from disaggsdk.calibrate.engine_profile import calibrate_engine
-    from disaggsdk.serve.backends.local import serve_locally
+    from disaggsdk.launch.launcher.supervisor import start_runtime
+    from disaggsdk.serve.backends.local import serve_runtime
     from disaggsdk.spec import parse_spec_yaml
 
     base = parse_spec_yaml(config["spec_yaml"])
@@ -279,7 +280,7 @@ def run(config: LinkBenchConfig, link: LinkControl, log: IO[str]) -> tuple[list[
     for mode in ("streaming", "after_forward"):
         spec = bench_spec(base, mode == "streaming", config["input_lens"])
         log.write(f"{mode}: launching\n")
-        with serve_locally(spec, on_event=lambda line: print(line, file=log, flush=True)) as router:
+        with serve_runtime(spec, start_runtime, on_event=lambda line: print(line, file=log, flush=True)) as router:
             for input_len in config["input_lens"]:
                 link.set_rate(config["reference_mbit"])
                 measure_group(router, input_len, 1, f"warm-{mode}-{input_len}")

@@ -29,7 +29,7 @@ On torch older than 2.13 (`MIN_TORCH_FOR_BACKGROUND`) the compile runs before th
 as it did before: there a graph compiled on one thread and recompiled on another crashed the process.
 
 Vs vLLM: vLLM compiles (or loads its compile cache) before its server answers; its first start is
-slower to ready and as fast from the first token. A CUDA rank's decode graphs (`engine.cuda_graph_step`)
+slower to ready and as fast from the first token. A CUDA rank's decode graphs (`engine.compiled_step.cuda_graphs`)
 are still captured before the engine serves: a capture must not share the device with running steps.
 """
 
@@ -51,7 +51,7 @@ from disaggsdk.engine.modeling.layers.skinny import MAX_ROWS
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
-    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
 
 # torch 2.10 crashed the process (a segfault in FakeTensorMode) when the serving thread recompiled a
 # graph after another thread had compiled it; 2.13, 2.14 and 2.15 ran it (make test-oldest, make
@@ -89,7 +89,7 @@ def warm_up_graphs(step: CompiledStep, scratch: AttentionBackend, page_size: int
             item = BatchItem(token_ids=[0] * num_tokens, start_pos=0, page_ids=[0] * -(-num_tokens // page_size))
             batch = build_forward_batch([item], page_size, device, on_layer_done)
             scratch.plan(batch)
-            hidden_all = step(batch)
+            hidden_all = step.forward(batch)  # planned on the scratch backend, not the engine's
             if with_mtp:
                 last_row = torch.tensor([num_tokens - 1], dtype=torch.int64, device=device)
                 step.mtp_draft(hidden_all, batch.input_ids, batch.positions, last_row, on_layer_done)

@@ -49,7 +49,7 @@ class EngineConfig:
     attention_backend: str | None = None  # None: flashinfer on CUDA, the native kernel ("cpu") on CPU, else torch_ref
     return_hidden_states: bool = False  # give hidden state + logits of each step's last position
     kv_share_path: str | None = None  # tp workers send their KV pool's memfd to this Unix socket
-    # compile the step (engine.compiled_step; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
+    # compile the step (engine.compiled_step.torch_compile; CPU, tp 1); None: on unless DISAGGSDK_COMPILE=0
     compile: bool | None = _DEFAULT.engine.compile
     # compile while serving eagerly (engine.background_compile): a first token within seconds, the
     # compiled step's speed once ready; False: compile before the engine's first step (tests and

@@ -90,7 +90,7 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
-        # without the CUDA graphs' scratch page (engine.cuda_graph_step), which no request may hold
+        # without the CUDA graphs' scratch page (engine.compiled_step.cuda_graphs), which no request may hold
         self.allocator = PageAllocator(config.num_pages - self.runner.num_scratch_pages)
         self.scheduler = Scheduler(
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
@@ -129,13 +129,13 @@ class LLMEngine:
         """Call between steps (`step` does; a unit's loop also does while idle, so that the outcome is
         told when it happens): once the background compile ended, run compiled from now on (drafts
         too), or, when it failed, stay eager and say so once."""
-        if self.runner.compilation is None or self.runner.compiled is not None:
+        if self.runner.compilation is None or self.runner.step is not None:
             return
         outcome = self.runner.take_compile_outcome()
         if outcome is None:
             return
         if outcome.stage == "compiled" and self._speculator is not None:
-            self._speculator.use_compiled(self.runner.compiled)
+            self._speculator.use_compiled(self.runner.compilation.step)
         if self._on_compile is not None:
             self._on_compile(outcome)
         elif outcome.stage == "failed":
@@ -146,7 +146,7 @@ class LLMEngine:
         call it from the thread that steps the engine. Returns whether steps run compiled now."""
         if self.runner.compilation is not None and self.runner.compilation.wait(timeout_s):
             self.take_compiled_step()
-        return self.runner.compiled is not None
+        return self.runner.compilation is not None and self.runner.step is not None
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any, and a background compile after the graph it is

@@ -20,8 +20,7 @@ from disaggsdk.kv.layout import kv_dtype_name
 if TYPE_CHECKING:
     from disaggsdk.engine.background_compile import StepCompilation
     from disaggsdk.engine.compile_progress import CompileProgress
-    from disaggsdk.engine.compiled_step import CompiledStep
-    from disaggsdk.engine.cuda_graph_step import CudaGraphStep
+    from disaggsdk.engine.compiled_step.base import AnyCompiledStep
     from disaggsdk.engine.modeling.base import KVGeometry
     from disaggsdk.kv.layout import PoolMemory
 
@@ -36,8 +35,8 @@ class RunnerConfig:
     model: str
     engine: EngineConfig
     # compile the step: `engine.compile`, its unset resolved by the head (the environment's default);
-    # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step), CUDA graphs of its
-    # decode steps on a GPU (engine.cuda_graph_step)
+    # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step.torch_compile), CUDA graphs of its
+    # decode steps on a GPU (engine.compiled_step.cuda_graphs)
     compile: bool = False
     extra_kv_layers: int = 0  # KV layers after the model's own: the MTP layer's, when it drafts
 
@@ -80,11 +79,12 @@ class ModelRunner:
         self._backend_name = (engine.attention_backend
                               or default_backend(engine.device, engine.weight_dtype, kv_dtype_name(config.kv_dtype)))
         self.attn = create_backend(self._backend_name, self.kv_cache)
-        # the step in use once compiled (`start_compile`, `take_compile_outcome`); None: eager
-        self.compiled: CompiledStep | None = None
+        # the compiled step `run` uses where it `can_run` a batch, once ready: on a CPU the compiled
+        # step (`start_compile`, adopted by `take_compile_outcome`), on a GPU the decode graphs
+        # (`capture_decode_graphs`); None: eager
+        self.step: AnyCompiledStep | None = None
         self.compilation: StepCompilation | None = None
         self._scratch_kv = (geometry, scales)  # the warm-up's one-page cache is of this format
-        self.decode_graphs: CudaGraphStep | None = None  # made by `capture_decode_graphs`
         # the pool's last page is the graphs' scratch page (their padding rows' KV): the engine's page
         # allocator leaves it out
         self.num_scratch_pages = 1 if self._can_capture_decode_graphs() else 0
@@ -103,11 +103,13 @@ class ModelRunner:
         or now; `take_compile_outcome` adopts it. ``on_layer_done`` is
         the engine's layer counter callback (the graphs are specialised on having one)."""
         from disaggsdk.engine.background_compile import StepCompilation, background_supported, warm_up_graphs
-        from disaggsdk.engine.compiled_step import CompiledStep
+        from disaggsdk.engine.compiled_step import new_compiled_step
+        from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
 
         assert self.can_compile and self.compilation is None
-        step = CompiledStep(self.model, self.attn)
         engine = self.config.engine
+        step = new_compiled_step(self.device, self.model, self.attn, engine, on_layer_done)
+        assert isinstance(step, CompiledStep)  # can_compile: a CPU rank
         geometry, scales = self._scratch_kv
         scratch = create_backend(self._backend_name, KVCache(geometry, 1, engine.page_size, engine.layout,
                                                              self.config.kv_dtype, engine.device, None, scales=scales))
@@ -118,12 +120,12 @@ class ModelRunner:
         self.compilation.start()
 
     def take_compile_outcome(self) -> CompileProgress | None:
-        """Call between steps: once the compile ended, its outcome, once; when it compiled, `compiled`
+        """Call between steps: once the compile ended, its outcome, once; when it compiled, `step`
         is the compiled step from now on. None while it runs, and ever after it was taken."""
         outcome = self.compilation.outcome() if self.compilation is not None else None
         if outcome is not None and outcome.stage == "compiled":
             assert self.compilation is not None
-            self.compiled = self.compilation.step
+            self.step = self.compilation.step
         return outcome
 
     def _can_capture_decode_graphs(self) -> bool:
@@ -141,22 +143,19 @@ class ModelRunner:
         return isinstance(self.attn, FlashInferBackend) and self.attn.supports_decode_graphs
 
     def capture_decode_graphs(self, on_layer_done: Callable[[int, torch.Tensor], None] | None) -> bool:
-        """Capture decode steps as CUDA graphs (engine.cuda_graph_step), when this rank can
+        """Capture decode steps as CUDA graphs (engine.compiled_step.cuda_graphs), when this rank can
         (``num_scratch_pages`` says) and a graph can hold ``on_layer_done`` (the engine's layer
-        counter callback: a `DeviceLayerCounter`'s, or None); from then on `run` replays them for
-        pure decode steps. Returns whether it captured."""
-        from disaggsdk.engine.cuda_graph_step import CudaGraphStep, is_capturable_counter
+        counter callback: a `DeviceLayerCounter`'s, or None); from then on they are `step`, and `run`
+        replays them for pure decode steps. Returns whether it captured."""
+        from disaggsdk.engine.compiled_step import new_compiled_step
+        from disaggsdk.engine.compiled_step.cuda_graphs import CudaGraphStep, is_capturable_counter
 
         if not self.num_scratch_pages or not is_capturable_counter(on_layer_done):
             return False
-        from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
-
-        assert isinstance(self.attn, FlashInferBackend)
-        engine = self.config.engine
-        graphs = CudaGraphStep(self.model, self.attn, min(engine.max_num_seqs, engine.max_num_batched_tokens),
-                               scratch_page_id=self.kv_cache.num_pages - 1, on_layer_done=on_layer_done)
+        graphs = new_compiled_step(self.device, self.model, self.attn, self.config.engine, on_layer_done)
+        assert isinstance(graphs, CudaGraphStep)  # num_scratch_pages: a CUDA rank on FlashInfer
         graphs.capture()
-        self.decode_graphs = graphs
+        self.step = graphs
         return True
 
     def _kv_scales(self, geometry: KVGeometry) -> KVScales:
@@ -183,12 +182,12 @@ class ModelRunner:
     def run_keeping_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`run`, also giving the hidden states of every row first ([num_tokens, hidden_size]: what
         the MTP layer reads); the attention backend stays planned for ``batch``."""
-        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            hidden_all = self.decode_graphs(batch)  # plans the backend for the padded batch itself
+        if self.step is not None and self.step.can_run(batch):
+            hidden_all = self.step(batch)  # plans the backend itself
         else:
             if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
                 self.attn.plan(batch)
-            hidden_all = self.model(batch, self.attn) if self.compiled is None else self.compiled(batch)
+            hidden_all = self.model(batch, self.attn)
         rows = hidden_all[batch.logits_indices]
         if rows.shape[0] == 0:
             return hidden_all, rows, torch.empty(0, self.model.arch.vocab_size, device=rows.device)

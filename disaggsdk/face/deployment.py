@@ -419,7 +419,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         api_key: see `Deployment`.
         served_model_name: overrides ``spec.serve.model_name``.
         allowed_origins: see `Deployment`.
-        runtime_options: passed to `disaggsdk.serve.backends.local.serve_locally`: ``span_exporter`` (trace
+        runtime_options: passed to `disaggsdk.serve.backends.local.serve_runtime`: ``span_exporter`` (trace
             every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
             they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
             ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.start_local_runtime`'s
@@ -430,14 +430,15 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         ServerStartError: the port cannot be bound (checked before any unit starts).
         TracingUnavailableError: tracing is asked for but opentelemetry is missing (the ``trace`` extra).
     """
-    from disaggsdk.serve.backends.local import serve_locally
+    from disaggsdk.launch.launcher.supervisor import start_runtime
+    from disaggsdk.serve.backends.local import serve_runtime
     from disaggsdk.serve.http.http_server import bind_listener
 
     host = host or spec.serve.host
     port = spec.serve.port if port is None else port
     sock = bind_listener(host, port)  # a busy port fails now, not after every unit started
     try:
-        backend = serve_locally(spec, tiny=tiny, colocated=colocated, **runtime_options)
+        backend = serve_runtime(spec, start_runtime, tiny=tiny, colocated=colocated, **runtime_options)
     except BaseException:
         sock.close()
         raise

@@ -17,7 +17,7 @@ names such text spells and checks each against the code itself, not against a li
   sections ``engine``, ``launch``, ``serve``, ``transfer`` are also packages).
 * repository paths: a code span or a command's word with a ``/`` whose first part is a top-level
   entry of the repository or a package of disaggsdk (``tools/gpu_check.sh``,
-  ``engine/cuda_graph_step.py``, ``specs/*.yaml``) must match a file or folder, from the root, from
+  ``engine/compiled_step/cuda_graphs.py``, ``specs/*.yaml``) must match a file or folder, from the root, from
   disaggsdk/ or from the naming file's folder.
 * commands: a line of a code span or block that runs ``disaggsdk CMD ...`` must name a command of
   the real parser (`disaggsdk.cli.main.build_parser`), and each ``--flag`` must be one that command
@@ -293,7 +293,7 @@ def _top_level_entries() -> frozenset[str]:
 
 
 def path_problem(word: str, source: Path) -> str | None:
-    """Why ``word`` (``tools/gpu_check.sh``, ``engine/cuda_graph_step.py``, ``specs/*.yaml``) matches
+    """Why ``word`` (``tools/gpu_check.sh``, ``engine/compiled_step/cuda_graphs.py``, ``specs/*.yaml``) matches
     no file or folder from the repository root, from disaggsdk/ or from ``source``'s folder; None when
     one does, or when ``word`` is not a repository path at all."""
     word = word.rstrip("/").rstrip(".,:;")
@@ -465,7 +465,7 @@ def mention_problem(mention: Mention) -> str | None:
             return None
         module = None if parts[0] == "spec" else resolve_module(parts, package_bases(mention.source))
         if parts[0] != "spec" and module is None:
-            return None  # `engine.cuda_graph_step`: the section's name is also a package
+            return None  # `engine.compiled_step.cuda_graphs`: the section's name is also a package
         return "neither a spec key nor a module" + (f" ({module})" if module else "")
     if parts[0] in ("tools", "tests"):  # python -m tools.x: a module of the repository
         return None if module_problem(parts, ROOT) is None else f"no module {mention.name} in the repository"

@@ -66,8 +66,8 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
     "launch.health", "launch.health.SilenceWatch", "disaggsdk.launch.health",
     "engine.layer_counter.host.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
-    "launch.cuda_devices", "engine.cuda_graph_step",  # a spec section that is also a package
-    "engine/cuda_graph_step.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",
+    "launch.cuda_devices", "engine.compiled_step",  # a spec section that is also a package
+    "engine/compiled_step/cuda_graphs.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",
     "disaggsdk/transfer/_fabric*.so",
     "disaggsdk plan specs/qwen3_coder.yaml --json", "disaggsdk --version -v", "disaggsdk testbed bench --input-lens 1024",
     "python -m tools.train_tiny.eval", "python -m disaggsdk.spec.reference --write",

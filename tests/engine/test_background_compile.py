@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine import background_compile  # noqa: E402
 from disaggsdk.engine.compile_progress import CompileProgress  # noqa: E402
-from disaggsdk.engine.compiled_step import CompiledStep  # noqa: E402
+from disaggsdk.engine.compiled_step.torch_compile import CompiledStep  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 
@@ -33,7 +33,7 @@ def _eager_ids(max_tokens: int) -> list[int]:
 def test_serves_eagerly_at_once_then_runs_compiled_with_the_same_tokens():
     events: list[CompileProgress] = []
     with LLMEngine(MODEL, _config(True), on_compile=events.append) as engine:
-        assert [e.stage for e in events] == ["compiling"] and engine.runner.compiled is None
+        assert [e.stage for e in events] == ["compiling"] and engine.runner.step is None
         pool_before = engine.kv.cache.buffer.clone()
         counter_before = engine.layer_counter.read()
         engine.add_request("r", PROMPT, SamplingParams(max_tokens=48, ignore_eos=True))
@@ -41,14 +41,14 @@ def test_serves_eagerly_at_once_then_runs_compiled_with_the_same_tokens():
         while not ids:  # the prefill's chunks and the first token run eagerly while the step compiles
             for out in engine.step():
                 ids += out.new_token_ids
-            assert engine.runner.compiled is None
+            assert engine.runner.step is None
         assert engine.runner.compilation is not None and engine.runner.compilation.wait(600)
         # ended, but not taken yet: the engine takes it at its next step boundary, not mid-step
-        assert engine.runner.compiled is None and [e.stage for e in events] == ["compiling"]
+        assert engine.runner.step is None and [e.stage for e in events] == ["compiling"]
         while engine.has_unfinished():
             for out in engine.step():
                 ids += out.new_token_ids
-        assert isinstance(engine.runner.compiled, CompiledStep)
+        assert isinstance(engine.runner.step, CompiledStep)
         assert [e.stage for e in events] == ["compiling", "compiled"] and events[1].elapsed_s > 0
     assert ids == _eager_ids(48)  # the request crossed the switch with the eager engine's tokens
     # the warm-up ran on a scratch cache: it wrote no page of the pool the request did not hold
@@ -67,7 +67,7 @@ def test_a_failed_compile_leaves_the_engine_eager_with_one_warning(monkeypatch, 
     monkeypatch.setattr(background_compile, "warm_up_graphs", broken)
     events: list[CompileProgress] = []
     with LLMEngine(MODEL, _config(True), on_compile=events.append) as engine:
-        assert engine.wait_for_compiled_step(60) is False and engine.runner.compiled is None
+        assert engine.wait_for_compiled_step(60) is False and engine.runner.step is None
         out = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert [e.stage for e in events] == ["compiling", "failed"]
     assert events[1].error == "TypeError: BooleanAtom not allowed in this context"
@@ -82,7 +82,7 @@ def test_a_failed_compile_leaves_the_engine_eager_with_one_warning(monkeypatch, 
 def test_compile_before_serving_when_asked():
     config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False)
     with LLMEngine(MODEL, config) as engine:
-        assert isinstance(engine.runner.compiled, CompiledStep)
+        assert isinstance(engine.runner.step, CompiledStep)
 
 
 @pytest.mark.deps_smoke  # make test-latest / test-oldest (tools/deps_check.py)
@@ -92,7 +92,7 @@ def test_compiles_in_the_background_where_this_torch_allows_it_else_before_servi
     in_background = background_compile.background_supported()
     assert in_background is (tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13))
     with LLMEngine(MODEL, _config(True)) as engine:
-        assert (engine.runner.compiled is None) is in_background
+        assert (engine.runner.step is None) is in_background
         assert engine.wait_for_compiled_step(600) is True
         out = engine.generate([PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert out.output_ids == _eager_ids(16)
@@ -101,4 +101,4 @@ def test_compiles_in_the_background_where_this_torch_allows_it_else_before_servi
 def test_an_older_torch_compiles_before_the_engine_serves(monkeypatch):
     monkeypatch.setattr(background_compile, "MIN_TORCH_FOR_BACKGROUND", (99, 0))
     with LLMEngine(MODEL, _config(True)) as engine:
-        assert isinstance(engine.runner.compiled, CompiledStep)
+        assert isinstance(engine.runner.step, CompiledStep)

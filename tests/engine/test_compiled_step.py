@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.compiled_step import COMPILE_ENV, CompiledStep, compile_by_default  # noqa: E402
+from disaggsdk.engine.compiled_step import COMPILE_ENV, compile_by_default  # noqa: E402
+from disaggsdk.engine.compiled_step.torch_compile import CompiledStep  # noqa: E402
 from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
 
@@ -24,7 +25,7 @@ def generate(model: str, compile: bool) -> tuple[dict[str, list[int]], dict[str,
     ids: dict[str, list[int]] = {}
     lps: dict[str, list] = {}
     with LLMEngine(model, config) as engine:
-        assert (engine.runner.compiled is not None) == compile
+        assert (engine.runner.step is not None) == compile
         for i, p in enumerate(prompts()):
             engine.add_request(f"r{i}", p, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3))
         while engine.has_unfinished():
@@ -88,12 +89,30 @@ def test_an_arbitrary_layer_callback_runs_the_step_eagerly():
 
     config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False)
     with LLMEngine("qwen3-tiny", config) as engine:
-        assert isinstance(engine.runner.compiled, CompiledStep)
+        assert isinstance(engine.runner.step, CompiledStep)
         seen = []
         batch = build_forward_batch([BatchItem([5, 6, 7], 0, [1])], 4,
                                     on_layer_done=lambda layer, out: seen.append((layer, tuple(out.shape))))
+        assert not engine.runner.step.can_run(batch)  # the runner runs it eagerly
         engine.runner.run(batch)
     assert seen == [(layer, (3, engine.arch.hidden_size)) for layer in range(engine.arch.num_layers)]
+
+
+def test_the_registry_builds_the_twin_of_the_device():
+    """A CPU rank's compiled step is `CompiledStep`, built by the registry; it runs a batch whose
+    layer callback is a `LayerCounter`'s (a graph op) or none."""
+    from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
+    from disaggsdk.engine.compiled_step import STEPS, new_compiled_step
+    from disaggsdk.engine.layer_counter.host import LayerCounter
+    from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
+    from disaggsdk.engine.parallel import TensorParallel
+
+    assert set(STEPS) == {"cpu", "cuda"}
+    runner = ModelRunner(RunnerConfig("qwen3-tiny", EngineConfig(num_pages=8, page_size=4)), TensorParallel())
+    step = new_compiled_step(runner.device, runner.model, runner.attn, runner.config.engine, None)
+    assert isinstance(step, CompiledStep)
+    for on_layer_done in (None, LayerCounter().on_layer_done):
+        assert step.can_run(build_forward_batch([BatchItem([5], 0, [1])], 4, on_layer_done=on_layer_done))
 
 
 def test_compile_default_follows_the_environment(monkeypatch):
@@ -102,7 +121,7 @@ def test_compile_default_follows_the_environment(monkeypatch):
     monkeypatch.setenv(COMPILE_ENV, "0")
     assert not compile_by_default()
     with LLMEngine("qwen3-tiny", EngineConfig(page_size=4, num_pages=16)) as engine:
-        assert engine.runner.compiled is None
+        assert engine.runner.step is None
 
 
 def test_the_compiled_mtp_layer_computes_what_the_eager_one_does():
@@ -156,7 +175,7 @@ def test_a_prefill_unit_counts_the_compiled_mtp_layer_as_one_more_layer():
     config = EngineConfig(page_size=4, num_pages=64, compile=True, compile_in_background=False, count_layers=True,
                           mode="prefill_only", speculative=SpeculativeConfig("mtp", 1))
     with LLMEngine("deepseek-r1-tiny", config) as engine:
-        assert engine.runner.compiled is not None
+        assert engine.runner.step is not None
         engine.add_request("a", [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=1))
         engine.step()
         step_id, layers = engine.layer_counter.read()

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
-from disaggsdk.engine.cuda_graph_step import (  # noqa: E402
+from disaggsdk.engine.compiled_step.cuda_graphs import (  # noqa: E402
     MAX_GRAPH_BATCH_SIZE,
     CudaGraphStep,
     capture_batch_sizes,
@@ -80,7 +80,7 @@ def test_only_a_device_counter_can_be_held_by_a_graph():
 
 def test_a_cpu_engine_captures_nothing_and_keeps_every_page():
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=16)) as engine:
-        assert engine.runner.num_scratch_pages == 0 and engine.runner.decode_graphs is None
+        assert engine.runner.num_scratch_pages == 0 and not isinstance(engine.runner.step, CudaGraphStep)
         assert engine.kv.num_free_pages == engine.kv.num_pages == 16
 
 
@@ -103,8 +103,8 @@ def test_replayed_decode_logits_equal_the_eager_cuda_step():
     and eagerly: the same logits; the padding row wrote only the scratch page."""
     with LLMEngine(MODEL, cuda_config(compile=True)) as engine:
         runner = engine.runner
-        graphs = runner.decode_graphs
-        assert graphs is not None and runner.num_scratch_pages == 1 and engine.kv.num_free_pages == 127
+        graphs = runner.step
+        assert isinstance(graphs, CudaGraphStep) and runner.num_scratch_pages == 1 and engine.kv.num_free_pages == 127
         prompts = PROMPTS[:3]
         pages = [[2 * i, 2 * i + 1, 2 * i + 20, 2 * i + 21, 2 * i + 40] for i in range(3)]
         prefill = [BatchItem(p, 0, pg) for p, pg in zip(prompts, pages)]
@@ -124,11 +124,11 @@ def test_replayed_decode_logits_equal_the_eager_cuda_step():
         assert engine.kv.num_pages == scratch  # requests never hold the scratch page: gauges count without it
         new_token_pages = {pg[len(p) // 4] for p, pg in zip(prompts, pages)}
         assert changed and changed <= new_token_pages | {scratch}  # the pages of the new tokens only
-        runner.decode_graphs = None  # the same step eagerly (it rewrites the same KV slots)
+        runner.step = None  # the same step eagerly (it rewrites the same KV slots)
         try:
             hidden_eager, logits_eager = runner.run(batch)
         finally:
-            runner.decode_graphs = graphs
+            runner.step = graphs
         torch.testing.assert_close(hidden_graph, hidden_eager, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(logits_graph, logits_eager, atol=2e-2, rtol=2e-2)
         assert torch.equal(logits_graph.argmax(-1), logits_eager.argmax(-1))
@@ -140,11 +140,11 @@ def test_graph_decode_gives_the_eager_cuda_engine_tokens_and_close_to_the_cpu_en
     with LLMEngine(MODEL, EngineConfig(page_size=4, num_pages=128)) as cpu:
         cpu_tokens = [o.output_ids for o in cpu.generate(PROMPTS, GREEDY)]
     with LLMEngine(MODEL, cuda_config(compile=False)) as eager:
-        assert eager.runner.decode_graphs is None
+        assert eager.runner.step is None
         eager_tokens = [o.output_ids for o in eager.generate(PROMPTS, GREEDY)]
     with LLMEngine(MODEL, cuda_config(compile=True)) as graphed:
         graphed_tokens = [o.output_ids for o in graphed.generate(PROMPTS, GREEDY)]
-        assert graphed.runner.decode_graphs is not None and graphed.runner.decode_graphs.num_replays > 0
+        assert isinstance(graphed.runner.step, CudaGraphStep) and graphed.runner.step.num_replays > 0
     # the first decode step (all five requests: the graph of 8) gives every request the eager token;
     # later steps may differ by a near tie (bfloat16 matmuls of 8 padded rows against 5)
     assert [t[1] for t in graphed_tokens] == [t[1] for t in eager_tokens]
@@ -195,7 +195,7 @@ def test_layer_counter_under_graph_replay_streams_every_layer_as_the_cpu_twin_do
     with LLMEngine(MODEL, cuda_config(compile=True, count_layers=True)) as gpu:
         assert type(gpu.layer_counter) is DeviceLayerCounter
         gpu_seen = stream_steps(gpu)
-        assert gpu.runner.decode_graphs is not None and gpu.runner.decode_graphs.num_replays > 0
+        assert isinstance(gpu.runner.step, CudaGraphStep) and gpu.runner.step.num_replays > 0
         final = gpu.layer_counter.read()
     num_layers = gpu.arch.num_layers
     assert len(gpu_seen) == len(cpu_seen) > 0

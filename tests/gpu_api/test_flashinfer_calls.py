@@ -30,7 +30,7 @@ with warnings.catch_warnings():
 from disaggsdk.engine.attention import create_backend, flashinfer_backend
 from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch
-from disaggsdk.engine.cuda_graph_step import CudaGraphStep
+from disaggsdk.engine.compiled_step.cuda_graphs import CudaGraphStep
 from disaggsdk.engine.kv_cache import KVCache
 from disaggsdk.engine.kv_scales import KVScales
 from disaggsdk.engine.modeling import build_model, kv_geometry

@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 GPU_API = re.compile(r"flashinfer|cuda\.bindings|torch\.cuda|nccl|torch\.distributed|cuda_vmm|cuda_array", re.IGNORECASE)
 # the GPU modules issue 54 names: the scan must find at least these
 NAMED = {
-    "disaggsdk.engine.attention.flashinfer_backend", "disaggsdk.kv.pools.cuda_vmm", "disaggsdk.engine.cuda_graph_step",
+    "disaggsdk.engine.attention.flashinfer_backend", "disaggsdk.kv.pools.cuda_vmm", "disaggsdk.engine.compiled_step.cuda_graphs",
     "disaggsdk.engine.layer_counter.device", "disaggsdk.engine.fp8_linear", "disaggsdk.engine.tp_group",
     "disaggsdk.kv.pools", "disaggsdk.kv.pools.host_mirror", "disaggsdk.engine.expert_parallel.all_to_all",
     "disaggsdk.engine.dp_lockstep", "disaggsdk.engine.parallel", "disaggsdk.engine.model_runner",

@@ -20,7 +20,7 @@ and annotations, through FlashInfer's current (not deprecated) forms: the MLA wr
 an ``MLAPlanMetadata`` and keywords, and run with ``query=`` / ``kv_cache=`` pairs (the split
 layouts its flat legacy form meant).
 
-CUDA-graph decode (`engine.cuda_graph_step`): FlashInfer's decode wrapper in graph mode keeps its
+CUDA-graph decode (`engine.compiled_step.cuda_graphs`): FlashInfer's decode wrapper in graph mode keeps its
 page table in buffers fixed at construction, one wrapper per captured batch size (all over one set
 of buffers, sized for the largest; replays never overlap). `plan_decode_graph` plans the wrapper of
 a padded step on the host and points the KV writes at fixed index buffers, so the graph's kernels
@@ -41,7 +41,7 @@ from disaggsdk.engine.kv_scales import to_cache
 if TYPE_CHECKING:
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
-    from disaggsdk.engine.cuda_graph_step import PaddedDecode
+    from disaggsdk.engine.compiled_step.cuda_graphs import PaddedDecode
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.kv_cache import KVCache
 
@@ -206,7 +206,7 @@ class FlashInferBackend:
             return self._mla.run(query=query, kv_cache=kv_pages)
         return self._mla.run(query=query, kv_cache=kv_pages, ckv_scale=scale, kpe_scale=scale)
 
-    # CUDA-graph decode (engine.cuda_graph_step)
+    # CUDA-graph decode (engine.compiled_step.cuda_graphs)
 
     @property
     def supports_decode_graphs(self) -> bool:

@@ -26,7 +26,7 @@ from disaggsdk.kv.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
-    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
     from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
 PAD_TOKEN_ID = 0

@@ -19,7 +19,7 @@ from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.kv.page_allocator import PageAllocator
 
 if TYPE_CHECKING:
-    from disaggsdk.engine.compiled_step import CompiledStep
+    from disaggsdk.engine.compiled_step.torch_compile import CompiledStep
     from disaggsdk.engine.model_runner import ModelRunner
     from disaggsdk.models.arch import ModelArch
 
@@ -119,7 +119,9 @@ def new_speculator(config: EngineConfig, runner: ModelRunner, allocator: PageAll
         if runner.model.draft_layer() is None:
             raise EngineError(f"{runner.config.model}: the checkpoint has no MTP weights (model.layers."
                               f"{runner.model.arch.num_layers}.*): use speculative method 'ngram'")
+        # no compiled step yet: the engine compiles after it made the speculator, and hands the
+        # compiled step over once it adopted it (`Speculator.use_compiled`)
         drafter = MTPDrafter(runner.model, runner.attn, allocator, config.page_size, runner.device, mirror,
-                             compiled=runner.compiled, lockstep_chains=spec.num_tokens - 1 if lockstep else None)
+                             lockstep_chains=spec.num_tokens - 1 if lockstep else None)
     return Speculator(spec, drafter)
 

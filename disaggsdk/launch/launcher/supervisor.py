@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
+from typing import Any
 
 import msgspec
 
@@ -131,6 +132,21 @@ def start_ray_runtime(spec: Spec, address: str | None = None, tiny: bool = False
                          max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
     runtime.start()
     return runtime
+
+
+def start_runtime(spec: Spec, **options: Any) -> Supervisor:
+    """The runtime ``spec.launch.backend`` names, started: `start_ray_runtime` at ``spec.launch.address``
+    for ``ray``, else `start_local_runtime`.
+
+    Args:
+        spec: the deployment.
+        options: the keywords both take (``tiny``, ``colocated``, ``log_dir``, ``on_event``, ...).
+    Raises:
+        LaunchError: as `start_local_runtime` or `start_ray_runtime`.
+    """
+    if spec.launch.backend == "ray":
+        return start_ray_runtime(spec, address=spec.launch.address, **options)
+    return start_local_runtime(spec, **options)
 
 
 class Supervisor:

@@ -60,10 +60,11 @@ def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = Non
         LaunchError: the deployment cannot start, or a request fails.
     """
     from disaggsdk.engine.sampling import SamplingParams
-    from disaggsdk.serve.backends.local import serve_locally
+    from disaggsdk.launch.launcher.supervisor import start_runtime
+    from disaggsdk.serve.backends.local import serve_runtime
 
     params = params or SamplingParams()
-    with serve_locally(spec, tiny=tiny, colocated=colocated, provider=provider, on_event=on_event) as rt:
+    with serve_runtime(spec, start_runtime, tiny=tiny, colocated=colocated, provider=provider, on_event=on_event) as rt:
         all_prompts = [rt.encode(t) for t in texts] + [list(p) for p in (prompts or [])]
         if not all_prompts:
             raise LaunchError("give at least one prompt")

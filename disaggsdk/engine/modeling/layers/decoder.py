@@ -106,7 +106,7 @@ class DecoderModel(nn.Module):
 
     def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: LayerAttention,
                        on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
-        """`forward` on the batch's tensors alone: what a compiled step traces (engine.compiled_step)."""
+        """`forward` on the batch's tensors alone: what a compiled step traces (engine.compiled_step.torch_compile)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.layers:

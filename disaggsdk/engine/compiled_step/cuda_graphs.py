@@ -1,4 +1,4 @@
-"""Decode steps as CUDA graphs at padded batch sizes (the CUDA twin of `engine.compiled_step`).
+"""Decode steps as CUDA graphs at padded batch sizes (the CUDA twin of `engine.compiled_step.torch_compile`).
 
 A decode step (every request brings one token) launches the same kernels every time, only the
 batch size and the page table change. So the model's forward is captured once per batch size of
@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from disaggsdk.engine.attention.base import AttentionBackend
     from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
@@ -169,6 +171,22 @@ class CudaGraphStep:
         self._positions = torch.zeros(largest, dtype=torch.int64, device=self.device)  # [largest], int64
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # size -> (graph, hidden out)
         self.num_replays = 0  # decode steps that ran as a graph (tests and stats read it)
+
+    @classmethod
+    def for_rank(cls, model: DecoderModel, backend: AttentionBackend, engine: EngineConfig,
+                 on_layer_done: Callable[[int, torch.Tensor], None] | None) -> CudaGraphStep:
+        """The registry's constructor (`disaggsdk.engine.compiled_step.new_compiled_step`): graphs up
+        to the engine's largest decode batch, the pool's last page as the scratch page (the engine's
+        page allocator leaves it out: `ModelRunner.num_scratch_pages`).
+
+        Raises:
+            ValueError: a callback a graph cannot hold.
+        """
+        from disaggsdk.engine.attention.flashinfer_backend import FlashInferBackend
+
+        assert isinstance(backend, FlashInferBackend), "CUDA graphs replay FlashInfer's graph-mode wrappers"
+        return cls(model, backend, min(engine.max_num_seqs, engine.max_num_batched_tokens),
+                   scratch_page_id=backend.kv_cache.num_pages - 1, on_layer_done=on_layer_done)
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -13,13 +13,12 @@ DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the 
 the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
 runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
 call a step where the layer and its argmax were two).
-Its CUDA twin is `engine.cuda_graph_step`: decode steps captured as CUDA graphs, the layer counter
+Its CUDA twin is `engine.compiled_step.cuda_graphs`: decode steps captured as CUDA graphs, the layer counter
 a fill of host-mapped memory inside them (`engine.layer_counter.device`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from types import MethodType
 from typing import TYPE_CHECKING, Literal
@@ -31,17 +30,12 @@ from disaggsdk.engine.layer_counter.host import LayerCounter
 
 if TYPE_CHECKING:
     from disaggsdk.engine.attention.base import AttentionBackend
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.forward_batch import ForwardBatch
     from disaggsdk.engine.modeling.base import DraftLayer
     from disaggsdk.engine.modeling.layers.decoder import DecoderModel
 
-COMPILE_ENV = "DISAGGSDK_COMPILE"  # "0": run eagerly where a config leaves compile unset
 MAX_GRAPHS = 64  # compiled graphs of the step kept per process (three per engine)
-
-
-def compile_by_default() -> bool:
-    """Whether engines compile their step when their config does not say (``DISAGGSDK_COMPILE``)."""
-    return os.environ.get(COMPILE_ENV, "1") != "0"
 
 
 class CompiledStep:
@@ -49,8 +43,16 @@ class CompiledStep:
 
     Args:
         model: a `DecoderModel` of a single rank (no tensor-parallel collectives in the graph).
-        backend: the rank's attention backend; the caller plans it for each batch first.
+        backend: the rank's attention backend: `__call__` plans it for each batch; `forward` and
+            `mtp_draft` run it as the caller planned it.
     """
+
+    @classmethod
+    def for_rank(cls, model: DecoderModel, backend: AttentionBackend, engine: EngineConfig,
+                 on_layer_done: Callable[[int, torch.Tensor], None] | None) -> CompiledStep:
+        """The registry's constructor (`disaggsdk.engine.compiled_step.new_compiled_step`): the
+        graphs are specialised on ``on_layer_done`` when they compile (`background_compile`), not here."""
+        return cls(model, backend)
 
     def __init__(self, model: DecoderModel, backend: AttentionBackend):
         self.model = model
@@ -96,11 +98,24 @@ class CompiledStep:
         counter = self._graph_counter(on_layer_done)
         if counter is False:
             return self._draft_layer().draft(hidden, next_ids, positions, self.attn.backend, rows, on_layer_done)
-        with torch.inference_mode():  # see __call__
+        with torch.inference_mode():  # see forward
             return self._mtp_draft(hidden, next_ids.clone(), positions.clone(), rows.clone(), counter)
 
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Whether the graphs can hold ``batch``'s layer callback: none, or a `LayerCounter`'s
+        (any other callable runs Python only eager code can call)."""
+        return self._graph_counter(batch.on_layer_done) is not False
+
     def __call__(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm for ``batch`` (as ``model(batch, backend)``)."""
+        """The backend planned for ``batch``, then `forward`; the backend stays planned for it (the
+        MTP layer reads that plan)."""
+        if batch.num_tokens:  # an idle lock-step rank's empty batch has nothing to plan (engine.dp_lockstep)
+            self.attn.backend.plan(batch)
+        return self.forward(batch)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm for a ``batch`` the backend is planned for (as
+        ``model(batch, backend)``)."""
         counter = self._graph_counter(batch.on_layer_done)
         if counter is False:
             return self.model(batch, self.attn.backend)  # an arbitrary callback: only eager can call it
