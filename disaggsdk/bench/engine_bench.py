@@ -48,8 +48,9 @@ def run_bench(model: str, num_prompts: int, input_len: int, output_len: int, tp:
     """
     import torch
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 256, (input_len,), generator=gen).tolist() for _ in range(num_prompts)]

@@ -37,8 +37,9 @@ from disaggsdk.engine.group_address import free_loopback_address
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.expert_parallel import ExpertDispatcher
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.engine.llm_engine import LLMEngine
 
 DEFAULT_BATCHES = (1, 8, 32)
 PAGE_SIZE = 16
@@ -87,7 +88,7 @@ def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch
     step until the group (if any) is idle. Returns the per-step records and the window's totals."""
     import torch
 
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
     vocab = min(engine.arch.vocab_size, 32000)
@@ -136,7 +137,7 @@ def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch
 
 def _engine_config(tp: int, dp: int, dp_rank: int, ep: int, address: str | None, max_batch: int, prompt_len: int,
                    warmup_steps: int, steps: int, mtp_tokens: int) -> EngineConfig:
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 
     tokens_per_request = prompt_len + (warmup_steps + steps + 4) * (1 + mtp_tokens) + 16
@@ -262,7 +263,7 @@ def run_bench(model: str = "deepseek-r1-tiny", dp: int = 2, tp: int = 1, batches
         ValueError: a shape the bench does not run (ep must exceed 1, batches and steps positive).
         RuntimeError: a rank failed or hung (its message names it); no process is left behind.
     """
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
 
     if tp * dp < 2:
         raise ValueError(f"--tp {tp} x --dp {dp} gives ep {tp * dp}: expert parallelism needs at least 2 ranks")

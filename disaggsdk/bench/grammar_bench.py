@@ -53,8 +53,9 @@ def run_grammar_bench(model: str, batch: int = 8, steps: int = 48, method: str |
                       num_tokens: int = 2) -> dict[str, Any]:
     """The comparison (see the module docstring)."""
     from disaggsdk.engine import step_outputs
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.structured import grammar
     from disaggsdk.engine.structured.output import StructuredOutput

@@ -101,7 +101,7 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
     Returns:
         `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.messenger.context import context_bytes
     from disaggsdk.models import resolve_model
     from disaggsdk.plan.memory import num_pages_per_rank

@@ -100,8 +100,9 @@ def measure_kv_dtype_agreement(model: str, num_prompts: int = 32, max_tokens: in
         ModelError: the model has no tokenizer here.
     """
     from disaggsdk.bench.code_corpus import held_out_windows
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.errors import ModelError
 

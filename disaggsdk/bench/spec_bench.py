@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 def _timed_decode(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[float, list[list[int]]]:
     """Greedy generation of ``output_len`` tokens for every prompt at once. Returns the mean over
     requests of each one's decode time per token (from its first token to its last) and the tokens."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     base = f"bench-{time.monotonic_ns()}-"
     ids = [f"{base}{i}" for i in range(len(prompts))]
@@ -58,8 +58,9 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
                    repeats: int = 3, compile_step: bool | None = None, dtype: HeldDtype = "float32") -> dict[str, Any]:
     """The comparison for each batch size (see the module docstring)."""
     from disaggsdk.bench.code_corpus import held_out_prompts
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.errors import ModelError

@@ -139,7 +139,7 @@ def measure_group(router: Router, input_len: int, num_prompts: int, tag: str) ->
     Raises:
         RuntimeError: a request has no full pair of records (prefilled on decode, or retried).
     """
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     since_s = time.monotonic()

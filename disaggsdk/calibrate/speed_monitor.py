@@ -158,8 +158,9 @@ def _sample_forever() -> None:
     """The monitor process: time the fixed work and print one line a sample until told to stop."""
     import torch
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(1)
     parent = os.getppid()

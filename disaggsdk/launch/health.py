@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.base import ChannelClosed
+from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.messenger.peers import PeerId
 
 if TYPE_CHECKING:

@@ -194,7 +194,7 @@ class PrefillMessenger:
         return problem
 
     def _accept(self, msg: pr.PrefillRequest) -> Rejection | None:
-        from disaggsdk.engine.sampling import SamplingParams
+        from disaggsdk.engine.sampling_params import SamplingParams
         from disaggsdk.errors import DisaggError
 
         sender = PeerId.parse(msg.decode_instance)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.base import ChannelClosed
+from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.health import EXIT_CODE, TransportWatchdog, UnitHeartbeat
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.progress import compile_failed_line
