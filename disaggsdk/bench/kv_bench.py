@@ -7,7 +7,7 @@ timestamp prefill puts in the context payload) to the moment the decode's immedi
 fired. Both sides read CLOCK_MONOTONIC of one machine. Measurement only: `summarize` is pure.
 
 The bytes prefill sent per request are counted too, and per token of KV: the messenger moves
-bytes, so an fp8 KV cache (`kv.dtype: fp8`, ``--kv-dtype fp8``) sends half of bfloat16's.
+bytes, so an fp8 KV cache (`$.kv.dtype: fp8`, ``--kv-dtype fp8``) sends half of bfloat16's.
 """
 
 from __future__ import annotations

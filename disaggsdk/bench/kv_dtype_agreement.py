@@ -1,7 +1,7 @@
 """How far an fp8 KV cache moves a model's greedy output from a float32 KV cache's.
 
 The same model, weights and prompts run twice through the engine, once with each KV element type
-(`kv.dtype`), greedily; prompts are held-out code (`code_corpus.held_out_windows`: windows of
+(`$.kv.dtype`), greedily; prompts are held-out code (`code_corpus.held_out_windows`: windows of
 files no tiny checkpoint was trained on, more than one per file where 32 prompts need it). Per
 prompt, the two continuations are compared up to their first differing token: before it both runs
 saw the same context, so their tokens and the logprobs of the chosen tokens are comparable; after
@@ -91,7 +91,7 @@ def measure_kv_dtype_agreement(model: str, num_prompts: int = 32, max_tokens: in
         model: a catalog name or checkpoint directory with a tokenizer.
         num_prompts: held-out prompts.
         max_tokens: tokens generated per prompt (EOS ignored, so every continuation has them all).
-        kv_dtype, reference_kv_dtype: `kv.dtype` names.
+        kv_dtype, reference_kv_dtype: `$.kv.dtype` names.
         weights_dtype: the engine's dtype (weights and activations), the same in both runs.
         prompt_lines: lines of code per prompt.
     Returns:

@@ -4,7 +4,7 @@ On this machine every layout that fits is launched, swept for its goodput rate w
 trace (`bench.goodput_sweep`, the same procedure as `disaggsdk bench --request-rate search`) and torn
 down: colocated (every instance mixed), disaggregated at each P:D whose units fit the cores, and
 conditional disaggregation (the P1:D1 layout whose decode unit computes prompts of at most
-``local_prefill_tokens`` itself, `transfer.max_local_prefill_tokens`).
+``local_prefill_tokens`` itself, `$.transfer.max_local_prefill_tokens`).
 
 Beside each measured sweep, the simulator runs the same sweep (the same requests at the same
 arrivals, seed by seed) on the machine's calibrated profile (``cpu-local``), calibrated again on

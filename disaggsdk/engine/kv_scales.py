@@ -1,6 +1,6 @@
 """The per-layer scales of an fp8 KV cache, and the conversions between computed K/V and stored pages.
 
-An fp8 KV cache (`kv.dtype: fp8`, vLLM's ``kv_cache_dtype=fp8``) stores OCP e4m3 (float8_e4m3fn):
+An fp8 KV cache (`$.kv.dtype: fp8`, vLLM's ``kv_cache_dtype=fp8``) stores OCP e4m3 (float8_e4m3fn):
 ``stored = (x / scale)`` rounded to e4m3, saturated to +-448; ``read = stored * scale`` in float32.
 GQA layers have a ``k_scale`` and a ``v_scale``; an MLA layer caches one latent (its values are the
 first columns of its keys), so it has one scale, ``k_scale``, read for both.

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 Layout = Literal["HND", "NHD"]
 LAYOUTS = ("HND", "NHD")
 
-# The spec's `kv.dtype` names -> the torch dtype attribute the pool stores: the one place the two
+# The spec's `$.kv.dtype` names -> the torch dtype attribute the pool stores: the one place the two
 # vocabularies meet. "fp8" is OCP e4m3 (vLLM's kv_cache_dtype=fp8, FlashInfer's float8_e4m3fn):
 # one byte an element, values stored divided by a per-layer scale (engine.kv_scales).
 KV_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "float8_e4m3fn"}
@@ -39,7 +39,7 @@ class KVLayoutError(DisaggError):
 
 
 def kv_dtype_name(name: str) -> str:
-    """The torch dtype attribute name of a KV element type, given as the spec names it (`kv.dtype`:
+    """The torch dtype attribute name of a KV element type, given as the spec names it (`$.kv.dtype`:
     float32, bfloat16, float16, fp8) or already as a torch name (float8_e4m3fn).
 
     Raises:

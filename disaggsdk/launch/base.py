@@ -131,14 +131,14 @@ class Launcher(Protocol):
 
 class UnitStalled(msgspec.Struct, frozen=True):
     """The runtime's own notice (never on a unit's channel): nothing was heard from a live unit for
-    ``silent_s`` (`serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
+    ``silent_s`` (`$.serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
 
     silent_s: float
 
 
 class UnitUnreachable(msgspec.Struct, frozen=True):
     """The runtime's own notice (never on a unit's channel): nothing at all, not even the unit's
-    heartbeat, was heard from a live unit for ``silent_s`` (`serve.unit_unreachable_s` or more): its
+    heartbeat, was heard from a live unit for ``silent_s`` (`$.serve.unit_unreachable_s` or more): its
     link is cut or its process frozen. It reads unhealthy until it is heard again."""
 
     silent_s: float

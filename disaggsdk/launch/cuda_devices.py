@@ -10,7 +10,7 @@ Ray grants a unit's actor its GPUs and sets ``CUDA_VISIBLE_DEVICES`` itself (`ra
 
 Ranks share a GPU only where ``launch.cuda_devices`` repeats an id (the one-GPU check runs a
 prefill and a decode instance on GPU 0 so), and only if their memory fits: each may fill
-``engine.memory_utilization`` of it, as two vLLM servers with their ``gpu_memory_utilization``.
+``$.engine.memory_utilization`` of it, as two vLLM servers with their ``gpu_memory_utilization``.
 
 `require_cuda` is the unit's first CUDA call, before it builds anything: a machine without CUDA
 gets one line that says so and how to run the topology anyway, not a model half-loaded.
@@ -76,7 +76,7 @@ def check_device_count(plan: Plan, num_devices: int) -> None:
 def check_shared_memory(plan: Plan) -> None:
     """Refuse ranks that share a device (a repeated ``launch.cuda_devices`` id) when their memory does not fit it.
 
-    Each rank may fill ``engine.memory_utilization`` of its device, so k ranks on one device need
+    Each rank may fill ``$.engine.memory_utilization`` of its device, so k ranks on one device need
     k times that to be at most 1.
 
     Raises:

@@ -13,7 +13,7 @@ is not even told, the target drops it).
 Cost: one registration per (rank, layer, run of pages) and per context slot, at grant time, on
 the decode unit's main thread. On tcp and shm a registration is a software table entry (a few
 microseconds); on NICs (verbs, efa) it pins memory and costs tens of microseconds each, hundreds
-of them a request for DeepSeek-R1's 61 layers, so `transport.grant_keys: auto` turns them on for
+of them a request for DeepSeek-R1's 61 layers, so `$.transport.grant_keys: auto` turns them on for
 tcp only (docs/security.md says what guards each provider).
 
 Decode side: `open_grant` / `GrantKeys.revoke`. Prefill side: `GrantTargets` turns pool offsets

@@ -1,4 +1,4 @@
-"""The keyed digest of one attempt's KV: what `transport.verify_pages` compares before a page is used.
+"""The keyed digest of one attempt's KV: what `$.transport.verify_pages` compares before a page is used.
 
 Both sides compute it over the same bytes: every granted page of every layer of every decode rank,
 and the context slot. Prefill feeds it the source bytes of each destination page as its layers are

@@ -55,7 +55,7 @@ class PrefillMessenger:
         staging: the registered buffer outgoing context payloads are staged in.
         secret: the deployment secret.
         streaming: send layer by layer during the forward pass (False: after it).
-        verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
+        verify_pages: digest every byte sent and tell the decode side (``$.transport.verify_pages``).
         kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
             layer's pages into them before they are written (`kv.pools.host_mirror`); None: the pools
             are registered themselves.

@@ -170,7 +170,7 @@ class Hello(Message, frozen=True):
 
 
 class PageDigest(Message, frozen=True):
-    """Prefill -> decode, with ``transport.verify_pages``: the keyed digest of every byte this attempt
+    """Prefill -> decode, with ``$.transport.verify_pages``: the keyed digest of every byte this attempt
     wrote (`messenger.page_digest`), sent once all its writes completed locally. Decode admits the
     request only when the pages it holds give the same digest."""
 

@@ -172,7 +172,7 @@ def kernel_sources(profile: HardwareProfile, profile_file: str) -> dict[str, str
 
 def _config(spec: Spec, profile: HardwareProfile, tokens_per_rank: int | None = None) -> SimConfig:
     """The simulator's settings for a spec: weights in the checkpoint's format, and the step budget of
-    ``tokens_per_rank`` (default: the spec's `engine.max_num_batched_tokens`) on each prefill attention rank (the
+    ``tokens_per_rank`` (default: the spec's `$.engine.max_num_batched_tokens`) on each prefill attention rank (the
     simulator's budget is an instance's)."""
     per_rank = tokens_per_rank if tokens_per_rank is not None else spec.engine.max_num_batched_tokens
     return SimConfig(profile, weight_dtype=default_weight_dtype(spec.model),

@@ -34,9 +34,9 @@ class Spec(CheckedFields):
     model: str = key("qwen3-coder",
         "A catalog model name (`-tiny` ones run on a CPU) or a local checkpoint directory with a config.json.")
     device: Device = key("cuda",
-        "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).", choice(DEVICES))
+        "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `$.hardware.gpu: cpu`).", choice(DEVICES))
     seed: int = key(0,
-        "Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, and the per-request "
+        "Seeds random weights (`$.engine.load_format: dummy`), sampling without a request seed, and the per-request "
         "choice of prefill source ranks.", in_range(0, MAX_SEED, "the units seed torch with it times 1,000,003, "
                                                    "which must fit 64 bits"))
     hardware: Hardware = section(Hardware, "The nodes.")
@@ -58,7 +58,7 @@ class Spec(CheckedFields):
 
     @property
     def weight_dtype(self) -> HeldDtype:
-        """The dtype the units hold weights in: `engine.dtype`, its `auto` resolved for `device`."""
+        """The dtype the units hold weights in: `$.engine.dtype`, its `auto` resolved for `device`."""
         return held_dtype(self.engine.dtype, self.device)
 
     @property

@@ -11,7 +11,7 @@ Python loop over requests. Fresh prompts (no earlier KV) go through a causal fla
 prompt of 8 x 32-dim heads on one, without SDPA's copies that repeat the kv heads); so do chunks
 over earlier KV (a prefix-cache hit, a long prompt's later chunks), over their pages gathered
 token-major once: a 128-token suffix over 704 cached tokens, 1.8 ms a layer, no [q, kv] mask.
-An fp8 cache (`kv.dtype: fp8`) is read by the decode kernel itself (16 e4m3 bytes at a time by bit
+An fp8 cache (`$.kv.dtype: fp8`) is read by the decode kernel itself (16 e4m3 bytes at a time by bit
 arithmetic, AVX-512 where built for it, rows of other lengths through a 256-entry table of each
 byte's value times the layer's scale: 8 requests of 1,100 tokens, 2 x 4 heads of 64, one thread,
 614 us a call against 504 for float32 and 488 for bfloat16; through the table alone it was 1,518);

@@ -8,7 +8,7 @@ FlashInfer wants the softmax scale and head counts at plan time; our contract gi
 ``run``. So ``plan`` keeps the step's metadata and the first ``run`` of the step plans the
 wrapper; every later layer reuses that plan (plan once per step, run once per layer).
 
-An fp8 cache (`kv.dtype: fp8`): the pages hold float8_e4m3fn, written as ``k / k_scale`` like the
+An fp8 cache (`$.kv.dtype: fp8`): the pages hold float8_e4m3fn, written as ``k / k_scale`` like the
 torch reference does (`engine.kv_scales.to_cache`); the wrappers are planned with
 ``kv_data_type=float8_e4m3fn`` and each layer's run gets its static ``k_scale`` / ``v_scale``
 (FlashInfer folds k_scale into the softmax scale and multiplies the output by v_scale). MLA passes

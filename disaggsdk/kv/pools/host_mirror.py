@@ -12,7 +12,7 @@ written instead, as vLLM's NIXL connector stages KV through ``kv_buffer_device: 
 
 Both pools share one layout, ``[num_layers, num_pages, page_bytes]``, so a page's byte offset is the
 same in each and the messenger's write plans do not change. The copies are plain torch indexing,
-so the same code runs on the CPU (``transport.kv_staging: host``), where tests check it exactly.
+so the same code runs on the CPU (``$.transport.kv_staging: host``), where tests check it exactly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A bound on the requests waiting for their first token: past ``serve.max_queued_requests``, a
+"""A bound on the requests waiting for their first token: past ``$.serve.max_queued_requests``, a
 newcomer gets 503 with ``Retry-After`` at once instead of a first token minutes later.
 
 Without it the queue has no end (issue 33's probe: a first token after 143 s), and a client cannot

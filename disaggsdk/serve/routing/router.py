@@ -8,9 +8,9 @@ event; the dead unit's gauges and routed prefixes go. A request is never moved a
 never once units have died holding an identical request `poison_requests.MAX_UNIT_DEATHS` times: it
 is then poison, ends with an error and an identical one is refused before any unit sees it, so one
 request cannot spend the units' restarts. A unit the runtime reports stalled (`UnitStalled`: silent
-for `serve.unit_stall_s`) is not picked (`Runtime.is_healthy`) and its requests without a first
+for `$.serve.unit_stall_s`) is not picked (`Runtime.is_healthy`) and its requests without a first
 token move once, as from a dead unit, with an abort to it for when it wakes. A unit reported
-unreachable (`UnitUnreachable`: not even its heartbeat heard for `serve.unit_unreachable_s`: a cut
+unreachable (`UnitUnreachable`: not even its heartbeat heard for `$.serve.unit_unreachable_s`: a cut
 link, a frozen process) is not picked either; its requests without a first token move once, and
 every other request it held ends with an error that says to retry, each with an abort to it for
 when it is reached again (its pages free then). The units' stats answers are collected by
