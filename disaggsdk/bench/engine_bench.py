@@ -2,11 +2,6 @@
 
     python -m disaggsdk.bench.engine_bench [--model qwen3-coder-tiny] [--num-prompts 16]
         [--input-len 128] [--output-len 64] [--tp 1] [--layout HND] [--threads 1] [--repeats 3]
-
-Builds a random `transformers` model from the catalog config, saves it, loads it into the
-engine, and times greedy generation of the same prompts: the engine runs them as one continuous
-batch, transformers one by one (its plain `generate`). Prints one JSON object. Timings on a
-shared machine are noisy: run it alone.
 """
 
 from __future__ import annotations

@@ -2,23 +2,6 @@
 
     python -m disaggsdk.bench.expert_parallel_step [--model deepseek-r1-tiny] [--dp 2] [--tp 1]
         [--batch 1 --batch 8 --batch 32] [--warmup-steps 5] [--steps 30] [--prompt-len 32] [--mtp 0]
-
-Starts the ``dp`` ranks of one expert-parallel instance (``ep = tp x dp``, engine.expert_parallel),
-each a spawned process with one torch thread, pinned to its own core where the machine has one
-(its tp workers share its cores). For each batch size B every rank takes B greedy requests of random
-prompts, prefills them in one step, runs ``warmup-steps`` decode steps and then measures ``steps``:
-around each `LLMEngine.step`, the wall time, and what the rank's dispatcher (`AllToAllCounters`, one
-per rank for all its MoE layers) counted in it: payload bytes sent to other ranks (dispatch +
-combine), metadata bytes, rows, collectives, and the seconds spent inside them. The exchange's time
-includes waiting for the slowest rank to reach each MoE layer, so it is what ep costs a step here,
-not the wire's speed. Beside it: the simulator's prediction for the same shape (`sim.all_to_all`,
-uniform routing) and the step time of a tp 1 engine without ep on one core at B and at the
-instance's ``dp x B`` (the cost of ep on one machine). Prints one JSON object. With ``--tp`` above 1
-the figures are each dp rank's head (tp rank 0, which dispatches its 1/tp share of the tokens); its
-tp workers' dispatchers live in their own processes and are not read.
-
-Ranks that exchange through loopback gloo on a shared 2-core machine measure the software path, not
-an interconnect: read the share, not the microseconds, and run it alone (`uptime` is in the output).
 """
 
 from __future__ import annotations

@@ -6,17 +6,6 @@ files no tiny checkpoint was trained on, more than one per file where 32 prompts
 prompt, the two continuations are compared up to their first differing token: before it both runs
 saw the same context, so their tokens and the logprobs of the chosen tokens are comparable; after
 it they continue different texts and are not compared.
-
-Reported (JSON):
-
-* ``token_agreement``: generated positions before the first difference, over all generated
-  positions (1.0: every continuation identical);
-* ``identical_outputs``: prompts whose whole continuation is identical;
-* ``mean_abs_logprob_diff``: the mean of |logprob_fp8 - logprob_ref| of the chosen token over the
-  positions compared (the first differing position included: same context, different choice);
-* ``max_abs_logprob_diff`` over the same positions.
-
-Run: ``python -m disaggsdk.bench.kv_dtype_agreement --model qwen3-coder-tiny --prompts 32``.
 """
 
 from __future__ import annotations

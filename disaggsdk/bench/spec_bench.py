@@ -2,20 +2,6 @@
 
     python -m disaggsdk.bench.spec_bench --model deepseek-r1-tiny --method mtp --num-tokens 1
         [--batch 1 --batch 8] [--output-len 128] [--threads 2] [--repeats 5]
-
-Prompts are code no tiny checkpoint was trained on (`code_corpus.held_out_prompts`). For each batch
-size it times greedy generation of ``output-len`` tokens per request with and without speculation
-and prints one JSON object: per-request decode tok/s of both (a request's tokens after its first
-over the time from its first token to its last: the prompt's pass, which with MTP also fills the
-draft layer's KV, is TTFT, not decoding), their ratio, the acceptance counters of the speculative
-runs (first-draft acceptance, per position, mean accepted length), and whether the greedy tokens
-were identical. Run it alone on the machine.
-
-Both engines live in one process and take turns, ``repeats`` rounds after a warm-up, the order
-swapped every round. The dev boxes' speed drifts by a third between identical runs a minute apart,
-so two engines timed one after the other compare two machine states; taking turns, each round's
-ratio compares the same one. The figures are the medians over the rounds (``speedup``: the median
-of the per-round ratios; ``round_speedups``: each of them).
 """
 
 from __future__ import annotations

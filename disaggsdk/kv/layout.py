@@ -1,15 +1,4 @@
-"""Torch views of one rank's KV pool buffer: ``[num_layers][num_pages][page_bytes]``.
-
-The pool is one flat byte buffer so that a later layer can back it by shared memory (memfd, cuMem)
-and register it with the transfer engine as a single region. Inside one layer's page:
-
-* HND (default): ``[kv_heads_local][2 (K|V)][page_size][head_dim]`` -- a head's K and V are one
-  contiguous run, so any head slice of a page moves in one write;
-* NHD: ``[page_size][kv_heads_local][2][head_dim]``;
-* MLA: ``[page_size][kv_lora_rank + qk_rope_head_dim]`` (the latent, then the rope key).
-
-K and V are returned as strided views; nothing here copies.
-"""
+"""Torch views of one rank's KV pool buffer: ``[num_layers][num_pages][page_bytes]``."""
 
 from __future__ import annotations
 

@@ -5,12 +5,6 @@ The router's seam: a `Runtime` starts the units of a plan, carries typed message
 (`UnitDown`) and who went quiet (`UnitStalled`, `UnitUnreachable`), and stops
 them. It knows processes, never requests: which unit serves a request, what a token means and what
 a client is owed live in the router (`disaggsdk.serve.routing.router`).
-
-The runtime's own seam: its implementation (`launch.launcher.supervisor.Supervisor`) supervises
-units the same way wherever they run: handshake, reader thread, failure reports, restarts, clean
-close. What varies is the `Launcher` that starts a unit (`launch.launcher.units.ProcessLauncher`: a
-child process here; `launch.launcher.ray_launcher.RayLauncher`: a Ray actor's child on a cluster
-node) and the `UnitProcess` handle it returns.
 """
 
 from __future__ import annotations

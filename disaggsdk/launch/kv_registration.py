@@ -5,9 +5,6 @@ Each tp rank's pool is a `RankPool` (a memfd on the CPU, a cuMem allocation on a
 the unit's head. Host pools are registered as they are. A GPU pool is registered as device memory
 (FI_HMEM_CUDA) when the provider can, else each rank gets a host mirror that is registered
 instead and `HostMirror` copies pages across (`$.transport.kv_staging`; docs/gpu.md).
-
-The pools themselves live in `disaggsdk.kv.pools`; their registration is here, in launch, because
-it opens the unit's transfer engine (the transport sits above kv) and reads the spec.
 """
 
 from __future__ import annotations

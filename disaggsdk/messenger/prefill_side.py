@@ -1,14 +1,4 @@
-"""The prefill side of the handoff: check a request, prefill it, stream its pages layer by layer.
-
-The engine's ``on_step`` hook (main thread, before the forward pass) says which chunk of which
-request runs and fills which pages; the pages a chunk completes (a partly filled page only when
-the prompt ends) go to the `LayerStreamer` (messenger/streamer.py), which submits each layer's
-writes once the forward pass finished that layer. With ``streaming=False`` (the ablation) they go
-after the forward pass. After the last chunk the context (hidden state and logits of the last
-prefilled position) goes to the decode's context slot. Source pages are released once every
-write completed locally; a failed or aborted request is reported to the decode side only after
-its writes drained, so the decode side may then free the destination pages.
-"""
+"""The prefill side of the handoff: check a request, prefill it, stream its pages layer by layer."""
 from __future__ import annotations
 
 import time

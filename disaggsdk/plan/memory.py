@@ -5,29 +5,6 @@ For every rank of every instance::
     usable    = engine.memory_utilization x device memory      (vLLM's gpu_memory_utilization)
     kv pool   = usable - weights - workspace
     num_pages = kv pool // (page bytes of one layer x KV layers)   (an explicit engine.num_pages wins)
-
-Device memory is a GPU's (`GPU_MEMORY_GB` of `$.hardware.gpu`: H100 80 GB, H200 141 GB, as the hardware
-profiles in disaggsdk/sim/profiles say) or, on CPU ranks, `$.hardware.cpu_memory_gb`.
-
-Weights are the rank's share of the checkpoint inventory (`models.checkpoint_tensors`), by part. What a rank
-holds in memory differs from what the file stores in three documented ways:
-
-* 16/32-bit tensors are held in ``$.engine.dtype`` (the engine casts them at load);
-* block-FP8 weights stay FP8 with their float32 scales on a GPU (a blockwise FP8 GEMM reads them) and are
-  dequantized to ``$.engine.dtype`` at load on a CPU (no FP8 matmul there);
-* GPU ranks split embeddings and lm_head by vocabulary over tp as vLLM does (VocabParallelEmbedding,
-  ParallelLMHead); CPU ranks hold them whole, as this engine does.
-
-Routed experts: with ``ep == 1`` every rank holds a tp slice of every expert; with ``ep == tp * dp`` each rank
-holds whole experts ``[start, stop)`` of a contiguous partition (vLLM's expert map: the first ``E % ep`` ranks
-hold one more). DeepSeek's MTP layer counts only when ``$.speculative.method`` is ``mtp`` (vLLM loads it only
-for MTP speculation too), its embedding and head shared with the model's (DeepSeek ships them as copies; the
-engine keeps one tensor).
-
-The workspace is a reserve for what is not weights or KV: the activations of one step of
-``$.engine.max_num_batched_tokens`` tokens (residual, norm and attention outputs, the q/kv projections and the
-widest MLP's gate|up rows, in ``$.engine.dtype``), float32 logits of ``$.engine.max_num_seqs`` rows, and on a GPU a
-fixed `GPU_FIXED_OVERHEAD_BYTES` for the CUDA context, NCCL buffers and captured CUDA graphs (0 on a CPU).
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""The deployment spec: frozen attrs classes whose field names are the YAML keys.
-
-`Spec` is the root; each of its sections is one concept in its own module (`topology`: nodes and
-roles, `kv`: the KV cache and how it moves, `engine_settings`: per-rank engine sizes and
-speculation, `serving`: the front end and where units run), re-exported here. One name per concept
-across YAML key, keyword argument and attribute (`tp`, `dp`, `replicas`, `page_size`, `layout`).
-Each field says what it does and which single-value check it has in its metadata
-(`field_checks.about`); `spec.reference` turns that into docs/spec.md and the JSON Schema. Rules
-that tie fields together (tp against the model's heads, instances against node size) live in
-`spec.rules`.
-"""
+"""The deployment spec: frozen attrs classes whose field names are the YAML keys."""
 
 from __future__ import annotations
 

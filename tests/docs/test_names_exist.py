@@ -138,7 +138,7 @@ def test_removing_a_named_module_makes_the_real_check_fail(tmp_path, monkeypatch
     monkeypatch.setattr(named_things, "ROOT", tmp_path)
     named_things._module_tree.cache_clear()
     try:
-        problems = dangling([package / "launch" / "launcher" / "supervisor.py"])
+        problems = dangling([package / "launch" / "unit_process" / "unit.py"])
         # the copy has no built extension either, as a clean checkout: its file is named by the build
         unbuilt = named_things.path_problem("disaggsdk/transfer/_fabric*.so", ROOT / "docs" / "install.md")
     finally:

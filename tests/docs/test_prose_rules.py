@@ -75,7 +75,8 @@ def test_the_code_names_no_issue_of_the_tracker():
 
 
 def test_the_code_names_no_file_outside_the_repository():
-    found = lines_matching(OUTSIDE_FILE, sources("disaggsdk", "tests", "tools"))
+    # test_readme.py spells those files to test its own pattern
+    found = lines_matching(OUTSIDE_FILE, [p for p in sources("disaggsdk", "tests", "tools") if p.name != "test_readme.py"])
     assert not found, "these name files a clean clone lacks (bring the point into the text or docs/):\n" + "\n".join(found)
 
 
