@@ -40,7 +40,7 @@ LAYERS: tuple[str, ...] = (
     "face",       # disaggsdk/__init__.py, cli/, face/ (Cluster, Deployment)
 )
 
-# (from, to, why): arrows DESIGN.md forbids even though they point downwards. ``to`` may be a
+# (from, to, why): arrows the architecture forbids even though they point downwards. ``to`` may be a
 # third-party top-level module as well as a layer.
 FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("engine", "transfer", "the engine knows no network: the messenger drives it through its hooks"),
@@ -58,7 +58,7 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("plan", "torch", "planning is pure"),
 )
 
-# the single door to native code (STYLE.md rule 8): only the transfer layer imports the cffi module
+# the single door to native code: only the transfer layer imports the cffi module
 NATIVE_MODULE = "disaggsdk.transfer._fabric"
 
 

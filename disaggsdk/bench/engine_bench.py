@@ -2,11 +2,6 @@
 
     python -m disaggsdk.bench.engine_bench [--model qwen3-coder-tiny] [--num-prompts 16]
         [--input-len 128] [--output-len 64] [--tp 1] [--layout HND] [--threads 1] [--repeats 3]
-
-Builds a random `transformers` model from the catalog config, saves it, loads it into the
-engine, and times greedy generation of the same prompts: the engine runs them as one continuous
-batch, transformers one by one (its plain `generate`). Prints one JSON object. Timings on a
-shared machine are noisy: run it alone.
 """
 
 from __future__ import annotations
@@ -48,8 +43,9 @@ def run_bench(model: str, num_prompts: int, input_len: int, output_len: int, tp:
     """
     import torch
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 256, (input_len,), generator=gen).tolist() for _ in range(num_prompts)]

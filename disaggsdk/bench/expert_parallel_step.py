@@ -2,23 +2,6 @@
 
     python -m disaggsdk.bench.expert_parallel_step [--model deepseek-r1-tiny] [--dp 2] [--tp 1]
         [--batch 1 --batch 8 --batch 32] [--warmup-steps 5] [--steps 30] [--prompt-len 32] [--mtp 0]
-
-Starts the ``dp`` ranks of one expert-parallel instance (``ep = tp x dp``, engine.expert_parallel),
-each a spawned process with one torch thread, pinned to its own core where the machine has one
-(its tp workers share its cores). For each batch size B every rank takes B greedy requests of random
-prompts, prefills them in one step, runs ``warmup-steps`` decode steps and then measures ``steps``:
-around each `LLMEngine.step`, the wall time, and what the rank's dispatcher (`AllToAllCounters`, one
-per rank for all its MoE layers) counted in it: payload bytes sent to other ranks (dispatch +
-combine), metadata bytes, rows, collectives, and the seconds spent inside them. The exchange's time
-includes waiting for the slowest rank to reach each MoE layer, so it is what ep costs a step here,
-not the wire's speed. Beside it: the simulator's prediction for the same shape (`sim.all_to_all`,
-uniform routing) and the step time of a tp 1 engine without ep on one core at B and at the
-instance's ``dp x B`` (the cost of ep on one machine). Prints one JSON object. With ``--tp`` above 1
-the figures are each dp rank's head (tp rank 0, which dispatches its 1/tp share of the tokens); its
-tp workers' dispatchers live in their own processes and are not read.
-
-Ranks that exchange through loopback gloo on a shared 2-core machine measure the software path, not
-an interconnect: read the share, not the microseconds, and run it alone (`uptime` is in the output).
 """
 
 from __future__ import annotations
@@ -37,8 +20,9 @@ from disaggsdk.engine.group_address import free_loopback_address
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.expert_parallel import ExpertDispatcher
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.engine.llm_engine import LLMEngine
 
 DEFAULT_BATCHES = (1, 8, 32)
 PAGE_SIZE = 16
@@ -87,7 +71,7 @@ def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch
     step until the group (if any) is idle. Returns the per-step records and the window's totals."""
     import torch
 
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
     vocab = min(engine.arch.vocab_size, 32000)
@@ -136,7 +120,7 @@ def _measure_batch(engine: LLMEngine, dispatcher: ExpertDispatcher | None, batch
 
 def _engine_config(tp: int, dp: int, dp_rank: int, ep: int, address: str | None, max_batch: int, prompt_len: int,
                    warmup_steps: int, steps: int, mtp_tokens: int) -> EngineConfig:
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.speculative.config import SpeculativeConfig
 
     tokens_per_request = prompt_len + (warmup_steps + steps + 4) * (1 + mtp_tokens) + 16
@@ -262,7 +246,7 @@ def run_bench(model: str = "deepseek-r1-tiny", dp: int = 2, tp: int = 1, batches
         ValueError: a shape the bench does not run (ep must exceed 1, batches and steps positive).
         RuntimeError: a rank failed or hung (its message names it); no process is left behind.
     """
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
 
     if tp * dp < 2:
         raise ValueError(f"--tp {tp} x --dp {dp} gives ep {tp * dp}: expert parallelism needs at least 2 ranks")

@@ -1,19 +1,6 @@
 """How fast a server answers after it is started, and how fast it answers once it settled: one command.
 
     python -m disaggsdk.bench.first_start --port 8393 --duration-s 180 -- disaggsdk launch --model M ...
-
-Starts the command, then sends the same greedy completion (``--max-tokens`` tokens) to
-``http://127.0.0.1:PORT/v1/completions`` in a loop, one at a time, from the moment the port accepts
-connections until ``--duration-s`` after the start, and stops the command (SIGTERM to its process
-group). Prints one JSON document: the seconds from the start to the first answered completion, each
-completion's start time and latency, the median latency of the first and the last ``--window``
-completions, and the lines the command printed that say it compiled (``compiled in``). Run it alone
-on the machine (the numbers are wall-clock), once per server: `tools/peers/first_start_vs_vllm.sh`
-runs it on ``disaggsdk launch`` and ``vllm serve`` with empty compile caches.
-
-A server that compiles before it answers (``vllm serve``) shows a long first completion and a flat
-latency after; one that serves eagerly and compiles in the background (disaggsdk's units,
-engine.background_compile) a short first completion and a latency that drops once it compiled.
 """
 
 from __future__ import annotations

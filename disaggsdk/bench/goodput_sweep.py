@@ -1,20 +1,4 @@
-"""Goodput: the highest request rate at which a target share of requests meets every SLO.
-
-The measure DistServe settled on and ``vllm bench serve --goodput`` reports per run: here it is
-swept. A sweep runs the load at several rates, each a fresh set of prompts (a prompt seen at an
-earlier rate would be served from the prefix cache), and reads each run's SLO attainment: the share
-of the requests *sent* that met every SLO (a failed request met none). Two ways to choose the rates:
-
-* a list (``--request-rate 0.5,1,2``): the goodput rate is the highest rate below the first one, in
-  ascending order, whose attainment falls under the target; noise above a failing rate cannot raise it;
-* a search (``--request-rate search``): one run at an infinite rate measures the most the server
-  completes per second, X; if even that run meets the target the goodput is X; otherwise ``steps``
-  bisections of (0, X] keep the highest rate that met it.
-
-Rounds repeat the whole sweep on new prompts. The reported rate is the median of the rounds' rates;
-the lowest and highest of N rounds bracket the true median with probability 1 - 2^(1-N) (75% for 3,
-94% for 5), which is the confidence stated beside them.
-"""
+"""Goodput: the highest request rate at which a target share of requests meets every SLO."""
 
 from __future__ import annotations
 

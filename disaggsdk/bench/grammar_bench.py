@@ -3,13 +3,6 @@ against the same batch unconstrained.
 
     python -m disaggsdk.bench.grammar_bench [--model qwen3-coder-tiny] [--batch 8] [--steps 48]
         [--speculative mtp|ngram] [--num-tokens 2]
-
-Both runs decode ``--steps`` tokens per request after a warm-up (the constrained requests' schema
-cannot end sooner: an array of at least that many objects). Prints one JSON object: ms per step of
-each run, the difference as a share of the unconstrained step, and the time inside the grammar
-(computing masks, applying them, advancing the matchers) per step, timed around those calls; the
-one-off cost of adding a constrained request (compiling its schema) is reported apart.
-Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -53,8 +46,9 @@ def run_grammar_bench(model: str, batch: int = 8, steps: int = 48, method: str |
                       num_tokens: int = 2) -> dict[str, Any]:
     """The comparison (see the module docstring)."""
     from disaggsdk.engine import step_outputs
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.structured import grammar
     from disaggsdk.engine.structured.output import StructuredOutput

@@ -1,14 +1,6 @@
 """What the KV data plane's guards cost per request: per-grant keys and page digests.
 
     python -m disaggsdk.bench.grant_cost [--provider tcp] [--layers 4] [--page-kib 32] [--pages 64] [--runs 3] [--repeat 50]
-
-Opens and revokes the keys of one grant of ``--pages`` pages over a real transfer engine (each run
-of consecutive pages of each layer is one registration: ``--runs`` runs), and digests the same
-pages as both sides do (`messenger.page_digest`), timing each ``--repeat`` times. Prints JSON: the
-median microseconds of one grant's open + revoke, of one side's digest, the registrations and bytes
-per grant, and the digest's GB/s. The defaults (64 pages of 32 KiB in each of 4 layers, in 3 runs)
-are a 1,024-token prompt's grant in specs/tiny_local.yaml (16-token pages of qwen3-coder-tiny,
-float32); ``--layers 61`` gives DeepSeek-R1's count of registrations.
 """
 
 from __future__ import annotations

@@ -5,9 +5,6 @@ tokens run one at a time (no queueing in the measurement), after a warm-up. Per 
 decode side measures the *exposed* transfer time: from the end of prefill's forward pass (the
 timestamp prefill puts in the context payload) to the moment the decode's immediate counter
 fired. Both sides read CLOCK_MONOTONIC of one machine. Measurement only: `summarize` is pure.
-
-The bytes prefill sent per request are counted too, and per token of KV: the messenger moves
-bytes, so an fp8 KV cache (`kv.dtype: fp8`, ``--kv-dtype fp8``) sends half of bfloat16's.
 """
 
 from __future__ import annotations
@@ -101,7 +98,7 @@ def run_mode(spec: Spec, streaming: bool, prompt_len: int, num_requests: int, pr
     Returns:
         `summarize` of the measured requests, and their TTFT by phase (``ttft_phases``).
     """
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.launch.launcher.supervisor import start_runtime
     from disaggsdk.messenger.context import context_bytes
     from disaggsdk.models import resolve_model

@@ -1,22 +1,11 @@
 """How far an fp8 KV cache moves a model's greedy output from a float32 KV cache's.
 
 The same model, weights and prompts run twice through the engine, once with each KV element type
-(`kv.dtype`), greedily; prompts are held-out code (`code_corpus.held_out_windows`: windows of
+(`$.kv.dtype`), greedily; prompts are held-out code (`code_corpus.held_out_windows`: windows of
 files no tiny checkpoint was trained on, more than one per file where 32 prompts need it). Per
 prompt, the two continuations are compared up to their first differing token: before it both runs
 saw the same context, so their tokens and the logprobs of the chosen tokens are comparable; after
 it they continue different texts and are not compared.
-
-Reported (JSON):
-
-* ``token_agreement``: generated positions before the first difference, over all generated
-  positions (1.0: every continuation identical);
-* ``identical_outputs``: prompts whose whole continuation is identical;
-* ``mean_abs_logprob_diff``: the mean of |logprob_fp8 - logprob_ref| of the chosen token over the
-  positions compared (the first differing position included: same context, different choice);
-* ``max_abs_logprob_diff`` over the same positions.
-
-Run: ``python -m disaggsdk.bench.kv_dtype_agreement --model qwen3-coder-tiny --prompts 32``.
 """
 
 from __future__ import annotations
@@ -91,7 +80,7 @@ def measure_kv_dtype_agreement(model: str, num_prompts: int = 32, max_tokens: in
         model: a catalog name or checkpoint directory with a tokenizer.
         num_prompts: held-out prompts.
         max_tokens: tokens generated per prompt (EOS ignored, so every continuation has them all).
-        kv_dtype, reference_kv_dtype: `kv.dtype` names.
+        kv_dtype, reference_kv_dtype: `$.kv.dtype` names.
         weights_dtype: the engine's dtype (weights and activations), the same in both runs.
         prompt_lines: lines of code per prompt.
     Returns:
@@ -100,8 +89,9 @@ def measure_kv_dtype_agreement(model: str, num_prompts: int = 32, max_tokens: in
         ModelError: the model has no tokenizer here.
     """
     from disaggsdk.bench.code_corpus import held_out_windows
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.errors import ModelError
 

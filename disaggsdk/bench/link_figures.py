@@ -2,14 +2,6 @@
 of what layer streaming can leave exposed, the goodput it reached, and the rates that put the
 transfer below, at and above the prefill's compute. Pure arithmetic (no clocks, no I/O): the link
 bench (`disaggsdk.calibrate.link_bench`) measures, this module says what the measurements mean.
-
-Notation, as issue 39 writes it: T the whole transfer at line rate, C the prefill's compute (its
-forward pass), L the layers. With layer streaming a layer's pages leave as soon as its forward
-ends, so at best only the last layer's share is left after the forward (T/L), unless the link
-cannot keep up with the layers: then the transfer runs T from its start and what is left after
-the forward is T - C plus a layer's share. The issue's floor is max(T/L, T - C + T/L). The strict
-lower bound of a link-bound transfer is a little lower, T - C + C/L (the first layer cannot leave
-before C/L), so a measured exposed time can sit a few percent under the issue's floor when T > C.
 """
 
 from __future__ import annotations

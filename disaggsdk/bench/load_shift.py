@@ -4,12 +4,6 @@ SLO attainment over its last half (when a policy has had time to act).
 
     python -m disaggsdk.bench.load_shift http://127.0.0.1:8000 --model M \\
         --phase short:30:8:32:96 --phase long:30:2:1024:8 --phase short:30:8:32:96 --ttft-ms 1000 --tpot-ms 40
-
-A phase is ``NAME:SECONDS:QPS:INPUT_LEN:OUTPUT_LEN``; arrivals are Poisson, prompts random token ids
-(seeded, so two servers get the same load), every request streamed with ``ignore_eos``. A request
-meets the SLOs when it finished without error, its first token came within ``--ttft-ms`` and its
-mean gap after the first within ``--tpot-ms``. The phases run without a pause: a backlog of one phase
-is the next one's problem, as in real traffic. Prints JSON.
 """
 
 from __future__ import annotations

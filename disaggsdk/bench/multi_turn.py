@@ -1,20 +1,4 @@
-"""Multi-turn chat conversations for `disaggsdk bench`: the workload a prefix cache is for.
-
-A chat client or a coding agent resends the whole history every turn, so turn k's prompt starts
-with turn k-1's prompt and reply. Two sources:
-
-* synthetic (`synthetic_conversations`): a system prompt shared by every conversation, then per
-  turn a user message and an assistant reply, all seeded random token ids. The reply put into the
-  history is a seeded synthetic one, not what the server answered: the prompt sequence is then the
-  same whichever server is measured (a server with another model, sampler or bug still gets the
-  same prompts, so two servers' numbers compare), and the prompts are token ids that never pass
-  through a tokenizer, so prefixes match exactly. The cost: the server never finds its own reply
-  in the next prompt, so a cache that keeps generated tokens can serve at most the earlier prompt.
-* ShareGPT-style files (`sharegpt_conversations`): the dataset's own human and gpt messages as
-  text, which the server tokenizes.
-
-`prefix_reuse` says how much of the load a prefix cache could serve at best.
-"""
+"""Multi-turn chat conversations for `disaggsdk bench`: the workload a prefix cache is for."""
 
 from __future__ import annotations
 

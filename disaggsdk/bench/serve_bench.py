@@ -5,10 +5,6 @@ Arrivals are Poisson at ``qps`` (vLLM's ``--request-rate``; gamma-distributed ga
 from /v1/completions or /v1/chat/completions (`serve_request`); chunks are timed as vLLM times
 them (`stream_timeline`: one ITL per chunk), and the result document has vLLM's keys
 (`serve_result`, `disaggsdk.report.latency.summarize`) plus a few of ours.
-
-A multi-turn load (`multi_turn.MultiTurnWorkload`) starts conversations, not requests, at those
-arrivals; a conversation sends its next turn once the last one's response ended, as a user waits
-for the reply. A plain request list is a load of one-turn conversations, sent exactly as before.
 """
 
 from __future__ import annotations

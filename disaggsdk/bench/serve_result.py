@@ -1,13 +1,4 @@
-"""vLLM ``bench serve``'s result document from streamed timelines (pure functions).
-
-The keys are vLLM 0.32's (``vllm/benchmarks/serve.py``): the summary numbers of
-`disaggsdk.report.latency.summarize`, the per-request lists (``ttfts``, ``itls``, ``latencies``,
-``start_times``, ``generated_texts``...; seconds, failed requests 0 / [] / ""), the per-second
-peaks ``max_output_tokens_per_s`` and ``max_concurrent_requests``, and ``request_goodput`` (None
-without an SLO). Percentile keys (``p99_itl_ms``) appear for the metrics ``--percentile-metrics``
-selects; mean, median and std of every metric are always there, since our tools read them.
-Ours beside them: ``send_times_s``, and the prefix cache's share when the server reports it.
-"""
+"""vLLM ``bench serve``'s result document from streamed timelines (pure functions)."""
 
 from __future__ import annotations
 

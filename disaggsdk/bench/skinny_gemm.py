@@ -4,11 +4,6 @@
 
     python -m disaggsdk.bench.skinny_gemm [--rows 1 --rows 2 ...] [--threads 2] [--repeats 200]
         [--dtype float32|bfloat16]
-
-For each weight shape (the tiny models' projections, experts and head) and row count it
-evicts the caches (by writing a buffer larger than the last-level cache), times one product, and
-reports the mean microseconds of each way, their ratio, and the GB/s each reads the weight at. Prints
-one JSON object; run it alone on the machine.
 """
 
 from __future__ import annotations

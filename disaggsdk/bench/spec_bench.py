@@ -2,20 +2,6 @@
 
     python -m disaggsdk.bench.spec_bench --model deepseek-r1-tiny --method mtp --num-tokens 1
         [--batch 1 --batch 8] [--output-len 128] [--threads 2] [--repeats 5]
-
-Prompts are code no tiny checkpoint was trained on (`code_corpus.held_out_prompts`). For each batch
-size it times greedy generation of ``output-len`` tokens per request with and without speculation
-and prints one JSON object: per-request decode tok/s of both (a request's tokens after its first
-over the time from its first token to its last: the prompt's pass, which with MTP also fills the
-draft layer's KV, is TTFT, not decoding), their ratio, the acceptance counters of the speculative
-runs (first-draft acceptance, per position, mean accepted length), and whether the greedy tokens
-were identical. Run it alone on the machine.
-
-Both engines live in one process and take turns, ``repeats`` rounds after a warm-up, the order
-swapped every round. The dev boxes' speed drifts by a third between identical runs a minute apart,
-so two engines timed one after the other compare two machine states; taking turns, each round's
-ratio compares the same one. The figures are the medians over the rounds (``speedup``: the median
-of the per-round ratios; ``round_speedups``: each of them).
 """
 
 from __future__ import annotations
@@ -34,7 +20,7 @@ if TYPE_CHECKING:
 def _timed_decode(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> tuple[float, list[list[int]]]:
     """Greedy generation of ``output_len`` tokens for every prompt at once. Returns the mean over
     requests of each one's decode time per token (from its first token to its last) and the tokens."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     base = f"bench-{time.monotonic_ns()}-"
     ids = [f"{base}{i}" for i in range(len(prompts))]
@@ -58,8 +44,9 @@ def run_spec_bench(model: str, method: str, num_tokens: int, batches: list[int],
                    repeats: int = 3, compile_step: bool | None = None, dtype: HeldDtype = "float32") -> dict[str, Any]:
     """The comparison for each batch size (see the module docstring)."""
     from disaggsdk.bench.code_corpus import held_out_prompts
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.errors import ModelError

@@ -5,10 +5,6 @@ what a trace of real traffic records without its text: each line gives the promp
 (``prompt``), as token ids (``prompt_token_ids``) or as a length alone (``input_len``, sent as random
 token ids of that length), and the answer's length (``output_tokens`` or ``output_len``). Other keys
 (an arrival time, a user id) are ignored: the benchmark's arrival process sets when each is sent.
-
-Each run samples ``num_prompts`` lines with its own seed, with replacement when it wants more than
-the trace holds, and draws fresh ids for length-only lines, so the runs of a sweep do not serve one
-another's prompts from the prefix cache.
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ def time_engine(model: str, prefill_lens=(32, 128, 512, 1024), decode_batches=(1
     """
     import torch
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     longest = max(max(prefill_lens), max(decode_contexts)) + decode_steps + 8
     num_pages = (max(decode_batches) + 1) * (-(-longest // page_size)) + 8

@@ -4,20 +4,7 @@ On this machine every layout that fits is launched, swept for its goodput rate w
 trace (`bench.goodput_sweep`, the same procedure as `disaggsdk bench --request-rate search`) and torn
 down: colocated (every instance mixed), disaggregated at each P:D whose units fit the cores, and
 conditional disaggregation (the P1:D1 layout whose decode unit computes prompts of at most
-``local_prefill_tokens`` itself, `transfer.max_local_prefill_tokens`).
-
-Beside each measured sweep, the simulator runs the same sweep (the same requests at the same
-arrivals, seed by seed) on the machine's calibrated profile (``cpu-local``), calibrated again on
-the runs: re-timed to the speed a `SpeedMonitor` saw during that layout's runs, and slowed by what
-the *other* layouts' flat-out runs showed it to overrate (`leave_one_out_slowdowns`: on the 2-core
-VM the profile fitted on sequential requests rated flat-out throughput 14-27% high). A layout's
-own runs never tune its simulated figure, so how far the two goodputs agree says how far to trust
-the simulator.
-
-The simulator then answers for the target: the spec's own hardware and scale (its GPU profile, its
-model's weight format), colocated, disaggregated at each P:D of its instance count (where both
-roles' instances are alike, so that every split holds the same GPUs) and conditional, each swept
-the same way on the trace's lengths. No GPU is touched: those figures are simulated and say so.
+``local_prefill_tokens`` itself, `$.transfer.max_local_prefill_tokens`).
 """
 
 from __future__ import annotations

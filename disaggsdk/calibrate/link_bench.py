@@ -1,13 +1,4 @@
-"""KV transfer across a shaped link, measured (issue 39 item 3): `disaggsdk testbed bench`.
-
-The host builds a two-node testbed with Ray (prefill lands in node 0, decode in node 1, KV over
-libfabric tcp through the links), starts the node side (`link_bench_node`) in node 0, and sets the
-line rate whenever the node side asks: only the host reaches every node's namespace. For each
-mode (layer streaming, the after-forward ablation), prompt length and rate the result has one row
-(`link_bench_node.LinkRow`): the exposed transfer beside its floor, the KV goodput as a share of
-the line rate, the TTFT and its penalty beside the simulator's. The summary gathers the figures
-issue 39 accepts on. Needs root (the testbed); takes several minutes.
-"""
+"""KV transfer across a shaped link, measured: `disaggsdk testbed bench`."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
 """The link bench's node side: runs inside testbed node 0 (``python -m
 disaggsdk.calibrate.link_bench_node CONFIG_JSON``), where the Ray cluster is reachable.
-
-It times the engine for the simulator (`calibrate_engine`), then for each mode (layer streaming,
-then the after-forward ablation) launches the deployment through Ray (prefill in node 0, decode in
-node 1), and for each prompt length and line rate sends one warm-up and ``num_prompts`` measured
-requests, one at a time. The link belongs to the host (only it reaches every namespace), so the
-rate is asked for over a pipe: one JSON line ``{"set_link_mbit": R}`` on stdout, answered ``ok``
-(or ``error: ...``) on stdin. The result is the last stdout line, ``{"result": {...}}``; progress
-goes to stderr. The simulator's figure for a group (`simulated_group_ttft_s`) re-times the engine
-profile to the group's measured compute and adds the overhead fitted on the reference group.
-
-Rates: at each length a first group at the reference rate (fast enough that the link costs
-little) measures the prefill compute C and the bytes sent; the shaped rates are those at which
-the whole transfer T takes each of ``ratios`` times C (`rate_for_ratio_mbit`), so the figures
-cover a transfer cheaper than, equal to and several times the compute whatever the CPU's speed.
-The ablation runs at the same rates.
-
-Clocks: the phases join both units' `time.monotonic()`; testbed nodes share one kernel and no
-time namespace, so the clock is one across them, as on one machine.
 """
 
 from __future__ import annotations
@@ -139,7 +121,7 @@ def measure_group(router: Router, input_len: int, num_prompts: int, tag: str) ->
     Raises:
         RuntimeError: a request has no full pair of records (prefilled on decode, or retried).
     """
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     since_s = time.monotonic()

@@ -1,25 +1,4 @@
-"""Fit what the serving stack adds beyond the engine, on a real deployment of a CPU spec.
-
-`disaggsdk calibrate` fits the engine's rates on isolated steps; this module launches a spec and
-its colocated twin and measures the rest, in two kinds:
-
-* **CPU costs**, read from the processes' CPU time (never fitted to latencies): what the server
-  (router + HTTP front end, this process) and the benchmark client spend per output token and per
-  request, and what an idle unit burns polling. On a machine where everything shares the cores
-  they slow the units down under load (`SharedCores`).
-* **Latency overheads**, the gap between measured and simulated TTFT / TPOT of requests sent one
-  at a time (no queueing, no batching: what the engine-only simulation misses is overhead, not
-  dynamics): the colocated TPOT gap per step (``step_overhead_ms``), the disaggregated layout's
-  further TPOT gap (``messenger_step_overhead_ms``), the colocated TTFT gap
-  (``request_overhead_ms``) and the disaggregated layout's further TTFT gap
-  (``handoff_overhead_ms``).
-
-The layouts take turns ``repeats`` times and every figure is a median over turns: on a shared VM a
-single pass moved the fitted request overhead between 0 and 12 ms from one run to the next. A
-`SpeedMonitor` runs all along: each turn is simulated at the speed it ran at, and what it measured
-is brought back to the speed of the engine timing (the profile's ``monitor_*`` figures) before
-the medians are taken.
-"""
+"""Fit what the serving stack adds beyond the engine, on a real deployment of a CPU spec."""
 
 from __future__ import annotations
 

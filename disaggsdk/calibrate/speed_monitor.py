@@ -5,25 +5,6 @@ a batch-1 decode step of the tiny model 5 ms and 8 ms, and identical benchmark r
 differ by 10-25% in mean TPOT. A profile fitted at one minute is then that far off a few minutes
 later, whatever the model. Probing the speed just before and after a run does not fix it: the
 speed also flickers, probes two seconds apart differ by up to 25%.
-
-`SpeedMonitor` runs, beside whatever is measured, a small process that times the same engine
-work every `SAMPLE_INTERVAL_S` seconds: a 128-token prefill of the tiny model, then decode steps
-of batch 1, with one thread as a deployed unit runs. It reports **CPU time** (`time.thread_time`),
-not wall time, so a sample does not grow when the units keep the cores busy -- that contention is
-the simulator's to model -- only when the machine itself runs slower. It uses about 2.5% of a core.
-
-Over a run's window the medians give a `MachineSpeed`; calibration records the speed its fit
-holds for (the ``monitor_*`` fields of `HardwareProfile`) and validation re-times the profile to
-the speed of each run (`retimed`). The monitor never sees the latencies being validated.
-
-It also sees what a deployment's load does to the speed of each instruction, which processor
-sharing does not charge: with units, server and client all running, the monitor's steps cost
-10-21% more CPU time than during calibration's engine timing (two calibrate + validate cycles on
-the 2-core VM), a slowdown that held for every run of a validation.
-
-Measured on the 2-core development VM: over 40-request runs the monitor's decode step and the
-deployed units' own batch-1 decode steps (CPU time) kept a ratio of 1.13-1.27 while both moved by
-40% between runs.
 """
 
 from __future__ import annotations
@@ -158,8 +139,9 @@ def _sample_forever() -> None:
     """The monitor process: time the fixed work and print one line a sample until told to stop."""
     import torch
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(1)
     parent = os.getppid()

@@ -5,12 +5,6 @@ benchmark at each rate, and the very requests the benchmark sent (their send tim
 output lengths) are replayed in the simulator on the calibrated ``cpu-local`` profile, with the
 instances, the front end and the benchmark client sharing this machine's cores. Mean TTFT and
 mean TPOT are compared.
-
-A shared VM's speed drifts by 10-25% between the calibration and the validation minutes later, and
-between one run and the next, so a `SpeedMonitor` samples the machine's speed all along and each
-run is simulated on the profile re-timed (`retimed`) to the speed of its own window. The
-simulation at the calibration's speed is kept beside it. The monitor times fixed engine work in
-CPU time: it never sees the latencies being compared.
 """
 
 from __future__ import annotations

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from disaggsdk.bench.goodput_sweep import GoodputSweep, RateSweep, goodput_line
+from disaggsdk.bench.goodput_sweep import RateSweep, goodput_line
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
 from disaggsdk.cli.path_options import writing
 from disaggsdk.cli.runtime_options import add_runtime_options
+from disaggsdk.records.goodput_records import GoodputSweep
 from disaggsdk.report.console import make_console
 
 if TYPE_CHECKING:

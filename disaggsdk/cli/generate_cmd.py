@@ -78,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         DisaggError: bad arguments, unknown model, or a prompt that does not fit.
     """
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.speculative.config import SpeculativeConfig
     from disaggsdk.engine.tokenizer import load_tokenizer
     from disaggsdk.models import resolve_model
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_spec(args: argparse.Namespace) -> int:
     """`generate --spec`: the spec's processes on this machine (disaggsdk.launch), then teardown."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.serve.backends.offline import generate_with_spec
     from disaggsdk.spec import load_spec
 

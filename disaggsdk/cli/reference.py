@@ -1,13 +1,4 @@
-"""The CLI reference (docs/cli.md), generated from the parsers `disaggsdk` runs.
-
-`cli.main.build_parser` builds the one parser the console script parses with; this module reads
-every command off it (and every action of a command that has actions, such as ``testbed build``):
-its help line, its arguments in the parser's groups, each with the help text ``--help`` prints
-(defaults included, hidden aliases left out). The page is Markdown of its own making rather than
-argparse's formatted help, so it does not change with the terminal's width or argparse's layout
-between Python versions. tests/docs/test_cli_reference.py fails when the committed page differs
-from what this module writes; regenerate it with ``python -m disaggsdk.cli.reference --write``.
-"""
+"""The CLI reference (docs/cli.md), generated from the parsers `disaggsdk` runs."""
 
 from __future__ import annotations
 

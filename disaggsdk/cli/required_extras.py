@@ -1,17 +1,4 @@
-"""Which pip extra each command needs, checked before it runs, so a missing one is one line and exit 2.
-
-A plain ``pip install disaggsdk`` brings only the core (attrs, cattrs, pyyaml, rich): ``validate``,
-``plan``, ``simulate`` and ``tune`` run on it. The other commands import third-party modules from
-the extras in pyproject.toml. Without this check the first of those imports, somewhere deep in
-the engine or the server, ended the command with a traceback and ``No module named 'numpy'``;
-now `cli.main` asks `missing_extras` first (``importlib.util.find_spec`` only looks for the
-module, it imports nothing, so the check costs microseconds and keeps the CLI's start light) and
-turns an import that still escapes a command into the same line (`extra_for_missing_module`).
-
-The tables are data the packaging tests hold against pyproject.toml: every distribution of an
-extra has its import name here, and every third-party import in the package is in the core or in
-`MODULE_EXTRAS`.
-"""
+"""Which pip extra each command needs, checked before it runs, so a missing one is one line and exit 2."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         0 on a clean shutdown.
     """
     from disaggsdk.cli.launch_cmd import serve_until_signal
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
     from disaggsdk.launch.progress import compile_progress_line, loading_line
 

@@ -1,36 +1,5 @@
 """Compiling a rank's step while the engine serves eagerly: a first token within seconds of start,
 the compiled step's speed once it is ready.
-
-torch.compile of the step takes minutes on a first start (2 cores, an empty compile cache: ~2.5
-minutes for a tiny model's three units) and still tens of seconds from the cache. An engine that
-compiled before its first step left a freshly launched deployment silent that long. Here the
-engine serves at once on the eager model, and a thread of its own compiles the step by running it
-(`warm_up_graphs`: one token, two, and more than `skinny.MAX_ROWS`: each of the step's three
-graphs, and the MTP layer's when it drafts). The engine takes the compiled step at the next step
-boundary after the thread ended (`StepCompilation.outcome`, read on the engine's thread only), so
-no step ever runs half eager, half compiled. A compile that fails leaves the engine eager: the
-outcome says why, once.
-
-The warm-up must not touch what the engine serves: its batches are planned on a scratch backend
-over a one-page KV cache of the same format, and the graphs' ops are redirected there on the
-compile thread alone (`graph_ops.warm_up_redirect`, which also keeps the engine's layer counter
-still). The eager model the engine runs meanwhile reads the same weights; nothing of the model is
-written by either.
-
-A process that ends while a step compiles must not end inside the compiler: Python 3.11 stops a
-daemon thread that is still running at exit by unwinding it from under torch's C++ frames, which
-aborts the process ("terminate called without an active exception", exit code 134). So at exit
-(`atexit`) each running compile is asked to stop after the graph it is on and waited for; an
-engine's `close` asks the same; a command line that knows its exit code leaves at once instead
-(`running_compilations`, ``os._exit``). A unit process leaves through ``os._exit`` (multiprocessing),
-which runs no finalization: nothing to wait for there.
-
-On torch older than 2.13 (`MIN_TORCH_FOR_BACKGROUND`) the compile runs before the engine serves,
-as it did before: there a graph compiled on one thread and recompiled on another crashed the process.
-
-Vs vLLM: vLLM compiles (or loads its compile cache) before its server answers; its first start is
-slower to ready and as fast from the first token. A CUDA rank's decode graphs (`engine.compiled_step.cuda_graphs`)
-are still captured before the engine serves: a capture must not share the device with running steps.
 """
 
 from __future__ import annotations

@@ -29,4 +29,4 @@ def compile_failed_words(error: str) -> str:
     """The one line said when a step did not compile (``error``: `CompileProgress.error`): the
     engine goes on eagerly, and the setting that skips compiling."""
     return (f"its step did not compile ({error}): it serves on the eager step; "
-            "`engine.compile: false` in the spec (or DISAGGSDK_COMPILE=0) skips compiling")
+            "`$.engine.compile: false` in the spec (or DISAGGSDK_COMPILE=0) skips compiling")

@@ -117,7 +117,7 @@ class EngineConfig:
             group_address: where those dp ranks meet ("host:port"; required then).
         Raises:
             EngineError: an unknown role.
-            SpecError: the unit's memory leaves no KV page (``engine.num_pages`` unset).
+            SpecError: the unit's memory leaves no KV page (``$.engine.num_pages`` unset).
         """
         if role not in MODE_OF_ROLE:
             raise EngineError(f"unknown unit role {role!r}; use one of {sorted(MODE_OF_ROLE)}")

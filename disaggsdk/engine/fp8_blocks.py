@@ -4,15 +4,6 @@ A block-FP8 weight (DeepSeek-V3/R1, Qwen3-*-FP8; which tensors, see `disaggsdk.m
 is ``weight`` [out, in] float8_e4m3fn and ``weight_scale_inv`` [ceil(out / br), ceil(in / bc)]; the
 real weight is ``weight.float() * scale`` with each scale broadcast over its br x bc block, the last
 block of a dimension that the block size does not divide being ragged (fewer rows or columns).
-
-**CPU engines dequantize at load**, into the engine's dtype (float32 or bfloat16), not per layer at
-each step: the CPU kernels compute in that dtype whatever the storage, so keeping FP8 would buy
-only memory, and the models a CPU engine runs are tiny (KBs to a few hundred MBs), while a per-step
-dequantize would cost every forward pass a full pass over the weights. Loading reads only this
-rank's rows or columns, widened to whole blocks so the scales line up, dequantizes that, and then
-cuts the exact slice: a tp shard that starts or stops inside a block comes out exactly as the same
-rows of the whole dequantized tensor (dequantizing is element-wise). The GPU path that keeps weights
-in FP8 and multiplies them as they are is `disaggsdk.engine.fp8_linear`.
 """
 
 from __future__ import annotations

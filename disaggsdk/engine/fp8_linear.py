@@ -1,26 +1,4 @@
-"""A block-FP8 linear layer, y = x W^T with W in FP8 and one scale per 128 x 128 block: a CUDA path and its CPU twin.
-
-Both compute DeepSeek's recipe (``activation_scheme: dynamic``): the activations are quantized on the
-fly to float8_e4m3fn with one scale per row and 128 columns (1 x 128, scale = group amax / 448), the
-weight is the checkpoint's float8_e4m3fn with its ``weight_scale_inv`` [N / 128, K / 128], and the
-product is accumulated in float32. `blockwise_fp8_linear_reference` does this with plain torch on any
-device (dequantize both operands, matmul in float32); `blockwise_fp8_linear_cuda` hands the FP8
-operands and their scales to the GPU's FP8 tensor cores. The engine's CPU models do not use either:
-they dequantize the weights at load (`fp8_blocks`).
-
-**Why torch's ``scaled_mm``** (``torch.nn.functional.scaled_mm``, ScalingType.BlockWise1x128 for the
-activations x BlockWise128x128 for the weight): it is the cuBLASLt kernel for exactly this recipe
-(DeepSeek-style block scaling, CUDA 12.9+, sm90), it ships with the torch the engine already needs,
-and it takes the checkpoint's scales as they are (transposed and padded, no re-quantization).
-DeepGEMM is faster on H100/H200 for the MoE grouped GEMMs, but it is a separate JIT-compiled
-install that wants its own TMA-aligned, column-major scale layout; FlashInfer's block-FP8 GEMM
-targets sm100 first. Either can later replace this function behind the same contract. Its limits,
-checked by `cuda_unsupported_reason`: N and K multiples of 128 (cuBLAS' block layout has no ragged
-block), block 128 x 128, compute capability 9.0 (cuBLAS raises on sm100 for this recipe), CUDA 12.9.
-
-Not yet run on a GPU: the CUDA path's operand layout is checked on CPU against torch's own shape and
-stride rules (meta tensors), and a ``gpu``-marked test compares it with the twin where a GPU exists.
-"""
+"""A block-FP8 linear layer, y = x W^T with W in FP8 and one scale per 128 x 128 block: a CUDA path and its CPU twin."""
 
 from __future__ import annotations
 

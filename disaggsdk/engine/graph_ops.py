@@ -1,25 +1,4 @@
-"""The ops a compiled model step holds: attention and the layer counter as custom torch ops.
-
-A compiled graph (`torch.compile` on CPU; a CUDA graph on a GPU) cannot call back into Python
-objects the way the eager model does (``attn.run(...)``, ``batch.on_layer_done(layer)``). Here
-both become ops the graph records like any other:
-
-- ``disaggsdk::attention`` / ``disaggsdk::attention_mla``: the step's planned attention backend
-  (looked up by an integer id; its ``plan`` ran before the graph) stores the new KV and attends.
-- ``disaggsdk::layer_done``: writes ``[step_id, layers_done]`` into the counter's small int64
-  tensor and wakes the threads waiting on it. It takes the layer's output as an input, so the
-  graph can only run it after that layer (and its KV writes) finished; it declares the counter
-  tensor as mutated, so the compiler keeps it.
-
-`GraphAttention` and `GraphLayerCounter` give the model the eager objects' interface over these
-ops, so the model code is the same compiled or not.
-
-A step compiles in the background while the engine serves eagerly (`engine.background_compile`):
-its warm-up runs the graphs on the compile thread, which must neither write the served pool nor
-bump the engine's counter. The graphs hold the backend and counter ids as constants, so the
-redirect cannot be an argument: within `warm_up_redirect`, on that thread only, an attention op
-runs on the scratch backend given for its id and a ``layer_done`` op does nothing.
-"""
+"""The ops a compiled model step holds: attention and the layer counter as custom torch ops."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class KVCache:
         num_pages: pages in the pool (the same ids on every rank).
         page_size: tokens per page.
         layout: "HND" (default) or "NHD"; ignored for MLA, whose pages are token-major.
-        dtype: cache element type as `kv.dtype` names it ("float32", "bfloat16", "float16", "fp8")
+        dtype: cache element type as `$.kv.dtype` names it ("float32", "bfloat16", "float16", "fp8")
             or as torch does ("float8_e4m3fn").
         device: where to allocate when ``buffer`` is None.
         buffer: optional external backing memory of ``KVCache.pool_bytes(...)`` bytes (a uint8
@@ -82,7 +82,7 @@ class KVCache:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The element type the pages hold (float8_e4m3fn for `kv.dtype: fp8`)."""
+        """The element type the pages hold (float8_e4m3fn for `$.kv.dtype: fp8`)."""
         return self.fmt.dtype
 
     def k_scale(self, layer_id: int) -> float:

@@ -1,13 +1,4 @@
-"""The engine's KV pages as the messenger moves them: one object the engine holds (`LLMEngine.kv`).
-
-A decode unit grants pages that a prefill unit writes into, parks a retried attempt's pages under
-a quarantine owner, shares its prefix cache's pages before it grants the rest, and admits a
-request whose prompt KV has landed; a prefill unit pins the pages it streams from and releases
-them once written; a request moving between decode units is suspended on one engine, its pages
-copied, and continued on another (`engine.request_migration`). All of that goes through this
-port; the engine's own users (`add_request`, `step`, `generate`, `abort`) stay on `LLMEngine`,
-and the messenger never reaches the page allocator itself.
-"""
+"""The engine's KV pages as the messenger moves them: one object the engine holds (`LLMEngine.kv`)."""
 
 from __future__ import annotations
 

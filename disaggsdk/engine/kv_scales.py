@@ -1,17 +1,9 @@
 """The per-layer scales of an fp8 KV cache, and the conversions between computed K/V and stored pages.
 
-An fp8 KV cache (`kv.dtype: fp8`, vLLM's ``kv_cache_dtype=fp8``) stores OCP e4m3 (float8_e4m3fn):
+An fp8 KV cache (`$.kv.dtype: fp8`, vLLM's ``kv_cache_dtype=fp8``) stores OCP e4m3 (float8_e4m3fn):
 ``stored = (x / scale)`` rounded to e4m3, saturated to +-448; ``read = stored * scale`` in float32.
 GQA layers have a ``k_scale`` and a ``v_scale``; an MLA layer caches one latent (its values are the
 first columns of its keys), so it has one scale, ``k_scale``, read for both.
-
-The scales are **static**: model data read from the checkpoint (``model.layers.N.self_attn.k_scale``
-and ``v_scale``, the names vLLM loads; ModelOpt's ``k_proj.k_scale`` / ``v_proj.v_scale``; the older
-single ``kv_scale``), 1.0 for a layer that has none (vLLM's default). A scale computed from the
-data at run time would differ between a prefill unit and the decode unit it hands pages to (each
-sees different tokens in its batch), so the bytes decode holds would mean something other than what
-prefill wrote, and two requests sharing a prompt prefix would store different bytes for the same
-page, breaking prefix caching. With static scales, a page's bytes depend only on its tokens.
 """
 
 from __future__ import annotations

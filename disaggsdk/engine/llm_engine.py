@@ -23,7 +23,8 @@ from disaggsdk.engine.kv_port import KVPort
 from disaggsdk.engine.layer_counter import new_layer_counter
 from disaggsdk.engine.model_runner import ModelRunner, RunnerConfig
 from disaggsdk.engine.parallel import TensorParallel
-from disaggsdk.engine.sampling import SamplingParams, new_generator
+from disaggsdk.engine.sampling import new_generator
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.scheduler import MODES, ScheduledChunk, Scheduler
 from disaggsdk.engine.sequence import Request, RequestOutput
 from disaggsdk.engine.speculative.speculator import check_speculative, mtp_drafts, new_speculator

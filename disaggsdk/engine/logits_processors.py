@@ -1,16 +1,4 @@
-"""What changes a request's logits before a token is chosen, with vLLM's formulas and order.
-
-For each row, in place: ``logit_bias`` is added; while fewer than ``min_tokens`` tokens are out,
-the eos and stop tokens are masked; then the penalties, where ``counts`` are the row's output
-tokens so far (with speculative verification, row j's include the drafts before it):
-
-- repetition (prompt and output tokens): positive logits divided by it, the others multiplied;
-- frequency: minus ``frequency_penalty * count``;
-- presence: minus ``presence_penalty`` for every token that occurred.
-
-``min_p`` acts on the distribution after temperature (`sampling.target_probs`): tokens under
-``min_p`` times the most likely one's probability are dropped.
-"""
+"""What changes a request's logits before a token is chosen, with vLLM's formulas and order."""
 
 from __future__ import annotations
 

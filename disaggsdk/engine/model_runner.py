@@ -34,7 +34,7 @@ class RunnerConfig:
 
     model: str
     engine: EngineConfig
-    # compile the step: `engine.compile`, its unset resolved by the head (the environment's default);
+    # compile the step: `$.engine.compile`, its unset resolved by the head (the environment's default);
     # only a rank of tp 1 does: torch.compile on a CPU (engine.compiled_step.torch_compile), CUDA graphs of its
     # decode steps on a GPU (engine.compiled_step.cuda_graphs)
     compile: bool = False

@@ -1,12 +1,5 @@
 """Prompt logprobs: each prompt token's logprob given the tokens before it, scored where the prompt
 is computed (a colocated engine, a prefill unit, a decode unit that prefills locally).
-
-Logits row ``j`` of a prefill chunk (position ``start_pos + j``) predicts token ``start_pos + j + 1``,
-so a chunk that scores the prompt asks for its rows from the first token not yet scored to its end
-(the end is needed anyway when the chunk samples or ends a prefill). A prefill unit computes
-``prompt[:-1]``, whose rows score tokens ``1 .. len - 1``: the whole prompt. Scores come from the raw
-logits (vLLM's ``prompt_logprobs``: no penalty, bias or grammar applies to a prompt). A request
-recomputed after preemption keeps what it scored and scores nothing twice.
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""A decoding request's state apart from its KV: what moves with its pages to another engine.
-
-A request moved mid-decode must continue there exactly as it would have here: the same greedy
-tokens, and with a seed the same samples. Its KV pages hold every computed position (the MTP
-layer's included: it is one more cache layer); everything else it needs is below: its tokens, its
-sampling parameters, its generator's state (seeded sampling draws on), the drafts its next step
-verifies, and its counters. A grammar's matcher is not serialised: the receiving engine builds it
-from ``params.structured`` and replays the output tokens through it, which reaches the same state
-(llguidance matchers are deterministic) without trusting matcher bytes from a peer.
-
-Only a request between steps, with the KV of every token but its newest computed, can move:
-a request still prefilling, waiting, or preempted has no such KV (`MigrationError`).
-"""
+"""A decoding request's state apart from its KV: what moves with its pages to another engine."""
 
 from __future__ import annotations
 

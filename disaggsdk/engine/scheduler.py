@@ -4,13 +4,6 @@ Each step takes, in order: one token for every decoding request, then prefill ch
 prefills first, then new requests) until ``max_num_batched_tokens`` is spent. When a decode needs
 a page and none is free, the most recently admitted evictable request is preempted: its pages
 are freed and it waits to be recomputed from its tokens (prompt and output so far).
-
-Modes: ``mixed`` (the colocated baseline) does both; ``prefill_only`` computes ``prompt[:-1]`` and
-never samples, the request then ends with reason "prefilled" and keeps its pages until released;
-``decode_only`` never prefills new requests (they arrive with KV already in their pages).
-
-With ``prefix_caching`` (vLLM's), a new request first takes the cached pages of its prompt's
-longest cached prefix and prefills from there (`kv.prefix_cache`, ``self.prefix_cache``).
 """
 
 from __future__ import annotations

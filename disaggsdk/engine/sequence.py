@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from disaggsdk.engine.sampling import SamplingParams, TokenLogprobs
+from disaggsdk.engine.sampling_params import SamplingParams, TokenLogprobs
 
 if TYPE_CHECKING:
     import torch

@@ -6,12 +6,6 @@ forward (the model's all-reduces keep them in lockstep) and only rank 0 samples.
 speculation, rank 0 also mirrors each call of its `MTPPass` (fill the layer's KV over the step,
 then one call per chained draft) and the workers make the same call on their shard. Workers are
 daemon processes started with "spawn"; `close` stops them and, failing that, kills them.
-
-Under expert parallelism (``engine.ep > 1``) the process group is the whole instance: with
-``dp_size`` lock-step dp ranks (each an engine of its own, usually in its own unit process) the
-world is their tp x dp ranks, global rank ``dp_rank * tp + tp_rank``, met at the instance's
-``group_address``; each dp rank's tp ranks get a subgroup of their own, the dp heads one to vote
-in (engine.dp_lockstep), and the experts' exchange runs over the world.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ _POSITIONAL = {("decode", "replicas"): "Cluster.decoders(n)", ("prefill", "repli
                ("transport", "provider"): "Cluster.transport(provider)",
                ("speculative", "method"): "Cluster.speculative(method)"}
 _SPEC_PATH = re.compile(r"\$\.([a-z_]+)(?:\.([a-z_]+))?")
-# a key a message names without its "$." ("raise `prefill.tp`", "hardware.cpu_memory_gb"): a section's, so
+# a key a message names without its "$." ("raise prefill.tp", "hardware.cpu_memory_gb"): a section's, so
 # that "the model's" or "disaggsdk.launch" never reads as one
 _BARE_KEY = re.compile(r"(?<![\w.$])(" + "|".join(f.name for f in attrs.fields(Spec)) + r")\.([a-z_]+)")
 
@@ -194,7 +194,7 @@ class Cluster:
 
     @_names_the_call
     def device(self, device: Device) -> Cluster:
-        """``cpu`` or ``cuda``. The hardware follows: ``cpu`` makes ``hardware.gpu`` "cpu" (a CPU rank is
+        """``cpu`` or ``cuda``. The hardware follows: ``cpu`` makes ``$.hardware.gpu`` "cpu" (a CPU rank is
         one process), and ``cuda`` after ``cpu`` brings back the default GPU kind; call ``.hardware(gpu=...)``
         afterwards for another one."""
         gpu = self.draft.hardware.gpu

@@ -2,11 +2,9 @@
 
     with Cluster.from_yaml("specs/tiny_local.yaml").launch(port=0) as d:
         print(d.generate("def fib(n):"))
-        print(d.bench(num_prompts=20, request_rate=4, input_len=256, output_len=32))
 
-`launch` starts a whole local deployment (`disaggsdk.launch.start_local_runtime` behind a
-`serve.routing.router.Router`); `serve_model` one colocated engine in this process. Either way `shutdown` (or
-leaving the ``with``) stops the server and every process the backend started.
+`launch` starts a whole deployment (local processes or Ray, as `$.launch.backend` says) behind a
+`serve.routing.router.Router`; `serve_model` one colocated engine in this process.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from disaggsdk.engine.compile_progress import CompileProgress
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.engine.speculative.stats import SpecStats
     from disaggsdk.report.bench_report import BenchReport
     from disaggsdk.report.dashboard import Dashboard
@@ -104,7 +102,7 @@ class Deployment:
 
     @property
     def model_name(self) -> str:
-        """The name clients send (``serve.model_name`` / ``--served-model-name``, else the model)."""
+        """The name clients send (``$.serve.model_name`` / ``--served-model-name``, else the model)."""
         return self._served_name
 
     def _headers(self) -> dict[str, str]:
@@ -194,7 +192,7 @@ class Deployment:
 
     def trace(self, request_id: str) -> list[TimelineSpan]:
         """The spans of a recent request's trace (router, prefill and decode units), when tracing is on
-        (``serve.otlp_traces_endpoint``, ``OTEL_TRACES_EXPORTER``, or ``launch(..., span_exporter=...)``).
+        (``$.serve.otlp_traces_endpoint``, ``OTEL_TRACES_EXPORTER``, or ``launch(..., span_exporter=...)``).
 
         Args:
             request_id: exactly the response's ``id`` ("cmpl-...") or the ``X-Request-Id`` its answer
@@ -421,7 +419,7 @@ def launch(spec: Spec, tiny: bool = False, colocated: bool = False, host: str | 
         allowed_origins: see `Deployment`.
         runtime_options: passed to `disaggsdk.serve.backends.local.serve_runtime`: ``span_exporter`` (trace
             every request, `Deployment.trace`, and hand its OpenTelemetry spans to this exporter as
-            they end; without it requests are traced only when ``serve.otlp_traces_endpoint`` or
+            they end; without it requests are traced only when ``$.serve.otlp_traces_endpoint`` or
             ``OTEL_TRACES_EXPORTER`` says so: docs/tracing.md), and `disaggsdk.launch.start_local_runtime`'s
             (``cpu_affinity``, ``log_dir``).
     Raises:

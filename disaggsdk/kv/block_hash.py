@@ -6,8 +6,6 @@ token before them, so two prompts share page ``i``'s hash exactly when they shar
 blake2b of 16 bytes, not Python's ``hash``: the router, the prefill units and the decode units
 compute them in different processes and must agree, and a collision would hand a request another
 prompt's KV.
-
-Pure Python, no torch: the router imports it.
 """
 
 from __future__ import annotations

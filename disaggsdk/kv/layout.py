@@ -1,15 +1,4 @@
-"""Torch views of one rank's KV pool buffer: ``[num_layers][num_pages][page_bytes]``.
-
-The pool is one flat byte buffer so that a later layer can back it by shared memory (memfd, cuMem)
-and register it with the transfer engine as a single region. Inside one layer's page:
-
-* HND (default): ``[kv_heads_local][2 (K|V)][page_size][head_dim]`` -- a head's K and V are one
-  contiguous run, so any head slice of a page moves in one write;
-* NHD: ``[page_size][kv_heads_local][2][head_dim]``;
-* MLA: ``[page_size][kv_lora_rank + qk_rope_head_dim]`` (the latent, then the rope key).
-
-K and V are returned as strided views; nothing here copies.
-"""
+"""Torch views of one rank's KV pool buffer: ``[num_layers][num_pages][page_bytes]``."""
 
 from __future__ import annotations
 
@@ -28,7 +17,7 @@ if TYPE_CHECKING:
 Layout = Literal["HND", "NHD"]
 LAYOUTS = ("HND", "NHD")
 
-# The spec's `kv.dtype` names -> the torch dtype attribute the pool stores: the one place the two
+# The spec's `$.kv.dtype` names -> the torch dtype attribute the pool stores: the one place the two
 # vocabularies meet. "fp8" is OCP e4m3 (vLLM's kv_cache_dtype=fp8, FlashInfer's float8_e4m3fn):
 # one byte an element, values stored divided by a per-layer scale (engine.kv_scales).
 KV_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "float8_e4m3fn"}
@@ -39,7 +28,7 @@ class KVLayoutError(DisaggError):
 
 
 def kv_dtype_name(name: str) -> str:
-    """The torch dtype attribute name of a KV element type, given as the spec names it (`kv.dtype`:
+    """The torch dtype attribute name of a KV element type, given as the spec names it (`$.kv.dtype`:
     float32, bfloat16, float16, fp8) or already as a torch name (float8_e4m3fn).
 
     Raises:

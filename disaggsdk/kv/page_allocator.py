@@ -2,15 +2,6 @@
 
 Pure Python, no torch: the same allocator serves every rank of an instance (all ranks hold the
 same page ids), and the messenger uses it on the decode side to grant pages to remote writers.
-
-With a prefix cache (`page_cache`), a page may be held by several owners at once: each holder
-counts one reference, and a page with no holder left goes back to the free list, or, when it is
-cached under a hash, to the cache's evictable pages, still findable by a later prompt until the
-free list runs dry and it is evicted (its hash forgotten, a new generation on its next grant).
-
-A *grant* records the pages an owner received and a generation number. Each page remembers the
-generation of its current grant, so a late write carrying an old generation can be recognised and
-dropped after the page was freed and handed to someone else (see docs/lessons.md).
 """
 
 from __future__ import annotations

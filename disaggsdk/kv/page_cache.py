@@ -5,8 +5,6 @@ hash (`block_hash.page_hashes`); another request whose prompt starts with the sa
 it instead of computing it again. A cached page nobody holds any more stays cached but
 *evictable*, in least-recently-released order; the allocator takes evictable pages (dropping
 their hash, so no later lookup can find their old content) only when the free list is empty.
-
-Pure bookkeeping with no notion of owners: `PageAllocator` counts references and calls in.
 """
 
 from __future__ import annotations

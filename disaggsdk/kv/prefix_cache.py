@@ -5,10 +5,6 @@ must compute: its last token always is) and prefills from there; each page whose
 computed is offered to the cache, when the step computed it and at the latest before the request
 lets its pages go. Pages are keyed by chained hashes of their tokens (`kv.block_hash`), with
 MTP drafting one token further (``hash_lookahead``: the MTP KV at a page's end read the next token).
-
-The cache reads and updates a few fields of the engine's request (`engine.sequence.Request`); it
-is written against `CachedRequest`, what it uses of one, so that the KV package needs nothing of
-the engine above it.
 """
 
 from __future__ import annotations

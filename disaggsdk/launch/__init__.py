@@ -5,8 +5,6 @@ with a `base.Launcher`.
 What runs where: `launch.launcher` in the process that starts and supervises the units,
 `launch.unit_process` inside each unit, and the modules here what both sides share (`base`: the
 contract; `messages` and `channel`: what crosses between them; `health`: whether a unit is alive).
-
-Imported lazily: nothing here loads torch or the native library until a runtime starts.
 """
 
 from __future__ import annotations

@@ -5,12 +5,6 @@ The router's seam: a `Runtime` starts the units of a plan, carries typed message
 (`UnitDown`) and who went quiet (`UnitStalled`, `UnitUnreachable`), and stops
 them. It knows processes, never requests: which unit serves a request, what a token means and what
 a client is owed live in the router (`disaggsdk.serve.routing.router`).
-
-The runtime's own seam: its implementation (`launch.launcher.supervisor.Supervisor`) supervises
-units the same way wherever they run: handshake, reader thread, failure reports, restarts, clean
-close. What varies is the `Launcher` that starts a unit (`launch.launcher.units.ProcessLauncher`: a
-child process here; `launch.launcher.ray_launcher.RayLauncher`: a Ray actor's child on a cluster
-node) and the `UnitProcess` handle it returns.
 """
 
 from __future__ import annotations
@@ -131,7 +125,7 @@ class Launcher(Protocol):
 @dataclass(frozen=True)
 class UnitStalled:
     """The runtime's own notice (never on a unit's channel): nothing was heard from a live unit for
-    ``silent_s`` (`serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
+    ``silent_s`` (`$.serve.unit_stall_s` or more), so it reads unhealthy until it speaks again."""
 
     silent_s: float
 
@@ -139,7 +133,7 @@ class UnitStalled:
 @dataclass(frozen=True)
 class UnitUnreachable:
     """The runtime's own notice (never on a unit's channel): nothing at all, not even the unit's
-    heartbeat, was heard from a live unit for ``silent_s`` (`serve.unit_unreachable_s` or more): its
+    heartbeat, was heard from a live unit for ``silent_s`` (`$.serve.unit_unreachable_s` or more): its
     link is cut or its process frozen. It reads unhealthy until it is heard again."""
 
     silent_s: float

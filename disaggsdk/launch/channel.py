@@ -4,9 +4,6 @@ Each frame is a header (payload bytes: u32, `PROTOCOL_VERSION`: u16, network ord
 payload of one `launch.messages` struct. A stream socket rather than a multiprocessing Pipe: the
 same frames cross a Unix socketpair here and a TCP connection between machines, and nothing is
 ever unpickled. A frame of another version or over `MAX_FRAME_BYTES` is refused, never guessed at.
-
-Sends are thread-safe (the router sends from the asyncio thread and from callers); receives
-belong to one thread.
 """
 
 from __future__ import annotations

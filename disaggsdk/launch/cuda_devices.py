@@ -1,20 +1,4 @@
-"""The CUDA devices of a `device: cuda` spec's units, and each unit's first CUDA call.
-
-The plan places every rank on a node and a GPU of it (`plan.placement`). The local backend runs
-every plan node on this machine, side by side: GPU ``gpu`` of plan node ``node`` is GPU slot
-``node * gpus_per_node + gpu``, which runs on device ``launch.cuda_devices[slot]`` (default: device
-``slot``). A unit gets its own ranks' devices, in tp order, as ``CUDA_VISIBLE_DEVICES``, so inside
-it tp rank r uses ``cuda:r`` (`engine.tp_group.join_groups` sets it). Device ids count the devices
-the launcher sees: under a launcher's own ``CUDA_VISIBLE_DEVICES`` a unit gets those entries.
-Ray grants a unit's actor its GPUs and sets ``CUDA_VISIBLE_DEVICES`` itself (`ray_launcher`).
-
-Ranks share a GPU only where ``launch.cuda_devices`` repeats an id (the one-GPU check runs a
-prefill and a decode instance on GPU 0 so), and only if their memory fits: each may fill
-``engine.memory_utilization`` of it, as two vLLM servers with their ``gpu_memory_utilization``.
-
-`require_cuda` is the unit's first CUDA call, before it builds anything: a machine without CUDA
-gets one line that says so and how to run the topology anyway, not a model half-loaded.
-"""
+"""The CUDA devices of a `device: cuda` spec's units, and each unit's first CUDA call."""
 
 from __future__ import annotations
 
@@ -76,7 +60,7 @@ def check_device_count(plan: Plan, num_devices: int) -> None:
 def check_shared_memory(plan: Plan) -> None:
     """Refuse ranks that share a device (a repeated ``launch.cuda_devices`` id) when their memory does not fit it.
 
-    Each rank may fill ``engine.memory_utilization`` of its device, so k ranks on one device need
+    Each rank may fill ``$.engine.memory_utilization`` of its device, so k ranks on one device need
     k times that to be at most 1.
 
     Raises:

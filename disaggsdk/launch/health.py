@@ -1,32 +1,4 @@
-"""Whether a unit is alive: every check, on both sides of its channel.
-
-A unit can fail without dying, and each way it can has one check here:
-
-* **Unreachable** (its node's link is cut, its process frozen). The unit's loop speaks only between
-  steps, and one step can hold it for many seconds (a 16,384-token prefill: 20 s on a 2-core box),
-  so the unit also sends `messages.Heartbeat` from a thread of its own (`UnitHeartbeat`), whatever
-  its loop does. The runtime watches every frame, the heartbeat included (`SilenceWatch`); one
-  silent for `serve.unit_unreachable_s` is unreachable (`base.UnitUnreachable`).
-* **Stalled** (stopped by SIGSTOP, wedged, starved: its process and channel stay, so nothing reports
-  it dead while its streams freeze). Every frame but the heartbeat proves the unit's loop ran; the
-  runtime watches those (`StallWatch`), asks a unit silent for a quarter of `serve.unit_stall_s` for
-  its stats (`GetStats`, answered between two steps), and one silent for the whole stall time is
-  stalled (`base.UnitStalled`). A unit busy in a 20 s step is stalled yet reachable.
-* **Stuck in its transport** for good (`TransportWatchdog`, in the unit's loop). With libfabric's
-  shm provider every receiver's queue is guarded by a spinlock in shared memory. A process killed
-  (SIGKILL, OOM) while holding a peer's lock leaves it held by nobody alive: from then on every
-  write or message to that peer spins forever inside `fi_writedata`/`fi_send`, and a receiver whose
-  own lock is lost spins inside `fi_cq_read`. Nothing in the process can undo that
-  (native/README.md). The only cure is new endpoints, that is new processes, so the unit that sees
-  its thread stuck reports `TransportStuck` (naming the peer whose queue is poisoned, if it was
-  posting to one) and exits (`EXIT_CODE`); the runtime restarts it and replaces that peer as well
-  (`replace_poisoned_peer`). Without this, a wedged unit looks alive: it keeps pages quarantined and
-  requests waiting forever.
-
-An unreachable or stalled unit heard again is live again. The unit's side (`UnitHeartbeat`,
-`TransportWatchdog`) runs in the unit process; the runtime's side (`SilenceWatch`, `StallWatch`,
-`replace_poisoned_peer`) in the launcher's.
-"""
+"""Whether a unit is alive: every check, on both sides of its channel."""
 
 from __future__ import annotations
 
@@ -35,14 +7,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.base import ChannelClosed
+from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.messenger.peers import PeerId
 
 if TYPE_CHECKING:
     from disaggsdk.launch.base import UnitHandle
     from disaggsdk.transfer import TransferEngine
 
-BEATS_PER_UNREACHABLE = 4  # heartbeats sent within `serve.unit_unreachable_s`: three may be late or lost
+BEATS_PER_UNREACHABLE = 4  # heartbeats sent within `$.serve.unit_unreachable_s`: three may be late or lost
 PROBES_PER_STALL = 4  # a live unit is asked this many times before silence makes it stalled
 CHECK_EVERY_S = 0.5  # how often the unit's loop looks at its transport (a check is two native reads)
 EXIT_CODE = 75  # EX_TEMPFAIL: the unit gave up on a stuck transport and wants a restart
@@ -92,11 +65,11 @@ class SilenceWatch:
     """When each unit was last heard, and which have been silent for ``limit_s``. Called from one
     thread (the runtime's reader); `is_silent` may be read from any.
 
-    The runtime keeps two: this one over every frame for `serve.unit_unreachable_s`, and a
+    The runtime keeps two: this one over every frame for `$.serve.unit_unreachable_s`, and a
     `StallWatch` over the loops' frames. A unit heard again is no longer silent.
 
     Args:
-        limit_s: silence that counts (`serve.unit_unreachable_s`, `serve.unit_stall_s`).
+        limit_s: silence that counts (`$.serve.unit_unreachable_s`, `$.serve.unit_stall_s`).
         names: the units, all heard at ``now_s``.
         now_s: `time.monotonic()` now.
     """
@@ -138,11 +111,11 @@ class SilenceWatch:
 
 
 class StallWatch(SilenceWatch):
-    """A `SilenceWatch` of the units' loops over `serve.unit_stall_s` that also says whom to ask
+    """A `SilenceWatch` of the units' loops over `$.serve.unit_stall_s` that also says whom to ask
     for their stats.
 
     Args:
-        stall_s: silence that makes a unit stalled (`serve.unit_stall_s`).
+        stall_s: silence that makes a unit stalled (`$.serve.unit_stall_s`).
         names: the units, all heard at ``now_s``.
         now_s: `time.monotonic()` now.
     """
@@ -185,7 +158,7 @@ class TransportWatchdog:
     Args:
         transfer: the unit's `TransferEngine`.
         stuck_after_s: how long one round of its progress thread may take (spec
-            `transport.stuck_after_s`; a healthy round takes microseconds).
+            `$.transport.stuck_after_s`; a healthy round takes microseconds).
     """
 
     def __init__(self, transfer: TransferEngine, stuck_after_s: float):

@@ -4,10 +4,7 @@ staged through host mirrors.
 Each tp rank's pool is a `RankPool` (a memfd on the CPU, a cuMem allocation on a GPU) mapped in
 the unit's head. Host pools are registered as they are. A GPU pool is registered as device memory
 (FI_HMEM_CUDA) when the provider can, else each rank gets a host mirror that is registered
-instead and `HostMirror` copies pages across (`transport.kv_staging`; docs/gpu.md).
-
-The pools themselves live in `disaggsdk.kv.pools`; their registration is here, in launch, because
-it opens the unit's transfer engine (the transport sits above kv) and reads the spec.
+instead and `HostMirror` copies pages across (`$.transport.kv_staging`; docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ def register_pools(spec: Spec, provider: str, pools: Sequence[RankPool], size_by
     """Open the unit's transfer engine and register each rank's pool, or its host mirror.
 
     Args:
-        spec: the deployment (``transport.kv_staging``, ``transport.same_host_copy``).
+        spec: the deployment (``$.transport.kv_staging``, ``$.transport.same_host_copy``).
         provider: the libfabric provider the unit resolved.
         pools: each tp rank's pool, mapped here.
         size_bytes: bytes of one pool's format (a CUDA pool may be rounded up beyond it).

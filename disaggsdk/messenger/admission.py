@@ -2,8 +2,8 @@
 
 Pure: the frame's MAC and version were checked by `protocol.decode_message`; here the request is
 held against what the launcher said about the decode unit (its registered regions, pool size,
-context slots) and against this unit's KV format (LESSONS.md: mismatched configs found only under
-load; remote offsets must be checked against the grant). A problem is a `Rejection`: a
+context slots) and against this unit's KV format (a mismatched config must fail here, not under
+load; remote offsets are checked against the grant). A problem is a `Rejection`: a
 `RejectReason` the stats count and a detail for the decode side's log; on the wire
 (`PrefillRejected.reason`) it is ``"<reason>: <detail>"``.
 """

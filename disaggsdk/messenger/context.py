@@ -1,17 +1,11 @@
 """The context payload: hidden state and logits of a request's last prefilled position.
 
-Written by prefill into the decode's context slot as one write; checked at both ends (LESSONS.md:
-speculative decoding across PD broke on hidden states of the wrong shape). Layout of a slot::
+Written by prefill into the decode's context slot as one write, checked at both ends. A slot::
 
     header (32 bytes): magic b"DKCX" | version u16 | reserved u16 | hidden_size u32 |
                        vocab_size u32 | forward_end_s f64 | num_cached_tokens u64
     hidden_state: [hidden_size], float32
     logits:       [vocab_size], float32
-
-``forward_end_s`` is prefill's ``time.monotonic()`` when its forward pass ended: on one machine
-the decode side subtracts it from the moment its counter fired to get the exposed transfer time.
-``num_cached_tokens``: prompt tokens prefill found in its prefix cache and did not compute (the
-request's usage reports them).
 """
 
 from __future__ import annotations

@@ -1,22 +1,4 @@
-"""The decode side of the handoff: grant pages, ask a prefill unit, count writes, admit, retry.
-
-Runs on the decode unit's main thread, next to the engine (which is not thread-safe); only the
-counter futures resolve on the transfer engine's pump thread. One request's life here
-(docs/architecture.md, "The KV messenger"): pinned pages for ``prompt[:-1]`` and a context slot are
-granted, after the pages of its longest prefix this unit's prefix cache holds (shared, never
-written: prefill skips them; all of them: no prefill at all); the prefill unit `serve.routing`
-picks gets a `PrefillRequest`; an immediate counter waits for exactly the writes the route
-predicts for the pages that move; when it fires the context's shape is checked and the request
-joins decode scheduling with its last prompt token.
-
-Failure rules: a retried or aborted attempt's pages and slot are *quarantined* (renamed to a
-quarantine owner) until the old prefill unit confirms it drained its writes, or is known dead
-and a grace period passed; only then are they freed. A deadline, a rejection, a failure report
-or a dead peer all lead to a retry on another prefill unit, or to a local prefill.
-
-Where each prompt is prefilled (here when short after the cache, else which prefill unit) is
-`prefill_choice.PrefillChoice`'s decision.
-"""
+"""The decode side of the handoff: grant pages, ask a prefill unit, count writes, admit, retry."""
 
 from __future__ import annotations
 

@@ -1,24 +1,4 @@
-"""Per-grant keys: a decode unit opens only the pages it granted to one attempt, and only until it ends.
-
-Without them a decode unit registers each rank's whole KV pool for remote writes under one key
-that every `PrefillRequest` names: whoever reaches the endpoint with that key (captured once from
-the wire, where every RMA write carries it) can write any page, cached prefixes included, for as
-long as the unit lives. With them the pool itself is registered for local access only, and each
-attempt registers its granted pages, one run of consecutive pages of one layer at a time, and its
-context slot, each under a fresh random 64-bit key; the decode side revokes them (deregisters)
-when the attempt's counter fires, or once an ended attempt's writes can no longer land. A write
-outside a grant, or after it, is refused by the provider: it lands nowhere (on tcp the initiator
-is not even told, the target drops it).
-
-Cost: one registration per (rank, layer, run of pages) and per context slot, at grant time, on
-the decode unit's main thread. On tcp and shm a registration is a software table entry (a few
-microseconds); on NICs (verbs, efa) it pins memory and costs tens of microseconds each, hundreds
-of them a request for DeepSeek-R1's 61 layers, so `transport.grant_keys: auto` turns them on for
-tcp only (docs/security.md says what guards each provider).
-
-Decode side: `open_grant` / `GrantKeys.revoke`. Prefill side: `GrantTargets` turns pool offsets
-into writes into the right segment's registration.
-"""
+"""Per-grant keys: a decode unit opens only the pages it granted to one attempt, and only until it ends."""
 
 from __future__ import annotations
 

@@ -1,25 +1,4 @@
-"""Moving a decoding request, with its KV, from one decode unit to another (both sides).
-
-The source suspends the request between two steps (`KVPort.suspend`: out of scheduling, pages
-pinned and unchanged) and offers it to the target with its state (`MigrateOffer`); the target grants
-pages for the computed tokens, expects exactly one write per page per cache layer per tp rank under
-a fresh immediate, and answers `MigrateAccept` with its pages; the source writes every page of every
-layer of every rank with that immediate (the same push writes and counting as a prefill-to-decode
-handoff, whole pages: both units have the same tp and pool shape); when the target's counter
-fires it admits the request (`add_migrated_request`) and says `MigrateAdmitted`; only then does the
-source free its pages. No token is recomputed: the bytes moved are the request's pages' bytes.
-
-Failure rules, as for a handoff: a page is freed only when no write of it can be in flight. A
-target that refuses, misses the deadline or dies leaves the request with the source, which resumes
-it (its KV never changed) once its own writes drained, and tells the target `MigrateCancel` so the
-target frees its grant. A source that dies leaves the target's grant quarantined until writes on
-the wire could have landed (`DEAD_PEER_GRACE_S`); the router ends that request with a clear error
-(or, when the target admitted it already, lets it go on there). An abort on either side ends the
-move the same way, with the request dropped instead of resumed.
-
-Runs on the decode unit's main thread, beside `DecodeMessenger` (which hands it the frames of
-these kinds and the peers): only the counter futures resolve on the transfer engine's pump thread.
-"""
+"""Moving a decoding request, with its KV, from one decode unit to another (both sides)."""
 
 from __future__ import annotations
 

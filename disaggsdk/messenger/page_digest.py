@@ -1,4 +1,4 @@
-"""The keyed digest of one attempt's KV: what `transport.verify_pages` compares before a page is used.
+"""The keyed digest of one attempt's KV: what `$.transport.verify_pages` compares before a page is used.
 
 Both sides compute it over the same bytes: every granted page of every layer of every decode rank,
 and the context slot. Prefill feeds it the source bytes of each destination page as its layers are
@@ -6,15 +6,6 @@ submitted (several source ranks may fill one destination page: their slices go i
 order), decode feeds it the pages it holds once the counter fired. A mismatch means bytes in the
 pages are not the ones prefill sent (a forged or corrupted write): the attempt is retried and the
 pages are never used or cached.
-
-Construction (an XOR-MAC): one HMAC-SHA256 term per page (its first 16 bytes), keyed with a key
-derived from the deployment secret and the attempt (request id, grant generation, immediate), over
-the page's place (rank, layer, index in the grant) and its bytes; the digest is the XOR of the
-terms. XOR makes it independent of the order the layers are submitted in; a term is unforgeable
-without the secret, and binding the place to each term stops pages being swapped. Cost: one
-HMAC-SHA256 pass over the attempt's KV on each side, ~1 GB/s a core where OpenSSL has the CPU's
-SHA extensions (BLAKE2b, hashlib's own C code, measured 0.54 GB/s on the same pages), with the GIL
-released.
 """
 
 from __future__ import annotations

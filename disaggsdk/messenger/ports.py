@@ -1,7 +1,7 @@
 """What the messenger needs of the engine, of the transport, and what a unit needs of a messenger.
 
 The messenger is written against these protocols, not against `LLMEngine` and `TransferEngine`:
-the engine knows no network (DESIGN.md), and tests drive both sides with small fakes
+the engine knows no network, and tests drive both sides with small fakes
 (tests/messenger). `disaggsdk.engine.llm_engine.LLMEngine` (whose ``kv``, a
 `disaggsdk.engine.kv_port.KVPort`, holds the pages the messenger moves KV through) and
 `disaggsdk.transfer.TransferEngine` satisfy them; nothing here imports either.

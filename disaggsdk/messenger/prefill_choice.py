@@ -1,6 +1,6 @@
 """Where a handed-off prompt is prefilled: here, or on which prefill unit.
 
-Conditional disaggregation (Dynamo's): a prompt with at most ``transfer.max_local_prefill_tokens``
+Conditional disaggregation (Dynamo's): a prompt with at most ``$.transfer.max_local_prefill_tokens``
 tokens missing from this decode unit's prefix cache is prefilled here, in the decode engine's own
 chunked prefill, with no handoff: for a short suffix after a cached history the hops and the
 separate first decode step cost more than the stall the running requests take. Every other prompt
@@ -34,7 +34,7 @@ class PrefillChoice:
         engine: the decode unit's engine (its prefix cache is asked what it holds).
         routing: ``serve.routing``, as `RoutingPolicy` takes it.
         capacity_pages: a unit's KV pages (the cache-aware policy's capacity).
-        max_local_prefill_tokens: ``transfer.max_local_prefill_tokens`` (0: never here).
+        max_local_prefill_tokens: ``$.transfer.max_local_prefill_tokens`` (0: never here).
     """
 
     def __init__(self, engine: DecodeEngine, routing: Routing, capacity_pages: int, max_local_prefill_tokens: int):

@@ -182,7 +182,7 @@ class PrefillJob:
         Args:
             slot: the context staging slot it will use.
             arrived_s: when its request frame was accepted.
-            secret: the deployment secret when pages are verified (``transport.verify_pages``), else None.
+            secret: the deployment secret when pages are verified (``$.transport.verify_pages``), else None.
         Raises:
             ValueError: the request's grant segments lie outside the decode unit's pool or slot.
         """

@@ -1,14 +1,4 @@
-"""The prefill side of the handoff: check a request, prefill it, stream its pages layer by layer.
-
-The engine's ``on_step`` hook (main thread, before the forward pass) says which chunk of which
-request runs and fills which pages; the pages a chunk completes (a partly filled page only when
-the prompt ends) go to the `LayerStreamer` (messenger/streamer.py), which submits each layer's
-writes once the forward pass finished that layer. With ``streaming=False`` (the ablation) they go
-after the forward pass. After the last chunk the context (hidden state and logits of the last
-prefilled position) goes to the decode's context slot. Source pages are released once every
-write completed locally; a failed or aborted request is reported to the decode side only after
-its writes drained, so the decode side may then free the destination pages.
-"""
+"""The prefill side of the handoff: check a request, prefill it, stream its pages layer by layer."""
 from __future__ import annotations
 
 import time
@@ -55,7 +45,7 @@ class PrefillMessenger:
         staging: the registered buffer outgoing context payloads are staged in.
         secret: the deployment secret.
         streaming: send layer by layer during the forward pass (False: after it).
-        verify_pages: digest every byte sent and tell the decode side (``transport.verify_pages``).
+        verify_pages: digest every byte sent and tell the decode side (``$.transport.verify_pages``).
         kv_mirror: when ``pool_regions`` are host mirrors of the engine's pools, what copies each
             layer's pages into them before they are written (`kv.pools.host_mirror`); None: the pools
             are registered themselves.
@@ -194,7 +184,7 @@ class PrefillMessenger:
         return problem
 
     def _accept(self, msg: pr.PrefillRequest) -> Rejection | None:
-        from disaggsdk.engine.sampling import SamplingParams
+        from disaggsdk.engine.sampling_params import SamplingParams
         from disaggsdk.errors import DisaggError
 
         sender = PeerId.parse(msg.decode_instance)

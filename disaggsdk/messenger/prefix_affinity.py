@@ -1,35 +1,5 @@
 """Which target probably holds a prompt's prefix: an index of what was routed where, and the policy
 that weighs it against load.
-
-A router cannot see its targets' prefix caches, so, as SGLang's cache-aware router and Dynamo's KV
-router in approximate mode do, it remembers what it sent where: `PrefixIndex` keeps, per target (a
-unit name), the page hashes (`kv.block_hash.page_hashes`) of the prompts routed there
-recently, bounded by that target's KV pages. `RoutingPolicy` picks one of the candidate targets:
-
-``least_loaded``
-    Fewest requests in flight, ties by name: the rule from before prefix caching, unchanged.
-
-``cache_aware``
-    Least cost, ties by load then name, where, as in Dynamo's KV router (prefill pages weighted by
-    ``overlap_weight``, plus the pages the target would hold in flight)::
-
-        new_pages(t)    = prompt_pages - matched_pages(t)         # pages t must prefill
-        active_pages(t) = load(t) * prompt_pages + new_pages(t)   # pages t would hold in flight
-        cost(t)         = overlap_weight * new_pages(t) + active_pages(t)
-
-    ``active_pages`` counts each request in flight at this prompt's size: callers know how many
-    requests a target holds, not their pages. So a full hit is worth ``overlap_weight + 1``
-    requests in flight, a half hit half that: the target holding the prefix keeps it while it has
-    fewer more requests than that (by default: at most one more); from a tie on, a less loaded
-    target takes the prompt, so a hot prefix spreads to a second unit, as it should. Where no
-    target matches a page, the choice is ``least_loaded``'s exactly.
-
-Matching follows the prefix cache: hashes are chained, so the match is the longest run of the
-prompt's first pages the target was sent, stopping at the first page it lacks. The index only
-approximates the engines' caches (an engine may evict sooner, a dead unit's cache is gone):
-`forget` a target that dies or restarts.
-
-Pure Python, no torch: the router and the decode unit's messenger both import it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Control messages between messengers: versioned binary frames, size-bounded, HMAC-authenticated.
 
-Never pickle (LESSONS.md: unpickling peer data gave remote code execution in three systems).
+Never pickled: unpickling peer data is remote code execution.
 A frame is::
 
     magic b"DSGK" | version u8 | kind u8 | sender_len u16 | body_len u32 | seq u64 | sender | body | mac[32]
-
-``body`` is msgpack of a typed `msgspec.Struct` (decoding checks every field's type), ``mac`` is
-HMAC-SHA256 under the per-deployment secret over everything before it. ``sender`` (the sending
-unit's `PeerId`) and ``seq`` (that sender's frame counter, from 1) are inside the MAC, so a
-receiver can refuse a captured frame replayed later (`messenger.freshness`). Anything that fails
-a check raises a `ProtocolError` subclass: the receiver counts it and drops the frame.
 """
 
 from __future__ import annotations
@@ -170,7 +164,7 @@ class Hello(Message, frozen=True):
 
 
 class PageDigest(Message, frozen=True):
-    """Prefill -> decode, with ``transport.verify_pages``: the keyed digest of every byte this attempt
+    """Prefill -> decode, with ``$.transport.verify_pages``: the keyed digest of every byte this attempt
     wrote (`messenger.page_digest`), sent once all its writes completed locally. Decode admits the
     request only when the pages it holds give the same digest."""
 

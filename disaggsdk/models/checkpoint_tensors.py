@@ -5,25 +5,6 @@ the bytes of a 685B-parameter checkpoint it never opens. Names and shapes are th
 (``model.layers.3.mlp.experts.17.down_proj.weight``); dtypes are what the file holds: float8_e4m3fn for the
 weights a block-FP8 checkpoint quantizes (`BlockFP8.is_quantized`), each followed by its float32
 ``weight_scale_inv``; the config's ``torch_dtype`` for the rest; float32 for DeepSeek's router bias.
-
-Sharding (`ShardKind`) follows this project's engine (disaggsdk/engine/modeling), which a test holds equal to the
-engine's own `weight_slots()`:
-
-* ``column``: output rows split evenly over tp (q/k/v, q_b, kv_b, gate/up projections);
-* ``row``: input columns split over tp (o_proj, down_proj);
-* ``kv_heads``: GQA k/v rows split by KV head while tp <= KV heads, one replicated head per rank beyond;
-* ``replicated``: every rank holds it whole (norms, routers, MLA's down projections, MTP's ``eh_proj``);
-* ``vocab``: embeddings and lm_head. The engine keeps them whole on every rank (tiny vocabularies; a whole
-  lm_head gives every rank the full logits without a gather); vLLM splits them by vocabulary over tp
-  (VocabParallelEmbedding, ParallelLMHead). `local_shape` takes ``vocab_parallel`` to choose.
-
-A routed expert's tensors carry ``expert``: without expert parallelism each is split over tp like an MLP
-(column/row); with it (vLLM's ``--enable-expert-parallel``) each expert lives whole on one rank of the
-instance, the memory plan's business (`disaggsdk.plan.memory`).
-
-DeepSeek's MTP layer (``model.layers.{num_hidden_layers}``) is its own ``group`` ("mtp"): ``embed_tokens``,
-``enorm``, ``hnorm``, ``eh_proj``, a full decoder layer (MLA + MoE), ``shared_head.norm`` and
-``shared_head.head``, as the R1 checkpoint stores them (its embedding and head are copies of the model's).
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@ stored as float8_e4m3fn, beside ``X.weight_scale_inv`` [ceil(out / 128), ceil(in
 scale per 128 x 128 block (float32 in DeepSeek's files, bfloat16 in some Qwen ones); the real weight is
 ``fp8 * scale`` (the name says "inverse" because the quantizer divided by it). The last block of a
 dimension that 128 does not divide is ragged: its scale covers fewer rows or columns.
-
-Not quantized, in both families: embeddings, ``lm_head``, every norm, the MoE router (``mlp.gate``)
-and its bias, and DeepSeek's MTP glue (``eh_proj``, ``shared_head.head``); ``modules_to_not_convert``
-in the config adds names. This module holds those facts once, for the loader, the FP8 writer tool and the
-memory plan.
 """
 
 from __future__ import annotations

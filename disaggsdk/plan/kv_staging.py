@@ -24,7 +24,7 @@ def mirror_wanted(spec: Spec) -> bool | None:
 
 
 def kv_staging_summary(spec: Spec) -> str:
-    """One line: how pages reach the wire for ``spec`` (``transport.kv_staging`` against device and provider)."""
+    """One line: how pages reach the wire for ``spec`` (``$.transport.kv_staging`` against device and provider)."""
     provider = spec.transport.provider
     wanted = mirror_wanted(spec)
     if wanted is True:

@@ -5,29 +5,6 @@ For every rank of every instance::
     usable    = engine.memory_utilization x device memory      (vLLM's gpu_memory_utilization)
     kv pool   = usable - weights - workspace
     num_pages = kv pool // (page bytes of one layer x KV layers)   (an explicit engine.num_pages wins)
-
-Device memory is a GPU's (`GPU_MEMORY_GB` of `hardware.gpu`: H100 80 GB, H200 141 GB, as the hardware
-profiles in disaggsdk/sim/profiles say) or, on CPU ranks, `hardware.cpu_memory_gb`.
-
-Weights are the rank's share of the checkpoint inventory (`models.checkpoint_tensors`), by part. What a rank
-holds in memory differs from what the file stores in three documented ways:
-
-* 16/32-bit tensors are held in ``engine.dtype`` (the engine casts them at load);
-* block-FP8 weights stay FP8 with their float32 scales on a GPU (a blockwise FP8 GEMM reads them) and are
-  dequantized to ``engine.dtype`` at load on a CPU (no FP8 matmul there);
-* GPU ranks split embeddings and lm_head by vocabulary over tp as vLLM does (VocabParallelEmbedding,
-  ParallelLMHead); CPU ranks hold them whole, as this engine does.
-
-Routed experts: with ``ep == 1`` every rank holds a tp slice of every expert; with ``ep == tp * dp`` each rank
-holds whole experts ``[start, stop)`` of a contiguous partition (vLLM's expert map: the first ``E % ep`` ranks
-hold one more). DeepSeek's MTP layer counts only when ``speculative.method`` is ``mtp`` (vLLM loads it only
-for MTP speculation too), its embedding and head shared with the model's (DeepSeek ships them as copies; the
-engine keeps one tensor).
-
-The workspace is a reserve for what is not weights or KV: the activations of one step of
-``engine.max_num_batched_tokens`` tokens (residual, norm and attention outputs, the q/kv projections and the
-widest MLP's gate|up rows, in ``engine.dtype``), float32 logits of ``engine.max_num_seqs`` rows, and on a GPU a
-fixed `GPU_FIXED_OVERHEAD_BYTES` for the CUDA context, NCCL buffers and captured CUDA graphs (0 on a CPU).
 """
 
 from __future__ import annotations
@@ -100,7 +77,7 @@ def rank_weight_bytes(arch: ModelArch, tp: int, *, experts_held: int | None = No
         arch: the model (its checkpoint inventory decides shapes and stored dtypes).
         tp: the rank's tensor-parallel group size.
         experts_held: routed experts the rank holds whole (expert parallelism); None: a tp slice of every one.
-        dtype: the dtype 16/32-bit tensors are held in (``engine.dtype``).
+        dtype: the dtype 16/32-bit tensors are held in (``$.engine.dtype``).
         keep_fp8: FP8 weights stay FP8 with float32 scales (GPU); False: dequantized to ``dtype`` (CPU).
         vocab_parallel: embeddings and lm_head split by vocabulary over tp (vLLM) or whole (this engine).
         include_mtp: count DeepSeek's MTP layer (its embedding and head shared with the model's).
@@ -154,7 +131,7 @@ def workspace_bytes(arch: ModelArch, tp: int, ep: int, max_num_batched_tokens: i
 
 
 def device_memory_bytes(spec: Spec) -> int:
-    """Memory of one rank's device: the GPU kind's, or on CPU ranks `hardware.cpu_memory_gb`."""
+    """Memory of one rank's device: the GPU kind's, or on CPU ranks `$.hardware.cpu_memory_gb`."""
     if spec.device == "cpu" or spec.hardware.gpu == "cpu":
         return int(spec.hardware.cpu_memory_gb * GB)
     return int(GPU_MEMORY_GB[spec.hardware.gpu] * GB)
@@ -246,7 +223,7 @@ def kv_layers(spec: Spec, arch: ModelArch) -> int:
 
 
 def kv_bytes_per_token_rank(spec: Spec, arch: ModelArch, tp: int) -> int:
-    """KV bytes one token takes on one rank of a ``tp``-way group, all KV layers (`kv.dtype`; GQA heads split
+    """KV bytes one token takes on one rank of a ``tp``-way group, all KV layers (`$.kv.dtype`; GQA heads split
     while tp <= KV heads, then replicated; the MLA latent replicated)."""
     return arch.kv_bytes_per_token_rank(tp, spec.kv.dtype) // arch.num_layers * kv_layers(spec, arch)
 
@@ -294,20 +271,20 @@ def _fixes(spec: Spec, arch: ModelArch, role: RoleName) -> list[str]:
     shape = spec.roles[role]
     fixes = []
     if arch.is_moe and shape.ep == 1 and shape.dp > 1:  # under plain tp, ep holds the same 1/tp of the experts
-        fixes.append(f"shard experts with `{role}.ep: {shape.tp * shape.dp}`")
+        fixes.append(f"shard experts with `$.{role}.ep: {shape.tp * shape.dp}`")
     if shape.dp == 1 and arch.num_attention_heads % (shape.tp * 2) == 0 and shape.tp * 2 <= spec.hardware.gpus_per_node:
-        fixes.append(f"raise `{role}.tp` (to {shape.tp * 2})")
+        fixes.append(f"raise `$.{role}.tp` (to {shape.tp * 2})")
     elif shape.dp == 1 and shape.tp * 2 <= arch.num_attention_heads:
-        fixes.append(f"raise `{role}.tp` across nodes (to {shape.tp * 2})")
+        fixes.append(f"raise `$.{role}.tp` across nodes (to {shape.tp * 2})")
     if spec.device == "cpu":
-        fixes.append("raise `hardware.cpu_memory_gb`")
+        fixes.append("raise `$.hardware.cpu_memory_gb`")
     elif spec.hardware.gpu == "h100":
-        fixes.append("use `hardware.gpu: h200` (141 GB)")
+        fixes.append("use `$.hardware.gpu: h200` (141 GB)")
     fp8 = f"{spec.model}-fp8"
     if fp8 in CATALOG and block_fp8_of(arch.hf_config, arch.name) is None:
         fixes.append(f"serve the FP8 checkpoint (`model: {fp8}`)")
     if spec.weight_dtype == "float32" and spec.device == "cuda":
-        fixes.append("hold weights in `engine.dtype: bfloat16`")
+        fixes.append("hold weights in `$.engine.dtype: bfloat16`")
     return fixes
 
 
@@ -316,7 +293,7 @@ def memory_problems(spec: Spec, arch: ModelArch, instances: Mapping[RoleName, tu
 
     A rank does not fit when its weights and workspace exceed its usable memory, when a pool sized from memory
     cannot hold one request of the model's full context (``max_position_embeddings``, as vLLM's default
-    ``max_model_len``), or when an explicit ``engine.num_pages`` needs more than the memory left.
+    ``max_model_len``), or when an explicit ``$.engine.num_pages`` needs more than the memory left.
     """
     problems = []
     for role, ranks in instances.items():
@@ -340,7 +317,7 @@ def memory_problems(spec: Spec, arch: ModelArch, instances: Mapping[RoleName, tu
             if not r.num_pages_explicit and longest and r.kv_tokens < longest:
                 whose = ("engine.max_model_len" if spec.engine.max_model_len
                          else f"{arch.name}'s context, max_position_embeddings")
-                cap = [f"cap requests with `engine.max_model_len: {r.kv_tokens // 1024 * 1024}`"] if r.kv_tokens >= 1024 else []
+                cap = [f"cap requests with `$.engine.max_model_len: {r.kv_tokens // 1024 * 1024}`"] if r.kv_tokens >= 1024 else []
                 problems.append(
                     f"$.{role}: {role} rank {r.rank}'s KV pool holds {r.kv_tokens:,} tokens "
                     f"({gb(r.kv_pool_bytes)} GB), less than one request of {longest:,} tokens ({whose}); "
@@ -379,7 +356,7 @@ def check_memory(spec: Spec, arch: ModelArch | None = None) -> None:
 
 
 def num_pages_per_rank(spec: Spec, role: RoleName, arch: ModelArch | None = None) -> int:
-    """KV pages of each rank of ``role``: ``engine.num_pages`` when set, else what the memory plan leaves.
+    """KV pages of each rank of ``role``: ``$.engine.num_pages`` when set, else what the memory plan leaves.
 
     The one place a unit, the router and the simulator learn the pool size (all ranks of a role get the fewest
     any of them can hold, so a dp group's ranks agree).

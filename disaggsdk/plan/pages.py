@@ -3,12 +3,6 @@
 This is the contract between the planner, the engine's KV pool and the transport (see
 docs/plan-json.md). A rank's KV pool is one buffer ``[num_layers][num_pages][page_bytes]``; one
 page of one layer is laid out as
-
-* GQA, HND: ``[kv_heads_local][K|V][page_size][head_dim]`` — a slice of heads, K and V included,
-  is one contiguous run, so it moves in one write;
-* GQA, NHD: ``[page_size][kv_heads_local][K|V][head_dim]`` — a whole page is one run, but a slice
-  of its heads is one run per token (``page_size`` writes);
-* MLA (either layout): ``[page_size][kv_lora_rank + qk_rope_head_dim]`` — always moves whole.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from disaggsdk.plan.render import TextPrinter
 
-SCHEMA_VERSION = 2  # 2: each instance's "memory" (issue 35)
+SCHEMA_VERSION = 2  # 2: each instance's "memory"
 DEFAULT_NUM_TOKENS = 1024
 
 

@@ -4,22 +4,6 @@ A route connects one prefill instance P to one decode instance D. Ranks in a rou
 ranks**: a request is prefilled by one dp group of P and decoded by one dp group of D, and every
 dp group of an instance shards its KV the same way, so one table serves every (dp group, dp group)
 pair; `Instance.rank_of(dp_rank, tp_rank)` turns a tp rank into a device.
-
-Rules (docs/architecture.md, "Sharding and transfer routes"):
-
-* every destination rank receives its whole page, replicas included, from one replica set of P:
-  for each P shard overlapping the D rank's heads, the P rank of that shard in the assigned set
-  writes the overlap (identical sharding: one transfer of whole pages; P finer: the D page is
-  reconstructed from several P ranks; D finer: each P rank splits its page over several D ranks);
-* D replica sets are assigned to P replica sets by a seeded shuffle of P's sets
-  (``random.Random(f"{seed}/{prefill}/{decode}")``), cycling so that every P set, hence every P
-  device, writes whenever D has at least as many sets as P;
-* MLA: every rank holds the whole latent; D tp rank j receives from P tp rank ``j mod tp_P``;
-* when D has fewer replica sets than P (MLA with data-parallel decode, tp_D < tp_P), one static
-  choice would leave P devices idle, so the source set is rotated per request by an offset drawn
-  from ``random.Random(f"{seed}/{request_id}")`` — see `request_offset` and `mla_dp_source`;
-* one context write (hidden state and logits of the last prefilled position) goes from P tp rank 0
-  to D tp rank 0, the head ranks.
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@ GQA splits KV heads over the tp ranks while ``tp <= num_kv_heads``; beyond that 
 ``tp / num_kv_heads`` ranks, and the ranks form that many **replica sets** (set ``s`` = the ranks
 with ``tp_rank % (tp / num_kv_heads) == s``), each holding one full copy of the KV. MLA's latent
 cannot be split by head, so every rank holds an identical full copy.
-
-The GQA rule must agree with `disaggsdk.engine.parallel.TensorParallel.kv_head_range`, which is
-what the engine allocates; a test checks the two against each other.
 """
 
 from __future__ import annotations

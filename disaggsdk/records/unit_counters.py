@@ -6,10 +6,6 @@ text, so adding a counter is its declaration here and the line of its producer t
 the unit's stats frame carries the record as it is, /metrics walks its fields
 (`serve.engine_metrics`), and an older peer reads a frame with a field it does not know, because
 msgspec ignores unknown fields and fills missing ones with their defaults (no protocol bump).
-
-Names and meanings follow vLLM's (``spec_decode_*``, ``prefix_cache_*``, ``num_preemptions``)
-under our ``disaggsdk_`` prefix; what vLLM has no name for is ours: the KV handoff between prefill
-and decode engines and what a decode engine's prefix cache spared it.
 """
 
 from __future__ import annotations

@@ -2,13 +2,6 @@
 
 It is updated from the kernel: `refresh()` once, or `start()` a thread that refreshes every
 ``interval_s`` until `stop()`. Numbers come from `disaggsdk.report.live`; this file only renders.
-
-The output is plain HTML (a table and an inline SVG plot) redrawn through a display id
-(`report.live_output`), not an ipywidget: the live view needs no widget JavaScript, and what a saved
-or exported notebook keeps is the last picture. ``jupyter nbconvert --to html --execute`` with its
-defaults stores the state of every widget a notebook made and then renders widget outputs with a
-widget manager fetched from unpkg.com, which an offline machine cannot reach: a widget dashboard
-exported so is blank there; this one shows its tables and plots.
 """
 
 from __future__ import annotations

@@ -5,9 +5,6 @@ In a Jupyter kernel the output is a ``display_data`` with a display id, and each
 wherever it is, also from a background thread after the cell has finished. A saved notebook keeps
 the last redraw the client received, and nbconvert's HTML export shows it as plain HTML: no widget,
 no widget state, no script from a CDN.
-
-Outside a kernel (a script, IPython in a terminal) nothing is redrawn: a terminal cannot replace
-what it printed, and IPython's terminal would print every redraw again.
 """
 
 from __future__ import annotations

@@ -1,18 +1,4 @@
-"""Where a disaggregated request's time to first token went, phase by phase.
-
-Joins the router's times (`serve.routing.first_token_clock`) with both units' records of the request
-(`records.request_transfer.RequestTransfer`), all `time.monotonic()` of one machine. The phases follow the
-request and add up to the server's TTFT (the client's adds HTTP and its own parsing):
-
-- ``router_to_decode``: the router's channel to the decode unit, and that unit noticing it;
-- ``decode_wait``: waiting on the decode unit for pages or a context slot;
-- ``to_prefill``: the prefill request over the fabric, and the prefill unit noticing it;
-- ``prefill_queue``: waiting in the prefill engine (behind other prompts' steps);
-- ``prefill_compute``: prefill's forward pass (the steps of all of the prompt's chunks);
-- ``exposed_transfer``: from the forward pass's end until every write landed (the counter fired);
-- ``counter_to_schedule``: until the decode loop saw the counter and handed the request to its engine;
-- ``first_step_to_router``: the first decode step (the last prompt token), and the token's way back.
-"""
+"""Where a disaggregated request's time to first token went, phase by phase."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""The per-engine gauges and counters of /metrics, read from the backend's `InstanceStats` at each scrape.
-
-Names and meanings follow vLLM's (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
-``vllm:num_preemptions``, ``vllm:spec_decode_*``, ``vllm:prefix_cache_queries`` / ``_hits``) under
-our ``disaggsdk_`` prefix, with vLLM's ``engine`` label: a label named ``instance`` would collide
-with the target label Prometheus adds itself (the scrape renames ours ``exported_instance``). What
-vLLM has no name for is ours: the KV handoff between prefill and decode engines (``kv_transfer_*``,
-``kv_exposed_transfer_seconds``, and what a decode engine's prefix cache spared it:
-``kv_not_sent_*``, ``requests_fully_cached``), retries and refused control frames. Each series also
-carries the engine's ``role`` (prefill, decode or mixed) so a dashboard can split a disaggregated
-deployment.
-"""
+"""The per-engine gauges and counters of /metrics, read from the backend's `InstanceStats` at each scrape."""
 
 from __future__ import annotations
 

@@ -5,10 +5,6 @@ two servers in one process, as in tests and notebooks, must not share counters).
 figures are recorded when a request ends, under vLLM's names and meanings (labels ``model_name``
 and ``engine``, the engine that produced the tokens); engine gauges and counters are read from the
 backend's ``stats()`` at scrape time (`serve.engine_metrics`).
-
-vLLM's ``request_queue_time_seconds``, ``request_prefill_time_seconds`` and
-``request_inference_time_seconds`` are not exposed: no backend reports when a request was first
-scheduled, and a figure made up from the TTFT would mislead.
 """
 
 from __future__ import annotations

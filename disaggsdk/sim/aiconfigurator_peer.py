@@ -1,21 +1,4 @@
-"""AIConfigurator, NVIDIA's disaggregated-layout search tool, as a peer to measure against.
-
-Where the ``aiconfigurator`` command is installed (``pip install aiconfigurator``, version 0.12: its own
-virtual environment is fine, it need only be on PATH), `disaggsdk simulate --published` runs it as a
-subprocess, with a timeout, for each figure it can predict, and reads its prediction from what it prints:
-
-* `AicDefault`: ``aiconfigurator cli default`` searches aggregated and disaggregated layouts for a model on
-  a number of GPUs under a TTFT and TPOT SLA and prints the best of each ("agg Top Configurations",
-  "disagg Top Configurations"); the prediction is the disaggregated rank-1 tokens/s/gpu over the
-  aggregated one;
-* `AicEstimate`: ``aiconfigurator cli estimate`` times one phase of one layout at a batch ("Performance
-  Estimate (static_ctx|static_gen)"); the prediction is tokens per second per node: prompt tokens for a
-  prefill estimate (seq/s x ISL), output tokens for a decode one (tokens/s/gpu x GPUs a node).
-
-Nothing here imports AIConfigurator: its output is text, read by `parse_default` and `parse_estimate`, which
-tests hold against saved runs. A missing command, a timeout, an error it prints or output that cannot be read
-all give no value and a note that says which.
-"""
+"""AIConfigurator, NVIDIA's disaggregated-layout search tool, as a peer to measure against."""
 
 from __future__ import annotations
 

@@ -1,32 +1,5 @@
 """The expert-parallel all-to-all of one engine step: the bytes and collectives the engine's scheme
 issues, and the time the cost model charges for them.
-
-The engine's scheme (issue 36): an instance of ``tp x dp`` ranks with ``ep = tp * dp`` (or ``ep ==
-tp`` at dp 1) holds each routed expert on one rank. In every MoE layer each rank dispatches a
-``1/tp`` slice of its dp group's tokens (rows ``[T*r//tp, T*(r+1)//tp)`` for tp rank r) over the
-whole ep group: every (token, top-k slot) pair goes to the rank holding that slot's expert, a
-token choosing two experts of one rank goes twice (no dedup), and a pair whose expert is local is
-copied, not sent. Combine returns each received row to its token's rank. The gloo / NCCL
-dispatcher (`engine.expert_parallel.all_to_all`, which sim does not import) issues 3
-``all_to_all_single`` per dispatch (split counts, rows, rows' local expert ids, both int64) and 1
-per combine, and counts what it sends in `AllToAllCounters`: `AllToAllTraffic` has the same
-fields, so a measured step and this model compare field for field (tests/sim/test_all_to_all_term.py).
-All dp groups step in lock-step: a rank with no tokens still makes every call.
-
-Assumptions of the figures (`all_to_all_assumptions` lists them for a run's output):
-
-* uniform routing: a pair's expert is any of the ``num_experts`` alike, so ``(ep - 1) / ep`` of the
-  pairs leave their rank (a measured fraction can be passed instead). Over the whole group that share
-  holds in expectation for any expert loads while every rank's tokens come from one distribution (rank
-  r keeps the share q_r of its pairs that its experts take, and sends 1/ep of all pairs: the group keeps
-  sum_r q_r / ep = 1/ep); per rank it does not: under skew the expert-heavy rank sends more of the
-  combine, and the lock-step group waits for it;
-* the router balances requests over the dp groups, so every rank dispatches ``num_tokens / ep``;
-* activations on the wire in the model's 16-bit dtype (bf16 on GPUs; the CPU engine sends float32);
-* each rank sends its bytes over its own NVLink at the profile's per-direction rate times its
-  ``nvlink_efficiency``; dispatch then combine, not overlapped with compute;
-* each collective costs the profile's ``allreduce_latency_us`` (a small NVLink collective), 4 a MoE layer;
-* the local copies (HBM) are not charged.
 """
 
 from __future__ import annotations

@@ -5,15 +5,6 @@ touches over its achievable memory bandwidth — weights (for MoE only the disti
 batch hits), KV read by attention — plus tensor-parallel all-reduces over NVLink, the expert
 all-to-all when the instance spreads its experts (``ep > 1``), plus fixed per-layer and per-step
 overheads. Every constant comes from the `HardwareProfile`; nothing here is tuned to a target number.
-
-A data-parallel instance is modelled with its dp groups in lock-step (expert parallelism couples
-them) and the router keeping them balanced, so attention work per device is the instance's
-work / (tp * dp). With ``ep = tp * dp`` (the spec's `ep`; R1 on 8 dp ranks needs it to fit) each
-rank holds 1/ep of the routed experts and every MoE layer exchanges tokens over the ep group: the
-all-to-all term of `disaggsdk.sim.all_to_all`, whose module doc lists what it assumes (uniform
-routing, NVLink rate and efficiency from the profile, bf16 on the wire, no dedup of a token's pairs
-to one rank, a latency per call, 4 calls a MoE layer). The MTP layer's forward, all-to-all included,
-is not charged: a step with MTP counts its verified tokens only.
 """
 
 from __future__ import annotations

@@ -1,33 +1,4 @@
-"""A GPU engine's step, composed kernel by kernel as vLLM and SGLang run a layer.
-
-Per dp group of ``tp`` devices (the instance's batch split evenly over its dp groups, which step in
-lock-step: the slowest sets the step), one device runs, per layer:
-
-* rmsnorm; the attention projections (GQA: qkv; MLA: q_a, kv_a, q_b, and for prefill the kv_b
-  expansion over every attended token, for decode the absorbed q and o batched GEMMs); attention over
-  each prefill chunk (its cached prefix included) and over the decode batch; o_proj; an all-reduce
-  over the tp group;
-* rmsnorm; a dense MLP (gate_up, SiLU-and-mul, down, all-reduce) or a MoE layer: the router GEMM, the
-  shared experts, and either the routed experts tp-sliced (``ep`` 1; an all-reduce after) or, expert
-  parallel (``ep`` = tp x dp), a DeepEP dispatch, the experts of this device, a combine. DeepEP runs
-  its low-latency kernels in decode-only steps and its normal ones otherwise (SGLang's ``auto`` mode).
-
-Once a step: the embedding, the final norm and the LM head over one row a sequence (vocabulary split
-over tp). What is stated rather than measured, each a parameter:
-
-* ``expert_imbalance``: the busiest device's routed-expert work over the mean (1.0: EPLB's balance);
-  the tables time balanced routing;
-* ``two_batch_overlap``: with expert parallelism, two micro-batches hide each other's dispatch and
-  combine behind compute (SGLang's TBO): a MoE layer then costs the larger of its compute and its
-  exchange, not their sum;
-* CUDA graphs: a decode-only step of at most ``cuda_graph_max_batch`` sequences a group runs as a
-  captured graph, padded to the next captured size (1, 2, 4, then multiples of 8, as both engines
-  capture); other steps pay ``launch_overhead_s_per_layer``;
-* MTP: with ``mtp_layers``, a decode step also runs the draft layer(s) over its sequences' tokens;
-* ``step_overhead_s``: the scheduler's CPU time a step (batch building, sampling, output). With
-  ``overlap_scheduler`` (SGLang's default overlap schedule, vLLM's async scheduling: default since 0.12)
-  it prepares step N+1 while step N's kernels run, so a step takes the longer of the two, not their sum.
-"""
+"""A GPU engine's step, composed kernel by kernel as vLLM and SGLang run a layer."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""The processes every request and token passes through on a CPU machine, as FIFO stages.
-
-On the machines `disaggsdk simulate --validate` checks, a request is sent by the benchmark
-client, read by the server (HTTP front end + router) and only then reaches a unit; every token a
-unit emits is handled by the server and then parsed by the client before the client sees it.
-Each of those processes is one Python thread of work at a time (one interpreter lock), so each
-is a FIFO stage: an item waits for the items ahead of it and then needs its own CPU time, at
-whatever share of the cores `SharedCores` gives the stage. Under light load that adds a fixed
-latency; when tokens arrive faster than a stage can handle them at its share, its queue grows and
-the latencies the client measures grow with it -- the congestion the engine units alone do not
-show (measured on the 2-core VM: requests arriving with four others in flight saw mean TPOT 17 ms
-where a model without these stages gave 9).
-"""
+"""The processes every request and token passes through on a CPU machine, as FIFO stages."""
 
 from __future__ import annotations
 

@@ -5,27 +5,6 @@ or the table does not answer) or work axes (tokens, sizes, lengths: more work ne
 `SlicedTable` groups a table's rows by their categorical values; each group is a `MonotoneGrid` over
 its work axes, built (and cleaned) the first time a query needs it. Nothing here knows what is being
 timed: the caller passes the coordinates and, for extrapolation, the roofline time of any point.
-
-What a `MonotoneGrid` promises (the tests pin each rule):
-
-1. **Cleaning.** Measured times are not always monotone (a framework picks another kernel at m = 513
-   than at m = 512). When a grid is built, every 1-D line along every work axis is replaced by its
-   least-squares non-decreasing fit (pool adjacent violators); a last running maximum along each axis
-   removes rounding-level dips. Pooling one line keeps the lines beside it in order (the fit is
-   order-preserving), so one pass over the axes leaves the grid non-decreasing along all of them.
-   ``cleaned_points`` counts the measured points it moved by more than 1 % (`MOVED`), ``largest_move``
-   is the largest relative move (GEMM tables are noisy: a third of adjacent m pairs drop).
-2. **Inside.** Multilinear interpolation over the bracketing cell of the cleaned values: a query on a
-   grid point gets that point's value ("exact"); between two neighbours along an axis the value lies
-   between theirs ("interpolated"); the result is non-decreasing in every work axis.
-3. **Above the last point** of an axis: the edge keeps its achieved efficiency against the roofline,
-   ``t(q) = t(edge) x roofline(q) / roofline(edge)``, where ``edge`` is the query clamped into the grid
-   ("extrapolated"; the ratio is returned).
-4. **Below the first point** of an axis: the edge's time is held (no kernel runs faster than the smallest
-   launch measured) ("extrapolated", ratio 1 along that axis).
-5. **Ragged grids** (a table that measured a staircase, e.g. batch x length up to a token budget): a
-   query whose cell lacks a measured corner is outside the measurements; it is answered by rule 3 from
-   the nearest measured grid point at or below its cell's lower corner. No measured point there: None.
 """
 
 from __future__ import annotations

@@ -4,23 +4,6 @@ NVIDIA's aiconfigurator-core (Apache-2.0, the ``kernels`` extra) ships kernel la
 GPU under each serving framework and version, as parquet files::
 
     aiconfigurator_core/systems/data/<system>/<family>/<framework>/<version>/<table>.parquet
-
-with a ``collection_meta.yaml`` beside them (each table ``complete`` or ``partial``) and, one level up,
-``<system>.yaml`` (the GPU's rates and the NCCL version its framework-free ``comm/nccl`` tables were
-measured with). A hardware profile names its database by `KernelDbRef`: system (our GPU name, ``h200``,
-or the package's, ``h200_sxm``), framework (sglang, vllm, trtllm) and version (``0.5.14``).
-
-Which version directory answers, per table: the named version's when it has the table, else the
-older directories of the same framework, newest first; never a newer one (the package's own rule:
-backward fill only). `KernelDb.versions` lists them in that order and `table_kernels` asks each in turn,
-since an older directory may hold what the named one lacks (SGLang 0.5.14 has no DeepEP tables: 0.5.12
-has them for one node, 0.5.6.post2 for 1 to 8 nodes). NCCL's tables: the system's NCCL version, then
-the older ones.
-
-Lazy by design: nothing here imports aiconfigurator_core (importlib finds where it is installed) and
-pyarrow is imported on the first table read, so ``import disaggsdk.sim`` and a roofline-only simulation
-never load them. Without the package, `KernelDb.open` raises `KernelDbUnavailable`, whose one-line
-message says what to install.
 """
 
 from __future__ import annotations

@@ -6,12 +6,6 @@ tensor-parallel all-reduce (`AllReduce`), then a dense MLP (`Gemm`s and an `Elem
 or a MoE layer (a DeepEP dispatch and combine, `ExpertExchange`, around the routed experts,
 `MoeExperts`); and once per step the embedding and the LM head. Every shape is what ONE device runs:
 heads, features and tokens after the tensor-parallel and expert-parallel splits.
-
-Two sources implement `KernelCosts`: `roofline_kernels.RooflineKernels` (the profile's datasheet rates;
-answers every shape) and `table_kernels.TableKernels` (aiconfigurator-core's measured tables; answers
-None where no table covers a shape). `layered_kernels.LayeredKernels` asks the tables first and the
-roofline where they answer None, and says per kernel kind which source answered: that is the
-`CompleteKernelCosts` a step composer takes.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Published deployments the simulator is held to, each figure with its source (issue 56, item 3).
+"""Published deployments the simulator is held to, each figure with its source.
 
 A `PublishedCase` is one deployment a public source measured: its spec files under ``specs/published/``
 (whose comments cite the source and justify every setting), the workload the source states (or the one
 chosen where it states none, said why in the spec), and its figures. A `PublishedFigure` is one number or
 claim: what was measured, the value or bound, how a simulated value is judged against it (`Comparison`),
 where it was published, and how AIConfigurator, the peer tool, predicts it where it can.
-
-`disaggsdk simulate --published` (`disaggsdk.sim.published_run`) simulates every case with one hardware
-profile per GPU kind, as shipped, and prints each figure beside the simulated one; docs/published.md is
-generated from that output (`disaggsdk.sim.published_page`). Nothing here is fitted to the figures: a
-figure the simulator misses is the finding, and `PublishedCase.not_modelled` lists what the deployment
-does that neither the spec format nor the simulator can say.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from disaggsdk.sim.aiconfigurator_peer import AicDefault, AicEstimate
 # about: within TOLERANCE of the published number; above / below: the simulated value on the stated side
 # of a bound ("> 90 tok/s", "< 50 tok/s").
 Comparison = Literal["about", "above", "below"]
-TOLERANCE = 0.25  # issue 56's acceptance: every throughput figure within +-25% of the published one
+TOLERANCE = 0.25  # the accepted gap: every throughput figure within +-25% of the published one
 Layout = Literal["disaggregated", "colocated"]
 
 

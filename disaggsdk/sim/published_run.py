@@ -1,18 +1,4 @@
-"""Simulate the published cases (`disaggsdk.sim.published`) and judge each figure: `disaggsdk simulate --published`.
-
-Every case runs on the shipped hardware profile of its spec's GPU kind (``disaggsdk/sim/profiles/<gpu>.yaml``,
-one per kind for all cases, never a calibrated or user file), with the weights in the checkpoint's format
-(`default_weight_dtype`), and its workload:
-
-* `ServingLoad`: `run_simulations`, the disaggregated layout and, where a figure needs it, its colocated twin;
-* `PhaseSteps`: one step of the spec's prefill instance and one of its decode instance at the stated batch,
-  through the simulator's own instances (`SimInstance.plan_step`), as the source measured each phase alone;
-* `SloSearch`: for the spec (disaggregated) and its baseline (colocated), the highest request rate meeting
-  each figure's mean TTFT and TPOT, by doubling then bisecting the rate.
-
-Each figure reports the kernel source of every kernel kind the step is made of: the GPU's measured tables
-(aiconfigurator-core's, as the profile names them) where they cover the kernel, else the profile's roofline.
-"""
+"""Simulate the published cases (`disaggsdk.sim.published`) and judge each figure: `disaggsdk simulate --published`."""
 
 from __future__ import annotations
 
@@ -172,7 +158,7 @@ def kernel_sources(profile: HardwareProfile, profile_file: str) -> dict[str, str
 
 def _config(spec: Spec, profile: HardwareProfile, tokens_per_rank: int | None = None) -> SimConfig:
     """The simulator's settings for a spec: weights in the checkpoint's format, and the step budget of
-    ``tokens_per_rank`` (default: the spec's `engine.max_num_batched_tokens`) on each prefill attention rank (the
+    ``tokens_per_rank`` (default: the spec's `$.engine.max_num_batched_tokens`) on each prefill attention rank (the
     simulator's budget is an instance's)."""
     per_rank = tokens_per_rank if tokens_per_rank is not None else spec.engine.max_num_batched_tokens
     return SimConfig(profile, weight_dtype=default_weight_dtype(spec.model),

@@ -1,24 +1,4 @@
-"""Kernel times from a hardware profile's datasheet rates: the cost model's formulas, one kernel at a time.
-
-Each kernel takes the larger of its FLOPs over the profile's achievable matrix rate (``*_tflops x
-flops_efficiency``) and its bytes over the achievable memory bandwidth (``hbm_gb_per_s x
-bandwidth_efficiency``), as `cost_model.StepCostModel` does for a whole attention block, dense MLP or
-MoE layer; collectives take their bytes over the link plus the profile's latency a call, as
-`cost_model` (all-reduce) and `all_to_all` (expert exchange) do. Composed, the per-kernel maxima sum
-to at least the cost model's per-block maximum (a block whose projections are compute-bound and whose
-attention is memory-bound pays both here). What the split adds or decides, stated:
-
-* a GEMM also moves its activations (``m x k`` in, ``m x n`` out), not only its weights;
-* attention math runs at the bfloat16 rate (both engines' default kernels on Hopper); its bytes are the
-  KV it reads. MLA prefill attends over the expanded K and V (``head_dim + v_head_dim`` a head, read in
-  bfloat16, as the engines run it); MLA decode runs absorbed over the latent (the cost model's form);
-* MoE experts read the distinct experts the tokens hit (the cost model's expectation under uniform
-  routing) over ``moe_tp x moe_ep`` devices;
-* a collective spanning several nodes sends the share of its bytes bound for other nodes over the
-  rank's share of the node's NICs (the cost model never spans nodes; on one node the formulas are its);
-* elementwise kernels are bytes over bandwidth; no per-kernel launch floor anywhere (the cost model
-  charges ``kernel_overhead_us_per_layer`` and ``step_overhead_ms`` per layer and per step instead).
-"""
+"""Kernel times from a hardware profile's datasheet rates: the cost model's formulas, one kernel at a time."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""A CPU machine's cores shared by everything that runs on it, as processor sharing.
-
-On the CPU deployments `disaggsdk simulate --validate` checks, the engine units are not alone on
-the cores: the HTTP front end and router handle every token a unit emits, the benchmark client
-parses every token it receives, and idle units wake up hundreds of times a second to poll their
-pipes and transfer queues. `SharedCores` models Linux's fair scheduler as processor sharing:
-with ``k`` runnable jobs and a steady ``background_cores`` of demand, every job advances at
-``min(1, cores / (k + background_cores))`` of its solo speed. The rate changes whenever a job
-starts, ends or gains work, or the background changes -- also for jobs already running.
-
-Jobs are keyed (an instance's step, a front-end process's backlog of work). After any change the
-simulator asks `completions` for each job's new finish time and schedules it; an event carrying
-an older version is stale and `is_current` says so.
-"""
+"""A CPU machine's cores shared by everything that runs on it, as processor sharing."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Events are arrivals, step completions and KV transfers landing. The router sends each request to
 the decode (or, colocated, mixed) instance with the fewest outstanding requests and, when
 disaggregated, to the prefill instance with the fewest outstanding prompt tokens; with conditional
-disaggregation (`transfer.max_local_prefill_tokens`) a short prompt stays on its decode instance. The
+disaggregation (`$.transfer.max_local_prefill_tokens`) a short prompt stays on its decode instance. The
 output has the field names of `disaggsdk bench` (vLLM's), plus per-instance utilisation, and SLO
 attainment where the config names SLOs.
 """
@@ -39,7 +39,7 @@ from disaggsdk.spec import Spec
 @attrs.frozen
 class SimConfig:
     """Engine settings and assumptions of a simulation run, over what the simulated spec says (the
-    requests each rank holds at once are its `engine.max_num_seqs`, as a launched deployment runs)."""
+    requests each rank holds at once are its `$.engine.max_num_seqs`, as a launched deployment runs)."""
 
     profile: HardwareProfile
     weight_dtype: str = "bfloat16"  # what matrices run in: `default_weight_dtype` of the model ("fp8": block FP8)
@@ -258,7 +258,7 @@ class Simulation:
             decode.admit_prefill(record)
             self._kick(decode, now_s)
             return
-        # conditional disaggregation (`transfer.max_local_prefill_tokens`): a short prompt is computed by its
+        # conditional disaggregation (`$.transfer.max_local_prefill_tokens`): a short prompt is computed by its
         # decode instance, with no handoff (no prefix cache is simulated: every prompt token is missing)
         if record.request.input_len <= self.spec.transfer.max_local_prefill_tokens:
             decode.admit_prefill(record, local=True)

@@ -1,42 +1,4 @@
-"""Kernel times from aiconfigurator-core's measured tables: which table each kernel shape reads, at which coordinates.
-
-Each shape reads one table (``<family>/<framework>/<version>/<table>.parquet``); its categorical columns
-must match exactly, its work columns are the grid's axes:
-
-* `Gemm`: ``gemm/gemm_perf`` by dtype; axes m, n, k. Batched (MLA's absorbed q and o products):
-  ``mla_bmm/mla_bmm_perf`` (mla_gen_pre, mla_gen_post) by dtype (fp8_block reads the fp8 rows); axes tokens, heads.
-* `Attention`, GQA: ``attention/{context,generation}_attention_perf`` by dtypes, head_dim, heads, KV heads,
-  window; axes batch and isl (context) or step (generation). MLA: SGLang's kernel tables
-  ``mla/{context,generation}_mla_perf`` by KV dtype and heads on the device; the same axes.
-* `MoeExperts`: ``moe/moe_perf`` (balanced routing); with ``deepep``, ``moe/wideep_{phase}_moe_perf``
-  (uniform) first; by dtype, sizes, topk, experts, moe_tp, moe_ep; axis tokens.
-* `AllReduce`: ``comm/custom_allreduce_perf`` (the CUDA-graph rows), else NCCL's ``comm/nccl/<version>/nccl_perf``;
-  by GPUs (2, 4, 8: one node); axis elements.
-* `ExpertExchange`: SGLang's ``comm/wideep_deepep_{normal,ll}_perf`` or vLLM's ``comm/moe_a2a_perf``; by
-  hidden, topk, experts; axes nodes and tokens a rank.
-* `Elementwise`: no table (the package has none for embeddings, norms and activations either).
-
-How a shape becomes coordinates, where it is not just its fields:
-
-* a prefill chunk of ``n`` tokens after ``c`` cached: the tables time whole causal prompts (no prefix
-  axis), so the chunk costs ``t(c + n) - t(c)``, and never less than ``t(n)`` (the chunk alone);
-* a decode step of ``q`` queries a sequence (1 + drafts) reads as ``batch x q`` sequences at step = the
-  KV length, as aiconfigurator scales its decode batch by ``nextn + 1``; a batch's mean KV length
-  stands for its lengths (decode attention is nearly linear in the KV read);
-* MLA needs DeepSeek's widths (latent 512, rope 64, nope 128, value 128), the only ones measured;
-  vLLM measured MLA only as whole modules with their projections, which a per-kernel step cannot use:
-  its MLA attention falls to the roofline;
-* DeepEP's tables count whole nodes of 8 GPUs (``ranks = 8 x nodes``; other groups: None); the normal
-  kernels' rows are those with 20 SMs (DeepEP's default ``Buffer.num_sms``); a time is transmit plus notify;
-* a categorical miss (another dtype, head count, GPU count, window) answers None: the roofline times
-  that kernel, and the figure says so.
-
-Past the measured grid the rules of `grid_interp` apply (the edge's efficiency held against the roofline
-above the last point, the edge's time held below the first). Every time says its table, slice and how many
-of the slice's points monotone cleaning moved. Among the version directories that have a table
-(`kernel_db.KernelDb.versions`, newest first), the first to answer from inside its grid wins; when all
-must extrapolate, the one whose roofline ratio is nearest 1.
-"""
+"""Kernel times from aiconfigurator-core's measured tables: which table each kernel shape reads, at which coordinates."""
 
 from __future__ import annotations
 

@@ -30,11 +30,11 @@ class EngineSettings(CheckedFields):
     """Per-rank engine sizes; the defaults suit tiny models on a CPU."""
 
     num_pages: int | None = key(None,
-        "KV pages per rank. Unset: sized from the memory plan, what `engine.memory_utilization` of the device leaves "
+        "KV pages per rank. Unset: sized from the memory plan, what `$.engine.memory_utilization` of the device leaves "
         "after the rank's weights and workspace (`disaggsdk plan` shows it; docs/memory.md); a number wins over the "
         "plan.", count_or_unset(MAX_NUM_PAGES, "page ids are int32 in the attention kernels' page tables"))
     memory_utilization: float = key(0.9,
-        "Fraction of each rank's device memory (a GPU's from `hardware.gpu`, a CPU rank's `hardware.cpu_memory_gb`) "
+        "Fraction of each rank's device memory (a GPU's from `$.hardware.gpu`, a CPU rank's `$.hardware.cpu_memory_gb`) "
         "that weights, workspace and the KV pool may fill, as vLLM's `gpu_memory_utilization`.", fraction)
     max_model_len: int | None = key(None,
         "Longest request a unit accepts, prompt + output tokens (vLLM's `--max-model-len`): the HTTP front end "
@@ -62,7 +62,7 @@ class EngineSettings(CheckedFields):
         "`dummy`: seeded random weights of the same shapes, the checkpoint unread (as vLLM's `--load-format "
         "dummy`).", choice(("auto", "dummy")))
     dtype: WeightDtype = key("auto",
-        "Element type of the model's weights and activations in every unit (the KV cache's is `kv.dtype`; FP8 "
+        "Element type of the model's weights and activations in every unit (the KV cache's is `$.kv.dtype`; FP8 "
         "checkpoint weights stay FP8 on a GPU). `auto`: `float32` on a CPU, which matches transformers exactly, and "
         "`bfloat16` on CUDA, the dtype the target models ship in (vLLM's `--dtype auto`).", choice(WEIGHT_DTYPES))
 

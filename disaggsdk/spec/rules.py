@@ -129,7 +129,7 @@ def ep_spans_the_instance(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def device_matches_hardware(spec: Spec, arch: ModelArch) -> list[str]:
-    """`device: cpu` goes with `hardware.gpu: cpu`, and `device: cuda` with a GPU kind."""
+    """`device: cpu` goes with `$.hardware.gpu: cpu`, and `device: cuda` with a GPU kind."""
     if spec.device == "cuda" and spec.hardware.gpu == "cpu":
         return ["$.device: device 'cuda' on hardware.gpu 'cpu'; set $.device to 'cpu' or "
                 "$.hardware.gpu to h100/h200"]
@@ -148,7 +148,7 @@ def rdma_needs_gpus(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def verified_pages_are_host_memory(spec: Spec, arch: ModelArch) -> list[str]:
-    """`transport.verify_pages` hashes KV pages on the host: GPU pools only through host mirrors."""
+    """`$.transport.verify_pages` hashes KV pages on the host: GPU pools only through host mirrors."""
     if spec.transport.verify_pages and spec.device == "cuda" and spec.transport.kv_staging != "host":
         return ["$.transport.verify_pages: page digests are computed on the host and cannot read a "
                 "CUDA KV pool; set it to false on device 'cuda', or stage KV through host mirrors "
@@ -194,7 +194,7 @@ def cuda_devices_need_local_cuda(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def max_model_len_within_the_model(spec: Spec, arch: ModelArch) -> list[str]:
-    """`engine.max_model_len` is at most the model's context (`max_position_embeddings`)."""
+    """`$.engine.max_model_len` is at most the model's context (`max_position_embeddings`)."""
     longest = arch.max_context_tokens
     if spec.engine.max_model_len is not None and longest is not None and spec.engine.max_model_len > longest:
         return [f"$.engine.max_model_len: {spec.engine.max_model_len:,} tokens exceed {arch.name}'s "
@@ -232,7 +232,7 @@ def autoscale_needs_switchable_units(spec: Spec, arch: ModelArch) -> list[str]:
 
 
 def max_model_len(spec: Spec, arch: ModelArch) -> int | None:
-    """The longest request (prompt + output, tokens) units of ``spec`` accept: `engine.max_model_len`, else the
+    """The longest request (prompt + output, tokens) units of ``spec`` accept: `$.engine.max_model_len`, else the
     model's context; None when neither says."""
     return spec.engine.max_model_len or arch.max_context_tokens
 

@@ -132,8 +132,8 @@ class Launch(CheckedFields):
         metadata=about("`device: cuda` on the local backend: this machine's CUDA device for each of the plan's GPUs, "
                        "in plan order (node 0's GPU 0, 1, ..., then node 1's); each unit gets its ranks' devices as "
                        "`CUDA_VISIBLE_DEVICES`. A repeated id puts ranks on one GPU, e.g. `[0, 0]` with "
-                       "`hardware.gpus_per_node: 1` runs a prefill and a decode instance on GPU 0 (as two vLLM "
-                       "servers with one `CUDA_VISIBLE_DEVICES`): their `engine.memory_utilization` must add up to "
+                       "`$.hardware.gpus_per_node: 1` runs a prefill and a decode instance on GPU 0 (as two vLLM "
+                       "servers with one `CUDA_VISIBLE_DEVICES`): their `$.engine.memory_utilization` must add up to "
                        "at most 1. Empty: GPU slot i on device i (needs as many devices as the plan has GPUs).",
                        device_ids(MAX_DEVICE_ID, MAX_RANKS)),
     )

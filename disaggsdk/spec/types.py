@@ -1,14 +1,4 @@
-"""The deployment spec: frozen attrs classes whose field names are the YAML keys.
-
-`Spec` is the root; each of its sections is one concept in its own module (`topology`: nodes and
-roles, `kv`: the KV cache and how it moves, `engine_settings`: per-rank engine sizes and
-speculation, `serving`: the front end and where units run), re-exported here. One name per concept
-across YAML key, keyword argument and attribute (`tp`, `dp`, `replicas`, `page_size`, `layout`).
-Each field says what it does and which single-value check it has in its metadata
-(`field_checks.about`); `spec.reference` turns that into docs/spec.md and the JSON Schema. Rules
-that tie fields together (tp against the model's heads, instances against node size) live in
-`spec.rules`.
-"""
+"""The deployment spec: frozen attrs classes whose field names are the YAML keys."""
 
 from __future__ import annotations
 
@@ -34,9 +24,9 @@ class Spec(CheckedFields):
     model: str = key("qwen3-coder",
         "A catalog model name (`-tiny` ones run on a CPU) or a local checkpoint directory with a config.json.")
     device: Device = key("cuda",
-        "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `hardware.gpu: cpu`).", choice(DEVICES))
+        "Where the ranks run: `cuda` GPUs, or `cpu` processes (with `$.hardware.gpu: cpu`).", choice(DEVICES))
     seed: int = key(0,
-        "Seeds random weights (`engine.load_format: dummy`), sampling without a request seed, and the per-request "
+        "Seeds random weights (`$.engine.load_format: dummy`), sampling without a request seed, and the per-request "
         "choice of prefill source ranks.", in_range(0, MAX_SEED, "the units seed torch with it times 1,000,003, "
                                                    "which must fit 64 bits"))
     hardware: Hardware = section(Hardware, "The nodes.")
@@ -58,7 +48,7 @@ class Spec(CheckedFields):
 
     @property
     def weight_dtype(self) -> HeldDtype:
-        """The dtype the units hold weights in: `engine.dtype`, its `auto` resolved for `device`."""
+        """The dtype the units hold weights in: `$.engine.dtype`, its `auto` resolved for `device`."""
         return held_dtype(self.engine.dtype, self.device)
 
     @property

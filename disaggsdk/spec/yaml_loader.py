@@ -1,20 +1,4 @@
-"""The YAML loader of spec files: PyYAML's safe loader with bounds a hostile file cannot get past.
-
-A spec is a few hundred values nested four deep, so a file far beyond that is a mistake or an
-attack, and is refused while it is read, before anything is built from it:
-
-* aliases (``*name``): at most `MAX_ALIASES`, none inside the node it names, and the document they
-  expand to at most `MAX_NODES` nodes: a "billion laughs" file of a few lines (nine aliases of nine
-  aliases ...) is refused after reading ~10,000 nodes instead of expanding to 10^9 values;
-* nesting: at most `MAX_DEPTH` levels, aliases expanded (PyYAML composes recursively: 5,000 ``[``
-  were a RecursionError);
-* a key twice in one mapping (YAML says keys are unique; PyYAML keeps the last one silently);
-* an integer written with more than `MAX_INTEGER_CHARS` characters (Python refuses to convert one
-  of 4,300 digits, and YAML 1.1's base-60 ``1:2:3:...`` grows a number with every part).
-
-Each refusal is a `YamlRefused` with the place in the file and a one-line problem that never
-quotes the expanded value.
-"""
+"""The YAML loader of spec files: PyYAML's safe loader with bounds a hostile file cannot get past."""
 
 from __future__ import annotations
 

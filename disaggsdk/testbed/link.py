@@ -1,16 +1,5 @@
 """A node's link to the switch: its rate, delay and loss (`LinkSpec`), and the ``tc`` qdiscs that
 shape it.
-
-Every node has one link, a veth pair between its namespace and the switch's bridge. The rate holds
-in both directions: a ``tbf`` on the egress of the node's end (what the node sends) and on the
-egress of the switch's end (what the node receives). Delay and loss are put on the node's egress
-only, so a packet from node A to node B meets them once: the one-way delay between two nodes is
-``delay_ms`` (the round trip twice that) and the loss ``loss_pct``, while each direction still
-crosses two rate limits of the same rate. Delay and loss take ``netem``; a kernel without
-``sch_netem`` shapes the rate alone, drops the loss with nftables on the node's ingress instead
-(`link_faults.set_link_loss`: also met once between two nodes) and holds the delay in the
-user-space packet delayer on the node's ingress (`link_faults.set_link_delay`, `packet_delay`;
-needs iptables, else a link that asks for delay is a `NetemUnavailable`).
 """
 
 from __future__ import annotations

@@ -1,31 +1,4 @@
-"""Faults on a running testbed's links: a link cut and healed, a share of packets dropped, jitter.
-
-Each fault is on one node's link and `heal_link` removes every fault of that link at once:
-
-* **cut** (`cut_link`): the switch's port to the node is set down. The node's ``eth0`` loses its
-  carrier but keeps its address, routes and qdiscs, so its processes see what a pulled cable
-  gives: packets vanish, TCP retransmits, nothing is refused at once. (``ip link set eth0 down``
-  in the node would instead take the node's route away, and a sender would get an immediate
-  "Network is unreachable": a NIC switched off, not a link cut mid-transfer.)
-* **drop** (`drop_packets`): each packet crossing the link, either way, is lost with the given
-  probability. With nftables (``nft``): a ``netdev`` table drops on the *ingress* of both ends of
-  the veth (the node's ``eth0`` for what it receives, the switch's port for what it sends), so the
-  sender's stack has sent the packet and learns of the loss only as a wire's loss is learnt. A drop
-  on the sender's own egress would not be a loss: the kernel tells the sending TCP (a failed
-  transmit, which it retries as congestion), and a UDP sender gets an error. Where ``nft`` is
-  missing and the kernel has ``sch_netem``, a ``netem loss`` on the egress of both ends does it.
-* **jitter** (`add_jitter`): what the node sends waits ``max(delay, jitter) ± jitter`` ms, each
-  packet's draw its own (uniform; a packet may overtake another): in a ``netem`` on the node's
-  egress where the kernel has sch_netem, else in the user-space delayer (`packet_delay`: iptables'
-  NFQUEUE on every other node's ingress for packets from this node, a process of the link holding
-  each for its draw; the ingress, because a TCP sender's small-queue budget would count packets
-  held on its own egress and cap its rate). Without either (no sch_netem, no ``iptables``) it is a
-  `NetemUnavailable` that says what to install.
-
-Everything a fault adds lives in the testbed's namespaces (nftables tables and iptables rules are
-per network namespace, qdiscs per device), so `down`, which deletes the namespaces, removes it with
-them; a delayer's process is recorded beside the state file, and `heal_link` and `down` stop it.
-"""
+"""Faults on a running testbed's links: a link cut and healed, a share of packets dropped, jitter."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
 """The user-space packet delayer itself, the process `packet_delay` starts in a node's network
 namespace: packets wait ``delay_ms ± jitter_ms`` in it, for kernels without ``sch_netem``.
-
-The kernel's NFQUEUE (``nfnetlink_queue``, reached by iptables' ``-j NFQUEUE``; nftables' own
-``queue`` is often not built) hands each packet to a process and holds it until the process gives
-a verdict. The delayer binds a queue over raw netlink (``AF_NETLINK``, ``NETLINK_NETFILTER``; no
-library), asks for metadata only (``NFQNL_COPY_META``: no payload is copied to user space), and
-gives each packet's ACCEPT at ``arrival + uniform(delay - jitter, delay + jitter)``, drawn per
-packet as netem draws its jitter: a packet whose draw is shorter overtakes those queued before it,
-as on netem.
-
-Its limits: every packet crosses to user space and back (two netlink messages and a Python loop),
-and release times are those of ``select``'s timer (tens of microseconds late under load). The
-queue takes GSO super-packets whole (``NFQA_CFG_F_GSO``), as netem does, so a TCP stream costs it
-a packet per 64 KiB rather than per frame; docs/testbed.md has the throughput measured.
-
-Run as a program inside a namespace (`main`: ``--queue-num N --delay-ms D --jitter-ms J``) it
-binds the queue, prints ``ready`` and delays until SIGTERM, when it releases every packet it holds
-at once and exits.
-
 """
 
 from __future__ import annotations

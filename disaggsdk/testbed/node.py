@@ -1,18 +1,5 @@
 """One node of a testbed: a network namespace with its link, and an anchor process that holds the
 node's own mount, UTS, IPC and pid namespaces, which every command run in the node enters.
-
-The anchor is started as ``ip netns exec NS unshare --mount --uts --ipc --pid --fork ...``: the
-network namespace is the node's, and the new mount namespace gets a fresh tmpfs on ``/dev/shm``
-and on ``/tmp`` (nothing a node writes there is seen by another node or the host), its hostname is
-the node's name, and ``/proc`` shows only the node's processes. The anchor is the pid namespace's
-init (pid 1 inside): it reaps the orphans a daemon leaves (``ray start`` does), and killing it
-kills every process of the node at once, which is how `down` stops a node whatever runs there. A
-private pid namespace also keeps a ``ray stop`` in one node from stopping Ray anywhere else.
-
-Commands enter the node with ``nsenter --target ANCHOR --mount --uts --ipc --net --pid``
-(`Node.command`); the host's filesystem is otherwise shared, so the project's code and the venv
-are there as on the host, also where they live under /tmp: the folders of the host's /tmp a node
-must see (the code, the venv, HOME: `host_paths_under_tmp`) are bound into the node's own /tmp.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """A user-space packet delayer: packets wait ``delay_ms ± jitter_ms`` in a process of the link, for
 kernels without ``sch_netem`` (netem alone varies delay in the kernel; this one also lacks
 ``sch_fq``/``etf``, so no departure-time delay either).
-
-**Where it holds packets: on the receiving node's ingress** (``mangle PREROUTING -i eth0``,
-``-s SENDER`` for what one node sends), not on the sender's egress where netem sits. A TCP sender
-counts what it sent and the kernel has not yet freed against its small-queue budget (TSQ: about
-two packets or a millisecond of its pacing rate); netem orphans what it holds, a queued packet
-cannot be orphaned from user space, so a delay on the sender's egress caps a flow at that budget
-per delay: 9 Mbit/s through a 5 ms delay at 1 Gbit/s, measured. The receiver's IP layer has
-orphaned the packet before PREROUTING, so there the same delay passed 727 Mbit/s. A packet
-between two nodes still meets the delay once, after the link's rate shaping rather than before.
-
-The delayer is part of the link, not a process of a node: it runs in a node's network namespace
-only (``ip netns exec``), so the node's own processes neither see nor stop it, and `down`'s sweep
-of the testbed's namespaces kills it with whatever else is left. Its record, a file beside the
-state file, names its pid and namespace for `stop_delayers`.
-
-The delayer process itself (the NFQUEUE over netlink, the release loop) is `nfqueue_delayer`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
 """A testbed's lifecycle: `up` builds it, `status` reads its links' counters, `down` removes it;
 the state file between them lets each run in a different process (the CLI's three commands).
-
-The layout: a switch namespace holding a bridge; per node a network namespace joined to the bridge
-by a veth shaped by `link.shape_link`, and an anchor process (`node.start_anchor`). Nothing is
-created in the host's network namespace: every interface is made inside a namespace of the testbed
-(``ip -n NS link add ... peer ... netns SW``) and every address is assigned there. Everything
-created is recorded in ``/run/disaggsdk-testbed/NAME.json`` as it is made (the packet delayers of
-`packet_delay` in ``NAME-nK.PURPOSE.delayers.json`` beside it); `down` removes what the files name
-and every namespace with the testbed's prefix, so it also clears a half-built testbed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one door to native code (STYLE rule 8): loads the cffi module on first use."""
+"""The one door to native code: loads the cffi module on first use."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Completion delivery: one Python thread turns native events into resolved futures.
-
-The thread spends its life inside fab_wait_events(), a C call that blocks without the GIL, so
-it costs nothing while idle. Every operation gets a `concurrent.futures.Future` before it is
-submitted (an event can never beat its future); threads call `future.result(timeout)`, asyncio
-code awaits `asyncio.wrap_future(future)`. Control messages land in a queue. After a round of
-events that brought a control message or fired an immediate counter, the thread writes
-``wake`` (an eventfd), so a loop that waits on other descriptors too (a unit's launcher
-channel) wakes at once instead of at its next poll.
-"""
+"""Completion delivery: one Python thread turns native events into resolved futures."""
 
 from __future__ import annotations
 

@@ -5,18 +5,6 @@
     region = target.register(pool.buffer)                  # MemoryRegion: a local handle
     send_to_peer(target.address, region.descriptor.to_bytes())
     landed = target.expect(imm=request_id, count=num_pages)
-
-    # initiator (prefill side)
-    peer = engine.add_peer(address)
-    dst = RegionDescriptor.from_bytes(desc_bytes)
-    done = engine.submit(peer, WriteBatch.pages(src, dst, src_pages, dst_pages, page_bytes,
-                                                imm=request_id))
-    done.result(timeout=10)   # source reusable;  landed.result(...) on the target: data is there
-
-Lifecycle of an immediate counter (see native/fab_imm.c): `expect(imm, n)` returns a future that
-resolves once n write entries carrying imm have landed here, counting those that arrived before
-the call; `cancel(imm)` retires it without an event. Late or duplicate immediates are counted in
-`stats()["imm_late"]` and dropped, never raised.
 """
 
 from __future__ import annotations

@@ -3,10 +3,6 @@ on the same machine maps it and copies with memcpy instead of asking libfabric's
 whose kernel copy (process_vm_readv, run by the target's progress thread, one write at a time)
 tops out near 0.6x memcpy here (native/README.md). The immediates still travel through
 libfabric, as zero-length writes carrying entry counts, so targets count as before.
-
-The target describes its memory with `SameHostShare` (which process, which descriptor, which
-file); the initiator reopens that file through /proc/<pid>/fd/<fd> -- the same permission CMA
-needs -- checks that it is the very file (device and inode) and maps it.
 """
 
 from __future__ import annotations

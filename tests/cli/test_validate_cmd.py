@@ -21,16 +21,16 @@ MALFORMED = [
     # memory (issue 35): R1's FP8 weights are ~86 GB per rank at tp 8; an H100 offers 0.9 x 80 = 72 GB
     ("r1 tp8 on h100", R1 + "hardware: {gpu: h100}\nprefill: {tp: 8}\ndecode: {tp: 8}\n",
      "$.prefill: prefill rank 0 needs 85.1 GB of weights and 3.2 GB of workspace (88.4 GB) and has 72.0 GB "
-     "(0.9 x 80 GB h100), no room for KV: raise `prefill.tp` across nodes (to 16) or use `hardware.gpu: h200`"),
+     "(0.9 x 80 GB h100), no room for KV: raise `$.prefill.tp` across nodes (to 16) or use `$.hardware.gpu: h200`"),
     ("r1 dp8 without ep", R1 + "prefill: {tp: 8}\ndecode: {tp: 1, dp: 8}\n",
      "$.decode: decode rank 0 needs 673.2 GB of weights and 3.7 GB of workspace (676.9 GB) and has 126.9 GB "
-     "(0.9 x 141 GB h200), no room for KV: shard experts with `decode.ep: 8`"),
+     "(0.9 x 141 GB h200), no room for KV: shard experts with `$.decode.ep: 8`"),
     ("ep neither 1 nor tp*dp", R1 + "decode: {tp: 2, dp: 4, ep: 4}\n",
      "$.decode.ep: ep=4 must be 1 or the instance's tp*dp = 2*4 = 8 ranks"),
     ("ep on a dense model", "model: qwen3-tiny\ndecode: {tp: 2, ep: 2}\n", "$.decode.ep: qwen3-tiny has no routed experts"),
     ("kv shorter than one max-length request", GOOD.replace("0.95", "0.9"),
      "$.decode: decode rank 0's KV pool holds 112,736 tokens (3.6 GB), less than one request of 262,144 tokens "
-     "(qwen3-coder's context, max_position_embeddings); cap requests with `engine.max_model_len: 112640` or "
+     "(qwen3-coder's context, max_position_embeddings); cap requests with `$.engine.max_model_len: 112640` or "
      "raise engine.memory_utilization"),
     ("max_model_len over the model's context", GOOD.replace("0.95}", "0.9, max_model_len: 300000}"),
      "$.engine.max_model_len: 300,000 tokens exceed qwen3-coder's 262,144-token context"),

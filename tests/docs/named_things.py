@@ -11,9 +11,9 @@ names such text spells and checks each against the code itself, not against a li
   (files under disaggsdk/, from the package root or from the package of the file that names it)
   and the rest are attributes the module defines (read from its AST, nothing is imported): a
   top-level definition, an import, an ``__all__`` entry, then a class's members.
-* spec keys: a code span whose first part is a section of the spec (``engine.compile``,
-  ``serve.autoscale``, ``decode.ep: 8``, ``spec.serve.port``) must be a key path of the spec
-  classes (`disaggsdk.spec.reference.spec_sections`), or else a module name that resolves (the
+* spec keys: a code span that starts with ``$.`` (``$.kv.dtype``) or whose first part is a section
+  of the spec (``engine.compile``, ``serve.autoscale``, ``decode.ep: 8``, ``spec.serve.port``) must
+  be a key path of the spec classes (`disaggsdk.spec.reference.spec_sections`), or else a module name that resolves (the
   sections ``engine``, ``launch``, ``serve``, ``transfer`` are also packages).
 * repository paths: a code span or a command's word with a ``/`` whose first part is a top-level
   entry of the repository or a package of disaggsdk (``tools/gpu_check.sh``,
@@ -427,7 +427,10 @@ def snippet_mentions(snippet: Snippet, source: Path) -> list[Mention]:
             word = word.strip("`'\"()[],;")
             if "/" in word and "://" not in word and not word.startswith(("/", "~")) and PATH_WORD.match(word):
                 found.append(Mention(source, number, "path", word))
-    for name in _dotted_candidates(snippet.text):
+    for name in _dotted_candidates(snippet.text.strip().removeprefix("$.")):
+        if snippet.text.strip().startswith("$."):  # `$.kv.dtype`, `$.decode`: a spec key and nothing else
+            found.append(Mention(source, snippet.line, "spec key", f"spec.{name}"))
+            continue
         parts = name.split(".")
         if parts[0] == PACKAGE:
             continue  # read above, from any text

@@ -67,6 +67,7 @@ def problem_of(text: str, source_name: str = "docs/page.md") -> list[str]:
     "engine.layer_counter.host.LayerCounter", "disaggsdk.__version__", "disaggsdk.request",  # a span name the code spells
     "engine.compile", "serve.autoscale", "transport.kv_staging: host", "decode.ep: 8", "spec.serve.port",
     "launch.cuda_devices", "engine.compiled_step",  # a spec section that is also a package
+    "$.kv.dtype: fp8", "$.serve.autoscale.enabled",
     "engine/compiled_step/cuda_graphs.py", "tools/gpu_check.sh", "specs/*.yaml", "native/cpu_attention",
     "disaggsdk/transfer/_fabric*.so",
     "disaggsdk plan specs/qwen3_coder.yaml --json", "disaggsdk --version -v", "disaggsdk testbed bench --input-lens 1024",
@@ -85,6 +86,7 @@ def test_names_that_exist_pass(text):
     ("report.latency", None),
     ("plan.no_such_module", "module: no module 'no_such_module' in disaggsdk/plan/"),
     ("engine.compile_mode", "spec key: neither a spec key nor a module"),
+    ("$.serve.routing.policy", "spec key: neither a spec key nor a module"),  # `$.` is a key, never a module
     ("serve.autoscale.no_such_key", "spec key: neither a spec key nor a module"),
     ("engine/no_such_step.py", "path: no such file or folder in the repository"),
     ("tools/no_such_check.sh", "path: no such file or folder in the repository"),
@@ -136,7 +138,7 @@ def test_removing_a_named_module_makes_the_real_check_fail(tmp_path, monkeypatch
     monkeypatch.setattr(named_things, "ROOT", tmp_path)
     named_things._module_tree.cache_clear()
     try:
-        problems = dangling([package / "launch" / "launcher" / "supervisor.py"])
+        problems = dangling([package / "launch" / "unit_process" / "unit.py"])
         # the copy has no built extension either, as a clean checkout: its file is named by the build
         unbuilt = named_things.path_problem("disaggsdk/transfer/_fabric*.so", ROOT / "docs" / "install.md")
     finally:

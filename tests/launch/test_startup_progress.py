@@ -35,7 +35,7 @@ def test_progress_lines_say_the_model_the_size_and_that_the_compile_cache_helps(
         "decode-0: compiled in 41.2 s: runs the compiled step from now on")
     failed = progress_line(ch.Progress("decode-0", "compile_failed", detail="TypeError: BooleanAtom not allowed"))
     assert failed == ("decode-0: its step did not compile (TypeError: BooleanAtom not allowed): it serves on the eager "
-                      "step; `engine.compile: false` in the spec (or DISAGGSDK_COMPILE=0) skips compiling")
+                      "step; `$.engine.compile: false` in the spec (or DISAGGSDK_COMPILE=0) skips compiling")
 
 
 def test_an_access_line_without_generation_has_only_the_http_part():

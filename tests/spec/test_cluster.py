@@ -107,6 +107,6 @@ def test_a_memory_problem_found_at_launch_names_the_calls_too():
         draft.launch(port=0)  # refused by the plan before any process starts
     problem = caught.value.problems[0]
     assert problem.startswith("$.engine.num_pages: prefill rank 0's 10000000 pages need")
-    # the keys the message names bare ("raise `prefill.tp`") get their calls as well
+    # the keys the message names ("raise `$.prefill.tp`") get their calls as well
     assert problem.endswith("(in Python: Cluster.engine(num_pages=...) or Cluster.hardware(cpu_memory_gb=...) "
                             "or Cluster.prefill(tp=...))")

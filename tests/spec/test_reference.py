@@ -95,7 +95,7 @@ def test_checked_by_names_the_field_check_and_the_rules_that_read_the_key():
     assert rules_reading(by_path["$.model"]) == ["resolve_model"]
     markdown = render_markdown()
     assert ("| `$.device` | one of `cpu`, `cuda` | `cuda` | Where the ranks run: `cuda` GPUs, or `cpu` "
-            "processes (with `hardware.gpu: cpu`). | one of cpu, cuda; `device_matches_hardware`; "
+            "processes (with `$.hardware.gpu: cpu`). | one of cpu, cuda; `device_matches_hardware`; "
             "`rdma_needs_gpus`; `verified_pages_are_host_memory`; `tcp_cannot_reach_gpu_memory`") in markdown
     for rule in RULES:
         assert f"| `{rule.name}` | {rule.summary} |" in markdown

@@ -1,4 +1,4 @@
-"""Training the tiny catalog checkpoints on a corpus every machine has offline (issue #16).
+"""Training the tiny catalog checkpoints on a corpus every machine has offline.
 
 Pieces, each tested on its own: `corpus` (the running interpreter's standard library sources, a
 fixed file list, a SHA-256 manifest, a held-out slice), `tokenizer` (byte-level BPE trained with

@@ -1,24 +1,4 @@
-"""The CPU engine's attention backend: the torch reference, with decode and prefill done by native kernels.
-
-Decode is where a CPU step spends its attention time: the torch path gathers each request's pages
-into a contiguous copy, then runs batched matmuls, a masked fill and a softmax over it (at batch 6
-and ~1,100 tokens of context the gather alone was 31% of a step). The kernel
-(`native/cpu_attention/paged_decode.c`) reads every K and V row once, where it lies, for all the
-query heads of its kv head, and all of a step's decode requests go to one call per layer. A
-decode-only step (the decode instance's every step) is planned from the batch's tensors with no
-Python loop over requests. Fresh prompts (no earlier KV) go through a causal flash-style kernel
-(`causal_prefill.c`: 5.3 ms on one thread and 2.8 on two, where SDPA took 12 for a 1,024-token
-prompt of 8 x 32-dim heads on one, without SDPA's copies that repeat the kv heads); so do chunks
-over earlier KV (a prefix-cache hit, a long prompt's later chunks), over their pages gathered
-token-major once: a 128-token suffix over 704 cached tokens, 1.8 ms a layer, no [q, kv] mask.
-An fp8 cache (`kv.dtype: fp8`) is read by the decode kernel itself (16 e4m3 bytes at a time by bit
-arithmetic, AVX-512 where built for it, rows of other lengths through a 256-entry table of each
-byte's value times the layer's scale: 8 requests of 1,100 tokens, 2 x 4 heads of 64, one thread,
-614 us a call against 504 for float32 and 488 for bfloat16; through the table alone it was 1,518);
-the prefill kernels take float32, so fresh prompts get their new K/V quantized and dequantized and
-chunks over earlier KV their gathered pages dequantized, in the gather copy they make anyway.
-`TorchRefBackend` stays the oracle the kernels are tested against.
-"""
+"""The CPU engine's attention backend: the torch reference, with decode and prefill done by native kernels."""
 
 from __future__ import annotations
 

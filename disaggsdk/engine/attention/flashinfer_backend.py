@@ -3,29 +3,6 @@
 Imported only through the attention registry, so `flashinfer` is needed only when this backend
 is chosen. KV stays in our pool: K and V are passed as the strided views of `KVCache.k_v` (HND or
 NHD), the MLA cache as the latent and rope slices of its ``[page_size][latent]`` pages.
-
-FlashInfer wants the softmax scale and head counts at plan time; our contract gives them to
-``run``. So ``plan`` keeps the step's metadata and the first ``run`` of the step plans the
-wrapper; every later layer reuses that plan (plan once per step, run once per layer).
-
-An fp8 cache (`kv.dtype: fp8`): the pages hold float8_e4m3fn, written as ``k / k_scale`` like the
-torch reference does (`engine.kv_scales.to_cache`); the wrappers are planned with
-``kv_data_type=float8_e4m3fn`` and each layer's run gets its static ``k_scale`` / ``v_scale``
-(FlashInfer folds k_scale into the softmax scale and multiplies the output by v_scale). MLA passes
-the latent's one scale as both ``ckv_scale`` and ``kpe_scale``; FlashInfer's fp8 MLA path needs an
-SM90 GPU, bfloat16 queries and DeepSeek's 512 + 64 latent. Tested against the reference by the
-``gpu``-marked tests only: not claimed working until they have run on a GPU. What is checked on a
-CPU (tests/gpu_api): every FlashInfer call made here binds to the installed FlashInfer's signatures
-and annotations, through FlashInfer's current (not deprecated) forms: the MLA wrapper is planned with
-an ``MLAPlanMetadata`` and keywords, and run with ``query=`` / ``kv_cache=`` pairs (the split
-layouts its flat legacy form meant).
-
-CUDA-graph decode (`engine.compiled_step.cuda_graphs`): FlashInfer's decode wrapper in graph mode keeps its
-page table in buffers fixed at construction, one wrapper per captured batch size (all over one set
-of buffers, sized for the largest; replays never overlap). `plan_decode_graph` plans the wrapper of
-a padded step on the host and points the KV writes at fixed index buffers, so the graph's kernels
-find the step's metadata where they were captured. The head count, softmax scale and dtype it
-plans with are the last eager decode step's (the model gives them to ``run`` only).
 """
 
 from __future__ import annotations

@@ -6,10 +6,6 @@ backend. `plan` turns the step's FlashInfer-style metadata into gather indices a
 one-token (decode) requests in padded calls of about a cache's worth of gathered KV each,
 prefill chunks grouped by length (a padded call for mixed lengths would waste memory on
 [batch, max_q, max_kv] masks), chunks with no earlier KV by SDPA's causal fast path (no mask).
-
-An fp8 cache (`kv.dtype: fp8`) is read the same way: the gathered pages are dequantized with the
-layer's static scale (`engine.kv_scales`) as they become the compute dtype, and a fresh prompt
-attends over its new K/V quantized and dequantized, the values decode will read back.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Decode steps as CUDA graphs at padded batch sizes (the CUDA twin of `engine.compiled_step.torch_compile`).
 
-A decode step (every request brings one token) launches the same kernels every time, only the
-batch size and the page table change. So the model's forward is captured once per batch size of
-`capture_batch_sizes` (1, 2, 4, ... up to a cap) over static input buffers, and a step of ``n``
-requests replays the graph of the smallest captured size ``>= n``: the ``n`` real rows first, the
-padding rows after them. Each padding row is a one-token request at position 0 in a scratch page
-(`ModelRunner` keeps the pool's last page out of the page allocator for it), so its KV write and
-its attention touch no request's pages. Around the replay, on the host: the inputs are copied into
-the static buffers and FlashInfer's graph-mode decode wrapper of that size is planned with the
-padded page table (`FlashInferBackend.plan_decode_graph`: plan outside the graph, run inside).
-
-The layer counter stays in the graph: the model calls ``on_layer_done`` while it is captured, and
-`engine.layer_counter.device.DeviceLayerCounter` answers with a fill of host-mapped memory, a kernel
-the graph records with the layer id baked in; every replay bumps the counter layer by layer with
-no Python running. A counter only Python can bump (`engine.layer_counter.host.LayerCounter`) cannot be captured.
-
-Logits are not in the graph: the rows whose logits are wanted are taken from the replay's hidden
-states, and the lm_head runs eagerly after it (one matmul), as before.
-
-Written, not yet run on a GPU: the `gpu`-marked tests compare it with the eager CUDA step and the
-CPU engine. The padding arithmetic (`capture_batch_sizes`, `padded_batch_size`, `pad_decode_batch`)
-is device-agnostic and tested on CPU.
+The forward is captured once per size of `capture_batch_sizes` over static buffers; a step of ``n``
+requests replays the smallest captured size ``>= n``, padding rows pointed at a scratch page. The layer
+counter (`engine.layer_counter.device.DeviceLayerCounter`) is captured inside; logits run eagerly after.
+Written, not yet run on a GPU: the `gpu`-marked tests compare it with the eager CUDA step.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The model's step under `torch.compile` on CPU, streaming included.
+"""The model's step under `torch.compile` on CPU, streaming included (the CPU twin of
+`engine.compiled_step.cuda_graphs`).
 
-The graph holds the whole step between the attention backend's ``plan`` (before it) and the
-logits (after it): embeddings, norms, rope, projections and MLPs are compiled by Inductor (fused
-elementwise work, no per-op Python dispatch); attention and the layer counter are the custom ops
-of `engine.graph_ops`, so the layer-by-layer KV streaming of a prefill unit works unchanged; MoE
-experts are one grouped op inside it (`modeling.layers.grouped_linear`: no per-expert loop, no host
-sync, so no graph break). Shapes are dynamic: one graph for
-one-token steps, one for steps of up to `skinny.MAX_ROWS` tokens (the matmul orientation of
-decoding, engine.modeling.layers.skinny) and one for longer ones, compiled by `ModelRunner.warm_up`
-before the first request.
-DeepSeek's MTP layer (speculative drafting) runs after every step, compiled the same way and with
-the same ops, so a prefill unit still counts the MTP KV as one more streamed layer: `mtp_draft`
-runs the layer and takes the greedy draft of the rows that draft in the same graph (one compiled
-call a step where the layer and its argmax were two).
-Its CUDA twin is `engine.compiled_step.cuda_graphs`: decode steps captured as CUDA graphs, the layer counter
-a fill of host-mapped memory inside them (`engine.layer_counter.device`).
+Inductor compiles everything between the attention backend's ``plan`` and the logits; attention and the
+layer counter stay custom ops (`engine.graph_ops`), so layer-by-layer KV streaming works unchanged.
+Three dynamic-shape graphs (one token, up to `skinny.MAX_ROWS`, longer), and DeepSeek's MTP layer
+compiled the same way (`mtp_draft`).
 """
 
 from __future__ import annotations

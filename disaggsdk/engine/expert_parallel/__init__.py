@@ -5,10 +5,6 @@
 simulates a whole group in one process and is the oracle; ``all_to_all`` is
 `torch.distributed.all_to_all_single` over a gloo (CPU) or NCCL (GPU) group. A fused GPU
 kernel (DeepEP, pplx-kernels) would be one more registry entry.
-
-The engine uses it when ``EngineConfig.ep > 1``: `engine.tp_group.join_groups` makes the
-dispatcher, the MoE layers (engine.modeling.layers.moe) hold their rank's experts and exchange
-tokens through it, and the dp ranks of one instance step in lock-step (engine.dp_lockstep).
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Dispatch / combine with ``torch.distributed.all_to_all_single`` over the group it is given.
-
-One class for both backends: gloo on CPU and NCCL on GPU take the same call with uneven split
-sizes (gloo's list form, ``all_to_all``, insists on equal sizes, which routing never gives, so
-only the single-tensor form is used). Per dispatch it issues three collectives: the split
-counts (receivers must size their buffers), the hidden rows, the rows' local expert ids; combine
-issues one. The split counts are read on the host (``tolist``): the collective takes its splits
-as Python ints, so a dispatch syncs once with the device; a fused kernel (DeepEP, pplx) that
-avoids it belongs behind the same contract, as another dispatcher.
-"""
+"""Dispatch / combine with ``torch.distributed.all_to_all_single`` over the group it is given."""
 
 from __future__ import annotations
 

@@ -5,17 +5,6 @@ call of `ExpertDispatcher.dispatch` is collective: each rank sends every (token,
 rank holding that slot's expert and receives the pairs its local experts must run. The rank runs
 its experts on the received rows, unweighted, and `ExpertDispatcher.combine` (collective too) sends
 each row's output back to the rank that owns the token, which weights the k outputs and sums them.
-
-Ordering is part of the contract, so any two implementations give the same tensors:
-
-* a rank receives rows grouped by source rank (ascending), and within one source in *pair order*:
-  token ascending, then top-k slot ascending (``flat = token * k + slot``);
-* combine sums a token's k weighted outputs in slot order, whatever ranks they came from, so the
-  result does not depend on ``ep`` (the same expert outputs give bitwise the same sum at any ep).
-
-A pair is sent even when its expert is local (that part of the exchange is a local copy) and a
-token choosing two experts of one rank is sent twice: the simple form; deduplicating per rank
-(as DeepEP does) can come later behind the same contract.
 """
 
 from __future__ import annotations

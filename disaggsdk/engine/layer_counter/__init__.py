@@ -1,12 +1,5 @@
 """Layer counters: a registry of the twins by device type, and a factory that imports the chosen
 one lazily.
-
-After each layer's attention output projection the model bumps the step's layer counter, and the
-prefill messenger's streamer thread waits on it to write that layer's pages (DESIGN.md, "The KV
-messenger"). ``cpu`` (`host.LayerCounter`) is ints under a condition variable, mirrored in a
-tensor a graph op writes; ``cuda`` (`device.DeviceLayerCounter`) is pinned host memory mapped into
-the device, which a stream-ordered fill writes, so a CUDA graph's replay bumps it. Both meet
-`base.AnyLayerCounter`; a `gpu` test compares them (tests/engine/test_device_layer_counter.py).
 """
 
 from __future__ import annotations

@@ -1,22 +1,4 @@
-"""The layer counter of a CUDA engine: ``[step_id, layers_done]`` in host memory the GPU writes.
-
-The CPU twin (`host.LayerCounter`) is bumped by Python, eagerly or through a graph op. A
-CUDA graph runs no Python at replay, so here the count lives in pinned host memory (page-locked,
-``cudaHostAlloc`` underneath ``torch.empty(..., pin_memory=True)``). With unified virtual
-addressing, which every 64-bit CUDA platform has, the host pointer of such memory is also a device
-pointer: `mapped_view` wraps it as a CUDA tensor, and the model's counter op is an ordinary kernel on
-that tensor (``values[1].fill_(layer_id + 1)``), stream-ordered after the layer's output and
-recorded into a CUDA graph like any other kernel. The messenger's thread polls the host side of the
-same memory (`wait`: a short sleep between looks, no callback exists).
-
-Ordering: ``begin_step`` is also stream-ordered (two fills, the count's reset before the new id),
-so the previous step's late layer writes can never land on the new step; a reader takes the id, the
-count and the id again (a seqlock) and never pairs an id with another step's count. ``read`` gives
-the latest step the host began (what the prefill messenger predicts the next id from) and its
-layers done on the device so far (0 until the device reached it).
-
-Written, not yet run on a GPU: its `gpu`-marked tests compare it with `LayerCounter`.
-"""
+"""The layer counter of a CUDA engine: ``[step_id, layers_done]`` in host memory the GPU writes."""
 
 from __future__ import annotations
 

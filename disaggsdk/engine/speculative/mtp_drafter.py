@@ -1,15 +1,4 @@
-"""Drafting with DeepSeek's MTP layer, run after every target step.
-
-The layer sees, for each position i the target just computed, the target's hidden state h_i and
-the token t_{i+1} after it, and its attention keeps its own KV (cache layer ``num_layers``, the
-same pages and slots as the target's). So after each step it runs over every row of the step's
-batch with the step's attention plan -- prefill chunks included, so the prompt's MTP KV exists
-when decoding starts -- with t_{i+1} read from the request's tokens as they stand after the step
-(the token just chosen included; rows past a request's new end, rejected drafts, get a pad and
-their KV is overwritten later). The row of each request's last valid position gives its first
-draft; further drafts chain the layer on its own output, one position at a time (as vLLM runs a
-one-layer MTP for k > 1).
-"""
+"""Drafting with DeepSeek's MTP layer, run after every target step."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""Verify draft tokens against the target model's logits, keeping the target's distribution exactly.
-
-A step runs the target over ``[last token, d_1 .. d_k]`` and gives k + 1 rows of logits: row j is
-the target's distribution p_j for the token after d_j (row 0: after the last token). Both drafters
-propose one token per position deterministically (MTP's argmax, an n-gram's continuation), so the
-draft distribution q_j is one-hot on d_j and speculative sampling (Leviathan et al. 2023; Chen et
-al. 2023) reduces to:
-
-- accept d_j with probability p_j(d_j); on the first rejection emit a token drawn from p_j with
-  d_j removed (the residual (p - q)+ renormalised), and stop;
-- when all k are accepted, emit a bonus token drawn from p_k.
-
-Each emitted token then has exactly the target's distribution: P(x) = p(d) [x = d] +
-(1 - p(d)) p(x) / (1 - p(d)) [x != d] = p(x). Greedy requests accept while d_j is p_j's argmax, so
-their tokens are exactly those of decoding without speculation.
-"""
+"""Verify draft tokens against the target model's logits, keeping the target's distribution exactly."""
 
 from __future__ import annotations
 

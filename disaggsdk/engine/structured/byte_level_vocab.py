@@ -1,13 +1,5 @@
 """llguidance's tokenizer for a byte-level BPE `tokenizer.json`, in which special tokens are only ever
 special: text a grammar forces is tokenized as text.
-
-Given the JSON, llguidance tokenizes a grammar's forced text (a schema's ``const``, an ``enum``
-member, a regex literal) with the HF tokenizer as it is, and that tokenizer turns the text of a
-special token -- ``<tool_call>`` or ``<|im_end|>`` inside a value -- into the special token. The
-mask then allows that one token, which the grammar refuses once sampled: the request ended with
-"the output's grammar cannot continue" (HTTP 500, issue 33). Here llguidance gets the vocabulary
-as bytes and a tokenizer whose ``encode_special_tokens`` is on, so such text is spelled with
-ordinary tokens, as the model would write it.
 """
 
 from __future__ import annotations

@@ -4,11 +4,6 @@ position, and the tokens the request keeps.
 Why llguidance: it runs on the CPU with no dependencies beyond its wheel (xgrammar pulls torch
 extensions and triton), computes a mask in tens of microseconds with its lexer slices, takes JSON
 Schema, regex and Lark directly, and can roll back: what speculative decoding needs.
-
-With drafts, position j of a step (the token after draft j) is masked with the matcher advanced
-through drafts 1..j; drafts past the first one the grammar refuses are never accepted (their row's
-mask already excludes them), so only that many are consumed, then rolled back, before the
-request's accepted tokens are consumed for good.
 """
 
 from __future__ import annotations
@@ -57,7 +52,7 @@ def ll_tokenizer(model: str) -> LLTokenizer:
 
 
 # The limits every matcher of this package is built with, at the HTTP edge and in a unit alike:
-# what a server admits, a unit can build (issue 33). llguidance asserts that a grammar has fewer
+# what a server admits, a unit can build. llguidance asserts that a grammar has fewer
 # than u16::MAX - 10 = 65,525 symbols and panics past it (a rule of 70,000 string alternatives, as
 # choice lists were compiled then); its own symbol limit, kept below that, turns such a grammar
 # into an error before the assertion is reached.

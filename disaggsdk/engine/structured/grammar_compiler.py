@@ -1,15 +1,6 @@
 """Building requests' matchers on worker threads, so that nobody who serves other requests waits
 for a compile: neither a server's event loop (its /health, its other requests) nor a unit's loop
 (its other requests' steps).
-
-llguidance drops the GIL while it builds a matcher, so a build on a worker thread costs the thread
-that started it nothing. A server's check (`check`) waits `ADMISSION_WAIT_S` at most: what fails in
-that time (a bad pattern, an unknown schema feature, a grammar over the size limit: microseconds)
-is refused with a 400 naming the field; a longer build is admitted, and the unit that builds it with
-the same limits (`launch.unit_process.grammar_admission`) answers that request with its error. A unit refuses a
-build that runs past `grammar.GRAMMAR_TIME_LIMIT_S`. A build cannot be stopped once it runs: it
-finishes on its worker (bounded by `grammar.MAX_GRAMMAR_BYTES` and llguidance's fuel) and its result
-is dropped; the workers are few, so such builds cannot pile up.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ process + cuMemExportToShareableHandle -> fd. The fd travels with `fd_passing.se
 kind=KIND_CUDA)`. Head process: `CudaSharedMapping.import_fd` = cuMemImportFromShareableHandle +
 cuMemAddressReserve + cuMemMap + cuMemSetAccess; the mapping's address is registered with the
 transfer engine (`TransferEngine.register_pointer(..., cuda_device=...)`).
-
-cuda-python (`cuda.bindings.driver`, the `gpu` extra) is imported on first use only.
 """
 
 from __future__ import annotations

@@ -1,19 +1,4 @@
-"""KV pools behind host copies, for a transport that cannot reach the pools' own memory.
-
-A libfabric provider registers GPU memory only where it offers FI_HMEM for CUDA (efa, verbs with
-GPUDirect, shm with CUDA IPC); tcp, or a libfabric built without CUDA, cannot. Then each rank's pool
-gets a mirror in host memory (a memfd, so same-host peers can still map it) that is registered and
-written instead, as vLLM's NIXL connector stages KV through ``kv_buffer_device: cpu``:
-
-- prefill: once a layer is complete (the layer counter says so), its pages about to be sent are
-  copied device -> mirror (`to_host`), then written from the mirror as usual;
-- decode: once a request's pages have all landed in the mirror, they are copied mirror -> device
-  (`to_device`) before the engine schedules it.
-
-Both pools share one layout, ``[num_layers, num_pages, page_bytes]``, so a page's byte offset is the
-same in each and the messenger's write plans do not change. The copies are plain torch indexing,
-so the same code runs on the CPU (``transport.kv_staging: host``), where tests check it exactly.
-"""
+"""KV pools behind host copies, for a transport that cannot reach the pools' own memory."""
 
 from __future__ import annotations
 

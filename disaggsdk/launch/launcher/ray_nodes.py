@@ -6,12 +6,6 @@ cluster offers nodes with resources: GPUs for a CUDA spec, and for a CPU spec th
 so a CPU test cluster of logical nodes on one machine says what each node may hold. Plan nodes
 take the cluster's alive nodes in Ray's order, each the first unused one with room for all its
 ranks; a cluster without room is one error that lists, per plan node, what it needs and lacks.
-
-A Ray node started with the resource ``disaggsdk_node_K`` (`pin_resource`: ``ray start --resources
-'{"disaggsdk_slot": 8, "disaggsdk_node_1": 1}'``) is pinned to plan node K: that plan node takes it
-(and no other), and no other plan node does. Ray's order of its nodes is not fixed, so this is how
-a deployment puts prefill on one chosen machine and decode on another (the testbed pins its node
-K to plan node K).
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@ local unit runs (`launch.unit_process.unit.serve_unit`: its own log file, signal
 which a Ray worker process must not be put through. It stops with the actor (PDEATHSIG as
 SIGTERM, and `launch.unit_process.launcher_lease` watching its parent), so ``ray.kill`` of the actor, or Ray
 killing the actors of a dead driver, ends the unit and its tp workers, its /dev/shm file removed.
-
-The unit connects back to the driver over TCP and opens with a 32-byte token the driver chose
-for it; from then on the connection carries the same typed frames a local unit's socketpair does.
-Its `UnitArgs` (with the deployment's secret) reach it through Ray's actor call and a pipe, never
-over that TCP connection: Ray's own channel is the cluster's trust boundary.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How often a unit may be restarted: a number of restarts within a sliding window, not for life.
 
 A lifetime count let sporadic deaths end a deployment for good, however far apart: a hostile probe
-(issue 33) ended one with five requests, each of which took a unit down. With a window, restarts
+once ended one with five requests, each of which took a unit down. With a window, restarts
 older than ``window_s`` are forgiven, so what a burst of deaths spends comes back, while a unit that
 crashes in a loop (more than ``max_restarts`` deaths within the window) still stays down, as
 Kubernetes' crash-loop back-off and systemd's ``StartLimitIntervalSec`` do.

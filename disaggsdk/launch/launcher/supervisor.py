@@ -1,19 +1,6 @@
 """The runtime: a spec's units started by a `base.Launcher` and supervised (the `Runtime` seam), and the
 two ways to start one: `start_local_runtime` (its units processes on this machine) and
 `start_ray_runtime` (Ray actors on a cluster's nodes).
-
-One process per unit (an instance, or one dp group of it); each spawns its own tp workers. Where a
-unit runs is its launcher's business (`units.ProcessLauncher`: this machine, the default;
-`ray_launcher.RayLauncher`: a Ray cluster's nodes); everything else is the `Supervisor`'s, the same
-for both. Start-up waits for every unit's `Ready`, hands each the others' addresses and region
-descriptors, waits for `Started`. Then one reader thread hands every unit message to the listener
-(`serve.routing.router.Router`). A unit that dies is reported with its log tail, its shm files removed, the
-others told (decode units retry its prefills elsewhere). A live unit silent for
-`serve.unit_stall_s` is stalled (`launch.health.StallWatch`): unhealthy, and the listener told
-(`UnitStalled`), until it speaks again. One whose channel carries nothing for
-`serve.unit_unreachable_s`, not even its heartbeat (`launch.health.UnitHeartbeat`), is unreachable
-(`launch.health.SilenceWatch`): unhealthy, and the listener told (`UnitUnreachable`), until it is heard.
-`close()` (also at exit) leaves no process behind. Routing requests lives in `disaggsdk.serve.routing.router`.
 """
 
 from __future__ import annotations
@@ -279,7 +266,7 @@ class Supervisor:
 
     def is_healthy(self, unit: str) -> bool:
         """Whether ``unit`` is alive, not reported down, not stalled (its loop silent for
-        `serve.unit_stall_s`) and not unreachable (its channel silent for `serve.unit_unreachable_s`)."""
+        `$.serve.unit_stall_s`) and not unreachable (its channel silent for `$.serve.unit_unreachable_s`)."""
         return self.units[unit].healthy and not self._stalls.is_silent(unit) and not self._reach.is_silent(unit)
 
     def may_recover(self, unit: str) -> bool:
@@ -392,8 +379,8 @@ class Supervisor:
             self._watch_stalls([u.args.name for u in live if u.healthy])
 
     def _watch_stalls(self, live: list[str]) -> None:
-        """Report units silent for `serve.unit_unreachable_s`; ask those whose loops are silent for
-        their stats, and report them silent for `serve.unit_stall_s`. An unreachable unit is not
+        """Report units silent for `$.serve.unit_unreachable_s`; ask those whose loops are silent for
+        their stats, and report them silent for `$.serve.unit_stall_s`. An unreachable unit is not
         also reported stalled, nor asked: nothing reaches it.
 
         Silence is judged as of a moment taken before every channel is read once more: this thread

@@ -1,13 +1,4 @@
-"""A unit's structured requests wait here while their grammars compile, off the unit's loop.
-
-A decode unit's engine builds a request's matcher only when its KV has arrived, deep inside the
-messenger; a matcher that cannot be built there used to take the whole unit down with it (issue
-33: a 70,000-string choice list). So the unit builds each matcher first, on a `GrammarCompiler`
-worker, with the limits the engine builds it with: a request whose grammar fails gets its own
-error and nothing else notices; one whose grammar builds is admitted, and the engine's build later
-copies the compiled matcher. The loop never waits for a compile, so the unit's other requests keep
-stepping meanwhile.
-"""
+"""A unit's structured requests wait here while their grammars compile, off the unit's loop."""
 
 from __future__ import annotations
 

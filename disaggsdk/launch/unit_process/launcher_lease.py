@@ -1,21 +1,5 @@
 """A unit's lease on its launcher: when the launcher dies (even by SIGKILL), the unit closes and
 takes its /dev/shm files with it, within `UNIT_EXIT_GRACE_S`.
-
-The unit's KV pools are memfds, which die with it; what a dead unit can leave is the file of its
-libfabric shm endpoint (``/dev/shm/<pid>:<endpoint>:<n>``), which libfabric removes only when the
-endpoint is closed. So a unit whose launcher is gone must close, not be killed:
-
-* a thread polls the unit's parent every `PARENT_POLL_S`; a changed parent (the launcher died,
-  even by SIGKILL; under Ray, the unit's actor) asks the unit's loop to stop, as SIGTERM does,
-  which closes the transfer engine and its endpoint. No parent-death signal: PDEATHSIG also hit
-  the unit's other threads, and a SIGTERM delivered to one of them (not the main thread) died with
-  SIGSEGV in the kernel's signal delivery on an AMX machine, leaving the unit hung in
-  libinfinipath's crash handler (its tp workers keep PDEATHSIG SIGKILL: nothing is delivered then);
-* a clean close may never come (a transport thread stuck inside libfabric, a loop still starting):
-  `UNIT_EXIT_GRACE_S` after the stop was asked for, the unit removes its own shm files and exits.
-
-Under Ray the same lease runs on the unit's node: Ray kills the actors of a dead driver, and the
-unit, the actor's child, sees its parent go.
 """
 
 from __future__ import annotations
@@ -29,7 +13,7 @@ from typing import NoReturn
 from disaggsdk.launch.signals import SIGTERM_EXIT_CODE, sigterm_calls
 from disaggsdk.transfer.shm_files import remove_fabric_shm
 
-UNIT_EXIT_GRACE_S = 5.0  # a clean close takes well under a second; issue 33 allows 15 s in all
+UNIT_EXIT_GRACE_S = 5.0  # a clean close takes well under a second; a stop may take 15 s in all
 PARENT_POLL_S = 0.5  # how often the lease looks at the unit's parent
 
 

@@ -170,7 +170,8 @@ class KVUnit:
         """The prefill side of the messenger over these parts. Its KV streams layer by layer when the
         engine counts layers (a unit built as decode without `serve.autoscale` does not: it sends
         each step's pages after the forward pass instead)."""
-        from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
+        from disaggsdk.messenger.prefill_job import ContextStaging
+        from disaggsdk.messenger.prefill_side import PrefillMessenger
 
         return PrefillMessenger(
             self.info, engine=self.engine, transfer=self.transfer, plan=plan, pool_regions=self.pools,

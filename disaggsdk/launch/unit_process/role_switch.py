@@ -1,12 +1,5 @@
 """A unit changing role live (prefill <-> decode): same process, weights, pools, transfer engine and
 registrations; a messenger of the new role on top.
-
-The unit switches only once nothing is in flight in its old role: as a decode unit, no request
-decoding or waiting for its KV (the router drained it first: its requests moved to the other decode
-units with their KV), no move, no quarantined grant; as a prefill unit, no prefill job (new ones are
-refused from the moment the switch is asked, and decode units retry them elsewhere). The new
-messenger keeps the unit's frame codec (its peers' replay guards have seen its frame numbers) and its
-incarnation; its peers learn the new role from a `PeerUp` with the new `UnitInfo`.
 """
 
 from __future__ import annotations

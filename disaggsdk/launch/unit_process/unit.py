@@ -1,14 +1,4 @@
-"""One unit process: an engine (with its tp workers) and, unless colocated, its messenger.
-
-Started by `launcher.units.ProcessLauncher` with "spawn" (on a Ray node: `launcher.ray_unit_host`).
-Start-up: a `device: cuda` unit takes its devices (`UnitArgs.cuda_visible_devices`) and checks them
-first (`launch.cuda_devices.require_cuda`), so a machine without CUDA is told in one line before any
-weight loads; then assemble the unit's parts for its role (`launch.unit_process.parts`: engine over
-pools on its device, transfer engine, messenger), report `Ready` with
-the descriptors, receive the other units' `Peers`, report `Started`. Then a single loop owns the
-engine: parent commands, control frames, messenger polling, one step.
-Output goes to the unit's log file, whose tail the launcher shows when the unit dies.
-"""
+"""One unit process: an engine (with its tp workers) and, unless colocated, its messenger."""
 
 from __future__ import annotations
 
@@ -23,7 +13,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from disaggsdk.launch import messages as ch
-from disaggsdk.launch.channel import ChannelClosed, FrameChannel
+from disaggsdk.launch.base import ChannelClosed
+from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.health import EXIT_CODE, TransportWatchdog, UnitHeartbeat
 from disaggsdk.launch.messages import UnitArgs
 from disaggsdk.launch.progress import compile_failed_line

@@ -1,20 +1,4 @@
-"""The SLO policy of `serve.autoscale`: from the served requests' TTFT and TPOT, which role is short.
-
-Pure functions over the front end's records (`serve.metrics.ServedRequest`); `serve.autoscale.autoscaler`
-runs them on a clock and applies what they propose. The rule:
-
-* the window holds the requests that ended in the last ``window_s`` *and arrived after the last role
-  change* (those served by the layout in place: the hysteresis that keeps a change from being judged
-  on what came before it), and the queue's: requests that arrived since and still wait for their first
-  token past the TTFT SLO (misses already, before they finish); at least `MIN_REQUESTS` of them;
-* TTFT attainment under ``attainment`` while TPOT attainment holds: prefill is short, a decode unit
-  turns prefill (never below ``min_decode``);
-* TPOT attainment under it while TTFT holds: decode is short, a prefill unit turns decode (never
-  below ``min_prefill``);
-* both short, or neither: no change (moving a unit cannot fix both; more units would).
-
-``cooldown_s`` after a change no proposal is made at all.
-"""
+"""The SLO policy of `serve.autoscale`: from the served requests' TTFT and TPOT, which role is short."""
 
 from __future__ import annotations
 

@@ -22,8 +22,9 @@ from disaggsdk.serve.model_tokenizer import encode_prompt
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compile_progress import CompileProgress
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.sequence import RequestOutput
 
 IDLE_WAIT_S = 0.05  # how long the idle engine thread blocks on its inbox before looking again
@@ -79,7 +80,8 @@ class InProcessBackend:
 
     def __init__(self, model: str, config: EngineConfig | None = None, name: str = "mixed-0",
                  on_compile: Callable[[CompileProgress], None] | None = None):
-        from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+        from disaggsdk.engine.config import EngineConfig
+        from disaggsdk.engine.llm_engine import LLMEngine
         from disaggsdk.engine.tokenizer import ByteTokenizer, load_tokenizer
 
         self.model_name = model

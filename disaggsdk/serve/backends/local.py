@@ -1,6 +1,6 @@
 """`serve_locally`: a spec's units as local processes, served by a `Router` — one call; `serve_runtime`:
 the same around any way to start the units (`launch.launcher.supervisor.start_runtime` follows the
-spec's ``launch.backend``: what `disaggsdk launch`, `disaggsdk generate --spec` and the benchmarks start).
+spec's ``$.launch.backend``: what `disaggsdk launch`, `disaggsdk generate --spec` and the benchmarks start).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ class RuntimeOptions(TypedDict, total=False):
 def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
                   **runtime_options: Unpack[RuntimeOptions]) -> Router:
     """Start ``spec``'s units with `disaggsdk.launch.start_local_runtime` and route requests to them
-    (`serve_runtime`; whatever its ``launch.backend`` says: `serve_runtime` with
+    (`serve_runtime`; whatever its ``$.launch.backend`` says: `serve_runtime` with
     `launch.launcher.supervisor.start_runtime` follows it).
 
     Args:
         spec: a checked `Spec`.
         span_exporter: trace every request and hand its spans to this OpenTelemetry exporter
-            (`serve.tracing.tracing_switch`); None: as ``serve.otlp_traces_endpoint`` and the environment say.
+            (`serve.tracing.tracing_switch`); None: as ``$.serve.otlp_traces_endpoint`` and the environment say.
         runtime_options: `start_local_runtime`'s keyword arguments (``tiny``, ``colocated``,
             ``cpu_affinity``, ``log_dir``, ``provider``, ``secret``, ...).
     Returns:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import msgspec
 
-from disaggsdk.launch.tiny import LaunchError
+from disaggsdk.launch.base import LaunchError
 
 if TYPE_CHECKING:
     from disaggsdk.engine.sampling_params import SamplingParams
@@ -59,7 +59,7 @@ def generate_with_spec(spec: Spec, prompts: Sequence[Sequence[int]] | None = Non
     Raises:
         LaunchError: the deployment cannot start, or a request fails.
     """
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.launch.launcher.supervisor import start_runtime
     from disaggsdk.serve.backends.local import serve_runtime
 

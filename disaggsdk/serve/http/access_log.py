@@ -5,12 +5,6 @@ token, and which prefill and decode instance served it::
 
     127.0.0.1:50312 "POST /v1/completions HTTP/1.1" 200 prompt_tokens=5 output_tokens=8 ttft_ms=91.2 \
         total_ms=306.3 prefill=prefill-0 decode=decode-1
-
-(one line; cut here to fit). ``prefill=-``: no prefill instance computed the prompt (the decode
-instance did, as it does a prompt shorter than a page, or its prefix cache held it).
-
-The line is written when the response has ended (a stream: after its last chunk), on the
-``disaggsdk.access`` logger at INFO; with no handler of its own, it gets one that prints to stdout.
 """
 
 from __future__ import annotations

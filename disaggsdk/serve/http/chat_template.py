@@ -1,13 +1,4 @@
-"""A checkpoint's own chat template (``tokenizer_config.json``), rendered as transformers renders it.
-
-Jinja runs in jinja2's immutable sandbox (templates are code from the checkpoint's author) with
-transformers' settings: ``trim_blocks`` and ``lstrip_blocks``, the loop-controls extension, a
-``tojson`` that does not escape HTML, ``raise_exception`` and ``strftime_now``; the template sees
-``messages``, ``tools``, ``add_generation_prompt``, the special tokens by name, and the request's
-``chat_template_kwargs``. As vLLM does, tool-call ``arguments`` that arrive as JSON text are parsed
-into objects first, so templates that lay out arguments one by one can. Models without a template
-use the server's built-in one (`openai_request.render_chat`) and ``/v1/models`` says so.
-"""
+"""A checkpoint's own chat template (``tokenizer_config.json``), rendered as transformers renders it."""
 
 from __future__ import annotations
 

@@ -5,17 +5,7 @@ A client's id names the response (``"id": "cmpl-<X-Request-Id>"``) and comes bac
 logs. The backend, the router and every abort key a request by an id the server makes
 (`internal_request_id`): were the client's id the key, a second client sending the same id would
 collide with the first request in the backend, and the refused newcomer's clean-up would abort the
-request already running (issue 33's probe: 58 of 300 tokens, then ``finish_reason: "abort"``).
-
-Two requests in flight under one client id still could not be told apart in the logs or in the
-answers, so a duplicate is refused with a 400 before anything reaches the backend; the request
-holding the id is not touched. The id is free again once that request has ended.
-
-The key reaches no client: the backend is also given the response id (`ServingBackend.generate`),
-by which traces name and find the request (`request_tracing`); a backend's error that names the key
-reaches the client with the response id in its place (`request_run.RequestRun`), and the move
-endpoint answers with the id its caller sent; the drain endpoint lists the requests it moved and
-those left by their response ids (`public_request_id`).
+request already running (it stopped with ``finish_reason: "abort"``).
 """
 
 from __future__ import annotations

@@ -6,14 +6,6 @@ request with a simple content type) or rebind its own DNS name to 127.0.0.1 and 
 Both carry a Host or Origin the server does not call its own, so checking them (`HostGuard`:
 loopback names unless configured) closes both doors (the media-type check in
 `openai_app.read_body` refuses the ``text/plain`` such pages send).
-
-CORS is off by default, unlike vLLM (which allows every origin): web pages' requests are refused
-unless an origin is listed (`CorsPolicy`). A listed origin passes the guard and gets CORS headers,
-so a browser lets its page read the answers; ``"*"`` lists every origin. The API key, when set, is
-still required: browsers send it as a plain ``Authorization`` header.
-
-The API key comes as ``Authorization: Bearer <key>`` (RFC 6750), the scheme in any case: RFC 7235
-makes authentication schemes case-insensitive, and clients send ``bearer`` too (`bearer_token`).
 """
 
 from __future__ import annotations

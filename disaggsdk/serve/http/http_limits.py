@@ -1,14 +1,5 @@
 """The bounds the HTTP edge holds every client to, read once from ``spec.serve``, and the one
 uvicorn does not hold by itself: a deadline on each request's head.
-
-A connection that has not sent its request line and headers within ``serve.header_timeout_s`` is
-answered 408 and closed. uvicorn bounds the head's size (h11's 16 KiB) and the idle time between
-requests (``timeout_keep_alive``), but not the time a head takes to arrive: a client that sends one
-header byte a second, or opens a connection and sends nothing, holds it for ever, and a few thousand
-such clients hold every file descriptor the server has (issue 33's probe: 4,000 held for 20 s). The
-deadline starts when the connection opens, and again at the first byte of each later request on a
-kept-alive one (until then uvicorn's idle timeout governs); it ends when h11 has parsed a whole
-head. A slow body is not this deadline's business: by then the request is the app's.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """uvicorn in a background thread, so the caller's thread stays free for live views and signals.
 
 Port 0 asks the OS for a free port; `url` reports the real one once the server listens. Slow or
-silent connections are closed: a request's head has ``serve.header_timeout_s`` to arrive
-(`serve.http.http_limits`), an idle kept-alive connection ``serve.idle_timeout_s``.
+silent connections are closed: a request's head has ``$.serve.header_timeout_s`` to arrive
+(`serve.http.http_limits`), an idle kept-alive connection ``$.serve.idle_timeout_s``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""OpenAI request bodies -> what the backend needs, with 400 errors that name the field.
-
-Validation is by hand rather than with pydantic models so each message says exactly which
-field is wrong and what would be accepted, in OpenAI's error shape. Everything the sampler and
-the engine will see is checked here, at the edge: a NaN temperature or an integer past int64
-must be a 400 for one client, never a crashed decode unit or an OverflowError for everyone.
-The document as a whole (encoding, depth, NaN anywhere) is checked first, in `openai_json`; the
-prompt and output against the model's context last (`check_context_length`): chat requests without
-``max_tokens`` may generate the rest of the context (vLLM's default), and a request whose prompt and
-output cannot fit is a 400 that says by how much.
-"""
+"""OpenAI request bodies -> what the backend needs, with 400 errors that name the field."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A bound on the requests waiting for their first token: past ``serve.max_queued_requests``, a
+"""A bound on the requests waiting for their first token: past ``$.serve.max_queued_requests``, a
 newcomer gets 503 with ``Retry-After`` at once instead of a first token minutes later.
 
-Without it the queue has no end (issue 33's probe: a first token after 143 s), and a client cannot
+Without it the queue has no end (a first token after minutes), and a client cannot
 tell a slow server from a dead one. A request counts from the moment it is handed to the backend
 until its first token (or its failure): that is the time it queues, for a free decode slot or for
 the prefill ahead of it. One HTTP request counts once, whatever its ``n`` or number of prompts.

@@ -1,25 +1,5 @@
 """The structured-output fields of an OpenAI request -> one `StructuredOutput`, with 400 errors
 that name the field.
-
-Three spellings are understood, one per request:
-
-* OpenAI's ``response_format`` (``{type: json_object}``, ``{type: json_schema, json_schema: {name,
-  schema, strict}}``; ``{type: text}`` is the default). ``strict`` changes nothing: the schema is
-  always enforced.
-* vLLM's ``structured_outputs`` extra field: exactly one constraint of `VLLM_KINDS`, with vLLM's
-  options (`VLLM_OPTIONS`). Options alone apply to the constraint ``response_format`` gives (clients
-  send ``{"disable_any_whitespace": true}`` beside a json_schema).
-* vLLM's older ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar`` (one of them),
-  with ``guided_whitespace_pattern`` and ``guided_decoding_backend``: honoured as vLLM honours them
-  (since 0.10.2 it forwards them to ``structured_outputs``, as here). The backend may only name
-  llguidance (`BACKENDS`): vLLM too refuses a request's backend other than the server's.
-
-Nothing is dropped in silence: a constraint field that asks for nothing (``json: false``,
-``json_object: false``, an empty pattern or list, ``structured_outputs: {}``), an option that cannot
-apply (a whitespace pattern on a regex, options with no constraint) and a key of ``structured_outputs``
-this server does not take (``structural_tag``, a misspelt one) are 400s naming the field. Whether the
-constraint compiles for the served model, and whether any output can match it, is checked by the
-caller's ``check`` (`engine.structured.grammar.check_structured`).
 """
 
 from __future__ import annotations

@@ -2,22 +2,6 @@
 parser that turns the model's output into OpenAI ``tool_calls``.
 
 The trained checkpoints' template (as Qwen3-Coder's) asks for calls as
-
-    <tool_call>
-    <function=NAME>
-    <parameter=KEY>
-    VALUE
-    </parameter>
-    </function>
-    </tool_call>
-
-with ``<tool_call>`` and ``</tool_call>`` special tokens. ``auto``: the text before the first
-``<tool_call>`` is the message content and every call after it is parsed (values converted by the
-tool's JSON Schema types, as vLLM's qwen3_coder parser does). ``required`` and a named function:
-decode is constrained by a Lark grammar (llguidance) to one to four calls (one of the named
-function), each with the tool's required parameters in order, optional ones allowed, values of the
-declared type (objects and arrays as JSON). ``none``: the tools are shown to the model, no call is
-parsed.
 """
 
 from __future__ import annotations

@@ -1,18 +1,4 @@
-"""The control endpoints that move decoding requests between decode units of a running deployment.
-
-``POST /units/{unit}/drain`` (``{"timeout_s": 60}``, optional) takes a decode unit out of routing
-and moves every request it decodes to the others, with their KV (`Router.drain`); it answers what
-moved and what is still there. ``POST /units/{unit}/undrain`` lets routing pick it again.
-``POST /requests/{request_id}/move`` (``{"to": "decode-1"}``) moves one request (its id is the
-response's ``id``, or the ``X-Request-Id`` the client sent). ``POST /rebalance`` (``{"prefill": 2,
-"decode": 1}``) changes units' roles live until that many units serve each (`serve.moves.rebalance`).
-Each sits behind the deployment's API key, as ``/reset_prefix_cache`` does; a call that cannot be
-served is an OpenAI error object: 400 for a call that names what is not there (an unknown unit, a
-request not in flight, counts that do not add up), 409 for one the deployment's state refuses now
-(`LeverConflict`): a drain or rebalance that would leave no routable decode unit, a layout only units
-that are down could reach, a move to a unit that is down or drained, a rebalance while one runs (the
-second is refused rather than queued: its layout was chosen from roles the first is changing).
-"""
+"""The control endpoints that move decoding requests between decode units of a running deployment."""
 
 from __future__ import annotations
 

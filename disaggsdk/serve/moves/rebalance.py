@@ -1,18 +1,4 @@
-"""Changing how many units prefill and how many decode, live (`Router` + `launch.unit_process.role_switch`).
-
-``rebalance(router, prefill=2, decode=1)`` turns units around until the deployment has that many of
-each: prefill units become decode units first (capacity to take requests comes before capacity
-leaves), then decode units become prefill units, the least loaded first. A decode unit leaving
-decode is drained: out of routing, its decoding requests moved to the other decode units with their
-KV (`Router.drain`), the ones still waiting for their KV moved as soon as they decode; only then is
-it asked to switch. A prefill unit leaving prefill refuses new prefill requests at once (decode
-units retry them elsewhere) and switches once its jobs drained. No request fails on the way.
-
-It never turns the deployment against itself (issue 55): only healthy units change role (a unit that
-is down keeps its role and counts in it); a layout it can reach only by switching a unit that is down,
-or only by leaving no routable decode unit (nor prefill unit, where the layout keeps one), is refused
-with `LeverConflict` before anything changes; and one rebalance runs at a time (`Router.rebalancing`).
-"""
+"""Changing how many units prefill and how many decode, live (`Router` + `launch.unit_process.role_switch`)."""
 
 from __future__ import annotations
 

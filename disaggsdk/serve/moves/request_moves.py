@@ -6,8 +6,6 @@ token of it (one channel each, each in order). Between the two, the target's tok
 (`Move.held`) and delivered only once the source's end is read, so a client sees every token once
 and in order, whichever channel the router reads first. A move that did not happen drops what the
 target sent: the source goes on, from exactly where the client is.
-
-Guarded by the router's lock; nothing here sends or delivers.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Requests that take units down with them: remembered by fingerprint, so that one cannot keep
-spending the deployment's restarts (issue 33).
+spending the deployment's restarts.
 
 A request that was waiting for its first token on a unit that died may have killed it (one that
 has streamed tokens got through admission; its unit's death is most likely not its doing). The
 router moves such a request once; when units die holding the same request (the same prompt and
 sampling parameters, whatever its id) `MAX_UNIT_DEATHS` times, the request is poison: it ends with
 an error, is never sent again, and an identical request is refused before it reaches a unit.
-
-The cost: a request that happened to wait on the same two dying units as a poison one (it moved
-with it) is taken for poison too; an identical resubmission of it is refused with a message that
-says why, until `MEMORY_S` passes. Any change to it (prompt, seed, parameters) goes through.
-
-A client that changes its poison each time is bounded by who sent it: the HTTP edge names each
-request's client (its address). Once a client has sent a poison request, the next of its requests
-that waits on a dying unit is poison at that first death (never moved), and a client that has sent
-`MAX_POISON_PER_CLIENT` is refused outright until `MEMORY_S` passes. So one client takes units down
-at most 2 + 1 times an hour, within the runtime's restart budget (3 a unit per 10 minutes,
-`launch.launcher.restart_budget`). Requests with no client name (an SDK caller in the same process) are
-not counted: they come from the deployment's own code.
 """
 
 from __future__ import annotations

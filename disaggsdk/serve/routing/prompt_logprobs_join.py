@@ -1,12 +1,5 @@
 """Joins a request's prompt logprobs, which come from the unit that computed its prompt, with the
 token events its decode unit streams (disaggregated deployments).
-
-A prefill unit sends a `PromptLogprobs` message of its own, before the KV's context leaves it; a
-decode unit that prefilled locally (no prefill unit left) puts them on its first `Tokens`. Both
-reach the router's reader thread in no fixed order relative to the decode's tokens, so a request
-that asked for them has its events held until they came, then the first event carries them. The
-first scores to arrive win: a retried prefill scores the same prompt with the same weights. An
-error ends the wait (the client gets the error, nothing is held back).
 """
 
 from __future__ import annotations

@@ -1,21 +1,4 @@
-"""The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events.
-
-Requests go to the healthy decode (or, colocated, mixed) unit `serve.routing` picks (`unit_routing`);
-its `Tokens` become the request's `TokenEvent`s; a unit's tokens for a request it no longer holds
-(it was moved away) are dropped. A request a dying unit held moves once to another live unit if it
-has streamed no token yet (the client never sees the death), else ends with a retryable error
-event; the dead unit's gauges and routed prefixes go. A request is never moved a second time, and
-never once units have died holding an identical request `poison_requests.MAX_UNIT_DEATHS` times: it
-is then poison, ends with an error and an identical one is refused before any unit sees it, so one
-request cannot spend the units' restarts. A unit the runtime reports stalled (`UnitStalled`: silent
-for `serve.unit_stall_s`) is not picked (`Runtime.is_healthy`) and its requests without a first
-token move once, as from a dead unit, with an abort to it for when it wakes. A unit reported
-unreachable (`UnitUnreachable`: not even its heartbeat heard for `serve.unit_unreachable_s`: a cut
-link, a frozen process) is not picked either; its requests without a first token move once, and
-every other request it held ends with an error that says to retry, each with an abort to it for
-when it is reached again (its pages free then). The units' stats answers are collected by
-`unit_stats_replies`.
-"""
+"""The router: a `ServingBackend` over a `Runtime` — which unit serves a request, and its events."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Which units routing may pick now, role by role, and why a role has none.
-
-A unit is routable when it is healthy (alive, neither stalled nor unreachable: `Runtime.is_healthy`)
-and not drained (`Router.drain`; a unit that has just turned decode is drained until every unit knows
-its new role). The router sends requests to routable serving units only. Everything that would take
-the last routable unit of a role out of routing is refused (`LeverConflict`, HTTP 409): a drain, a
-rebalance, a move's target that is not routable. A role can still end up with none when units die or
-stall; then `/health` says ``degraded`` with `reasons`, and a request that finds no unit to go to is
-refused with `NoRoutableUnitError` (HTTP 503 with ``Retry-After``), not as the client's fault.
-
-Pure: a snapshot the router takes under its lock.
-"""
+"""Which units routing may pick now, role by role, and why a role has none."""
 
 from __future__ import annotations
 

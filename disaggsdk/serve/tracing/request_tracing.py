@@ -1,25 +1,4 @@
-"""Each request's phases as OpenTelemetry spans: one trace per request across the router and its units.
-
-The router opens the request's root span ("disaggsdk.request", kind SERVER) when it receives the
-request, under the client's span when its W3C ``traceparent`` is valid (an invalid one starts a new
-trace, as the W3C spec says), and a "route" span for the choice of unit; the root ends when the
-request does. The units a traced request reaches record their phases (`records.span_records`) and
-send them when they let go of it (`launch.messages.RequestSpans`); each becomes a span of its unit
-("prefill prefill-0") under the root, with the unit's records under it, their times as the units
-read them (epoch ns). Every unit has its own `TracerProvider`, whose resource names it
-(``service.name`` "disaggsdk", ``disaggsdk.unit``), so a trace viewer shows the processes apart; all
-share one exporting processor. The spans of the last `MAX_KEPT_TRACES` traces stay in memory
-(`RecentTraces`), so that a notebook can draw any recent request (`Deployment.waterfall`).
-
-A trace is found by what its client knows the request by, exactly: the response id (``cmpl-...``)
-or the ``X-Request-Id`` the answer carried (`client_request_ids.public_names`); knowing the whole id
-is what shows a client's request to be its own (the server's ids are 128 random bits; a client that
-sends its own id makes it as hard to guess as it likes). The request's key in the backend, which
-carries a random part of the server's (`client_request_ids.internal_request_id`), is never a name a
-trace is found by and never in a span: spans name the request by its response id.
-
-This module imports opentelemetry; `serve.tracing.tracing_switch` decides whether it is imported at all.
-"""
+"""Each request's phases as OpenTelemetry spans: one trace per request across the router and its units."""
 
 from __future__ import annotations
 

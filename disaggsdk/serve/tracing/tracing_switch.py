@@ -1,7 +1,7 @@
 """Whether requests are traced, and where their spans go: decided once, when the router starts.
 
 Off unless one of these says otherwise, first one wins: a span exporter handed in
-(``launch(spec, span_exporter=...)``), the spec's ``serve.otlp_traces_endpoint`` (OTLP over HTTP to
+(``launch(spec, span_exporter=...)``), the spec's ``$.serve.otlp_traces_endpoint`` (OTLP over HTTP to
 that URL), the standard ``OTEL_TRACES_EXPORTER`` environment variable (``otlp``: OTLP over HTTP to
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` as the SDK reads them;
 ``console``: printed; ``none``: off). Off, nothing of opentelemetry is imported and no unit records

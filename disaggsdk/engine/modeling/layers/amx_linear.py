@@ -1,19 +1,4 @@
-"""bfloat16 y = x W^T on Intel AMX tiles for the few rows of decoding, W packed once at load.
-
-torch's bfloat16 ``F.linear`` on CPU runs oneDNN, which costs ~40-80 us a call on a decode step's
-small products however few the rows: dispatch, and repacking W into the tiles' layout on every
-call (``python -m disaggsdk.bench.skinny_gemm --dtype bfloat16``). vLLM's CPU backend avoids both
-with a prepacked AMX kernel for weights of up to 1 MiB (sgl-kernel's ``weight_packed_linear``).
-Here the weight is packed once into AMX's layout (`pack`) and a small C kernel
-(native/cpu_linear/amx_linear.c) multiplies the few rows that `skinny.linear` sends it (up to
-``skinny.MAX_ROWS``: the compiled step's graphs already split there); longer inputs (prefill)
-keep ``F.linear``, whose oneDNN path uses every thread. The packed copy is a second copy of each
-bfloat16 weight it is made for (the original stays: prefill, tensor-parallel slots, checkpoints).
-
-Used where the CPU has AMX and the module was built (`available`); ``DISAGGSDK_AMX_LINEAR=0``
-turns it off. Products are float32 sums of exact bfloat16 products rounded to bfloat16, as
-oneDNN's; the order of the sums may differ, so the last bit may too.
-"""
+"""bfloat16 y = x W^T on Intel AMX tiles for the few rows of decoding, W packed once at load."""
 
 from __future__ import annotations
 

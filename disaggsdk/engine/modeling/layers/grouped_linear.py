@@ -1,15 +1,4 @@
-"""The experts' products of a mixture of experts as one op, without waiting for the routing.
-
-The rows (token copies, one per chosen expert) are sorted by expert; expert g multiplies rows
-[group_ends[g - 1], group_ends[g]). On a CPU nothing reads the group ends from Python: bfloat16
-with packed weights runs the AMX kernel (`amx_linear.grouped`), which reads them itself, and other
-dtypes run ``torch._grouped_mm`` (per-group GEMMs inside ATen). On CUDA, bfloat16 runs
-``torch._grouped_mm``'s grouped kernel (no host sync: capturable); its CUDA kernel takes only
-bfloat16, so other dtypes there loop over the experts with the ends read on the host (a sync, as
-before this op). To the compiler it is one opaque op, so a compiled step holds the whole MoE layer:
-no graph break around a per-expert loop. It is an op of our own because the compiler's shape rule
-for ``torch._grouped_mm`` admits only bfloat16.
-"""
+"""The experts' products of a mixture of experts as one op, without waiting for the routing."""
 
 from __future__ import annotations
 

@@ -4,13 +4,6 @@ the experts, placed one of two ways.
 Tensor-parallel (``tp.experts`` None): each expert's intermediate dimension is split over the tp
 ranks; every rank routes every token (the router is replicated) and runs its slice of each chosen
 expert; the partial sums meet in the layer's one all-reduce.
-
-Expert-parallel (``tp.experts``, an `ExpertDispatcher`): each rank holds whole experts, a
-contiguous run of them (`ExpertMap`). Every rank still routes its tokens, then sends its tp share
-of them (`TensorParallel.token_rows`: the tokens are the same on every tp rank of a dp group) to
-the ranks of their experts, runs the rows it receives, and takes the outputs back, weighted and
-summed. Its partial output has its share's rows and zeros elsewhere, so the layer's all-reduce over
-tp assembles the whole (at tp 1 there is nothing to assemble).
 """
 
 from __future__ import annotations

@@ -1,25 +1,5 @@
 """y = x W^T for the few-row inputs of decoding and verification, in the GEMM orientation that is
 fast on a CPU.
-
-A decode step multiplies 1 to a few dozen rows by every weight of the model, and the weights do not
-stay in cache from one step to the next: the step is bound by reading them. On this machine
-(MKL's float32 GEMM, 2 cores; ``python -m disaggsdk.bench.skinny_gemm`` measures it) ``F.linear(x, W)``
-with W row-major reads W far slower than the same product computed as ``(W @ x.T).T``: with cold
-caches, for x of 2 rows and W of 4096 x 256, 539 us against 132 us, and ``(W @ x.T).T`` stays ahead
-up to 32 rows. It also makes 2 to 8 rows cost about what 1 row does, which is what speculative
-verification (k + 1 rows per request) needs. A single row goes through GEMV, which is as slow as
-``F.linear`` on large weights; duplicating the row makes it a 2-column GEMM (142 against 505 us for
-4096 x 256), worth it from a quarter million elements. bfloat16 goes to the AMX kernel of
-`amx_linear` where the layer packed its weight for it (oneDNN's ``F.linear`` costs ~40-80 us a call
-there however few the rows); other dtypes and devices keep ``F.linear`` (GPUs have their own kernels).
-
-Which form wins depends on the machine: on another host of the same CPU family (2026-12-05) MKL's
-``F.linear`` read every one of these weights 1.1-2.7x faster than the transposed form, and a decode
-step of 4 requests took 3.9-5.3 ms with it against 6.0-6.3 with the skinny form. So by default
-(``DISAGGSDK_SKINNY=auto``) `calibrate` times both forms once per process for each weight shape of
-the model, one row and a few, and each shape keeps the faster (the transposed one only when it wins
-by `MIN_GAIN`); ``on`` always takes the transposed form where the rules above allow (the test
-suite's choice: the same numbers in every process), ``off`` never does.
 """
 
 from __future__ import annotations

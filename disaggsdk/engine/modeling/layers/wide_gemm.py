@@ -1,25 +1,4 @@
-"""y = x W^T for the many-row products of prefill, through the GEMM library that is faster on this CPU.
-
-A prefill's projections multiply hundreds to thousands of rows by each weight: compute-bound
-GEMMs, and with attention most of a prefill's time (``tools/peers/prefill_profile_vs_vllm.sh``).
-torch ships two libraries that run them in float32: ``F.linear`` goes to MKL's sgemm, and oneDNN
-(``torch.ops.mkldnn._linear_pointwise``: the library vLLM's CPU linear calls, as ``_C::onednn_mm``)
-runs the same product with its own JIT kernels. Which is faster depends on the CPU: MKL picks its
-code paths by CPU vendor and model, oneDNN by the ISA it finds. On the Intel Xeon with AMX of
-2026-12-07 ("family 6 model 167"), MKL's 1,024-row products reached 82-87 GMAC/s on one core, the
-machine's peak (a 2,048-cube sgemm: 82), and oneDNN's were 1-8% slower; oneDNN also builds a
-primitive on its first call for each new row count (1.2 ms against 0.33 for a 100-row product,
-0.35 once built), which the timing below leaves out and a server pays once per prompt length. So by default
-(``DISAGGSDK_WIDE_GEMM=auto``) `calibrate` times both once per process for each float32 weight
-shape of the model, on `CALIBRATION_ROWS` rows, and a shape goes to oneDNN only where it wins by
-`MIN_GAIN`; ``mkl`` always keeps ``F.linear`` (the test suite's choice: the same numbers in every
-process), ``onednn`` always takes oneDNN. Other dtypes keep ``F.linear`` (bfloat16 already runs on
-oneDNN there).
-
-oneDNN's op is called through ``torch.ops.disaggsdk.onednn_linear``, an opaque graph op: the compiled
-step's inductor lowers ``mkldnn._linear_pointwise`` itself only for the prepacked weights its own
-freezing pass makes, and fails on a plain one.
-"""
+"""y = x W^T for the many-row products of prefill, through the GEMM library that is faster on this CPU."""
 
 from __future__ import annotations
 
