@@ -221,7 +221,7 @@ def test_max_concurrency_caps_requests_not_conversations(scripted_server):
 
 @pytest.fixture(scope="module")
 def tiny_server():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=256), port=0, api_key="k") as d:

@@ -28,7 +28,7 @@ VLLM_FIELDS = [
 
 @pytest.fixture(scope="module")
 def server():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=256), port=0, api_key="k") as d:

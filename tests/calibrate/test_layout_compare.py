@@ -9,7 +9,6 @@ from disaggsdk.bench.goodput_sweep import RateSweep
 from disaggsdk.bench.serve_bench import LoadShape, arrival_gaps_s
 from disaggsdk.calibrate.layout_compare import (
     CompareError,
-    LayoutGoodput,
     machine_layouts,
     machine_spec,
     recommend,
@@ -17,6 +16,7 @@ from disaggsdk.calibrate.layout_compare import (
     target_goodput,
     target_layouts,
 )
+from disaggsdk.records.goodput_records import LayoutGoodput
 from disaggsdk.spec import load_spec
 
 QWEN = load_spec("specs/qwen3_coder.yaml")

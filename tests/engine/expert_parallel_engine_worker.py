@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
 from disaggsdk.engine.modeling.layers.moe import Experts, GroupLimitedRouter, SoftmaxTopKRouter
 from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.speculative.config import SpeculativeConfig

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine import background_compile  # noqa: E402
 from disaggsdk.engine.compile_progress import CompileProgress  # noqa: E402
 from disaggsdk.engine.compiled_step.torch_compile import CompiledStep  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 
 MODEL = "qwen3-tiny"
 PROMPT = list(range(5, 45))

@@ -8,8 +8,9 @@ torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.compiled_step import COMPILE_ENV, compile_by_default  # noqa: E402
 from disaggsdk.engine.compiled_step.torch_compile import CompiledStep  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT_LENGTHS = (5, 17, 40, 1, 64)
 

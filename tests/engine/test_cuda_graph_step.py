@@ -20,10 +20,11 @@ from disaggsdk.engine.compiled_step.cuda_graphs import (  # noqa: E402
     pad_decode_batch,
     padded_batch_size,
 )
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
 from disaggsdk.engine.layer_counter.device import DeviceLayerCounter  # noqa: E402
 from disaggsdk.engine.layer_counter.host import LayerCounter  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 
 MODEL = "qwen3-tiny"

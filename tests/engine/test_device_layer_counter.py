@@ -15,11 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.batch_builder import BatchItem, build_forward_batch  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
 from disaggsdk.engine.layer_counter import new_layer_counter  # noqa: E402
 from disaggsdk.engine.layer_counter.base import AnyLayerCounter  # noqa: E402
 from disaggsdk.engine.layer_counter.device import DeviceLayerCounter, mapped_view  # noqa: E402
 from disaggsdk.engine.layer_counter.host import LayerCounter  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 
 MODEL = "qwen3-tiny"

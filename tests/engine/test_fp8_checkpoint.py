@@ -17,10 +17,11 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from disaggsdk.engine import fp8_blocks  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from disaggsdk.engine.modeling import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.errors import ModelError  # noqa: E402
 from disaggsdk.models.shipped import shipped_checkpoint  # noqa: E402
 from tests.launch._helpers import TOP, check_against_hf, hf_greedy  # noqa: E402

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from disaggsdk.engine.attention import cpu_backend  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.config import SpeculativeConfig  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)

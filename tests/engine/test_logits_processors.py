@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from disaggsdk.engine.logits_processors import process_rows  # noqa: E402
 from disaggsdk.engine.sampling import target_probs  # noqa: E402
 from disaggsdk.engine.sampling_params import SamplingError, SamplingParams  # noqa: E402

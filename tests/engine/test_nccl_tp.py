@@ -11,10 +11,11 @@ torch = pytest.importorskip("torch")
 
 from nccl_tp_worker import DTYPE, prefill_then_decode, run_rank  # noqa: E402
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from disaggsdk.engine.modeling import build_model  # noqa: E402
 from disaggsdk.engine.parallel import TensorParallel  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from tests.declared_skips import no_gpu  # noqa: E402
 from tests.spawned_ranks import free_port, run_ranks  # noqa: E402
 

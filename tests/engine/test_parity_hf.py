@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from disaggsdk.cli.main import main as cli_main  # noqa: E402
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from tests.hf_checkpoints import HF_CONFIG, save_hf_checkpoint  # noqa: E402
 
 PROMPT_LENGTHS = (1, 3, 5, 8, 13, 17, 24, 31, 40, 57)

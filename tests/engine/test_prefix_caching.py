@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.kv.block_hash import page_hashes  # noqa: E402
 from tests.multi_turn_prompts import conversations  # noqa: E402
 

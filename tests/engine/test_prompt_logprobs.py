@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.models.shipped import shipped_checkpoint  # noqa: E402
 
 PROMPT_TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) +"

@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from disaggsdk.engine.request_migration import MigrationError, RunningRequestState  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.config import SpeculativeConfig  # noqa: E402
 from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingError, SamplingParams, new_generator, sample  # noqa: E402
-from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE  # noqa: E402
+from disaggsdk.engine.sampling import new_generator, sample  # noqa: E402
+from disaggsdk.engine.sampling_params import MAX_INT32, MAX_SEED, MIN_TEMPERATURE, SamplingError, SamplingParams  # noqa: E402  # noqa: E402
 
 
 def test_greedy_and_logprobs():

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.scheduler import Scheduler
 from disaggsdk.engine.sequence import Request, RequestStatus
 from disaggsdk.kv.page_allocator import PageAllocator

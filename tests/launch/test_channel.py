@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from disaggsdk.launch import messages as m
-from disaggsdk.launch.channel import HEADER, MAX_FRAME_BYTES, ChannelClosed, ChannelError, FrameChannel
+from disaggsdk.launch.base import ChannelClosed, ChannelError
+from disaggsdk.launch.channel import HEADER, MAX_FRAME_BYTES, FrameChannel
 
 
 @pytest.fixture

@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.face.deployment import Deployment
 from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec

@@ -197,7 +197,7 @@ def _has_cuda() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda(), reason=no_gpu("needs a CUDA device"))
 def test_tiny_pd_on_one_gpu_gives_the_cpu_greedy_tokens(monkeypatch):
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.launch.tiny import tiny_spec
     from tests.launch._helpers import serve_and_generate
 

@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
-from disaggsdk.spec.types import Speculative  # noqa: E402
+from disaggsdk.spec.engine_settings import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.launch.test_speculative_launch import MAX_TOKENS, PROMPTS, plain_tokens  # noqa: E402
 

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.models.shipped import shipped_checkpoint  # noqa: E402
 from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from tests.engine.test_fp8_checkpoint import reference_model  # noqa: E402

@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from tests.launch._helpers import make_spec, serve_and_generate  # noqa: E402
 
 PROMPT_LENGTHS = (2, 9, 17, 30)
@@ -41,7 +42,7 @@ def test_mtp_draft_kv_streams_as_fp8_and_keeps_the_greedy_tokens():
     """With MTP the prefill unit fills the MTP layer's KV in the same fp8 pool and streams it as one
     more layer; decode drafts from it and gives the plain fp8 engine's greedy tokens."""
     from disaggsdk.engine.tokenizer import load_tokenizer
-    from disaggsdk.spec.types import Speculative
+    from disaggsdk.spec.engine_settings import Speculative
 
     model = "deepseek-r1-tiny"
     prompts = [load_tokenizer(model).encode(p) for p in ("def fib(n):", "class Stack:\n    def __init__(self):",

@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
 from tests.conftest import ROOT
 from tests.declared_skips import gpu_present
 from tests.launch._helpers import live_descendants

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("llguidance")
 
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.engine.structured.output import StructuredOutput
 from disaggsdk.launch import messages as ch
 from disaggsdk.launch.unit_process.grammar_admission import GrammarAdmission

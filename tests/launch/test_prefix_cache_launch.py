@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.multi_turn_prompts import conversations as multi_turn  # noqa: E402
@@ -107,7 +108,7 @@ def test_mtp_drafting_with_prefix_caching_across_prefill_and_decode():
     """DeepSeek's MTP layer: the prefill unit streams its KV as one more layer, both sides key pages
     one token further (the MTP KV at a page's end read the next token); drafts are accepted and the
     tokens equal plain uncached decoding."""
-    from disaggsdk.spec.types import Speculative
+    from disaggsdk.spec.engine_settings import Speculative
 
     convs = conversations()
     prompts = [p for k in range(3) for p in (c[k] for c in convs)]
@@ -127,7 +128,7 @@ def test_short_suffixes_prefilled_on_decode_give_the_same_tokens(model):
     tokens after decode's cached history are few, are prefilled on the decode unit with no transfer;
     first turns still go to the prefill unit; tokens equal plain uncached decoding (with MTP drafting
     on DeepSeek, drafts accepted)."""
-    from disaggsdk.spec.types import Speculative
+    from disaggsdk.spec.engine_settings import Speculative
 
     convs = conversations()
     prompts = [p for k in range(3) for p in (c[k] for c in convs)]

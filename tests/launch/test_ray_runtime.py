@@ -16,8 +16,9 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.launch import LaunchError  # noqa: E402
 from disaggsdk.launch.launcher.supervisor import start_ray_runtime  # noqa: E402
 from disaggsdk.serve.routing.router import Router  # noqa: E402

@@ -120,7 +120,7 @@ def test_a_served_requests_spans_come_back_by_its_id_in_process_and_over_http_an
 
 
 def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypatch):
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.launch import messages as ch
     from disaggsdk.launch.launcher.supervisor import start_local_runtime
     from disaggsdk.serve.routing.router import Router
@@ -146,7 +146,7 @@ def test_without_an_exporter_nothing_is_traced_and_units_send_no_spans(monkeypat
 
 
 def test_without_streaming_each_chunks_transfers_follow_its_forward_pass():
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.serve.backends.local import serve_locally
 
     exporter = InMemorySpanExporter()

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
 from disaggsdk.serve.moves.rebalance import plan_changes, rebalance  # noqa: E402
 from disaggsdk.serve.moves.request_moves import MoveError  # noqa: E402
@@ -98,7 +98,8 @@ def test_the_autoscale_policy_turns_a_decode_unit_when_first_tokens_miss(tmp_pat
 
     import httpx
 
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
     from disaggsdk.face.cluster import Cluster
 
     monkeypatch.setenv("DISAGGSDK_HOME", str(tmp_path))  # no calibrated profile here: decisions say so, and apply

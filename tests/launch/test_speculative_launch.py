@@ -10,13 +10,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 from disaggsdk.plan import make_plan  # noqa: E402
 from disaggsdk.plan.writes import expected_writes  # noqa: E402
 from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
-from disaggsdk.spec.types import Speculative  # noqa: E402
+from disaggsdk.spec.engine_settings import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 
 PROMPTS = ["def fib(n):", "class Stack:\n    def __init__(self):", "import os\nimport sys\n\n",

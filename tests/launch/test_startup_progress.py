@@ -118,7 +118,7 @@ def test_access_log_flag_sets_the_spec_key(run_cli):
 
 
 def test_serve_model_logs_requests_of_its_one_engine():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     access = _Lines()

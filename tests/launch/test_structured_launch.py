@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from disaggsdk.face.deployment import launch  # noqa: E402
-from disaggsdk.spec.types import Speculative  # noqa: E402
+from disaggsdk.spec.engine_settings import Speculative  # noqa: E402
 from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
 from tests.serve.test_tool_calls import TOOLS  # noqa: E402
 from tests.structured_schemas import random_schemas  # noqa: E402

@@ -13,8 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.serve.backends.local import serve_locally
 from tests.conftest import ROOT, start_cli_server
 from tests.launch._helpers import child_pids, make_spec

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.report.ttft_phases import PHASES
 from disaggsdk.serve.backends.local import serve_locally
 from tests.launch._helpers import live_descendants, make_spec

@@ -29,7 +29,7 @@ pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.structured.output import StructuredOutput  # noqa: E402
 from disaggsdk.face.deployment import launch  # noqa: E402
 from disaggsdk.launch import messages as ch  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.serve.backends.local import serve_locally
 from tests.fault_injection import build_freeze_shim, freeze_then_kill, preload_env
 from tests.launch._helpers import live_descendants, make_spec

@@ -13,8 +13,9 @@ import pytest
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes, pack_context
-from disaggsdk.messenger.decode_side import DRAIN_GRACE_S, DecodeMessenger
+from disaggsdk.messenger.decode_side import DecodeMessenger
 from disaggsdk.messenger.grant_keys import page_runs
+from disaggsdk.messenger.handoff import DRAIN_GRACE_S
 from disaggsdk.messenger.page_digest import PageDigest, add_granted_pages, attempt_key
 from disaggsdk.messenger.write_plan import PoolGeometry
 from disaggsdk.plan import make_plan

@@ -12,7 +12,8 @@ import pytest
 
 from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes, pack_context
-from disaggsdk.messenger.decode_side import DRAIN_GRACE_S, DecodeMessenger
+from disaggsdk.messenger.decode_side import DecodeMessenger
+from disaggsdk.messenger.handoff import DRAIN_GRACE_S
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.plan import make_plan
 from tests.messenger._engine_pages import EnginePages

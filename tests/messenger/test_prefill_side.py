@@ -17,7 +17,8 @@ from disaggsdk.messenger import protocol as pr
 from disaggsdk.messenger.context import context_bytes
 from disaggsdk.messenger.decode_side import DecodeMessenger
 from disaggsdk.messenger.peers import UnitInfo
-from disaggsdk.messenger.prefill_side import ContextStaging, PrefillMessenger
+from disaggsdk.messenger.prefill_job import ContextStaging
+from disaggsdk.messenger.prefill_side import PrefillMessenger
 from disaggsdk.plan import expected_writes, make_plan
 from disaggsdk.transfer import RegionDescriptor
 from tests.messenger._engine_pages import EnginePages
@@ -185,7 +186,7 @@ def test_a_prompt_cached_whole_on_decode_needs_no_prefill(pair):
 
 
 def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair):
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     dm, _, _, d_transfer, _ = pair
     prompt = list(range(2, 2 + 2 * PAGE_SIZE + 1))
@@ -199,7 +200,7 @@ def test_a_prompt_to_score_goes_to_prefill_whole_even_when_decode_holds_it(pair)
 def test_a_short_suffix_after_a_cached_history_is_prefilled_on_decode(pair):
     """Conditional disaggregation: a prompt with few tokens missing from decode's cache never
     leaves the unit; a longer one, or a prompt to score (a prefill unit scores it whole), goes out."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     dm, _, _, d_transfer, _ = pair
     dm.prefill_choice.max_local_prefill_tokens = PAGE_SIZE

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from disaggsdk.models import ModelArch
-from disaggsdk.spec.types import KV, Hardware, Role, Spec
+from disaggsdk.spec.kv import KV
+from disaggsdk.spec.topology import Hardware, Role
+from disaggsdk.spec.types import Spec
 
 
 def tiny_arch(

@@ -9,7 +9,7 @@ SERVED_MODEL = "qwen3-coder-tiny"
 
 @pytest.fixture(scope="module")
 def deployment():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     d = serve_model(SERVED_MODEL, EngineConfig(num_pages=256, max_num_seqs=16), port=0)

@@ -17,7 +17,7 @@ def our_threads() -> set[str]:
 
 
 def test_deployment_context_manager_leaves_nothing_running():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), port=0) as d:
@@ -39,7 +39,7 @@ def test_deployment_context_manager_leaves_nothing_running():
 def test_bench_takes_request_rate_as_the_cli_names_it_and_prints_its_table():
     """``request_rate`` is ``--request-rate``'s (and vLLM's) name; ``qps`` still works, with a
     DeprecationWarning; the result is vLLM's dict and prints as the table ``disaggsdk bench`` prints."""
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), port=0) as d:
@@ -85,7 +85,7 @@ def test_serve_command_serves_until_sigterm_and_exits_cleanly():
 
 
 def test_requests_to_a_stopped_backend_get_503_and_health_says_down():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=16), port=0) as d:
@@ -98,7 +98,7 @@ def test_requests_to_a_stopped_backend_get_503_and_health_says_down():
 
 def test_max_model_len_caps_requests_at_the_edge():
     """`serve --max-model-len` (EngineConfig.max_model_len) is what /v1/models lists and the edge refuses beyond."""
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64, max_model_len=256), port=0) as d:

@@ -176,7 +176,7 @@ def test_heads_sent_slowly_are_closed_without_a_5xx_while_requests_are_served():
     import time
     from urllib.parse import urlsplit
 
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
     from disaggsdk.serve.http.http_limits import HttpLimits
     from tests.serve.conftest import SERVED_MODEL

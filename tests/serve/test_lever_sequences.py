@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.face.deployment import launch
 from tests.launch._helpers import make_spec
 

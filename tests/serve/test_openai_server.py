@@ -176,7 +176,7 @@ def test_client_disconnect_aborts_the_request(deployment):
 
 
 def test_api_key_is_enforced_when_set():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model(SERVED_MODEL, EngineConfig(num_pages=64), port=0, api_key="s3cret",

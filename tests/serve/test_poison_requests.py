@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.serve.routing.poison_requests import PoisonRequests, fingerprint
 
 

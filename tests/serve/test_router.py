@@ -180,7 +180,7 @@ def test_a_request_two_units_died_holding_is_never_sent_again_nor_one_like_it(fa
     """The probe's poison (issue 33): a request that takes down the unit it waits on, then the one it
     moved to, ends with an error that says why; it is not sent a third time, and an identical
     request under another id is refused before any unit sees it. A different request still goes."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.serve.routing.poison_requests import RefusedRequestError
 
     rt, router = fake
@@ -302,7 +302,7 @@ def test_a_request_on_an_unreachable_unit_with_nowhere_to_move_ends_with_a_retry
 def test_one_client_cannot_keep_spending_restarts_with_ever_new_poison(fake):
     """A client that varies its poison (issue 33): its first poison request costs two unit deaths, the
     next one a single death (never moved), then its requests are refused; other clients are served."""
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.serve.routing.poison_requests import RefusedRequestError
 
     rt, router = fake

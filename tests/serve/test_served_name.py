@@ -12,7 +12,7 @@ from disaggsdk.spec import parse_spec_yaml
 
 
 def test_the_served_name_is_what_clients_use():
-    from disaggsdk.engine.llm_engine import EngineConfig
+    from disaggsdk.engine.config import EngineConfig
     from disaggsdk.face.deployment import serve_model
 
     with serve_model("qwen3-coder-tiny", EngineConfig(num_pages=64), served_model_name="acme/coder") as d:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig
+from disaggsdk.engine.config import EngineConfig
 from disaggsdk.engine.speculative.config import SpeculativeConfig
 from disaggsdk.face.deployment import serve_model
 from tests.serve.test_openai_server import families

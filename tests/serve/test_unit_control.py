@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("torch")
 
 from disaggsdk.cli.main import main
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-from disaggsdk.engine.sampling import SamplingParams
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
 from disaggsdk.face.cluster import Cluster
 from disaggsdk.serve.moves.request_moves import MoveError
 from tests.launch._helpers import make_spec

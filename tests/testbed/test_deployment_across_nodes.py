@@ -146,8 +146,9 @@ def _wait_ready(proc: subprocess.Popen[str], lines: list[str]) -> str:
 def test_prefill_and_decode_in_different_nodes_send_kv_over_the_link(testbed):
     pytest.importorskip("ray")
     pytest.importorskip("openai")
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.spec import spec_to_yaml
     from tests.launch._helpers import make_spec
 

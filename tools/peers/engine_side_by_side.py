@@ -37,8 +37,9 @@ def run_ours(model_dir: str, dtype: str, threads: int) -> tuple[list[float], lis
     import torch
 
     torch.set_num_threads(threads)
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     ps = prompts()
     config = EngineConfig(page_size=16, num_pages=16 * 13 + 16, max_num_batched_tokens=2048, dtype=dtype,

@@ -110,8 +110,9 @@ def profile_ours(model_dir: str, args: argparse.Namespace) -> tuple[list[float],
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(args.threads)
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     # compiled, as a unit runs it (and only the compiled step calls attention as the graph op the split names)
     config = EngineConfig(page_size=16, num_pages=args.tokens // 16 + 16, max_num_batched_tokens=max(2048, args.tokens),

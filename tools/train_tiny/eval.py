@@ -49,8 +49,9 @@ def mtp_agreement(model, mtp, stream: torch.Tensor, seq_len: int) -> dict[str, f
 
 def engine_tokens_per_s(model: str, prompts: list[list[int]], max_tokens: int) -> float:
     """Output tokens/s of our engine generating greedily for ``prompts`` (one batch, float32)."""
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     with LLMEngine(model, EngineConfig(num_pages=512)) as engine:
         engine.generate(prompts[:1], SamplingParams(max_tokens=2))  # first-call costs out of the timing
@@ -62,8 +63,9 @@ def engine_tokens_per_s(model: str, prompts: list[list[int]], max_tokens: int) -
 
 def sample_completion(model: str, max_tokens: int = 48) -> str:
     """Our engine's greedy completion of `SAMPLE_PROMPT`."""
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
     from disaggsdk.engine.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)

@@ -106,8 +106,9 @@ def test_a_bfloat16_model_packs_its_weights_and_decodes_as_with_f_linear(model, 
 def test_a_bfloat16_engine_generates_the_tokens_of_f_linear_and_calls_the_kernel(monkeypatch):
     """Eager steps (a compiled step may fuse a residual add into oneDNN's matmul, a second rounding
     fewer, so its bfloat16 tokens can differ from eager PyTorch's either way)."""
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     config = EngineConfig(page_size=16, num_pages=64, dtype="bfloat16", compile=False)
     prompts = [[5 + i, 17, 3 * i + 1, 40, 9] for i in range(6)]

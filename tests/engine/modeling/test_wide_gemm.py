@@ -8,9 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from disaggsdk.engine.config import EngineConfig  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
 from disaggsdk.engine.modeling.layers import skinny, wide_gemm  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not wide_gemm.onednn_available(), reason="torch has no oneDNN (mkldnn) here")
 

@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.llm_engine import EngineConfig, EngineError, LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.config import EngineConfig, EngineError  # noqa: E402
+from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.config import SpeculativeConfig, SpeculativeConfigError  # noqa: E402
 from disaggsdk.engine.tokenizer import load_tokenizer  # noqa: E402
 

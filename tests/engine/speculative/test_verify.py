@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disaggsdk.engine.sampling import SamplingParams  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.speculative.stats import SpecStats  # noqa: E402
 from disaggsdk.engine.speculative.verify import verify_drafts  # noqa: E402
 

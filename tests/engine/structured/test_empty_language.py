@@ -42,8 +42,9 @@ def test_a_constraint_only_the_empty_text_or_anything_matches_is_admitted(output
 
 def test_a_grammar_that_dead_ends_after_a_token_ends_with_an_error_not_stop():
     pytest.importorskip("torch")
-    from disaggsdk.engine.llm_engine import EngineConfig, LLMEngine
-    from disaggsdk.engine.sampling import SamplingParams
+    from disaggsdk.engine.config import EngineConfig
+    from disaggsdk.engine.llm_engine import LLMEngine
+    from disaggsdk.engine.sampling_params import SamplingParams
 
     dead_end = StructuredOutput("grammar", 'start: "a" b\nb: b "x"')  # "a", then a rule that never ends
     grammar.check_structured(MODEL, dead_end)  # its first mask allows "a": admitted
