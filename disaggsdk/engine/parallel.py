@@ -44,17 +44,6 @@ class TensorParallel:
             dist.all_reduce(x, group=self.group)
         return x
 
-    def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate each rank's ``x`` along the last dimension, in rank order."""
-        if self.size == 1:
-            return x
-        import torch
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
-
     def token_rows(self, num_tokens: int) -> tuple[int, int]:
         """The [start, stop) of the rows this rank dispatches to the experts when tokens are
         replicated over the tp ranks (each sends a share, so no pair is sent twice); shares

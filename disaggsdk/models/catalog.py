@@ -60,6 +60,11 @@ _QWEN3_CODER: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+# the quantization_config of the block-FP8 checkpoints below (128x128 weight blocks), one dict for all:
+# `catalog_config` hands out deep copies, so no caller edits it
+_BLOCK_FP8: dict[str, Any] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                              "weight_block_size": [128, 128]}
+
 # Qwen3-32B, dense GQA: Qwen/Qwen3-32B's config.json (bfloat16). Qwen publishes it as "-FP8" too
 # (Qwen/Qwen3-32B-FP8: block FP8 128x128, the same config plus its quantization_config), the checkpoint
 # NVIDIA's Dynamo tuning guide serves (docs/published.md).
@@ -92,14 +97,12 @@ CATALOG: dict[str, dict[str, Any]] = {
     "qwen3-coder": _QWEN3_CODER,
     "qwen3-coder-fp8": {
         **_QWEN3_CODER,
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "weight_block_size": [128, 128]},
+        "quantization_config": _BLOCK_FP8,
     },
     "qwen3-32b": _QWEN3_32B,
     "qwen3-32b-fp8": {
         **_QWEN3_32B,
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "weight_block_size": [128, 128]},
+        "quantization_config": _BLOCK_FP8,
     },
     "deepseek-r1": {
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -145,8 +148,7 @@ CATALOG: dict[str, dict[str, Any]] = {
         "bos_token_id": 0,
         "eos_token_id": 1,
         # DeepSeek ships R1 only in block FP8 (its norms, embeddings, router and head in bfloat16)
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "weight_block_size": [128, 128]},
+        "quantization_config": _BLOCK_FP8,
     },
     "qwen3-tiny": {
         **_TINY_COMMON,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from disaggsdk.sim.published import (
 )
 from disaggsdk.sim.runner import default_profile_name, run_simulations
 from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype, gpu_kernel_costs
+from disaggsdk.sim.tune import highest_rate
 from disaggsdk.sim.workload import SimRequest, Workload
 from disaggsdk.spec import Spec, load_spec
 
@@ -260,7 +260,8 @@ def _search_slos(case: PublishedCase, search: SloSearch, spec: Spec, baseline: S
         sla = figure.measure
         per_gpu, words = {}, []
         for layout, (layout_spec, _) in layouts.items():
-            rate = _highest_rate(functools.partial(_meets_sla, summary, layout, sla), search)
+            rate = highest_rate(functools.partial(_meets_sla, summary, layout, sla), search.start_rate, MAX_SEARCH_RATE,
+                                search.bisections)
             gpus = layout_spec.prefill.replicas * layout_spec.prefill.ranks_per_instance \
                 + layout_spec.decode.replicas * layout_spec.decode.ranks_per_instance
             if rate == 0.0:
@@ -283,21 +284,3 @@ def _meets_sla(summary: Callable[[str, float], dict[str, Any]], layout: str, sla
     run = summary(layout, rate)
     return run["failed"] == 0 and run["mean_ttft_ms"] <= sla.ttft_ms and run["mean_tpot_ms"] <= sla.tpot_ms
 
-
-def _highest_rate(ok: Callable[[float], bool], search: SloSearch) -> float:
-    """The highest rate ``ok`` accepts: doubling from ``search.start_rate`` (halving, down to an eighth of it, if
-    that fails), then ``search.bisections`` geometric bisections; 0 when none is accepted."""
-    low = search.start_rate
-    while not ok(low):
-        low /= 2
-        if low < search.start_rate / 8:
-            return 0.0
-    high = low * 2
-    while high <= MAX_SEARCH_RATE and ok(high):
-        low, high = high, high * 2
-    if high > MAX_SEARCH_RATE:
-        return low
-    for _ in range(search.bisections):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return low

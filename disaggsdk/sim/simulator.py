@@ -344,8 +344,3 @@ class Simulation:
         tpot_ms = (record.finish_s - record.first_token_s) * 1e3 / (r.output_len - 1) if r.output_len > 1 else None
         return meets_slos((record.first_token_s - r.arrival_s) * 1e3, tpot_ms, (record.finish_s - r.arrival_s) * 1e3,
                           slos_ms)
-
-
-def simulate(spec: Spec, requests: list[SimRequest], config: SimConfig) -> dict[str, Any]:
-    """Simulate ``spec`` serving ``requests``; see `Simulation`."""
-    return Simulation(spec, config).run(requests)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -100,6 +101,26 @@ def _meets(summary: dict[str, Any], slos: dict[str, float]) -> bool:
     return summary["failed"] == 0 and all(summary[k] <= v for k, v in slos.items())
 
 
+def highest_rate(ok: Callable[[float], bool], start_rate: float, max_rate: float, bisections: int) -> float:
+    """The highest rate ``ok`` accepts: doubling from ``start_rate`` (halving, down to an eighth of it, if
+    that fails) while at most ``max_rate``, then ``bisections`` geometric bisections of the bracket;
+    0 when none is accepted."""
+    low = start_rate
+    while not ok(low):
+        low /= 2
+        if low < start_rate / 8:
+            return 0.0
+    high = low * 2
+    while high <= max_rate and ok(high):
+        low, high = high, high * 2
+    if high > max_rate:
+        return low
+    for _ in range(bisections):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low
+
+
 def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, float], workload: Workload,
              start_qps: float = 0.5, max_qps: float = 64.0, bisections: int = 4) -> float:
     """Highest request rate whose SLOs hold (0 if even ``start_qps / 8`` fails).
@@ -114,20 +135,7 @@ def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, flo
         reqs = attrs.evolve(workload, qps=rate).requests()
         return bool(reqs) and _meets(Simulation(spec, config).run(reqs), slos)
 
-    lo = start_qps
-    while not ok(lo):
-        lo /= 2
-        if lo < start_qps / 8:
-            return 0.0
-    hi = lo * 2
-    while hi <= max_qps and ok(hi):
-        lo, hi = hi, hi * 2
-    if hi > max_qps:
-        return lo
-    for _ in range(bisections):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+    return highest_rate(ok, start_qps, max_qps, bisections)
 
 
 def _plannable(cand: Candidate, units: int) -> bool:

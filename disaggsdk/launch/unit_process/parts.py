@@ -1,7 +1,7 @@
 """Assembling one unit: its engine and, unless colocated, its KV pools, transfer engine and messenger.
 
-One function per role (`assemble_mixed`, `assemble_prefill`, `assemble_decode`); the unit's loop
-(`launch.unit_process.unit`) only sees the resulting `UnitParts`, whose three role-specific methods say what a
+One function for a colocated unit (`assemble_mixed`), one for prefill and decode (`assemble_disaggregated`);
+the unit's loop (`launch.unit_process.unit`) only sees the resulting `UnitParts`, whose three role-specific methods say what a
 request, an abort and a finished step mean for that role. Nothing here blocks on other units.
 """
 
@@ -235,7 +235,7 @@ def unit_info(args: UnitArgs, address: bytes = b"", pools: list[bytes] | None = 
 
 def assemble(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
     """The parts of the unit ``args`` describes; ``on_compile``: see `LLMEngine`."""
-    return {"mixed": assemble_mixed, "prefill": assemble_prefill, "decode": assemble_decode}[args.role](
+    return {"mixed": assemble_mixed, "prefill": assemble_disaggregated, "decode": assemble_disaggregated}[args.role](
         args, spec, plan, on_compile)
 
 
@@ -254,28 +254,16 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan,
     return UnitParts(engine, unit_info(args))
 
 
-def assemble_prefill(args: UnitArgs, spec: Spec, plan: Plan,
-                     on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
-    """A prefill unit: pools, transfer engine, and the prefill side of the messenger."""
+def assemble_disaggregated(args: UnitArgs, spec: Spec, plan: Plan,
+                           on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
+    """A prefill or decode unit: pools, transfer engine, and its role's side of the messenger."""
     kv = _kv_unit(args, spec, plan, on_compile)
     try:
-        messenger = kv.prefill_messenger(args, spec, plan)
+        messenger: Messenger = (kv.prefill_messenger if args.role == "prefill" else kv.decode_messenger)(args, spec, plan)
     except BaseException:
         kv.close()
         raise
-    return kv.parts(PrefillParts, messenger)
-
-
-def assemble_decode(args: UnitArgs, spec: Spec, plan: Plan,
-                    on_compile: Callable[[CompileProgress], None] | None = None) -> UnitParts:
-    """A decode unit: pools, transfer engine, and the decode side of the messenger."""
-    kv = _kv_unit(args, spec, plan, on_compile)
-    try:
-        messenger = kv.decode_messenger(args, spec, plan)
-    except BaseException:
-        kv.close()
-        raise
-    return kv.parts(DecodeParts, messenger)
+    return kv.parts(PrefillParts if args.role == "prefill" else DecodeParts, messenger)
 
 
 def kv_domain(args: UnitArgs) -> str | None:
