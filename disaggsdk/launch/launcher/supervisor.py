@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
-from typing import Any
+from typing import Protocol, TypedDict, Unpack
 
 import msgspec
 
@@ -31,6 +31,7 @@ from disaggsdk.launch.base import (
     Launcher,
     LaunchError,
     MessageListener,
+    Runtime,
     UnitCannotRun,
     UnitDown,
     UnitHandle,
@@ -121,7 +122,29 @@ def start_ray_runtime(spec: Spec, address: str | None = None, tiny: bool = False
     return runtime
 
 
-def start_runtime(spec: Spec, **options: Any) -> Supervisor:
+class RuntimeOptions(TypedDict, total=False):
+    """The keywords `start_local_runtime` and `start_ray_runtime` share (see `Supervisor`)."""
+
+    tiny: bool
+    colocated: bool
+    cpu_affinity: CpuAffinity
+    log_dir: str | None
+    provider: str | None
+    start_timeout_s: float
+    on_event: Callable[[str], None] | None
+    on_progress: Callable[[str], None] | None
+    secret: bytes | None
+    max_restarts: int
+    restart_window_s: float
+
+
+class StartRuntime(Protocol):
+    """A way to start a spec's units: `start_local_runtime`, `start_runtime`, or a test's own."""
+
+    def __call__(self, spec: Spec, **options: Unpack[RuntimeOptions]) -> Runtime: ...
+
+
+def start_runtime(spec: Spec, **options: Unpack[RuntimeOptions]) -> Supervisor:
     """The runtime ``spec.launch.backend`` names, started: `start_ray_runtime` at ``spec.launch.address``
     for ``ray``, else `start_local_runtime`.
 

@@ -5,33 +5,15 @@ spec's ``$.launch.backend``: what `disaggsdk launch`, `disaggsdk generate --spec
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from disaggsdk.serve.routing.router import Router
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from disaggsdk.launch.base import Runtime
-    from disaggsdk.launch.launcher.units import CpuAffinity
+    from disaggsdk.launch.launcher.supervisor import RuntimeOptions, StartRuntime
     from disaggsdk.spec import Spec
-
-
-class RuntimeOptions(TypedDict, total=False):
-    """The keywords `start_local_runtime` and `start_ray_runtime` share (see `launch.launcher.supervisor.Supervisor`)."""
-
-    tiny: bool
-    colocated: bool
-    cpu_affinity: CpuAffinity
-    log_dir: str | None
-    provider: str | None
-    start_timeout_s: float
-    on_event: Callable[[str], None] | None
-    on_progress: Callable[[str], None] | None
-    secret: bytes | None
-    max_restarts: int
-    restart_window_s: float
 
 
 def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
@@ -57,7 +39,7 @@ def serve_locally(spec: Spec, span_exporter: SpanExporter | None = None,
     return serve_runtime(spec, start_local_runtime, span_exporter, **runtime_options)
 
 
-def serve_runtime(spec: Spec, start: Callable[..., Runtime], span_exporter: SpanExporter | None = None,
+def serve_runtime(spec: Spec, start: StartRuntime, span_exporter: SpanExporter | None = None,
                   **runtime_options: Unpack[RuntimeOptions]) -> Router:
     """Route requests to the units ``start(spec, **runtime_options)`` starts, tracing them as
     ``spec.serve`` (or ``span_exporter``) says; the tracing is checked before any unit starts.
