@@ -1,17 +1,18 @@
 """Discrete-event simulation of a deployment under a workload, disaggregated or colocated.
 
-Events are arrivals, step completions and KV transfers landing. The router sends each request to
-the decode (or, colocated, mixed) instance with the fewest outstanding requests and, when
-disaggregated, to the prefill instance with the fewest outstanding prompt tokens; with conditional
-disaggregation (`$.transfer.max_local_prefill_tokens`) a short prompt stays on its decode instance. The
-output has the field names of `disaggsdk bench` (vLLM's), plus per-instance utilisation, and SLO
-attainment where the config names SLOs.
+Events are arrivals (a workload's, or in a closed loop a client's once its last request finished), step
+completions and KV transfers landing. The router sends each request to the decode (or, colocated, mixed)
+instance with the fewest outstanding requests and, disaggregated, to the prefill instance with the fewest
+outstanding prompt tokens; with conditional disaggregation (`$.transfer.max_local_prefill_tokens`) a short
+prompt stays on its decode instance. The output has `disaggsdk bench`'s (vLLM's) field names, plus
+per-instance utilisation, and SLO attainment where the config names SLOs.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # pyarrow and numpy stay out until a GPU simulation reads its
     from disaggsdk.sim.layered_kernels import LayeredKernels
 from disaggsdk.sim.shared_cores import SharedCores
 from disaggsdk.sim.step_batch import StepCost
-from disaggsdk.sim.workload import SimRequest
+from disaggsdk.sim.workload import ClosedLoop, SimRequest
 from disaggsdk.spec import Spec
 
 
@@ -107,6 +108,8 @@ class Simulation:
         self._front = FrontEnd(self._cores, self._reschedule_shared) if self._cores is not None else None
         self._steps_in_flight: dict[str, tuple[list, float]] = {}  # shared cores: name -> (chunks, start_s)
         self._seq = itertools.count()
+        self._unsent: deque[SimRequest] = deque()  # closed loop: requests no client has sent yet
+        self._sent: list[RequestRecord] = []  # closed loop: every request sent so far
         self._decode_of: dict[int, SimInstance] = {}
         self._prefill_of: dict[int, SimInstance] = {}
         self.prefill: list[SimInstance] = []
@@ -187,6 +190,8 @@ class Simulation:
         tokens = inst.finish_step(chunks, now_s - start_s, now_s)
         if self._front is not None and tokens.num_tokens:
             self._deliver(tokens, now_s)
+        elif self._front is None:
+            self._clients_received(tokens.finished, now_s)
         self._kick(inst, now_s)
         if self._cores is not None and not inst.busy:
             self._reschedule_shared(now_s)  # it went idle: the background changed
@@ -228,6 +233,7 @@ class Simulation:
                 record.first_token_s = at_s
             for record in tokens.finished:
                 record.finish_s = at_s
+            self._clients_received(tokens.finished, at_s)
         assert self._front is not None, "tokens pass a front end only where one is simulated"
         self._front.submit(hops, delivered, now_s)
 
@@ -238,6 +244,18 @@ class Simulation:
             hops.insert(0, ("client", p.client_cpu_ms_per_request * 1e-3))
         assert self._front is not None, "requests pass a front end only where one is simulated"
         self._front.submit(hops, lambda at_s: self._after_front_end(at_s, record), now_s)
+
+    # closed loop: a client whose request finished sends its next one
+    def _clients_received(self, finished: list[RequestRecord], now_s: float) -> None:
+        for record in finished:
+            if not self._unsent:
+                return
+            request = attrs.evolve(self._unsent.popleft(), arrival_s=now_s, client_id=record.request.client_id)
+            self._send(RequestRecord(request), now_s)
+
+    def _send(self, record: RequestRecord, now_s: float) -> None:
+        self._sent.append(record)
+        self._push(now_s, self._arrive, record)
 
     def _arrive(self, now_s: float, record: RequestRecord) -> None:
         if self._front is not None:
@@ -287,16 +305,38 @@ class Simulation:
         decode.admit_decode(record)
         self._kick(decode, now_s)
 
+    @property
+    def requests_sent(self) -> list[RequestRecord]:
+        """Every request sent so far, in the order sent, with the times it saw (after `run`: all of them)."""
+        return list(self._sent)
+
     # run
-    def run(self, requests: list[SimRequest]) -> dict[str, Any]:
-        """Simulate until every request finished; return the bench-compatible summary."""
-        records = [RequestRecord(r) for r in requests]
-        for rec in records:
-            self._push(rec.request.arrival_s, self._arrive, rec)
+    def run(self, workload: list[SimRequest] | ClosedLoop) -> dict[str, Any]:
+        """Simulate until every request finished; return the bench-compatible summary.
+
+        Args:
+            workload: requests arriving at their ``arrival_s`` (open loop), or a `ClosedLoop` of clients that
+                send at time 0 and then each time their previous request finished; its summary also has
+                ``max_concurrency`` (the clients, as `disaggsdk bench` reports its ``--max-concurrency``).
+        Raises:
+            WorkloadError: a closed loop that cannot be drawn (`ClosedLoop.requests`).
+        """
+        if isinstance(workload, ClosedLoop):
+            requests = workload.requests()
+            self._unsent.extend(requests[workload.concurrency:])
+            for request in requests[:workload.concurrency]:
+                self._send(RequestRecord(request), 0.0)
+        else:
+            for request in workload:
+                self._send(RequestRecord(request), request.arrival_s)
         while self._events:
             time_s, _, handler, args = heapq.heappop(self._events)
             handler(time_s, *args)
-        return self._summary(records)
+        assert not self._unsent, "every client's request finished, so every request was sent"
+        summary = self._summary(self._sent)
+        if isinstance(workload, ClosedLoop):
+            summary["max_concurrency"] = workload.concurrency
+        return summary
 
     def _summary(self, records: list[RequestRecord]) -> dict[str, Any]:
         pct = self.config.percentiles

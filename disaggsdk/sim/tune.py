@@ -121,6 +121,29 @@ def highest_rate(ok: Callable[[float], bool], start_rate: float, max_rate: float
     return low
 
 
+def highest_count(ok: Callable[[int], bool], start: int, maximum: int) -> int:
+    """The highest count ``ok`` accepts, for an ``ok`` that holds up to some count and fails above it: doubling
+    from ``start`` while at most ``maximum``, then bisecting the bracket to the exact count; 0 when ``start``
+    fails (``maximum`` when every count tried holds).
+
+    Raises:
+        ValueError: ``start`` below 1 or above ``maximum``.
+    """
+    if not 1 <= start <= maximum:
+        raise ValueError(f"highest_count needs 1 <= start <= maximum, got start {start}, maximum {maximum}")
+    if not ok(start):
+        return 0
+    low, high = start, min(2 * start, maximum)
+    while high > low and ok(high):
+        low, high = high, min(2 * high, maximum)
+    if high == low:  # every count up to the maximum held
+        return low
+    while high - low > 1:  # ok(low) holds, ok(high) fails
+        mid = (low + high) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low
+
+
 def max_rate(spec: Spec, config: SimConfig, colocated: bool, slos: dict[str, float], workload: Workload,
              start_qps: float = 0.5, max_qps: float = 64.0, bisections: int = 4) -> float:
     """Highest request rate whose SLOs hold (0 if even ``start_qps / 8`` fails).

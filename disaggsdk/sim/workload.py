@@ -1,4 +1,5 @@
-"""Simulated traffic: arrival times and prompt/output lengths, from a distribution or a trace."""
+"""Simulated traffic: arrival times and prompt/output lengths, from a distribution or a trace (open loop), or
+clients that each send their next request when their previous one finished (closed loop)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class SimRequest:
     arrival_s: float
     input_len: int
     output_len: int
+    client_id: int | None = None  # the closed-loop client that sent it (`ClosedLoop`); None: open-loop arrivals
 
 
 @attrs.frozen
@@ -59,12 +61,50 @@ class Workload:
             t += rng.gammavariate(shape, scale)
             if t >= self.duration_s:
                 return out
-            out.append(SimRequest(i, t, self._length(rng, self.input_len, 2), self._length(rng, self.output_len, 1)))
+            out.append(SimRequest(i, t, _length(rng, self.input_len, self.range_ratio, 2),
+                                  _length(rng, self.output_len, self.range_ratio, 1)))
             i += 1
 
-    def _length(self, rng: random.Random, mean: int, minimum: int) -> int:
-        lo, hi = int(mean * (1 - self.range_ratio)), int(mean * (1 + self.range_ratio))
-        return max(minimum, rng.randint(lo, hi) if hi > lo else mean)
+
+def _length(rng: random.Random, mean: int, range_ratio: float, minimum: int) -> int:
+    """A length uniform in ``[mean * (1 - range_ratio), mean * (1 + range_ratio)]``, at least ``minimum``."""
+    lo, hi = int(mean * (1 - range_ratio)), int(mean * (1 + range_ratio))
+    return max(minimum, rng.randint(lo, hi) if hi > lo else mean)
+
+
+@attrs.frozen
+class ClosedLoop:
+    """``concurrency`` clients, each sending its next request the moment its previous one finished (its last token
+    reached the client), until ``num_requests`` have been sent: AIPerf's ``--concurrency`` with ``--request-count``,
+    or ``disaggsdk bench --max-concurrency`` with every request due at once. All clients send their first request at
+    time 0 to an idle deployment (AIPerf starts its profiling phase once its warm-up requests have all finished).
+
+    Lengths are drawn as `Workload`'s are; the simulator (`simulator.Simulation.run`) sets each request's
+    ``arrival_s`` when its client sends it.
+    """
+
+    concurrency: int
+    num_requests: int
+    input_len: int = 2048
+    output_len: int = 256
+    range_ratio: float = 0.0
+    seed: int = 0
+
+    def requests(self) -> list[SimRequest]:
+        """The requests in the order they are sent, each with its client (request ``i`` of the first
+        ``concurrency`` is client ``i``'s first; the rest go to whichever client is free first, so their
+        ``client_id`` is None here and set when sent) and ``arrival_s`` 0.
+
+        Raises:
+            WorkloadError: concurrency or request count below 1, or lengths below what a request needs.
+        """
+        if self.concurrency < 1 or self.num_requests < 1 or self.input_len < 2 or self.output_len < 1:
+            raise WorkloadError(f"a closed loop needs concurrency >= 1, num_requests >= 1, input_len >= 2 and "
+                                f"output_len >= 1; got {self}")
+        rng = random.Random(self.seed)
+        return [SimRequest(i, 0.0, _length(rng, self.input_len, self.range_ratio, 2),
+                           _length(rng, self.output_len, self.range_ratio, 1), i if i < self.concurrency else None)
+                for i in range(self.num_requests)]
 
 
 def load_trace(path: str | Path) -> list[SimRequest]:

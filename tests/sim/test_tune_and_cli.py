@@ -10,7 +10,7 @@ from disaggsdk.models import resolve_model
 from disaggsdk.plan.memory import spec_memory_problems
 from disaggsdk.sim.hardware import load_profile
 from disaggsdk.sim.simulator import SimConfig
-from disaggsdk.sim.tune import candidate_units, max_rate, parse_slos, tune
+from disaggsdk.sim.tune import candidate_units, highest_count, max_rate, parse_slos, tune
 from disaggsdk.sim.workload import Workload
 from disaggsdk.spec import EngineSettings, Hardware, Role, Spec, load_spec
 
@@ -157,3 +157,18 @@ def test_tune_never_builds_a_deployment_past_the_spec_bounds(run_cli):
         result = run_cli("tune", "deepseek-r1", "--gpus", "8", "--slo", "itl_p99_ms=60", "--request-rate", "1", *flags)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
+
+
+def test_highest_count_finds_the_last_count_that_holds():
+    for limit in (1, 2, 3, 7, 8, 9, 63, 100):
+        tried: list[int] = []
+
+        def ok(n: int, limit: int = limit, tried: list[int] = tried) -> bool:
+            tried.append(n)
+            return n <= limit
+        assert highest_count(ok, 1, 1024) == limit
+        assert len(tried) <= 2 * limit.bit_length() + 2  # doubling, then bisection: no count-by-count walk
+    assert highest_count(lambda n: n <= 5, 8, 64) == 0  # the start fails
+    assert highest_count(lambda n: True, 3, 40) == 40  # capped
+    with pytest.raises(ValueError, match="1 <= start <= maximum"):
+        highest_count(lambda n: True, 0, 4)
