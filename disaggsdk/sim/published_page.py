@@ -52,9 +52,10 @@ def _workload(case: PublishedCase) -> str:
         return (f"each phase alone at the source's batch: a prefill step of {load.prefill_tokens_per_rank:,} tokens "
                 f"per rank ({load.input_len:,}-token prompts), a decode step of {load.decode_seqs_per_rank} "
                 f"sequences per rank with {load.decode_context_len:,} tokens of KV")
-    return (f"ISL {load.input_len:,} / OSL {load.output_len}: for each layout the highest Poisson rate meeting the "
-            f"SLA over {load.duration_s:g} s of traffic (doubling from {load.start_rate:g} QPS, then "
-            f"{load.bisections} bisections)")
+    return (f"ISL {load.input_len:,} / OSL {load.output_len} at a fixed concurrency, as AIPerf measures: N clients "
+            f"each send their next request when their last one finished, {load.requests_per_client} x N requests "
+            f"from an idle deployment; for each layout the concurrency giving the most tok/s per GPU within the "
+            f"SLA (doubling from {load.start_concurrency}, then bisecting to the highest N that meets it)")
 
 
 def render_markdown(rows: Sequence[PublishedRow]) -> str:
@@ -110,6 +111,7 @@ def render_markdown(rows: Sequence[PublishedRow]) -> str:
                   f"- Spec: `specs/published/{case.spec}`"
                   + (f", against `specs/published/{case.baseline_spec}` simulated colocated" if case.baseline_spec
                      else ""),
+                  f"- Load model: {case_rows[0]['load']}.",
                   f"- Workload: {_workload(case)}."]
         lines += [f"- Source: {c.title}, {c.date}: {c.where} ({c.url})." for c in citations]
         for row in case_rows:

@@ -17,6 +17,7 @@ from disaggsdk.sim.instance import RequestRecord, SimInstance
 from disaggsdk.sim.kernels import KERNEL_KINDS
 from disaggsdk.sim.published import (
     CASES,
+    ConcurrencySweep,
     DecodeThroughput,
     GoodputGain,
     PhaseSteps,
@@ -25,19 +26,17 @@ from disaggsdk.sim.published import (
     PublishedFigure,
     PublishedRow,
     ServingLoad,
-    SloSearch,
     TokensPerRequest,
     TtftPenalty,
     case_names,
 )
 from disaggsdk.sim.runner import default_profile_name, run_simulations
 from disaggsdk.sim.simulator import SimConfig, Simulation, default_weight_dtype, gpu_kernel_costs
-from disaggsdk.sim.tune import highest_rate
-from disaggsdk.sim.workload import SimRequest, Workload
+from disaggsdk.sim.tune import highest_count
+from disaggsdk.sim.workload import ClosedLoop, SimRequest
 from disaggsdk.spec import Spec, load_spec
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
-MAX_SEARCH_RATE = 256.0  # requests/s: far above what 8 GPUs serve of any case here
 SEED = 0  # seeds the arrivals of every case
 
 
@@ -82,7 +81,8 @@ class FigureResult:
             "published": self.figure.value, "simulated": self.simulated, "error": self.error, "holds": self.holds,
             "aiconfigurator": peer.value if peer is not None else None,
             "aiconfigurator_note": peer.note if peer is not None else None,
-            "sources": dict(self.sources), "detail": self.detail, "source": str(self.figure.citation),
+            "sources": dict(self.sources), "detail": self.detail, "load": self.case.workload.load_model,
+            "source": str(self.figure.citation),
             "spec": f"specs/published/{self.case.spec}",
         }
 
@@ -130,9 +130,9 @@ def run_case(case: PublishedCase, aiconfigurator: str | None = None) -> list[Fig
     elif isinstance(case.workload, PhaseSteps):
         simulated = _step_phases(case, case.workload, spec, profile)
     else:
-        assert case.baseline_spec is not None, f"{case.name}: an SLO search compares the spec with a baseline"
+        assert case.baseline_spec is not None, f"{case.name}: a concurrency sweep compares the spec with a baseline"
         baseline = load_spec(folder / case.baseline_spec)
-        simulated = _search_slos(case, case.workload, spec, baseline, profile)
+        simulated = _sweep_concurrency(case, case.workload, spec, baseline, profile)
     sources = kernel_sources(profile, profile_file)
     results = []
     for figure, (value, detail) in zip(case.figures, simulated):
@@ -238,49 +238,52 @@ def _one_step(instance: SimInstance, count: int, input_len: int, output_len: int
     return instance.finish_step(chunks, dt, dt).num_tokens, dt
 
 
-# the highest rate meeting an SLA, against a baseline
+# the best fixed concurrency meeting an SLA, against a baseline
 
-def _search_slos(case: PublishedCase, search: SloSearch, spec: Spec, baseline: Spec,
-                 profile: HardwareProfile) -> Simulated:
+def _sweep_concurrency(case: PublishedCase, sweep: ConcurrencySweep, spec: Spec, baseline: Spec,
+                       profile: HardwareProfile) -> Simulated:
     layouts = {"disaggregated": (spec, False), "aggregated": (baseline, True)}
-    cache: dict[tuple[str, float], dict[str, Any]] = {}
+    cache: dict[tuple[str, int], dict[str, Any]] = {}
 
-    def summary(layout: str, rate: float) -> dict[str, Any]:
-        if (layout, rate) not in cache:
+    def summary(layout: str, concurrency: int) -> dict[str, Any]:
+        if (layout, concurrency) not in cache:
             layout_spec, colocated = layouts[layout]
             config = attrs.evolve(_config(layout_spec, profile), colocated=colocated)
-            requests = Workload(rate, search.duration_s, search.input_len, search.output_len, seed=SEED).requests()
-            cache[layout, rate] = Simulation(layout_spec, config).run(requests)
-        return cache[layout, rate]
+            load = ClosedLoop(concurrency, sweep.requests_per_client * concurrency, sweep.input_len, sweep.output_len,
+                              seed=SEED)
+            cache[layout, concurrency] = Simulation(layout_spec, config).run(load)
+        return cache[layout, concurrency]
 
     out: Simulated = []
     for figure in case.figures:
         if not isinstance(figure.measure, GoodputGain):
-            raise AssertionError(f"{case.name}: {figure.measure} is not measured by an SLO search")
+            raise AssertionError(f"{case.name}: {figure.measure} is not measured by a concurrency sweep")
         sla = figure.measure
         per_gpu, words = {}, []
         for layout, (layout_spec, _) in layouts.items():
-            rate = highest_rate(functools.partial(_meets_sla, summary, layout, sla), search.start_rate, MAX_SEARCH_RATE,
-                                search.bisections)
             gpus = layout_spec.prefill.replicas * layout_spec.prefill.ranks_per_instance \
                 + layout_spec.decode.replicas * layout_spec.decode.ranks_per_instance
-            if rate == 0.0:
+            highest_count(functools.partial(_meets_sla, summary, layout, sla), sweep.start_concurrency,
+                          sweep.max_concurrency)
+            meeting = [n for (name, n) in cache if name == layout and _meets_sla(summary, layout, sla, n)]
+            if not meeting:
                 per_gpu[layout] = 0.0
-                words.append(f"{layout}: no rate from {search.start_rate / 8:g} QPS meets it")
+                words.append(f"{layout}: not even {sweep.start_concurrency} client meets it")
                 continue
-            run = summary(layout, rate)
+            best = max(meeting, key=lambda n: summary(layout, n)["output_throughput"])
+            run = summary(layout, best)
             per_gpu[layout] = run["output_throughput"] / gpus
-            words.append(f"{layout}: {rate:.2f} QPS, {per_gpu[layout]:.0f} tok/s per GPU (mean TTFT "
-                         f"{run['mean_ttft_ms']:.0f} ms, TPOT {run['mean_tpot_ms']:.1f} ms)")
+            words.append(f"{layout}: {best} clients ({best / gpus:.1f} a GPU), {per_gpu[layout]:.0f} tok/s per GPU "
+                         f"(mean TTFT {run['mean_ttft_ms']:.0f} ms, TPOT {run['mean_tpot_ms']:.1f} ms)")
         gain = per_gpu["disaggregated"] / per_gpu["aggregated"] if per_gpu["aggregated"] > 0 else None
-        out.append((gain, f"ISL {search.input_len:,} / OSL {search.output_len}, {search.duration_s:g} s of Poisson "
-                          f"arrivals, SLA mean TTFT <= {sla.ttft_ms:g} ms and TPOT <= {sla.tpot_ms:.2f} ms: "
-                          + "; ".join(words)))
+        out.append((gain, f"ISL {sweep.input_len:,} / OSL {sweep.output_len}, {sweep.requests_per_client} requests a "
+                          f"client from an idle deployment, SLA mean TTFT <= {sla.ttft_ms:g} ms and TPOT <= "
+                          f"{sla.tpot_ms:.2f} ms, the best concurrency of each layout: " + "; ".join(words)))
     return out
 
 
-def _meets_sla(summary: Callable[[str, float], dict[str, Any]], layout: str, sla: GoodputGain, rate: float) -> bool:
-    """Whether ``layout`` served ``rate`` with every request done within the SLA's mean TTFT and TPOT."""
-    run = summary(layout, rate)
+def _meets_sla(summary: Callable[[str, int], dict[str, Any]], layout: str, sla: GoodputGain, concurrency: int) -> bool:
+    """Whether ``layout`` served ``concurrency`` clients with every request done within the SLA's mean TTFT and
+    TPOT."""
+    run = summary(layout, concurrency)
     return run["failed"] == 0 and run["mean_ttft_ms"] <= sla.ttft_ms and run["mean_tpot_ms"] <= sla.tpot_ms
-

@@ -79,7 +79,8 @@ def published_table(rows: Sequence[PublishedRow]) -> Table:
 
 
 def published_lines(rows: Sequence[PublishedRow]) -> list[str]:
-    """How each figure was simulated, AIConfigurator's notes, and the kernel sources of each case, in words."""
+    """How each figure was simulated, AIConfigurator's notes, and the load model and kernel sources of each case,
+    in words."""
     lines = []
     for row in rows:
         lines.append(f"{row['name']}, {row['metric']}: {row['detail']}")
@@ -90,6 +91,7 @@ def published_lines(rows: Sequence[PublishedRow]) -> list[str]:
         if row["name"] in seen:
             continue
         seen.add(row["name"])
+        lines.append(f"{row['name']} load: {row['load']}")
         by_source: dict[str, list[str]] = {}
         for kind, source in row["sources"].items():
             by_source.setdefault(source, []).append(kind)

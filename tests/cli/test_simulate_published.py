@@ -24,6 +24,7 @@ def test_the_table_says_published_simulated_error_and_sources(run_cli):
     done = run_cli("simulate", "--published", "seed-r1-dp8")
     assert done.returncode in (0, 1), done.stderr
     for words in ("published vs simulated", "seed-r1-dp8", "~50", "holds", "AIConfigurator",
+                  "seed-r1-dp8 load: open loop: Poisson arrivals at 8 QPS",
                   "seed-r1-dp8 kernel sources: ", "gemm: aiconfigurator-core 0.12.0 h200_sxm/gemm/sglang/0.5.14",
                   "ep_combine, ep_dispatch: aiconfigurator-core", "rmsnorm: roofline (profile h200)"):
         assert words in done.stdout, words
@@ -50,3 +51,4 @@ def test_every_case_as_a_table(run_cli):
     assert done.returncode in (0, 1), done.stderr
     for name in ("seed-r1-tp8", "seed-r1-dp8", "lmsys-r1-96xh100", "dynamo-qwen3-32b-fp8"):
         assert f"{name} kernel sources:" in done.stdout, name
+    assert "dynamo-qwen3-32b-fp8 load: closed loop: fixed concurrency" in done.stdout

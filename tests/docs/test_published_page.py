@@ -23,7 +23,7 @@ from disaggsdk.sim.published import CASES
 from tests.conftest import ROOT
 
 KEYS = {"name", "metric", "unit", "claim", "comparison", "published", "simulated", "error", "holds", "aiconfigurator",
-        "aiconfigurator_note", "sources", "detail", "source", "spec"}
+        "aiconfigurator_note", "sources", "detail", "load", "source", "spec"}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,18 @@ def test_the_command_prints_one_object_per_figure_of_every_case(command):
         assert all(source.startswith(("aiconfigurator-core 0.12.0 ", "roofline (profile h"))
                    for source in row["sources"].values())
     assert status == (0 if all(row["holds"] for row in rows) else 1)
+
+
+def test_each_figure_names_the_load_model_it_was_simulated_under(command):
+    _, rows = command
+    loads = {row["name"]: row["load"] for row in rows}
+    assert loads["seed-r1-tp8"] == "open loop: Poisson arrivals at 3 QPS"
+    assert loads["lmsys-r1-96xh100"].startswith("no serving load: ")
+    # the guide measured with AIPerf at a fixed concurrency: the simulator sweeps a closed loop likewise
+    assert loads["dynamo-qwen3-32b-fp8"].startswith("closed loop: fixed concurrency (AIPerf --concurrency N")
+    for row in rows:
+        if row["name"] == "dynamo-qwen3-32b-fp8":
+            assert "clients (" in row["detail"] and "a GPU)" in row["detail"], row["detail"]
 
 
 def test_the_committed_page_is_what_the_generator_writes_from_the_command(command):

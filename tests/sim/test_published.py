@@ -14,11 +14,11 @@ from disaggsdk.sim.kernels import KERNEL_KINDS
 from disaggsdk.sim.published import (
     CASES,
     Citation,
+    ConcurrencySweep,
     GoodputGain,
     PhaseSteps,
     PublishedFigure,
     ServingLoad,
-    SloSearch,
     TokensPerRequest,
     TtftPenalty,
     case_names,
@@ -67,7 +67,7 @@ def test_each_case_has_a_valid_spec_that_fits_and_measures_what_its_workload_run
     measures = {type(f.measure) for f in case.figures}
     if isinstance(case.workload, ServingLoad):
         assert measures <= {TokensPerRequest, TtftPenalty}
-    elif isinstance(case.workload, SloSearch):
+    elif isinstance(case.workload, ConcurrencySweep):
         assert measures == {GoodputGain} and case.baseline_spec is not None
     else:
         assert isinstance(case.workload, PhaseSteps)
