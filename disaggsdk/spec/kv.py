@@ -9,7 +9,15 @@ import attrs
 
 from disaggsdk.spec.engine_settings import MAX_TOKENS, TOKENS_WHY
 from disaggsdk.spec.field_checks import (
-    Check, CheckedFields, choice, duration, in_range, key, power_of_two, section, shown,
+    Check,
+    CheckedFields,
+    choice,
+    duration,
+    in_range,
+    key,
+    power_of_two,
+    section,
+    shown,
 )
 
 Layout = Literal["HND", "NHD"]

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from disaggsdk.engine.config import EngineConfig  # noqa: E402
-from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
-from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
-from disaggsdk.serve.backends.local import serve_locally  # noqa: E402
-from tests.launch._helpers import live_descendants, make_spec  # noqa: E402
+from disaggsdk.engine.config import EngineConfig
+from disaggsdk.engine.llm_engine import LLMEngine
+from disaggsdk.engine.sampling_params import SamplingParams
+from disaggsdk.serve.backends.local import serve_locally
+from tests.launch._helpers import live_descendants, make_spec
 
 MODEL = "qwen3-coder-tiny"
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
