@@ -25,9 +25,11 @@ sysdeps:
 
 # what the test suite drives besides: chromium (the quickstart notebook's HTML export in a headless
 # browser), shellcheck (tools/gpu_check.sh is linted), iproute2 (the testbed's nodes: ip, tc),
-# nftables and iptables (link faults and the packet delayer on a kernel without sch_netem)
+# nftables and iptables (link faults and the packet delayer on a kernel without sch_netem),
+# redis-server (the shared store of the KV tiers, started by launch/kv_store_server.py)
 sysdeps-test: sysdeps
 	$(call apt_install,command -v chromium,chromium)
+	$(call apt_install,command -v redis-server || command -v valkey-server,redis-server)
 	$(call apt_install,command -v shellcheck,shellcheck)
 	$(call apt_install,command -v ip && command -v tc,iproute2)
 	$(call apt_install,command -v nft && command -v iptables,nftables iptables)

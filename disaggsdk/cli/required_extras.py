@@ -10,7 +10,7 @@ from collections.abc import Mapping
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = {
     "engine": ("torch", "safetensors", "tokenizers", "llguidance", "numpy", "msgspec", "cffi"),
     "transfer": ("cffi", "msgspec"),
-    "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "jinja2"),
+    "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "jinja2", "redis"),
     "gpu": ("cuda", "flashinfer"),
     "notebook": ("matplotlib", "pandas"),
     "ray": ("ray",),

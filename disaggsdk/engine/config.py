@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from disaggsdk.engine.scheduler import Mode
 from disaggsdk.engine.speculative.config import SpeculativeConfig
+from disaggsdk.engine.tier_settings import TierSettings
 from disaggsdk.errors import DisaggError
 from disaggsdk.models import ModelArch
 from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, HeldDtype, WeightDtype, held_dtype
@@ -64,6 +65,8 @@ class EngineConfig:
     # vLLM's automatic prefix caching: requests share the cached pages of a common prompt prefix
     # (engine.scheduler; with MTP drafting, keyed one token further: see hash_lookahead)
     prefix_caching: bool = _DEFAULT.engine.prefix_caching
+    # host, disk and store tiers below the prefix cache (kv.tiers); None: cached pages die with the pool
+    tiers: TierSettings | None = None
     # expert parallelism (engine.expert_parallel): the routed experts spread over ``ep`` ranks: 1 (each
     # rank a tp slice of every expert), tp (this engine's tp ranks) or tp * dp_size (the ranks of a
     # lock-step dp group, engine.dp_lockstep: dp_size > 1 only then)
@@ -103,7 +106,7 @@ class EngineConfig:
     @classmethod
     def from_spec(cls, spec: Spec, *, tp: int, role: str, kv_share_path: str | None = None,
                   instance_role: RoleName | None = None, dp_rank: int = 0,
-                  group_address: str | None = None) -> EngineConfig:
+                  group_address: str | None = None, unit_name: str = "engine", units_on_node: int = 1) -> EngineConfig:
         """The settings of one unit of ``spec``: an instance (or dp group) of ``tp`` ranks in ``role``.
 
         Args:
@@ -115,6 +118,8 @@ class EngineConfig:
                 its ``ep`` and ``dp`` the expert parallelism); default: ``role``, and "decode" for a mixed unit.
             dp_rank: the unit's dp rank in its instance (used when the role's experts span its dp ranks).
             group_address: where those dp ranks meet ("host:port"; required then).
+            unit_name: the unit's name (its disk tier's directory: a restarted unit finds its pages again).
+            units_on_node: units sharing the node's host tier (`$.kv.tiers.host_gb`), evenly.
         Raises:
             EngineError: an unknown role.
             SpecError: the unit's memory leaves no KV page (``$.engine.num_pages`` unset).
@@ -138,6 +143,7 @@ class EngineConfig:
             count_layers=role == "prefill" or (role == "decode" and spec.serve.autoscale.enabled),
             load_format=spec.engine.load_format,
             speculative=_speculative(spec, role), prefix_caching=spec.engine.prefix_caching,
+            tiers=TierSettings.from_spec(spec, unit_name, units_on_node),
         )
 
 

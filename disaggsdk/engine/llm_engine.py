@@ -97,6 +97,11 @@ class LLMEngine:
             self.allocator, config.page_size, config.max_num_batched_tokens, config.max_num_seqs, config.mode,
             prefix_caching=config.prefix_caching, hash_lookahead=hash_lookahead(config),
         )
+        if config.tiers is not None and config.prefix_caching:
+            from disaggsdk.engine.kv_tier_pages import PoolPages, open_tiers, page_identity
+
+            identity = page_identity(config.tiers, self.runner.kv_cache, tp_rank=0, tp_size=config.tp)
+            self.scheduler.prefix_cache.attach_tiers(open_tiers(config.tiers, identity), PoolPages(self.runner.kv_cache))
         self._speculator = new_speculator(config, self.runner, self.allocator, self._tp_group,
                                           lockstep=self.lockstep is not None)
         self.layer_counter = new_layer_counter(self.runner.device)  # LayerCounter on a CPU
@@ -157,6 +162,8 @@ class LLMEngine:
         if self._tp_group is not None:
             self._tp_group.close()
             self._tp_group = None
+        if "scheduler" in vars(self) and self.scheduler.prefix_cache.tiers is not None:
+            self.scheduler.prefix_cache.tiers.close()  # flushes its queued writes: the disk tier outlives the unit
 
     def __enter__(self) -> LLMEngine:
         return self
@@ -177,10 +184,21 @@ class LLMEngine:
         expert parallelism's exchange and idle steps."""
         sched, spec = self.scheduler, self.spec_stats
         experts = self.runner.tp.experts
+        tiers = sched.prefix_cache.tiers
+        by_tier = tiers.counters() if tiers is not None else {}
         return msgspec.structs.replace(
             into if into is not None else UnitCounters(),
             num_preemptions=sched.num_preemptions,
             prefix_cache_queries=sched.prefix_cache.queries, prefix_cache_hits=sched.prefix_cache.hits,
+            external_prefix_cache_hits=sched.prefix_cache.tier_hits,
+            kv_tier_hit_pages={name: c.hits for name, c in by_tier.items()},
+            kv_tier_read_bytes={name: c.bytes_read for name, c in by_tier.items()},
+            kv_tier_written_bytes={name: c.bytes_written for name, c in by_tier.items()},
+            kv_tier_evictions={name: c.evictions for name, c in by_tier.items()},
+            kv_tier_corrupt_pages={name: c.corrupt for name, c in by_tier.items()},
+            kv_tier_errors={name: c.errors for name, c in by_tier.items()},
+            kv_tier_dropped_writes={name: c.dropped_writes for name, c in by_tier.items()},
+            kv_tier_load_seconds=tiers.load_seconds if tiers is not None else 0.0,
             spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
             spec_num_accepted_tokens=spec.num_accepted_tokens,
             spec_accepted_per_position=list(spec.accepted_per_position),

@@ -10,7 +10,7 @@ their hash, so no later lookup can find their old content) only when the free li
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class PageCache:
@@ -21,6 +21,8 @@ class PageCache:
         self._hash_of_page: dict[int, bytes] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest release first
         self.num_evictions = 0  # since start
+        # told each page the allocator evicts, before its bytes are reused (`PrefixCache.attach_tiers`)
+        self.on_evict: Callable[[int, bytes], None] | None = None
 
     @property
     def num_cached_pages(self) -> int:
@@ -71,13 +73,18 @@ class PageCache:
             KeyError: nothing is evictable.
         """
         page_id, _ = self._evictable.popitem(last=False)
-        del self._page_of_hash[self._hash_of_page.pop(page_id)]
+        page_hash = self._hash_of_page.pop(page_id)
+        del self._page_of_hash[page_hash]
         self.num_evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(page_id, page_hash)
         return page_id
 
     def clear_evictable(self) -> list[int]:
         """Forget every evictable page (vLLM's reset_prefix_cache); returns them, to be freed."""
-        pages = []
-        while self._evictable:
-            pages.append(self.evict())
+        pages = list(self._evictable)
+        self._evictable.clear()
+        for page_id in pages:
+            del self._page_of_hash[self._hash_of_page.pop(page_id)]
+        self.num_evictions += len(pages)  # forgotten, not kept: no tier is told
         return pages

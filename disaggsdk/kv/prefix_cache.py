@@ -5,15 +5,31 @@ must compute: its last token always is) and prefills from there; each page whose
 computed is offered to the cache, when the step computed it and at the latest before the request
 lets its pages go. Pages are keyed by chained hashes of their tokens (`kv.block_hash`), with
 MTP drafting one token further (``hash_lookahead``: the MTP KV at a page's end read the next token).
+With tiers attached (`kv.tiers`), evicted pages go down to them and a prefix found there is loaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from disaggsdk.kv.block_hash import cacheable_tokens, extend_page_hashes, page_hashes
 from disaggsdk.kv.page_allocator import PageAllocator
+
+if TYPE_CHECKING:
+    from disaggsdk.kv.tiers.tier_stack import TierStack
+
+
+class PageBytes(Protocol):
+    """A pool's pages as bytes, for the tiers (`engine.kv_tier_pages.PoolPages` is one)."""
+
+    page_bytes: int
+
+    def read(self, page_id: int) -> bytes:
+        """The page's bytes."""
+
+    def write(self, page_id: int, data: bytes | memoryview) -> None:
+        """Overwrite the page with ``data`` (from `read`)."""
 
 
 class PromptLogprobsParams(Protocol):
@@ -66,6 +82,16 @@ class PrefixCache:
         self.enabled = enabled
         self.hash_lookahead = hash_lookahead
         self.queries = self.hits = 0  # vLLM's prefix_cache_queries / _hits, in prompt tokens
+        self.tier_hits = 0  # of ``hits``, the tokens loaded from a tier (vLLM's external_prefix_cache_hits)
+        self.tiers: TierStack | None = None
+        self._pages: PageBytes | None = None
+
+    def attach_tiers(self, tiers: TierStack, pages: PageBytes) -> None:
+        """Keep pages past the pool in ``tiers``: each evicted page's bytes (``pages`` reads them) go down to
+        them (and, written through, each newly cached page's), and a lookup loads the prefix they hold
+        after the pool's own into fresh pages."""
+        self.tiers, self._pages = tiers, pages
+        self.allocator.cache.on_evict = self._on_evict
 
     def share_prefix(self, req: CachedRequest, target_tokens: int) -> int:
         """Give a new request (``target_tokens`` to compute in all) the cached pages of its longest
@@ -100,7 +126,9 @@ class PrefixCache:
         none of them and counting no query (a decode unit choosing where to prefill)."""
         if not self.enabled:
             return 0
-        return len(self.allocator.lookup(self._prompt_hashes(prompt_ids)))
+        hashes = self._prompt_hashes(prompt_ids)
+        on_device = len(self.allocator.lookup(hashes))
+        return on_device + (self.tiers.num_cached_prefix(hashes[on_device:]) if self.tiers is not None else 0)
 
     def cache_computed(self, req: CachedRequest) -> int:
         """Offer the request's pages whose tokens are all computed to the cache. Returns how many
@@ -113,8 +141,14 @@ class PrefixCache:
         extend_page_hashes(req.page_hashes, req.all_ids, self.page_size, full, lookahead=self.hash_lookahead)
         full = min(full, len(req.page_hashes))  # with a lookahead, the last page waits for its next token
         pages = self.allocator.page_ids(req.request_id)[req.num_pages_cached : full]
-        added = self.allocator.cache_pages(pages, req.page_hashes[req.num_pages_cached : full])
+        hashes = req.page_hashes[req.num_pages_cached : full]
+        added = self.allocator.cache_pages(pages, hashes)
         req.num_pages_cached = full
+        if added and self.tiers is not None and self.tiers.write_policy == "write_through":
+            assert self._pages is not None
+            for page, page_hash in zip(pages, hashes):
+                if self.allocator.lookup([page_hash]) == [page]:  # the shared copy is this one
+                    self.tiers.offer_computed(page_hash, self._pages.read(page))
         return added
 
     def _prompt_hashes(self, prompt_ids: Sequence[int]) -> list[bytes]:
@@ -125,7 +159,35 @@ class PrefixCache:
     def _share(self, owner: str, hashes: list[bytes]) -> int:
         pages = self.allocator.lookup(hashes)
         self.allocator.share(owner, pages)
-        return len(pages)
+        if self.tiers is None or len(pages) == len(hashes):
+            return len(pages)
+        return len(pages) + self._load(owner, hashes[len(pages):])
+
+    def _load(self, owner: str, hashes: list[bytes]) -> int:
+        """Load the longest prefix of ``hashes`` the tiers hold into fresh pages of ``owner`` (after the
+        pages it holds), cached under those hashes; returns how many. A page that does not load (gone,
+        or failing its checks) ends the prefix: the rest is computed."""
+        assert self.tiers is not None and self._pages is not None
+        wanted = self.tiers.num_cached_prefix(hashes)
+        if not wanted or not self.allocator.can_allocate(wanted):
+            return 0  # never evict the pool's own pages to load a tier's
+        held = len(self.allocator.page_ids(owner))
+        pages = list(self.allocator.allocate(owner, wanted).page_ids)
+        loaded = 0
+        for page, page_hash in zip(pages, hashes):
+            data = self.tiers.load(page_hash)
+            if data is None:
+                break
+            self._pages.write(page, data)
+            loaded += 1
+        self.allocator.truncate(owner, held + loaded)
+        self.allocator.cache_pages(pages[:loaded], hashes[:loaded])
+        self.tier_hits += loaded * self.page_size
+        return loaded
+
+    def _on_evict(self, page_id: int, page_hash: bytes) -> None:
+        assert self.tiers is not None and self._pages is not None
+        self.tiers.offer_evicted(page_hash, self._pages.read(page_id))
 
     def _count(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.queries += num_prompt_tokens

@@ -11,6 +11,7 @@ import attrs
 
 from disaggsdk.errors import SpecError
 from disaggsdk.models import ModelArch, dtype_bytes, resolve_model
+from disaggsdk.plan.kv_tiers import unit_tiers
 from disaggsdk.plan.memory import InstanceMemory, kv_layers, memory_problems, spec_memory
 from disaggsdk.plan.pages import PageShape, page_shape
 from disaggsdk.plan.placement import Instance, place_instances
@@ -135,6 +136,7 @@ class Plan:
                 "page_size": spec.kv.page_size,
                 "dtype": spec.kv.dtype,
                 "dtype_bytes": dtype_bytes(spec.kv.dtype),
+                "tiers": [t.to_json() for t in unit_tiers(self)],
             },
             "seed": spec.seed,
             "num_nodes": self.num_nodes,

@@ -117,6 +117,7 @@ def memory_tables(plan: Plan) -> list[TableData]:
 
     Ranks of an instance with equal figures share one row (under ``ep`` they differ only in which experts).
     """
+    from disaggsdk.plan.kv_tiers import unit_tiers
     from disaggsdk.plan.memory import CONTEXT_LENGTHS, GB, device_memory_bytes, gb
 
     spec = plan.spec
@@ -161,6 +162,16 @@ def memory_tables(plan: Plan) -> list[TableData]:
         + (", FP8 ones as stored" if spec.device == "cuda" else ", FP8 ones dequantized"),
         ("role", "attn", "dense", "router", "experts", "shared", "embed", "MTP", "scales", "total"),
         parts))
+    tiers = unit_tiers(plan)
+    if tiers:
+        kv_tiers = plan.spec.kv.tiers
+        tables.append((
+            f"KV tiers per unit in GB (pages): a node's {kv_tiers.host_gb:g} GB host tier split among its units, "
+            f"{kv_tiers.write_policy.replace('_', '-')}; the store is the deployment's, shared (docs/kv_tiers.md)",
+            ("role", "units/node", "host", "disk", "store"),
+            [(t.role, str(t.units_on_node),
+              *(f"{gb(n)} ({t.pages(n):,})" if n else "-" for n in (t.host_bytes, t.disk_bytes, t.store_bytes)))
+             for t in tiers]))
     problems = plan.memory_problems
     if problems:
         tables.append(("does not fit", ("problem",), [(p,) for p in problems]))

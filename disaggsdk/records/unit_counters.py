@@ -1,7 +1,7 @@
 """The one declaration of an engine's cumulative counters: what a unit sends, the router keeps,
 /metrics exports, the live views and `generate --spec` read.
 
-Each field names its own Prometheus series (`counter`, `by_reason`, `per_position`) and its help
+Each field names its own Prometheus series (`counter`, `by_reason`, `by_tier`, `per_position`) and its help
 text, so adding a counter is its declaration here and the line of its producer that counts it:
 the unit's stats frame carries the record as it is, /metrics walks its fields
 (`serve.engine_metrics`), and an older peer reads a frame with a field it does not know, because
@@ -25,6 +25,7 @@ class SeriesKind(Enum):
 
     COUNTER = "counter"  # one sample per engine
     BY_REASON = "by_reason"  # a ``dict[str, int]``: one sample per engine and reason
+    BY_TIER = "by_tier"  # a ``dict[str, int | float]``: one sample per engine and KV tier (host, disk, store)
     PER_POSITION = "per_position"  # a ``list[int]``: one sample per engine and position
 
 
@@ -46,6 +47,11 @@ def counter(metric: str, help: str) -> msgspec.Meta:
 def by_reason(metric: str, help: str) -> msgspec.Meta:
     """The field counts by reason (``dict[str, int]``): ``disaggsdk_<metric>_total{..., reason}``."""
     return msgspec.Meta(description=help, extra={"metric": metric, "kind": SeriesKind.BY_REASON.value})
+
+
+def by_tier(metric: str, help: str) -> msgspec.Meta:
+    """The field counts by KV tier (``dict[str, int | float]``): ``disaggsdk_<metric>_total{..., tier}``."""
+    return msgspec.Meta(description=help, extra={"metric": metric, "kind": SeriesKind.BY_TIER.value})
 
 
 def per_position(metric: str, help: str) -> msgspec.Meta:
@@ -115,6 +121,26 @@ class UnitCounters(msgspec.Struct, kw_only=True):
         "prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up.")] = 0
     prefix_cache_hits: Annotated[int, counter(
         "prefix_cache_hits", "Prefix cache hits, in prompt tokens found cached.")] = 0
+    # the KV tiers below the prefix cache (kv.tiers; docs/kv_tiers.md): all zero without them
+    external_prefix_cache_hits: Annotated[int, counter(
+        "external_prefix_cache_hits",
+        "Prompt tokens loaded from a KV tier (host, disk or store) instead of computed; part of prefix_cache_hits.")] = 0
+    kv_tier_hit_pages: Annotated[dict[str, int], by_tier(
+        "kv_tier_hit_pages", "KV pages found in each tier and loaded.")] = {}
+    kv_tier_read_bytes: Annotated[dict[str, int], by_tier(
+        "kv_tier_read_bytes", "Bytes read from each KV tier.")] = {}
+    kv_tier_written_bytes: Annotated[dict[str, int], by_tier(
+        "kv_tier_written_bytes", "Bytes written to each KV tier.")] = {}
+    kv_tier_evictions: Annotated[dict[str, int], by_tier(
+        "kv_tier_evictions", "Pages each KV tier evicted to make room (least recently used first).")] = {}
+    kv_tier_corrupt_pages: Annotated[dict[str, int], by_tier(
+        "kv_tier_corrupt_pages", "Pages read back from each tier that failed their checks: discarded and recomputed.")] = {}
+    kv_tier_errors: Annotated[dict[str, int], by_tier(
+        "kv_tier_errors", "Reads or writes a tier could not do (disk error, store unreachable): misses, not failures.")] = {}
+    kv_tier_dropped_writes: Annotated[dict[str, int], by_tier(
+        "kv_tier_dropped_writes", "Pages not written to a tier because its write queue was full.")] = {}
+    kv_tier_load_seconds: Annotated[float, counter(
+        "kv_tier_load_seconds", "Time the engine spent loading pages from the KV tiers.")] = 0.0
     # speculative decoding (engine.speculative.stats.SpecStats): all zero without it
     spec_num_drafts: Annotated[int, counter(
         "spec_decode_num_drafts", "Verify steps that carried draft tokens.")] = 0

@@ -42,14 +42,15 @@ class EngineCollector:
         self._model = model_name
 
     def collect(self) -> Iterator[Metric]:
-        """One family per metric, one sample per engine (and reason, or draft position)."""
+        """One family per metric, one sample per engine (and reason, tier or draft position)."""
         snapshots = list(self._stats(SCRAPE_FRESH_WAIT_S))
         labels = list(ENGINE_LABELS)
         gauges = {attr: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for attr, name, doc in GAUGES}
         usage = GaugeMetricFamily(f"{PREFIX}_kv_cache_usage_perc", "KV cache usage, used / all pages; 1 means full.",
                                   labels=labels)
         series = _series_of(snapshots)
-        extra_label = {SeriesKind.COUNTER: [], SeriesKind.BY_REASON: ["reason"], SeriesKind.PER_POSITION: ["position"]}
+        extra_label = {SeriesKind.COUNTER: [], SeriesKind.BY_REASON: ["reason"], SeriesKind.BY_TIER: ["tier"],
+                       SeriesKind.PER_POSITION: ["position"]}
         counters = {one.attribute: CounterMetricFamily(f"{PREFIX}_{one.metric}", one.help,
                                                        labels=[*labels, *extra_label[one.kind]])
                     for one in series}
@@ -83,9 +84,9 @@ def _add_samples(family: CounterMetricFamily, values: list[str], one: Series, co
     value: object = getattr(counters, one.attribute, None)  # a field of the record's declaration (or a subclass's)
     if one.kind is SeriesKind.COUNTER and isinstance(value, int | float):
         family.add_metric(values, float(value))
-    elif one.kind is SeriesKind.BY_REASON and isinstance(value, dict):
-        for reason, count in sorted(value.items()):
-            family.add_metric([*values, reason], float(count))
+    elif one.kind in (SeriesKind.BY_REASON, SeriesKind.BY_TIER) and isinstance(value, dict):
+        for label, count in sorted(value.items()):
+            family.add_metric([*values, label], float(count))
     elif one.kind is SeriesKind.PER_POSITION and isinstance(value, list):
         for position, count in enumerate(value):
             family.add_metric([*values, str(position)], float(count))

@@ -8,7 +8,17 @@ from typing import Literal
 import attrs
 
 from disaggsdk.spec.engine_settings import MAX_TOKENS, TOKENS_WHY
-from disaggsdk.spec.field_checks import CheckedFields, choice, duration, in_range, key, power_of_two
+from disaggsdk.spec.field_checks import (
+    Check,
+    CheckedFields,
+    choice,
+    duration,
+    in_range,
+    key,
+    power_of_two,
+    section,
+    shown,
+)
 
 Layout = Literal["HND", "NHD"]
 Provider = Literal["auto", "shm", "tcp", "efa", "verbs"]
@@ -21,6 +31,58 @@ PROVIDERS = ("auto", "shm", "tcp", "efa", "verbs")
 GRANT_KEYS_SETTINGS = ("auto", "on", "off")
 KV_STAGINGS = ("auto", "direct", "host")
 KV_DTYPES = ("bfloat16", "float16", "float32", "fp8")
+TierWritePolicy = Literal["write_through", "on_eviction"]
+TIER_WRITE_POLICIES = ("write_through", "on_eviction")
+MAX_TIER_GB = 1e6  # a petabyte: past it the number is a typo (GB where MB was meant)
+
+
+def _tier_gb(value: float) -> str | None:
+    if not 0 <= value <= MAX_TIER_GB:  # NaN fails too
+        return f"must be a size in GB in 0..{MAX_TIER_GB:,.0f} (0: the tier is off), got {shown(value)}"
+    return None
+
+
+def _store_address(value: str) -> str | None:
+    if value in ("off", "launch"):
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return f"must be off, launch or a Redis/Valkey address host:port (e.g. 10.0.0.5:6379), got {shown(value)}"
+    return None
+
+
+tier_gb = Check(f"GB in 0..{MAX_TIER_GB:,.0f}", _tier_gb, {"minimum": 0, "maximum": MAX_TIER_GB})
+store_address = Check("off, launch or host:port", _store_address, {"pattern": "^(off|launch|.+:[0-9]+)$"})
+
+
+@attrs.frozen
+class KVTiers(CheckedFields):
+    """Where prefix-cache pages go when they leave a unit's KV pool (docs/kv_tiers.md)."""
+
+    host_gb: float = key(0.0,
+        "Host memory, per node, that keeps pages evicted from the units' KV pools (split evenly among the node's "
+        "units; pinned host memory on GPUs); a prompt whose prefix is there loads it instead of computing it. "
+        "0: off.", tier_gb)
+    disk_gb: float = key(0.0,
+        "Local disk, per unit, under `$.kv.tiers.disk_path`, for pages leaving the host tier (or the pool when "
+        "the host tier is off); it survives a unit's restart. 0: off.", tier_gb)
+    disk_path: str = key("",
+        "Directory of the disk tier (one subdirectory per unit); empty: the system's temporary directory.")
+    store: str = key("off",
+        "A KV store every instance of the deployment reads and writes (Redis or Valkey, as LMCache uses it): "
+        "`launch` starts one with the deployment, `host:port` names a running one, `off` has none. A prefix "
+        "one prefill instance computed is then a hit on every other.", store_address)
+    store_gb: float = key(1.0,
+        "Memory of the store `launch` starts (its `maxmemory`; it evicts least recently used pages).", tier_gb)
+    write_policy: TierWritePolicy = key("on_eviction",
+        "`on_eviction`: a page goes down a tier when the one above evicts it (least recently used first). "
+        "`write_through`: every page the engine caches is written to every tier at once, so another instance "
+        "finds it in the store before this one evicts it.", choice(TIER_WRITE_POLICIES))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tier is on."""
+        return self.host_gb > 0 or self.disk_gb > 0 or self.store != "off"
 
 
 @attrs.frozen
@@ -36,6 +98,7 @@ class KV(CheckedFields):
         "float8_e4m3fn (vLLM's `kv_cache_dtype=fp8`): each value divided by its layer's static `k_scale` / "
         "`v_scale` from the checkpoint (1.0 where it has none), so pages take and move half of bfloat16's bytes.",
         choice(KV_DTYPES))
+    tiers: KVTiers = section(KVTiers, "Host, disk and shared-store tiers below the KV pool.")
 
 
 @attrs.frozen

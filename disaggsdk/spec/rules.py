@@ -164,6 +164,23 @@ def tcp_cannot_reach_gpu_memory(spec: Spec, arch: ModelArch) -> list[str]:
     return []
 
 
+def tiers_need_prefix_caching(spec: Spec, arch: ModelArch) -> list[str]:
+    """KV tiers keep prefix-cache pages: without prefix caching nothing is cached to keep. A unit's
+    tier copies the pages of its own process, so its ranks beyond the first (other processes) have none yet."""
+    tiers = spec.kv.tiers
+    if not tiers.enabled:
+        return []
+    if not spec.engine.prefix_caching:
+        return ["$.kv.tiers: the tiers keep prefix-cache pages; set $.engine.prefix_caching: true, or turn the "
+                "tiers off (host_gb: 0, disk_gb: 0, store: off)"]
+    wide = [f"{name} tp={role.tp}" for name, role in (("prefill", spec.prefill), ("decode", spec.decode))
+            if role.replicas and role.tp > 1]
+    if wide:
+        return [f"$.kv.tiers: tiers hold the pages of tp=1 units only for now ({', '.join(wide)}); use tp: 1 "
+                f"or turn the tiers off"]
+    return []
+
+
 def speculation_fits_the_model(spec: Spec, arch: ModelArch) -> list[str]:
     """Speculative decoding: `mtp` needs a model with an MTP layer."""
     if spec.speculative.method == "mtp" and not arch.num_mtp_layers:
@@ -252,6 +269,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("$.transport.verify_pages", "$.device", "$.transport.kv_staging"), verified_pages_are_host_memory),
     Rule(("$.transport.kv_staging", "$.transport.provider", "$.device"), tcp_cannot_reach_gpu_memory),
     Rule(("$.speculative.method",), speculation_fits_the_model),
+    Rule(("$.kv.tiers", "$.engine.prefix_caching", "$.prefill.tp", "$.decode.tp"), tiers_need_prefix_caching),
     Rule(("$.launch.address", "$.launch.backend"), address_needs_ray),
     Rule(("$.engine.max_model_len",), max_model_len_within_the_model),
     Rule(("$.launch.cuda_devices", "$.device", "$.launch.backend"), cuda_devices_need_local_cuda),

@@ -91,7 +91,7 @@ def test_checked_by_names_the_field_check_and_the_rules_that_read_the_key():
     tp = by_path["$.decode.tp"]
     assert check_name_of(tp) == "1..4096"
     assert rules_reading(tp) == ["deployment_is_plannable", "tp_divides_query_heads", "tp_splits_kv_heads",
-                                 "instance_fits_nodes"]
+                                 "instance_fits_nodes", "tiers_need_prefix_caching"]
     assert rules_reading(by_path["$.model"]) == ["resolve_model"]
     markdown = render_markdown()
     assert ("| `$.device` | one of `cpu`, `cuda` | `cuda` | Where the ranks run: `cuda` GPUs, or `cpu` "

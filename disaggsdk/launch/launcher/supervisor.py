@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as wait_any
-from typing import Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
+import attrs
 import msgspec
 
 from disaggsdk.engine.group_address import free_loopback_address
@@ -56,6 +57,9 @@ from disaggsdk.launch.progress import progress_line
 from disaggsdk.launch.tiny import tiny_spec
 from disaggsdk.spec.types import Spec
 from disaggsdk.transfer.shm_files import remove_fabric_shm, remove_orphaned_fabric_shm
+
+if TYPE_CHECKING:
+    from disaggsdk.launch.kv_store_server import KVStoreServer
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +223,7 @@ class Supervisor:
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir  # a temporary directory once started, when None
         self._work_dir: str | None = None  # made by start()
+        self._kv_store: KVStoreServer | None = None  # `$.kv.tiers.store: launch`'s, started by start()
         self.max_restarts, self._start_timeout_s = max_restarts, start_timeout_s
         self._names = unit_names(self.plan)
         self._restarts = {name: RestartBudget(max_restarts, restart_window_s) for name, _ in self._names}
@@ -256,6 +261,7 @@ class Supervisor:
             self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="disaggsdk-logs-")
             os.makedirs(self.log_dir, exist_ok=True)
             self._work_dir = tempfile.mkdtemp(prefix="disaggsdk-run-")
+            self._start_kv_store()
             affinity = core_sets(self._cpu_affinity, len(self._names))
             spec_yaml = spec_to_yaml(self.spec)
             addresses = dp_group_addresses(self.spec, self.plan)
@@ -280,6 +286,19 @@ class Supervisor:
         for name, where in self.launcher.placement().items():
             self._progress(f"placement: {name} -> {where}")
         self._progress(f"ready: {len(self.units)} units over {self.provider}: {roles}; logs in {self.log_dir}")
+
+    def _start_kv_store(self) -> None:
+        """`$.kv.tiers.store: launch`: start the deployment's KV store and give the units its address in their
+        spec. It outlives restarted units (their pages stay hits) and stops with the runtime."""
+        tiers = self.spec.kv.tiers
+        if tiers.store != "launch":
+            return
+        from disaggsdk.launch.kv_store_server import start_kv_store
+
+        self._kv_store = start_kv_store(maxmemory_bytes=int(tiers.store_gb * 10**9))
+        self.spec = attrs.evolve(self.spec, kv=attrs.evolve(
+            self.spec.kv, tiers=attrs.evolve(tiers, store=self._kv_store.address)))
+        self._progress(f"KV store: {self._kv_store.address} ({tiers.store_gb:g} GB, least recently used pages evicted)")
 
     # the Runtime seam
 
@@ -366,6 +385,8 @@ class Supervisor:
             self._restarts_due.put(None)
             self._restarter.join(timeout=30)
         self.launcher.close()  # after restarts: none starts later
+        if self._kv_store is not None:
+            self._kv_store.stop()  # after the units: none writes to it any more
         if self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
         if (self._own_log_dir and self.log_dir is not None and not self.failures

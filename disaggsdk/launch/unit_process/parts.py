@@ -18,6 +18,7 @@ import msgspec
 from disaggsdk.engine.config import EngineConfig
 from disaggsdk.messenger.peers import UnitInfo
 from disaggsdk.messenger.ports import Messenger
+from disaggsdk.plan.kv_tiers import units_on_node
 
 if TYPE_CHECKING:
     from disaggsdk.engine.compile_progress import CompileProgress
@@ -246,7 +247,8 @@ def assemble_mixed(args: UnitArgs, spec: Spec, plan: Plan,
 
     instance = plan.instance(args.instance)
     config = EngineConfig.from_spec(spec, tp=instance.tp, role="mixed", instance_role=instance.role,
-                                    dp_rank=args.dp_rank, group_address=args.group_address)
+                                    dp_rank=args.dp_rank, group_address=args.group_address, unit_name=args.name,
+                                    units_on_node=units_on_node(plan, args.instance))
     print(f"{args.name}: building {spec.model} tp={instance.tp} mode={config.mode}{_on_cpu(config)}", flush=True)
     engine = LLMEngine(spec.model, config, on_compile=on_compile)
     for line in engine.held_experts():
@@ -293,7 +295,8 @@ def _kv_unit(args: UnitArgs, spec: Spec, plan: Plan, on_compile: Callable[[Compi
     tp = plan.instance(args.instance).tp
     share_path = os.path.join(args.work_dir, f"{args.name}.kv.sock") if tp > 1 else None
     config = EngineConfig.from_spec(spec, tp=tp, role=args.role, kv_share_path=share_path, dp_rank=args.dp_rank,
-                                    group_address=args.group_address)
+                                    group_address=args.group_address, unit_name=args.name,
+                                    units_on_node=units_on_node(plan, args.instance))
     print(f"{args.name}: building {spec.model} tp={tp} ep={config.ep} mode={config.mode}"
           + (f" dp rank {config.dp_rank} of a lock-step {config.dp_size}" if config.lockstep else "")
           + _on_cpu(config), flush=True)

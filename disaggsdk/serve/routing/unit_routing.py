@@ -37,10 +37,16 @@ class UnitRouting:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> UnitRouting:
-        """The routing a `Spec` asks for, remembering as many pages per unit as a decode rank's pool holds."""
+        """The routing a `Spec` asks for, remembering as many pages per unit as a decode rank's pool and its own KV
+        tiers (host share and disk, `$.kv.tiers`) hold: a prompt whose prefix went down a tier is still a hit there."""
+        from disaggsdk.plan import make_plan
+        from disaggsdk.plan.kv_tiers import unit_tiers
         from disaggsdk.plan.memory import num_pages_per_rank
 
-        return cls(spec.serve.routing, spec.kv.page_size, num_pages_per_rank(spec, "decode"))
+        tier_pages = 0
+        if spec.kv.tiers.enabled:
+            tier_pages = next((t.private_pages for t in unit_tiers(make_plan(spec)) if t.role == "decode"), 0)
+        return cls(spec.serve.routing, spec.kv.page_size, num_pages_per_rank(spec, "decode") + tier_pages)
 
     @property
     def last(self) -> Decision | None:
