@@ -31,6 +31,7 @@ from disaggsdk.bench.serve_result import (
     per_second_peaks,
 )
 from disaggsdk.bench.stream_timeline import StreamTimeline
+from disaggsdk.bench.turn_summary import turn_summary
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS, SLO_NAMES, RequestTimeline, summarize
 
@@ -203,7 +204,8 @@ def bench(
         and ``client_cpu_s``, the CPU time of this process during the load: the client's alone when
         it has a process of its own, as `disaggsdk bench` has; ``total_cached_tokens`` and
         ``cached_token_ratio`` when the server reported cached prompt tokens; for a multi-turn
-        workload its ``multi_turn`` block (``num_prompts`` counts requests, not conversations).
+        workload its ``multi_turn`` block (``num_prompts`` counts requests, not conversations):
+        the workload (`MultiTurnWorkload.describe`) and the run by turn (`turn_summary.turn_summary`).
     Raises:
         BenchError: the server is unreachable, a token-id prompt for the chat endpoint, the
             initial test request or every request failed.
@@ -249,7 +251,8 @@ def bench(
     result |= per_request_lists(timelines) | per_second_peaks(timelines) | {"client_cpu_s": client_cpu_s}
     result |= cached_token_counts(timelines)
     if isinstance(requests, MultiTurnWorkload):
-        result["multi_turn"] = requests.describe() | {"think_time_s": shape.think_time_s}
+        result["multi_turn"] = (requests.describe() | {"think_time_s": shape.think_time_s}
+                                | turn_summary(conversations, timelines))
     return result
 
 

@@ -1,9 +1,9 @@
 """One benchmark request over HTTP: the payload for an endpoint, streamed into a `StreamTimeline`.
 
 The payloads are the ones vLLM's ``bench serve`` sends (``openai`` backend to /v1/completions,
-``openai-chat`` to /v1/chat/completions: one user message, ``max_completion_tokens``) and nothing
-more (token ids in every chunk were server work vLLM's client does not ask for): output lengths
-come from the final ``usage``, as vLLM's client takes them.
+``openai-chat`` to /v1/chat/completions: one user message, ``max_completion_tokens``); token ids
+in every chunk, server work vLLM's client does not ask for, only where a run compares outputs
+(``return_token_ids``). Output lengths come from the final ``usage``, as vLLM's client takes them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class RequestOptions:
     endpoint: str = COMPLETIONS
     temperature: float | None = 0.0  # None: leave it to the server (vLLM's default since 0.11)
     ignore_eos: bool = True  # outputs run to their asked length, so lengths and TPOT are comparable
+    # ask for each chunk's token ids (vLLM's and our extension): what two runs' outputs are compared
+    # by, token for token; off by default, as vLLM's client sends it
+    return_token_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -77,6 +80,8 @@ def payload(model: str, req: BenchRequest, options: RequestOptions) -> dict[str,
         body["temperature"] = options.temperature
     if options.ignore_eos:
         body["ignore_eos"] = True
+    if options.return_token_ids:
+        body["return_token_ids"] = True
     return body
 
 

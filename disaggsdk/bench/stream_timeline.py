@@ -10,7 +10,7 @@ comparable with vLLM's when a server batches several tokens into one chunk.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from disaggsdk.report.latency import RequestTimeline
@@ -26,7 +26,8 @@ class StreamTimeline(RequestTimeline):
     """
 
     usage_output_tokens: int | None = None  # the server's usage.completion_tokens, when it sent one
-    tagged_output_tokens: int = 0  # token ids the chunks carried (our server's return_token_ids)
+    # the output token ids the chunks carried, in order (a server that honours return_token_ids)
+    output_token_ids: list[int] = field(default_factory=list)
     generated_text: str = ""
     # prompt tokens the server's prefix cache served (usage.prompt_tokens_details.cached_tokens:
     # vLLM with --enable-prompt-tokens-details); None when the server did not say
@@ -37,7 +38,7 @@ class StreamTimeline(RequestTimeline):
         """Output length as vLLM takes it: the usage count, else the tagged ids, else one per chunk."""
         if self.usage_output_tokens:
             return self.usage_output_tokens
-        return self.tagged_output_tokens or len(self.token_times_s)
+        return len(self.output_token_ids) or len(self.token_times_s)
 
     @property
     def latency_s(self) -> float:
@@ -61,7 +62,7 @@ class StreamTimeline(RequestTimeline):
             first = choices[0]
             text = (first.get("delta") or {}).get("content") if chat else first.get("text")
             self.generated_text += text or ""
-            self.tagged_output_tokens += len(first.get("token_ids") or ())
+            self.output_token_ids.extend(first.get("token_ids") or ())
             self.token_times_s.append(now_s)
         usage = chunk.get("usage")
         if usage:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUTPUT_LEN = 64
 DEFAULT_USER_LEN = 64  # multi-turn: each user message, unless --input-len is given
-DATASETS = ("random", "sharegpt", "multi-turn", "custom")
+DATASETS = ("random", "sharegpt", "multi-turn", "custom", "agent-trace")
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}  # vLLM's --backend -> endpoint
 RUNTIME_BACKENDS = ("local", "ray")  # --backend's other meaning: where a spec's units run (cli.runtime_options)
 
@@ -37,7 +37,8 @@ class BenchArgsError(DisaggError):
 
 class _StoreGiven(argparse.Action):
     """Store the value and set ``<dest>_given``: --input-len's default is the random dataset's prompt
-    length, too long for one multi-turn user message, which then defaults to `DEFAULT_USER_LEN`."""
+    length, too long for one multi-turn user message, which then defaults to `DEFAULT_USER_LEN`; an
+    agent trace replays all its sessions and turns unless --num-prompts or --multi-turn-turns is given."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
@@ -47,8 +48,9 @@ class _StoreGiven(argparse.Action):
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """The load, request, metric and output options, shared with ``disaggsdk launch --bench``."""
     g = parser.add_argument_group("load")
-    g.add_argument("--num-prompts", type=int, default=50,
-                   help="requests to send (multi-turn: conversations, each of --multi-turn-turns requests)")
+    g.add_argument("--num-prompts", type=int, default=50, action=_StoreGiven,
+                   help="requests to send (multi-turn: conversations, each of --multi-turn-turns requests; "
+                        "agent-trace: the trace's first N sessions, all unless given)")
     g.add_argument("--request-rate", "--qps", dest="request_rate", default="inf", metavar="RATE|R,R,...|search",
                    help="mean arrival rate in requests/s (Poisson); inf: all at once. bench only: a list (0.5,1,2) "
                         "sweeps the rates, `search` bisects for the highest rate meeting the SLOs; each reports "
@@ -66,29 +68,33 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-name", choices=DATASETS, default=None,
                    help="random token ids, ShareGPT conversations from --dataset-path, multi-turn chats "
                         "that resend their history (synthetic token ids, or every turn of --dataset-path's "
-                        "conversations), or custom: a JSON-lines trace, one request a line "
-                        "(bench/trace_dataset.py) (default: custom for a .jsonl path, sharegpt for another "
-                        "path, else random)")
+                        "conversations), custom: a JSON-lines trace, one request a line "
+                        "(bench/trace_dataset.py), or agent-trace: --dataset-path's agent sessions, one turn "
+                        "a line, each turn resending the session's context (bench/agent_trace.py; shipped: "
+                        "bench/traces/coding_agent_sessions.jsonl) (default: custom for a .jsonl path, sharegpt "
+                        "for another path, else random)")
     g.add_argument("--dataset-path", "--dataset", dest="dataset_path", default=None, metavar="FILE",
                    action=PathOption, kind="input file",
                    help="ShareGPT-format JSON, or a JSON-lines trace (--dataset-name custom)")
     g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=256,
                    action=_StoreGiven, help=f"prompt tokens of the random dataset (multi-turn: each user "
                                             f"message, {DEFAULT_USER_LEN} unless given)")
-    parser.set_defaults(input_len_given=False)
+    parser.set_defaults(input_len_given=False, num_prompts_given=False, multi_turn_turns_given=False)
     g.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
                    help=f"output tokens (random and multi-turn: default {DEFAULT_OUTPUT_LEN}; fixes ShareGPT's "
                         f"when given)")
     g.add_argument("--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, default=0.0,
                    help="lengths uniform in len*(1-r)..len*(1+r)")
     g.add_argument("--seed", type=int, default=0, help="seeds the prompts, their lengths and the arrival gaps")
-    g.add_argument("--multi-turn-turns", type=int, default=4,
+    g.add_argument("--multi-turn-turns", type=int, default=4, action=_StoreGiven,
                    help="multi-turn: requests per conversation, each sent once the previous answer ended "
-                        "(at most, for --dataset-path)")
+                        "(at most, for --dataset-path; agent-trace: each session's first N turns, all unless "
+                        "given)")
     g.add_argument("--multi-turn-system-len", type=int, default=512,
                    help="multi-turn: tokens of the system prompt every synthetic conversation starts with")
     g.add_argument("--multi-turn-think-s", type=float, default=0.0,
-                   help="multi-turn: seconds a user waits after an answer before the next turn")
+                   help="multi-turn and agent-trace: seconds a user (an agent's tool) takes after an answer "
+                        "before the next turn")
     r = parser.add_argument_group("requests")
     r.add_argument("--endpoint", choices=tuple(BACKENDS.values()), default=None,
                    help="API to load; chat sends one user message per prompt (default: --backend's, "
@@ -140,11 +146,12 @@ def endpoint(args: argparse.Namespace) -> str:
 
 
 def dataset_name(args: argparse.Namespace) -> str:
-    """``random``, ``sharegpt``, ``multi-turn`` or ``custom``, from ``--dataset-name`` and ``--dataset-path``.
+    """``random``, ``sharegpt``, ``multi-turn``, ``custom`` or ``agent-trace``, from ``--dataset-name``
+    and ``--dataset-path``.
 
     Raises:
-        BenchArgsError: sharegpt without a path, a path for the random dataset, or synthetic
-            multi-turn prompts (token ids) for the chat endpoint.
+        BenchArgsError: sharegpt, custom or agent-trace without a path, a path for the random
+            dataset, or token-id prompts (synthetic multi-turn, an agent trace) for the chat endpoint.
     """
     path = args.dataset_path
     name = args.dataset_name or ("random" if not path else "custom" if str(path).endswith(".jsonl") else "sharegpt")
@@ -152,6 +159,12 @@ def dataset_name(args: argparse.Namespace) -> str:
         raise BenchArgsError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON)")
     if name == "custom" and not path:
         raise BenchArgsError("--dataset-name custom needs --dataset-path FILE (a JSON-lines trace)")
+    if name == "agent-trace" and not path:
+        raise BenchArgsError("--dataset-name agent-trace needs --dataset-path FILE (agent sessions, one turn a "
+                             "line; shipped: disaggsdk/bench/traces/coding_agent_sessions.jsonl)")
+    if name == "agent-trace" and endpoint(args) == BACKENDS["openai-chat"]:
+        raise BenchArgsError("an agent trace's prompts are token ids, which /v1/chat/completions cannot take: "
+                             "use /v1/completions")
     if name == "random" and args.dataset_path:
         raise BenchArgsError("--dataset-path is read by --dataset-name sharegpt, multi-turn or custom; the random dataset "
                              "has no file")

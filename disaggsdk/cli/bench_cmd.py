@@ -40,6 +40,7 @@ HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tea
 API_KEY_ENV = "DISAGGSDK_API_KEY"
 REPEAT_KEY = "p99_itl_ms"  # --repeat reports the run with the median of this
 RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")  # printed for --compare
+AGENT_TRACE_TEST_PROMPT_LEN = 32  # random ids: shares no page with the trace's prompts
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of `bench`."""
@@ -77,6 +78,11 @@ def load_requests(args: argparse.Namespace, model: str | None,
     from disaggsdk.bench.multi_turn import sharegpt_conversations, synthetic_conversations
 
     name = bench_args.dataset_name(args)
+    if name == "agent-trace":
+        from disaggsdk.bench.agent_trace import agent_trace_workload
+
+        return agent_trace_workload(args.dataset_path, args.num_prompts if args.num_prompts_given else None,
+                                    args.multi_turn_turns if args.multi_turn_turns_given else None, args.output_len)
     if name == "custom":
         from disaggsdk.bench.trace_dataset import trace_lengths, trace_requests
 
@@ -146,18 +152,25 @@ def run_load(args: argparse.Namespace, console: Console, url: str, model: str | 
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from disaggsdk.bench.dataset import random_requests
     from disaggsdk.bench.serve_bench import bench, conversations_of, served_model
     from disaggsdk.bench.serve_request import RequestOptions
     from disaggsdk.report.live_table import LiveView, instance_table
 
-    options = RequestOptions(bench_args.endpoint(args), args.temperature, args.ignore_eos)
+    agent_trace = bench_args.dataset_name(args) == "agent-trace"
+    # an agent trace's runs are compared token for token (tiers on and off): ask for the output ids
+    options = RequestOptions(bench_args.endpoint(args), args.temperature, args.ignore_eos,
+                             return_token_ids=agent_trace)
     slos_ms, percentiles = bench_args.slos_ms(args), bench_args.percentiles(args)
     percentile_metrics = bench_args.percentile_metrics(args)
     model = model or served_model(url, api_key)
     requests = load_requests(args if seed is None else argparse.Namespace(**{**vars(args), "seed": seed}), model,
                              options.chat)
     warmup: BenchRequest | None = None
-    if seed is not None and not isinstance(requests, MultiTurnWorkload):
+    if agent_trace:
+        # no prompt of the trace may be cached before it is measured: the test request is other tokens
+        warmup = random_requests(1, AGENT_TRACE_TEST_PROMPT_LEN, 4, seed=args.seed)[0]
+    elif seed is not None and not isinstance(requests, MultiTurnWorkload):
         # (a multi-turn load's test request puts the shared system prompt in the cache on purpose)
         drawn = load_requests(argparse.Namespace(**{**vars(args), "num_prompts": 1}), model, options.chat)
         warmup = drawn[0] if not isinstance(drawn, MultiTurnWorkload) else None
@@ -226,12 +239,25 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
                 served = f"; the server's cache served {cached:.0%} of the prompt tokens" if cached is not None else ""
                 console.print(f"{name}: {mt['conversations']} conversations; earlier prompts held "
                               f"{mt['prefix_reuse_ratio']:.0%} of the prompt {mt['prefix_reuse_unit']}{served}")
+                console.print(f"{name}: {turn_line(mt)}")
         for _option, path in paths:
             console.print(f"results written to {path}")
     if len(results) == 2:
         (name_a, a), (name_b, b) = results
         ratios = ", ".join(f"{key} {a[key] / b[key]:.2f}" for key in RATIO_KEYS if b.get(key))
         make_console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
+
+
+def turn_line(multi_turn: dict[str, Any]) -> str:
+    """A multi-turn run by turn in one line: mean TTFT of turn 1 and of later turns, the hit rate."""
+    def ms(value: float | None) -> str:
+        return f"{value:.1f} ms" if value is not None else "-"
+
+    hits = multi_turn["hit_rate"]
+    served = (f"; the cache served {hits:.0%} of the {multi_turn['reusable_tokens']:,} reusable prompt tokens"
+              if hits is not None else "")
+    return (f"mean TTFT turn 1 {ms(multi_turn['mean_ttft_turn1_ms'])}, turns 2+ "
+            f"{ms(multi_turn['mean_ttft_turns2plus_ms'])}{served}")
 
 
 def _targets(args: argparse.Namespace) -> list[str]:
@@ -258,6 +284,8 @@ def _check_options(args: argparse.Namespace, targets: list[str]) -> None:
     bench_args.endpoint(args)
     if bench_args.dataset_name(args) == "multi-turn":
         bench_args.multi_turn_shape(args)
+    if bench_args.dataset_name(args) == "agent-trace":
+        load_requests(args, None)  # a trace that cannot be read fails before a spec's start-up
     sweep = bench_args.rate_sweep(args)
     rates = bench_args.request_rates(args)
     bench_args.load_shape(args, rates[0] if rates else 1.0)

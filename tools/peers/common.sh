@@ -3,11 +3,13 @@
 # removed at exit ($W) holding make_model.py's tiny Qwen3 directory ($W/m), and wait_up. KEEP=DIR keeps the result JSONs and logs
 # in DIR (per-request TTFTs and ITLs, to look into a figure).
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # tools/peers: env.sh, make_model.py, vllm_cli.py
-PY=.venv/bin/python; EXE=.venv/bin/disaggsdk
+PY=${PY:-.venv/bin/python}; EXE=${EXE:-.venv/bin/disaggsdk}  # (another checkout's: PY=... EXE="$PY -m disaggsdk.cli.main")
 VPY=$("$HERE/env.sh") || exit 2  # env.sh said what to set
 W=$(mktemp -d); trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$W"/*.json "$W"/*.log "$KEEP"/ 2>/dev/null; rm -rf "$W"' EXIT
-# LAYERS=N HIDDEN=H: a deeper or wider random model than make_model.py's 4 x 256 (a prefill-heavy load)
-$PY "$HERE/make_model.py" "$W/m" --layers "${LAYERS:-4}" --hidden "${HIDDEN:-256}" >/dev/null 2>&1 \
+# LAYERS=N HIDDEN=H: a deeper or wider random model than make_model.py's 4 x 256 (a prefill-heavy load);
+# MAX_POSITION=TOKENS a longer context than its 2,048
+$PY "$HERE/make_model.py" "$W/m" --layers "${LAYERS:-4}" --hidden "${HIDDEN:-256}" \
+  --max-position "${MAX_POSITION:-2048}" >/dev/null 2>&1 \
   || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=2
 
