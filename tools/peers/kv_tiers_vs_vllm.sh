@@ -46,6 +46,9 @@ import sys, yaml
 model, spec, out, pool = sys.argv[1:]
 s = yaml.safe_load(open(spec)); s["model"] = model
 s.setdefault("serve", {})["port"] = 8393
+tiers = s.get("kv", {}).get("tiers")
+if tiers and tiers.get("disk_gb"):  # a fresh disk tier per run: an earlier run's pages would be hits
+    tiers["disk_path"] = out[: -len(".yaml")] + "-kv-disk"
 pages, page_size = s.get("engine", {}).get("num_pages"), s.get("kv", {}).get("page_size", 16)
 if not pages:
     sys.exit(f"{spec}: set $.engine.num_pages: vLLM gets a pool of the same size")
