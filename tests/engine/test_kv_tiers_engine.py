@@ -112,3 +112,28 @@ def test_a_store_shared_by_two_engines_serves_one_engines_prefix_to_the_other_an
             errors = c.counters().kv_tier_errors["store"]
     assert got == expected
     assert errors > 0
+
+
+@pytest.mark.gpu
+def test_pool_pages_of_a_cuda_pool_go_through_pinned_memory_and_equal_the_cpu_twins():
+    from tests.declared_skips import no_gpu
+
+    if not torch.cuda.is_available():
+        pytest.skip(no_gpu("needs an NVIDIA GPU: the host tier's copy out of a CUDA pool"))
+    from disaggsdk.engine.kv_cache import KVCache
+    from disaggsdk.engine.modeling.base import kv_geometry
+    from disaggsdk.engine.parallel import TensorParallel
+    from disaggsdk.models import resolve_model
+
+    geometry = kv_geometry(resolve_model(MODEL), TensorParallel())
+    cpu = KVCache(geometry, num_pages=8, page_size=4, dtype="bfloat16", device="cpu")
+    cuda = KVCache(geometry, num_pages=8, page_size=4, dtype="bfloat16", device="cuda")
+    cpu.buffer.copy_(torch.randint(0, 256, cpu.buffer.shape, dtype=torch.uint8))
+    cuda.buffer.copy_(cpu.buffer)
+    cpu_pages, cuda_pages = PoolPages(cpu), PoolPages(cuda)
+    assert cuda_pages._staging.is_pinned()
+    assert [cuda_pages.read(p) for p in range(8)] == [cpu_pages.read(p) for p in range(8)]
+    cuda_pages.write(6, cpu_pages.read(2))
+    torch.cuda.synchronize()
+    assert torch.equal(cuda.buffer.cpu().view(cpu.fmt.num_layers, 8, -1)[:, 6],
+                       cpu.buffer.view(cpu.fmt.num_layers, 8, -1)[:, 2])
