@@ -107,10 +107,7 @@ class Scheduler:
             self.allocator.free(request.request_id)
 
     def find(self, request_id: str) -> Request | None:
-        for r in (*self.running, *self.waiting):
-            if r.request_id == request_id:
-                return r
-        return None
+        return next((r for r in (*self.running, *self.waiting) if r.request_id == request_id), None)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -199,10 +196,8 @@ class Scheduler:
         return True
 
     def _pick_victim(self, exclude: set[str]) -> Request | None:
-        for r in reversed(self.running):
-            if r.request_id not in exclude and not self.allocator.is_pinned(r.request_id):
-                return r
-        return None
+        return next((r for r in reversed(self.running)
+                     if r.request_id not in exclude and not self.allocator.is_pinned(r.request_id)), None)
 
     def trim_pages(self, req: Request) -> int:
         """Return the pages past ``req``'s computed tokens and its next token (rejected drafts'
