@@ -155,10 +155,8 @@ def synthetic_conversations(num_conversations: int, shape: MultiTurnShape = Mult
     return MultiTurnWorkload(tuple(conversations), shape.turns, shape.system_len, shape.user_len)
 
 
-def sharegpt_conversations(
-    path: str | Path, num_conversations: int, count_tokens: Callable[[str], int], max_turns: int = 4,
-    output_len: int | None = None, seed: int = 0,
-) -> MultiTurnWorkload:
+def sharegpt_conversations(path: str | Path, num_conversations: int, count_tokens: Callable[[str], int],
+                           max_turns: int = 4, output_len: int | None = None, seed: int = 0) -> MultiTurnWorkload:
     """Multi-turn conversations from a ShareGPT-format file.
 
     Each entry is ``{"conversations": [{"from": "system"|"human"|"gpt", "value": text}, ...]}``.

@@ -61,16 +61,8 @@ class Scheduler:
         hash_lookahead: tokens after a page its cache key covers too (`config.hash_lookahead`).
     """
 
-    def __init__(
-        self,
-        allocator: PageAllocator,
-        page_size: int,
-        max_num_batched_tokens: int,
-        max_num_seqs: int = 256,
-        mode: Mode = "mixed",
-        prefix_caching: bool = False,
-        hash_lookahead: int = 0,
-    ):
+    def __init__(self, allocator: PageAllocator, page_size: int, max_num_batched_tokens: int, max_num_seqs: int = 256,
+                 mode: Mode = "mixed", prefix_caching: bool = False, hash_lookahead: int = 0):
         assert mode in MODES and max_num_batched_tokens >= 1 and max_num_seqs >= 1
         self.allocator = allocator
         self.page_size = page_size

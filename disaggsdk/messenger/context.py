@@ -39,10 +39,8 @@ def context_bytes(hidden_size: int, vocab_size: int) -> int:
     return _HEADER.size + _FLOAT_BYTES * (hidden_size + vocab_size)
 
 
-def pack_context(
-    out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float,
-    num_cached_tokens: int = 0,
-) -> int:
+def pack_context(out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float,
+                 num_cached_tokens: int = 0) -> int:
     """Write a payload into ``out`` (a slot of the staging buffer).
 
     Returns:

@@ -64,9 +64,8 @@ def nearest_nic(gpu: int, hardware: Hardware) -> int:
     return gpu * hardware.nics_per_node // hardware.gpus_per_node
 
 
-def place_instances(
-    roles: Mapping[RoleName, Role], hardware: Hardware, attention: AttentionKind, num_kv_heads: int
-) -> tuple[Instance, ...]:
+def place_instances(roles: Mapping[RoleName, Role], hardware: Hardware, attention: AttentionKind,
+                    num_kv_heads: int) -> tuple[Instance, ...]:
     """Create every instance of every role and place its ranks.
 
     Args:

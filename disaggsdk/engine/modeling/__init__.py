@@ -66,14 +66,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
         raise ModelError(f"unknown model dtype {dtype!r}; use one of {sorted(names)}") from None
 
 
-def build_model(
-    model: str,
-    tp: TensorParallel,
-    dtype: torch.dtype | str = "float32",
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    load_format: str = "auto",
-) -> DecoderModel:
+def build_model(model: str, tp: TensorParallel, dtype: torch.dtype | str = "float32",
+                device: torch.device | str = "cpu", seed: int = 0, load_format: str = "auto") -> DecoderModel:
     """Build this rank's shard of a model, with weights.
 
     Args:
