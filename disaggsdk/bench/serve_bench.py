@@ -24,12 +24,7 @@ import httpx
 from disaggsdk.bench.dataset import BenchRequest
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.bench.serve_request import DEFAULT_REQUEST_OPTIONS, RequestOptions, headers, send
-from disaggsdk.bench.serve_result import (
-    cached_token_counts,
-    keep_percentiles_of,
-    per_request_lists,
-    per_second_peaks,
-)
+from disaggsdk.bench.serve_result import cached_token_counts, keep_percentiles_of, per_request_lists, per_second_peaks
 from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.errors import DisaggError
 from disaggsdk.report.latency import METRICS, SLO_NAMES, RequestTimeline, summarize

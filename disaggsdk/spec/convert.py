@@ -14,12 +14,7 @@ from collections.abc import Callable
 
 import attrs
 import cattrs
-from cattrs.errors import (
-    ClassValidationError,
-    ForbiddenExtraKeysError,
-    IterableValidationError,
-    IterableValidationNote,
-)
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError, IterableValidationNote
 
 from disaggsdk.errors import SpecError
 from disaggsdk.spec.field_checks import FieldErrors, JsonValue, shown
