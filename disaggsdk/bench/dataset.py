@@ -117,7 +117,5 @@ def sharegpt_requests(path: str | Path, num_prompts: int, count_tokens, output_l
         out.append(BenchRequest(prompt, n_in, n_out))
         if len(out) == num_prompts:
             return out
-    raise DatasetError(
-        f"--dataset {path}: only {len(out)} usable conversations for --num-prompts {num_prompts}; "
-        f"lower --num-prompts or use a larger file"
-    )
+    raise DatasetError(f"--dataset {path}: only {len(out)} usable conversations for --num-prompts {num_prompts}; "
+                       f"lower --num-prompts or use a larger file")

@@ -189,10 +189,8 @@ def sharegpt_conversations(path: str | Path, num_conversations: int, count_token
             out.append(turns)
             if len(out) == num_conversations:
                 return MultiTurnWorkload(tuple(out), max_turns)
-    raise DatasetError(
-        f"--dataset-path {path}: only {len(out)} usable multi-turn conversations (two turns or more within "
-        f"the length limits) for --num-prompts {num_conversations}; lower --num-prompts or use a larger file"
-    )
+    raise DatasetError(f"--dataset-path {path}: only {len(out)} usable multi-turn conversations (two turns or more within "
+                       f"the length limits) for --num-prompts {num_conversations}; lower --num-prompts or use a larger file")
 
 
 def _sharegpt_turns(entry: Any, count_tokens: Callable[[str], int], max_turns: int,

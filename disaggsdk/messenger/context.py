@@ -73,10 +73,8 @@ def unpack_context(data: memoryview | bytes, hidden_size: int, vocab_size: int) 
     if magic != _MAGIC or version != _VERSION:
         raise ContextShapeError(f"context slot holds no version-{_VERSION} payload (magic {magic!r}): prefill did not write it")
     if (hidden_n, vocab_n) != (hidden_size, vocab_size):
-        raise ContextShapeError(
-            f"context has hidden state [{hidden_n}] and logits [{vocab_n}], this model needs "
-            f"[{hidden_size}] and [{vocab_size}]: prefill and decode run different models"
-        )
+        raise ContextShapeError(f"context has hidden state [{hidden_n}] and logits [{vocab_n}], this model needs "
+                                f"[{hidden_size}] and [{vocab_size}]: prefill and decode run different models")
     start = _HEADER.size
     hidden = array("f", bytes(data[start : start + hidden_n * _FLOAT_BYTES]))
     start += hidden_n * _FLOAT_BYTES

@@ -73,10 +73,8 @@ def _make_converter() -> cattrs.Converter:
             if value is None:
                 value = {}
             if not isinstance(value, dict):
-                raise TypeError(
-                    f"expected a mapping of {', '.join(f.name for f in attrs.fields(cls))}, "
-                    f"got {shown(value)} ({type(value).__name__})"
-                )
+                raise TypeError(f"expected a mapping of {', '.join(f.name for f in attrs.fields(cls))}, "
+                                f"got {shown(value)} ({type(value).__name__})")
             return inner(value, _t)
 
         return hook
