@@ -43,9 +43,8 @@ def _lengths(rng: random.Random, mean: int, range_ratio: float, n: int, name: st
     return [rng.randint(lo, hi) for _ in range(n)]
 
 
-def random_requests(
-    num_prompts: int, input_len: int, output_len: int, range_ratio: float = 0.0, seed: int = 0
-) -> list[BenchRequest]:
+def random_requests(num_prompts: int, input_len: int, output_len: int, range_ratio: float = 0.0,
+                    seed: int = 0) -> list[BenchRequest]:
     """``num_prompts`` prompts of random token ids.
 
     Args:
@@ -85,9 +84,8 @@ def read_sharegpt(path: str | Path) -> list[Any]:
     return data
 
 
-def sharegpt_requests(
-    path: str | Path, num_prompts: int, count_tokens, output_len: int | None = None, seed: int = 0
-) -> list[BenchRequest]:
+def sharegpt_requests(path: str | Path, num_prompts: int, count_tokens, output_len: int | None = None,
+                      seed: int = 0) -> list[BenchRequest]:
     """Prompts from a ShareGPT-format file (a list of ``{"conversations": [{"value": ...}, ...]}``).
 
     Args:
@@ -119,7 +117,5 @@ def sharegpt_requests(
         out.append(BenchRequest(prompt, n_in, n_out))
         if len(out) == num_prompts:
             return out
-    raise DatasetError(
-        f"--dataset {path}: only {len(out)} usable conversations for --num-prompts {num_prompts}; "
-        f"lower --num-prompts or use a larger file"
-    )
+    raise DatasetError(f"--dataset {path}: only {len(out)} usable conversations for --num-prompts {num_prompts}; "
+                       f"lower --num-prompts or use a larger file")

@@ -35,10 +35,8 @@ def cpu_model_name() -> str:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+    return next((line.split(":", 1)[1].strip()
+                 for line in out.splitlines() if line.startswith("Model name:")), "unknown")
 
 
 def cores_of(dp_rank: int, tp: int, num_cpus: int) -> list[int]:

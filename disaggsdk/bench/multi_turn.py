@@ -155,10 +155,8 @@ def synthetic_conversations(num_conversations: int, shape: MultiTurnShape = Mult
     return MultiTurnWorkload(tuple(conversations), shape.turns, shape.system_len, shape.user_len)
 
 
-def sharegpt_conversations(
-    path: str | Path, num_conversations: int, count_tokens: Callable[[str], int], max_turns: int = 4,
-    output_len: int | None = None, seed: int = 0,
-) -> MultiTurnWorkload:
+def sharegpt_conversations(path: str | Path, num_conversations: int, count_tokens: Callable[[str], int],
+                           max_turns: int = 4, output_len: int | None = None, seed: int = 0) -> MultiTurnWorkload:
     """Multi-turn conversations from a ShareGPT-format file.
 
     Each entry is ``{"conversations": [{"from": "system"|"human"|"gpt", "value": text}, ...]}``.
@@ -191,10 +189,8 @@ def sharegpt_conversations(
             out.append(turns)
             if len(out) == num_conversations:
                 return MultiTurnWorkload(tuple(out), max_turns)
-    raise DatasetError(
-        f"--dataset-path {path}: only {len(out)} usable multi-turn conversations (two turns or more within "
-        f"the length limits) for --num-prompts {num_conversations}; lower --num-prompts or use a larger file"
-    )
+    raise DatasetError(f"--dataset-path {path}: only {len(out)} usable multi-turn conversations (two turns or more within "
+                       f"the length limits) for --num-prompts {num_conversations}; lower --num-prompts or use a larger file")
 
 
 def _sharegpt_turns(entry: Any, count_tokens: Callable[[str], int], max_turns: int,

@@ -24,12 +24,7 @@ import httpx
 from disaggsdk.bench.dataset import BenchRequest
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.bench.serve_request import DEFAULT_REQUEST_OPTIONS, RequestOptions, headers, send
-from disaggsdk.bench.serve_result import (
-    cached_token_counts,
-    keep_percentiles_of,
-    per_request_lists,
-    per_second_peaks,
-)
+from disaggsdk.bench.serve_result import cached_token_counts, keep_percentiles_of, per_request_lists, per_second_peaks
 from disaggsdk.bench.stream_timeline import StreamTimeline
 from disaggsdk.bench.turn_summary import turn_summary
 from disaggsdk.errors import DisaggError
@@ -83,22 +78,19 @@ def conversations_of(load: Load) -> list[Sequence[BenchRequest]]:
     return list(load.conversations) if isinstance(load, MultiTurnWorkload) else [[req] for req in load]
 
 
-async def run_load(
-    url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
-    options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
-    on_start: Callable[[], None] | None = None,
-) -> tuple[list[StreamTimeline], float]:
+async def run_load(url: str, model: str, requests: Sequence[BenchRequest], shape: LoadShape, api_key: str | None = None,
+                   options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
+                   on_start: Callable[[], None] | None = None) -> tuple[list[StreamTimeline], float]:
     """Send ``requests`` with the arrival process ``shape``: `run_conversations` of one turn each,
     whose returns (timelines in request order, duration) and raises it shares."""
     return await run_conversations(url, model, [[req] for req in requests], shape, api_key, options, on_done,
                                    on_start)
 
 
-async def run_conversations(
-    url: str, model: str, conversations: Sequence[Sequence[BenchRequest]], shape: LoadShape,
-    api_key: str | None = None, options: RequestOptions = DEFAULT_REQUEST_OPTIONS, on_done: OnDone | None = None,
-    on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None,
-) -> tuple[list[StreamTimeline], float]:
+async def run_conversations(url: str, model: str, conversations: Sequence[Sequence[BenchRequest]], shape: LoadShape,
+                            api_key: str | None = None, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
+                            on_done: OnDone | None = None, on_start: Callable[[], None] | None = None,
+                            warmup: BenchRequest | None = None) -> tuple[list[StreamTimeline], float]:
     """Start ``conversations`` with the arrival process ``shape``; each sends its turns in order.
 
     Turn k+1 is sent once turn k's response has ended and ``shape.think_time_s`` has passed, and
@@ -170,13 +162,11 @@ def served_model(url: str, api_key: str | None = None) -> str:
         raise BenchError(f"cannot list the models of {url} ({exc}); is the server up, and the API key right?") from None
 
 
-def bench(
-    url: str, requests: Load, shape: LoadShape = LoadShape(), model: str | None = None,
-    api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
-    percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
-    percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
-    on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None,
-) -> BenchResult:
+def bench(url: str, requests: Load, shape: LoadShape = LoadShape(), model: str | None = None,
+          api_key: str | None = None, slos_ms: dict[str, float] | None = None, on_done: OnDone | None = None,
+          percentiles: Sequence[float] = (50, 90, 99), *, options: RequestOptions = DEFAULT_REQUEST_OPTIONS,
+          percentile_metrics: Sequence[str] = METRICS, tokenizer_id: str | None = None,
+          on_start: Callable[[], None] | None = None, warmup: BenchRequest | None = None) -> BenchResult:
     """Run a benchmark against ``url`` and return vLLM ``bench serve`` style results.
 
     Runs its own event loop on a fresh thread, so it works from a notebook (whose thread already

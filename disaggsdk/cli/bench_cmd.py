@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from disaggsdk.bench.goodput_sweep import RateSweep, goodput_line
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import BenchArgsError, add_load_arguments
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.cli.path_options import writing
 from disaggsdk.cli.runtime_options import add_runtime_options
 from disaggsdk.records.goodput_records import GoodputSweep
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from disaggsdk.face.deployment import Deployment
 
 HELP = "Benchmark an OpenAI-compatible server (URL) or a spec (launch, load, tear down); vLLM's flags and keys."
-API_KEY_ENV = "DISAGGSDK_API_KEY"
 REPEAT_KEY = "p99_itl_ms"  # --repeat reports the run with the median of this
 RATIO_KEYS = ("p99_itl_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")  # printed for --compare
 AGENT_TRACE_TEST_PROMPT_LEN = 32  # random ids: shares no page with the trace's prompts
@@ -49,8 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "loaded one after the other with the same prompts and reported side by side")
     parser.add_argument("--base-url", default=None, metavar="URL", help="the server, as vLLM spells it")
     parser.add_argument("--model", default=None, help="model to ask for (default: the server's first)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser)
     parser.add_argument("--tiny", action="store_true", help="SPEC: run with the tiny variant of its model on CPU")
     parser.add_argument("--colocated", action="store_true", help="SPEC: benchmark the colocated layout instead")
     add_runtime_options(parser, with_backend=False)  # --backend is among the load options

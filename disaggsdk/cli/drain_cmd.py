@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from disaggsdk.cli.bench_cmd import API_KEY_ENV
 from disaggsdk.cli.control_client import post_control
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.report.console import make_console
 
 HELP = ("Take a decode unit of a running deployment out of routing and move the requests it decodes to the other "
@@ -20,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--undo", action="store_true", help="route new requests to UNIT again")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="wait at most S seconds for its requests to move (default 60)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ With ``--bench`` it runs a benchmark with the live view instead, prints the summ
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -17,8 +16,9 @@ from rich.markup import escape
 
 from disaggsdk.cli import bench_args
 from disaggsdk.cli.bench_args import add_load_arguments
-from disaggsdk.cli.bench_cmd import API_KEY_ENV, report, run_load
+from disaggsdk.cli.bench_cmd import report, run_load
 from disaggsdk.cli.one_line_spec import add_one_line_arguments, spec_of_args
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.cli.path_options import PathOption
 from disaggsdk.cli.runtime_options import add_runtime_options, with_runtime_options
 from disaggsdk.report.console import make_console
@@ -41,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the comparison layout: mixed prefill+decode instances on the same CPU budget")
     parser.add_argument("--host", default=None, help="interface to bind (default: the spec's serve.host)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the spec's serve.port; 0: any free)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"require this bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser, "require this bearer token")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: the spec's serve.model_name, "
                              "else its model)")

@@ -64,12 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_global_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # a command whose module is not written yet is simply absent
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=EXIT_CODES_EPILOG,
                              formatter_class=HelpFormatter)
         module.add_arguments(cmd)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from disaggsdk.cli.bench_cmd import API_KEY_ENV
 from disaggsdk.cli.control_client import post_control
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.report.console import make_console
 
 HELP = "Move one decoding request of a running deployment to another decode unit with its KV; it continues exactly."
@@ -17,8 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id", metavar="REQUEST_ID",
                         help="the response's id (cmpl-..., chatcmpl-...) or the X-Request-Id the client sent")
     parser.add_argument("--to", required=True, metavar="UNIT", help="the decode unit to move it to")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""What every `disaggsdk` command shares: help layout, hidden aliases, exit codes, --version, --log-level.
+"""What every `disaggsdk` command shares: help layout, hidden aliases, exit codes, --version, --log-level,
+--api-key.
 
 One name per concept across commands (``--output``, ``--num-prompts``, ``--input-len``,
 ``--output-len``, ``--model``, ``--request-rate``); an older spelling stays as a hidden alias
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from disaggsdk.launch.signals import SIGTERM_EXIT_CODE
 
 PACKAGE = "disaggsdk"
+API_KEY_ENV = "DISAGGSDK_API_KEY"  # where --api-key defaults from
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_LOG_LEVEL = "warning"
 
@@ -97,6 +100,12 @@ def add_global_options(parser: argparse.ArgumentParser, top_level: bool) -> None
                         default=DEFAULT_LOG_LEVEL if top_level else argparse.SUPPRESS,
                         help=f"level of the {PACKAGE} logger (messages go to stderr)"
                              + ("" if top_level else f" (default: {DEFAULT_LOG_LEVEL})"))
+
+
+def add_api_key_option(parser: argparse.ArgumentParser, help: str = "bearer token") -> None:
+    """``--api-key``, whose default is the environment's ``DISAGGSDK_API_KEY``; ``help`` says what the
+    command does with it (a client sends it, a server requires it)."""
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"{help} (default: env {API_KEY_ENV})")
 
 
 def set_log_level(level: str) -> logging.Logger:

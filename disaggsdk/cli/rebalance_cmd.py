@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from disaggsdk.cli.bench_cmd import API_KEY_ENV
 from disaggsdk.cli.control_client import post_control
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.report.console import make_console
 
 HELP = ("Change how many units of a running deployment prefill and how many decode, live: a decode unit leaving "
@@ -19,8 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="the deployment's server (http://host:port)")
     parser.add_argument("--prefill", type=int, required=True, metavar="N", help="units that prefill after it")
     parser.add_argument("--decode", type=int, required=True, metavar="M", help="units that decode after it (>= 1)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -103,10 +103,7 @@ def extra_for_missing_module(module_name: str | None, command_extras: tuple[str,
     if not module_name:
         return None
     top = module_name.split(".")[0]
-    for extra in command_extras:
-        if top in EXTRA_MODULES[extra]:
-            return extra
-    return MODULE_EXTRAS.get(top)
+    return next((extra for extra in command_extras if top in EXTRA_MODULES[extra]), MODULE_EXTRAS.get(top))
 
 
 def install_hint(command: str, extras: tuple[str, ...]) -> str:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import get_args
 
-from disaggsdk.cli.bench_cmd import API_KEY_ENV
+from disaggsdk.cli.options import add_api_key_option
 from disaggsdk.report.console import make_console
 from disaggsdk.spec.engine_settings import BARE_NUM_PAGES, WeightDtype
 from disaggsdk.spec.types import Spec
@@ -22,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="tiny catalog name or Hugging Face checkpoint directory")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"require this bearer token (default: env {API_KEY_ENV})")
+    add_api_key_option(parser, "require this bearer token")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: --model)")
     parser.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",

@@ -26,12 +26,8 @@ class BatchItem:
     num_logits: int = 1
 
 
-def build_forward_batch(
-    items: Sequence[BatchItem],
-    page_size: int,
-    device: str | torch.device = "cpu",
-    on_layer_done: Callable[[int, torch.Tensor], None] | None = None,
-) -> ForwardBatch:
+def build_forward_batch(items: Sequence[BatchItem], page_size: int, device: str | torch.device = "cpu",
+                        on_layer_done: Callable[[int, torch.Tensor], None] | None = None) -> ForwardBatch:
     """Flatten ``items`` into a `ForwardBatch`.
 
     Args:

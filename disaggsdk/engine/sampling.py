@@ -100,11 +100,8 @@ def log_softmax_finite(logits: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).nan_to_num(nan=_LOGPROB_FLOOR).clamp(min=_LOGPROB_FLOOR)
 
 
-def sample(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
-) -> tuple[list[int], list[TokenLogprobs | None]]:
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None]) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Pick one token per row; never raises on NaN or +-inf logits, always returns ids in range.
 
     Args:

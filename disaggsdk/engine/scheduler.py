@@ -61,16 +61,8 @@ class Scheduler:
         hash_lookahead: tokens after a page its cache key covers too (`config.hash_lookahead`).
     """
 
-    def __init__(
-        self,
-        allocator: PageAllocator,
-        page_size: int,
-        max_num_batched_tokens: int,
-        max_num_seqs: int = 256,
-        mode: Mode = "mixed",
-        prefix_caching: bool = False,
-        hash_lookahead: int = 0,
-    ):
+    def __init__(self, allocator: PageAllocator, page_size: int, max_num_batched_tokens: int, max_num_seqs: int = 256,
+                 mode: Mode = "mixed", prefix_caching: bool = False, hash_lookahead: int = 0):
         assert mode in MODES and max_num_batched_tokens >= 1 and max_num_seqs >= 1
         self.allocator = allocator
         self.page_size = page_size
@@ -107,10 +99,7 @@ class Scheduler:
             self.allocator.free(request.request_id)
 
     def find(self, request_id: str) -> Request | None:
-        for r in (*self.running, *self.waiting):
-            if r.request_id == request_id:
-                return r
-        return None
+        return next((r for r in (*self.running, *self.waiting) if r.request_id == request_id), None)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -199,10 +188,8 @@ class Scheduler:
         return True
 
     def _pick_victim(self, exclude: set[str]) -> Request | None:
-        for r in reversed(self.running):
-            if r.request_id not in exclude and not self.allocator.is_pinned(r.request_id):
-                return r
-        return None
+        return next((r for r in reversed(self.running)
+                     if r.request_id not in exclude and not self.allocator.is_pinned(r.request_id)), None)
 
     def trim_pages(self, req: Request) -> int:
         """Return the pages past ``req``'s computed tokens and its next token (rejected drafts'

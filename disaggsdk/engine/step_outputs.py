@@ -25,13 +25,7 @@ from disaggsdk.engine.sequence import RequestOutput
 from disaggsdk.engine.speculative.stats import SpecStats
 from disaggsdk.engine.speculative.verify import verify_drafts
 from disaggsdk.engine.stopping import stop_reason
-from disaggsdk.engine.structured.grammar import (
-    EMPTY_MASK_ERROR,
-    GRAMMAR_FINISH_REASON,
-    GrammarState,
-    apply_masks,
-    new_bitmask,
-)
+from disaggsdk.engine.structured.grammar import EMPTY_MASK_ERROR, GRAMMAR_FINISH_REASON, GrammarState, apply_masks, new_bitmask
 
 log = logging.getLogger(__name__)
 

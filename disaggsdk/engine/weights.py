@@ -142,10 +142,8 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
 
         with safe_open(str(single), framework="pt") as handle:
             return {name: single for name in handle.keys()}
-    raise ModelError(
-        f"{directory} has no model.safetensors or model.safetensors.index.json; "
-        f"save the model with save_pretrained (safetensors format)"
-    )
+    raise ModelError(f"{directory} has no model.safetensors or model.safetensors.index.json; "
+                     f"save the model with save_pretrained (safetensors format)")
 
 
 def load_checkpoint(model: HasWeightSlots, directory: Path, quantization: BlockFP8 | None = None) -> None:
@@ -184,17 +182,13 @@ def load_checkpoint(model: HasWeightSlots, directory: Path, quantization: BlockF
             slots = [s for s in slots if s.optional_group != group]
         elif not all(present):
             absent = next(s.name for s in members if s.name not in files)
-            raise ModelError(
-                f"{directory}: checkpoint has part of the {group} weights but lacks tensor {absent!r}; "
-                f"provide all of them or none"
-            )
+            raise ModelError(f"{directory}: checkpoint has part of the {group} weights but lacks tensor {absent!r}; "
+                             f"provide all of them or none")
     missing = [s for s in slots if s.name not in files]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelError(
-            f"{directory}: checkpoint lacks tensor {missing[0].name!r} of shape "
-            f"{list(missing[0].full_shape)}{more}; is the checkpoint complete and does config.json match it?"
-        )
+        raise ModelError(f"{directory}: checkpoint lacks tensor {missing[0].name!r} of shape "
+                         f"{list(missing[0].full_shape)}{more}; is the checkpoint complete and does config.json match it?")
     handles: dict[Path, SafetensorsFile] = {}
 
     def open_slice(name: str) -> SafetensorsSlice:
@@ -209,10 +203,8 @@ def load_checkpoint(model: HasWeightSlots, directory: Path, quantization: BlockF
             view = open_slice(slot.name)
             shape = tuple(view.get_shape())
             if shape != slot.full_shape:
-                raise ModelError(
-                    f"{directory}: tensor {slot.name!r} has shape {list(shape)} in {files[slot.name].name} but the "
-                    f"config implies {list(slot.full_shape)}; config.json and the weights disagree"
-                )
+                raise ModelError(f"{directory}: tensor {slot.name!r} has shape {list(shape)} in {files[slot.name].name} but the "
+                                 f"config implies {list(slot.full_shape)}; config.json and the weights disagree")
             if quantization is not None and quantization.is_quantized(slot.name, slot.full_shape):
                 slot.target.copy_(_read_block_fp8(slot, view, open_slice, files, quantization, directory))
             else:
@@ -230,31 +222,23 @@ def _read_block_fp8(slot: WeightSlot, view: SafetensorsSlice, open_slice: Callab
 
     dtype = view.get_dtype()
     if dtype != "F8_E4M3":
-        raise ModelError(
-            f"{directory}: tensor {slot.name!r} is stored as {dtype} but config.json's quantization_config "
-            f"(block fp8) quantizes it to F8_E4M3 with a scale; re-quantize the checkpoint "
-            f"(python -m tools.fp8_checkpoint) or list its module in quantization_config.modules_to_not_convert"
-        )
+        raise ModelError(f"{directory}: tensor {slot.name!r} is stored as {dtype} but config.json's quantization_config "
+                         f"(block fp8) quantizes it to F8_E4M3 with a scale; re-quantize the checkpoint "
+                         f"(python -m tools.fp8_checkpoint) or list its module in quantization_config.modules_to_not_convert")
     scale = scale_name(slot.name)
     if scale not in files:
-        raise ModelError(
-            f"{directory}: FP8 tensor {slot.name!r} has no scale tensor {scale!r}; a block-fp8 checkpoint "
-            f"stores one weight_scale_inv per quantized weight: the checkpoint is incomplete"
-        )
+        raise ModelError(f"{directory}: FP8 tensor {slot.name!r} has no scale tensor {scale!r}; a block-fp8 checkpoint "
+                         f"stores one weight_scale_inv per quantized weight: the checkpoint is incomplete")
     scale_view = open_slice(scale)
     want = quantization.scale_shape(slot.full_shape)
     got = tuple(scale_view.get_shape())
     if got != want:
-        raise ModelError(
-            f"{directory}: scale tensor {scale!r} has shape {list(got)} but a {list(slot.full_shape)} weight in "
-            f"{quantization.block_rows}x{quantization.block_cols} blocks needs {list(want)}; the scales do not "
-            f"belong to this weight or config.json's weight_block_size is wrong"
-        )
+        raise ModelError(f"{directory}: scale tensor {scale!r} has shape {list(got)} but a {list(slot.full_shape)} weight in "
+                         f"{quantization.block_rows}x{quantization.block_cols} blocks needs {list(want)}; the scales do not "
+                         f"belong to this weight or config.json's weight_block_size is wrong")
     if scale_view.get_dtype() not in fp8_blocks.SCALE_DTYPE_NAMES:
-        raise ModelError(
-            f"{directory}: scale tensor {scale!r} is stored as {scale_view.get_dtype()}; scales are "
-            f"{' or '.join(fp8_blocks.SCALE_DTYPE_NAMES)}"
-        )
+        raise ModelError(f"{directory}: scale tensor {scale!r} is stored as {scale_view.get_dtype()}; scales are "
+                         f"{' or '.join(fp8_blocks.SCALE_DTYPE_NAMES)}")
     block = (quantization.block_rows, quantization.block_cols)
     return fp8_blocks.read_dequantized(view, scale_view, block, slot.shard_dim, slot.shard)
 
@@ -270,10 +254,8 @@ def _check_unquantized(slot: WeightSlot, view: SafetensorsSlice, files: dict[str
         why = ("config.json has no quantization_config" if quantization is None
                else "config.json's quantization_config does not quantize it (embeddings, norms, router and "
                     "lm_head stay unquantized)")
-        raise ModelError(
-            f"{directory}: tensor {slot.name!r} is stored as {view.get_dtype()} but {why}; an FP8 tensor "
-            f"loads only with its scale under quant_method 'fp8': fix config.json or the checkpoint"
-        )
+        raise ModelError(f"{directory}: tensor {slot.name!r} is stored as {view.get_dtype()} but {why}; an FP8 tensor "
+                         f"loads only with its scale under quant_method 'fp8': fix config.json or the checkpoint")
     if slot.name.endswith(".weight") and scale_name(slot.name) in files:
         raise ModelError(
             f"{directory}: tensor {slot.name!r} has a scale tensor {scale_name(slot.name)!r} but is stored as "

@@ -117,10 +117,9 @@ def _set(section: Section, **changes: object) -> Section:
     return type(section)(**{**attrs.asdict(section, recurse=False), **given})
 
 
-def _section_method(
-    name: str, section: Callable[SectionArgs, Section], get: Callable[[Spec], Section],
-    put: Callable[[Spec, Section], Spec], doc: str,
-) -> Callable[Concatenate[Cluster, SectionArgs], Cluster]:
+def _section_method(name: str, section: Callable[SectionArgs, Section], get: Callable[[Spec], Section],
+                    put: Callable[[Spec, Section], Spec],
+                    doc: str) -> Callable[Concatenate[Cluster, SectionArgs], Cluster]:
     """A `Cluster` method whose arguments are the fields of the spec section ``section`` (its attrs
     ``__init__``'s, so the list is declared once, in the spec), changing only those given.
 

@@ -39,10 +39,8 @@ def context_bytes(hidden_size: int, vocab_size: int) -> int:
     return _HEADER.size + _FLOAT_BYTES * (hidden_size + vocab_size)
 
 
-def pack_context(
-    out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float,
-    num_cached_tokens: int = 0,
-) -> int:
+def pack_context(out: memoryview, hidden_state: Sequence[float], logits: Sequence[float], forward_end_s: float,
+                 num_cached_tokens: int = 0) -> int:
     """Write a payload into ``out`` (a slot of the staging buffer).
 
     Returns:
@@ -75,10 +73,8 @@ def unpack_context(data: memoryview | bytes, hidden_size: int, vocab_size: int) 
     if magic != _MAGIC or version != _VERSION:
         raise ContextShapeError(f"context slot holds no version-{_VERSION} payload (magic {magic!r}): prefill did not write it")
     if (hidden_n, vocab_n) != (hidden_size, vocab_size):
-        raise ContextShapeError(
-            f"context has hidden state [{hidden_n}] and logits [{vocab_n}], this model needs "
-            f"[{hidden_size}] and [{vocab_size}]: prefill and decode run different models"
-        )
+        raise ContextShapeError(f"context has hidden state [{hidden_n}] and logits [{vocab_n}], this model needs "
+                                f"[{hidden_size}] and [{vocab_size}]: prefill and decode run different models")
     start = _HEADER.size
     hidden = array("f", bytes(data[start : start + hidden_n * _FLOAT_BYTES]))
     start += hidden_n * _FLOAT_BYTES

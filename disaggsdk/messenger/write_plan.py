@@ -63,15 +63,9 @@ class PairWrites:
         return len(self.lengths)
 
 
-def layer_writes(
-    transfers: Sequence[Transfer],
-    layout: str,
-    layer_id: int,
-    src_geometry: PoolGeometry,
-    dst_geometry: PoolGeometry,
-    src_page_ids: Sequence[int],
-    dst_page_ids: Sequence[int],
-) -> list[PairWrites]:
+def layer_writes(transfers: Sequence[Transfer], layout: str, layer_id: int, src_geometry: PoolGeometry,
+                 dst_geometry: PoolGeometry, src_page_ids: Sequence[int],
+                 dst_page_ids: Sequence[int]) -> list[PairWrites]:
     """The entries moving pages ``src_page_ids[i] -> dst_page_ids[i]`` of one layer.
 
     Args:

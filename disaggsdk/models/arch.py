@@ -111,10 +111,8 @@ def arch_from_hf_config(config: dict[str, Any], name: str) -> ModelArch:
     archs = config.get("architectures") or []
     family = ARCHITECTURES.get(archs[0]) if archs else None
     if family is None:
-        raise ModelError(
-            f"{name}: unsupported architecture {archs[0] if archs else '(none)'!r} in config.json "
-            f"field 'architectures'; supported: {sorted(ARCHITECTURES)}"
-        )
+        raise ModelError(f"{name}: unsupported architecture {archs[0] if archs else '(none)'!r} in config.json "
+                         f"field 'architectures'; supported: {sorted(ARCHITECTURES)}")
 
     if "num_experts" not in config and "num_local_experts" in config:
         # transformers 5's save_pretrained writes the Qwen3-MoE expert count under this name

@@ -51,7 +51,5 @@ def resolve_model(model: str) -> ModelArch:
         return arch_from_hf_config(read_hf_config(model), name=model)
     close = difflib.get_close_matches(model, catalog_names(), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ModelError(
-        f"unknown model {model!r}; {hint}use a catalog name ({', '.join(catalog_names())}) "
-        f"or a path to a Hugging Face checkpoint directory"
-    )
+    raise ModelError(f"unknown model {model!r}; {hint}use a catalog name ({', '.join(catalog_names())}) "
+                     f"or a path to a Hugging Face checkpoint directory")

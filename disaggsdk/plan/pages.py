@@ -31,9 +31,7 @@ class PageShape:
         return self.page_size * self.heads_local * self.head_bytes_per_token
 
 
-def page_shape(
-    sharding: Sharding, page_size: int, head_dim: int, latent_dim: int, elem_bytes: int
-) -> PageShape:
+def page_shape(sharding: Sharding, page_size: int, head_dim: int, latent_dim: int, elem_bytes: int) -> PageShape:
     """The page shape of a rank of ``sharding``.
 
     Args:
@@ -77,13 +75,8 @@ class PageRuns:
             )
 
 
-def slice_runs(
-    layout: str,
-    heads: tuple[int, int],
-    src_heads: tuple[int, int],
-    dst_heads: tuple[int, int],
-    shape: PageShape,
-) -> PageRuns:
+def slice_runs(layout: str, heads: tuple[int, int], src_heads: tuple[int, int], dst_heads: tuple[int, int],
+               shape: PageShape) -> PageRuns:
     """The runs moving GQA heads ``heads`` from a source page to a destination page.
 
     Args:

@@ -64,9 +64,8 @@ def nearest_nic(gpu: int, hardware: Hardware) -> int:
     return gpu * hardware.nics_per_node // hardware.gpus_per_node
 
 
-def place_instances(
-    roles: Mapping[RoleName, Role], hardware: Hardware, attention: AttentionKind, num_kv_heads: int
-) -> tuple[Instance, ...]:
+def place_instances(roles: Mapping[RoleName, Role], hardware: Hardware, attention: AttentionKind,
+                    num_kv_heads: int) -> tuple[Instance, ...]:
     """Create every instance of every role and place its ranks.
 
     Args:
@@ -84,10 +83,8 @@ def place_instances(
     """
     gpn = hardware.gpus_per_node
     if gpn < 1 or hardware.nics_per_node < 1:
-        raise SpecError(
-            "$.hardware: gpus_per_node and nics_per_node must be at least 1, got "
-            f"{gpn} and {hardware.nics_per_node}"
-        )
+        raise SpecError("$.hardware: gpus_per_node and nics_per_node must be at least 1, got "
+                        f"{gpn} and {hardware.nics_per_node}")
     instances: list[Instance] = []
     node, used = 0, 0  # next free slot: GPU `used` on node `node`
     global_index = 0
@@ -98,11 +95,9 @@ def place_instances(
         if size < 1 or role.dp < 1:
             raise SpecError(f"$.{role_name}.dp: dp must be at least 1, got {role.dp}")
         if size > gpn and size % gpn:
-            raise SpecError(
-                f"$.{role_name}: an instance of tp*dp = {size} ranks is larger than a node of "
-                f"{gpn} GPUs but not a whole number of nodes; use a multiple of {gpn} or at "
-                f"most {gpn}"
-            )
+            raise SpecError(f"$.{role_name}: an instance of tp*dp = {size} ranks is larger than a node of "
+                            f"{gpn} GPUs but not a whole number of nodes; use a multiple of {gpn} or at "
+                            f"most {gpn}")
         for index in range(role.replicas):
             if used and (size > gpn or used + size > gpn):
                 node, used = node + 1, 0  # never straddle: start on a fresh node

@@ -130,14 +130,8 @@ def mla_dp_source(route: Route, request_id: str | int) -> int:
     return route.transfers_for(request_id)[0].src_tp_rank
 
 
-def make_route(
-    prefill: Instance,
-    decode: Instance,
-    src_shape: PageShape,
-    dst_shape: PageShape,
-    num_layers: int,
-    seed: int,
-) -> Route:
+def make_route(prefill: Instance, decode: Instance, src_shape: PageShape, dst_shape: PageShape, num_layers: int,
+               seed: int) -> Route:
     """Compute the route from ``prefill`` to ``decode``.
 
     Args:

@@ -116,8 +116,6 @@ def make_sharding(attention: AttentionKind, tp: int, num_kv_heads: int, path: st
         raise SpecError(f"{path}: the model reports {num_kv_heads} KV heads; check its config.json")
     if num_kv_heads % tp and tp % num_kv_heads:
         fits = sorted({d for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0})
-        raise SpecError(
-            f"{path}: tp={tp} neither divides nor is a multiple of the model's {num_kv_heads} KV "
-            f"heads; use one of {fits} or a multiple of {num_kv_heads}"
-        )
+        raise SpecError(f"{path}: tp={tp} neither divides nor is a multiple of the model's {num_kv_heads} KV "
+                        f"heads; use one of {fits} or a multiple of {num_kv_heads}")
     return Sharding("gqa", tp, num_kv_heads)

@@ -79,9 +79,8 @@ def percentile(values: Sequence[float], p: float, weights: Sequence[float] | Non
     return pairs[-1][0]
 
 
-def metric_stats(
-    name: str, values: Sequence[float], percentiles: Iterable[float], weights: Sequence[float] | None = None
-) -> dict[str, float]:
+def metric_stats(name: str, values: Sequence[float], percentiles: Iterable[float],
+                 weights: Sequence[float] | None = None) -> dict[str, float]:
     """``mean_/median_/std_/pNN_{name}_ms`` of ``values`` (optionally weighted)."""
     if not values:
         out = {f"mean_{name}_ms": 0.0, f"median_{name}_ms": 0.0, f"std_{name}_ms": 0.0}
@@ -115,12 +114,8 @@ def is_good(t: RequestTimeline, slos_ms: dict[str, float]) -> bool:
     return t.ok and meets_slos(t.ttft_ms, t.tpot_ms, t.e2el_ms, slos_ms)
 
 
-def summarize(
-    timelines: Sequence[RequestTimeline],
-    duration_s: float,
-    percentiles: Iterable[float] = (50, 90, 99),
-    slos_ms: dict[str, float] | None = None,
-) -> dict[str, float | int]:
+def summarize(timelines: Sequence[RequestTimeline], duration_s: float, percentiles: Iterable[float] = (50, 90, 99),
+              slos_ms: dict[str, float] | None = None) -> dict[str, float | int]:
     """vLLM-compatible summary of a benchmark run.
 
     Args:

@@ -50,9 +50,8 @@ class InstanceRow:
     prefix_cache_hit_rate: float | None = None
 
 
-def instance_rows(
-    served: Sequence[Served], stats: Sequence[InstanceStats], now_s: float, window_s: float = DEFAULT_WINDOW_S
-) -> list[InstanceRow]:
+def instance_rows(served: Sequence[Served], stats: Sequence[InstanceStats], now_s: float,
+                  window_s: float = DEFAULT_WINDOW_S) -> list[InstanceRow]:
     """One row per instance, latencies from requests that ended in ``(now_s - window_s, now_s]``.
 
     Args:

@@ -103,10 +103,7 @@ def predict(query: AicQuery, executable: str, timeout_s: float = TIMEOUT_S) -> P
 
 
 def _error_line(text: str) -> str | None:
-    for line in text.splitlines():
-        if line.startswith("Error:"):
-            return line[len("Error:"):].strip()
-    return None
+    return next((line[len("Error:"):].strip() for line in text.splitlines() if line.startswith("Error:")), None)
 
 
 # cli default

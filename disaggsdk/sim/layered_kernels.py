@@ -18,17 +18,7 @@ from typing import TypeVar
 
 from disaggsdk.sim.hardware import HardwareProfile
 from disaggsdk.sim.kernel_db import KernelDb, KernelDbRef, KernelDbUnavailable
-from disaggsdk.sim.kernels import (
-    Attention,
-    Collective,
-    Elementwise,
-    Fit,
-    Gemm,
-    Kernel,
-    KernelCosts,
-    KernelTime,
-    MoeExperts,
-)
+from disaggsdk.sim.kernels import Attention, Collective, Elementwise, Fit, Gemm, Kernel, KernelCosts, KernelTime, MoeExperts
 from disaggsdk.sim.roofline_kernels import RooflineKernels
 
 FITS: tuple[Fit, ...] = ("exact", "interpolated", "extrapolated", "roofline")

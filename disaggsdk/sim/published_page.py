@@ -15,15 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from disaggsdk.sim.published import (
-    CASES,
-    TOLERANCE,
-    PhaseSteps,
-    PublishedCase,
-    PublishedFigure,
-    PublishedRow,
-    ServingLoad,
-)
+from disaggsdk.sim.published import CASES, TOLERANCE, PhaseSteps, PublishedCase, PublishedFigure, PublishedRow, ServingLoad
 from disaggsdk.sim.render import published_claim, published_error, published_number
 
 REGENERATE = "python -m disaggsdk.sim.published_page --write"

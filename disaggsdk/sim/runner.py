@@ -20,11 +20,9 @@ def default_profile_name(spec: Spec) -> str:
     return PROFILE_OF_GPU[spec.hardware.gpu]
 
 
-def run_simulations(
-    spec: Spec, config: SimConfig, layouts: list[bool], rates: list[float] | None = None,
-    trace: str | None = None, duration_s: float = 600.0, input_len: int = 2048, output_len: int = 256,
-    range_ratio: float = 0.0, burstiness: float = 1.0, seed: int = 0,
-) -> dict[str, Any]:
+def run_simulations(spec: Spec, config: SimConfig, layouts: list[bool], rates: list[float] | None = None,
+                    trace: str | None = None, duration_s: float = 600.0, input_len: int = 2048, output_len: int = 256,
+                    range_ratio: float = 0.0, burstiness: float = 1.0, seed: int = 0) -> dict[str, Any]:
     """Simulate every (rate, layout) pair on the same arrivals per rate.
 
     Args:

@@ -9,16 +9,7 @@ import attrs
 
 from disaggsdk.sim.grid_interp import Cell, GridFit, Lookup, MonotoneGrid, Point, SlicedTable
 from disaggsdk.sim.kernel_db import KernelDb, TableFile
-from disaggsdk.sim.kernels import (
-    AllReduce,
-    Attention,
-    Collective,
-    Elementwise,
-    ExpertExchange,
-    Gemm,
-    KernelTime,
-    MoeExperts,
-)
+from disaggsdk.sim.kernels import AllReduce, Attention, Collective, Elementwise, ExpertExchange, Gemm, KernelTime, MoeExperts
 from disaggsdk.sim.roofline_kernels import RooflineKernels
 
 MS = 1e-3

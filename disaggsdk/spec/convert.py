@@ -14,12 +14,7 @@ from collections.abc import Callable
 
 import attrs
 import cattrs
-from cattrs.errors import (
-    ClassValidationError,
-    ForbiddenExtraKeysError,
-    IterableValidationError,
-    IterableValidationNote,
-)
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError, IterableValidationNote
 
 from disaggsdk.errors import SpecError
 from disaggsdk.spec.field_checks import FieldErrors, JsonValue, shown
@@ -78,10 +73,8 @@ def _make_converter() -> cattrs.Converter:
             if value is None:
                 value = {}
             if not isinstance(value, dict):
-                raise TypeError(
-                    f"expected a mapping of {', '.join(f.name for f in attrs.fields(cls))}, "
-                    f"got {shown(value)} ({type(value).__name__})"
-                )
+                raise TypeError(f"expected a mapping of {', '.join(f.name for f in attrs.fields(cls))}, "
+                                f"got {shown(value)} ({type(value).__name__})")
             return inner(value, _t)
 
         return hook

@@ -54,10 +54,8 @@ def parse_spec_yaml(text: str, source: str | None = None) -> Spec:
         raise SpecError(f"{at}: YAML syntax error: {problem}; fix the indentation or quoting") from None
     if data is None:
         lines = ", ".join(f"`{line}`" for line in CPU_STARTER_SPEC.splitlines())
-        raise SpecError(
-            f"{where}: the spec is empty; write at least {lines}, one per line: one prefill and "
-            f"one decode process on this machine's CPU (specs/tiny_pd.yaml spells out the rest)"
-        )
+        raise SpecError(f"{where}: the spec is empty; write at least {lines}, one per line: one prefill and "
+                        f"one decode process on this machine's CPU (specs/tiny_pd.yaml spells out the rest)")
     try:
         return check_spec(spec_from_dict(data))
     except SpecError as exc:

@@ -9,14 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from disaggsdk.testbed.errors import NetemUnavailable, PacketDropUnavailable, TestbedError
-from disaggsdk.testbed.link import (
-    LinkSpec,
-    delay_queue_packets,
-    netem_args,
-    netem_available,
-    shape_link,
-    tbf_args,
-)
+from disaggsdk.testbed.link import LinkSpec, delay_queue_packets, netem_args, netem_available, shape_link, tbf_args
 from disaggsdk.testbed.packet_delay import iptables_available, record_path, start_delayers, stop_delayers
 from disaggsdk.testbed.tools import COMMAND_TIMEOUT_S, run_tool
 

@@ -160,10 +160,7 @@ class Node:
     @classmethod
     def from_dict(cls, data: NodeState) -> Node:
         """The inverse of `to_dict`."""
-        return cls(name=str(data["name"]), index=int(data["index"]), address=str(data["address"]),
-                   namespace=str(data["namespace"]), interface=str(data["interface"]),
-                   switch_port=str(data["switch_port"]), anchor_pid=int(data["anchor_pid"]),
-                   unshare_pid=int(data["unshare_pid"]))
+        return cls(**data)
 
 
 def start_anchor(name: str, namespace: str, host_paths: Sequence[str] = (), python: str = sys.executable,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -186,17 +187,13 @@ class TransferEngine:
                 self._lib.fab_attach_direct(self._live(), dst, self._ffi.cast("void *", address)),
                 "attaching a same-host region"))
         batch_id = self._next_id()
-        fut = self._pump.track(ev.EV_BATCH_DONE, batch_id)
-        rc = self._lib.fab_submit_writes(
-            self._live(), batch_id, peer.handle, batch.src.handle, dst,
-            ffi.from_buffer("uint64_t[]", batch.src_offsets),
-            ffi.from_buffer("uint64_t[]", batch.dst_offsets),
-            ffi.from_buffer("uint64_t[]", batch.lengths),
-            ffi.from_buffer("uint32_t[]", batch.imms), len(batch))
-        if rc < 0:
-            self._pump.forget(ev.EV_BATCH_DONE, batch_id)
-            self._check(rc, f"submitting {len(batch)} writes")
-        return fut
+        return self._tracked(ev.EV_BATCH_DONE, batch_id, f"submitting {len(batch)} writes",
+                             lambda: self._lib.fab_submit_writes(
+                                 self._live(), batch_id, peer.handle, batch.src.handle, dst,
+                                 ffi.from_buffer("uint64_t[]", batch.src_offsets),
+                                 ffi.from_buffer("uint64_t[]", batch.dst_offsets),
+                                 ffi.from_buffer("uint64_t[]", batch.lengths),
+                                 ffi.from_buffer("uint32_t[]", batch.imms), len(batch)))
 
     def expect(self, imm: int, count: int) -> Future:
         """Future resolved once `count` write entries carrying `imm` have landed here.
@@ -204,12 +201,8 @@ class TransferEngine:
         Raises:
             TransferError: imm is already expected (cancel it first).
         """
-        fut = self._pump.track(ev.EV_IMM_DONE, imm)
-        rc = self._lib.fab_expect(self._live(), imm, count)
-        if rc < 0:
-            self._pump.forget(ev.EV_IMM_DONE, imm)
-            self._check(rc, f"expecting immediate {imm}")
-        return fut
+        return self._tracked(ev.EV_IMM_DONE, imm, f"expecting immediate {imm}",
+                             lambda: self._lib.fab_expect(self._live(), imm, count))
 
     @property
     def num_open_counters(self) -> int:
@@ -232,12 +225,8 @@ class TransferEngine:
             TransferError: the message is too large or the peer is unknown.
         """
         send_id = self._next_id()
-        fut = self._pump.track(ev.EV_SEND_DONE, send_id)
-        rc = self._lib.fab_send(self._live(), send_id, peer.handle, data, len(data))
-        if rc < 0:
-            self._pump.forget(ev.EV_SEND_DONE, send_id)
-            self._check(rc, f"sending {len(data)} bytes")
-        return fut
+        return self._tracked(ev.EV_SEND_DONE, send_id, f"sending {len(data)} bytes",
+                             lambda: self._lib.fab_send(self._live(), send_id, peer.handle, data, len(data)))
 
     @property
     def wake(self) -> ev.WakeFd:
@@ -290,6 +279,16 @@ class TransferEngine:
         if self._closed:
             raise TransferError("the transfer engine is closed")
         return self._engine
+
+    def _tracked(self, kind: int, key: int, what: str, call: Callable[[], int]) -> Future:
+        """The future of event ``kind`` for ``key``, tracked before the native ``call`` (its completion
+        may come before the call returns) and forgotten again when the call fails."""
+        fut = self._pump.track(kind, key)
+        rc = call()
+        if rc < 0:
+            self._pump.forget(kind, key)
+            self._check(rc, what)
+        return fut
 
     def _next_id(self) -> int:
         with self._id_lock:

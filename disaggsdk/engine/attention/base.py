@@ -19,9 +19,7 @@ class LayerAttention(Protocol):
     """What a model's layer calls: attention of one layer over a step already planned (a backend,
     or the graph ops that reach one from a compiled step, engine.graph_ops.GraphAttention)."""
 
-    def run(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
-    ) -> torch.Tensor:
+    def run(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """GQA attention of one layer.
 
         Args:
@@ -33,15 +31,8 @@ class LayerAttention(Protocol):
             [num_tokens, num_q_heads_local, head_dim]
         """
 
-    def run_mla(
-        self,
-        layer_id: int,
-        q_latent: torch.Tensor,
-        q_rope: torch.Tensor,
-        kv_latent: torch.Tensor,
-        k_rope: torch.Tensor,
-        sm_scale: float,
-    ) -> torch.Tensor:
+    def run_mla(self, layer_id: int, q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor,
+                k_rope: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """MLA attention of one layer in the absorbed form (as FlashInfer's MLA wrapper takes it).
 
         The cache stores per token ``[kv_latent | k_rope]``; scores are

@@ -38,11 +38,9 @@ def _ptr(kind: str, t: torch.Tensor) -> object:  # a cffi pointer
     return _cpu_kernels.ffi.cast(kind, t.data_ptr())
 
 
-def paged_decode(
-    q: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-    page_indices: torch.Tensor, page_indptr: torch.Tensor, kv_lens: torch.Tensor, sm_scale: float,
-    out: torch.Tensor, kv_scales: tuple[float, float] = (1.0, 1.0),
-) -> None:
+def paged_decode(q: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 page_indices: torch.Tensor, page_indptr: torch.Tensor, kv_lens: torch.Tensor, sm_scale: float,
+                 out: torch.Tensor, kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
     """One-query attention of each request over its pages, written into ``out`` (the kernel).
 
     Args:
@@ -265,10 +263,9 @@ class CpuBackend(TorchRefBackend):
                          kv_scales)
             out[rows] = out_f32[rows].to(out.dtype)
 
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
-        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor, kv_scales: tuple[float, float],
-    ) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
+                sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
+                kv_scales: tuple[float, float]) -> torch.Tensor:
         if self._decode is not None:
             k_tm = keys if token_major else keys.transpose(1, 2)
             v_tm = values if token_major else values.transpose(1, 2)

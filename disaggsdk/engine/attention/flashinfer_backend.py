@@ -119,9 +119,7 @@ class FlashInferBackend:
             )
         self._planned_key = key
 
-    def run(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
-    ) -> torch.Tensor:
+    def run(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """GQA attention of one layer (see `AttentionBackend.run`).
 
         Args:
@@ -144,15 +142,8 @@ class FlashInferBackend:
             return wrapper.run(q.contiguous(), paged)
         return wrapper.run(q.contiguous(), paged, k_scale=k_scale, v_scale=v_scale)
 
-    def run_mla(
-        self,
-        layer_id: int,
-        q_latent: torch.Tensor,
-        q_rope: torch.Tensor,
-        kv_latent: torch.Tensor,
-        k_rope: torch.Tensor,
-        sm_scale: float,
-    ) -> torch.Tensor:
+    def run_mla(self, layer_id: int, q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor,
+                k_rope: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """MLA attention of one layer in absorbed form: `AttentionBackend.run_mla` says the shapes."""
         cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, kv_lora_rank + rope]
         rank = kv_latent.shape[1]

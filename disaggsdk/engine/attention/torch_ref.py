@@ -56,9 +56,8 @@ class _Group:
     spans: tuple[tuple[int, int, int], ...] = ()  # (first query row, queries, KV length) per request
 
 
-def _decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sm_scale: float
-) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      sm_scale: float) -> torch.Tensor:
     """One query per request, with grouped heads folded into the matmul (no K/V repeat).
 
     Args:
@@ -197,10 +196,9 @@ class TorchRefBackend:
         g = cache.view(num_pages * h, p, d).index_select(0, blocks.reshape(-1))
         return g.view(b, h, n * p, d)
 
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
-        sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor, kv_scales: tuple[float, float],
-    ) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, token_major: bool, out: torch.Tensor,
+                sm_scale: float, new_keys: torch.Tensor, new_values: torch.Tensor,
+                kv_scales: tuple[float, float]) -> torch.Tensor:
         """Attention of every group over paged keys/values (layout given by ``token_major``; stored
         values times ``kv_scales`` (k, v) for an fp8 cache); fresh groups over ``new_keys``/``new_values``
         ([num_tokens, Hkv, D], already as the cache rounds them) instead."""
@@ -282,15 +280,8 @@ class TorchRefBackend:
         v_tm[self._new_page, self._new_offset] = v_stored
         return k_stored, v_stored
 
-    def run_mla(
-        self,
-        layer_id: int,
-        q_latent: torch.Tensor,
-        q_rope: torch.Tensor,
-        kv_latent: torch.Tensor,
-        k_rope: torch.Tensor,
-        sm_scale: float,
-    ) -> torch.Tensor:
+    def run_mla(self, layer_id: int, q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor,
+                k_rope: torch.Tensor, sm_scale: float) -> torch.Tensor:
         """MLA attention of one layer in absorbed form: `AttentionBackend.run_mla` says the shapes."""
         assert q_latent.shape[0] == self._num_tokens, "run_mla() called with an unplanned batch"
         cache = self.kv_cache.latent(layer_id)  # [num_pages, page_size, latent_dim]

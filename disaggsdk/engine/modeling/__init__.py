@@ -66,14 +66,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
         raise ModelError(f"unknown model dtype {dtype!r}; use one of {sorted(names)}") from None
 
 
-def build_model(
-    model: str,
-    tp: TensorParallel,
-    dtype: torch.dtype | str = "float32",
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-    load_format: str = "auto",
-) -> DecoderModel:
+def build_model(model: str, tp: TensorParallel, dtype: torch.dtype | str = "float32",
+                device: torch.device | str = "cpu", seed: int = 0, load_format: str = "auto") -> DecoderModel:
     """Build this rank's shard of a model, with weights.
 
     Args:
@@ -110,10 +104,8 @@ def build_model(
     cls = model_class(arch.family)
     if model in CATALOG and not is_tiny(model):
         # checked before allocating: a full-size model would not fit in memory anyway
-        raise ModelError(
-            f"{model!r} is a full-size catalog model with no weights on this machine; pass its "
-            f"checkpoint directory, or use a tiny variant ({', '.join(n for n in CATALOG if is_tiny(n))})"
-        )
+        raise ModelError(f"{model!r} is a full-size catalog model with no weights on this machine; pass its "
+                         f"checkpoint directory, or use a tiny variant ({', '.join(n for n in CATALOG if is_tiny(n))})")
     torch_dtype = resolve_dtype(dtype)
     with torch.device(device):
         net = cls(arch, tp, torch_dtype)

@@ -72,10 +72,8 @@ def check_tp(arch: ModelArch, tp_size: int) -> None:
     if arch.moe_intermediate_size % tp_size:
         problems.append(f"moe_intermediate_size={arch.moe_intermediate_size}")
     if problems:
-        raise ModelError(
-            f"{arch.name} cannot be split over tp={tp_size}: {', '.join(problems)} is not divisible;"
-            f" choose a tp that divides these"
-        )
+        raise ModelError(f"{arch.name} cannot be split over tp={tp_size}: {', '.join(problems)} is not divisible;"
+                         f" choose a tp that divides these")
 
 
 # config.json fields the engine does not implement, with the values it does; a checkpoint that
@@ -101,10 +99,8 @@ def check_supported(arch: ModelArch) -> None:
     for field, allowed in SUPPORTED_VALUES.items():
         value = arch.hf_config.get(field)
         if value not in allowed:
-            raise ModelError(
-                f"{arch.name}: config.json field {field!r} is {value!r}; the engine supports "
-                f"{' or '.join(repr(a) for a in allowed if a is not None) or 'only its absence'}"
-            )
+            raise ModelError(f"{arch.name}: config.json field {field!r} is {value!r}; the engine supports "
+                             f"{' or '.join(repr(a) for a in allowed if a is not None) or 'only its absence'}")
     block_fp8_of(arch.hf_config, arch.name)
 
 

@@ -18,12 +18,7 @@ from torch import nn
 
 from disaggsdk.engine.modeling.layers import amx_linear, skinny
 from disaggsdk.engine.modeling.layers.decoder import DecoderLayer, DecoderModel, Embedding
-from disaggsdk.engine.modeling.layers.linear import (
-    ColumnParallelLinear,
-    OutputPart,
-    RowParallelLinear,
-    replicated_linear,
-)
+from disaggsdk.engine.modeling.layers.linear import ColumnParallelLinear, OutputPart, RowParallelLinear, replicated_linear
 from disaggsdk.engine.modeling.layers.mlp import GatedMLP
 from disaggsdk.engine.modeling.layers.moe import Experts, GroupLimitedRouter
 from disaggsdk.engine.modeling.layers.norm import RMSNorm

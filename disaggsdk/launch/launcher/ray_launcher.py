@@ -22,14 +22,7 @@ from disaggsdk.launch import messages as ch
 from disaggsdk.launch.base import LaunchError, UnitHandle
 from disaggsdk.launch.channel import FrameChannel
 from disaggsdk.launch.launcher.ray_nodes import SLOT_RESOURCE, RayNode, map_plan_nodes, rank_resource, ranks_per_node
-from disaggsdk.launch.launcher.ray_unit_host import (
-    TOKEN_BYTES,
-    UnitHostActor,
-    UnitStart,
-    keepalive,
-    kill_actor,
-    unit_host_actor,
-)
+from disaggsdk.launch.launcher.ray_unit_host import TOKEN_BYTES, UnitHostActor, UnitStart, keepalive, kill_actor, unit_host_actor
 from disaggsdk.launch.launcher.units import unit_names
 
 if TYPE_CHECKING:

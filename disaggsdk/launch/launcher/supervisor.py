@@ -67,65 +67,6 @@ DEFAULT_MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 0.5  # before the first restart of a unit; doubled for each next one
 
 
-def start_local_runtime(spec: Spec, tiny: bool = False, colocated: bool = False,
-                        cpu_affinity: CpuAffinity = None, log_dir: str | None = None, provider: str | None = None,
-                        start_timeout_s: float = 300.0, on_event: Callable[[str], None] | None = None,
-                        secret: bytes | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                        launcher: Launcher | None = None, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
-                        on_progress: Callable[[str], None] | None = None) -> Supervisor:
-    """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.routing.router.Router`.
-
-    The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
-    `Supervisor.start`; see `Supervisor` for the arguments.
-
-    Raises:
-        LaunchError: a `device: cuda` plan on more devices than this machine has, or a unit that failed
-            to start (with its log tail).
-        UnitCannotRun: a unit found no CUDA device (one line, with what to do).
-    """
-    runtime = Supervisor(spec, launcher or ProcessLauncher(), tiny=tiny, colocated=colocated,
-                         cpu_affinity=cpu_affinity, log_dir=log_dir, provider=provider,
-                         start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
-                         max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
-    runtime.start()
-    return runtime
-
-
-def start_ray_runtime(spec: Spec, address: str | None = None, tiny: bool = False,
-                      colocated: bool = False, cpu_affinity: CpuAffinity = None, log_dir: str | None = None,
-                      provider: str | None = None, start_timeout_s: float = 300.0,
-                      on_event: Callable[[str], None] | None = None, secret: bytes | None = None,
-                      max_restarts: int = DEFAULT_MAX_RESTARTS, restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
-                      on_progress: Callable[[str], None] | None = None) -> Supervisor:
-    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.routing.router.Router`.
-
-    The `Supervisor` of ``spec``'s units with a `ray_launcher.RayLauncher` starting them where the plan
-    places them, after its `Supervisor.start`. Between nodes KV moves over libfabric's tcp provider (a
-    spec that asks for shm gets tcp when its plan spans nodes: shared memory does not cross machines);
-    verbs or efa stay as asked.
-
-    Args:
-        spec: the deployment.
-        address: the Ray cluster (``"auto"``: the one ``ray start`` started here; ``"HOST:PORT"``);
-            None: the cluster this process already joined, the one running on this machine, or a new
-            one-node cluster (with the `disaggsdk_slot`s a CPU spec needs).
-        tiny: run the spec's topology with its tiny model on the CPU (see `tiny_spec`).
-        cpu_affinity: ignored: Ray places the units.
-        colocated, log_dir, provider, start_timeout_s, on_event, secret, max_restarts,
-            restart_window_s, on_progress: as for `start_local_runtime` (`Supervisor`).
-    Raises:
-        LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
-    """
-    from disaggsdk.launch.launcher.ray_launcher import RayLauncher
-
-    del cpu_affinity  # accepted so that every runtime takes the same options
-    runtime = Supervisor(spec, RayLauncher(address), tiny=tiny, colocated=colocated, log_dir=log_dir,
-                         provider=provider, start_timeout_s=start_timeout_s, on_event=on_event, secret=secret,
-                         max_restarts=max_restarts, restart_window_s=restart_window_s, on_progress=on_progress)
-    runtime.start()
-    return runtime
-
-
 class RuntimeOptions(TypedDict, total=False):
     """The keywords `start_local_runtime` and `start_ray_runtime` share (see `Supervisor`)."""
 
@@ -140,6 +81,48 @@ class RuntimeOptions(TypedDict, total=False):
     secret: bytes | None
     max_restarts: int
     restart_window_s: float
+
+
+def start_local_runtime(spec: Spec, launcher: Launcher | None = None, **options: Unpack[RuntimeOptions]) -> Supervisor:
+    """A whole deployment as local processes, started (a `Runtime`); serve it with `serve.routing.router.Router`.
+
+    The `Supervisor` of ``spec``'s units with a `units.ProcessLauncher` (or ``launcher``), after its
+    `Supervisor.start`; see `Supervisor` for the arguments.
+
+    Raises:
+        LaunchError: a `device: cuda` plan on more devices than this machine has, or a unit that failed
+            to start (with its log tail).
+        UnitCannotRun: a unit found no CUDA device (one line, with what to do).
+    """
+    runtime = Supervisor(spec, launcher or ProcessLauncher(), **options)
+    runtime.start()
+    return runtime
+
+
+def start_ray_runtime(spec: Spec, address: str | None = None, **options: Unpack[RuntimeOptions]) -> Supervisor:
+    """A deployment on a Ray cluster, started (a `Runtime`); serve it with `serve.routing.router.Router`.
+
+    The `Supervisor` of ``spec``'s units with a `ray_launcher.RayLauncher` starting them where the plan
+    places them, after its `Supervisor.start`. Between nodes KV moves over libfabric's tcp provider (a
+    spec that asks for shm gets tcp when its plan spans nodes: shared memory does not cross machines);
+    verbs or efa stay as asked.
+
+    Args:
+        spec: the deployment.
+        address: the Ray cluster (``"auto"``: the one ``ray start`` started here; ``"HOST:PORT"``);
+            None: the cluster this process already joined, the one running on this machine, or a new
+            one-node cluster (with the `disaggsdk_slot`s a CPU spec needs).
+        options: as for `start_local_runtime` (`Supervisor`), but ``cpu_affinity``, which is
+            ignored: Ray places the units.
+    Raises:
+        LaunchError: the cluster lacks room for the plan (per node), or a unit failed to start.
+    """
+    from disaggsdk.launch.launcher.ray_launcher import RayLauncher
+
+    options.pop("cpu_affinity", None)  # accepted so that every runtime takes the same options
+    runtime = Supervisor(spec, RayLauncher(address), **options)
+    runtime.start()
+    return runtime
 
 
 class StartRuntime(Protocol):

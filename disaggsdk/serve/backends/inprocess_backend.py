@@ -109,10 +109,9 @@ class InProcessBackend:
         """Text of ``token_ids`` (without special tokens unless asked)."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = "",
-        trace_context: Mapping[str, str] | None = None, response_id: str = "",
-    ) -> AsyncGenerator[TokenEvent, None]:
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, client: str = "",
+                       trace_context: Mapping[str, str] | None = None,
+                       response_id: str = "") -> AsyncGenerator[TokenEvent, None]:
         """Stream the request's tokens; a refused request (or a closed backend) yields one ``error`` event.
         ``client`` is not used: a request that takes this engine down takes the server with it; nor are
         ``trace_context`` and ``response_id``: one engine in this process is not traced

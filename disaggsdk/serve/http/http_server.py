@@ -91,10 +91,8 @@ class HttpServer:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise ServerStartError(
-                    f"the HTTP server could not listen on {self.host}:{self.port} (in use?); "
-                    f"pick another port, or 0 for any free one"
-                )
+                raise ServerStartError(f"the HTTP server could not listen on {self.host}:{self.port} (in use?); "
+                                       f"pick another port, or 0 for any free one")
             time.sleep(0.01)
         sockets = [s for server in self._server.servers for s in server.sockets]
         self.port = sockets[0].getsockname()[1]

@@ -26,22 +26,12 @@ from disaggsdk.serve.backend import ServingBackend
 from disaggsdk.serve.http.access_log import AccessLog, note_runs
 from disaggsdk.serve.http.chat_template import model_chat_template
 from disaggsdk.serve.http.choices import Choices, expand_choices
-from disaggsdk.serve.http.client_request_ids import (
-    ClientRequestIds,
-    client_request_id,
-    internal_request_id,
-    response_id_of,
-)
+from disaggsdk.serve.http.client_request_ids import ClientRequestIds, client_request_id, internal_request_id, response_id_of
 from disaggsdk.serve.http.error_bodies import BadRequestError, add_error_handlers, error_kind, unavailable_body
 from disaggsdk.serve.http.http_guard import LOOPBACK_HOSTS, CorsPolicy, HostGuard, api_key_given
 from disaggsdk.serve.http.http_limits import HttpLimits
 from disaggsdk.serve.http.openai_json import JsonObject, decode_body
-from disaggsdk.serve.http.openai_request import (
-    ParsedRequest,
-    check_context_length,
-    parse_request,
-    rest_of_context_by_default,
-)
+from disaggsdk.serve.http.openai_request import ParsedRequest, check_context_length, parse_request, rest_of_context_by_default
 from disaggsdk.serve.http.queued_requests import QueuedRequests
 from disaggsdk.serve.http.request_run import RequestRun
 from disaggsdk.serve.http.tokenize_routes import add_tokenize_routes, model_vocab_size

@@ -70,11 +70,9 @@ def chat_logprobs(lps: Sequence[TokenLogprobs], decode: Decode) -> LogprobsObjec
                         for lp in lps]}
 
 
-def choice(
-    chat: bool, text: str, finish_reason: str | None, logprobs: LogprobsObject | None,
-    token_ids: Sequence[int] | None, delta: bool, first: bool = False,
-    tool_calls: Sequence[JsonObject] = (),
-) -> JsonObject:
+def choice(chat: bool, text: str, finish_reason: str | None, logprobs: LogprobsObject | None,
+           token_ids: Sequence[int] | None, delta: bool, first: bool = False,
+           tool_calls: Sequence[JsonObject] = ()) -> JsonObject:
     """One ``choices[0]`` entry: a whole answer or a streamed delta.
 
     Args:

@@ -45,10 +45,8 @@ class ToolSetup:
 
     def schema(self, name: str) -> JsonObject:
         """The parameters schema of tool ``name`` ({} when unknown)."""
-        for tool in self.tools:
-            if tool["function"]["name"] == name:
-                return tool["function"].get("parameters") or {}
-        return {}
+        return next((tool["function"].get("parameters") or {}
+                     for tool in self.tools if tool["function"]["name"] == name), {})
 
 
 def parse_tool_choice(body: JsonObject, tools: list[Tool] | None,

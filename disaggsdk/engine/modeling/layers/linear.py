@@ -83,10 +83,8 @@ class ColumnParallelLinear(_Linear):
 class RowParallelLinear(_Linear):
     """Partial y = x_local W_local^T over this rank's input columns (caller all-reduces)."""
 
-    def __init__(
-        self, name: str, full_in: int, cols: tuple[int, int], out_features: int, dtype: torch.dtype,
-        optional_group: str | None = None,
-    ):
+    def __init__(self, name: str, full_in: int, cols: tuple[int, int], out_features: int, dtype: torch.dtype,
+                 optional_group: str | None = None):
         super().__init__()
         self.name = name
         self.full_in = full_in

@@ -31,10 +31,8 @@ def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
-        raise ModelError(
-            f"config.json field 'rope_scaling.type' is {params['rope_type']!r}; the engine supports "
-            f"{list(SUPPORTED_ROPE_TYPES)}"
-        )
+        raise ModelError(f"config.json field 'rope_scaling.type' is {params['rope_type']!r}; the engine supports "
+                         f"{list(SUPPORTED_ROPE_TYPES)}")
     if params["rope_type"] == "yarn":
         params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
     return params
