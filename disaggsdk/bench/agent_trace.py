@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from disaggsdk.bench.dataset import BenchRequest, DatasetError
+from disaggsdk.bench.dataset import BenchRequest, DatasetError, json_lines
 from disaggsdk.bench.multi_turn import MultiTurnWorkload
 
 TURN_KEYS = ("session_id", "turn", "new_token_ids", "output_token_ids")
@@ -89,19 +89,8 @@ def read_agent_trace(path: str | Path) -> tuple[AgentSession, ...]:
             ids that are not whole numbers >= 0, a turn out of order within its session (each with
             its line number), or no turn at all.
     """
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise DatasetError(f"--dataset-path {path}: cannot read it ({exc.strerror})") from None
     turns: dict[int | str, list[AgentTurn]] = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
+    for where, row in json_lines(path):
         if not isinstance(row, dict) or any(key not in row for key in TURN_KEYS):
             raise DatasetError(f"{where}: expected an object with {', '.join(TURN_KEYS)} (an agent session trace)")
         session_id, turn = row["session_id"], row["turn"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,26 @@ def random_requests(num_prompts: int, input_len: int, output_len: int, range_rat
         BenchRequest([rng.randrange(RANDOM_TOKEN_ID_LIMIT) for _ in range(n_in)], n_in, n_out)
         for n_in, n_out in zip(inputs, outputs)
     ]
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[str, object]]:
+    """Each non-blank line of a JSON-lines file, parsed, with where it is (``"path:line"``, for messages).
+
+    Raises:
+        DatasetError: an unreadable file, or a line that is not JSON (with its line number).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise DatasetError(f"--dataset-path {path}: cannot read it ({exc.strerror})") from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
 
 
 def read_sharegpt(path: str | Path) -> list[Any]:

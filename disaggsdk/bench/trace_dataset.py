@@ -9,13 +9,12 @@ token ids of that length), and the answer's length (``output_tokens`` or ``outpu
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError, sharegpt_requests
+from disaggsdk.bench.dataset import RANDOM_TOKEN_ID_LIMIT, BenchRequest, DatasetError, json_lines, sharegpt_requests
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "input_len")
 OUTPUT_KEYS = ("output_tokens", "output_len")
@@ -34,19 +33,8 @@ def read_trace(path: str | Path) -> list[dict[str, object]]:
         DatasetError: an unreadable file, a line that is not a JSON object, or one without a prompt
             (``prompt``, ``prompt_token_ids`` or ``input_len``) or an output length, with its line number.
     """
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise DatasetError(f"--dataset-path {path}: cannot read it ({exc.strerror})") from None
     rows: list[dict[str, object]] = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
+    for where, row in json_lines(path):
         if not isinstance(row, dict):
             raise DatasetError(f"{where}: expected an object such as {{\"input_len\": 512, \"output_len\": 64}}")
         prompt_keys = [k for k in PROMPT_KEYS if k in row]

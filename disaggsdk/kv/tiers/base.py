@@ -31,6 +31,15 @@ class TierCounters:
     errors: int = 0  # failed reads or writes of the medium (I/O errors, an unreachable store)
     dropped_writes: int = 0  # writes never made: the writer's queue was full, or the medium was down
 
+    def count_get(self, raw: bytes | None) -> bytes | None:
+        """Count one `get` that found ``raw`` (None: a miss); returns it."""
+        if raw is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.bytes_read += len(raw)
+        return raw
+
 
 class KVTier(Protocol):
     """One tier of KV page entries: a byte budget of raw entries by key, evicted LRU."""

@@ -79,12 +79,9 @@ class DiskTier:
             self._files.move_to_end(key)
         raw = self._read(key)
         with self._lock:
-            if raw is None:
-                self.counters.misses += 1
-                return None
-            self.counters.hits += 1
-            self.counters.bytes_read += len(raw)
-        self._stamp(key)
+            self.counters.count_get(raw)
+        if raw is not None:
+            self._stamp(key)
         return raw
 
     def put(self, key: str, raw: bytes) -> list[tuple[str, bytes]]:

@@ -41,13 +41,9 @@ class HostTier:
         """The entry under ``key`` (now the most recently used), or None."""
         with self._lock:
             raw = self._entries.get(key)
-            if raw is None:
-                self.counters.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.counters.hits += 1
-            self.counters.bytes_read += len(raw)
-            return raw
+            if raw is not None:
+                self._entries.move_to_end(key)
+            return self.counters.count_get(raw)
 
     def put(self, key: str, raw: bytes) -> list[tuple[str, bytes]]:
         """Hold ``raw`` under ``key`` as the most recently used entry.

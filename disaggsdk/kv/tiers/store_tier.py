@@ -117,12 +117,7 @@ class StoreTier:
             else:
                 self._succeeded()
         with self._lock:
-            if raw is None:
-                self.counters.misses += 1
-                return None
-            self.counters.hits += 1
-            self.counters.bytes_read += len(raw)
-        return raw
+            return self.counters.count_get(raw)
 
     def put(self, key: str, raw: bytes) -> list[tuple[str, bytes]]:
         """Store ``raw`` under ``key`` (SET); dropped, and counted, when the server cannot take it.
