@@ -121,6 +121,11 @@ BACKING: dict[str, Backing] = {
             "tests/launch/test_role_changes.py::test_units_change_role_live_and_every_request_gets_its_tokens",
             "tests/launch/test_role_changes.py::test_the_autoscale_policy_turns_a_decode_unit_when_first_tokens_miss",
         )),
+    "KV tiers: host, disk, shared store ([docs/kv_tiers.md](docs/kv_tiers.md))": Backing(
+        cpu=("tests/engine/test_kv_tiers_engine.py::test_evicted_pages_come_back_from_the_host_tier_with_the_same_tokens",
+             "tests/launch/test_kv_tiers_launch.py::test_a_prefix_prefill_a_computed_is_served_to_prefill_b_from_the_store"),
+        gpu=("tests/engine/test_kv_tiers_engine.py::"
+             "test_pool_pages_of_a_cuda_pool_go_through_pinned_memory_and_equal_the_cpu_twins",)),
     # docs/hardware.md's rows beyond the README's
     "attention": Backing(
         cpu=("tests/engine/attention/test_cpu_backend.py", "tests/engine/attention/test_torch_ref.py"),
