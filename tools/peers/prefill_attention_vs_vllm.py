@@ -14,6 +14,7 @@ outputs (they compute the same softmax(q k^T) v).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -80,7 +81,7 @@ def main() -> None:
             if who == "vllm":  # its schedule depends on the thread count: built per count, once
                 metadata = torch.ops._C.get_scheduler_metadata(1, hq, hkv, d, seq_lens, torch.float32, qsl, True, -1,
                                                                "vec", False, None, "auto")
-                result[f"{who}_ms_{threads}t"] = round(best_ms(lambda: fn(metadata), args.calls), 3)
+                result[f"{who}_ms_{threads}t"] = round(best_ms(functools.partial(fn, metadata), args.calls), 3)
             else:
                 result[f"{who}_ms_{threads}t"] = round(best_ms(fn, args.calls), 3)
     if len(rows) == 2:
