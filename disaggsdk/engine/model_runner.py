@@ -65,8 +65,10 @@ class ModelRunner:
         self.model = build_model(config.model, tp, dtype=engine.weight_dtype, device=engine.device, seed=engine.seed,
                                  load_format=engine.load_format)
         if self.device.type == "cpu":  # which matmul form decoding and prefill take on this machine, per weight shape
+            from disaggsdk.engine.host_allocator import keep_freed_memory
             from disaggsdk.engine.modeling.layers import amx_linear, skinny, wide_gemm
 
+            keep_freed_memory()  # the steps' buffers reused, not faulted in again each step
             skinny.calibrate(self.model.parameters())
             wide_gemm.calibrate(self.model.parameters())
             amx_linear.pack_model(self.model)  # bfloat16 weights, where the CPU has AMX

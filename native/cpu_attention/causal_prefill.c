@@ -2,12 +2,14 @@
  *
  * Why: torch's CPU flash kernel (SDPA, is_causal) ran a 1,024-token prompt of 8 query / 2 kv heads
  * of 32 dims at ~12 ms a layer, plus copies to repeat the kv heads: ~40% of a tiny model's
- * prefill. Here a tile is TQ query tokens x TK keys: each request's keys are transposed once
- * (tiles of [dim][TK]) and read by all the query heads of their kv head; R query rows go together,
- * so each loaded key vector feeds R independent FMA chains; the online softmax keeps a running max
- * and sum per query row and rescales its output accumulator, its steps interleaved across the R
- * rows. That prompt takes 5.3 ms on one thread of an Intel Xeon ("family 6 model 167", AVX-512)
- * where vLLM's own CPU attention takes 5.6 (its profile, float32), and 2.8 ms on two threads.
+ * prefill. Here a work item is TQ query tokens of one kv head's query heads: the request's keys
+ * are transposed once (blocks of [dim][KB keys]); the item's rows, (token, query head) pairs,
+ * go ROWS at a time, so that each loaded key or value vector feeds ROWS rows' FMAs (vLLM's 8 x 2
+ * register tile); per tile of TK keys, scores into a buffer, an online softmax over it (a running
+ * max and sum per row, the accumulator rescaled when the max moves), then the values.
+ * That prompt, one thread of an AMD EPYC "family 26 model 2" (Zen 5): 3.8 ms, as vLLM's
+ * cpu_attention_with_kv_cache (3.8); the previous tiling here (4 rows of one head, each key
+ * vector a memory operand of every row's FMA: more loads than FMAs) took 5.9. Two threads: 2.1.
  */
 #include "causal_prefill.h"
 
@@ -18,12 +20,13 @@
 #include <immintrin.h>
 #endif
 
-/* Tile sizes measured on the 2-core dev box (Zen 4), 1,024 tokens, 8 query / 2 kv heads of 32:
- * TQ 32, TK 64, R 4 took 9.4 ms; TQ 16 or 64, TK 32, R 2 or 8: 11-17 ms; torch's SDPA 12 ms. */
-#define TQ 32      /* query tokens per tile */
-#define TK 64      /* keys per tile: four 16-float vectors of scores per row */
+#define TQ 32      /* query tokens per work item (one kv head's query heads for these tokens) */
+#define KB 32      /* keys per score block: two 16-float vectors; the keys' transposed tiles */
+#define TK 128     /* keys per softmax tile: four score blocks (their K and V stay in L1) */
+#define ROWS 8     /* (token, query head) rows a pass computes together */
 #define MAX_DIM 256
-/* -ffast-math assumes no infinities: a finite "minus infinity" whose exp is 0 */
+#define MAX_GROUP 8
+/* -ffast-math assumes no infinities: a finite "minus infinity" */
 #define NEG_BIG (-1e30f)
 
 /* GCC vector extensions: 16 floats, one AVX-512 register (two AVX2 ones, four SSE ones: the build
@@ -45,11 +48,21 @@ static inline v16 blend(v16i m, v16 a, v16 b) {
 }
 
 #if defined(__AVX512F__)
-/* one vmaxps: the compare-and-blend below is three instructions, in the hottest loop */
+/* one vmaxps: the compare-and-blend below is three instructions */
 static inline v16 vmax(v16 a, v16 b) { return (v16)_mm512_max_ps((__m512)a, (__m512)b); }
 #else
 static inline v16 vmax(v16 a, v16 b) { return blend(a > b, a, b); }
 #endif
+
+/* A vector the compiler must keep in a register: without this GCC folded each key (value) load
+ * into every row's FMA as a memory operand, 16 loads per 16 FMAs where 2 suffice, and the
+ * loads, not the FMAs, set the pace (two 512-bit loads a cycle on Zen 5). */
+static inline v16 in_register(v16 x) {
+#if defined(__AVX512F__)
+    __asm__("" : "+v"(x));
+#endif
+    return x;
+}
 
 /* log-step horizontal reductions: four shuffles instead of sixteen lane extractions */
 static inline float hmax(v16 x) {
@@ -70,10 +83,16 @@ static inline float hsum(v16 x) {
 
 /* exp of x <= 0 (scores minus their running max): 2^n * p(r), n = round(x / ln 2),
  * r = x - n ln 2 in [-ln2/2, ln2/2], p a degree-6 polynomial (relative error ~2e-7);
- * anything under -87 gives exp(-87) (1.6e-38: as good as 0 beside the row's largest term, 1). */
+ * anything under -87 gives exp(-87) (1.6e-38: as good as 0 beside the row's largest term, 1).
+ * With AVX-512, vrndscaleps rounds and vscalefps multiplies by 2^n: four instructions fewer than
+ * the conversions and exponent arithmetic, for every score. */
 static inline v16 exp_nonpositive(v16 x) {
     x = vmax(x, splat(-87.f));
+#if defined(__AVX512F__)
+    v16 n = (v16)_mm512_roundscale_ps((__m512)(x * splat(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
     v16 n = __builtin_convertvector(__builtin_convertvector(x * splat(1.44269504f) - splat(0.5f), v16i), v16);
+#endif
     v16 r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
     v16 p = splat(1.9875691500e-4f);
     p = p * r + splat(1.3981999507e-3f);
@@ -82,171 +101,193 @@ static inline v16 exp_nonpositive(v16 x) {
     p = p * r + splat(1.6666665459e-1f);
     p = p * r + splat(5.0000001201e-1f);
     p = p * r * r + r + splat(1.f);
+#if defined(__AVX512F__)
+    return (v16)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
     v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
     v16 scale;
     __builtin_memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+#endif
 }
 
-#define R 4   /* query rows computed together: independent FMA chains hide the FMA latency */
-#define NV (TK / 16)  /* score vectors per row and key tile */
+/* Scores of ROWS rows against one block of KB keys: s[r][j] = q_r . k_j, the keys' dims at
+ * kt[d * KB + j]. Each key vector, loaded once, feeds ROWS rows' FMAs (16 chains for the FMA
+ * latency): vLLM's layout of the same product. */
+static inline void score_block(const float *const q[ROWS], const float *kt, int64_t head_dim, float *s,
+                               int64_t s_stride) {
+    v16 a[ROWS][2];
+    for (int r = 0; r < ROWS; r++)
+        a[r][0] = a[r][1] = splat(0.f);
+    for (int64_t d = 0; d < head_dim; d++) {
+        v16 k0 = in_register(*(const v16 *)(kt + d * KB)), k1 = in_register(*(const v16 *)(kt + d * KB + 16));
+        for (int r = 0; r < ROWS; r++) {
+            v16 qd = splat(q[r][d]);
+            a[r][0] += qd * k0;
+            a[r][1] += qd * k1;
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        *(v16 *)(s + r * s_stride) = a[r][0];
+        *(v16 *)(s + r * s_stride + 16) = a[r][1];
+    }
+}
 
-/* One tile: query tokens [q0, q0 + nq) of every query head of kv head `kv_head` against all the
- * keys they may see, R rows (tokens of one query head) at a time. Query i sits at position
- * offset + i: it sees keys [0, offset + i] (offset: keys before the first query, a cached prefix). */
+/* acc[r][e0 .. e0 + 32) += sum_j p[r][j] v_j[e0 ..], for j < nk: each value vector loaded once for
+ * ROWS rows (16 chains); then the same 16 dims at a time for the rest (v_dim % 32). */
+static inline void value_pass(float *const acc[ROWS], const float *p, int64_t p_stride, const float *vt,
+                              int64_t v_row_stride, int64_t nk, int64_t v_dim) {
+    int64_t e = 0;
+    for (; e + 32 <= v_dim; e += 32) {
+        v16 o[ROWS][2];
+        for (int r = 0; r < ROWS; r++) {
+            o[r][0] = *(const v16 *)(acc[r] + e);
+            o[r][1] = *(const v16 *)(acc[r] + e + 16);
+        }
+        for (int64_t j = 0; j < nk; j++) {
+            v16 v0 = in_register(*(const v16 *)(vt + j * v_row_stride + e));
+            v16 v1 = in_register(*(const v16 *)(vt + j * v_row_stride + e + 16));
+            for (int r = 0; r < ROWS; r++) {
+                v16 pj = splat(p[r * p_stride + j]);
+                o[r][0] += pj * v0;
+                o[r][1] += pj * v1;
+            }
+        }
+        for (int r = 0; r < ROWS; r++) {
+            *(v16 *)(acc[r] + e) = o[r][0];
+            *(v16 *)(acc[r] + e + 16) = o[r][1];
+        }
+    }
+    for (; e < v_dim; e += 16) {
+        v16 o[ROWS];
+        for (int r = 0; r < ROWS; r++)
+            o[r] = *(const v16 *)(acc[r] + e);
+        for (int64_t j = 0; j < nk; j++) {
+            v16 v0 = in_register(*(const v16 *)(vt + j * v_row_stride + e));
+            for (int r = 0; r < ROWS; r++)
+                o[r] += splat(p[r * p_stride + j]) * v0;
+        }
+        for (int r = 0; r < ROWS; r++)
+            *(v16 *)(acc[r] + e) = o[r];
+    }
+}
+
+/* One work item: query tokens [q0, q0 + nq) of every query head of kv head `kv_head` against all
+ * the keys they may see. Its rows are the (token, query head) pairs, token-major, ROWS at a time
+ * (with 4 query heads a kv head: 2 tokens x 4 heads, as vLLM's kernel takes them), so that every
+ * query head of the group shares each loaded key and value. Query i sits at position offset + i:
+ * it sees keys [0, offset + i] (offset: keys before the first query, a cached prefix). For each
+ * tile of TK keys, each pass of ROWS rows: scores (score_block), an online softmax over the tile
+ * (a running max and sum per row; the accumulator rescaled only when the max moves), then p . V
+ * added to the rows' accumulators (value_pass). Rows past the end duplicate the last row's inputs
+ * and are dropped. */
 static void attend_tile(
     const float *q, int64_t q_row_stride, const float *kt_head,
     const float *v, int64_t v_row_stride, int64_t q0, int64_t nq, int64_t offset, int64_t head_dim, int64_t v_dim,
     int64_t kv_head, int64_t group, float sm_scale, float *out, int64_t out_row_stride) {
-    float acc[8][TQ][MAX_DIM];       /* output accumulators per (query head of the group, row) */
-    float row_max[8][TQ], row_sum[8][TQ];
-    float p[R][TK];                  /* probabilities of R rows for the tile's keys */
+    int64_t n_rows = nq * group;  /* row i * group + g: token q0 + i, query head kv_head * group + g */
+    /* accumulators, one v_dim row per row and one more that padding rows write to */
+    float acc_store[(n_rows + 1) * v_dim + 16];
+    float *acc_base = (float *)(((uintptr_t)acc_store + 63) & ~(uintptr_t)63);
+    float row_max[TQ * MAX_GROUP], row_sum[TQ * MAX_GROUP];
+    float s[ROWS][TK] __attribute__((aligned(64)));  /* scores, then probabilities, of a pass's rows */
     const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t i = 0; i < TQ; i++) {
-            row_max[g][i] = NEG_BIG;
-            row_sum[g][i] = 0.f;
-            memset(acc[g][i], 0, sizeof(float) * v_dim);
-        }
-    int64_t q_end = offset + q0 + nq;  /* keys [0, q_end) are visible to some row of the tile */
+    memset(acc_base, 0, sizeof(float) * n_rows * v_dim);
+    for (int64_t i = 0; i < n_rows; i++) {
+        row_max[i] = NEG_BIG;
+        row_sum[i] = 0.f;
+    }
+    int64_t q_end = offset + q0 + nq;  /* keys [0, q_end) are visible to some row of the item */
     for (int64_t k0 = 0; k0 < q_end; k0 += TK) {
         int64_t nk = q_end - k0 < TK ? q_end - k0 : TK;
-        const float *kt = kt_head + k0 * head_dim;  /* key k0 + j's dim d at kt[d * TK + j] */
+        const float *kt = kt_head + k0 * head_dim;  /* blocks of KB keys, [dim][KB] each */
         const float *vt = v + k0 * v_row_stride + kv_head * v_dim;
-        for (int64_t g = 0; g < group; g++) {
-            const float *qh = q + (kv_head * group + g) * head_dim;
-            for (int64_t i0 = 0; i0 < nq; i0 += R) {
-                if (k0 > offset + q0 + i0 + R - 1)
-                    continue;  /* none of these R rows sees any of these keys */
-                float correction[R];
-                int64_t used = 0;  /* keys any of the R rows sees */
-                /* scores of R rows (rows past nq read row nq - 1 and are dropped) */
-                const float *qr[R];
-                for (int r = 0; r < R; r++)
-                    qr[r] = qh + (q0 + (i0 + r < nq ? i0 + r : nq - 1)) * q_row_stride;
-                v16 s[R][NV];
-                for (int r = 0; r < R; r++)
-                    for (int c = 0; c < NV; c++)
-                        s[r][c] = splat(0.f);
-                for (int64_t d = 0; d < head_dim; d++)
-                    for (int r = 0; r < R; r++) {
-                        v16 qd = splat(qr[r][d]);
-                        for (int c = 0; c < NV; c++)
-                            s[r][c] += qd * *(const v16 *)(kt + d * TK + 16 * c);
-                    }
-                /* online softmax of the R rows, each step for all R rows before the next: per row,
-                 * max, exp and sum are a chain of dependent reductions and polynomial steps, and one
-                 * row at a time left the FMA ports waiting on it (perf annotate) */
-                int64_t visible[R];  /* keys row r sees in this tile (causal: keys <= its own) */
-                for (int r = 0; r < R; r++) {
-                    int64_t t = offset + q0 + i0 + r;
-                    visible[r] = i0 + r >= nq ? 0 : t - k0 + 1 < nk ? t - k0 + 1 : nk;
-                    used = visible[r] > used ? visible[r] : used;
-                }
-                v16 m[R];
-                for (int r = 0; r < R; r++) {
-                    m[r] = splat(NEG_BIG);
-                    for (int c = 0; c < NV; c++) {
-                        s[r][c] *= splat(sm_scale);
-                        if (visible[r] < TK)  /* the diagonal or the end: mask keys past the row's own */
-                            s[r][c] = blend(lane + 16 * c < (v16i){0} + (int32_t)visible[r], s[r][c], splat(NEG_BIG));
-                        m[r] = vmax(m[r], s[r][c]);
-                    }
-                }
-                float mx[R];
-                for (int r = 0; r < R; r++) {
-                    float old_max = row_max[g][i0 + r], tile_max = hmax(m[r]);
-                    mx[r] = tile_max > old_max ? tile_max : old_max;
-                }
-                v16 sum[R];
-                for (int r = 0; r < R; r++) {
-                    sum[r] = splat(0.f);
-                    for (int c = 0; c < NV; c++) {
-                        v16 e = exp_nonpositive(s[r][c] - splat(mx[r]));
-                        sum[r] += e;
-                        *(v16 *)&p[r][16 * c] = e;
-                    }
-                }
-                for (int r = 0; r < R; r++) {
-                    int64_t i = i0 + r;
-                    if (visible[r] <= 0) {  /* a row past the tile's end, or one that sees none of these keys */
-                        memset(p[r], 0, sizeof p[r]);
-                        correction[r] = 1.f;
-                        continue;
-                    }
-                    /* past the first tiles the running max rarely moves: no exp for a factor of 1 */
-                    float old_max = row_max[g][i];
-                    correction[r] = mx[r] == old_max ? 1.f : exp_nonpositive(splat(old_max - mx[r]))[0];
-                    row_max[g][i] = mx[r];
-                    row_sum[g][i] = row_sum[g][i] * correction[r] + hsum(sum[r]);
-                }
-                /* acc = acc * correction + p . V, 32 output dims at a time (R x 2 independent FMA
-                 * chains: with R alone each chain's 4-cycle latency held the loop to one FMA a
-                 * cycle, perf annotate), then 16 at a time for the rest */
-                int64_t e = 0;
-                for (; e + 32 <= v_dim; e += 32) {
-                    v16 lo[R], hi[R];
-                    for (int r = 0; r < R; r++) {
-                        lo[r] = *(const v16 *)&acc[g][(i0 + r) % TQ][e];
-                        hi[r] = *(const v16 *)&acc[g][(i0 + r) % TQ][e + 16];
-                        lo[r] *= splat(correction[r]);
-                        hi[r] *= splat(correction[r]);
-                    }
-                    for (int64_t j = 0; j < used; j++) {
-                        v16 v_lo = *(const v16 *)(vt + j * v_row_stride + e);
-                        v16 v_hi = *(const v16 *)(vt + j * v_row_stride + e + 16);
-                        for (int r = 0; r < R; r++) {
-                            v16 pj = splat(p[r][j]);
-                            lo[r] += pj * v_lo;
-                            hi[r] += pj * v_hi;
-                        }
-                    }
-                    for (int r = 0; r < R; r++)
-                        if (i0 + r < nq) {
-                            *(v16 *)&acc[g][i0 + r][e] = lo[r];
-                            *(v16 *)&acc[g][i0 + r][e + 16] = hi[r];
-                        }
-                }
-                for (; e < v_dim; e += 16) {
-                    v16 o[R];
-                    for (int r = 0; r < R; r++) {
-                        o[r] = *(const v16 *)&acc[g][(i0 + r) % TQ][e];
-                        o[r] *= splat(correction[r]);
-                    }
-                    for (int64_t j = 0; j < used; j++) {
-                        v16 vj = *(const v16 *)(vt + j * v_row_stride + e);
-                        for (int r = 0; r < R; r++)
-                            o[r] += splat(p[r][j]) * vj;
-                    }
-                    for (int r = 0; r < R; r++)
-                        if (i0 + r < nq)
-                            *(v16 *)&acc[g][i0 + r][e] = o[r];
-                }
+        for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
+            int64_t last = r0 + ROWS <= n_rows ? r0 + ROWS - 1 : n_rows - 1;
+            int64_t newest = offset + q0 + last / group;  /* the position of the pass's last token */
+            if (k0 > newest)
+                continue;  /* none of these rows sees any of these keys */
+            int64_t used = newest - k0 + 1 < nk ? newest - k0 + 1 : nk;  /* keys some row sees */
+            const float *qr[ROWS];
+            float *accr[ROWS];
+            int64_t visible[ROWS];  /* keys row r sees in this tile (causal: keys <= its own) */
+            for (int r = 0; r < ROWS; r++) {
+                int64_t row = r0 + r <= last ? r0 + r : last;
+                int64_t i = row / group, g = row % group;
+                qr[r] = q + (q0 + i) * q_row_stride + (kv_head * group + g) * head_dim;
+                accr[r] = acc_base + (r0 + r <= last ? row : n_rows) * v_dim;
+                int64_t t = offset + q0 + i - k0 + 1;
+                visible[r] = r0 + r > last ? 0 : t < used ? (t > 0 ? t : 0) : used;
             }
+            for (int64_t b = 0; b < used; b += KB)
+                score_block(qr, kt + b * head_dim, head_dim, &s[0][b], TK);
+            /* online softmax of each row over the tile's visible keys; probabilities of the keys
+             * [visible, used) are 0, so value_pass may run every row over `used` keys */
+            int64_t used_vectors = (used + 15) / 16;
+            for (int r = 0; r < ROWS; r++) {
+                int64_t row = r0 + r;
+                int64_t vis = visible[r], full = vis / 16, vectors = (vis + 15) / 16;
+                float *sr = s[r];
+                if (vis <= 0) {  /* a padding row, or one that sees none of these keys */
+                    memset(sr, 0, sizeof(float) * used_vectors * 16);
+                    continue;
+                }
+                v16 m = splat(NEG_BIG);
+                for (int64_t c = 0; c < full; c++)
+                    m = vmax(m, *(v16 *)(sr + 16 * c));
+                if (full < vectors)  /* the diagonal: lanes past the row's own key are masked */
+                    m = vmax(m, blend(lane < (v16i){0} + (int32_t)(vis - 16 * full), *(v16 *)(sr + 16 * full),
+                                      splat(NEG_BIG)));
+                float old_max = row_max[row], tile_max = hmax(m) * sm_scale;
+                float mx = tile_max > old_max ? tile_max : old_max;
+                v16 sum = splat(0.f), neg_max = splat(-mx), scale = splat(sm_scale);
+                for (int64_t c = 0; c < full; c++) {
+                    v16 e = exp_nonpositive(*(v16 *)(sr + 16 * c) * scale + neg_max);
+                    sum += e;
+                    *(v16 *)(sr + 16 * c) = e;
+                }
+                if (full < vectors) {
+                    v16 e = blend(lane < (v16i){0} + (int32_t)(vis - 16 * full),
+                                  exp_nonpositive(*(v16 *)(sr + 16 * full) * scale + neg_max), splat(0.f));
+                    sum += e;
+                    *(v16 *)(sr + 16 * full) = e;
+                }
+                for (int64_t c = vectors; c < used_vectors; c++)
+                    *(v16 *)(sr + 16 * c) = splat(0.f);
+                /* past the first tiles the running max rarely moves: no exp, no rescale, for a factor of 1 */
+                if (mx != old_max) {
+                    float correction = exp_nonpositive(splat(old_max - mx))[0];
+                    row_sum[row] *= correction;
+                    for (int64_t e = 0; e < v_dim; e += 16)
+                        *(v16 *)(accr[r] + e) *= splat(correction);
+                    row_max[row] = mx;
+                }
+                row_sum[row] += hsum(sum);
+            }
+            value_pass(accr, &s[0][0], TK, vt, v_row_stride, used, v_dim);
         }
     }
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t i = 0; i < nq; i++) {
-            float inv = 1.f / row_sum[g][i];
-            float *dst = out + (q0 + i) * out_row_stride + (kv_head * group + g) * v_dim;
-            for (int64_t e = 0; e < v_dim; e++)
-                dst[e] = acc[g][i][e] * inv;
-        }
+    for (int64_t row = 0; row < n_rows; row++) {
+        int64_t i = row / group, g = row % group;
+        float inv = 1.f / row_sum[row];
+        float *dst = out + (q0 + i) * out_row_stride + (kv_head * group + g) * v_dim;
+        for (int64_t e = 0; e < v_dim; e++)
+            dst[e] = acc_base[row * v_dim + e] * inv;
+    }
 }
 
-/* One kv head's keys [0, n), transposed once for every query tile that reads them, a tile of TK
- * keys at a time: key j's dim d at kt[(j / TK) * head_dim * TK + d * TK + j % TK]; keys [n, stride)
- * are zeros (a tile past the last key reads them, masked). Transposing each key tile again for
- * every query tile cost a scalar store per key and dim each time; one [dim][all keys] matrix
- * instead put a tile's rows 4 KB apart, on the same L1 sets (slower than the copies). */
+/* One kv head's keys [0, n), transposed once for every work item that reads them, a block of KB
+ * keys at a time: key j's dim d at kt[(j / KB) * head_dim * KB + d * KB + j % KB]; keys [n, stride)
+ * are zeros (a block past the last key reads them, masked). One [dim][all keys] matrix instead
+ * would put a block's rows 4 KB apart, on the same L1 sets. */
 static void transpose_keys(const float *k, int64_t k_row_stride, int64_t n, int64_t stride, int64_t kv_head,
                            int64_t head_dim, float *kt) {
-    for (int64_t k0 = 0; k0 < stride; k0 += TK) {
-        float *tile = kt + k0 * head_dim;
-        for (int64_t j = 0; j < TK; j++) {
+    for (int64_t k0 = 0; k0 < stride; k0 += KB) {
+        float *block = kt + k0 * head_dim;
+        for (int64_t j = 0; j < KB; j++) {
             const float *kr = k + (k0 + j < n ? k0 + j : 0) * k_row_stride + kv_head * head_dim;
             for (int64_t d = 0; d < head_dim; d++)
-                tile[d * TK + j] = k0 + j < n ? kr[d] : 0.f;
+                block[d * KB + j] = k0 + j < n ? kr[d] : 0.f;
         }
     }
 }

@@ -17,7 +17,10 @@ kernel, from the profiler's trace (self time of each op: its time minus the ops 
 - ``other_ops``: every other op; ``outside_ops``: the prefill's wall time no op accounts for (Python,
   scheduling, sampling, and for vLLM the hop between its front end and engine processes).
 
-The first two kinds name the kernels that ran (``kernels``). Prints one JSON object.
+The first two kinds name the kernels that ran (``kernels``). With ``--shapes`` the profiler also
+records input shapes and ``calls`` lists, per GEMM or attention op and input shapes, the calls and
+ms per prefill (shape recording adds a little time of its own: compare the split without it).
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ def kind_of(name: str) -> str | None:
     return next((kind for prefix, kind in PREFIXES if name.startswith(prefix)), None)
 
 
-def self_times_ms(trace_events: list[dict]) -> dict[str, float]:
+def self_times_ms(trace_events: list[dict], by_shape: bool = False) -> dict[str, float]:
     """Self time (ms) of every complete ("X") CPU event by name: its duration minus its direct
-    children's on the same thread (events nest by time)."""
+    children's on the same thread (events nest by time). ``by_shape``: keyed by name and input
+    dims (``name [dims]``) instead, for a trace recorded with shapes."""
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for e in trace_events:
         if e.get("ph") == "X" and "dur" in e and e.get("cat") in ("cpu_op", "user_annotation", "python_function", None):
@@ -68,13 +72,36 @@ def self_times_ms(trace_events: list[dict]) -> dict[str, float]:
         for e in events:
             while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:
                 done, children = stack.pop()
-                self_us[done["name"]] += done["dur"] - children
+                self_us[_key(done, by_shape)] += done["dur"] - children
             if stack:
                 stack[-1][1] += e["dur"]
             stack.append([e, 0.0])
         for done, children in stack:
-            self_us[done["name"]] += done["dur"] - children
+            self_us[_key(done, by_shape)] += done["dur"] - children
     return {name: us / 1e3 for name, us in self_us.items()}
+
+
+def _key(event: dict, by_shape: bool) -> str:
+    dims = event.get("args", {}).get("Input Dims") if by_shape else None
+    return event["name"] if dims is None else f"{event['name']} {json.dumps(dims, separators=(',', ':'))}"
+
+
+def call_counts(trace_events: list[dict]) -> dict[str, int]:
+    """How many complete CPU op events each ``name [dims]`` has in a trace recorded with shapes."""
+    counts: dict[str, int] = defaultdict(int)
+    for e in trace_events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            counts[_key(e, True)] += 1
+    return counts
+
+
+def calls_by_shape(trace_events: list[dict], prefills: int) -> dict[str, dict[str, float]]:
+    """Per GEMM or attention op and input shapes: calls and self ms per prefill, largest first."""
+    counts = call_counts(trace_events)
+    rows = {key: {"calls": round(counts[key] / prefills, 2), "ms": round(ms / prefills, 3)}
+            for key, ms in self_times_ms(trace_events, by_shape=True).items()
+            if kind_of(key.split(" ", 1)[0]) in ("gemm", "attention") and key in counts}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["ms"]))
 
 
 def split(self_ms: dict[str, float], prefills: int, wall_ms: float) -> dict:
@@ -127,7 +154,7 @@ def profile_ours(model_dir: str, args: argparse.Namespace) -> tuple[list[float],
             start = time.perf_counter()
             engine.generate([p], params)
             times.append(time.perf_counter() - start)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
             for p in ps[args.rounds + 1:args.rounds + 4]:
                 engine.generate([p], params)
         path = os.path.join(tempfile.mkdtemp(), "trace.json")
@@ -142,7 +169,8 @@ def profile_vllm(model_dir: str, args: argparse.Namespace) -> tuple[list[float],
     out_dir = tempfile.mkdtemp()
     llm = LLM(model=model_dir, dtype=args.dtype, max_model_len=max(2048, args.tokens + 16), seed=0,
               enable_prefix_caching=False,
-              profiler_config={"profiler": "torch", "torch_profiler_dir": out_dir, "torch_profiler_with_stack": False})
+              profiler_config={"profiler": "torch", "torch_profiler_dir": out_dir, "torch_profiler_with_stack": False,
+                               "torch_profiler_record_shapes": args.shapes})
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(args.rounds + 5, args.tokens)]
     llm.generate([ps[0]], params, use_tqdm=False)
@@ -167,13 +195,15 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=1, help="our torch threads (vLLM picks its own)")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--shapes", action="store_true", help="also record input shapes: per-shape GEMM and attention calls")
     args = parser.parse_args()
     times, events = (profile_ours if args.who == "ours" else profile_vllm)(args.model_dir, args)
     wall_ms = statistics.median(times) * 1e3
     print(json.dumps({"who": args.who, "tokens": args.tokens, "dtype": args.dtype,
                       "threads": args.threads if args.who == "ours" else None,
                       "prefill_ms": {"median": round(wall_ms, 2), "min": round(min(times) * 1e3, 2)},
-                      **split(self_times_ms(events), 3, wall_ms)}))
+                      **split(self_times_ms(events), 3, wall_ms),
+                      **({"calls": calls_by_shape(events, 3)} if args.shapes else {})}))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 # its front end on the other), split by kind of kernel (tools/peers/prefill_profile.py says which).
 # Usage, from the project root after `make install`, with VLLM_VENV set (tools/peers/env.sh says how):
 #   tools/peers/prefill_profile_vs_vllm.sh [TOKENS] [float32|bfloat16] [LAYERS HIDDEN]
+# PROFILE_ARGS=--shapes adds each side's GEMM and attention calls by input shape.
 # Prints one JSON object: each side's split and, per kind, ours over vLLM's milliseconds.
 set -u
 TOKENS=${1:-1024}; DTYPE=${2:-float32}; LAYERS=${3:-4}; HIDDEN=${4:-256}
@@ -13,9 +14,9 @@ VPY=$("$HERE/env.sh") || exit 2  # env.sh said what to set
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 $PY "$HERE/make_model.py" "$W/m" --layers "$LAYERS" --hidden "$HIDDEN" >/dev/null 2>&1 || { echo "model build failed"; exit 1; }
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
-$PY "$HERE/prefill_profile.py" ours "$W/m" --tokens "$TOKENS" --dtype "$DTYPE" 2>"$W/ours.err" | grep "^{\"who\"" >"$W/ours.json"
+$PY "$HERE/prefill_profile.py" ours "$W/m" --tokens "$TOKENS" --dtype "$DTYPE" ${PROFILE_ARGS:-} 2>"$W/ours.err" | grep "^{\"who\"" >"$W/ours.json"
 [ -s "$W/ours.json" ] || { tail -5 "$W/ours.err"; exit 1; }
-"$VPY" "$HERE/prefill_profile.py" vllm "$W/m" --tokens "$TOKENS" --dtype "$DTYPE" 2>"$W/vllm.err" | grep "^{\"who\"" >"$W/vllm.json"
+"$VPY" "$HERE/prefill_profile.py" vllm "$W/m" --tokens "$TOKENS" --dtype "$DTYPE" ${PROFILE_ARGS:-} 2>"$W/vllm.err" | grep "^{\"who\"" >"$W/vllm.json"
 [ -s "$W/vllm.json" ] || { tail -5 "$W/vllm.err"; exit 1; }
 $PY - "$W" "$LAYERS" "$HIDDEN" <<'PY'
 import json, sys

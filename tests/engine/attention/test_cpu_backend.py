@@ -255,6 +255,23 @@ def test_the_prefill_kernels_share_query_tiles_among_torchs_threads_with_the_sam
     torch.testing.assert_close(chunk[1], fresh[1][230:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(2, 2, 32), (6, 2, 48), (8, 1, 16), (5, 1, 32)],
+                         ids=["one-head-a-kv-head", "three-then-48-dims", "eight", "five"])
+def test_the_prefill_kernels_take_any_group_of_query_heads(hq, hkv, d):
+    """The kernels take rows of (token, query head) pairs eight at a time: with 1, 3, 5 or 8 query
+    heads a kv head a pass spans tokens unevenly, and the last pass is partial (padding rows); a
+    prompt of 170 tokens crosses key tiles and the diagonal at every offset. Equal to dense causal
+    attention, fresh and as a chunk of 41 over 129 cached keys."""
+    rng = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(170, h, d, generator=rng) for h in (hq, hkv, hkv))
+    fresh = torch.zeros(170, hq, d)
+    assert cpu_backend.causal_prefill(q, k, v, torch.tensor([0]), torch.tensor([170]), 0.2, fresh)
+    torch.testing.assert_close(fresh, dense(q, k, v, list(range(170)), 0.2), rtol=1e-5, atol=1e-5)
+    chunk = torch.zeros(41, hq, d)
+    assert cpu_backend.prefix_prefill(q[129:], k, v, 129, 0.2, chunk)
+    torch.testing.assert_close(chunk, fresh[129:], rtol=1e-5, atol=1e-5)
+
+
 def assert_dense(out, reqs, qs, ks, vs) -> None:
     """Each request's output rows equal dense causal attention over its whole K and V."""
     rows = 0
