@@ -29,7 +29,7 @@ class Conn:
 def unit(role: str, totals: TransferTotals | None) -> Unit:
     """A `Unit` over fakes: only what `_stats` and `_emit` read."""
     scheduler = SimpleNamespace(waiting=[], running=[1], num_preemptions=2,
-                                prefix_cache=SimpleNamespace(queries=96, hits=64))
+                                prefix_cache=SimpleNamespace(queries=96, hits=64, tier_hits=0, tiers=None))
     # a pool of 41 pages of which requests may hold 40 (a CUDA engine's graphs keep one as scratch)
     engine = SimpleNamespace(scheduler=scheduler, kv=SimpleNamespace(num_free_pages=30, num_pages=40),
                              config=SimpleNamespace(num_pages=41),

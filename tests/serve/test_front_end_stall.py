@@ -26,7 +26,7 @@ from disaggsdk.spec import load_spec  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 UNREACHABLE_S = 2.0  # small, so that a stall of a few seconds would cross it
-STREAM_TOKENS = 400  # streams that outlast the stalls below
+STREAM_TOKENS = 1200  # streams that outlast the stalls below (400 did not, once prefill and decode got faster)
 PROMPTS = ["def fib(n):", "class Stack:", "import os\n"]
 BIG_PROMPT = "a " * 4_000_000  # 8 MB: 4M tokens under the tiny model's tokenizer, below the 8 MiB body limit
 

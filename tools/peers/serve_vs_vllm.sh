@@ -27,10 +27,13 @@ bench() {  # bench PORT MODEL_NAME RESULT [SEED]
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99,99.9 \
     --save-result --result-dir "$W" --result-filename "$3" >"$W/$3.log" 2>&1
 }
-$PY - "$W/m" "$SPEC" "$W/spec.yaml" <<'PY'
+$PY - "$W/m" "$SPEC" "$W/spec.yaml" ${LAYERS:+bigger} ${HIDDEN:+bigger} <<'PY'
 import sys, yaml
 s = yaml.safe_load(open(sys.argv[2])); s["model"] = sys.argv[1]
 s.setdefault("serve", {})["port"] = 8393
+if len(sys.argv) > 4:  # LAYERS / HIDDEN: a bigger model than the spec's memory was sized for; give each rank 1 GB
+    hw = s.setdefault("hardware", {})
+    hw["cpu_memory_gb"] = max(float(hw.get("cpu_memory_gb", 0.25)), 1.0)
 yaml.safe_dump(s, open(sys.argv[3], "w"))
 PY
 run_ours() {  # run_ours RESULT
