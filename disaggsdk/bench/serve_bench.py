@@ -242,7 +242,7 @@ def bench(url: str, requests: Load, shape: LoadShape = LoadShape(), model: str |
     result |= cached_token_counts(timelines)
     if isinstance(requests, MultiTurnWorkload):
         result["multi_turn"] = (requests.describe() | {"think_time_s": shape.think_time_s}
-                                | turn_summary(conversations, timelines))
+                                | dict(turn_summary(conversations, timelines)))
     return result
 
 

@@ -6,11 +6,36 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from disaggsdk.bench.dataset import BenchRequest
 from disaggsdk.bench.multi_turn import prefix_reuse
 from disaggsdk.bench.stream_timeline import StreamTimeline
+
+
+class TurnRow(TypedDict):
+    """One turn index of a multi-turn run (see `turn_summary`)."""
+
+    turn: int
+    count: int
+    failed: int
+    mean_ttft_ms: float | None
+    prompt_tokens: int
+    reusable_tokens: int
+    cached_tokens: int | None
+
+
+class TurnSummary(TypedDict):
+    """A multi-turn run by turn index, as `turn_summary` returns it (the result JSON's ``multi_turn`` keys)."""
+
+    per_turn: list[TurnRow]
+    mean_ttft_turn1_ms: float | None
+    mean_ttft_turns2plus_ms: float | None
+    prompt_tokens: int
+    reusable_tokens: int
+    cached_tokens: int | None
+    hit_rate: float | None
+    output_digest: str | None
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -39,7 +64,7 @@ def output_digest(timelines: Sequence[StreamTimeline]) -> str | None:
 
 
 def turn_summary(conversations: Sequence[Sequence[BenchRequest]], timelines: Sequence[StreamTimeline]
-                 ) -> dict[str, Any]:
+                 ) -> TurnSummary:
     """The run by turn index, from its conversations and their timelines (conversation by
     conversation, turns in order, as `serve_bench.run_conversations` returns them).
 
@@ -62,7 +87,7 @@ def turn_summary(conversations: Sequence[Sequence[BenchRequest]], timelines: Seq
         raise ValueError(f"{len(timelines)} timelines for {len(requests)} requests")
     reusable = send_order_reuse([req.prompt for _, req in requests], [t.sent_s for t in timelines])
     reported = any(t.ok and t.cached_tokens is not None for t in timelines)
-    per_turn = []
+    per_turn: list[TurnRow] = []
     for turn in range(1, max((k for k, _ in requests), default=0) + 1):
         mine = [(t, n) for (k, _), t, n in zip(requests, timelines, reusable) if k == turn]
         done = [(t, n) for t, n in mine if t.ok]

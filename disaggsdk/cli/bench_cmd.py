@@ -33,6 +33,7 @@ from disaggsdk.report.console import make_console
 if TYPE_CHECKING:
     from disaggsdk.bench.dataset import BenchRequest
     from disaggsdk.bench.serve_bench import BenchResult
+    from disaggsdk.bench.turn_summary import TurnSummary
     from disaggsdk.engine.tokenizer import Tokenizer
     from disaggsdk.face.deployment import Deployment
 
@@ -246,7 +247,7 @@ def report(args: argparse.Namespace, console: Console, results: list[tuple[str, 
         make_console(stderr=True).print(f"{name_a} / {name_b}: {ratios}", soft_wrap=True)
 
 
-def turn_line(multi_turn: dict[str, Any]) -> str:
+def turn_line(multi_turn: TurnSummary) -> str:
     """A multi-turn run by turn in one line: mean TTFT of turn 1 and of later turns, the hit rate."""
     def ms(value: float | None) -> str:
         return f"{value:.1f} ms" if value is not None else "-"
