@@ -113,8 +113,12 @@ class KVPort:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached page no request holds (vLLM's ``reset_prefix_cache``: between
-        benchmark runs, after new weights); pages held by running requests keep their hashes.
-        Returns how many pages became free."""
+        benchmark runs, after new weights); pages held by running requests keep their hashes. The
+        unit's own KV tiers (host, disk) are emptied too; a shared store keeps its pages (other
+        instances read it). Returns how many pages became free."""
+        tiers = self._scheduler.prefix_cache.tiers
+        if tiers is not None:
+            tiers.forget_own_pages()
         return self._allocator.reset_cache()
 
     # admitting a request whose prompt KV another unit wrote

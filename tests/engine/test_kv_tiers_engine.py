@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from disaggsdk.engine.config import EngineConfig  # noqa: E402
 from disaggsdk.engine.kv_tier_pages import PoolPages  # noqa: E402
 from disaggsdk.engine.llm_engine import LLMEngine  # noqa: E402
+from disaggsdk.engine.sampling_params import SamplingParams  # noqa: E402
 from disaggsdk.engine.tier_settings import TierSettings  # noqa: E402
 from tests.engine.test_prefix_caching import run_turns  # noqa: E402
 from tests.multi_turn_prompts import conversations  # noqa: E402
@@ -137,3 +138,15 @@ def test_pool_pages_of_a_cuda_pool_go_through_pinned_memory_and_equal_the_cpu_tw
     torch.cuda.synchronize()
     assert torch.equal(cuda.buffer.cpu().view(cpu.fmt.num_layers, 8, -1)[:, 6],
                        cpu.buffer.view(cpu.fmt.num_layers, 8, -1)[:, 2])
+
+
+def test_a_prefix_cache_reset_empties_the_units_own_tiers(tmp_path):
+    prompt = conversations(1, 1)[0][0]
+    with LLMEngine(MODEL, dataclasses.replace(SMALL_POOL, tiers=tiers(tmp_path, host_bytes=8 << 20,
+                                                                      policy="write_through"))) as engine:
+        engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
+        assert any(p.is_file() for p in tmp_path.rglob("*"))  # written through to disk
+        engine.kv.reset_prefix_cache()
+        assert not any(p.is_file() for p in tmp_path.rglob("*"))  # the disk tier's files are gone
+        again = engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+        assert again.num_cached_tokens == 0 and engine.scheduler.prefix_cache.tier_hits == 0

@@ -140,6 +140,13 @@ class DiskTier:
         if KEY_PATTERN.fullmatch(key):
             self._unlink(self._file(key))
 
+    def clear(self) -> None:
+        """Delete every entry's file (a reset: the unit forgets what it kept)."""
+        with self._lock:
+            keys = list(self._files)
+        for key in keys:
+            self.discard(key)
+
     def close(self) -> None:
         """Nothing to release: the files stay for the next tier opened on this directory."""
 

@@ -72,11 +72,15 @@ class HostTier:
         with self._lock:
             self._remove(key)
 
-    def close(self) -> None:
+    def clear(self) -> None:
         """Drop every entry."""
         with self._lock:
             self._entries.clear()
             self._used_bytes = 0
+
+    def close(self) -> None:
+        """Drop every entry."""
+        self.clear()
 
     def _remove(self, key: str) -> None:
         raw = self._entries.pop(key, None)

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 from disaggsdk.kv.tiers.base import KVTier, TierConfigError, TierCounters
+from disaggsdk.kv.tiers.disk_tier import DiskTier
+from disaggsdk.kv.tiers.host_tier import HostTier
 from disaggsdk.kv.tiers.page_entry import CorruptPageError, PageIdentity, decode_entry, encode_entry
 
 WritePolicy = Literal["write_through", "on_eviction"]
@@ -183,6 +185,14 @@ class TierStack:
             else:
                 self._enqueue(tier_index, key, raw)
             return
+
+    def forget_own_pages(self) -> None:
+        """Empty this unit's own tiers, host and disk, once queued writes are done (a prefix-cache reset).
+        The store keeps its pages: every instance of the deployment reads it, and one unit's reset is not theirs."""
+        self.flush()
+        for tier in self.tiers:
+            if isinstance(tier, HostTier | DiskTier):
+                tier.clear()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued write is done: True, or False when ``timeout_s`` passed first."""
