@@ -145,7 +145,9 @@ def test_a_prefix_cache_reset_empties_the_units_own_tiers(tmp_path):
     with LLMEngine(MODEL, dataclasses.replace(SMALL_POOL, tiers=tiers(tmp_path, host_bytes=8 << 20,
                                                                       policy="write_through"))) as engine:
         engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))
-        assert any(p.is_file() for p in tmp_path.rglob("*"))  # written through to disk
+        stack = engine.scheduler.prefix_cache.tiers
+        assert stack is not None and stack.flush()  # the writer thread wrote them through to disk
+        assert any(p.is_file() for p in tmp_path.rglob("*"))
         engine.kv.reset_prefix_cache()
         assert not any(p.is_file() for p in tmp_path.rglob("*"))  # the disk tier's files are gone
         again = engine.generate([prompt], SamplingParams(max_tokens=2, ignore_eos=True))[0]
